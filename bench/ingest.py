@@ -1,0 +1,153 @@
+"""End-to-end ingest rate: batches -> HTTP -> durable in the embedded store.
+
+Compared, in the same run and on the same machine, with a direct bulk insert of the same rows
+into the same engine (no HTTP, no decoding). Keys: rows_per_s, direct_rows_per_s, ratio.
+Goal: at least 1,000,000 rows/s end to end and at least a quarter of the direct rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, start_server, stop_server
+
+from fleetlens.collector.decode import decode_batch
+from fleetlens.wire import TableBuilder, encode_batch
+
+
+def make_batches(total_rows: int, rows_per_batch: int, ranks: int) -> list[bytes]:
+    bodies = []
+    rng = np.random.default_rng(0)
+    steps_per_batch = rows_per_batch // ranks
+    for b in range(total_rows // rows_per_batch):
+        first = b * steps_per_batch
+        step = np.repeat(np.arange(first, first + steps_per_batch, dtype="<i8"), ranks)
+        rank = np.tile(np.arange(ranks, dtype="<i4"), steps_per_batch)
+        dur = 0.4 + 0.012 * rng.standard_normal(len(step))
+        t = 1.7e9 + step * 0.5
+        tb = TableBuilder("step")
+        tb.add_packed("step", step.tobytes()).add_packed("rank", rank.tobytes())
+        tb.add_packed("time", t.astype("<f8").tobytes())
+        tb.add_packed("duration", dur.astype("<f8").tobytes())
+        tb.add_packed("data_wait", np.abs(0.01 * rng.standard_normal(len(step))).tobytes())
+        tb.add_packed("comm", np.full(len(step), 0.05).tobytes())
+        tb.add_packed("tokens", np.full(len(step), 4096, dtype="<i8").tobytes())
+        _, body = encode_batch({"step": tb.build()}, {"run_id": "bench", "job_id": "a0"})
+        bodies.append(body)
+    return bodies
+
+
+def post_all(url: str, bodies: list[bytes], connections: int) -> float:
+    u = urllib.parse.urlparse(url)
+    queue = list(range(len(bodies)))
+    lock = threading.Lock()
+    errors: list[str] = []
+
+    def worker() -> None:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+        while True:
+            with lock:
+                if not queue:
+                    break
+                i = queue.pop(0)
+            while True:
+                conn.request(
+                    "POST", "/v1/ingest", bodies[i], {"Content-Type": "application/msgpack"}
+                )
+                resp = conn.getresponse()
+                resp.read()
+                if resp.status == 200:
+                    break
+                if resp.status in (429, 503):
+                    time.sleep(float(resp.getheader("Retry-After") or 0.1) / 10)
+                    continue
+                errors.append(f"batch {i}: HTTP {resp.status}")
+                break
+        conn.close()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(connections)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError("; ".join(errors[:5]))
+    return elapsed
+
+
+def direct_insert(data_dir: str, bodies: list[bytes]) -> float:
+    from fleetlens.store.chdb_store import ChdbStore
+    from fleetlens.store.telemetry import batch_tables
+
+    store = ChdbStore(data_dir)
+    prepared = []
+    for body in bodies:
+        batch = decode_batch(body)
+        prepared.append((batch, batch_tables(batch)))
+    try:
+        t0 = time.perf_counter()
+        for batch, tables in prepared:
+            for kind, table in tables.items():
+                store.insert(kind, table, dict(batch.ctx, tenant="default"), batch.batch_id)
+        return time.perf_counter() - t0
+    finally:
+        store.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="small run for CI")
+    ap.add_argument("--rows", type=int, default=4_000_000)
+    ap.add_argument("--batch-rows", type=int, default=200_000)
+    ap.add_argument("--connections", type=int, default=2)
+    args = ap.parse_args()
+    rows = 600_000 if args.quick else args.rows
+    ranks = 1024
+    batch_rows = (args.batch_rows // ranks) * ranks
+    bodies = make_batches(rows, batch_rows, ranks)
+    rows = len(bodies) * batch_rows
+    mb = sum(len(b) for b in bodies) / 1e6
+    print(f"{len(bodies)} batches of {batch_rows} rank-step rows, {mb:.0f} MB", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_server(f"{tmp}/server")
+        try:
+            post_all(url, bodies[:1], 1)  # warm up: first insert creates parts
+            e2e = post_all(url, bodies[1:], args.connections)
+        finally:
+            stop_server(proc)
+        direct = direct_insert(f"{tmp}/direct", bodies[1:])
+    measured = rows - batch_rows
+    rows_per_s = measured / e2e
+    direct_rows_per_s = measured / direct
+    print(
+        f"end to end {rows_per_s:,.0f} rows/s; direct insert {direct_rows_per_s:,.0f} rows/s",
+        file=sys.stderr,
+    )
+    emit(
+        {
+            "rows_per_s": round(rows_per_s),
+            "direct_rows_per_s": round(direct_rows_per_s),
+            "ratio": round(rows_per_s / direct_rows_per_s, 3),
+            "rows": measured,
+            "batch_rows": batch_rows,
+            "connections": args.connections,
+            "goal_rows_per_s": 1_000_000,
+            "ok": rows_per_s >= 1_000_000 and rows_per_s / direct_rows_per_s >= 0.25,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The HTTP API: ingest, the run read API, OpenAPI, /metrics."""

@@ -1,0 +1,209 @@
+"""The server: one FastAPI app serving the collector (``POST /v1/ingest``) and the read API.
+
+Ingest does its decoding and inserting on a worker thread, inside a bounded number of slots:
+when they are all taken the answer is 429 with Retry-After, and the client (the SDK) backs off
+and spools. A store failure is a 503 with Retry-After: nothing was acknowledged, so the client
+retries, and deduplication keeps the retry from being stored twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+from .. import __version__
+from ..collector.decode import DecodeLimits
+from ..collector.ingest import Ingestor, IngestQueue
+from ..config import ServerConfig
+from ..errors import BatchTooLarge, NotFound, StoreError, WireError
+from ..store.metadata import MetadataStore
+from ..store.telemetry import TelemetryStore, open_telemetry
+from .runs import router as runs_router
+
+__all__ = ["Services", "create_app"]
+
+log = logging.getLogger("fleetlens.server")
+
+DEFAULT_TENANT = "default"
+
+
+@dataclass
+class Services:
+    config: ServerConfig
+    telemetry: TelemetryStore
+    metadata: MetadataStore
+    ingestor: Ingestor
+    queue: IngestQueue
+    registry: CollectorRegistry
+    batches: Counter
+    rows: Counter
+
+    @classmethod
+    def open(cls, config: ServerConfig) -> Services:
+        os.makedirs(config.data_dir, exist_ok=True)
+        telemetry = open_telemetry(config.telemetry_dir, config.clickhouse_url or None)
+        try:
+            metadata = MetadataStore(config.resolved_database_url)
+        except Exception:
+            telemetry.close()
+            raise
+        ingestor = Ingestor(
+            telemetry,
+            metadata,
+            DecodeLimits(max_body_bytes=config.max_body_bytes, max_rows=config.max_rows),
+        )
+        registry = CollectorRegistry()
+        batches = Counter(
+            "fleetlens_ingest_batches",
+            "Batches received, by outcome",
+            ["outcome"],
+            registry=registry,
+        )
+        rows = Counter(
+            "fleetlens_ingest_rows", "Rows stored, by record kind", ["kind"], registry=registry
+        )
+        queue = IngestQueue(config.max_inflight, config.max_queue_bytes)
+        return cls(config, telemetry, metadata, ingestor, queue, registry, batches, rows)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ingestor.flush_registry()
+        self.metadata.close()
+        self.telemetry.close()
+
+
+def _error(
+    status: int, message: str, field: str | None = None, retry_after: int | None = None
+) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse({"error": message, "field": field}, status_code=status, headers=headers)
+
+
+async def _drain(request: Request) -> None:
+    """Read and discard the body, so the client sees our answer instead of a reset."""
+    async for _chunk in request.stream():
+        pass
+
+
+def create_app(config: ServerConfig, services: Services | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        svc = services or Services.open(config)
+        app.state.services = svc
+
+        async def registry_flusher() -> None:
+            while True:
+                await asyncio.sleep(2.0)
+                try:
+                    await anyio.to_thread.run_sync(svc.ingestor.flush_registry)
+                except Exception:  # keep serving; the next round retries
+                    log.exception("run registry flush failed")
+
+        task = asyncio.create_task(registry_flusher())
+        try:
+            yield
+        finally:
+            task.cancel()
+            svc.close()
+
+    app = FastAPI(
+        title="fleetlens",
+        version=__version__,
+        description="Where your GPUs' time went, and why.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(NotFound)
+    async def not_found(_request: Request, exc: NotFound) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(StoreError)
+    async def store_error(_request: Request, exc: StoreError) -> JSONResponse:
+        log.error("store error: %s", exc)
+        return _error(503, f"store unavailable: {exc}", retry_after=1)
+
+    @app.post(
+        "/v1/ingest",
+        summary="Ingest a columnar telemetry batch",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/msgpack": {"schema": {"type": "string", "format": "binary"}},
+                    "application/json": {"schema": {"type": "object"}},
+                },
+            }
+        },
+        responses={
+            200: {"description": "Stored durably (or already stored: batches are idempotent)"},
+            400: {"description": "Malformed batch; the error names the field; nothing stored"},
+            413: {"description": "Batch over the size or row limit; nothing stored"},
+            429: {"description": "Ingest queue full; retry after Retry-After seconds"},
+            503: {"description": "Store unavailable; nothing acknowledged; retry"},
+        },
+    )
+    async def ingest(request: Request) -> Response:
+        svc: Services = request.app.state.services
+        limit = svc.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            svc.batches.labels("too_large").inc()
+            await _drain(request)
+            return _error(413, f"body is {declared} bytes; the limit is {limit}", None)
+        nbytes = int(declared) if declared is not None and declared.isdigit() else limit
+        if not await svc.queue.admit(nbytes, svc.config.queue_wait_s):
+            svc.batches.labels("throttled").inc()
+            await _drain(request)
+            return _error(429, "ingest queue is full; retry later", None, retry_after=1)
+        try:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    svc.batches.labels("too_large").inc()
+                    await _drain(request)
+                    return _error(413, f"body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+            body = b"".join(chunks)
+            try:
+                result = await anyio.to_thread.run_sync(
+                    svc.ingestor.ingest,
+                    body,
+                    request.headers.get("content-type", "application/msgpack"),
+                    request.headers.get("content-encoding", ""),
+                    DEFAULT_TENANT,
+                )
+            except BatchTooLarge as exc:
+                svc.batches.labels("too_large").inc()
+                return _error(413, str(exc), exc.field)
+            except WireError as exc:
+                svc.batches.labels("rejected").inc()
+                return _error(400, str(exc), exc.field)
+        finally:
+            await svc.queue.release(nbytes)
+        svc.batches.labels("stored").inc()
+        for kind, n in result.rows.items():
+            svc.rows.labels(kind).inc(n)
+        return JSONResponse({"batchId": result.batch_id, "rows": result.rows, "status": "stored"})
+
+    @app.get("/healthz", summary="Liveness")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def metrics(request: Request) -> Response:
+        svc: Services = request.app.state.services
+        return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(runs_router)
+    return app

@@ -1,0 +1,184 @@
+"""The command line: ``fleetlens serve | runs | run show | config``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from .config import DEFAULT_PORT, ServerConfig
+from .errors import FleetlensError
+
+__all__ = ["COMMANDS", "main"]
+
+COMMANDS = ("serve", "runs", "run", "config")
+
+
+def _server_url(args: argparse.Namespace) -> str:
+    return str(
+        args.server or os.environ.get("FLEETLENS_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}"
+    ).rstrip("/")
+
+
+def _get(args: argparse.Namespace, path: str, **params: Any) -> Any:
+    query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+    url = f"{_server_url(args)}{path}{'?' + query if query else ''}"
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    token = os.environ.get("FLEETLENS_TOKEN")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.load(resp)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")
+        raise FleetlensError(f"{url}: HTTP {exc.code}: {detail}") from exc
+    except urllib.error.URLError as exc:
+        raise FleetlensError(
+            f"cannot reach the fleetlens server at {_server_url(args)} ({exc.reason}); "
+            "start one with `fleetlens serve` or pass --server URL"
+        ) from exc
+
+
+def _server_config(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig.resolve(
+        {
+            "data_dir": args.data,
+            "host": args.host,
+            "port": args.port,
+            "clickhouse_url": args.clickhouse,
+            "database_url": args.database_url,
+        },
+        config_file=args.config,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .api.app import create_app
+
+    cfg = _server_config(args)
+    print(
+        f"fleetlens serving on http://{cfg.host}:{cfg.port}  data: {cfg.data_dir}  "
+        f"API docs: http://{cfg.host}:{cfg.port}/docs",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    print(json.dumps(_server_config(args).as_dict(), indent=2))
+    return 0
+
+
+def _fmt(v: Any, spec: str = "") -> str:
+    if v is None:
+        return "-"
+    return format(v, spec) if spec else str(v)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    data = _get(args, "/v1/runs", project=args.project, limit=args.limit)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    rows = data["runs"]
+    print(f"{'RUN':<32} {'PROJECT':<16} {'STATUS':<9} {'STEP':>9} {'RANKS':>6} {'JOBS':>5}")
+    for r in rows:
+        print(
+            f"{r['runId']:<32} {r['project'] or '-':<16} {r['status']:<9} "
+            f"{r['lastStep']:>9} {r['worldSize']:>6} {r['jobs']:>5}"
+        )
+    if not rows:
+        print("(no runs yet)")
+    return 0
+
+
+def cmd_run_show(args: argparse.Namespace) -> int:
+    run = _get(args, f"/v1/runs/{urllib.parse.quote(args.run, safe='')}")
+    ranks = _get(args, f"/v1/runs/{urllib.parse.quote(args.run, safe='')}/ranks", limit=args.top)
+    if args.json:
+        print(json.dumps({"run": run, "ranks": ranks}, indent=2))
+        return 0
+    m = run.get("metrics", {})
+    print(f"run {run['runId']}  project {run['project'] or '-'}  status {run['status']}")
+    print(
+        f"  step {_fmt(run.get('step'))}  tokens {_fmt(run.get('tokensProcessed'), ',')}  "
+        f"ranks {run.get('worldSize')}  jobs {run.get('jobs')}"
+    )
+    print(
+        f"  step time {_fmt(m.get('stepTimeMs'), '.1f')} ms (slowest rank, median of last "
+        f"{run.get('window', {}).get('steps', 0)} steps)  tokens/s "
+        f"{_fmt(m.get('tokensPerSecond'), ',.0f')}  loss {_fmt(m.get('loss'), '.4g')}"
+    )
+    if ranks["ranks"]:
+        print(f"  slowest ranks, steps {ranks['fromStep']}-{ranks['toStep']}:")
+        print(f"    {'RANK':>6} {'NODE':<20} {'GPU':>4} {'STEP ms':>9} {'x MEDIAN':>9}")
+        for r in ranks["ranks"]:
+            print(
+                f"    {r['rank']:>6} {r['node'] or '-':<20} {_fmt(r['gpu']):>4} "
+                f"{_fmt(r['stepTimeMs'], '.1f'):>9} {_fmt(r['slowdown'], '.3f'):>9}"
+            )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fleetlens", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def server_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--data", help="data directory (default ~/.local/share/fleetlens)")
+        sp.add_argument("--host", help="address to bind (default 127.0.0.1)")
+        sp.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT})")
+        sp.add_argument("--clickhouse", help="ClickHouse URL instead of the embedded chDB")
+        sp.add_argument("--database-url", help="metadata database URL (default SQLite in --data)")
+        sp.add_argument("--config", help="TOML config file ([server] table)")
+
+    sp = sub.add_parser("serve", help="run the collector and API server")
+    server_opts(sp)
+    sp.set_defaults(func=cmd_serve)
+    sp = sub.add_parser("config", help="print the resolved server configuration")
+    server_opts(sp)
+    sp.set_defaults(func=cmd_config)
+
+    def client_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--server", help="server URL (default $FLEETLENS_SERVER or loopback)")
+        sp.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    sp = sub.add_parser("runs", help="list runs")
+    client_opts(sp)
+    sp.add_argument("--project")
+    sp.add_argument("--limit", type=int, default=50)
+    sp.set_defaults(func=cmd_runs)
+    sp = sub.add_parser("run", help="one run")
+    rsub = sp.add_subparsers(dest="run_command", required=True)
+    show = rsub.add_parser("show", help="status, speed and slowest ranks of a run")
+    show.add_argument("run")
+    show.add_argument("--top", type=int, default=5, help="slowest ranks to show")
+    client_opts(show)
+    show.set_defaults(func=cmd_run_show)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except FleetlensError as exc:
+        print(f"fleetlens: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The collector: decode and validate batches, store them durably, then acknowledge."""

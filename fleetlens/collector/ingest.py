@@ -1,0 +1,226 @@
+"""Ingest: decode, store durably, register the run, then acknowledge.
+
+The order is the guarantee. A batch is acknowledged only after every one of its tables has been
+inserted (an insert that returned is durable). A retried batch is dropped by the engine's
+deduplication (token ``<batch_id>:<kind>``), so a collector killed between storing and
+acknowledging never stores anything twice. The queue is bounded in requests and in bytes: a
+request that finds it full waits briefly for room, then gets a 429 with Retry-After, so overload
+never becomes a growing queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..store.metadata import MetadataStore
+from ..store.telemetry import TelemetryStore, batch_tables
+from .decode import DecodedBatch, DecodeLimits, StringColumn, decode_batch
+
+__all__ = ["IngestQueue", "IngestResult", "Ingestor"]
+
+_OBSERVE_EVERY_S = 2.0
+_STATUS_BY_EVENT = {"finish": "FINISHED", "failure": "FAILED", "job_start": "RUNNING"}
+
+
+class IngestQueue:
+    """The bounded ingest queue, in requests and in bytes; lives on the server's event loop.
+
+    A request that finds it full waits up to ``wait`` seconds for room and is then refused (the
+    server answers 429). An empty queue always admits one request, so one large batch is never
+    starved.
+    """
+
+    def __init__(self, max_requests: int, max_bytes: int) -> None:
+        self.max_requests = max_requests
+        self.max_bytes = max_bytes
+        self.requests = 0
+        self.bytes = 0
+        self._changed: asyncio.Condition | None = None
+
+    def _full(self, nbytes: int) -> bool:
+        return self.requests >= self.max_requests or (
+            self.requests > 0 and self.bytes + nbytes > self.max_bytes
+        )
+
+    async def admit(self, nbytes: int, wait: float) -> bool:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        async with self._changed:
+            if self._full(nbytes):
+                try:
+                    await asyncio.wait_for(
+                        self._changed.wait_for(lambda: not self._full(nbytes)), wait
+                    )
+                except TimeoutError:
+                    return False
+            self.requests += 1
+            self.bytes += nbytes
+            return True
+
+    async def release(self, nbytes: int) -> None:
+        if self._changed is None:
+            return
+        async with self._changed:
+            self.requests -= 1
+            self.bytes -= nbytes
+            self._changed.notify_all()
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    batch_id: str
+    rows: dict[str, int]
+    seconds: float
+
+
+@dataclass
+class _Seen:
+    project: str
+    experiment_id: str
+    first: float
+    last: float
+    step: int
+    world_size: int
+    written_at: float = 0.0
+    dirty: bool = True
+
+
+class Ingestor:
+    def __init__(
+        self,
+        telemetry: TelemetryStore,
+        metadata: MetadataStore,
+        limits: DecodeLimits = DecodeLimits(),  # noqa: B008 - frozen
+    ) -> None:
+        self.telemetry = telemetry
+        self.metadata = metadata
+        self.limits = limits
+        self._seen: dict[tuple[str, str, str], _Seen] = {}
+        self._seen_lock = threading.Lock()
+        self.sdk_dropped: dict[str, int] = {}
+
+    def ingest(
+        self, body: bytes, content_type: str, content_encoding: str, tenant: str
+    ) -> IngestResult:
+        t0 = time.perf_counter()
+        batch = decode_batch(body, content_type, content_encoding, self.limits)
+        ctx = dict(batch.ctx)
+        ctx["tenant"] = tenant  # the caller's tenant, never what the batch claims
+        for kind, table in batch_tables(batch).items():
+            if table.num_rows:
+                self.telemetry.insert(kind, table, ctx, batch.batch_id)
+        self._register(batch, ctx)
+        for prio, count in batch.dropped.items():
+            self.sdk_dropped[prio] = self.sdk_dropped.get(prio, 0) + int(count)
+        return IngestResult(
+            batch.batch_id,
+            {kind: n for kind, (n, _) in batch.tables.items()},
+            time.perf_counter() - t0,
+        )
+
+    def _register(self, batch: DecodedBatch, ctx: dict[str, str]) -> None:
+        """Keep the run registry current without a metadata write per batch."""
+        run_id = ctx.get("run_id", "")
+        if not run_id:
+            return
+        tenant, job_id = ctx["tenant"], ctx.get("job_id", "")
+        times: list[float] = []
+        step, world = -1, 0
+        for kind, (n, cols) in batch.tables.items():
+            if n == 0:
+                continue
+            t = cols.get("time")
+            if isinstance(t, np.ndarray):
+                times += [float(t.min()), float(t.max())]
+            s = cols.get("step")
+            if kind == "step" and isinstance(s, np.ndarray):
+                step = max(step, int(s.max()))
+            r = cols.get("rank")
+            if kind == "step" and isinstance(r, np.ndarray):
+                world = max(world, int(r.max()) + 1)
+            w = cols.get("world_size")
+            if kind == "placement" and isinstance(w, np.ndarray):
+                world = max(world, int(w.max()))
+        if not times:
+            times = [time.time()]
+        key = (tenant, run_id, job_id)
+        now = time.monotonic()
+        with self._seen_lock:
+            seen = self._seen.get(key)
+            if seen is None:
+                seen = self._seen[key] = _Seen(
+                    ctx.get("project", ""),
+                    ctx.get("experiment_id", ""),
+                    min(times),
+                    max(times),
+                    step,
+                    world,
+                )
+            else:
+                seen.first, seen.last = min(seen.first, *times), max(seen.last, *times)
+                seen.step, seen.world_size = max(seen.step, step), max(seen.world_size, world)
+                seen.dirty = True
+            write = seen.written_at == 0.0 or now - seen.written_at >= _OBSERVE_EVERY_S
+            if write:
+                seen.written_at, seen.dirty = now, False
+                snapshot = _Seen(**seen.__dict__)
+        events = batch.tables.get("event")
+        if write or events:
+            self.metadata.observe(
+                tenant,
+                run_id,
+                job_id=job_id,
+                project=snapshot.project if write else "",
+                experiment_id=snapshot.experiment_id if write else "",
+                first=snapshot.first if write else min(times),
+                last=snapshot.last if write else max(times),
+                step=snapshot.step if write else step,
+                world_size=snapshot.world_size if write else world,
+            )
+        if events:
+            self._lifecycle(tenant, run_id, job_id, events[1])
+
+    def _lifecycle(self, tenant: str, run_id: str, job_id: str, cols: dict[str, Any]) -> None:
+        kinds, times, attrs = cols["kind"], cols["time"], cols.get("attrs")
+        if not isinstance(kinds, StringColumn):
+            return
+        values = kinds.values()
+        attr_values = attrs.values() if isinstance(attrs, StringColumn) else None
+        for i, kind in enumerate(values):
+            status = _STATUS_BY_EVENT.get(kind)
+            if status is None:
+                continue
+            config = None
+            if kind == "job_start" and attr_values is not None:
+                parsed = json.loads(attr_values[i])
+                if isinstance(parsed.get("config"), dict):
+                    config = parsed["config"]
+            self.metadata.set_status(
+                tenant, run_id, status, float(times[i]), job_id=job_id, config=config
+            )
+
+    def flush_registry(self) -> None:
+        """Write every pending run observation (called at shutdown)."""
+        with self._seen_lock:
+            pending = [(k, _Seen(**v.__dict__)) for k, v in self._seen.items() if v.dirty]
+            for _, v in self._seen.items():
+                v.dirty = False
+        for (tenant, run_id, job_id), s in pending:
+            self.metadata.observe(
+                tenant,
+                run_id,
+                job_id=job_id,
+                project=s.project,
+                experiment_id=s.experiment_id,
+                first=s.first,
+                last=s.last,
+                step=s.step,
+                world_size=s.world_size,
+            )

@@ -1,0 +1,15 @@
+"""The training-side SDK: ``init`` returns a :class:`Run` whose per-step calls only append.
+
+Layout: ``config`` resolves settings, ``buffer`` is the bounded hand-off between threads,
+``spans`` times steps/phases/checkpoints, ``exporter`` batches and sends in the background,
+``tables`` encodes, ``transport`` speaks HTTP, ``spool`` keeps what the collector did not take.
+Only the standard library and msgspec are imported, because this goes into every training image.
+"""
+
+from __future__ import annotations
+
+from .config import SDKConfig
+from .run import NullRun, Run, init
+from .transport import HttpTransport, Transport
+
+__all__ = ["HttpTransport", "NullRun", "Run", "SDKConfig", "Transport", "init"]

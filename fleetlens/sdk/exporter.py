@@ -1,0 +1,273 @@
+"""The background exporter: drains the buffer, encodes batches, sends them, spools what fails.
+
+One daemon thread does all the work the hot path avoided. It wakes every ``flush_interval`` or
+when a flush or the stop sentinel arrives on its queue, drains each priority class into its own
+batches (so a class can be spooled, evicted or refused on its own), and hands them to the
+transport. While the collector is failing it does not retry per batch: it backs off (the
+server's ``Retry-After``, else exponential with jitter) and writes new batches straight to the
+spool, so a dead collector costs one connection attempt per backoff period, not one per batch.
+Once a send succeeds, spooled batches are replayed oldest first and deleted only after their
+acknowledgement. Every failure of one item is counted and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import TransportError
+from ..wire import encode_batch
+from .buffer import Entry, RecordBuffer, records_in
+from .config import SDKConfig
+from .spool import Spool
+from .tables import Identity, build_tables
+from .transport import Transport
+
+__all__ = ["Exporter"]
+
+_STOP = object()
+_GZIP_MAGIC = b"\x1f\x8b"
+_SOURCE = "sdk/0.1.0"
+# Replaying a large spool must not starve the buffer, whose caps would then drop new records.
+_REPLAY_BUDGET_S = 2.0
+
+
+@dataclass
+class _Waiter:
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+
+
+class Exporter:
+    """Owns the thread, the transport and the spool; the Run only calls flush/stop/spill."""
+
+    def __init__(
+        self,
+        cfg: SDKConfig,
+        buffer: RecordBuffer,
+        transport: Transport,
+        ident: Identity,
+        spool: Spool,
+    ) -> None:
+        self.cfg = cfg
+        self.buffer = buffer
+        self.transport = transport
+        self.ident = ident
+        self.spool = spool
+        self.ctx = cfg.ctx
+        self.counts: dict[str, int] = dict.fromkeys(
+            (
+                "records",
+                "batches_sent",
+                "records_sent",
+                "send_failures",
+                "rejected_batches",
+                "rejected_records",
+                "spooled_batches",
+                "replayed_batches",
+                "encode_errors",
+                "internal_errors",
+            ),
+            0,
+        )
+        self._q: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._retry_at = 0.0
+        self._failures = 0
+        self._reported = [0, 0, 0, 0]
+        self._encode_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="fleetlens-exporter", daemon=True)
+
+    # -- control, from any thread -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def flush(self, timeout: float) -> bool:
+        """Drain and deliver, retrying (as the server asks) until done or ``timeout`` passes.
+
+        True if everything, spool included, was acknowledged in time.
+        """
+        deadline = time.monotonic() + max(0.0, timeout)
+        while self._thread.is_alive():
+            waiter = _Waiter()
+            self._q.put(waiter)
+            if not waiter.done.wait(max(0.0, deadline - time.monotonic())):
+                return False
+            if waiter.ok:
+                return True
+            now = time.monotonic()
+            pause = max(self._retry_at, now + 0.05) - now
+            if now + pause >= deadline:
+                return False
+            time.sleep(pause)
+        return False
+
+    def stop(self, timeout: float) -> None:
+        self._q.put(_STOP)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(max(0.0, timeout))
+
+    def spill(self) -> None:
+        """Encode whatever is still buffered straight to the spool (exit paths, any thread)."""
+        for prio in range(4):
+            while entries := self.buffer.drain(prio, self.cfg.max_batch_rows):
+                encoded = self._encode(prio, entries)
+                if encoded is not None:
+                    self._to_spool(prio, *encoded)
+
+    def dropped(self) -> list[int]:
+        return [b + s for b, s in zip(self.buffer.dropped, self.spool.dropped, strict=True)]
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        interval = self.cfg.flush_interval
+        while True:
+            waiters: list[_Waiter] = []
+            stop = False
+            try:
+                item: Any = self._q.get(timeout=interval)
+                while True:
+                    if item is _STOP:
+                        stop = True
+                    elif isinstance(item, _Waiter):
+                        waiters.append(item)
+                    item = self._q.get_nowait()
+            except queue.Empty:
+                pass
+            ok = False
+            try:
+                ok = self._cycle()
+            except Exception:
+                self.counts["internal_errors"] += 1
+            for w in waiters:
+                w.ok = ok
+                w.done.set()
+            if stop:
+                return
+
+    def _cycle(self) -> bool:
+        clean = True
+        for prio in range(4):
+            # Drain what is there now, not what the training thread keeps adding meanwhile.
+            rounds = len(self.buffer.queues[prio]) // self.cfg.max_batch_rows + 1
+            for _ in range(rounds):
+                entries = self.buffer.drain(prio, self.cfg.max_batch_rows)
+                if not entries:
+                    break
+                try:
+                    clean &= self._ship(prio, entries)
+                except Exception:
+                    self.counts["internal_errors"] += 1
+                    clean = False
+        if len(self.spool):
+            try:
+                self._replay()
+            except Exception:
+                self.counts["internal_errors"] += 1
+        return clean and not len(self.spool)
+
+    def _encode(self, prio: int, entries: list[Entry]) -> tuple[str, bytes, int] | None:
+        records = sum(records_in(e) for e in entries)
+        with self._encode_lock:
+            self.counts["records"] += records
+            try:
+                tables, bad = build_tables(entries, self.ident)
+            except Exception:
+                self.counts["encode_errors"] += records
+                return None
+            self.counts["encode_errors"] += bad
+            if not tables:
+                return None
+            total = self.dropped()
+            delta = {f"P{i}": total[i] - self._reported[i] for i in range(4)}
+            self._reported = total
+            bid, body = encode_batch(
+                tables,
+                self.ctx,
+                source=_SOURCE,
+                dropped={k: v for k, v in delta.items() if v},
+                compress=self.cfg.compress,
+            )
+        return bid, body, records - bad
+
+    def _ship(self, prio: int, entries: list[Entry]) -> bool:
+        encoded = self._encode(prio, entries)
+        if encoded is None:
+            return True
+        bid, body, records = encoded
+        if time.monotonic() < self._retry_at:
+            self._to_spool(prio, bid, body, records)
+            return False
+        return self._send(prio, bid, body, records, spooled=None)
+
+    def _send(self, prio: int, bid: str, body: bytes, records: int, spooled: Any) -> bool:
+        """Send one batch; on a retryable failure spool it (unless it already is) and back off."""
+        headers = {"Content-Type": "application/msgpack", "X-Fleetlens-Batch-Id": bid}
+        if body[:2] == _GZIP_MAGIC:
+            headers["Content-Encoding"] = "gzip"
+        try:
+            self.transport.send(body, headers)
+        except TransportError as exc:
+            if exc.permanent:
+                self.counts["rejected_batches"] += 1
+                self.counts["rejected_records"] += records
+                if spooled is not None:
+                    self.spool.delete(spooled)
+                return False
+            self.counts["send_failures"] += 1
+            self._back_off(exc.retry_after)
+            if spooled is None:
+                self._to_spool(prio, bid, body, records)
+            return False
+        except Exception:
+            # A transport that breaks its contract: treat as retryable rather than lose data.
+            self.counts["send_failures"] += 1
+            self._back_off(None)
+            if spooled is None:
+                self._to_spool(prio, bid, body, records)
+            return False
+        self._failures = 0
+        self._retry_at = 0.0
+        self.counts["batches_sent"] += 1
+        self.counts["records_sent"] += records
+        if spooled is not None:
+            self.spool.delete(spooled)
+            self.counts["replayed_batches"] += 1
+        return True
+
+    def _back_off(self, retry_after: float | None) -> None:
+        self._failures += 1
+        if retry_after is not None:
+            delay = retry_after
+        else:
+            cap = min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** (self._failures - 1))
+            delay = cap * (0.5 + random.random() / 2)  # jitter: ranks must not retry in lockstep
+        self._retry_at = time.monotonic() + delay
+
+    def _to_spool(self, prio: int, bid: str, body: bytes, records: int) -> None:
+        try:
+            if self.spool.put(prio, bid, body, records):
+                self.counts["spooled_batches"] += 1
+        except OSError:
+            self.spool.dropped[prio] += records
+            self.counts["internal_errors"] += 1
+
+    def _replay(self) -> None:
+        deadline = time.monotonic() + _REPLAY_BUDGET_S
+        while time.monotonic() >= self._retry_at and time.monotonic() < deadline:
+            got = self.spool.oldest()
+            if got is None:
+                return
+            entry, body = got
+            ok = self._send(entry.priority, entry.batch_id, body, entry.records, spooled=entry)
+            if not ok and time.monotonic() < self._retry_at:
+                return

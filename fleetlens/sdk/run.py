@@ -1,0 +1,410 @@
+"""The run object the training loop talks to, and ``init`` that makes it.
+
+Every per-step method is a length check and a ``deque.append`` of a small tuple: no lock, no
+encoding, no I/O (the exporter thread does those). After ``init`` nothing raises into the training
+loop: each public method swallows and counts its own failures, except that the user's exception
+leaving ``with run.step(...)`` is re-raised untouched. Disabled means free: ``init`` then returns
+a :class:`NullRun` whose methods return at once and which starts no thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Any, TypeVar
+
+from ..schema import EVENT_KINDS, P0_EVENT_KINDS
+from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, RecordBuffer
+from .config import SDKConfig
+from .exporter import Exporter
+from .spans import PHASES, Checkpoint, Phase, Step
+from .spool import Spool
+from .tables import Identity
+from .transport import HttpTransport, Transport
+
+__all__ = ["NullRun", "Run", "init"]
+
+VERSION = "0.1.0"
+F = TypeVar("F", bound=Callable[..., Any])
+_time = time.time
+
+
+class Run:
+    """One process's view of a training run. Make it with :func:`fleetlens.init`."""
+
+    def __init__(self, cfg: SDKConfig, transport: Transport | None = None) -> None:
+        self.config = cfg
+        self._buffer = RecordBuffer(cfg.buffer_caps)
+        q = self._buffer.queues
+        self._q0, self._q1, self._q2 = q[0], q[1], q[2]
+        self._cap0, self._cap1, self._cap2 = (
+            cfg.buffer_caps[0],
+            cfg.buffer_caps[1],
+            cfg.buffer_caps[2],
+        )
+        self._dropped = self._buffer.dropped
+        self._active: Step | None = None
+        self._next_step = 0
+        self._first_step = True
+        self._finished = False
+        self._errors = 0
+        self._spool = Spool(cfg.spool_dir, cfg.spool_max_bytes)
+        self._transport = transport or HttpTransport(cfg.server, cfg.token, cfg.send_timeout)
+        self._exporter = Exporter(
+            cfg,
+            self._buffer,
+            self._transport,
+            Identity(rank=cfg.rank, node_id=cfg.node_id, gpu=cfg.gpu),
+            self._spool,
+        )
+        self._prev_sigterm: Any = None
+        self._announce()
+        self._exporter.start()
+        atexit.register(self._at_exit)
+        self._install_sigterm()
+
+    # -- the hot path -------------------------------------------------------------------------
+
+    def step(self, n: int | None = None, *, tokens: int = 0) -> Step:
+        """Time one optimizer step; ``n`` defaults to the previous step + 1."""
+        return Step(self, n, tokens)
+
+    def phase(self, name: str) -> Phase:
+        """Time a phase of the current step: data, forward, backward, optimizer or comm."""
+        return Phase(self, PHASES.get(name, -1))
+
+    def log(self, step: int, /, **scalars: float) -> None:
+        """Record scalars of any name for ``step`` (priority P2)."""
+        try:
+            q = self._q2
+            if len(q) < self._cap2:
+                q.append((SCALARS, step, _time(), scalars))
+            else:
+                self._dropped[2] += len(scalars)
+        except Exception:
+            self._internal_error()
+
+    def event(self, kind: str, step: int | None = None, message: str = "", **attrs: Any) -> None:
+        """Record a lifecycle or fault event; failure kinds are P0, the others P1."""
+        self._emit(kind, step, message, attrs)
+
+    def collective(
+        self,
+        *,
+        step: int,
+        seq: int,
+        op: str,
+        group: str = "default",
+        enter: float,
+        exit: float,
+        bytes: int = 0,
+    ) -> None:
+        """Record one collective as this rank saw it (UNIX times, priority P2)."""
+        try:
+            q = self._q2
+            if len(q) < self._cap2:
+                q.append((COLLECTIVE, step, seq, op, group, enter, exit, bytes))
+            else:
+                self._dropped[2] += 1
+        except Exception:
+            self._internal_error()
+
+    def checkpoint(
+        self,
+        step: int | None = None,
+        *,
+        path: str = "",
+        size_bytes: int | None = None,
+        duration_s: float | None = None,
+        sync: bool = True,
+        ok: bool = True,
+        **attrs: Any,
+    ) -> Checkpoint:
+        """Report a checkpoint save; also a context manager and decorator that times it."""
+        attrs["path"] = path
+        attrs["sync"] = sync
+        if size_bytes is not None:
+            attrs["size_bytes"] = size_bytes
+        if duration_s is not None:
+            attrs["duration_s"] = duration_s
+        return Checkpoint(self, step, attrs, ok)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Send what is buffered now; True if the collector acknowledged all of it in time."""
+        try:
+            return self._exporter.flush(timeout)
+        except Exception:
+            self._internal_error()
+            return False
+
+    def finish(self, status: str = "ok", message: str = "") -> None:
+        """End the run: a finish (or failure) event, a bounded flush, the thread stopped."""
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            kind = "finish" if status == "ok" else "failure"
+            self._emit(kind, None, message, {"status": status})
+            self._shutdown(self.config.exit_flush_timeout)
+            atexit.unregister(self._at_exit)
+            self._restore_sigterm()
+        except Exception:
+            self._internal_error()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of what was recorded, sent, spooled and dropped, for dashboards and tests."""
+        try:
+            out: dict[str, Any] = dict(self._exporter.counts)
+            dropped = self._exporter.dropped()
+            out["dropped_by_priority"] = {f"P{i}": dropped[i] for i in range(4)}
+            out["dropped"] = sum(dropped)
+            out["buffered_entries"] = self._buffer.pending()
+            out["spool_bytes"] = self._spool.total_bytes
+            out["spool_files"] = len(self._spool)
+            out["spool_dropped_batches"] = self._spool.dropped_batches
+            out["internal_errors"] += self._errors
+            out["exporter_alive"] = self._exporter.alive
+            return out
+        except Exception:
+            self._internal_error()
+            return {}
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        et: type[BaseException] | None,
+        ev: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.finish("ok" if ev is None else "error", "" if ev is None else repr(ev))
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _internal_error(self) -> None:
+        self._errors += 1
+
+    def _emit(
+        self,
+        kind: str,
+        step: int | None,
+        message: str,
+        attrs: dict[str, Any] | None,
+        when: float | None = None,
+    ) -> None:
+        try:
+            if kind not in EVENT_KINDS:
+                attrs = {**(attrs or {}), "custom_kind": kind}
+                kind = "custom"
+            t = _time() if when is None else when
+            if kind in P0_EVENT_KINDS:
+                q, cap, prio = self._q0, self._cap0, 0
+            else:
+                q, cap, prio = self._q1, self._cap1, 1
+            if len(q) < cap:
+                q.append((EVENT, t, kind, step, message, attrs))
+            else:
+                self._dropped[prio] += 1
+        except Exception:
+            self._internal_error()
+
+    def _on_first_step(self, n: int) -> None:
+        self._first_step = False
+        self._emit("first_step", n, "", None)
+
+    def _on_exception(self, exc: BaseException, step: int | None) -> None:
+        try:
+            text = "".join(traceback.format_exception(exc))[-8000:]
+        except Exception:
+            text = ""
+        try:
+            message = f"{type(exc).__name__}: {exc}"
+        except Exception:
+            message = type(exc).__name__
+        self._emit("exception", step, message, {"type": type(exc).__qualname__, "traceback": text})
+
+    def _announce(self) -> None:
+        cfg = self.config
+        now = _time()
+        self._buffer.put(
+            1, (PLACEMENT, now, cfg.rank, cfg.local_rank, cfg.world_size, cfg.node_id, cfg.gpu)
+        )
+        attrs = {
+            "config": cfg.config,
+            "world_size": cfg.world_size,
+            "rank": cfg.rank,
+            "local_rank": cfg.local_rank,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "python": sys.version.split()[0],
+            "sdk": VERSION,
+            "launcher": {
+                "name": cfg.launcher,
+                "restart_count": cfg.restart_count,
+                "env": cfg.launcher_env,
+            },
+        }
+        self._emit("job_start", None, "", attrs, when=now)
+
+    def _shutdown(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        self._exporter.flush(timeout)
+        self._exporter.stop(deadline - time.monotonic())
+        # Whatever did not make it out in time waits in the spool for the next process.
+        self._exporter.spill()
+        close = getattr(self._transport, "close", None)
+        if callable(close) and not self._exporter.alive:
+            close()
+
+    def _at_exit(self) -> None:
+        if not self._finished:
+            self._finished = True
+            try:
+                self._shutdown(self.config.exit_flush_timeout)
+            except Exception:
+                self._internal_error()
+
+    def _install_sigterm(self) -> None:
+        if not self.config.install_signal_handler:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return  # someone else owns SIGTERM; chaining to an unknown handler is theirs
+            self._prev_sigterm = signal.SIG_DFL
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        except (ValueError, OSError):
+            self._prev_sigterm = None
+
+    def _restore_sigterm(self) -> None:
+        if self._prev_sigterm is None:
+            return
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, self._prev_sigterm)
+            self._prev_sigterm = None
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        prev = self._prev_sigterm
+        try:
+            self._emit(
+                "signal",
+                self._active.n if self._active else None,
+                f"received {signal.Signals(signum).name}",
+                {"signal": signum},
+            )
+            self._exporter.flush(self.config.signal_flush_timeout)
+            self._exporter.spill()
+        except Exception:
+            self._internal_error()
+        finally:
+            self._finished = True
+            signal.signal(signum, prev if prev is not None else signal.SIG_DFL)
+            self._prev_sigterm = None
+            if callable(prev):
+                prev(signum, frame)
+            else:
+                os.kill(os.getpid(), signum)
+
+
+class NullRun(Run):
+    """What a disabled ``init`` returns: every method returns at once, no thread, no I/O."""
+
+    def __init__(self, cfg: SDKConfig | None = None) -> None:  # no super(): nothing to start
+        self.config = cfg or SDKConfig(enabled=False)
+
+    def step(self, n: int | None = None, *, tokens: int = 0) -> Step:
+        return _NULL  # type: ignore[return-value]
+
+    def phase(self, name: str) -> Phase:
+        return _NULL  # type: ignore[return-value]
+
+    def log(self, step: int, /, **scalars: float) -> None:
+        return None
+
+    def event(self, kind: str, step: int | None = None, message: str = "", **attrs: Any) -> None:
+        return None
+
+    def collective(self, **kwargs: Any) -> None:
+        return None
+
+    def checkpoint(self, step: int | None = None, **kwargs: Any) -> Checkpoint:
+        return _NULL  # type: ignore[return-value]
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        return True
+
+    def finish(self, status: str = "ok", message: str = "") -> None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {"enabled": False}
+
+
+class _NullSpan:
+    """A context manager and decorator that does nothing, shared by every disabled call."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _NullSpan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __call__(self, fn: F) -> F:
+        return fn
+
+
+_NULL = _NullSpan()
+
+
+def init(
+    project: str | None = None,
+    run_id: str | None = None,
+    server: str | None = None,
+    tenant: str | None = None,
+    experiment_id: str | None = None,
+    job_id: str | None = None,
+    config: dict[str, Any] | None = None,
+    token: str | None = None,
+    enabled: bool | None = None,
+    spool_dir: str | None = None,
+    *,
+    transport: Transport | None = None,
+    **more_cfg: Any,
+) -> Run:
+    """Start recording this process's part of a run; raises ConfigError on bad settings.
+
+    Explicit arguments beat ``FLEETLENS_*`` variables, which beat launcher variables (torchrun,
+    Slurm), which beat defaults. ``more_cfg`` takes any other :class:`SDKConfig` field.
+    """
+    explicit: dict[str, Any] = {
+        "project": project,
+        "run_id": run_id,
+        "server": server,
+        "tenant": tenant,
+        "experiment_id": experiment_id,
+        "job_id": job_id,
+        "config": config,
+        "token": token,
+        "enabled": enabled,
+        "spool_dir": spool_dir,
+        **more_cfg,
+    }
+    cfg = SDKConfig.resolve(explicit, os.environ)
+    if not cfg.enabled:
+        return NullRun(cfg)
+    return Run(cfg, transport)

@@ -1,0 +1,159 @@
+"""Turns buffered entries into the columnar tables of a wire batch (exporter thread only).
+
+This is where the cost the hot path avoided is paid: attribute dicts become JSON, scalars are
+exploded into rows, columns are packed. A user value that cannot be packed (a step that is not an
+integer, a scalar that is not a number) must not cost the whole batch, so a table that fails on
+the fast path is rebuilt entry by entry and the bad entries are counted and dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from ..wire import Table, TableBuilder
+from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, Entry
+
+__all__ = ["Identity", "build_tables"]
+
+_JSON = msgspec.json.Encoder(enc_hook=repr)
+
+
+class Identity(msgspec.Struct, frozen=True):
+    """Per-process columns that the hot path leaves out of its tuples."""
+
+    rank: int
+    node_id: str
+    gpu: int
+
+
+def _attrs_json(attrs: dict[str, Any] | None) -> str:
+    if not attrs:
+        return "{}"
+    try:
+        return _JSON.encode(attrs).decode()
+    except Exception:  # a key that is not a string, a cycle, ...
+        return _JSON.encode({str(k): repr(v) for k, v in attrs.items()}).decode()
+
+
+def _step(rows: Sequence[Entry], ident: Identity) -> Table:
+    return (
+        TableBuilder("step")
+        .add("step", [int(e[1]) for e in rows])
+        .add("rank", [ident.rank] * len(rows))
+        .add("time", [e[2] for e in rows])
+        .add("duration", [e[3] for e in rows])
+        .add("data_wait", [e[4] for e in rows])
+        .add("forward", [e[5] for e in rows])
+        .add("backward", [e[6] for e in rows])
+        .add("optimizer", [e[7] for e in rows])
+        .add("comm", [e[8] for e in rows])
+        .add("tokens", [int(e[9]) for e in rows])
+        .build()
+    )
+
+
+def _scalar(rows: Sequence[Entry], ident: Identity) -> Table:
+    steps: list[int] = []
+    times: list[float] = []
+    names: list[str] = []
+    values: list[float] = []
+    for _, step, t, scalars in rows:
+        s = int(step)
+        for name, value in scalars.items():
+            steps.append(s)
+            times.append(t)
+            names.append(name)
+            values.append(float(value))
+    return (
+        TableBuilder("scalar")
+        .add("step", steps)
+        .add("rank", [ident.rank] * len(steps))
+        .add("time", times)
+        .add("name", names)
+        .add("value", values)
+        .build()
+    )
+
+
+def _event(rows: Sequence[Entry], ident: Identity) -> Table:
+    n = len(rows)
+    return (
+        TableBuilder("event")
+        .add("time", [e[1] for e in rows])
+        .add("kind", [str(e[2]) for e in rows])
+        .add("step", [-1 if e[3] is None else int(e[3]) for e in rows])
+        .add("rank", [ident.rank] * n)
+        .add("node_id", [ident.node_id] * n)
+        .add("gpu", [ident.gpu] * n)
+        .add("message", [str(e[4]) for e in rows])
+        .add("attrs", [_attrs_json(e[5]) for e in rows])
+        .build()
+    )
+
+
+def _collective(rows: Sequence[Entry], ident: Identity) -> Table:
+    return (
+        TableBuilder("collective")
+        .add("step", [int(e[1]) for e in rows])
+        .add("rank", [ident.rank] * len(rows))
+        .add("seq", [int(e[2]) for e in rows])
+        .add("op", [str(e[3]) for e in rows])
+        .add("group", [str(e[4]) for e in rows])
+        .add("enter", [float(e[5]) for e in rows])
+        .add("exit", [float(e[6]) for e in rows])
+        .add("bytes", [int(e[7]) for e in rows])
+        .build()
+    )
+
+
+def _placement(rows: Sequence[Entry], ident: Identity) -> Table:
+    return (
+        TableBuilder("placement")
+        .add("time", [e[1] for e in rows])
+        .add("rank", [e[2] for e in rows])
+        .add("local_rank", [e[3] for e in rows])
+        .add("world_size", [e[4] for e in rows])
+        .add("node_id", [e[5] for e in rows])
+        .add("gpu", [e[6] for e in rows])
+        .build()
+    )
+
+
+_BUILDERS: dict[int, tuple[str, Callable[[Sequence[Entry], Identity], Table]]] = {
+    STEP: ("step", _step),
+    SCALARS: ("scalar", _scalar),
+    EVENT: ("event", _event),
+    COLLECTIVE: ("collective", _collective),
+    PLACEMENT: ("placement", _placement),
+}
+
+
+def build_tables(entries: Sequence[Entry], ident: Identity) -> tuple[dict[str, Table], int]:
+    """Group entries by shape and build one table per record kind; returns (tables, bad)."""
+    groups: dict[int, list[Entry]] = {}
+    for e in entries:
+        groups.setdefault(e[0], []).append(e)
+    tables: dict[str, Table] = {}
+    bad = 0
+    for code, rows in groups.items():
+        if code not in _BUILDERS:
+            bad += len(rows)
+            continue
+        kind, build = _BUILDERS[code]
+        try:
+            tables[kind] = build(rows, ident)
+        except Exception:
+            good: list[Entry] = []
+            for e in rows:
+                try:
+                    build([e], ident)
+                except Exception:
+                    bad += 1
+                else:
+                    good.append(e)
+            if good:
+                tables[kind] = build(good, ident)
+    return tables, bad

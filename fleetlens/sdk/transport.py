@@ -1,0 +1,102 @@
+"""How an encoded batch reaches the collector: one narrow Protocol and its HTTP implementation.
+
+The exporter only needs "send these bytes, tell me whether to retry", so the boundary is a single
+method (httpx's ``BaseTransport`` is one method too). ``HttpTransport`` uses ``http.client`` from
+the standard library: the SDK is installed into every training image and must stay tiny.
+
+Server contract: 200/201/202 means the batch is durable. 429 or 503 means "later", with
+``Retry-After`` in seconds. Any other 4xx means the batch itself is bad and retrying cannot help
+(``permanent=True``). 5xx, connection errors and timeouts are retryable.
+"""
+
+from __future__ import annotations
+
+import http.client
+import urllib.parse
+from typing import Protocol
+
+from ..errors import TransportError
+
+__all__ = ["HttpTransport", "Transport"]
+
+_ACK = frozenset({200, 201, 202})
+_LATER = frozenset({429, 503})
+
+
+class Transport(Protocol):
+    def send(self, body: bytes, headers: dict[str, str]) -> None:
+        """Deliver one batch or raise :class:`~fleetlens.errors.TransportError`."""
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None  # an HTTP date: rare from our collector; fall back to our own backoff
+    return max(0.0, seconds)
+
+
+class HttpTransport:
+    """POST ``{server}/v1/ingest`` over one keep-alive connection, reopened after any error."""
+
+    def __init__(self, server: str, token: str | None = None, timeout: float = 5.0) -> None:
+        url = urllib.parse.urlsplit(server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"server {server!r} is not an http(s) URL")
+        self._https = url.scheme == "https"
+        self._host = url.hostname
+        self._port = url.port
+        self._path = url.path.rstrip("/") + "/v1/ingest"
+        self._timeout = timeout
+        self._auth = f"Bearer {token}" if token else None
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._https:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout)
+        return http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def send(self, body: bytes, headers: dict[str, str]) -> None:
+        hdrs = dict(headers)
+        if self._auth:
+            hdrs["Authorization"] = self._auth
+        # A kept-alive connection the server has since closed fails on first use; one retry on
+        # a fresh connection tells that apart from a collector that is really down. The batch
+        # id makes the retry harmless if the first attempt did arrive.
+        reused = self._conn is not None
+        try:
+            status, reason, retry_after = self._post(body, hdrs)
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            if not reused or isinstance(exc, TimeoutError):
+                raise TransportError(f"cannot reach collector: {exc!r}") from exc
+            try:
+                status, reason, retry_after = self._post(body, hdrs)
+            except (OSError, http.client.HTTPException) as exc2:
+                self.close()
+                raise TransportError(f"cannot reach collector: {exc2!r}") from exc2
+        if status in _ACK:
+            return
+        if status in _LATER:
+            raise TransportError(f"collector busy: {status} {reason}", retry_after=retry_after)
+        if 400 <= status < 500:
+            raise TransportError(f"collector refused the batch: {status} {reason}", permanent=True)
+        raise TransportError(f"collector error: {status} {reason}")
+
+    def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None]:
+        if self._conn is None:
+            self._conn = self._connect()
+        conn = self._conn
+        conn.request("POST", self._path, body=body, headers=headers)
+        resp = conn.getresponse()
+        resp.read()  # the connection can only be reused once the body is consumed
+        if resp.will_close:
+            self.close()
+        return resp.status, resp.reason, _retry_after(resp.getheader("Retry-After"))

@@ -1,0 +1,1 @@
+"""Stores: telemetry (ClickHouse SQL: chDB embedded, a server at scale) and metadata (SQL)."""

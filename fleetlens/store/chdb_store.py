@@ -1,0 +1,108 @@
+"""The embedded telemetry store: the ClickHouse engine in-process (chDB) on a local directory.
+
+chDB runs one engine per process and serializes its queries, so this store holds one connection
+behind one lock: short queries and one writer path beat many threads. An insert that returned
+is on disk (chDB keeps every returned insert across SIGKILL), which is what lets the collector
+acknowledge a batch once ``insert`` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from typing import Any, ClassVar
+
+import chdb
+import pyarrow as pa
+
+from ..errors import StoreError
+from ..schema import KINDS
+from .ddl import Layout, create_statements, insert_settings
+from .telemetry import context_for
+
+__all__ = ["ChdbStore"]
+
+_SETTING_RE = re.compile(r"^[A-Za-z0-9_:.@/+=-]*$")
+
+
+def _settings_sql(settings: dict[str, str | int]) -> str:
+    parts = []
+    for key, value in settings.items():
+        if isinstance(value, str):
+            if not _SETTING_RE.match(value):
+                raise StoreError(f"setting {key} has characters we do not quote: {value!r}")
+            parts.append(f"{key} = '{value}'")
+        else:
+            parts.append(f"{key} = {int(value)}")
+    return ", ".join(parts)
+
+
+class ChdbStore:
+    """Telemetry in chDB under ``data_dir``. One per process at a time (an engine limit)."""
+
+    _open_path: ClassVar[str | None] = None
+    _class_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, data_dir: str, database: str = "fleetlens") -> None:
+        path = os.path.abspath(data_dir)
+        with ChdbStore._class_lock:
+            if ChdbStore._open_path is not None:
+                raise StoreError(
+                    f"a chDB store is already open in this process at {ChdbStore._open_path}; "
+                    "chDB runs one engine per process: close it first"
+                )
+            os.makedirs(path, exist_ok=True)
+            try:
+                self._conn = chdb.connect(path)  # type: ignore[no-untyped-call]
+            except Exception as exc:  # chDB raises plain RuntimeError for a bad path
+                raise StoreError(f"cannot open chDB at {path}: {exc}") from exc
+            ChdbStore._open_path = path
+        self.path = path
+        self.database = database
+        self._lock = threading.Lock()
+        for stmt in create_statements(Layout(database=database)):
+            self.command(stmt)
+
+    def insert(self, kind: str, data: pa.Table, ctx: dict[str, str], batch_id: str) -> None:
+        table = KINDS[kind].table
+        values = context_for(kind, ctx)
+        cols = ", ".join(f"`{c}`" for c in (*values, *data.column_names))
+        params = {f"c{i}": v for i, v in enumerate(values.values())}
+        consts = "".join(f"{{c{i}:String}}, " for i in range(len(values)))
+        settings = _settings_sql(insert_settings(batch_id, kind))
+        _fl_rows = data
+        sql = (
+            f"INSERT INTO {self.database}.{table} ({cols}) "
+            f"SELECT {consts}* FROM Python(_fl_rows) SETTINGS {settings}"
+        )
+        with self._lock:
+            try:
+                self._conn.query(sql, params=params)
+            except Exception as exc:
+                raise StoreError(f"insert into {table} failed: {exc}") from exc
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+        with self._lock:
+            try:
+                result = self._conn.query(sql, "ArrowTable", params=params or {})
+            except Exception as exc:
+                raise StoreError(f"query failed: {exc}") from exc
+        if not isinstance(result, pa.Table):
+            raise StoreError(f"chDB returned {type(result).__name__}, expected an Arrow table")
+        return result
+
+    def command(self, sql: str) -> None:
+        with self._lock:
+            try:
+                self._conn.query(sql)
+            except Exception as exc:
+                raise StoreError(f"statement failed: {exc}\n{sql}") from exc
+
+    def close(self) -> None:
+        with ChdbStore._class_lock:
+            if ChdbStore._open_path == self.path:
+                try:
+                    self._conn.close()
+                finally:
+                    ChdbStore._open_path = None

@@ -1,0 +1,154 @@
+"""The telemetry store's DDL, derived from :mod:`fleetlens.schema`: the one source of it.
+
+Embedded (chDB) and single-server ClickHouse get MergeTree tables. A cluster gets a
+ReplicatedMergeTree table per shard (``<table>_local``) and a Distributed table in front of it,
+sharded by run so that a run's per-step aggregation stays on one shard.
+
+Every table keeps the hashes of its recent inserts (``*_deduplication_window``) and every insert
+carries ``insert_deduplication_token = <batch_id>:<kind>``: a retried batch is stored once even
+when the server died between storing it and acknowledging it.
+
+``steps_by_step`` is a rollup fed by a materialized view: per run, job attempt and step, the
+ranks seen, tokens, first start, last end, the slowest rank's duration and the sum of durations.
+Run summaries read it instead of the per-rank table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..schema import DTYPES, KINDS, Column, RecordKind
+
+__all__ = ["DEDUP_WINDOW", "Layout", "create_statements", "insert_settings"]
+
+DEDUP_WINDOW = 100_000
+"""Inserts remembered per table for deduplication (each batch is one insert per kind)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the tables live: a database, and optionally a cluster to replicate across."""
+
+    database: str = "fleetlens"
+    cluster: str | None = None
+    ttl_days: int | None = None
+
+    @property
+    def on_cluster(self) -> str:
+        return f" ON CLUSTER {self.cluster}" if self.cluster else ""
+
+
+def _ch_type(col: Column) -> str:
+    t = DTYPES[col.dtype][2]
+    if col.dtype == "string" and not col.low_cardinality:
+        t = "String"
+    default = ""
+    if not col.required:
+        fill = col.fill
+        if isinstance(fill, str):
+            default = " DEFAULT '" + fill.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        elif isinstance(fill, float) and math.isnan(fill):
+            default = " DEFAULT nan"
+        else:
+            default = f" DEFAULT {fill}"
+    codec = f" CODEC({col.codec})" if col.codec else ""
+    return f"{t}{default}{codec}"
+
+
+def _columns_sql(kind: RecordKind) -> str:
+    parts = [f"`{name}` LowCardinality(String)" for name in kind.ctx]
+    parts += [f"`{c.name}` {_ch_type(c)}" for c in kind.columns]
+    return ",\n  ".join(parts)
+
+
+def _engine(kind: RecordKind, layout: Layout, local: str) -> str:
+    engine = kind.engine
+    if layout.cluster:
+        name, _, args = engine.partition("(")
+        zk = f"'/clickhouse/tables/{{shard}}/{layout.database}/{local}', '{{replica}}'"
+        args = args.rstrip(")")
+        engine = f"Replicated{name}({zk}{', ' + args if args else ''})"
+        window = "replicated_deduplication_window"
+    else:
+        window = "non_replicated_deduplication_window"
+    ttl = ""
+    if layout.ttl_days and "time" in kind.by_name:
+        ttl = f"\nTTL toDateTime(`time`) + INTERVAL {layout.ttl_days} DAY"
+    order = ", ".join(f"`{c}`" for c in kind.order_by)
+    return f"ENGINE = {engine}\nORDER BY ({order}){ttl}\nSETTINGS {window} = {DEDUP_WINDOW}"
+
+
+def _table(kind: RecordKind, layout: Layout) -> list[str]:
+    db = layout.database
+    local = f"{kind.table}_local" if layout.cluster else kind.table
+    stmts = [
+        f"CREATE TABLE IF NOT EXISTS {db}.{local}{layout.on_cluster} (\n  {_columns_sql(kind)}\n)\n"
+        + _engine(kind, layout, local)
+    ]
+    if layout.cluster:
+        shard_key = "cityHash64(`run_id`)" if "run_id" in kind.ctx else "rand()"
+        stmts.append(
+            f"CREATE TABLE IF NOT EXISTS {db}.{kind.table}{layout.on_cluster} AS {db}.{local} "
+            f"ENGINE = Distributed({layout.cluster}, {db}, {local}, {shard_key})"
+        )
+    return stmts
+
+
+def _rollup(layout: Layout) -> list[str]:
+    db = layout.database
+    target = "steps_by_step_local" if layout.cluster else "steps_by_step"
+    engine = "AggregatingMergeTree"
+    if layout.cluster:
+        engine = (
+            f"ReplicatedAggregatingMergeTree('/clickhouse/tables/{{shard}}/{db}/{target}', "
+            "'{replica}')"
+        )
+    source = "steps_local" if layout.cluster else "steps"
+    window = (
+        "replicated_deduplication_window"
+        if layout.cluster
+        else "non_replicated_deduplication_window"
+    )
+    stmts = [
+        f"CREATE TABLE IF NOT EXISTS {db}.{target}{layout.on_cluster} (\n"
+        "  `tenant` LowCardinality(String),\n  `run_id` LowCardinality(String),\n"
+        "  `job_id` LowCardinality(String),\n  `step` Int64,\n"
+        "  `ranks` SimpleAggregateFunction(sum, UInt64),\n"
+        "  `tokens` SimpleAggregateFunction(sum, Int64),\n"
+        "  `start` SimpleAggregateFunction(min, Float64),\n"
+        "  `end` SimpleAggregateFunction(max, Float64),\n"
+        "  `max_duration` SimpleAggregateFunction(max, Float64),\n"
+        "  `sum_duration` SimpleAggregateFunction(sum, Float64)\n"
+        f") ENGINE = {engine}\nORDER BY (`tenant`, `run_id`, `step`, `job_id`)\n"
+        f"SETTINGS {window} = {DEDUP_WINDOW}",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{target}_mv{layout.on_cluster} "
+        f"TO {db}.{target} AS SELECT tenant, run_id, job_id, step, count() AS ranks, "
+        "sum(tokens) AS tokens, min(time) AS start, max(time + duration) AS end, "
+        "max(duration) AS max_duration, sum(duration) AS sum_duration "
+        f"FROM {db}.{source} GROUP BY tenant, run_id, job_id, step",
+    ]
+    if layout.cluster:
+        stmts.append(
+            f"CREATE TABLE IF NOT EXISTS {db}.steps_by_step{layout.on_cluster} AS {db}.{target} "
+            f"ENGINE = Distributed({layout.cluster}, {db}, {target}, cityHash64(`run_id`))"
+        )
+    return stmts
+
+
+def create_statements(layout: Layout = Layout()) -> list[str]:
+    """Every statement needed to create the telemetry schema, in order; all idempotent."""
+    stmts = [f"CREATE DATABASE IF NOT EXISTS {layout.database}{layout.on_cluster}"]
+    for kind in KINDS.values():
+        stmts += _table(kind, layout)
+    stmts += _rollup(layout)
+    return stmts
+
+
+def insert_settings(batch_id: str, kind: str) -> dict[str, str | int]:
+    """Settings for one insert of one batch: the engine drops a retried copy of it."""
+    return {
+        "insert_deduplicate": 1,
+        "insert_deduplication_token": f"{batch_id}:{kind}",
+        "deduplicate_blocks_in_dependent_materialized_views": 1,
+    }

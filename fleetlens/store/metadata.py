@@ -1,0 +1,285 @@
+"""The metadata store: the run graph's entities in SQL (SQLite embedded, PostgreSQL at scale).
+
+Schema changes go through Alembic migrations (``fleetlens/store/migrations``); opening a store
+upgrades its database to the newest revision, so an older data directory keeps working.
+Every method takes the caller's tenant: there is no unscoped read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import ConfigError, NotFound, StoreError
+from .models import Job, Run
+
+__all__ = ["MetadataStore", "RunInfo", "run_status"]
+
+STALE_AFTER_S = 300.0
+"""A run with no data for this long is reported STALLED rather than RUNNING."""
+
+_MIGRATIONS = os.path.join(os.path.dirname(__file__), "migrations")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    tenant: str
+    project: str
+    experiment_id: str
+    run_id: str
+    status: str
+    first_seen: float
+    last_seen: float
+    last_step: int
+    world_size: int
+    jobs: int
+    config: dict[str, Any]
+
+
+def run_status(stored: str, status_at: float, last_seen: float, now: float) -> str:
+    """FINISHED or FAILED if that was the last word and no data came after it; else by age."""
+    if stored in ("FINISHED", "FAILED") and status_at >= last_seen - 1e-6:
+        return stored
+    return "RUNNING" if now - last_seen < STALE_AFTER_S else "STALLED"
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
+
+
+class MetadataStore:
+    def __init__(self, url: str) -> None:
+        if "://" not in url:
+            raise ConfigError(
+                f"--database-url {url!r} is not a database URL; use sqlite:///PATH or "
+                "postgresql+psycopg://user:password@host/db"
+            )
+        if url.startswith("postgresql://"):
+            url = "postgresql+psycopg://" + url[len("postgresql://") :]
+        try:
+            self.engine: Engine = create_engine(url, pool_pre_ping=True)
+        except Exception as exc:
+            raise ConfigError(f"cannot use database URL {url!r}: {exc}") from exc
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.upgrade()
+
+    def upgrade(self) -> None:
+        cfg = Config()
+        cfg.set_main_option("script_location", _MIGRATIONS)
+        try:
+            with self.engine.begin() as conn:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+        except SQLAlchemyError as exc:
+            raise StoreError(f"cannot migrate the metadata database: {exc}") from exc
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except SQLAlchemyError as exc:
+            session.rollback()
+            raise StoreError(f"metadata store error: {exc}") from exc
+        finally:
+            session.close()
+
+    def observe(
+        self,
+        tenant: str,
+        run_id: str,
+        *,
+        job_id: str = "",
+        project: str = "",
+        experiment_id: str = "",
+        first: float,
+        last: float,
+        step: int = -1,
+        world_size: int = 0,
+    ) -> None:
+        """Record that data of a run (and job attempt) covering ``first..last`` arrived."""
+        for attempt in range(3):
+            try:
+                with self._session() as s:
+                    self._observe(
+                        s,
+                        tenant,
+                        run_id,
+                        job_id,
+                        project,
+                        experiment_id,
+                        first,
+                        last,
+                        step,
+                        world_size,
+                    )
+                return
+            except StoreError as exc:
+                # Two collectors creating the same run race on the unique key: retry as update.
+                if not isinstance(exc.__cause__, IntegrityError) or attempt == 2:
+                    raise
+
+    @staticmethod
+    def _observe(
+        s: Session,
+        tenant: str,
+        run_id: str,
+        job_id: str,
+        project: str,
+        experiment_id: str,
+        first: float,
+        last: float,
+        step: int,
+        world_size: int,
+    ) -> None:
+        run = s.scalars(select(Run).where(Run.tenant == tenant, Run.run_id == run_id)).first()
+        if run is None:
+            run = Run(
+                tenant=tenant,
+                run_id=run_id,
+                project=project,
+                experiment_id=experiment_id,
+                status="RUNNING",
+                status_at=0.0,
+                first_seen=first,
+                last_seen=last,
+                last_step=step,
+                world_size=world_size,
+                config={},
+            )
+            s.add(run)
+        else:
+            run.first_seen = min(run.first_seen, first)
+            run.last_seen = max(run.last_seen, last)
+            run.last_step = max(run.last_step, step)
+            run.project = run.project or project
+            run.experiment_id = run.experiment_id or experiment_id
+            if world_size:
+                run.world_size = world_size
+        if not job_id:
+            return
+        job = s.scalars(
+            select(Job).where(Job.tenant == tenant, Job.run_id == run_id, Job.job_id == job_id)
+        ).first()
+        if job is None:
+            s.add(
+                Job(
+                    tenant=tenant,
+                    run_id=run_id,
+                    job_id=job_id,
+                    status="RUNNING",
+                    first_seen=first,
+                    last_seen=last,
+                    last_step=step,
+                    world_size=world_size,
+                )
+            )
+        else:
+            job.first_seen = min(job.first_seen, first)
+            job.last_seen = max(job.last_seen, last)
+            job.last_step = max(job.last_step, step)
+            if world_size:
+                job.world_size = world_size
+
+    def set_status(
+        self,
+        tenant: str,
+        run_id: str,
+        status: str,
+        at: float,
+        *,
+        job_id: str = "",
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        """Record a lifecycle status (FINISHED, FAILED, RUNNING) and, if given, the config."""
+        with self._session() as s:
+            run = s.scalars(select(Run).where(Run.tenant == tenant, Run.run_id == run_id)).first()
+            if run is None:
+                raise NotFound(f"run {run_id!r} does not exist")
+            if at >= run.status_at:
+                run.status, run.status_at = status, at
+            if config is not None:
+                run.config = config
+            if job_id:
+                job = s.scalars(
+                    select(Job).where(
+                        Job.tenant == tenant, Job.run_id == run_id, Job.job_id == job_id
+                    )
+                ).first()
+                if job is not None:
+                    job.status = status
+
+    def _info(self, s: Session, run: Run, now: float) -> RunInfo:
+        jobs = s.scalars(
+            select(Job.job_id).where(Job.tenant == run.tenant, Job.run_id == run.run_id)
+        ).all()
+        return RunInfo(
+            tenant=run.tenant,
+            project=run.project,
+            experiment_id=run.experiment_id,
+            run_id=run.run_id,
+            status=run_status(run.status, run.status_at, run.last_seen, now),
+            first_seen=run.first_seen,
+            last_seen=run.last_seen,
+            last_step=run.last_step,
+            world_size=run.world_size,
+            jobs=len(jobs),
+            config=dict(run.config or {}),
+        )
+
+    def list_runs(
+        self, tenant: str, project: str | None = None, limit: int = 100, offset: int = 0
+    ) -> list[RunInfo]:
+        now = time.time()
+        with self._session() as s:
+            q = select(Run).where(Run.tenant == tenant)
+            if project:
+                q = q.where(Run.project == project)
+            q = q.order_by(Run.last_seen.desc(), Run.run_id).limit(limit).offset(offset)
+            return [self._info(s, r, now) for r in s.scalars(q).all()]
+
+    def get_run(self, tenant: str, run_id: str) -> RunInfo:
+        with self._session() as s:
+            run = s.scalars(select(Run).where(Run.tenant == tenant, Run.run_id == run_id)).first()
+            if run is None:
+                raise NotFound(f"run {run_id!r} does not exist")
+            return self._info(s, run, time.time())
+
+    def jobs(self, tenant: str, run_id: str) -> list[dict[str, Any]]:
+        with self._session() as s:
+            rows = s.scalars(
+                select(Job)
+                .where(Job.tenant == tenant, Job.run_id == run_id)
+                .order_by(Job.first_seen)
+            ).all()
+            return [
+                {
+                    "jobId": j.job_id,
+                    "status": j.status,
+                    "firstSeen": j.first_seen,
+                    "lastSeen": j.last_seen,
+                    "lastStep": j.last_step,
+                    "worldSize": j.world_size,
+                }
+                for j in rows
+            ]
+
+    def close(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,264 @@
+"""Read queries over one tenant's telemetry: run summaries, per-rank windows, timelines.
+
+Every query here is bound to the tenant given at construction: an endpoint cannot forget to
+scope a query because it never writes one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from ..analysis.changes import metric_changes
+from ..errors import StoreError
+from .telemetry import TelemetryStore
+
+__all__ = ["RANK_SORT_KEYS", "RunQueries"]
+
+RANK_SORT_KEYS = {
+    "step_time": "step_time",
+    "max_step_time": "max_step_time",
+    "data_wait": "data_wait",
+    "comm": "comm",
+    "rank": "rank",
+}
+MAX_TIMELINE_STEPS = 1_000_000
+
+
+def _f(x: Any) -> float | None:
+    if x is None:
+        return None
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+class RunQueries:
+    def __init__(self, telemetry: TelemetryStore, tenant: str) -> None:
+        self.t = telemetry
+        self.db = telemetry.database
+        self.tenant = tenant
+
+    def _q(self, sql: str, **params: Any) -> list[dict[str, Any]]:
+        params["tenant"] = self.tenant
+        # SQL here is written as format strings ({{name:Type}} placeholders, {db}), some built
+        # with f-strings; normalise both to ClickHouse's {name:Type} binding syntax.
+        sql = sql.replace("{db}", self.db).replace("{{", "{").replace("}}", "}")
+        return list(self.t.query(sql, params).to_pylist())
+
+    def per_step_sql(self) -> str:
+        """Per step, the latest attempt's figures (a restart replays steps; the replay counts)."""
+        return (
+            "SELECT step, argMax(s_tokens, s_start) AS tokens, max(s_start) AS start, "
+            "argMax(s_end, s_start) AS end, argMax(s_max, s_start) AS max_duration, "
+            "argMax(s_ranks, s_start) AS ranks, argMax(s_sum, s_start) AS sum_duration, "
+            "argMax(job_id, s_start) AS job_id FROM ("
+            " SELECT step, job_id, sum(ranks) AS s_ranks, sum(tokens) AS s_tokens, "
+            " min(start) AS s_start, max(end) AS s_end, max(max_duration) AS s_max, "
+            " sum(sum_duration) AS s_sum FROM {db}.steps_by_step"
+            " WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
+            " GROUP BY step, job_id) GROUP BY step"
+        )
+
+    def summary(self, run_id: str, window: int = 100) -> dict[str, Any]:
+        """Progress and speed: last step, tokens, and step time / tokens/s over recent steps."""
+        per_step = self.per_step_sql()
+        total = self._q(
+            f"SELECT count() AS steps, max(step) AS last_step, sum(tokens) AS total_tokens, "
+            f"min(start) AS first_start, max(end) AS last_end FROM ({per_step})",
+            run=run_id,
+        )[0]
+        if not total["steps"]:
+            return {"steps": 0, "step": None, "tokensProcessed": 0, "metrics": {}}
+        recent = self._q(
+            f"SELECT count() AS steps, min(step) AS from_step, max(step) AS to_step, "
+            f"median(max_duration) AS step_time, median(sum_duration / ranks) AS mean_rank_time, "
+            f"sum(tokens) AS window_tokens, sum(end - start) AS busy, argMax(ranks, step) AS world "
+            f"FROM ({per_step}) WHERE step > {{last:Int64}} - {{window:Int64}}",
+            run=run_id,
+            last=total["last_step"],
+            window=window,
+        )[0]
+        latest = self._q(
+            "SELECT name, argMax(value, (step, time)) AS latest, max(step) AS latest_step "
+            "FROM {db}.scalars WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} "
+            "GROUP BY name ORDER BY name LIMIT 200",
+            run=run_id,
+        )
+        metrics: dict[str, Any] = {r["name"]: _f(r["latest"]) for r in latest}
+        busy = float(recent["busy"] or 0.0)
+        metrics.update(
+            {
+                "stepTimeMs": _f(recent["step_time"] * 1000.0),
+                "meanRankStepTimeMs": _f(recent["mean_rank_time"] * 1000.0),
+                "tokensPerSecond": _f(recent["window_tokens"] / busy) if busy > 0 else None,
+            }
+        )
+        return {
+            "steps": int(total["steps"]),
+            "step": int(total["last_step"]),
+            "tokensProcessed": int(total["total_tokens"]),
+            "worldSize": int(recent["world"] or 0),
+            "window": {
+                "fromStep": int(recent["from_step"]),
+                "toStep": int(recent["to_step"]),
+                "steps": int(recent["steps"]),
+            },
+            "metrics": metrics,
+        }
+
+    def step_window(
+        self, run_id: str, from_step: int | None, to_step: int | None, default: int = 100
+    ) -> tuple[int, int] | None:
+        if from_step is not None and to_step is not None:
+            return from_step, to_step
+        last = self._q(
+            "SELECT max(step) AS s, count() AS n FROM {db}.steps_by_step "
+            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}",
+            run=run_id,
+        )[0]
+        if not last["n"]:
+            return None
+        hi = to_step if to_step is not None else int(last["s"])
+        lo = from_step if from_step is not None else max(0, hi - default + 1)
+        return lo, hi
+
+    def ranks(
+        self, run_id: str, from_step: int, to_step: int, sort: str, descending: bool, limit: int
+    ) -> list[dict[str, Any]]:
+        """Per rank over a step window: median and max step time, data wait, communication."""
+        if sort not in RANK_SORT_KEYS:
+            raise StoreError(f"unknown sort key {sort!r}")
+        order = f"{RANK_SORT_KEYS[sort]} {'DESC' if descending else 'ASC'}, rank ASC"
+        rows = self._q(
+            "WITH per_rank AS ("
+            " SELECT rank, count() AS steps, quantileExact(0.5)(duration) AS step_time,"
+            " max(duration) AS max_step_time, avgIf(data_wait, isFinite(data_wait)) AS data_wait,"
+            " avgIf(comm, isFinite(comm)) AS comm, argMax(job_id, time) AS job_id"
+            " FROM {db}.steps WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
+            " AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}} GROUP BY rank),"
+            " place AS ("
+            " SELECT job_id, rank, argMax(node_id, time) AS node_id, argMax(gpu, time) AS gpu,"
+            " argMax(gpu_uuid, time) AS gpu_uuid, argMax(rack, time) AS rack"
+            " FROM {db}.placement WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
+            " GROUP BY job_id, rank)"
+            " SELECT p.*, place.node_id AS node_id, place.gpu AS gpu, place.gpu_uuid AS gpu_uuid,"
+            " place.rack AS rack, (SELECT median(step_time) FROM per_rank) AS median_all"
+            " FROM per_rank AS p LEFT JOIN place ON place.job_id = p.job_id AND place.rank = p.rank"
+            f" ORDER BY {order} LIMIT {{limit:UInt32}}",
+            run=run_id,
+            lo=from_step,
+            hi=to_step,
+            limit=limit,
+        )
+        out = []
+        for r in rows:
+            med = _f(r["median_all"])
+            out.append(
+                {
+                    "rank": int(r["rank"]),
+                    "node": r["node_id"] or None,
+                    "gpu": int(r["gpu"]) if r["node_id"] and r["gpu"] is not None else None,
+                    "gpuUuid": r["gpu_uuid"] or None,
+                    "rack": r["rack"] or None,
+                    "jobId": r["job_id"],
+                    "steps": int(r["steps"]),
+                    "stepTimeMs": _ms(r["step_time"]),
+                    "maxStepTimeMs": _ms(r["max_step_time"]),
+                    "dataWaitMs": _ms(r["data_wait"]),
+                    "commMs": _ms(r["comm"]),
+                    "slowdown": (_f(r["step_time"]) or 0.0) / med if med else None,
+                }
+            )
+        return out
+
+    def timeline(self, run_id: str, from_step: int, to_step: int) -> list[dict[str, Any]]:
+        """Events and metric changes in a step window, in order."""
+        if to_step - from_step > MAX_TIMELINE_STEPS:
+            raise StoreError(f"a timeline covers at most {MAX_TIMELINE_STEPS} steps")
+        span = self._q(
+            "SELECT min(start) AS t0, max(end) AS t1 FROM {db}.steps_by_step "
+            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} "
+            "AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}}",
+            run=run_id,
+            lo=from_step,
+            hi=to_step,
+        )[0]
+        t0, t1 = _f(span["t0"]), _f(span["t1"])
+        events = self._q(
+            "SELECT time, step, rank, kind, node_id, gpu, message, attrs FROM {db}.events "
+            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} AND ("
+            " (step BETWEEN {{lo:Int64}} AND {{hi:Int64}})"
+            " OR (step < 0 AND time BETWEEN {{t0:Float64}} AND {{t1:Float64}})) "
+            "ORDER BY time, step LIMIT 10000",
+            run=run_id,
+            lo=from_step,
+            hi=to_step,
+            t0=t0 if t0 is not None else 0.0,
+            t1=t1 if t1 is not None else -1.0,
+        )
+        items: list[dict[str, Any]] = [
+            {
+                "step": int(e["step"]) if e["step"] >= 0 else None,
+                "time": e["time"],
+                "source": "event",
+                "kind": e["kind"],
+                "rank": int(e["rank"]) if e["rank"] >= 0 else None,
+                "node": e["node_id"] or None,
+                "gpu": int(e["gpu"]) if e["gpu"] >= 0 else None,
+                "message": e["message"],
+                "attrs": json.loads(e["attrs"] or "{}"),
+            }
+            for e in events
+        ]
+        series = self.t.query(
+            f"SELECT name, step, argMin(value, rank) AS v, min(time) AS t "
+            f"FROM {self.db}.scalars WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} "
+            f"AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}} GROUP BY name, step "
+            f"ORDER BY name, step",
+            {"tenant": self.tenant, "run": run_id, "lo": max(0, from_step - 20), "hi": to_step},
+        )
+        if series.num_rows:
+            names = np.asarray(series.column("name").to_pylist(), dtype=object)
+            steps = series.column("step").to_numpy()
+            values = series.column("v").to_numpy()
+            times = series.column("t").to_numpy()
+            for name in dict.fromkeys(names.tolist()):
+                sel = names == name
+                s, v, t = steps[sel], values[sel], times[sel]
+                for ch in metric_changes(name, s, v):
+                    if ch.step < from_step:
+                        continue
+                    items.append(
+                        {
+                            "step": ch.step,
+                            "time": float(t[np.searchsorted(s, ch.step)]),
+                            "source": "metric",
+                            "kind": ch.what,
+                            "metric": ch.name,
+                            "value": _json_num(ch.value),
+                            "previous": _json_num(ch.previous),
+                            "message": _describe(ch.name, ch.what, ch.value, ch.previous),
+                        }
+                    )
+        items.sort(key=lambda i: (i["time"], i["step"] if i["step"] is not None else -1))
+        return items
+
+
+def _ms(x: Any) -> float | None:
+    v = _f(x)
+    return None if v is None else v * 1000.0
+
+
+def _json_num(v: float) -> float | str:
+    return v if math.isfinite(v) else str(v)
+
+
+def _describe(name: str, what: str, value: float, prev: float) -> str:
+    if what == "nonfinite":
+        return f"{name} {value}"
+    if what == "changed":
+        return f"{name} changed {prev:g} -> {value:g}"
+    return f"{name} spiked to {value:g}"

@@ -1,0 +1,83 @@
+"""The telemetry store boundary: a narrow protocol, and the batch -> Arrow conversion.
+
+Two implementations stand behind it: :class:`~fleetlens.store.chdb_store.ChdbStore` (the
+ClickHouse engine in-process, the embedded default) and
+:class:`~fleetlens.store.clickhouse_store.ClickHouseStore` (a server or cluster through
+clickhouse-connect). Both speak the same SQL; the DDL comes from :mod:`fleetlens.store.ddl`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from ..collector.decode import DecodedBatch, StringColumn
+from ..schema import KINDS
+
+__all__ = ["TelemetryStore", "batch_tables", "context_for", "open_telemetry"]
+
+
+class TelemetryStore(Protocol):
+    database: str
+
+    def insert(self, kind: str, data: pa.Table, ctx: dict[str, str], batch_id: str) -> None:
+        """Store rows of one record kind durably; ``ctx`` fills the kind's context columns.
+
+        A second insert of the same batch_id and kind is dropped by the engine.
+        """
+
+    def query(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+        """Run a read query; ``{name:Type}`` placeholders are bound from ``params``."""
+
+    def command(self, sql: str) -> None:
+        """Run a statement that returns nothing (DDL, OPTIMIZE)."""
+
+    def close(self) -> None: ...
+
+
+def batch_tables(batch: DecodedBatch) -> dict[str, pa.Table]:
+    """One Arrow table per record kind holding the columns the batch sent.
+
+    Columns the batch left out are filled by the table's defaults, and the context identifiers
+    travel as query parameters: neither costs an array per row.
+    """
+    out: dict[str, pa.Table] = {}
+    for kind_name, (_n, cols) in batch.tables.items():
+        kind = KINDS[kind_name]
+        arrays: list[pa.Array] = []
+        names: list[str] = []
+        for col in kind.columns:
+            value = cols.get(col.name)
+            if value is None:
+                continue
+            if isinstance(value, StringColumn):
+                arr = pa.DictionaryArray.from_arrays(
+                    pa.array(value.codes), pa.array(value.dictionary, pa.string())
+                ).dictionary_decode()
+            else:
+                arr = pa.array(value)
+            arrays.append(arr)
+            names.append(col.name)
+        out[kind_name] = pa.Table.from_arrays(arrays, names=names)
+    return out
+
+
+def context_for(kind: str, ctx: dict[str, str]) -> dict[str, str]:
+    """The values of a kind's context columns: every one present, missing ones empty."""
+    return {key: ctx.get(key, "") for key in KINDS[kind].ctx}
+
+
+def open_telemetry(
+    data_dir: str | None = None, clickhouse_url: str | None = None, database: str = "fleetlens"
+) -> TelemetryStore:
+    """The configured store: a ClickHouse server when a URL is given, else chDB in ``data_dir``."""
+    if clickhouse_url:
+        from .clickhouse_store import ClickHouseStore
+
+        return ClickHouseStore(clickhouse_url, database=database)
+    if not data_dir:
+        raise ValueError("the embedded telemetry store needs a data directory")
+    from .chdb_store import ChdbStore
+
+    return ChdbStore(data_dir, database=database)

@@ -1,0 +1,98 @@
+"""The stores on the real engines: chDB for telemetry, SQLite and PostgreSQL for metadata."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from fleetlens.collector.decode import decode_batch
+from fleetlens.errors import NotFound, StoreError
+from fleetlens.store.chdb_store import ChdbStore
+from fleetlens.store.metadata import MetadataStore, run_status
+from fleetlens.store.run_queries import RunQueries
+from fleetlens.store.telemetry import batch_tables
+
+from .helpers import step_batch
+
+
+@pytest.fixture
+def chdb_store(tmp_path) -> Iterator[ChdbStore]:  # type: ignore[no-untyped-def]
+    store = ChdbStore(str(tmp_path / "telemetry"))
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _insert(store: ChdbStore, body: bytes, tenant: str = "default") -> None:
+    batch = decode_batch(body)
+    ctx = dict(batch.ctx, tenant=tenant)
+    for kind, table in batch_tables(batch).items():
+        store.insert(kind, table, ctx, batch.batch_id)
+
+
+def test_retried_batch_is_stored_once_including_the_rollup(chdb_store: ChdbStore) -> None:
+    _, body = step_batch("r1", range(0, 10), ranks=8)
+    for _ in range(3):
+        _insert(chdb_store, body)
+    rows = chdb_store.query("SELECT count() AS n FROM fleetlens.steps").to_pylist()
+    assert rows == [{"n": 80}]
+    rollup = chdb_store.query(
+        "SELECT sum(ranks) AS r, uniqExact(step) AS s FROM fleetlens.steps_by_step"
+    ).to_pylist()
+    assert rollup == [{"r": 80, "s": 10}]
+
+
+def test_summary_counts_a_replayed_step_once_and_uses_the_slowest_rank(
+    chdb_store: ChdbStore,
+) -> None:
+    _insert(chdb_store, step_batch("r1", range(0, 10), 4, job_id="a0", t0=1000.0, slow={2: 1.5})[1])
+    # The job failed after step 9; the restart resumes from a checkpoint at step 5.
+    _insert(chdb_store, step_batch("r1", range(5, 12), 4, job_id="a1", t0=2000.0, slow={2: 1.5})[1])
+    s = RunQueries(chdb_store, "default").summary("r1")
+    assert s["step"] == 11 and s["steps"] == 12
+    assert s["tokensProcessed"] == 12 * 4 * 1000
+    assert s["metrics"]["stepTimeMs"] == pytest.approx(600.0)  # the straggler's 0.4 s x 1.5
+    assert s["worldSize"] == 4
+
+
+def test_queries_are_scoped_to_the_tenant(chdb_store: ChdbStore) -> None:
+    _insert(chdb_store, step_batch("r1", range(0, 3), 2)[1], tenant="acme")
+    assert RunQueries(chdb_store, "other").summary("r1")["steps"] == 0
+    assert RunQueries(chdb_store, "acme").summary("r1")["steps"] == 3
+
+
+def test_second_embedded_store_in_one_process_is_refused(chdb_store, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(StoreError, match="one engine per process"):
+        ChdbStore(str(tmp_path / "other"))
+
+
+def test_metadata_registry_on_both_engines(metadata_url: str) -> None:
+    store = MetadataStore(metadata_url)
+    try:
+        store.observe(
+            "t", "r1", job_id="a0", project="p", first=10.0, last=20.0, step=5, world_size=8
+        )
+        store.observe("t", "r1", job_id="a0", first=15.0, last=30.0, step=9)
+        store.observe("t", "r1", job_id="a1", first=40.0, last=50.0, step=12)
+        store.set_status("t", "r1", "FINISHED", 50.0, config={"lr": 3e-4, "layers": 2})
+        info = store.get_run("t", "r1")
+        assert (info.first_seen, info.last_seen, info.last_step) == (10.0, 50.0, 12)
+        assert info.world_size == 8 and info.jobs == 2 and info.status == "FINISHED"
+        assert info.config == {"lr": 3e-4, "layers": 2}
+        assert [j["jobId"] for j in store.jobs("t", "r1")] == ["a0", "a1"]
+        assert store.list_runs("other") == []
+        with pytest.raises(NotFound):
+            store.get_run("other", "r1")
+        # Reopening an existing database runs no migration twice.
+        MetadataStore(metadata_url).close()
+    finally:
+        store.close()
+
+
+def test_run_status_rules() -> None:
+    assert run_status("FAILED", 100.0, 100.0, now=101.0) == "FAILED"
+    # Data after the failure means a restart is running.
+    assert run_status("FAILED", 100.0, 150.0, now=151.0) == "RUNNING"
+    assert run_status("RUNNING", 0.0, 150.0, now=1000.0) == "STALLED"
