@@ -17,7 +17,7 @@ from .errors import FleetlensError
 
 __all__ = ["COMMANDS", "main"]
 
-COMMANDS = ("serve", "runs", "run", "config")
+COMMANDS = ("serve", "config", "runs", "run")
 
 
 def _server_url(args: argparse.Namespace) -> str:

@@ -34,8 +34,8 @@ _ENV = {
 }
 
 
-def _default_data_dir() -> str:
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(
+def _default_data_dir(environ: Mapping[str, str]) -> str:
+    base = environ.get("XDG_DATA_HOME") or os.path.join(
         os.path.expanduser("~"), ".local", "share"
     )
     return os.path.join(base, "fleetlens")
@@ -102,7 +102,7 @@ class ServerConfig:
                     raise ConfigError(f"{name} is {value!r}; expected {want}") from exc
         cfg = cls(**values)
         if not cfg.data_dir:
-            cfg = dataclasses.replace(cfg, data_dir=_default_data_dir())
+            cfg = dataclasses.replace(cfg, data_dir=_default_data_dir(environ))
         if not 0 < cfg.port < 65536:
             raise ConfigError(f"port is {cfg.port}; use 1-65535")
         if cfg.max_inflight < 1:
