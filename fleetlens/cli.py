@@ -17,7 +17,7 @@ from .errors import FleetlensError
 
 __all__ = ["COMMANDS", "main"]
 
-COMMANDS = ("serve", "config", "runs", "run")
+COMMANDS = ("serve", "config", "runs", "run", "tokens", "tenants")
 
 
 def _server_url(args: argparse.Namespace) -> str:
@@ -54,6 +54,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
             "port": args.port,
             "clickhouse_url": args.clickhouse,
             "database_url": args.database_url,
+            "auth": getattr(args, "auth", None),
         },
         config_file=args.config,
     )
@@ -131,6 +132,59 @@ def cmd_run_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _access(args: argparse.Namespace) -> Any:
+    """The access store of a local data directory (the operator's own commands)."""
+    from .store.access import AccessStore
+    from .store.metadata import MetadataStore
+
+    return AccessStore(MetadataStore(_server_config(args).resolved_database_url))
+
+
+def cmd_tokens(args: argparse.Namespace) -> int:
+    access = _access(args)
+    if args.tokens_command == "create":
+        plaintext, info = access.create_token(
+            args.tenant, args.role, project=args.project, name=args.name
+        )
+        print(plaintext)
+        print(
+            f"token {info.id} ({info.prefix}...) role {info.role} tenant {info.tenant}"
+            f"{' project ' + info.project if info.project else ''}: shown once, store it now",
+            file=sys.stderr,
+        )
+    elif args.tokens_command == "list":
+        from .store.scope import Scope
+
+        for t in access.list_tokens(Scope(tenant=args.tenant, role="admin", actor="cli")):
+            state = "revoked" if t.revoked_at else "active"
+            print(f"{t.id:>5} {t.prefix}... {t.role:<8} {t.project or '*':<16} {state:<8} {t.name}")
+    else:
+        from .store.scope import Scope
+
+        access.revoke_token(Scope(tenant=args.tenant, role="admin", actor="cli"), args.id)
+        print(f"token {args.id} revoked")
+    return 0
+
+
+def cmd_tenants_quota(args: argparse.Namespace) -> int:
+    from .store.scope import Scope
+
+    values = {
+        k: v
+        for k, v in {
+            "ingest_bytes_per_s": args.ingest_bytes_per_s,
+            "stored_bytes": args.stored_bytes,
+            "eval_shards_in_flight": args.eval_shards_in_flight,
+        }.items()
+        if v is not None
+    }
+    access = _access(args)
+    scope = Scope(tenant=args.tenant, role="admin", actor="cli")
+    quotas = access.set_quotas(scope, args.tenant, values) if values else access.quotas(args.tenant)
+    print(json.dumps({"tenant": args.tenant, **quotas}, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fleetlens", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -145,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("serve", help="run the collector and API server")
     server_opts(sp)
+    sp.add_argument(
+        "--auth",
+        choices=("auto", "required", "off"),
+        help="tokens: auto = required unless bound to loopback (default)",
+    )
     sp.set_defaults(func=cmd_serve)
     sp = sub.add_parser("config", help="print the resolved server configuration")
     server_opts(sp)
@@ -166,6 +225,32 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--top", type=int, default=5, help="slowest ranks to show")
     client_opts(show)
     show.set_defaults(func=cmd_run_show)
+
+    sp = sub.add_parser("tokens", help="create, list or revoke API tokens (on the data directory)")
+    tsub = sp.add_subparsers(dest="tokens_command", required=True)
+    create = tsub.add_parser("create", help="print a new token (shown once)")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--role", required=True, help="ingest, viewer, editor, admin, oncall")
+    create.add_argument("--project", default="", help="limit the token to one project")
+    create.add_argument("--name", default="", help="who or what holds it")
+    lst = tsub.add_parser("list", help="the tenant's tokens")
+    lst.add_argument("--tenant", required=True)
+    revoke = tsub.add_parser("revoke", help="revoke a token by id")
+    revoke.add_argument("--tenant", required=True)
+    revoke.add_argument("id", type=int)
+    for t in (create, lst, revoke):
+        server_opts(t)
+        t.set_defaults(func=cmd_tokens)
+
+    sp = sub.add_parser("tenants", help="tenant administration (on the data directory)")
+    tensub = sp.add_subparsers(dest="tenants_command", required=True)
+    quota = tensub.add_parser("quota", help="show or set a tenant's quotas (0 = unlimited)")
+    quota.add_argument("tenant")
+    quota.add_argument("--ingest-bytes-per-s", type=int)
+    quota.add_argument("--stored-bytes", type=int)
+    quota.add_argument("--eval-shards-in-flight", type=int)
+    server_opts(quota)
+    quota.set_defaults(func=cmd_tenants_quota)
     return p
 
 

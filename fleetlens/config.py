@@ -7,6 +7,7 @@ The environment is read here and nowhere else on the server side, and only when 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -31,13 +32,12 @@ _ENV = {
     "max_queue_bytes": "FLEETLENS_MAX_QUEUE_BYTES",
     "queue_wait_s": "FLEETLENS_QUEUE_WAIT_S",
     "log_level": "FLEETLENS_LOG_LEVEL",
+    "auth": "FLEETLENS_AUTH",
 }
 
 
 def _default_data_dir(environ: Mapping[str, str]) -> str:
-    base = environ.get("XDG_DATA_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "share"
-    )
+    base = environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(base, "fleetlens")
 
 
@@ -54,6 +54,20 @@ class ServerConfig:
     max_queue_bytes: int = 512 << 20
     queue_wait_s: float = 2.0
     log_level: str = "warning"
+    auth: str = "auto"  # auto: tokens required unless bound to loopback; required; off
+
+    @property
+    def loopback(self) -> bool:
+        if self.host in ("localhost", "ip6-localhost"):
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def auth_required(self) -> bool:
+        return self.auth == "required" or (self.auth == "auto" and not self.loopback)
 
     @property
     def resolved_database_url(self) -> str:
@@ -105,6 +119,14 @@ class ServerConfig:
             cfg = dataclasses.replace(cfg, data_dir=_default_data_dir(environ))
         if not 0 < cfg.port < 65536:
             raise ConfigError(f"port is {cfg.port}; use 1-65535")
+        if cfg.auth not in ("auto", "required", "off"):
+            raise ConfigError(f"auth is {cfg.auth!r}; use auto, required or off")
+        if cfg.auth == "off" and not cfg.loopback:
+            raise ConfigError(
+                f"refusing --auth off on {cfg.host}: without tokens anyone who can reach it "
+                "reads and writes everything; bind to 127.0.0.1, or create tokens "
+                "(fleetlens tokens create) and terminate TLS in front (docs/security.md)"
+            )
         if cfg.max_inflight < 1:
             raise ConfigError(f"max_inflight is {cfg.max_inflight}; it must be >= 1")
         return cfg

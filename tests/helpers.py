@@ -94,17 +94,46 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+    def get(self, path: str, token: str | None = None) -> Any:
+        req = urllib.request.Request(self.url + path)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(req, timeout=30) as r:
             return json.load(r)
 
+    def request(
+        self, method: str, path: str, body: Any = None, token: str | None = None
+    ) -> tuple[int, Any]:
+        """Any request; returns (status, decoded JSON or text) and never raises on 4xx/5xx."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                raw, status = r.read(), r.status
+        except urllib.error.HTTPError as exc:
+            raw, status = exc.read(), exc.code
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, raw.decode(errors="replace")
+
     def post(
-        self, body: bytes, content_type: str = "application/msgpack", encoding: str = ""
+        self,
+        body: bytes,
+        content_type: str = "application/msgpack",
+        encoding: str = "",
+        token: str | None = None,
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
         req = urllib.request.Request(self.url + "/v1/ingest", data=body, method="POST")
         req.add_header("Content-Type", content_type)
         if encoding:
             req.add_header("Content-Encoding", encoding)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 return r.status, json.load(r), dict(r.headers)
@@ -123,6 +152,7 @@ def step_batch(
     t0: float | None = None,
     tokens: int = 1000,
     batch_id: str | None = None,
+    ctx: dict[str, str] | None = None,
 ) -> tuple[str, bytes]:
     """A batch of per-rank step records; ``slow`` maps rank -> slowdown factor."""
     n_steps = len(steps)
@@ -137,11 +167,8 @@ def step_batch(
     tb.add_packed("time", start.astype("<f8").tobytes())
     tb.add_packed("duration", dur.astype("<f8").tobytes())
     tb.add_packed("tokens", np.full(len(step), tokens, dtype="<i8").tobytes())
-    return encode_batch(
-        {"step": tb.build()},
-        {"run_id": run_id, "job_id": job_id, "project": "test"},
-        batch_id=batch_id,
-    )
+    context = {"run_id": run_id, "job_id": job_id, "project": "test", **(ctx or {})}
+    return encode_batch({"step": tb.build()}, context, batch_id=batch_id)
 
 
 def _pg_bin() -> str:

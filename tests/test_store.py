@@ -11,6 +11,7 @@ from fleetlens.errors import NotFound, StoreError
 from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.metadata import MetadataStore, run_status
 from fleetlens.store.run_queries import RunQueries
+from fleetlens.store.scope import Scope
 from fleetlens.store.telemetry import batch_tables
 
 from .helpers import step_batch
@@ -50,7 +51,7 @@ def test_summary_counts_a_replayed_step_once_and_uses_the_slowest_rank(
     _insert(chdb_store, step_batch("r1", range(0, 10), 4, job_id="a0", t0=1000.0, slow={2: 1.5})[1])
     # The job failed after step 9; the restart resumes from a checkpoint at step 5.
     _insert(chdb_store, step_batch("r1", range(5, 12), 4, job_id="a1", t0=2000.0, slow={2: 1.5})[1])
-    s = RunQueries(chdb_store, "default").summary("r1")
+    s = RunQueries(chdb_store, Scope("default", "viewer")).summary("r1")
     assert s["step"] == 11 and s["steps"] == 12
     assert s["tokensProcessed"] == 12 * 4 * 1000
     assert s["metrics"]["stepTimeMs"] == pytest.approx(600.0)  # the straggler's 0.4 s x 1.5
@@ -59,13 +60,16 @@ def test_summary_counts_a_replayed_step_once_and_uses_the_slowest_rank(
 
 def test_queries_are_scoped_to_the_tenant(chdb_store: ChdbStore) -> None:
     _insert(chdb_store, step_batch("r1", range(0, 3), 2)[1], tenant="acme")
-    assert RunQueries(chdb_store, "other").summary("r1")["steps"] == 0
-    assert RunQueries(chdb_store, "acme").summary("r1")["steps"] == 3
+    assert RunQueries(chdb_store, Scope("other", "viewer")).summary("r1")["steps"] == 0
+    assert RunQueries(chdb_store, Scope("acme", "viewer")).summary("r1")["steps"] == 3
 
 
 def test_second_embedded_store_in_one_process_is_refused(chdb_store, tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(StoreError, match="one engine per process"):
         ChdbStore(str(tmp_path / "other"))
+
+
+T = Scope("t", "viewer")
 
 
 def test_metadata_registry_on_both_engines(metadata_url: str) -> None:
@@ -77,14 +81,14 @@ def test_metadata_registry_on_both_engines(metadata_url: str) -> None:
         store.observe("t", "r1", job_id="a0", first=15.0, last=30.0, step=9)
         store.observe("t", "r1", job_id="a1", first=40.0, last=50.0, step=12)
         store.set_status("t", "r1", "FINISHED", 50.0, config={"lr": 3e-4, "layers": 2})
-        info = store.get_run("t", "r1")
+        info = store.get_run(T, "r1")
         assert (info.first_seen, info.last_seen, info.last_step) == (10.0, 50.0, 12)
         assert info.world_size == 8 and info.jobs == 2 and info.status == "FINISHED"
         assert info.config == {"lr": 3e-4, "layers": 2}
-        assert [j["jobId"] for j in store.jobs("t", "r1")] == ["a0", "a1"]
-        assert store.list_runs("other") == []
+        assert [j["jobId"] for j in store.jobs(T, "r1")] == ["a0", "a1"]
+        assert store.list_runs(Scope("other", "viewer")) == []
         with pytest.raises(NotFound):
-            store.get_run("other", "r1")
+            store.get_run(Scope("other", "viewer"), "r1")
         # Reopening an existing database runs no migration twice.
         MetadataStore(metadata_url).close()
     finally:

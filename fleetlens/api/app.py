@@ -11,29 +11,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Annotated
 
 import anyio
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from .. import __version__
 from ..collector.decode import DecodeLimits
 from ..collector.ingest import Ingestor, IngestQueue
+from ..collector.quota import TenantLimiter
 from ..config import ServerConfig
-from ..errors import BatchTooLarge, NotFound, StoreError, WireError
+from ..errors import BatchTooLarge, ConfigError, NotFound, StoreError, WireError
+from ..store.access import AccessStore
 from ..store.metadata import MetadataStore
+from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore, open_telemetry
+from .admin import router as admin_router
+from .auth import require
 from .runs import router as runs_router
 
 __all__ = ["Services", "create_app"]
 
 log = logging.getLogger("fleetlens.server")
-
-DEFAULT_TENANT = "default"
 
 
 @dataclass
@@ -43,9 +48,37 @@ class Services:
     metadata: MetadataStore
     ingestor: Ingestor
     queue: IngestQueue
+    access: AccessStore
+    limiter: TenantLimiter
+    auth_required: bool
     registry: CollectorRegistry
     batches: Counter
     rows: Counter
+    ingested_bytes: dict[str, int] = field(default_factory=dict)
+    quotas: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def refresh_quotas(self) -> None:
+        """Reload quotas into the limiter and persist the bytes ingested since the last call."""
+        pending, self.ingested_bytes = self.ingested_bytes, {}
+        if pending:
+            self.access.add_ingested(pending)
+        quotas = {}
+        for tenant in set(self.limiter.tenants()) | set(self.quotas) | set(pending) | {"default"}:
+            quotas[tenant] = q = self.access.quotas(tenant)
+            self.limiter.set_rate(tenant, float(q["ingest_bytes_per_s"]))
+        self.quotas = quotas
+
+    def load_quota(self, tenant: str) -> None:
+        """Quotas of a tenant seen for the first time since the last refresh."""
+        self.quotas[tenant] = q = self.access.quotas(tenant)
+        self.limiter.set_rate(tenant, float(q["ingest_bytes_per_s"]))
+
+    def storage_left(self, tenant: str) -> int | None:
+        """Bytes the tenant may still ingest under its stored-bytes quota (None: unlimited)."""
+        q = self.quotas.get(tenant)
+        if not q or not q["stored_bytes"]:
+            return None
+        return int(q["stored_bytes"] - q["ingested_bytes"] - self.ingested_bytes.get(tenant, 0))
 
     @classmethod
     def open(cls, config: ServerConfig) -> Services:
@@ -72,7 +105,29 @@ class Services:
             "fleetlens_ingest_rows", "Rows stored, by record kind", ["kind"], registry=registry
         )
         queue = IngestQueue(config.max_inflight, config.max_queue_bytes)
-        return cls(config, telemetry, metadata, ingestor, queue, registry, batches, rows)
+        access = AccessStore(metadata)
+        auth_required = config.auth_required
+        if auth_required and not access.has_admin_token():
+            metadata.close()
+            telemetry.close()
+            raise ConfigError(
+                "this server requires tokens (it binds to a non-loopback address or has "
+                "--auth required) and none exists yet: create an admin token with "
+                f"`fleetlens tokens create --data {config.data_dir} --tenant NAME --role admin`"
+            )
+        return cls(
+            config,
+            telemetry,
+            metadata,
+            ingestor,
+            queue,
+            access,
+            TenantLimiter(),
+            auth_required,
+            registry,
+            batches,
+            rows,
+        )
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -100,11 +155,14 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
         svc = services or Services.open(config)
         app.state.services = svc
 
+        await anyio.to_thread.run_sync(svc.refresh_quotas)
+
         async def registry_flusher() -> None:
             while True:
                 await asyncio.sleep(2.0)
                 try:
                     await anyio.to_thread.run_sync(svc.ingestor.flush_registry)
+                    await anyio.to_thread.run_sync(svc.refresh_quotas)
                 except Exception:  # keep serving; the next round retries
                     log.exception("run registry flush failed")
 
@@ -151,7 +209,9 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
             503: {"description": "Store unavailable; nothing acknowledged; retry"},
         },
     )
-    async def ingest(request: Request) -> Response:
+    async def ingest(
+        request: Request, scope: Annotated[Scope, Depends(require("ingest"))]
+    ) -> Response:
         svc: Services = request.app.state.services
         limit = svc.config.max_body_bytes
         declared = request.headers.get("content-length")
@@ -160,6 +220,26 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
             await _drain(request)
             return _error(413, f"body is {declared} bytes; the limit is {limit}", None)
         nbytes = int(declared) if declared is not None and declared.isdigit() else limit
+        if scope.tenant not in svc.quotas:
+            await anyio.to_thread.run_sync(svc.load_quota, scope.tenant)
+        left = svc.storage_left(scope.tenant)
+        if left is not None and left <= 0:
+            svc.batches.labels("over_quota").inc()
+            await _drain(request)
+            return _error(
+                403,
+                f"tenant {scope.tenant!r} has used its stored-bytes quota; "
+                "ask the platform operator to raise it (fleetlens tenants quota)",
+            )
+        wait = svc.limiter.take(scope.tenant, nbytes)
+        if wait > 0:
+            svc.batches.labels("over_quota").inc()
+            await _drain(request)
+            return _error(
+                429,
+                f"tenant {scope.tenant!r} is over its ingest rate; retry later",
+                retry_after=max(1, math.ceil(wait)),
+            )
         if not await svc.queue.admit(nbytes, svc.config.queue_wait_s):
             svc.batches.labels("throttled").inc()
             await _drain(request)
@@ -181,7 +261,8 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
                     body,
                     request.headers.get("content-type", "application/msgpack"),
                     request.headers.get("content-encoding", ""),
-                    DEFAULT_TENANT,
+                    scope.tenant,
+                    scope.project or None,
                 )
             except BatchTooLarge as exc:
                 svc.batches.labels("too_large").inc()
@@ -192,6 +273,7 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
         finally:
             await svc.queue.release(nbytes)
         svc.batches.labels("stored").inc()
+        svc.ingested_bytes[scope.tenant] = svc.ingested_bytes.get(scope.tenant, 0) + len(body)
         for kind, n in result.rows.items():
             svc.rows.labels(kind).inc(n)
         return JSONResponse({"batchId": result.batch_id, "rows": result.rows, "status": "stored"})
@@ -206,4 +288,5 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
         return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(runs_router)
+    app.include_router(admin_router)
     return app

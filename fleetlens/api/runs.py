@@ -6,16 +6,18 @@ from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from ..store.metadata import RunInfo
 from ..store.run_queries import RunQueries
+from ..store.scope import Scope
+from .auth import require
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["runs"])
 
-TENANT = "default"
+Reader = Annotated[Scope, Depends(require("read"))]
 
 
 def _services(request: Request) -> Any:
@@ -40,27 +42,28 @@ def _run_json(info: RunInfo) -> dict[str, Any]:
 @router.get("/runs", summary="List runs, most recently active first")
 async def list_runs(
     request: Request,
+    scope: Reader,
     project: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> dict[str, Any]:
     svc = _services(request)
     runs = await anyio.to_thread.run_sync(
-        lambda: svc.metadata.list_runs(TENANT, project, limit, offset)
+        lambda: svc.metadata.list_runs(scope, project, limit, offset)
     )
     return {"runs": [_run_json(r) for r in runs], "limit": limit, "offset": offset}
 
 
 @router.get("/runs/{run_id}", summary="One run: status, progress, speed and latest metrics")
-async def get_run(request: Request, run_id: str) -> dict[str, Any]:
+async def get_run(request: Request, run_id: str, scope: Reader) -> dict[str, Any]:
     svc = _services(request)
 
     def work() -> dict[str, Any]:
-        info = svc.metadata.get_run(TENANT, run_id)
-        summary = RunQueries(svc.telemetry, TENANT).summary(run_id)
+        info = svc.metadata.get_run(scope, run_id)
+        summary = RunQueries(svc.telemetry, scope).summary(run_id)
         out = _run_json(info)
         out["config"] = info.config
-        out["jobIds"] = [j["jobId"] for j in svc.metadata.jobs(TENANT, run_id)]
+        out["jobIds"] = [j["jobId"] for j in svc.metadata.jobs(scope, run_id)]
         out.update(summary)
         if summary.get("worldSize"):
             out["worldSize"] = summary["worldSize"]
@@ -73,6 +76,7 @@ async def get_run(request: Request, run_id: str) -> dict[str, Any]:
 async def get_ranks(
     request: Request,
     run_id: str,
+    scope: Reader,
     sort: Literal["step_time", "max_step_time", "data_wait", "comm", "rank"] = "step_time",
     order: Literal["asc", "desc"] = "desc",
     from_step: Annotated[int | None, Query(alias="fromStep", ge=0)] = None,
@@ -84,8 +88,8 @@ async def get_ranks(
         raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
 
     def work() -> dict[str, Any]:
-        svc.metadata.get_run(TENANT, run_id)
-        q = RunQueries(svc.telemetry, TENANT)
+        svc.metadata.get_run(scope, run_id)
+        q = RunQueries(svc.telemetry, scope)
         window = q.step_window(run_id, from_step, to_step)
         if window is None:
             return {"runId": run_id, "fromStep": None, "toStep": None, "ranks": []}
@@ -106,6 +110,7 @@ async def get_ranks(
 async def get_timeline(
     request: Request,
     run_id: str,
+    scope: Reader,
     from_step: Annotated[int | None, Query(alias="fromStep", ge=0)] = None,
     to_step: Annotated[int | None, Query(alias="toStep", ge=0)] = None,
 ) -> dict[str, Any]:
@@ -114,8 +119,8 @@ async def get_timeline(
         raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
 
     def work() -> dict[str, Any]:
-        svc.metadata.get_run(TENANT, run_id)
-        q = RunQueries(svc.telemetry, TENANT)
+        svc.metadata.get_run(scope, run_id)
+        q = RunQueries(svc.telemetry, scope)
         window = q.step_window(run_id, from_step, to_step, default=1_000)
         if window is None:
             return {"runId": run_id, "fromStep": from_step, "toStep": to_step, "items": []}

@@ -107,12 +107,20 @@ class Ingestor:
         self.sdk_dropped: dict[str, int] = {}
 
     def ingest(
-        self, body: bytes, content_type: str, content_encoding: str, tenant: str
+        self,
+        body: bytes,
+        content_type: str,
+        content_encoding: str,
+        tenant: str,
+        project: str | None = None,
     ) -> IngestResult:
+        """Store a batch for ``tenant``; a project-scoped caller writes into its project only."""
         t0 = time.perf_counter()
         batch = decode_batch(body, content_type, content_encoding, self.limits)
         ctx = dict(batch.ctx)
         ctx["tenant"] = tenant  # the caller's tenant, never what the batch claims
+        if project is not None:
+            ctx["project"] = project
         for kind, table in batch_tables(batch).items():
             if table.num_rows:
                 self.telemetry.insert(kind, table, ctx, batch.batch_id)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import ConfigError, NotFound, StoreError
 from .models import Job, Run
+from .scope import Scope
 
 __all__ = ["MetadataStore", "RunInfo", "run_status"]
 
@@ -244,29 +245,36 @@ class MetadataStore:
             config=dict(run.config or {}),
         )
 
+    @staticmethod
+    def _scoped(q: Any, scope: Scope) -> Any:
+        q = q.where(Run.tenant == scope.tenant)
+        return q.where(Run.project == scope.project) if scope.project else q
+
     def list_runs(
-        self, tenant: str, project: str | None = None, limit: int = 100, offset: int = 0
+        self, scope: Scope, project: str | None = None, limit: int = 100, offset: int = 0
     ) -> list[RunInfo]:
         now = time.time()
         with self._session() as s:
-            q = select(Run).where(Run.tenant == tenant)
+            q = self._scoped(select(Run), scope)
             if project:
                 q = q.where(Run.project == project)
             q = q.order_by(Run.last_seen.desc(), Run.run_id).limit(limit).offset(offset)
             return [self._info(s, r, now) for r in s.scalars(q).all()]
 
-    def get_run(self, tenant: str, run_id: str) -> RunInfo:
+    def get_run(self, scope: Scope, run_id: str) -> RunInfo:
+        """The run, if the caller may see it; NotFound otherwise (whether or not it exists)."""
         with self._session() as s:
-            run = s.scalars(select(Run).where(Run.tenant == tenant, Run.run_id == run_id)).first()
+            run = s.scalars(self._scoped(select(Run), scope).where(Run.run_id == run_id)).first()
             if run is None:
                 raise NotFound(f"run {run_id!r} does not exist")
             return self._info(s, run, time.time())
 
-    def jobs(self, tenant: str, run_id: str) -> list[dict[str, Any]]:
+    def jobs(self, scope: Scope, run_id: str) -> list[dict[str, Any]]:
+        self.get_run(scope, run_id)
         with self._session() as s:
             rows = s.scalars(
                 select(Job)
-                .where(Job.tenant == tenant, Job.run_id == run_id)
+                .where(Job.tenant == scope.tenant, Job.run_id == run_id)
                 .order_by(Job.first_seen)
             ).all()
             return [

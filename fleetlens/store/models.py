@@ -53,3 +53,62 @@ class Job(Base):
     last_seen: Mapped[float] = mapped_column(Float)
     last_step: Mapped[int] = mapped_column(BigInteger, default=-1)
     world_size: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Tenant(Base):
+    """An organisation; every record belongs to exactly one. Quotas are per tenant (0 = none)."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(256), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    ingest_bytes_per_s: Mapped[int] = mapped_column(BigInteger, default=0)
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    eval_shards_in_flight: Mapped[int] = mapped_column(Integer, default=0)
+    ingested_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Project(Base):
+    """A project of a team inside a tenant; runs, models and evaluations belong to one."""
+
+    __tablename__ = "projects"
+    __table_args__ = (UniqueConstraint("tenant", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    team: Mapped[str] = mapped_column(String(256), default="")
+    name: Mapped[str] = mapped_column(String(256))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ApiToken(Base):
+    """An API token: only its SHA-256 is stored; ``prefix`` identifies it to people."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(256), default="")
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    project: Mapped[str] = mapped_column(String(256), default="")
+    role: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(256), default="")
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class AuditEntry(Base):
+    """Append-only: who did what, when, to what, from where."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    actor: Mapped[str] = mapped_column(String(256))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(512), default="")
+    detail: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    remote: Mapped[str] = mapped_column(String(128), default="")

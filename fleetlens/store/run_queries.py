@@ -1,7 +1,8 @@
 """Read queries over one tenant's telemetry: run summaries, per-rank windows, timelines.
 
-Every query here is bound to the tenant given at construction: an endpoint cannot forget to
-scope a query because it never writes one.
+Every query here is bound to the caller's scope given at construction: an endpoint cannot forget
+to scope a query because it never writes one. The run itself is checked against the scope's
+project by the metadata store before any of these run (the API does that first).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..analysis.changes import metric_changes
 from ..errors import StoreError
+from .scope import Scope
 from .telemetry import TelemetryStore
 
 __all__ = ["RANK_SORT_KEYS", "RunQueries"]
@@ -36,10 +38,10 @@ def _f(x: Any) -> float | None:
 
 
 class RunQueries:
-    def __init__(self, telemetry: TelemetryStore, tenant: str) -> None:
+    def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
         self.t = telemetry
         self.db = telemetry.database
-        self.tenant = tenant
+        self.tenant = scope.tenant
 
     def _q(self, sql: str, **params: Any) -> list[dict[str, Any]]:
         params["tenant"] = self.tenant

@@ -1,0 +1,77 @@
+"""Administration: API tokens, the audit log and the tenant's quotas (role admin).
+
+Quotas are read here but set by the platform's operator (``fleetlens tenants quota``), not by
+the tenant's own admins.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from pydantic import BaseModel, Field
+
+from ..errors import ConfigError
+from ..store.scope import ROLES, Scope
+from .auth import require
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["admin"])
+
+Admin = Annotated[Scope, Depends(require("admin"))]
+
+
+class TokenRequest(BaseModel):
+    role: str = Field(description=f"one of {', '.join(ROLES)}")
+    project: str = Field("", description="limit the token to one project; empty: all")
+    name: str = Field("", max_length=256, description="who or what holds it")
+
+
+def _access(request: Request) -> Any:
+    return request.app.state.services.access
+
+
+@router.post("/tokens", status_code=201, summary="Create an API token in the caller's tenant")
+async def create_token(request: Request, body: TokenRequest, scope: Admin) -> dict[str, Any]:
+    if scope.project and body.project != scope.project:
+        raise HTTPException(403, "a project-scoped admin creates tokens for its project only")
+    try:
+        plaintext, info = await anyio.to_thread.run_sync(
+            lambda: _access(request).create_token(
+                scope.tenant, body.role, project=body.project, name=body.name, actor=scope
+            )
+        )
+    except ConfigError as exc:
+        raise HTTPException(400, str(exc)) from exc
+    return {"token": plaintext, **info.as_json()}
+
+
+@router.get("/tokens", summary="List the tenant's tokens (never their secrets)")
+async def list_tokens(request: Request, scope: Admin) -> dict[str, Any]:
+    tokens = await anyio.to_thread.run_sync(_access(request).list_tokens, scope)
+    return {"tokens": [t.as_json() for t in tokens]}
+
+
+@router.delete("/tokens/{token_id}", summary="Revoke a token; it stops working at once")
+async def revoke_token(request: Request, token_id: int, scope: Admin) -> dict[str, Any]:
+    info = await anyio.to_thread.run_sync(_access(request).revoke_token, scope, token_id)
+    return info.as_json()  # type: ignore[no-any-return]
+
+
+@router.get("/audit", summary="The tenant's audit log, newest first")
+async def audit(
+    request: Request,
+    scope: Admin,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    since: Annotated[float, Query(ge=0)] = 0.0,
+) -> dict[str, Any]:
+    entries = await anyio.to_thread.run_sync(_access(request).audit_log, scope, limit, since)
+    return {"entries": entries}
+
+
+@router.get("/quotas", summary="The tenant's quotas (0 = unlimited) and usage")
+async def get_quotas(request: Request, scope: Admin) -> dict[str, Any]:
+    quotas: dict[str, Any] = await anyio.to_thread.run_sync(_access(request).quotas, scope.tenant)
+    return quotas

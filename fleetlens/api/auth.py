@@ -1,0 +1,61 @@
+"""Authentication and authorization: every route states the permission it needs.
+
+``Authorization: Bearer <token>`` maps to a :class:`~fleetlens.store.scope.Scope` (tenant,
+project, role). A loopback server started without ``--auth required`` also serves requests
+without a token, as the single local user (tenant ``default``, role admin); a token, when given,
+is always checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from fastapi import HTTPException, Request
+
+from ..store.scope import Scope
+
+__all__ = ["caller", "require"]
+
+
+async def caller(request: Request) -> Scope:
+    svc: Any = request.app.state.services
+    remote = request.client.host if request.client else ""
+    header = request.headers.get("authorization", "")
+    if not header:
+        if svc.auth_required:
+            raise HTTPException(
+                401,
+                "this server requires a token: send Authorization: Bearer <token>",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return Scope.local(remote)
+    kind, _, token = header.partition(" ")
+    if kind.lower() != "bearer" or not token.strip():
+        raise HTTPException(
+            401, "use Authorization: Bearer <token>", headers={"WWW-Authenticate": "Bearer"}
+        )
+    scope: Scope | None = await anyio.to_thread.run_sync(
+        svc.access.authenticate, token.strip(), remote
+    )
+    if scope is None:
+        raise HTTPException(
+            401,
+            "token is unknown or revoked",
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
+    return scope
+
+
+def require(permission: str) -> Callable[[Request], Awaitable[Scope]]:
+    """A dependency that yields the caller's scope if its role grants ``permission``."""
+
+    async def dependency(request: Request) -> Scope:
+        scope = await caller(request)
+        if not scope.can(permission):
+            raise HTTPException(403, f"role {scope.role!r} may not {permission}")
+        return scope
+
+    dependency.__name__ = f"require_{permission.replace(':', '_')}"
+    return dependency

@@ -1,0 +1,260 @@
+"""Tenants, tokens, roles and audit: isolation is a property of the code, not of each endpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from fleetlens.store.access import AccessStore
+from fleetlens.store.metadata import MetadataStore
+from fleetlens.wire import TableBuilder, encode_batch
+
+from .helpers import Server, step_batch
+
+
+@dataclass
+class Tenants:
+    server: Server
+    tokens: dict[str, str]  # name -> plaintext
+    ids: dict[str, int]
+
+
+def _make_tokens(data_dir: str, specs: dict[str, tuple[str, str, str]]) -> tuple[dict, dict]:
+    meta = MetadataStore(f"sqlite:///{data_dir}/metadata.db")
+    access = AccessStore(meta)
+    tokens, ids = {}, {}
+    for name, (tenant, role, project) in specs.items():
+        tokens[name], info = access.create_token(tenant, role, project=project, name=name)
+        ids[name] = info.id
+    meta.close()
+    return tokens, ids
+
+
+@pytest.fixture
+def tenants(tmp_path) -> Iterator[Tenants]:  # type: ignore[no-untyped-def]
+    data = str(tmp_path / "data")
+    os.makedirs(data)
+    tokens, ids = _make_tokens(
+        data,
+        {
+            "a-admin": ("acme", "admin", ""),
+            "a-ingest": ("acme", "ingest", ""),
+            "a-viewer": ("acme", "viewer", ""),
+            "a-vision": ("acme", "editor", "vision"),
+            "b-admin": ("bolt", "admin", ""),
+            "b-ingest": ("bolt", "ingest", ""),
+        },
+    )
+    server = Server(data, extra_args=("--auth", "required")).start()
+    try:
+        yield Tenants(server, tokens, ids)
+    finally:
+        server.stop()
+
+
+def _b_data(t: Tenants) -> None:
+    """Tenant bolt's secrets: a run, its config, events and placement."""
+    ctx = {"run_id": "bolt-secret-run", "job_id": "bolt-job", "project": "bolt-proj"}
+    ev = TableBuilder("event")
+    ev.add("time", [1.7e9]).add("kind", ["job_start"])
+    ev.add("attrs", [json.dumps({"config": {"dataset": "bolt-private-dataset"}})])
+    pl = TableBuilder("placement")
+    pl.add("time", [1.7e9]).add("rank", [0]).add("node_id", ["bolt-node-7"])
+    _, body = encode_batch({"event": ev.build(), "placement": pl.build()}, ctx)
+    assert t.server.post(body, token=t.tokens["b-ingest"])[0] == 200
+    _, steps = step_batch("bolt-secret-run", range(0, 5), 2, ctx=ctx)
+    assert t.server.post(steps, token=t.tokens["b-ingest"])[0] == 200
+
+
+B_SECRETS = ("bolt-secret-run", "bolt-private-dataset", "bolt-node-7", "bolt-proj", "bolt-job")
+
+# A request body for every route that takes one. A new route with a body fails the walk below
+# until it is added here, so isolation is tested the day an endpoint is added.
+BODIES = {
+    ("post", "/v1/tokens"): {"role": "viewer", "name": "walker"},
+}
+
+
+def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants: Tenants) -> None:
+    t = tenants
+    _b_data(t)
+    spec = t.server.get("/openapi.json", token=t.tokens["a-admin"])
+    # Path parameters get tenant bolt's objects.
+    values = {"run_id": "bolt-secret-run", "token_id": str(t.ids["b-admin"])}
+    walked = 0
+    for path, ops in spec["paths"].items():
+        for method in ops:
+            params = re.findall(r"{(\w+)}", path)
+            missing = [p for p in params if p not in values]
+            assert not missing, f"{method.upper()} {path}: add a value of tenant B for {missing}"
+            url = path
+            for p in params:
+                url = url.replace("{" + p + "}", values[p])
+            if (method, path) == ("post", "/v1/ingest"):
+                # Claiming bolt's tenant in the batch writes into acme, never into bolt.
+                _, body = step_batch("acme-own-run", range(100, 103), 1, ctx={"tenant": "bolt"})
+                status, answer, _ = t.server.post(body, token=t.tokens["a-admin"])
+            else:
+                assert method == "get" or (method, path) in BODIES or method == "delete", (
+                    f"{method.upper()} {path}: add an example body to BODIES"
+                )
+                status, answer = t.server.request(
+                    method.upper(), url, BODIES.get((method, path)), token=t.tokens["a-admin"]
+                )
+            walked += 1
+            assert status < 500, (method, path, status, answer)
+            text = json.dumps(answer) if not isinstance(answer, str) else answer
+            for p in params:  # an error may echo what the caller asked for; that leaks nothing
+                text = text.replace(values[p], "")
+            if path in ("/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"):
+                continue
+            for secret in B_SECRETS:
+                assert secret not in text, (method, path, secret, text[:500])
+            if params:
+                assert status == 404, (method, path, status, answer)
+    assert walked >= 8
+    # Bolt's data is intact, and its token still works after acme tried to revoke it.
+    run = t.server.get("/v1/runs/bolt-secret-run", token=t.tokens["b-admin"])
+    assert run["steps"] == 5 and run["config"] == {"dataset": "bolt-private-dataset"}
+    ranks = t.server.get("/v1/runs/bolt-secret-run/ranks", token=t.tokens["b-admin"])
+    assert ranks["ranks"][0]["node"] == "bolt-node-7"
+    # Acme's batch that claimed bolt's tenant landed in acme only.
+    assert t.server.get("/v1/runs/acme-own-run", token=t.tokens["a-admin"])["step"] == 102
+    assert t.server.request("GET", "/v1/runs/acme-own-run", token=t.tokens["b-admin"])[0] == 404
+
+
+def test_roles(tenants: Tenants) -> None:
+    t = tenants
+    _, body = step_batch("acme-run", range(0, 3), 1)
+    assert t.server.post(body, token=t.tokens["a-ingest"])[0] == 200
+    # An ingest token writes telemetry and reads nothing.
+    assert t.server.request("GET", "/v1/runs", token=t.tokens["a-ingest"])[0] == 403
+    assert t.server.request("GET", "/v1/runs/acme-run", token=t.tokens["a-ingest"])[0] == 403
+    # A viewer reads but cannot administer (nor ingest).
+    assert t.server.request("GET", "/v1/runs/acme-run", token=t.tokens["a-viewer"])[0] == 200
+    status, err = t.server.request(
+        "POST", "/v1/tokens", {"role": "admin"}, token=t.tokens["a-viewer"]
+    )
+    assert status == 403 and "viewer" in err["detail"]
+    assert t.server.post(body, token=t.tokens["a-viewer"])[0] == 403
+    # No token, or a made-up one: 401.
+    assert t.server.request("GET", "/v1/runs")[0] == 401
+    assert t.server.request("GET", "/v1/runs", token="fl_made_up")[0] == 401
+
+
+def test_revoked_token_stops_working_at_once_and_is_audited(tenants: Tenants) -> None:
+    t = tenants
+    status, created = t.server.request(
+        "POST", "/v1/tokens", {"role": "viewer", "name": "ci-bot"}, token=t.tokens["a-admin"]
+    )
+    assert status == 201 and created["token"].startswith("fl_")
+    assert t.server.request("GET", "/v1/runs", token=created["token"])[0] == 200
+    listed = t.server.get("/v1/tokens", token=t.tokens["a-admin"])["tokens"]
+    assert all("token" not in x and "hash" not in json.dumps(x) for x in listed)
+    assert (
+        t.server.request("DELETE", f"/v1/tokens/{created['id']}", token=t.tokens["a-admin"])[0]
+        == 200
+    )
+    assert t.server.request("GET", "/v1/runs", token=created["token"])[0] == 401
+    audit = t.server.get("/v1/audit", token=t.tokens["a-admin"])["entries"]
+    actions = [(e["action"], e["target"], e["actor"]) for e in audit]
+    assert ("token.revoke", f"token:{created['id']}", "a-admin") in actions
+    assert ("token.create", f"token:{created['id']}", "a-admin") in actions
+    assert all(e["remote"] == "127.0.0.1" for e in audit if e["actor"] == "a-admin")
+    # Bolt's admin sees none of acme's audit trail.
+    assert not any(
+        "a-admin" in json.dumps(e)
+        for e in t.server.get("/v1/audit", token=t.tokens["b-admin"])["entries"]
+    )
+
+
+def test_project_scoped_token_writes_and_reads_its_project_only(tenants: Tenants) -> None:
+    t = tenants
+    _, other = step_batch("nlp-run", range(0, 2), 1, ctx={"project": "nlp"})
+    assert t.server.post(other, token=t.tokens["a-admin"])[0] == 200
+    _, mine = step_batch("vision-run", range(0, 2), 1, ctx={"project": "nlp"})
+    assert t.server.post(mine, token=t.tokens["a-vision"])[0] == 200
+    runs = t.server.get("/v1/runs", token=t.tokens["a-vision"])["runs"]
+    assert [(r["runId"], r["project"]) for r in runs] == [("vision-run", "vision")]
+    assert t.server.request("GET", "/v1/runs/nlp-run", token=t.tokens["a-vision"])[0] == 404
+
+
+def test_ingest_rate_quota_throttles_one_tenant_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data = str(tmp_path / "data")
+    os.makedirs(data)
+    tokens, _ = _make_tokens(data, {"a": ("acme", "admin", ""), "b": ("bolt", "admin", "")})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetlens",
+            "tenants",
+            "quota",
+            "acme",
+            "--data",
+            data,
+            "--ingest-bytes-per-s",
+            "20000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and json.loads(out.stdout)["ingest_bytes_per_s"] == 20000
+    server = Server(data, extra_args=("--auth", "required")).start()
+    try:
+        _, body = step_batch("q-run", range(0, 40), 16)  # about 30 kB
+        codes_a = [server.post(body, token=tokens["a"]) for _ in range(4)]
+        assert codes_a[0][0] == 200
+        throttled = [c for c in codes_a if c[0] == 429]
+        assert throttled and "over its ingest rate" in throttled[0][1]["error"]
+        assert int(throttled[0][2]["retry-after"]) >= 1
+        assert all(server.post(body, token=tokens["b"])[0] == 200 for _ in range(4))
+        audit = server.get("/v1/audit", token=tokens["a"])["entries"]
+        assert any(e["action"] == "quota.change" and e["actor"] == "cli" for e in audit)
+    finally:
+        server.stop()
+
+
+def test_tokens_are_required_off_loopback_and_the_refusal_says_how(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data = str(tmp_path / "data")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetlens",
+            "serve",
+            "--data",
+            data,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "fleetlens tokens create" in out.stderr and "--role admin" in out.stderr
+    off = subprocess.run(
+        [sys.executable, "-m", "fleetlens", "config", "--host", "10.1.2.3", "--data", data],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "FLEETLENS_AUTH": "off"},
+    )
+    assert off.returncode == 2 and "refusing --auth off" in off.stderr
+
+
+def test_loopback_without_tokens_serves_the_local_user(server: Server) -> None:
+    _, body = step_batch("local-run", range(0, 2), 1)
+    assert server.post(body)[0] == 200
+    assert server.get("/v1/runs/local-run")["steps"] == 2
