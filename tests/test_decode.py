@@ -162,3 +162,10 @@ def test_unknown_event_kind_and_bad_attrs_are_refused() -> None:
     tb.add("time", [1.7e9]).add("kind", ["nan"]).add("attrs", ["[1,2]"])
     with pytest.raises(WireError, match="JSON object"):
         decode_batch(encode_batch({"event": tb.build()}, CTX)[1])
+
+
+def test_json_that_is_not_utf8_is_a_clear_error() -> None:
+    # Found by bench/fuzz.py: msgspec raised UnicodeDecodeError, which is not a WireError.
+    body = b'{"v": 1, "batch_id": "b1\xde\xcb0"}'
+    with pytest.raises(WireError, match="not valid application/json"):
+        decode_batch(body, "application/json")

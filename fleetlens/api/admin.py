@@ -6,26 +6,33 @@ the tenant's own admins.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 import anyio
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from ..errors import ConfigError
 from ..store.scope import ROLES, Scope
-from .auth import require
+from .auth import ERROR_RESPONSES, require
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", tags=["admin"])
+router = APIRouter(prefix="/v1", tags=["admin"], responses=ERROR_RESPONSES)
 
 Admin = Annotated[Scope, Depends(require("admin"))]
 
 
+Role = Literal["ingest", "viewer", "editor", "admin", "oncall"]
+if set(ROLES) != set(get_args(Role)):  # keep the schema's enum and the roles table one list
+    raise RuntimeError("Role literal out of date with fleetlens.store.scope.ROLES")
+
+
 class TokenRequest(BaseModel):
-    role: str = Field(description=f"one of {', '.join(ROLES)}")
-    project: str = Field("", description="limit the token to one project; empty: all")
+    role: Role = Field(description="what the token may do")
+    project: str = Field(
+        "", max_length=256, description="limit the token to one project; empty: all"
+    )
     name: str = Field("", max_length=256, description="who or what holds it")
 
 
@@ -55,7 +62,9 @@ async def list_tokens(request: Request, scope: Admin) -> dict[str, Any]:
 
 
 @router.delete("/tokens/{token_id}", summary="Revoke a token; it stops working at once")
-async def revoke_token(request: Request, token_id: int, scope: Admin) -> dict[str, Any]:
+async def revoke_token(
+    request: Request, token_id: Annotated[int, Path(ge=1, le=2**62)], scope: Admin
+) -> dict[str, Any]:
     info = await anyio.to_thread.run_sync(_access(request).revoke_token, scope, token_id)
     return info.as_json()  # type: ignore[no-any-return]
 

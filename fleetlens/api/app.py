@@ -15,12 +15,15 @@ import math
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
+import msgspec
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from .. import __version__
 from ..collector.decode import DecodeLimits
@@ -32,8 +35,9 @@ from ..store.access import AccessStore
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore, open_telemetry
+from ..wire import Batch
 from .admin import router as admin_router
-from .auth import require
+from .auth import ERROR_RESPONSES, require
 from .runs import router as runs_router
 
 __all__ = ["Services", "create_app"]
@@ -143,6 +147,17 @@ def _error(
     return JSONResponse({"error": message, "field": field}, status_code=status, headers=headers)
 
 
+def _batch_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The JSON form of a wire batch (and its component schemas), from the decoder's types."""
+    (schema,), defs = msgspec.json.schema_components(
+        [Batch], ref_template="#/components/schemas/{name}"
+    )
+    return schema, defs
+
+
+BATCH_JSON_SCHEMA, BATCH_COMPONENTS = _batch_json_schema()
+
+
 async def _drain(request: Request) -> None:
     """Read and discard the body, so the client sees our answer instead of a reset."""
     async for _chunk in request.stream():
@@ -180,6 +195,20 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
         lifespan=lifespan,
     )
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # FastAPI makes one route per method; Allow must list every method of the path.
+            allowed: set[str] = set()
+            for route in app.routes:
+                match, _ = route.matches({**request.scope, "method": "GET"})
+                methods = getattr(route, "methods", None)
+                if match != Match.NONE and methods:
+                    allowed |= set(methods)
+            headers["Allow"] = ", ".join(sorted(allowed))
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+
     @app.exception_handler(NotFound)
     async def not_found(_request: Request, exc: NotFound) -> JSONResponse:
         return _error(404, str(exc))
@@ -197,15 +226,16 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
                 "required": True,
                 "content": {
                     "application/msgpack": {"schema": {"type": "string", "format": "binary"}},
-                    "application/json": {"schema": {"type": "object"}},
+                    "application/json": {"schema": BATCH_JSON_SCHEMA},
                 },
             }
         },
         responses={
+            **ERROR_RESPONSES,
             200: {"description": "Stored durably (or already stored: batches are idempotent)"},
             400: {"description": "Malformed batch; the error names the field; nothing stored"},
             413: {"description": "Batch over the size or row limit; nothing stored"},
-            429: {"description": "Ingest queue full; retry after Retry-After seconds"},
+            429: {"description": "Queue full or tenant over its rate; retry after Retry-After"},
             503: {"description": "Store unavailable; nothing acknowledged; retry"},
         },
     )
@@ -289,4 +319,17 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
 
     app.include_router(runs_router)
     app.include_router(admin_router)
+
+    build_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build_openapi()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(
+                BATCH_COMPONENTS
+            )
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

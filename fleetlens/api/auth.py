@@ -16,7 +16,23 @@ from fastapi import HTTPException, Request
 
 from ..store.scope import Scope
 
-__all__ = ["caller", "require"]
+__all__ = ["ERROR_RESPONSES", "caller", "require"]
+
+_ERROR = {
+    "application/json": {
+        "schema": {
+            "type": "object",
+            "properties": {"error": {"type": "string"}, "detail": {}},
+        }
+    }
+}
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "Bad request; the message names what is wrong", "content": _ERROR},
+    401: {"description": "No token, or an unknown or revoked one", "content": _ERROR},
+    403: {"description": "The token's role does not allow this", "content": _ERROR},
+    404: {"description": "No such object visible to the caller", "content": _ERROR},
+    503: {"description": "A store is unavailable; retry after Retry-After", "content": _ERROR},
+}
 
 
 async def caller(request: Request) -> Scope:

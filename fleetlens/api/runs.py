@@ -11,11 +11,11 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from ..store.metadata import RunInfo
 from ..store.run_queries import RunQueries
 from ..store.scope import Scope
-from .auth import require
+from .auth import ERROR_RESPONSES, require
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", tags=["runs"])
+router = APIRouter(prefix="/v1", tags=["runs"], responses=ERROR_RESPONSES)
 
 Reader = Annotated[Scope, Depends(require("read"))]
 

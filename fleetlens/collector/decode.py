@@ -109,7 +109,7 @@ def decode_batch(
         if "`$.v`" in msg or msg.startswith("Object missing required field `v`"):
             raise UnsupportedVersion(f"batch has no valid wire version: {msg}", "v") from exc
         raise WireError(f"batch does not match the wire schema: {msg}", _path(msg)) from exc
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise WireError(f"batch is not valid {ctype}: {exc}") from exc
     return _validate(batch, limits)
 
