@@ -140,7 +140,7 @@ def fuzz_api(examples: int) -> dict[str, int]:
                 timeout=1800,
                 env={
                     **os.environ,
-                    "SCHEMATHESIS_HOOKS": "fuzz_hooks",
+                    "SCHEMATHESIS_HOOKS": "_fuzz_hooks",
                     "PYTHONPATH": str(Path(__file__).resolve().parent),
                 },
             )

@@ -1,4 +1,4 @@
-"""The command line: ``fleetlens serve | runs | run show | config``."""
+"""The command line: ``fleetlens serve | demo | runs | run show | goodput | sim | tokens ...``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,18 @@ from .errors import FleetlensError
 
 __all__ = ["COMMANDS", "main"]
 
-COMMANDS = ("serve", "config", "runs", "run", "tokens", "tenants")
+COMMANDS = (
+    "serve",
+    "demo",
+    "config",
+    "runs",
+    "run",
+    "goodput",
+    "fleet",
+    "sim",
+    "tokens",
+    "tenants",
+)
 
 
 def _server_url(args: argparse.Namespace) -> str:
@@ -106,7 +117,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_run_show(args: argparse.Namespace) -> int:
     run = _get(args, f"/v1/runs/{urllib.parse.quote(args.run, safe='')}")
-    ranks = _get(args, f"/v1/runs/{urllib.parse.quote(args.run, safe='')}/ranks", limit=args.top)
+    ranks = _get(
+        args,
+        f"/v1/runs/{urllib.parse.quote(args.run, safe='')}/ranks",
+        limit=args.top,
+        sort="compute",
+    )
     if args.json:
         print(json.dumps({"run": run, "ranks": ranks}, indent=2))
         return 0
@@ -122,12 +138,16 @@ def cmd_run_show(args: argparse.Namespace) -> int:
         f"{_fmt(m.get('tokensPerSecond'), ',.0f')}  loss {_fmt(m.get('loss'), '.4g')}"
     )
     if ranks["ranks"]:
-        print(f"  slowest ranks, steps {ranks['fromStep']}-{ranks['toStep']}:")
-        print(f"    {'RANK':>6} {'NODE':<20} {'GPU':>4} {'STEP ms':>9} {'x MEDIAN':>9}")
+        print(f"  slowest ranks by compute time, steps {ranks['fromStep']}-{ranks['toStep']}:")
+        print(
+            f"    {'RANK':>6} {'NODE':<20} {'GPU':>4} {'COMPUTE ms':>11} {'x MEDIAN':>9} "
+            f"{'WAIT ms':>8} {'STEP ms':>8}"
+        )
         for r in ranks["ranks"]:
             print(
                 f"    {r['rank']:>6} {r['node'] or '-':<20} {_fmt(r['gpu']):>4} "
-                f"{_fmt(r['stepTimeMs'], '.1f'):>9} {_fmt(r['slowdown'], '.3f'):>9}"
+                f"{_fmt(r['computeMs'], '.1f'):>11} {_fmt(r['computeSlowdown'], '.3f'):>9} "
+                f"{_fmt(r['commMs'], '.1f'):>8} {_fmt(r['stepTimeMs'], '.1f'):>8}"
             )
     return 0
 
@@ -205,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens: auto = required unless bound to loopback (default)",
     )
     sp.set_defaults(func=cmd_serve)
+    from . import demo
+
+    demo.add_parser(sub)
+
     sp = sub.add_parser("config", help="print the resolved server configuration")
     server_opts(sp)
     sp.set_defaults(func=cmd_config)
@@ -225,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--top", type=int, default=5, help="slowest ranks to show")
     client_opts(show)
     show.set_defaults(func=cmd_run_show)
+
+    from . import goodput_cli
+    from .sim import cli as sim_cli
+
+    goodput_cli.add_parsers(sub)
+    sim_cli.add_parser(sub)
 
     sp = sub.add_parser("tokens", help="create, list or revoke API tokens (on the data directory)")
     tsub = sp.add_subparsers(dest="tokens_command", required=True)

@@ -38,6 +38,7 @@ from ..store.telemetry import TelemetryStore, open_telemetry
 from ..wire import Batch
 from .admin import router as admin_router
 from .auth import ERROR_RESPONSES, require
+from .goodput import router as goodput_router
 from .runs import router as runs_router
 
 __all__ = ["Services", "create_app"]
@@ -318,6 +319,7 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
         return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(runs_router)
+    app.include_router(goodput_router)
     app.include_router(admin_router)
 
     build_openapi = app.openapi
@@ -325,9 +327,7 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = build_openapi()
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(
-                BATCH_COMPONENTS
-            )
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(BATCH_COMPONENTS)
             app.openapi_schema = schema
         return app.openapi_schema
 

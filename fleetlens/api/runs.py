@@ -72,12 +72,18 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> dict[str, Any
     return await anyio.to_thread.run_sync(work)
 
 
-@router.get("/runs/{run_id}/ranks", summary="Per-rank step timing over a step window")
+@router.get(
+    "/runs/{run_id}/ranks",
+    summary="Per-rank step timing over a step window",
+    description="In a synchronous job every rank's step lasts as long as the slowest's; the "
+    "slow rank shows as the longest compute and the shortest wait (comm). Sort by compute "
+    "(default) to find it.",
+)
 async def get_ranks(
     request: Request,
     run_id: str,
     scope: Reader,
-    sort: Literal["step_time", "max_step_time", "data_wait", "comm", "rank"] = "step_time",
+    sort: Literal["compute", "step_time", "max_step_time", "data_wait", "comm", "rank"] = "compute",
     order: Literal["asc", "desc"] = "desc",
     from_step: Annotated[int | None, Query(alias="fromStep", ge=0)] = None,
     to_step: Annotated[int | None, Query(alias="toStep", ge=0)] = None,

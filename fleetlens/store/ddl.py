@@ -9,8 +9,9 @@ carries ``insert_deduplication_token = <batch_id>:<kind>``: a retried batch is s
 when the server died between storing it and acknowledging it.
 
 ``steps_by_step`` is a rollup fed by a materialized view: per run, job attempt and step, the
-ranks seen, tokens, first start, last end, the slowest rank's duration and the sum of durations.
-Run summaries read it instead of the per-rank table.
+ranks seen, tokens, first start, last end, the slowest rank's duration and compute time, the
+sums of durations and compute times, and the longest data wait. Run summaries and goodput read
+it instead of the per-rank table.
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from dataclasses import dataclass
 
 from ..schema import DTYPES, KINDS, Column, RecordKind
 
-__all__ = ["DEDUP_WINDOW", "Layout", "create_statements", "insert_settings"]
+__all__ = ["COMPUTE_SQL", "DEDUP_WINDOW", "Layout", "create_statements", "insert_settings"]
+
+COMPUTE_SQL = (
+    "if(isFinite(forward + backward + optimizer), forward + backward + optimizer, "
+    "duration - if(isFinite(comm), comm, 0) - if(isFinite(data_wait), data_wait, 0))"
+)
+"""A rank's compute time in a step: its phases when measured, else the step less its waiting.
+
+In a synchronous job every rank's step lasts as long as the slowest's, so the slow rank shows
+in compute (and in the shortest wait), not in duration.
+"""
 
 DEDUP_WINDOW = 100_000
 """Inserts remembered per table for deduplication (each batch is one insert per kind)."""
@@ -119,13 +130,18 @@ def _rollup(layout: Layout) -> list[str]:
         "  `start` SimpleAggregateFunction(min, Float64),\n"
         "  `end` SimpleAggregateFunction(max, Float64),\n"
         "  `max_duration` SimpleAggregateFunction(max, Float64),\n"
-        "  `sum_duration` SimpleAggregateFunction(sum, Float64)\n"
+        "  `sum_duration` SimpleAggregateFunction(sum, Float64),\n"
+        "  `max_compute` SimpleAggregateFunction(max, Float64),\n"
+        "  `sum_compute` SimpleAggregateFunction(sum, Float64),\n"
+        "  `max_data_wait` SimpleAggregateFunction(max, Float64)\n"
         f") ENGINE = {engine}\nORDER BY (`tenant`, `run_id`, `step`, `job_id`)\n"
         f"SETTINGS {window} = {DEDUP_WINDOW}",
         f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{target}_mv{layout.on_cluster} "
         f"TO {db}.{target} AS SELECT tenant, run_id, job_id, step, count() AS ranks, "
         "sum(tokens) AS tokens, min(time) AS start, max(time + duration) AS end, "
-        "max(duration) AS max_duration, sum(duration) AS sum_duration "
+        "max(duration) AS max_duration, sum(duration) AS sum_duration, "
+        f"max({COMPUTE_SQL}) AS max_compute, sum({COMPUTE_SQL}) AS sum_compute, "
+        "max(if(isFinite(data_wait), data_wait, 0)) AS max_data_wait "
         f"FROM {db}.{source} GROUP BY tenant, run_id, job_id, step",
     ]
     if layout.cluster:

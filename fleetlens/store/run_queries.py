@@ -15,16 +15,18 @@ import numpy as np
 
 from ..analysis.changes import metric_changes
 from ..errors import StoreError
+from .ddl import COMPUTE_SQL
 from .scope import Scope
 from .telemetry import TelemetryStore
 
 __all__ = ["RANK_SORT_KEYS", "RunQueries"]
 
 RANK_SORT_KEYS = {
-    "step_time": "step_time",
-    "max_step_time": "max_step_time",
-    "data_wait": "data_wait",
-    "comm": "comm",
+    "compute": "r_compute",
+    "step_time": "r_step_time",
+    "max_step_time": "r_max_step_time",
+    "data_wait": "r_data_wait",
+    "comm": "r_comm",
     "rank": "rank",
 }
 MAX_TIMELINE_STEPS = 1_000_000
@@ -134,21 +136,26 @@ class RunQueries:
         if sort not in RANK_SORT_KEYS:
             raise StoreError(f"unknown sort key {sort!r}")
         order = f"{RANK_SORT_KEYS[sort]} {'DESC' if descending else 'ASC'}, rank ASC"
+        # Aliases are prefixed: ClickHouse resolves a bare column name to a same-named alias.
         rows = self._q(
             "WITH per_rank AS ("
-            " SELECT rank, count() AS steps, quantileExact(0.5)(duration) AS step_time,"
-            " max(duration) AS max_step_time, avgIf(data_wait, isFinite(data_wait)) AS data_wait,"
-            " avgIf(comm, isFinite(comm)) AS comm, argMax(job_id, time) AS job_id"
+            " SELECT rank, count() AS r_steps, quantileExact(0.5)(duration) AS r_step_time,"
+            " max(duration) AS r_max_step_time,"
+            " avgIf(data_wait, isFinite(data_wait)) AS r_data_wait,"
+            " avgIf(comm, isFinite(comm)) AS r_comm, argMax(job_id, time) AS r_job,"
+            f" quantileExact(0.5)({COMPUTE_SQL}) AS r_compute"
             " FROM {db}.steps WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
             " AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}} GROUP BY rank),"
             " place AS ("
-            " SELECT job_id, rank, argMax(node_id, time) AS node_id, argMax(gpu, time) AS gpu,"
-            " argMax(gpu_uuid, time) AS gpu_uuid, argMax(rack, time) AS rack"
+            " SELECT job_id AS p_job, rank AS p_rank, argMax(node_id, time) AS p_node,"
+            " argMax(gpu, time) AS p_gpu, argMax(gpu_uuid, time) AS p_uuid,"
+            " argMax(rack, time) AS p_rack"
             " FROM {db}.placement WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
             " GROUP BY job_id, rank)"
-            " SELECT p.*, place.node_id AS node_id, place.gpu AS gpu, place.gpu_uuid AS gpu_uuid,"
-            " place.rack AS rack, (SELECT median(step_time) FROM per_rank) AS median_all"
-            " FROM per_rank AS p LEFT JOIN place ON place.job_id = p.job_id AND place.rank = p.rank"
+            " SELECT per_rank.*, p_node, p_gpu, p_uuid, p_rack,"
+            " (SELECT median(r_step_time) FROM per_rank) AS median_all,"
+            " (SELECT median(r_compute) FROM per_rank) AS median_compute"
+            " FROM per_rank LEFT JOIN place ON p_job = r_job AND p_rank = rank"
             f" ORDER BY {order} LIMIT {{limit:UInt32}}",
             run=run_id,
             lo=from_step,
@@ -157,21 +164,23 @@ class RunQueries:
         )
         out = []
         for r in rows:
-            med = _f(r["median_all"])
+            med, med_c = _f(r["median_all"]), _f(r["median_compute"])
             out.append(
                 {
                     "rank": int(r["rank"]),
-                    "node": r["node_id"] or None,
-                    "gpu": int(r["gpu"]) if r["node_id"] and r["gpu"] is not None else None,
-                    "gpuUuid": r["gpu_uuid"] or None,
-                    "rack": r["rack"] or None,
-                    "jobId": r["job_id"],
-                    "steps": int(r["steps"]),
-                    "stepTimeMs": _ms(r["step_time"]),
-                    "maxStepTimeMs": _ms(r["max_step_time"]),
-                    "dataWaitMs": _ms(r["data_wait"]),
-                    "commMs": _ms(r["comm"]),
-                    "slowdown": (_f(r["step_time"]) or 0.0) / med if med else None,
+                    "node": r["p_node"] or None,
+                    "gpu": int(r["p_gpu"]) if r["p_node"] and r["p_gpu"] is not None else None,
+                    "gpuUuid": r["p_uuid"] or None,
+                    "rack": r["p_rack"] or None,
+                    "jobId": r["r_job"],
+                    "steps": int(r["r_steps"]),
+                    "stepTimeMs": _ms(r["r_step_time"]),
+                    "maxStepTimeMs": _ms(r["r_max_step_time"]),
+                    "dataWaitMs": _ms(r["r_data_wait"]),
+                    "commMs": _ms(r["r_comm"]),
+                    "computeMs": _ms(r["r_compute"]),
+                    "slowdown": (_f(r["r_step_time"]) or 0.0) / med if med else None,
+                    "computeSlowdown": (_f(r["r_compute"]) or 0.0) / med_c if med_c else None,
                 }
             )
         return out

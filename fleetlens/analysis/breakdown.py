@@ -1,0 +1,487 @@
+"""Where a run's wall-clock went: a partition of [t0, t1] into named losses that sums exactly.
+
+Inputs are plain: the per-step rollup of the run (one row per step *execution*, i.e. per step and
+job attempt: start, end, the slowest rank's duration, the mean rank duration, and optionally the
+step's input wait) and the run's lifecycle events. No I/O.
+
+Every instant of the window is charged to exactly one line, by precedence:
+
+1. A step execution. If a later attempt re-executed the same step number, the execution is
+   ``rework`` (work discarded after the last checkpoint). Otherwise it is retained and split into
+   ``data_stall`` (its input wait), ``straggler`` (slowest rank minus the mean rank) and
+   ``productive`` (the rest).
+2. An explicit interval: a synchronous checkpoint (``checkpoint_begin`` .. ``checkpoint_end``,
+   or ``checkpoint_end`` with ``attrs.duration``; ``attrs.sync = false`` saves are not pauses:
+   their cost shows in the steps), or any event whose attrs carry ``category`` and ``duration``
+   (``maintenance``/``drain``/``hang`` events with a ``duration`` need no category).
+3. A ``hang`` event without a duration: from the last step end before it to the next step start
+   (or the end of its attempt).
+4. The attempt structure: gang complete (or job start) to first step is ``startup`` for the
+   first attempt and is charged to the cause that ended the previous attempt for later ones
+   (warmup belongs to the event that triggered it); last step end to the attempt's end, and the
+   gap until the next attempt, go to that cause: ``recovery`` for failures (detection, relaunch,
+   reload), ``preemption``, or ``maintenance`` (drains, planned work).
+5. Anything else is ``unaccounted``: above ``tolerance`` of the wall-clock it is reported as an
+   instrumentation hole, never spread over the other lines.
+
+Time between attempts when the next attempt has a ``job_start``/``gang_complete`` event is not
+held by the job (it waited for readmission): it is charged to its cause but also listed in
+``unheld``, and it is outside runtime goodput's denominator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "CATEGORIES",
+    "FACTOR_OF",
+    "Breakdown",
+    "Event",
+    "StepArrays",
+    "breakdown",
+]
+
+F64 = npt.NDArray[np.float64]
+
+CATEGORIES = (
+    "productive",
+    "straggler",
+    "data_stall",
+    "startup",
+    "recovery",
+    "rework",
+    "checkpoint",
+    "preemption",
+    "maintenance",
+    "hang",
+    "evaluation",
+    "unaccounted",
+)
+
+FACTOR_OF: dict[str, str] = {
+    "productive": "program (ideal part of retained step time: runtime numerator)",
+    "straggler": "program (retained step time above the mean rank: runtime numerator)",
+    "data_stall": "runtime (input waits, equation 4 term 2)",
+    "startup": "runtime (cold start, equation 4 term 1)",
+    "checkpoint": "runtime (synchronous writes, equation 4 term 3)",
+    "rework": "runtime (lost steps: term 3 for failures, term 5 for preemptions)",
+    "recovery": "runtime (detection, relaunch, reload, warmup: equation 4 term 4)",
+    "hang": "runtime (no progress while held: counted with recovery in term 4)",
+    "preemption": "runtime (equation 4 term 5); queue time before readmission is unheld",
+    "maintenance": "runtime (planned reconfiguration, with term 5)",
+    "evaluation": "runtime (in-loop evaluation pauses; outside the five terms)",
+    "unaccounted": "runtime (instrumentation hole: held time with no record)",
+}
+"""Which goodput factor each breakdown line belongs to (the reconciliation of the two views)."""
+
+_EXPLICIT_OK = frozenset(CATEGORIES) - {"productive", "straggler", "data_stall", "rework"}
+_TERMINAL = {
+    "failure",
+    "preemption",
+    "finish",
+    "exception",
+    "signal",
+    "oom",
+    "maintenance",
+    "drain",
+}
+_FAILURE = {"failure", "exception", "signal", "oom", "nan", "hardware_fault", "hang"}
+_START = {"job_start", "gang_complete"}
+_PRIO_EXPLICIT, _PRIO_HANG, _PRIO_ATTEMPT = 3, 2, 1
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float
+    kind: str
+    job_id: str = ""
+    step: int = -1
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Event:
+        attrs = row.get("attrs") or {}
+        if isinstance(attrs, str):
+            try:
+                attrs = json.loads(attrs) if attrs else {}
+            except ValueError:
+                attrs = {}
+        return cls(
+            float(row["time"]),
+            str(row["kind"]),
+            str(row.get("job_id") or ""),
+            int(row.get("step", -1)),
+            attrs if isinstance(attrs, dict) else {},
+        )
+
+
+@dataclass(frozen=True)
+class StepArrays:
+    """One row per step execution (step x job attempt), as the ``steps_by_step`` rollup has it."""
+
+    step: npt.NDArray[np.int64]
+    job_id: npt.NDArray[Any]
+    start: F64
+    end: F64
+    max_compute: F64
+    mean_compute: F64
+    data_wait: F64 | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.step)
+        for name in ("job_id", "start", "end", "max_compute", "mean_compute"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"StepArrays.{name} has {len(getattr(self, name))} rows, not {n}")
+        if self.data_wait is not None and len(self.data_wait) != n:
+            raise ValueError("StepArrays.data_wait must have one value per step execution")
+
+    @classmethod
+    def empty(cls) -> StepArrays:
+        z = np.zeros(0)
+        return cls(np.zeros(0, np.int64), np.zeros(0, object), z, z, z, z)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    t0: float
+    t1: float
+    seconds: dict[str, float]
+    unheld: dict[str, float]
+    rework_by_cause: dict[str, float]
+    retained_steps: float
+    reworked_executions: int
+    attempts: int
+    interruptions: dict[str, int]
+    checkpoints: int
+    tolerance: float
+
+    @property
+    def wall_s(self) -> float:
+        return self.t1 - self.t0
+
+    @property
+    def held_s(self) -> float:
+        return self.wall_s - sum(self.unheld.values())
+
+    @property
+    def productive_s(self) -> float:
+        return self.seconds["productive"]
+
+    @property
+    def retained_step_s(self) -> float:
+        """Runtime goodput's numerator and program goodput's denominator."""
+        return self.seconds["productive"] + self.seconds["straggler"]
+
+    @property
+    def runtime_goodput(self) -> float:
+        held = self.held_s
+        return min(1.0, self.retained_step_s / held) if held > 0 else 0.0
+
+    @property
+    def instrumentation_hole(self) -> bool:
+        return self.wall_s > 0 and self.seconds["unaccounted"] > self.tolerance * self.wall_s
+
+    def measured_terms(self) -> dict[str, float]:
+        """Equation 4's five runtime terms as shares of held time, measured from the timeline."""
+        h = self.held_s or math.inf
+        held = {k: v - self.unheld.get(k, 0.0) for k, v in self.seconds.items()}
+        rw = self.rework_by_cause
+        return {
+            "startup": held["startup"] / h,
+            "data_stall": held["data_stall"] / h,
+            "checkpoint": (held["checkpoint"] + rw.get("failure", 0.0)) / h,
+            "recovery": (held["recovery"] + held["hang"]) / h,
+            "preemption": (
+                held["preemption"]
+                + held["maintenance"]
+                + rw.get("preemption", 0.0)
+                + rw.get("maintenance", 0.0)
+            )
+            / h,
+            "other": (held["evaluation"] + held["unaccounted"]) / h,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "window": {"from": self.t0, "to": self.t1},
+            "wallSeconds": self.wall_s,
+            "heldSeconds": self.held_s,
+            "lines": [
+                {
+                    "category": c,
+                    "seconds": self.seconds[c],
+                    "share": self.seconds[c] / self.wall_s if self.wall_s > 0 else 0.0,
+                    "unheldSeconds": self.unheld.get(c, 0.0),
+                    "factor": FACTOR_OF[c].split(" ")[0],
+                }
+                for c in CATEGORIES
+            ],
+            "reworkByCause": self.rework_by_cause,
+            "retainedSteps": self.retained_steps,
+            "reworkedExecutions": self.reworked_executions,
+            "attempts": self.attempts,
+            "interruptions": self.interruptions,
+            "checkpoints": self.checkpoints,
+            "runtimeGoodput": self.runtime_goodput,
+            "unaccountedShare": self.seconds["unaccounted"] / self.wall_s if self.wall_s else 0.0,
+            "instrumentationHole": self.instrumentation_hole,
+            "measuredTerms": self.measured_terms(),
+        }
+
+
+def _cause(kinds: set[str]) -> str:
+    if "preemption" in kinds:
+        return "preemption"
+    if kinds & {"maintenance", "drain"}:
+        return "maintenance"
+    if kinds & _FAILURE:
+        return "recovery"
+    if "finish" in kinds:
+        return "finish"
+    return "recovery"
+
+
+_REWORK_KEY = {"recovery": "failure", "preemption": "preemption", "maintenance": "maintenance"}
+
+
+def breakdown(
+    steps: StepArrays,
+    events: Iterable[Event],
+    window: tuple[float, float] | None = None,
+    tolerance: float = 0.01,
+) -> Breakdown:
+    """Partition the run's wall-clock (or ``window``) into the lines of :data:`CATEGORIES`."""
+    evs = sorted(events, key=lambda e: e.time)
+    n = len(steps.step)
+    start = np.asarray(steps.start, dtype=np.float64)
+    # Step executions in time order, each clipped to the next one's start so none overlap.
+    order = np.argsort(start, kind="stable")
+    st = start[order]
+    wall = np.maximum(np.asarray(steps.end, np.float64)[order] - st, 0.0)
+    if n > 1:
+        wall[:-1] = np.minimum(wall[:-1], np.maximum(st[1:] - st[:-1], 0.0))
+    step_no = np.asarray(steps.step)[order]
+    jobs = np.asarray(steps.job_id).astype(str)[order] if n else np.zeros(0, dtype=str)
+    # The retained execution of a step number is its last one; earlier ones were reworked.
+    retained = np.zeros(n, dtype=bool)
+    if n:
+        by_step = np.lexsort((st, step_no))
+        last = np.r_[step_no[by_step][1:] != step_no[by_step][:-1], True]
+        retained[by_step[last]] = True
+
+    # Attempts: their held start, first step, last step end, end and the cause that ended them.
+    job_names = list(dict.fromkeys(jobs.tolist()))
+    for e in evs:
+        if e.job_id and e.job_id not in job_names and (e.kind in _START or e.kind in _TERMINAL):
+            job_names.append(e.job_id)
+    att: dict[str, dict[str, Any]] = {
+        j: {"held": None, "first": None, "last": None, "end": None, "kinds": set()}
+        for j in job_names
+    }
+    if n:
+        uj, inv = np.unique(jobs, return_inverse=True)
+        first = np.full(len(uj), np.inf)
+        np.minimum.at(first, inv, st)
+        last_end = np.full(len(uj), -np.inf)
+        np.maximum.at(last_end, inv, st + wall)
+        for k, j in enumerate(uj.tolist()):
+            att[j]["first"], att[j]["last"] = float(first[k]), float(last_end[k])
+    for e in evs:
+        if e.job_id in att and e.kind in _START:
+            a = att[e.job_id]
+            a["held"] = e.time if a["held"] is None else min(a["held"], e.time)
+
+    def a_start(a: dict[str, Any]) -> float:
+        cands = [x for x in (a["held"], a["first"]) if x is not None]
+        return min(cands) if cands else math.inf
+
+    names = sorted((j for j in att if a_start(att[j]) < math.inf), key=lambda j: a_start(att[j]))
+    starts = [a_start(att[j]) for j in names]
+
+    def owner(e: Event) -> str | None:
+        if e.job_id in att and a_start(att[e.job_id]) < math.inf:
+            return e.job_id
+        k = int(np.searchsorted(starts, e.time, side="right")) - 1
+        return names[k] if k >= 0 else (names[0] if names else None)
+
+    hangs: list[Event] = []
+    explicit: list[tuple[float, float, str]] = []
+    ckpt_open: dict[str, float] = {}
+    checkpoints = 0
+    for e in evs:
+        j = owner(e)
+        if j is not None:
+            a = att[j]
+            a["kinds"].add(e.kind)
+            if e.kind in _TERMINAL:
+                a["end"] = e.time if a["end"] is None else max(a["end"], e.time)
+        dur = e.attrs.get("duration")
+        cat = e.attrs.get("category")
+        if e.kind == "checkpoint_begin":
+            ckpt_open[e.job_id] = e.time
+        elif e.kind == "checkpoint_end":
+            checkpoints += 1
+            began = ckpt_open.pop(e.job_id, None)
+            if e.attrs.get("sync", True) is False:
+                continue
+            if began is not None:
+                explicit.append((began, e.time, "checkpoint"))
+            elif isinstance(dur, (int, float)):
+                explicit.append((e.time - float(dur), e.time, "checkpoint"))
+        elif isinstance(dur, (int, float)) and dur > 0:
+            if cat is None:
+                cat = {"drain": "maintenance", "maintenance": "maintenance", "hang": "hang"}.get(
+                    e.kind
+                )
+            if cat in _EXPLICIT_OK:
+                explicit.append((e.time, e.time + float(dur), str(cat)))
+        elif e.kind == "hang":
+            hangs.append(e)
+
+    # Window.
+    ends = [
+        max(x for x in (a["last"], a["end"], a["held"]) if x is not None)
+        for a in (att[j] for j in names)
+    ]
+    if window is None:
+        t0 = min(starts) if starts else 0.0
+        t1 = max(ends) if ends else t0
+    else:
+        t0, t1 = float(window[0]), float(window[1])
+    if t1 < t0:
+        raise ValueError(f"window ends ({t1}) before it starts ({t0})")
+
+    intervals: list[tuple[float, float, str, int, bool]] = []
+    causes: dict[str, str] = {}
+    prev_cause: str | None = None
+    for k, j in enumerate(names):
+        a = att[j]
+        cause = _cause(a["kinds"])
+        if k == len(names) - 1 and not (a["kinds"] & (_TERMINAL - {"finish"})):
+            cause = "finish"
+        causes[j] = cause
+        s, f, last, end = starts[k], a["first"], a["last"], ends[k]
+        lead = "startup" if prev_cause in (None, "finish") else prev_cause
+        intervals.append((s, f if f is not None else end, lead, _PRIO_ATTEMPT, True))
+        if last is not None and cause != "finish":
+            intervals.append((last, end, cause, _PRIO_ATTEMPT, True))
+        if k + 1 < len(names) and cause != "finish":
+            nxt = att[names[k + 1]]
+            intervals.append((end, starts[k + 1], cause, _PRIO_ATTEMPT, nxt["held"] is None))
+        prev_cause = cause
+    for e in hangs:
+        i = int(np.searchsorted(st + wall, e.time, side="right")) - 1
+        a0 = float(st[i] + wall[i]) if i >= 0 else t0
+        i2 = int(np.searchsorted(st, e.time, side="left"))
+        b0 = float(st[i2]) if i2 < n else t1
+        j = owner(e)
+        if j is not None and j in names:
+            b0 = min(b0, ends[names.index(j)])
+        intervals.append((a0, max(a0, b0), "hang", _PRIO_HANG, True))
+    intervals += [(a, b, c, _PRIO_EXPLICIT, True) for a, b, c in explicit]
+
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    unheld = dict.fromkeys(CATEGORIES, 0.0)
+    rework_by_cause = {"failure": 0.0, "preemption": 0.0, "maintenance": 0.0}
+
+    # Steps: the part of each execution inside the window.
+    lo = np.clip(st, t0, t1)
+    hi = np.clip(st + wall, t0, t1)
+    inside = hi - lo
+    frac = np.divide(inside, wall, out=np.zeros(n), where=wall > 0)
+    ret = retained & (inside > 0)
+    dw = np.zeros(n) if steps.data_wait is None else np.asarray(steps.data_wait, np.float64)[order]
+    dw = np.clip(np.nan_to_num(dw, nan=0.0), 0.0, wall)
+    strag = (
+        np.asarray(steps.max_compute, np.float64)[order]
+        - np.asarray(steps.mean_compute, np.float64)[order]
+    )
+    strag = np.clip(np.nan_to_num(strag, nan=0.0), 0.0, wall - dw)
+    seconds["data_stall"] = float(np.sum((dw * frac)[ret]))
+    seconds["straggler"] = float(np.sum((strag * frac)[ret]))
+    seconds["productive"] = (
+        float(np.sum(inside[ret])) - seconds["data_stall"] - seconds["straggler"]
+    )
+    rw = ~retained & (inside > 0)
+    seconds["rework"] = float(np.sum(inside[rw]))
+    if rw.any():
+        for j in np.unique(jobs[rw]).tolist():
+            key = _REWORK_KEY.get(causes.get(j, "recovery"), "failure")
+            rework_by_cause[key] += float(np.sum(inside[rw & (jobs == j)]))
+    retained_steps = float(np.sum(frac[ret]))
+
+    # Everything else: elementary segments between interval ends, minus the step time in them.
+    clipped = [
+        (max(a, t0), min(b, t1), c, p, h) for a, b, c, p, h in intervals if min(b, t1) > max(a, t0)
+    ]
+    bounds = np.unique(np.array([t0, t1] + [x for a, b, *_ in clipped for x in (a, b)]))
+    m = len(bounds) - 1
+    if m > 0:
+        cum = np.concatenate([[0.0], np.cumsum(wall)])
+
+        def covered(t: F64) -> F64:
+            if n == 0:
+                return np.zeros_like(t)
+            i = np.searchsorted(st, t, side="right") - 1
+            part = np.where(
+                i >= 0, np.clip(t - st[np.maximum(i, 0)], 0.0, wall[np.maximum(i, 0)]), 0
+            )
+            return np.asarray(cum[np.maximum(i, 0)] * (i >= 0) + part, dtype=np.float64)
+
+        free = (bounds[1:] - bounds[:-1]) - (covered(bounds[1:]) - covered(bounds[:-1]))
+        free = np.maximum(free, 0.0)
+        best_prio = np.zeros(m, dtype=np.int64)
+        best_cat = np.full(m, CATEGORIES.index("unaccounted"), dtype=np.int64)
+        best_held = np.ones(m, dtype=bool)
+        # Highest precedence wins; within one level, the earlier category in CATEGORIES.
+        for prio in (_PRIO_ATTEMPT, _PRIO_HANG, _PRIO_EXPLICIT):
+            for ci in reversed(range(len(CATEGORIES))):
+                for held in (True, False):
+                    sel = [
+                        (a, b)
+                        for a, b, c, p, h in clipped
+                        if p == prio and c == CATEGORIES[ci] and h == held
+                    ]
+                    if not sel:
+                        continue
+                    arr = np.array(sel)
+                    diff = np.zeros(m + 1, dtype=np.int64)
+                    np.add.at(diff, np.searchsorted(bounds, arr[:, 0]), 1)
+                    np.add.at(diff, np.searchsorted(bounds, arr[:, 1]), -1)
+                    cov = np.cumsum(diff)[:m] > 0
+                    take = cov & (best_prio <= prio)
+                    best_prio[take], best_cat[take], best_held[take] = prio, ci, held
+        for ci, c in enumerate(CATEGORIES):
+            sel = best_cat == ci
+            if sel.any():
+                seconds[c] += float(np.sum(free[sel]))
+                unheld[c] += float(np.sum(free[sel & ~best_held]))
+
+    interruptions: dict[str, int] = {}
+    for j in names[:-1] if names else []:
+        interruptions[causes[j]] = interruptions.get(causes[j], 0) + 1
+    return Breakdown(
+        t0=t0,
+        t1=t1,
+        seconds=seconds,
+        unheld={k: v for k, v in unheld.items() if v > 0},
+        rework_by_cause=rework_by_cause,
+        retained_steps=retained_steps,
+        reworked_executions=int(np.sum(~retained)),
+        attempts=len(names),
+        interruptions=interruptions,
+        checkpoints=checkpoints,
+        tolerance=tolerance,
+    )
+
+
+def events_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[Event]:
+    return [Event.from_row(r) for r in rows]

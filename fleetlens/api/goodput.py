@@ -1,0 +1,116 @@
+"""The goodput read API: one run's breakdown, factors and advice; a pool's scheduling goodput."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+
+from ..analysis.advisors import (
+    chargeback_per_useful_hour,
+    checkpoint_waste,
+    cost_per_useful_hour,
+    marginal_values,
+    young_daly,
+)
+from ..analysis.breakdown import Breakdown
+from ..analysis.goodput import Factors
+from ..store.goodput_queries import GoodputQueries, program_spec
+from ..store.scope import Scope
+from .auth import ERROR_RESPONSES, require
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["goodput"], responses=ERROR_RESPONSES)
+
+Reader = Annotated[Scope, Depends(require("read"))]
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def advice(bd: Breakdown, f: Factors, price: float | None) -> dict[str, Any]:
+    """Young-Daly from the run's own checkpoint and interruption record, lever values, cost."""
+    out: dict[str, Any] = {"marginalValues": marginal_values(f)}
+    interruptions = sum(bd.interruptions.values())
+    if bd.checkpoints and bd.seconds["checkpoint"] > 0 and interruptions:
+        write = bd.seconds["checkpoint"] / bd.checkpoints
+        mtbi = bd.held_s / interruptions
+        current = bd.held_s / bd.checkpoints
+        optimal, _ = young_daly(write, mtbi)
+        out["checkpoint"] = {
+            "writeSeconds": write,
+            "meanTimeBetweenInterruptions": mtbi,
+            "currentIntervalSeconds": current,
+            "optimalIntervalSeconds": optimal,
+            "wasteAtCurrent": checkpoint_waste(current, write, mtbi),
+            "wasteAtOptimal": checkpoint_waste(optimal, write, mtbi),
+        }
+    if price is not None:
+        out["costPerUsefulHour"] = _finite(cost_per_useful_hour(price, f))
+        out["chargebackPerUsefulHour"] = _finite(chargeback_per_useful_hour(price, f))
+    return out
+
+
+@router.get("/runs/{run_id}/goodput", summary="Where a run's time went, and its goodput factors")
+async def get_run_goodput(
+    request: Request,
+    run_id: str,
+    scope: Reader,
+    from_: Annotated[float | None, Query(alias="from")] = None,
+    to: float | None = None,
+    scheduling: Annotated[float, Query(ge=0.0, le=1.0)] = 1.0,
+    price: Annotated[float | None, Query(gt=0)] = None,
+) -> dict[str, Any]:
+    svc = request.app.state.services
+    if (from_ is None) != (to is None):
+        raise HTTPException(400, "give both `from` and `to`, or neither (the whole run)")
+    if from_ is not None and to is not None and from_ > to:
+        raise HTTPException(400, f"from {from_} is after to {to}")
+
+    def work() -> dict[str, Any]:
+        info = svc.metadata.get_run(scope, run_id)
+        window = (from_, to) if from_ is not None and to is not None else None
+        bd, f, meta = GoodputQueries(svc.telemetry, scope).run_goodput(
+            run_id, program_spec(info.config or {}), window=window, scheduling=scheduling
+        )
+        return {
+            "runId": run_id,
+            "breakdown": bd.as_dict(),
+            "factors": f.as_dict(),
+            "program": meta,
+            "advice": advice(bd, f, price),
+        }
+
+    return await anyio.to_thread.run_sync(work)
+
+
+@router.get("/fleet/goodput", summary="Scheduling goodput and queue waits of each pool")
+async def get_fleet_goodput(
+    request: Request,
+    scope: Reader,
+    pool: str | None = None,
+    from_: Annotated[float | None, Query(alias="from")] = None,
+    to: float | None = None,
+) -> dict[str, Any]:
+    svc = request.app.state.services
+
+    def work() -> dict[str, Any]:
+        q = GoodputQueries(svc.telemetry, scope)
+        pools = [pool] if pool else q.pools()
+        out = []
+        for p in pools:
+            span = q.time_span(p)
+            if span is None:
+                continue
+            lo = from_ if from_ is not None else span[0]
+            hi = to if to is not None else span[1]
+            if hi < lo:
+                raise HTTPException(400, f"to {hi} is before from {lo}")
+            out.append({"pool": p, **q.pool_scheduling(p, lo, hi).as_dict()})
+        return {"pools": out}
+
+    return await anyio.to_thread.run_sync(work)

@@ -1,0 +1,228 @@
+"""Where simulated records go: a collector over HTTP, a directory of batch files, or memory.
+
+Records are columns (numpy arrays, or lists of strings) grouped into batches of the wire format
+exactly as the SDK sends them: one ctx per batch (run and job attempt), numeric columns packed,
+string columns dictionary-encoded, up to ``batch_rows`` rows. The HTTP sink honours 429/503 with
+Retry-After and raises on any other 4xx, because a batch the server refuses is a simulator bug.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import time
+import urllib.parse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import FleetlensError, TransportError
+from ..schema import DTYPES, KINDS
+from ..wire import DictColumn, Table, encode_batch
+
+__all__ = ["Batcher", "DirSink", "HttpSink", "MemorySink", "SimError", "Sink", "open_sink"]
+
+Cols = dict[str, Any]
+
+
+class SimError(FleetlensError):
+    """The simulator produced something the collector refused, or could not deliver it."""
+
+
+class Sink(Protocol):
+    def send(self, ctx: dict[str, str], tables: dict[str, tuple[int, Cols]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _table(kind: str, n: int, cols: Cols) -> Table:
+    rk = KINDS[kind]
+    out: dict[str, Any] = {}
+    for name, values in cols.items():
+        col = rk.by_name[name]
+        if col.dtype == "string":
+            if isinstance(values, tuple):  # (dictionary, codes) already encoded
+                out[name] = DictColumn(
+                    dict=list(values[0]), codes=values[1].astype("<u4").tobytes()
+                )
+            else:
+                index: dict[str, int] = {}
+                codes = np.fromiter((index.setdefault(v, len(index)) for v in values), "<u4")
+                out[name] = DictColumn(dict=list(index), codes=codes.tobytes())
+        else:
+            out[name] = np.ascontiguousarray(values, dtype=DTYPES[col.dtype][1]).tobytes()
+    return Table(n=n, cols=out)
+
+
+def encode(ctx: dict[str, str], tables: dict[str, tuple[int, Cols]]) -> bytes:
+    built = {kind: _table(kind, n, cols) for kind, (n, cols) in tables.items()}
+    return encode_batch(built, ctx, source="fleetlens-sim")[1]
+
+
+class HttpSink:
+    """POST batches to ``{url}/v1/ingest`` on one keep-alive connection."""
+
+    def __init__(self, url: str, timeout: float = 120.0, max_retries: int = 200) -> None:
+        u = urllib.parse.urlparse(url)
+        if u.scheme != "http" or not u.hostname:
+            raise SimError(f"server URL {url!r} is not valid; use http://host:port")
+        self.host, self.port = u.hostname, u.port or 80
+        self.prefix = u.path.rstrip("/")
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.conn: http.client.HTTPConnection | None = None
+        self.batches = 0
+
+    def _post(self, body: bytes) -> tuple[int, str, bytes]:
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        try:
+            self.conn.request(
+                "POST", self.prefix + "/v1/ingest", body, {"Content-Type": "application/msgpack"}
+            )
+            resp = self.conn.getresponse()
+            return resp.status, resp.getheader("Retry-After") or "", resp.read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()
+            self.conn = None
+            raise
+
+    def send(self, ctx: dict[str, str], tables: dict[str, tuple[int, Cols]]) -> None:
+        body = encode(ctx, tables)
+        for attempt in range(self.max_retries):
+            try:
+                status, retry_after, text = self._post(body)
+            except (OSError, http.client.HTTPException) as exc:
+                if attempt >= 5:
+                    raise TransportError(f"cannot reach {self.host}:{self.port}: {exc}") from exc
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            if status == 200:
+                self.batches += 1
+                return
+            if status in (429, 503) or status >= 500:
+                time.sleep(min(float(retry_after or 0.5), 5.0))
+                continue
+            raise SimError(f"collector refused a simulated batch: HTTP {status}: {text[:500]!r}")
+        raise TransportError(f"collector kept refusing a batch after {self.max_retries} tries")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+class DirSink:
+    """Write each batch as ``batch-000001.msgpack`` (the body the SDK would POST)."""
+
+    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.batches = 0
+
+    def send(self, ctx: dict[str, str], tables: dict[str, tuple[int, Cols]]) -> None:
+        self.batches += 1
+        (self.dir / f"batch-{self.batches:06d}.msgpack").write_bytes(encode(ctx, tables))
+
+    def close(self) -> None:
+        pass
+
+
+class MemorySink:
+    """Keep batches as columns, for tests and in-process analysis (no encoding)."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[dict[str, str], dict[str, tuple[int, Cols]]]] = []
+
+    def send(self, ctx: dict[str, str], tables: dict[str, tuple[int, Cols]]) -> None:
+        self.batches.append((dict(ctx), tables))
+
+    def close(self) -> None:
+        pass
+
+    def column(self, kind: str, name: str, job_id: str | None = None) -> Any:
+        """All values of one column of ``kind`` (numeric: one array; string: one list)."""
+        parts: list[Any] = []
+        for ctx, tables in self.batches:
+            if kind in tables and (job_id is None or ctx.get("job_id") == job_id):
+                n, cols = tables[kind]
+                parts.append(_values(cols[name], n) if name in cols else None)
+        if not parts:
+            return np.array([])
+        if isinstance(parts[0], list):
+            return [v for p in parts for v in p]
+        return np.concatenate(parts)
+
+
+def _values(v: Any, n: int) -> Any:
+    if isinstance(v, tuple):
+        d = v[0]
+        return [d[c] for c in v[1].tolist()]
+    if isinstance(v, list):
+        return v
+    return np.broadcast_to(np.asarray(v), (n,))
+
+
+class NullSink:
+    """Count nothing, keep nothing: for measuring generation alone."""
+
+    def send(self, ctx: dict[str, str], tables: dict[str, tuple[int, Cols]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_sink(server: str | None, out_dir: str | os.PathLike[str] | None) -> Sink:
+    if server:
+        return HttpSink(server)
+    if out_dir:
+        return DirSink(Path(out_dir) / "batches")
+    return NullSink()
+
+
+class Batcher:
+    """Groups columns into batches of up to ``max_rows`` rows with one ctx each."""
+
+    def __init__(self, sink: Sink, max_rows: int = 200_000) -> None:
+        self.sink = sink
+        self.max_rows = max_rows
+        self.ctx: dict[str, str] = {}
+        self.parts: dict[str, list[tuple[int, Cols]]] = {}
+        self.rows = 0
+        self.total: dict[str, int] = {}
+
+    def add(self, ctx: dict[str, str], kind: str, n: int, cols: Cols) -> None:
+        if n == 0:
+            return
+        if ctx != self.ctx or self.rows + n > self.max_rows:
+            self.flush()
+            self.ctx = dict(ctx)
+        self.parts.setdefault(kind, []).append((n, cols))
+        self.rows += n
+        self.total[kind] = self.total.get(kind, 0) + n
+
+    def flush(self) -> None:
+        if not self.parts:
+            return
+        tables = {kind: _concat(parts) for kind, parts in self.parts.items()}
+        self.parts = {}
+        self.rows = 0
+        self.sink.send(self.ctx, tables)
+
+
+def _concat(parts: Sequence[tuple[int, Cols]]) -> tuple[int, Cols]:
+    if len(parts) == 1:
+        return parts[0]
+    n = sum(p[0] for p in parts)
+    names = set(parts[0][1])
+    for _, cols in parts[1:]:
+        names &= set(cols)
+    out: Cols = {}
+    for name in names:
+        vals = [_values(cols[name], k) for k, cols in parts]
+        out[name] = (
+            [v for p in vals for v in p] if isinstance(vals[0], list) else np.concatenate(vals)
+        )
+    return n, out

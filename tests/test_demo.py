@@ -1,0 +1,46 @@
+"""`fleetlens demo --once`, the README's main command, end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .helpers import Server, free_port
+
+
+def test_demo_once_plays_the_scenario_and_leaves_it_readable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data = str(tmp_path / "data")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetlens",
+            "demo",
+            "--once",
+            "--data",
+            data,
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert "256 ranks, 2400 steps in 2 job attempts" in text
+    assert "where the time went:" in text and "rework" in text
+    # The injected straggler (rank 37) is the slowest rank by compute.
+    slowest = text.split("slowest ranks by compute time")[1].splitlines()[1]
+    assert slowest.split()[1] == "37"
+    assert "hardware_fault NVRM: Xid 79" in text
+    assert "fleetlens run show" in text and "/docs" in text
+
+    server = Server(data).start()
+    try:
+        runs = server.get("/v1/runs")["runs"]
+        assert len(runs) == 1 and runs[0]["status"] == "FINISHED" and runs[0]["jobs"] == 2
+        run = server.get(f"/v1/runs/{runs[0]['runId']}")
+        assert run["steps"] == 2400 and run["worldSize"] == 256
+    finally:
+        server.stop()
