@@ -370,7 +370,42 @@ SCHED_POOL = RecordKind(
     priority=Priority.P1,
 )
 
+TRACE_STEP = RecordKind(
+    name="trace_step",
+    table="trace_steps",
+    doc="One rank's step as a profiler (Kineto) trace saw it on the device: where its time went.",
+    ctx=_RUN_CTX,
+    ctx_required=("run_id",),
+    columns=(
+        _c("step", "int64", "optimizer step (ProfilerStep#N)", required=True),
+        _c("rank", "int32", "global rank", required=True),
+        _c("time", "float64", "UNIX time at step start, seconds (trace clock)", required=True),
+        _c("duration", "float64", "step wall time, seconds", required=True),
+        _c("compute", "float64", "device time in compute kernels, seconds (union)"),
+        _c("comm", "float64", "device time in communication kernels, seconds (union)"),
+        _c("exposed_comm", "float64", "communication not overlapped by compute, seconds"),
+        _c("overlap", "float64", "communication overlapped by compute, seconds"),
+        _c("memcpy", "float64", "memory copies and sets not under compute or comm, seconds"),
+        _c("idle", "float64", "device idle within the step, seconds"),
+        _c("kernels", "int64", "device kernels launched in the step", default=0),
+        _c("source", "string", "trace file it came from", default=""),
+    ),
+    order_by=("tenant", "run_id", "step", "rank"),
+    priority=Priority.P3,
+)
+
 KINDS: dict[str, RecordKind] = {
     k.name: k
-    for k in (STEP, SCALAR, COLLECTIVE, GPU, NODE, EVENT, PLACEMENT, SCHED_ALLOC, SCHED_POOL)
+    for k in (
+        STEP,
+        SCALAR,
+        COLLECTIVE,
+        GPU,
+        NODE,
+        EVENT,
+        PLACEMENT,
+        SCHED_ALLOC,
+        SCHED_POOL,
+        TRACE_STEP,
+    )
 }
