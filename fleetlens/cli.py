@@ -26,6 +26,7 @@ COMMANDS = (
     "goodput",
     "fleet",
     "sim",
+    "agent",
     "tokens",
     "tenants",
 )
@@ -251,10 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_run_show)
 
     from . import goodput_cli
+    from .agent import run as agent_run
     from .sim import cli as sim_cli
 
     goodput_cli.add_parsers(sub)
     sim_cli.add_parser(sub)
+    agent_run.add_parser(sub)
 
     sp = sub.add_parser("tokens", help="create, list or revoke API tokens (on the data directory)")
     tsub = sp.add_subparsers(dest="tokens_command", required=True)

@@ -15,6 +15,7 @@ SCALARS     (SCALARS, step, time, {name: value, ...})   -- one ``run.log`` call
 EVENT       (EVENT, time, kind, step, message, attrs_dict_or_None)
 COLLECTIVE  (COLLECTIVE, step, seq, op, group, enter, exit, bytes)
 PLACEMENT   (PLACEMENT, time, rank, local_rank, world_size, node_id, gpu)
+SAMPLE      (SAMPLE, kind, {column: value, ...})  -- any record kind by column name (agents)
 =========== ====================================================================================
 """
 
@@ -23,9 +24,18 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-__all__ = ["COLLECTIVE", "EVENT", "PLACEMENT", "SCALARS", "STEP", "RecordBuffer", "records_in"]
+__all__ = [
+    "COLLECTIVE",
+    "EVENT",
+    "PLACEMENT",
+    "SAMPLE",
+    "SCALARS",
+    "STEP",
+    "RecordBuffer",
+    "records_in",
+]
 
-STEP, SCALARS, EVENT, COLLECTIVE, PLACEMENT = range(5)
+STEP, SCALARS, EVENT, COLLECTIVE, PLACEMENT, SAMPLE = range(6)
 
 Entry = tuple[Any, ...]
 

@@ -14,7 +14,8 @@ from typing import Any
 import msgspec
 
 from ..wire import Table, TableBuilder
-from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, Entry
+from ..schema import KINDS
+from .buffer import COLLECTIVE, EVENT, PLACEMENT, SAMPLE, SCALARS, STEP, Entry
 
 __all__ = ["Identity", "build_tables"]
 
@@ -131,6 +132,30 @@ _BUILDERS: dict[int, tuple[str, Callable[[Sequence[Entry], Identity], Table]]] =
 }
 
 
+def _samples(rows: Sequence[Entry]) -> tuple[dict[str, Table], int]:
+    """SAMPLE entries by kind; a column some rows lack takes the schema's fill value."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    bad = 0
+    for _, kind, values in rows:
+        if kind in KINDS and isinstance(values, dict):
+            by_kind.setdefault(kind, []).append(values)
+        else:
+            bad += 1
+    tables: dict[str, Table] = {}
+    for kind, dicts in by_kind.items():
+        spec = KINDS[kind]
+        names = [c for c in spec.column_names if any(c in d for d in dicts)]
+        try:
+            tb = TableBuilder(kind)
+            for name in names:
+                fill = spec.by_name[name].fill
+                tb.add(name, [d.get(name, fill) for d in dicts])
+            tables[kind] = tb.build()
+        except Exception:
+            bad += len(dicts)
+    return tables, bad
+
+
 def build_tables(entries: Sequence[Entry], ident: Identity) -> tuple[dict[str, Table], int]:
     """Group entries by shape and build one table per record kind; returns (tables, bad)."""
     groups: dict[int, list[Entry]] = {}
@@ -138,6 +163,9 @@ def build_tables(entries: Sequence[Entry], ident: Identity) -> tuple[dict[str, T
         groups.setdefault(e[0], []).append(e)
     tables: dict[str, Table] = {}
     bad = 0
+    samples = groups.pop(SAMPLE, None)
+    if samples:
+        tables, bad = _samples(samples)
     for code, rows in groups.items():
         if code not in _BUILDERS:
             bad += len(rows)
