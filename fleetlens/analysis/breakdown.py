@@ -18,9 +18,12 @@ Every instant of the window is charged to exactly one line, by precedence:
    (or the end of its attempt).
 4. The attempt structure: gang complete (or job start) to first step is ``startup`` for the
    first attempt and is charged to the cause that ended the previous attempt for later ones
-   (warmup belongs to the event that triggered it); last step end to the attempt's end, and the
-   gap until the next attempt, go to that cause: ``recovery`` for failures (detection, relaunch,
-   reload), ``preemption``, or ``maintenance`` (drains, planned work).
+   (warmup belongs to the event that triggered it). From the last step end to the first fault
+   signal (``hardware_fault``, ``exception``, ``oom``, ``nan``, ``signal``, ``preemption``) is
+   the step in flight, lost: ``rework``. From there to the attempt's end, and the gap until the
+   next attempt, go to the cause: ``recovery`` for failures (detection, relaunch, reload),
+   ``preemption``, or ``maintenance`` (planned drains and ``maintenance`` events; a drain with
+   ``attrs.planned = false`` or after a failure signal is part of the recovery).
 5. Anything else is ``unaccounted``: above ``tolerance`` of the wall-clock it is reported as an
    instrumentation hole, never spread over the other lines.
 
@@ -94,6 +97,10 @@ _TERMINAL = {
     "drain",
 }
 _FAILURE = {"failure", "exception", "signal", "oom", "nan", "hardware_fault", "hang"}
+# The moment a fault (or an eviction) hit: the step in flight then is lost work. ``failure`` is
+# not one: it marks when the job was declared failed, so the time up to it is detection.
+_SIGNAL = {"exception", "signal", "oom", "nan", "hardware_fault", "preemption"}
+_UNPLANNED_DRAIN = "drain:unplanned"
 _START = {"job_start", "gang_complete"}
 _PRIO_EXPLICIT, _PRIO_HANG, _PRIO_ATTEMPT = 3, 2, 1
 
@@ -242,14 +249,29 @@ def _cause(kinds: set[str]) -> str:
         return "preemption"
     if kinds & {"maintenance", "drain"}:
         return "maintenance"
-    if kinds & _FAILURE:
+    if kinds & (_FAILURE | {_UNPLANNED_DRAIN}):
         return "recovery"
     if "finish" in kinds:
         return "finish"
     return "recovery"
 
 
+def _kind(e: Event, seen: set[str]) -> str:
+    """An event's kind for the cause; a drain is maintenance only when it was planned.
+
+    ``attrs.planned = false``, or a drain after a failure signal of the same attempt (a node
+    taken out because it failed), is part of the recovery from that failure.
+    """
+    if e.kind != "drain" or e.attrs.get("planned") is True:
+        return e.kind
+    if e.attrs.get("planned") is False or seen & _FAILURE:
+        return _UNPLANNED_DRAIN
+    return e.kind
+
+
 _REWORK_KEY = {"recovery": "failure", "preemption": "preemption", "maintenance": "maintenance"}
+_LINES = CATEGORIES + tuple(f"rework:{k}" for k in ("failure", "preemption", "maintenance"))
+"""The lines the segment pass assigns: rework of a step in flight carries its cause."""
 
 
 def breakdown(
@@ -283,7 +305,7 @@ def breakdown(
         if e.job_id and e.job_id not in job_names and (e.kind in _START or e.kind in _TERMINAL):
             job_names.append(e.job_id)
     att: dict[str, dict[str, Any]] = {
-        j: {"held": None, "first": None, "last": None, "end": None, "kinds": set()}
+        j: {"held": None, "first": None, "last": None, "end": None, "kinds": set(), "hit": []}
         for j in job_names
     }
     if n:
@@ -320,7 +342,9 @@ def breakdown(
         j = owner(e)
         if j is not None:
             a = att[j]
-            a["kinds"].add(e.kind)
+            a["kinds"].add(_kind(e, a["kinds"]))
+            if e.kind in _SIGNAL:
+                a["hit"].append(e.time)
             if e.kind in _TERMINAL:
                 a["end"] = e.time if a["end"] is None else max(a["end"], e.time)
         dur = e.attrs.get("duration")
@@ -372,7 +396,11 @@ def breakdown(
         lead = "startup" if prev_cause in (None, "finish") else prev_cause
         intervals.append((s, f if f is not None else end, lead, _PRIO_ATTEMPT, True))
         if last is not None and cause != "finish":
-            intervals.append((last, end, cause, _PRIO_ATTEMPT, True))
+            # The step in flight when the fault hit is lost work; detection follows it.
+            hit = min((t for t in a["hit"] if last <= t <= end), default=last)
+            key = f"rework:{_REWORK_KEY.get(cause, 'failure')}"
+            intervals.append((last, hit, key, _PRIO_ATTEMPT, True))
+            intervals.append((hit, end, cause, _PRIO_ATTEMPT, True))
         if k + 1 < len(names) and cause != "finish":
             nxt = att[names[k + 1]]
             intervals.append((end, starts[k + 1], cause, _PRIO_ATTEMPT, nxt["held"] is None))
@@ -439,16 +467,16 @@ def breakdown(
         free = (bounds[1:] - bounds[:-1]) - (covered(bounds[1:]) - covered(bounds[:-1]))
         free = np.maximum(free, 0.0)
         best_prio = np.zeros(m, dtype=np.int64)
-        best_cat = np.full(m, CATEGORIES.index("unaccounted"), dtype=np.int64)
+        best_cat = np.full(m, _LINES.index("unaccounted"), dtype=np.int64)
         best_held = np.ones(m, dtype=bool)
-        # Highest precedence wins; within one level, the earlier category in CATEGORIES.
+        # Highest precedence wins; within one level, the earlier line in _LINES.
         for prio in (_PRIO_ATTEMPT, _PRIO_HANG, _PRIO_EXPLICIT):
-            for ci in reversed(range(len(CATEGORIES))):
+            for ci in reversed(range(len(_LINES))):
                 for held in (True, False):
                     sel = [
                         (a, b)
                         for a, b, c, p, h in clipped
-                        if p == prio and c == CATEGORIES[ci] and h == held
+                        if p == prio and c == _LINES[ci] and h == held
                     ]
                     if not sel:
                         continue
@@ -459,11 +487,14 @@ def breakdown(
                     cov = np.cumsum(diff)[:m] > 0
                     take = cov & (best_prio <= prio)
                     best_prio[take], best_cat[take], best_held[take] = prio, ci, held
-        for ci, c in enumerate(CATEGORIES):
+        for ci, c in enumerate(_LINES):
             sel = best_cat == ci
             if sel.any():
-                seconds[c] += float(np.sum(free[sel]))
-                unheld[c] += float(np.sum(free[sel & ~best_held]))
+                line, _, why = c.partition(":")
+                seconds[line] += float(np.sum(free[sel]))
+                unheld[line] += float(np.sum(free[sel & ~best_held]))
+                if why:
+                    rework_by_cause[why] += float(np.sum(free[sel]))
 
     interruptions: dict[str, int] = {}
     for j in names[:-1] if names else []:

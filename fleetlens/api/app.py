@@ -40,6 +40,7 @@ from .admin import router as admin_router
 from .auth import ERROR_RESPONSES, require
 from .goodput import router as goodput_router
 from .runs import router as runs_router
+from .series import router as series_router
 
 __all__ = ["Services", "create_app"]
 
@@ -319,6 +320,7 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
         return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(runs_router)
+    app.include_router(series_router)
     app.include_router(goodput_router)
     app.include_router(admin_router)
 

@@ -22,7 +22,7 @@ from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from ..schema import EVENT_KINDS, P0_EVENT_KINDS
-from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, RecordBuffer
+from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, RecordBuffer
 from .config import SDKConfig
 from .exporter import Exporter
 from .spans import PHASES, Checkpoint, Phase, Step
@@ -33,6 +33,7 @@ from .transport import HttpTransport, Transport
 __all__ = ["NullRun", "Run", "init"]
 
 VERSION = "0.1.0"
+_NAN = float("nan")
 F = TypeVar("F", bound=Callable[..., Any])
 _time = time.time
 
@@ -80,6 +81,40 @@ class Run:
     def phase(self, name: str) -> Phase:
         """Time a phase of the current step: data, forward, backward, optimizer or comm."""
         return Phase(self, PHASES.get(name, -1))
+
+    def add_phase(self, name: str, seconds: float) -> None:
+        """Add time measured elsewhere (a device timer, a loader) to the current step's phase."""
+        try:
+            active, slot = self._active, PHASES.get(name, -1)
+            if active is not None and slot >= 0:
+                cur = active.ph[slot]
+                active.ph[slot] = seconds if cur != cur else cur + seconds  # NaN: unset
+        except Exception:
+            self._internal_error()
+
+    def record_step(
+        self,
+        step: int,
+        *,
+        time: float,
+        duration: float,
+        phases: dict[str, float] | None = None,
+        tokens: int = 0,
+    ) -> None:
+        """Record a step timed elsewhere (e.g. CUDA events resolved after the fact)."""
+        try:
+            ph = [_NAN] * 5
+            for name, value in (phases or {}).items():
+                slot = PHASES.get(name, -1)
+                if slot >= 0:
+                    ph[slot] = value
+            q = self._q1
+            if len(q) < self._cap1:
+                q.append((STEP, step, time, duration, ph[0], ph[1], ph[2], ph[3], ph[4], tokens))
+            else:
+                self._dropped[1] += 1
+        except Exception:
+            self._internal_error()
 
     def log(self, step: int, /, **scalars: float) -> None:
         """Record scalars of any name for ``step`` (priority P2)."""
@@ -330,6 +365,12 @@ class NullRun(Run):
 
     def phase(self, name: str) -> Phase:
         return _NULL  # type: ignore[return-value]
+
+    def add_phase(self, name: str, seconds: float) -> None:
+        return None
+
+    def record_step(self, step: int, **kwargs: Any) -> None:
+        return None
 
     def log(self, step: int, /, **scalars: float) -> None:
         return None

@@ -112,7 +112,7 @@ def simulate(
         scenario=scn.name, run_id=scn.job.run_id, seed=seed, world_size=scn.world_size,
         start_time=start_time, end_time=eng.t, steps=scn.job.steps, job_ids=eng.job_ids,
         faults=[_truth(eng, f) for f in faults if f.start_time is not None], losses=eng.loss,
-        records=dict(eng.batcher.total),
+        injected=eng.injected, records=dict(eng.batcher.total),
     )  # fmt: skip
 
 

@@ -6,8 +6,13 @@ moment: the last rank's arrival plus the network transfer. So a rank's ``comm`` 
 the transfer, every rank's ``duration`` is (nearly) the same, and the straggler is the rank with
 the largest compute and the smallest ``comm``. The job's step time is the slowest rank's.
 
-The healthy counterfactual (same noise, no faults) is computed beside the real one, so the
-time a fault cost is known exactly: ground truth, not an estimate.
+Each step's time is split the way the goodput breakdown splits a measured step (the shared
+definitions, docs/goodput.md): ``data_stall`` is the longest input wait of any rank,
+``straggler`` the slowest rank's compute less the mean rank's (what the others waited for it at
+the collective, healthy noise included) and ``productive`` the rest. The healthy counterfactual
+(same noise, no faults) is computed beside the real one, so the step time the faults *added*
+is known exactly too (``injected_straggler``, ``injected_data_stall``): ground truth, not an
+estimate.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class StepChunk:
     productive: float
     straggler: float
     data_stall: float
+    injected_straggler: float
+    injected_data_stall: float
 
     @property
     def end(self) -> float:
@@ -78,6 +85,8 @@ def simulate_chunk(
     # ranks leave the collective within tens of microseconds of each other
     leave = t_real[:, None] + np.abs(rng.standard_normal((k, w))) * 2e-5
     starts = t0 + np.concatenate(([0.0], np.cumsum(t_real[:-1])))
+    stall = np.minimum(dw.max(axis=1), t_real)
+    wait = np.clip(comp.max(axis=1) - comp.mean(axis=1), 0.0, t_real - stall)
     return StepChunk(
         steps=steps,
         starts=starts,
@@ -87,7 +96,9 @@ def simulate_chunk(
         comm=leave - arrive,
         duration=leave,
         arrive=arrive,
-        productive=float(t_h.sum()),
-        straggler=float((t_s - t_h).sum()),
-        data_stall=float((t_real - t_s).sum()),
+        productive=float((t_real - stall - wait).sum()),
+        straggler=float(wait.sum()),
+        data_stall=float(stall.sum()),
+        injected_straggler=float((t_s - t_h).sum()),
+        injected_data_stall=float((t_real - t_s).sum()),
     )

@@ -11,24 +11,34 @@ import numpy as np
 
 from .engine import _GAP, _XID, Engine
 from .faults import Injected, checkpoint_factor
+from .steps import StepChunk
 
 __all__ = ["run_timeline"]
 
 
 class _Book:
     def __init__(self) -> None:
-        self.pending: list[tuple[int, dict[str, float]]] = []  # (end step, categories)
+        # (end step, loss seconds by category, seconds the faults added by category)
+        self.pending: list[tuple[int, dict[str, float], dict[str, float]]] = []
         self.async_ckpt: tuple[int, float] | None = None  # (step, valid at)
         self.resume = 0
 
+    def add(self, end: int, c: StepChunk) -> None:
+        losses = {"productive": c.productive, "straggler": c.straggler, "data_stall": c.data_stall}
+        added = {"straggler": c.injected_straggler, "data_stall": c.injected_data_stall}
+        self.pending.append((end, losses, added))
+
     def commit(self, e: Engine, upto: int) -> None:
         keep = []
-        for end, cats in self.pending:
+        for item in self.pending:
+            end, cats, added = item
             if end <= upto:
                 for k, v in cats.items():
                     e.loss[k] += v
+                for k, v in added.items():
+                    e.injected[k] += v
             else:
-                keep.append((end, cats))
+                keep.append(item)
         self.pending = keep
         self.resume = max(self.resume, upto)
 
@@ -38,7 +48,7 @@ class _Book:
             self.async_ckpt = None
 
     def lose(self, e: Engine) -> None:
-        e.loss["rework"] += sum(sum(c.values()) for _, c in self.pending)
+        e.loss["rework"] += sum(sum(c.values()) for _, c, _ in self.pending)
         self.pending = []
         self.async_ckpt = None
 
@@ -65,10 +75,12 @@ def _launch(e: Engine, attempt: int, resume: int, category: str, submit: float) 
     e.event(first, "first_step", resume)
 
 
-def _checkpoint(e: Engine, b: _Book, step: int, category: str = "checkpoint") -> None:
+def _checkpoint(e: Engine, b: _Book, step: int, force_sync: bool = False) -> None:
+    """Save after ``step``. A synchronous save's pause is ``checkpoint`` whatever asked for it
+    (a maintenance drain forces one), as the breakdown charges ``checkpoint_begin..end``."""
     job = e.job
     write = job.checkpoint_write_s * checkpoint_factor(e.faults, step - 1)
-    sync = not job.checkpoint_async or category != "checkpoint"
+    sync = not job.checkpoint_async or force_sync
     pause = write if sync else write * job.async_stall_fraction
     ckpt = f"{job.run_id}-step{step}"
     size = int(job.model_params * 14)
@@ -81,7 +93,7 @@ def _checkpoint(e: Engine, b: _Book, step: int, category: str = "checkpoint") ->
                 f.job_ids.append(e.job_ids[-1])
             f.start_time = e.t if f.start_time is None else f.start_time
             f.end_time = e.t + write
-    e.loss[category] += pause
+    e.loss["checkpoint"] += pause
     if sync:
         e.t += pause
         b.commit(e, step)
@@ -107,7 +119,7 @@ def _fail(e: Engine, b: _Book, f: Injected, step: int) -> str:
     if mode == "drain":
         e.event(e.t, "drain", step, rank, f"drain {node} for maintenance", node, planned=True)
         e.event(e.t, "maintenance", step, msg=f"maintenance on {node}", node=node)
-        _checkpoint(e, b, step, category="maintenance")
+        _checkpoint(e, b, step, force_sync=True)
         f.start_time = f.end_time = e.t
         e.sched_end("COMPLETED")
         e.place.replace(f.nodes[0])
@@ -146,7 +158,9 @@ def _fail(e: Engine, b: _Book, f: Injected, step: int) -> str:
     if f.kind in ("fatal_xid", "ecc_xid", "host_failure", "network_down") and f.nodes:
         spare = e.place.replace(f.nodes[0])
         if spare is not None:
-            e.event(t_fail + detect, "drain", step, -1, f"{node} drained after {f.kind}", node)
+            # unplanned: a consequence of the failure, not maintenance (the seed's "planned drains")
+            e.event(t_fail + detect, "drain", step, -1, f"{node} drained after {f.kind}", node,
+                    planned=False)  # fmt: skip
     gap_cat = _GAP[mode]
     gap = detect + job.restart_s + (job.preempt_wait_s if mode == "preempt" else 0.0)
     e.loss[gap_cat] += gap
@@ -193,17 +207,7 @@ def run_timeline(e: Engine) -> None:
         while step < stop:
             boundary = (step // job.checkpoint_every + 1) * job.checkpoint_every
             end = min(stop, boundary, step + max_k)
-            c = e.chunk(step, end)
-            b.pending.append(
-                (
-                    end,
-                    {
-                        "productive": c.productive,
-                        "straggler": c.straggler,
-                        "data_stall": c.data_stall,
-                    },
-                )
-            )
+            b.add(end, e.chunk(step, end))
             step = end
             if step in (boundary, total):
                 _checkpoint(e, b, step)

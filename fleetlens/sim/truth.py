@@ -1,12 +1,25 @@
 """Ground truth of a simulated run, and scoring of detections against it.
 
-Loss categories (seconds; they sum to the run's wall clock):
-``productive`` the healthy time of retained steps (same noise, no faults); ``startup`` the first
-attempt's launch; ``recovery`` detection, restart and relaunch after a failure; ``rework``
-steps (and the partial step) lost since the last valid checkpoint; ``checkpoint`` pauses for
-saving; ``straggler`` extra time of retained steps from slow compute or network; ``data_stall``
-extra time from late input; ``preemption`` and ``maintenance`` the gaps and relaunches they
-cause; ``hang`` from the start of a stuck step until the watchdog fires.
+Loss categories (seconds; they sum to the run's wall clock) follow the definitions the goodput
+breakdown applies to measured telemetry (docs/goodput.md), evaluated on the simulator's exact
+per-rank arrays and its exact bookkeeping of attempts and checkpoints:
+
+- retained steps (kept by a valid checkpoint or by the end of the run) split into
+  ``data_stall`` (the longest input wait of any rank in the step), ``straggler`` (the slowest
+  rank's compute less the mean rank's: what the others waited for it at the collective,
+  healthy noise included) and ``productive`` (the rest);
+- ``rework``: steps lost since the last valid checkpoint, and the step in flight when a fault
+  or a preemption hit;
+- ``startup``: the first attempt's launch; ``checkpoint``: synchronous save pauses, also the
+  save a maintenance drain forces;
+- ``recovery``: detection, relaunch, reload and warmup after a failure or a hang;
+  ``preemption`` and ``maintenance`` (planned drains): the gaps and relaunches they cause;
+- ``hang``: from the start of a stuck step until the watchdog fires.
+
+``injected`` holds what the faults *added* to retained steps over the healthy counterfactual
+(same noise, no faults): ``straggler`` (slow compute or network) and ``data_stall`` (late
+input). ``losses["straggler"] - injected["straggler"]`` is therefore about the healthy spread
+of the slowest rank; every other category needs no counterfactual.
 """
 
 from __future__ import annotations
@@ -65,6 +78,7 @@ class GroundTruth:
     faults: list[TruthFault]
     losses: dict[str, float]
     records: dict[str, int] = field(default_factory=dict)
+    injected: dict[str, float] = field(default_factory=dict)
 
     @property
     def wall_clock(self) -> float:

@@ -2,7 +2,10 @@
 
 The rank -> step aggregation is the store's (the ``steps_by_step`` rollup, merged per step and
 attempt by one GROUP BY); what comes back is one row per step execution, which the pure
-functions in :mod:`fleetlens.analysis` turn into the breakdown and the factors.
+functions in :mod:`fleetlens.analysis` turn into the breakdown and the factors. Per execution
+it reads the slowest and the mean rank's compute (the straggler line is their difference) and
+the longest input wait of any rank (the data-stall line): the definitions the simulator's
+ground truth shares (docs/goodput.md).
 """
 
 from __future__ import annotations

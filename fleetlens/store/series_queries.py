@@ -1,0 +1,73 @@
+"""Scalar series of a run, downsampled in the store to the number of points a chart can show."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .scope import Scope
+from .telemetry import TelemetryStore
+
+__all__ = ["SeriesQueries"]
+
+
+def _num(v: Any) -> float | str | None:
+    if v is None:
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else str(f)
+
+
+class SeriesQueries:
+    def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
+        self.t = telemetry
+        self.tenant = scope.tenant
+
+    def names(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.t.query(
+            f"SELECT name, count() AS n, min(step) AS lo, max(step) AS hi "
+            f"FROM {self.t.database}.scalars WHERE tenant = {{tenant:String}} "
+            f"AND run_id = {{run:String}} GROUP BY name ORDER BY name",
+            {"tenant": self.tenant, "run": run_id},
+        ).to_pylist()
+        return [
+            {"name": r["name"], "points": r["n"], "fromStep": r["lo"], "toStep": r["hi"]}
+            for r in rows
+        ]
+
+    def series(
+        self, run_id: str, name: str, from_step: int, to_step: int, points: int
+    ) -> list[dict[str, Any]]:
+        """One value per step (the lowest rank's), or per bucket of steps: first, min, max, mean.
+
+        Non-finite values are kept as strings ("nan", "inf"): a NaN loss is the signal.
+        """
+        width = max(1, math.ceil((to_step - from_step + 1) / max(1, points)))
+        rows = self.t.query(
+            f"SELECT intDiv(step - {{lo:Int64}}, {{w:Int64}}) AS b, min(step) AS s_first, "
+            f"argMin(v, step) AS v_first, min(v) AS v_min, max(v) AS v_max, avg(v) AS v_mean, "
+            f"countIf(NOT isFinite(v)) AS bad FROM ("
+            f" SELECT step, argMin(value, rank) AS v FROM {self.t.database}.scalars"
+            f" WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
+            f" AND name = {{name:String}} AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}}"
+            f" GROUP BY step) GROUP BY b ORDER BY b",
+            {
+                "tenant": self.tenant,
+                "run": run_id,
+                "name": name,
+                "lo": from_step,
+                "hi": to_step,
+                "w": width,
+            },
+        ).to_pylist()
+        return [
+            {
+                "step": r["s_first"],
+                "value": _num(r["v_first"]),
+                "min": _num(r["v_min"]),
+                "max": _num(r["v_max"]),
+                "mean": _num(r["v_mean"]),
+                "nonFinite": r["bad"],
+            }
+            for r in rows
+        ]

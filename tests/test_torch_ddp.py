@@ -1,0 +1,88 @@
+"""The real 4-process DDP example (torchrun, gloo, CPU) against a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch  # noqa: F401 - the integration needs it installed; CI installs it
+
+from .helpers import Server
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
+
+
+def test_slow_rank_is_the_straggler_and_last_arriver_and_nothing_is_lost(
+    server: Server, tmp_path: Path
+) -> None:
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    steps, slow, start = 30, 2, 10
+    env = {
+        **os.environ,
+        "FLEETLENS_SERVER": server.url,
+        "FLEETLENS_RUN_ID": "ddp-slow",
+        "OMP_NUM_THREADS": "1",
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            str(EXAMPLE),
+            "--steps",
+            str(steps),
+            "--slow-rank",
+            str(slow),
+            "--slow-ms",
+            "40",
+            "--from-step",
+            str(start),
+            "--stats-dir",
+            str(stats),
+            "--checkpoint-every",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    ranks = [json.loads((stats / f"rank{r}.json").read_text()) for r in range(4)]
+    for r in ranks:  # nothing dropped, nothing rejected, nothing left unsent
+        s = r["stats"]
+        assert (s["dropped"], s["rejected_batches"], s["spool_files"], r["torch_errors"]) == (
+            0,
+            0,
+            0,
+            0,
+        ), s
+        assert s["records_sent"] == s["records"]
+
+    run = server.get("/v1/runs/ddp-slow")
+    assert run["steps"] == steps and run["worldSize"] == 4 and run["project"] == "ddp-example"
+    assert run["config"]["model"] == "tiny-lm"
+    loss = server.get("/v1/runs/ddp-slow/metrics?name=loss")["points"]
+    assert [p["step"] for p in loss] == list(range(steps))
+    assert loss[-1]["value"] < loss[0]["value"]  # it learns
+
+    window = f"fromStep={start + 2}&toStep={steps - 1}"
+    by_compute = server.get(f"/v1/runs/ddp-slow/ranks?sort=compute&order=desc&{window}")["ranks"]
+    assert by_compute[0]["rank"] == slow and by_compute[0]["computeSlowdown"] > 1.5
+    # The others' waiting is attributed to it: they wait, it does not.
+    waits = {r["rank"]: r["commMs"] for r in by_compute}
+    assert all(waits[slow] < waits[r] for r in waits if r != slow)
+
+    timeline = server.get("/v1/runs/ddp-slow/timeline?fromStep=0&toStep=29")["items"]
+    ckpts = [i for i in timeline if i["kind"] == "checkpoint_end"]
+    assert [c["step"] for c in ckpts] == [10, 20] and all(
+        c["attrs"]["size_bytes"] > 0 for c in ckpts
+    )
