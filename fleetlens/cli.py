@@ -27,6 +27,7 @@ COMMANDS = (
     "fleet",
     "sim",
     "agent",
+    "traces",
     "tokens",
     "tenants",
 )
@@ -254,10 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     from . import goodput_cli
     from .agent import run as agent_run
     from .sim import cli as sim_cli
+    from .traces import cli as traces_cli
 
     goodput_cli.add_parsers(sub)
     sim_cli.add_parser(sub)
     agent_run.add_parser(sub)
+    traces_cli.add_parser(sub)
 
     sp = sub.add_parser("tokens", help="create, list or revoke API tokens (on the data directory)")
     tsub = sp.add_subparsers(dest="tokens_command", required=True)

@@ -41,6 +41,7 @@ from .auth import ERROR_RESPONSES, require
 from .goodput import router as goodput_router
 from .runs import router as runs_router
 from .series import router as series_router
+from .traces import router as traces_router
 
 __all__ = ["Services", "create_app"]
 
@@ -321,6 +322,7 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
 
     app.include_router(runs_router)
     app.include_router(series_router)
+    app.include_router(traces_router)
     app.include_router(goodput_router)
     app.include_router(admin_router)
 

@@ -1,0 +1,59 @@
+"""Profiler-trace findings of a run: per rank per step, where the device time went."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+
+from ..store.scope import Scope
+from ..store.trace_queries import TraceQueries
+from .auth import ERROR_RESPONSES, require
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["traces"], responses=ERROR_RESPONSES)
+
+Reader = Annotated[Scope, Depends(require("read"))]
+
+
+@router.get(
+    "/runs/{run_id}/traces",
+    summary="Per-rank step breakdown from imported profiler traces",
+    description="From `fleetlens traces import`: per rank and ProfilerStep, the step time and "
+    "its device breakdown (compute, communication, exposed communication, overlap, memcpy, "
+    "idle; compute + exposedComm + memcpy + idle = duration), and per rank the totals over "
+    "the window with each line as a percentage of step time. Without a window: every "
+    "imported step.",
+)
+async def get_traces(
+    request: Request,
+    run_id: str,
+    scope: Reader,
+    from_step: Annotated[int | None, Query(alias="fromStep", ge=0)] = None,
+    to_step: Annotated[int | None, Query(alias="toStep", ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
+) -> dict[str, Any]:
+    svc = request.app.state.services
+    if from_step is not None and to_step is not None and from_step > to_step:
+        raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
+
+    def work() -> dict[str, Any]:
+        svc.metadata.get_run(scope, run_id)
+        q = TraceQueries(svc.telemetry, scope)
+        full = q.window(run_id)
+        if full is None:
+            return {"runId": run_id, "fromStep": from_step, "toStep": to_step, "ranks": [],
+                    "steps": []}  # fmt: skip
+        lo = from_step if from_step is not None else full[0]
+        hi = to_step if to_step is not None else full[1]
+        return {
+            "runId": run_id,
+            "fromStep": lo,
+            "toStep": hi,
+            "ranks": q.ranks(run_id, lo, hi),
+            "steps": q.steps(run_id, lo, hi, limit),
+        }
+
+    return await anyio.to_thread.run_sync(work)

@@ -1,0 +1,210 @@
+"""Per-rank Kineto traces -> ``trace_step`` and ``collective`` tables -> wire batches.
+
+A directory (every ``*.json`` / ``*.json.gz`` in it) or a list of files, one file per rank. The
+rank comes from ``distributedInfo.rank``; a trace without it (single-GPU and some ROCm traces)
+takes the number in its file name (``rank-3``, ``rank3``, ``rank_3``), or 0 when it is the only
+file. Step numbers are the N of ``ProfilerStep#N``. Times are UNIX seconds when the trace can say
+(``baseTimeNanoseconds`` + ts, or timestamps that are UNIX microseconds already); otherwise they
+are the trace's own clock in seconds (``clock == "trace"`` in the summary), which is what the
+profiler's monotonic clock read (seconds since its origin, usually boot): comparable between the
+ranks of one host, not with wall-clock records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..wire import Table, TableBuilder, encode_batch
+from .breakdown import (
+    StepBreakdown,
+    assign_steps,
+    hta_comm_comp_overlap,
+    hta_temporal_breakdown,
+    step_breakdown,
+)
+from .collectives import Collectives, extract_collectives
+from .kineto import COMM, MEMORY, KinetoTrace, TraceFormatError, read_trace
+
+__all__ = ["RankTrace", "analyze", "batches", "find_trace_files", "import_traces"]
+
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_SUFFIXES = (".json", ".json.gz")
+
+
+@dataclass
+class RankTrace:
+    """One rank's trace, analysed: per-step lines (seconds), collectives, HTA's totals."""
+
+    path: str
+    rank: int
+    clock: str
+    events: int
+    steps: np.ndarray  # int64 step numbers
+    time: np.ndarray  # step start, UNIX (or trace) seconds
+    breakdown: StepBreakdown  # seconds
+    kernels: np.ndarray  # int64 per step
+    collectives: Collectives  # enter/exit in seconds (same clock as `time`)
+    hta: dict[str, float]  # HTA-compatible whole-trace temporal breakdown + overlap %
+
+    def summary(self) -> dict[str, Any]:
+        b = self.breakdown
+        total = float(b.duration.sum())
+
+        def pct(x: np.ndarray) -> float | None:
+            return round(100.0 * float(x.sum()) / total, 2) if total > 0 else None
+
+        return {
+            "rank": self.rank,
+            "file": Path(self.path).name,
+            "clock": self.clock,
+            "steps": len(self.steps),
+            "fromStep": int(self.steps.min()) if len(self.steps) else None,
+            "toStep": int(self.steps.max()) if len(self.steps) else None,
+            "meanStepMs": round(1000.0 * total / len(self.steps), 3) if len(self.steps) else None,
+            "computePct": pct(b.compute),
+            "commPct": pct(b.comm),
+            "overlapPct": pct(b.overlap),
+            "exposedCommPct": pct(b.exposed_comm),
+            "memcpyPct": pct(b.memcpy),
+            "idlePct": pct(b.idle),
+            "kernels": int(self.kernels.sum()),
+            "collectives": len(self.collectives),
+            "unattributedCollectives": self.collectives.unattributed,
+        }
+
+
+def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand directories into their trace files; keep files as given; sorted, no duplicates."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found += sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_SUFFIXES))
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise TraceFormatError(f"trace path {p} does not exist")
+    unique = list(dict.fromkeys(f.resolve() for f in found))
+    if not unique:
+        raise TraceFormatError(
+            f"no trace files (*.json, *.json.gz) under {', '.join(map(str, paths))}"
+        )
+    return unique
+
+
+def _hta_view(trace: KinetoTrace) -> dict[str, float]:
+    """HTA keeps the kernels launched before the last ProfilerStep began (when there are two or
+    more) and measures over the span of those kernels; see docs/traces.md."""
+    d = trace.device
+    keep = np.ones(len(d), dtype=bool)
+    if len(trace.steps) >= 2:
+        keep = d.launch < trace.step_start.max()  # NaN (no launch found) compares False
+    out = hta_temporal_breakdown(d.start[keep], d.end[keep], d.kind[keep])
+    out["comm_comp_overlap_pct"] = hta_comm_comp_overlap(d.start[keep], d.end[keep], d.kind[keep])
+    return out
+
+
+def analyze(trace: KinetoTrace, rank: int | None = None) -> RankTrace:
+    """Per-step breakdown, kernel counts and collectives of one parsed trace."""
+    r = rank if rank is not None else trace.rank
+    if r is None or r < 0:
+        raise TraceFormatError(f"{trace.path}: no rank (distributedInfo.rank); pass one")
+    d = trace.device
+    start, end, kind = d.start, d.end, d.kind
+    if len(d) == 0:
+        # CPU-only (gloo) trace: its collectives are the only "device" activity there is.
+        gloo = [o for o in trace.comm_ops if o.name.startswith("gloo:")]
+        start = np.array([o.start for o in gloo], dtype=np.float64)
+        end = np.array([o.end for o in gloo], dtype=np.float64)
+        kind = np.full(len(gloo), COMM, dtype=np.int8)
+    bd_us = step_breakdown(trace.step_start, trace.step_dur, start, end, kind)
+    bd = StepBreakdown(*(np.asarray(v) / 1e6 for v in vars(bd_us).values()))
+    launched = np.where(np.isnan(d.launch), d.start, d.launch)[d.kind != MEMORY]
+    idx = assign_steps(launched, trace.step_start, trace.step_dur)
+    kernels = np.bincount(idx[idx >= 0], minlength=len(trace.steps)).astype(np.int64)
+    coll = extract_collectives(trace)
+    coll.enter = list(trace.to_unix(np.asarray(coll.enter, dtype=np.float64)))
+    coll.exit = list(trace.to_unix(np.asarray(coll.exit, dtype=np.float64)))
+    return RankTrace(
+        path=trace.path,
+        rank=int(r),
+        clock=trace.clock,
+        events=trace.events,
+        steps=trace.steps,
+        time=trace.to_unix(trace.step_start),
+        breakdown=bd,
+        kernels=kernels,
+        collectives=coll,
+        hta=_hta_view(trace),
+    )
+
+
+def _rank_from_name(path: Path) -> int | None:
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def import_traces(paths: Iterable[str | Path]) -> Iterator[RankTrace]:
+    """Parse and analyse each rank's trace, one at a time (a trace's memory is freed before the
+    next is read). Two files of the same rank are refused: a run has one trace per rank."""
+    files = find_trace_files(paths)
+    seen: dict[int, Path] = {}
+    for f in files:
+        trace = read_trace(f)
+        rank = trace.rank if trace.rank is not None else _rank_from_name(f)
+        if rank is None:
+            if len(files) > 1:
+                raise TraceFormatError(
+                    f"{f}: the trace has no distributedInfo.rank and its name has no rank "
+                    "number; rename it rank-N.json.gz or import it on its own"
+                )
+            rank = 0
+        if rank in seen:
+            raise TraceFormatError(f"{f} and {seen[rank]} are both rank {rank}; import one")
+        seen[rank] = f
+        yield analyze(trace, rank)
+
+
+def tables(rt: RankTrace) -> dict[str, Table]:
+    """The ``trace_step`` and ``collective`` tables of one rank."""
+    n = len(rt.steps)
+    b = rt.breakdown
+    ts = TableBuilder("trace_step")
+    ts.add_packed("step", rt.steps.astype("<i8").tobytes())
+    ts.add_packed("rank", np.full(n, rt.rank, dtype="<i4").tobytes())
+    ts.add_packed("time", np.asarray(rt.time, dtype="<f8").tobytes())
+    for name in ("duration", "compute", "comm", "exposed_comm", "overlap", "memcpy", "idle"):
+        ts.add_packed(name, np.asarray(getattr(b, name), dtype="<f8").tobytes())
+    ts.add_packed("kernels", rt.kernels.astype("<i8").tobytes())
+    ts.add("source", [Path(rt.path).name] * n)
+    out = {"trace_step": ts.build()}
+    c = rt.collectives
+    if len(c):
+        ct = TableBuilder("collective")
+        ct.add_packed("step", np.asarray(c.step, dtype="<i8").tobytes())
+        ct.add_packed("rank", np.full(len(c), rt.rank, dtype="<i4").tobytes())
+        ct.add_packed("seq", np.asarray(c.seq, dtype="<i8").tobytes())
+        ct.add("op", c.op).add("group", c.group)
+        ct.add_packed("enter", np.asarray(c.enter, dtype="<f8").tobytes())
+        ct.add_packed("exit", np.asarray(c.exit, dtype="<f8").tobytes())
+        ct.add_packed("bytes", np.asarray(c.bytes, dtype="<i8").tobytes())
+        out["collective"] = ct.build()
+    return out
+
+
+def batches(rt: RankTrace, run_id: str, job_id: str = "") -> tuple[str, bytes]:
+    """One wire batch (id, gzip body) for one rank; its id is stable for the same file and run,
+    so importing the same trace twice stores it once."""
+    ctx = {"run_id": run_id}
+    if job_id:
+        ctx["job_id"] = job_id
+    digest = hashlib.sha256(f"{run_id}\0{job_id}\0{rt.rank}\0{rt.path}".encode()).hexdigest()
+    return encode_batch(
+        tables(rt), ctx, batch_id=f"trace-{digest[:32]}", source="fleetlens-traces", compress=True
+    )
