@@ -1,0 +1,170 @@
+"""Instrumented over uninstrumented step time of the DDP example (4 gloo ranks, CPU).
+
+Measured alternately in the same run: ``--instrument alternate`` switches fleetlens's step,
+phase and logging calls on and off every ``--block`` steps on every rank, so both halves see the
+same machine state. The job's step time is the slowest rank's; the key ``overhead_ratio`` is the
+median, over adjacent (plain, instrumented) block pairs, of instrumented over plain. (The DDP
+comm hook that records collectives stays registered in both halves; ``separate_runs_ratio``
+compares a fully instrumented run with one that has fleetlens disabled, hook included, in
+back-to-back runs, and is at the mercy of the machine's drift.) ``instrumentation_us_per_step``
+is the deterministic part: the CPU time of the per-step calls themselves, measured in process.
+Goal: overhead_ratio under 1.01.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, start_server, stop_server
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
+
+
+def run_job(url: str, stats: str, run_id: str, steps: int, mode: str, block: int) -> list[list]:
+    env = {
+        **os.environ,
+        "FLEETLENS_SERVER": url,
+        "FLEETLENS_RUN_ID": run_id,
+        "OMP_NUM_THREADS": "1",
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            str(EXAMPLE),
+            "--steps",
+            str(steps),
+            "--instrument",
+            mode,
+            "--block",
+            str(block),
+            "--stats-dir",
+            stats,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    return [json.loads(Path(stats, f"rank{r}.json").read_text())["step_times"] for r in range(4)]
+
+
+def job_steps(per_rank: list[list]) -> dict[int, tuple[bool, float]]:
+    """Per step: whether it was instrumented, and the slowest rank's time."""
+    out: dict[int, tuple[bool, float]] = {}
+    for times in per_rank:
+        for step, on, seconds in times:
+            prev = out.get(step, (on, 0.0))[1]
+            out[step] = (on, max(prev, seconds))
+    return out
+
+
+def per_step_cost_us(n: int = 20_000) -> float:
+    """CPU time of TorchRun's per-step calls (step, 3 phases, loader, log), collector down."""
+    import time
+
+    import torch
+
+    import fleetlens
+    import fleetlens.torch as fltorch
+
+    with tempfile.TemporaryDirectory() as spool:
+        run = fleetlens.init(
+            run_id="cost",
+            server="http://127.0.0.1:9",
+            spool_dir=spool,
+            install_signal_handler=False,
+        )
+        tr = fltorch.TorchRun(run)
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        loss = torch.tensor(1.0)
+        costs = []
+        for i, _ in enumerate(tr.loader(range(n))):
+            t0 = time.perf_counter_ns()
+            with tr.step(i, tokens=512):
+                with tr.phase("forward"):
+                    pass
+                with tr.phase("backward"):
+                    pass
+                with tr.phase("optimizer"):
+                    pass
+            tr.log(i, loss=loss, optimizer=opt)
+            costs.append(time.perf_counter_ns() - t0)
+        run.finish()
+    return statistics.median(costs) / 1000.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--block", type=int, default=1, help="steps per on/off block")
+    args = ap.parse_args()
+    steps = 60 if args.quick else args.steps
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_server(f"{tmp}/data")
+        try:
+            os.makedirs(f"{tmp}/alt")
+            alt = job_steps(run_job(url, f"{tmp}/alt", "bench-alt", steps, "alternate", args.block))
+            os.makedirs(f"{tmp}/on")
+            os.makedirs(f"{tmp}/off")
+            full_on = job_steps(run_job(url, f"{tmp}/on", "bench-on", steps // 2, "on", args.block))
+            full_off = job_steps(
+                run_job(url, f"{tmp}/off", "bench-off", steps // 2, "off", args.block)
+            )
+        finally:
+            stop_server(proc)
+    warm = max(10, 2 * args.block)  # the first steps warm caches and the allocator
+    on = [t for s, (flag, t) in alt.items() if flag and s >= warm]
+    off = [t for s, (flag, t) in alt.items() if not flag and s >= warm]
+    # Each instrumented block against the plain block just before it: slow drifts of the
+    # machine (other processes, the server's merges) cancel within a pair.
+    pairs = []
+    for s0 in range(warm, steps - 2 * args.block + 1, 2 * args.block):
+        a = [alt[s][1] for s in range(s0, s0 + 2 * args.block) if s in alt and not alt[s][0]]
+        b = [alt[s][1] for s in range(s0, s0 + 2 * args.block) if s in alt and alt[s][0]]
+        if a and b:
+            pairs.append(statistics.median(b) / statistics.median(a))
+    ratio = statistics.median(pairs)
+    sep = statistics.median(t for s, (_, t) in full_on.items() if s >= warm) / statistics.median(
+        t for s, (_, t) in full_off.items() if s >= warm
+    )
+    print(
+        f"median step: instrumented {statistics.median(on) * 1000:.2f} ms, plain "
+        f"{statistics.median(off) * 1000:.2f} ms ({len(on)} / {len(off)} steps)",
+        file=sys.stderr,
+    )
+    emit(
+        {
+            "overhead_ratio": round(ratio, 4),
+            "pairs": len(pairs),
+            "ratio_of_medians": round(statistics.median(on) / statistics.median(off), 4),
+            "median_step_ms_instrumented": round(statistics.median(on) * 1000, 3),
+            "median_step_ms_plain": round(statistics.median(off) * 1000, 3),
+            "steps_compared": [len(on), len(off)],
+            "separate_runs_ratio": round(sep, 4),
+            "instrumentation_us_per_step": round(
+                per_step_cost_us(2000 if args.quick else 20000), 2
+            ),
+            "goal": 1.01,
+            "ok": ratio < 1.01,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
