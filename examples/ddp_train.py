@@ -78,10 +78,16 @@ def main() -> None:
     # (which would also make every rank's forward wait for the slowest).
     model = DDP(TinyLM(vocab, args.dim, args.layers, 4, args.seq), broadcast_buffers=False)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    config = {"model": "tiny-lm", "dim": args.dim, "layers": args.layers, "seq": args.seq,
-              "batch": args.batch, "world_size": world, "lr": 3e-3}
-    run = fleetlens.init(project="ddp-example", config=config,
-                         enabled=args.instrument != "off")
+    config = {
+        "model": "tiny-lm",
+        "dim": args.dim,
+        "layers": args.layers,
+        "seq": args.seq,
+        "batch": args.batch,
+        "world_size": world,
+        "lr": 3e-3,
+    }
+    run = fleetlens.init(project="ddp-example", config=config, enabled=args.instrument != "off")
     tr = fltorch.TorchRun(run)
     if args.instrument != "off":
         tr.watch_ddp(model)
@@ -129,9 +135,17 @@ def main() -> None:
     run.finish()
     if args.stats_dir:
         with open(os.path.join(args.stats_dir, f"rank{rank}.json"), "w") as fh:
-            json.dump({"rank": rank, "stats": run.stats(), "torch_errors": tr.errors,
-                       "run_id": run.config.run_id, "final_loss": loss.item(),
-                       "step_times": step_times}, fh)
+            json.dump(
+                {
+                    "rank": rank,
+                    "stats": run.stats(),
+                    "torch_errors": tr.errors,
+                    "run_id": run.config.run_id,
+                    "final_loss": loss.item(),
+                    "step_times": step_times,
+                },
+                fh,
+            )
     dist.destroy_process_group()
 
 

@@ -28,6 +28,13 @@ COMMANDS = (
     "sim",
     "agent",
     "traces",
+    "alerts",
+    "stragglers",
+    "diagnose",
+    "compare",
+    "import",
+    "lineage",
+    "models",
     "tokens",
     "tenants",
 )
@@ -68,6 +75,11 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
             "clickhouse_url": args.clickhouse,
             "database_url": args.database_url,
             "auth": getattr(args, "auth", None),
+            "alertmanager_url": getattr(args, "alertmanager_url", None),
+            "webhook_url": getattr(args, "webhook_url", None),
+            "slack_url": getattr(args, "slack_url", None),
+            "alert_policy": getattr(args, "alert_policy", None),
+            "public_url": getattr(args, "public_url", None),
         },
         config_file=args.config,
     )
@@ -226,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "required", "off"),
         help="tokens: auto = required unless bound to loopback (default)",
     )
+    sp.add_argument("--alertmanager-url", help="send alerts to this Alertmanager (API v2)")
+    sp.add_argument("--webhook-url", help="send alerts to this JSON webhook")
+    sp.add_argument("--slack-url", help="send alerts to this Slack-compatible webhook")
+    sp.add_argument("--alert-policy", help="YAML file of alert policy overrides")
+    sp.add_argument("--public-url", help="how users reach this server (links in alerts)")
     sp.set_defaults(func=cmd_serve)
     from . import demo
 
@@ -252,8 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     client_opts(show)
     show.set_defaults(func=cmd_run_show)
 
-    from . import goodput_cli
+    from . import detect_cli, goodput_cli, graph_cli
     from .agent import run as agent_run
+    from .alerts import cli as alerts_cli
     from .sim import cli as sim_cli
     from .traces import cli as traces_cli
 
@@ -261,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim_cli.add_parser(sub)
     agent_run.add_parser(sub)
     traces_cli.add_parser(sub)
+    alerts_cli.add_parser(sub)
+    detect_cli.add_parsers(sub)
+    graph_cli.add_parsers(sub)
 
     sp = sub.add_parser("tokens", help="create, list or revoke API tokens (on the data directory)")
     tsub = sp.add_subparsers(dest="tokens_command", required=True)

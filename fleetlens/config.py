@@ -33,6 +33,12 @@ _ENV = {
     "queue_wait_s": "FLEETLENS_QUEUE_WAIT_S",
     "log_level": "FLEETLENS_LOG_LEVEL",
     "auth": "FLEETLENS_AUTH",
+    "analysis_interval_s": "FLEETLENS_ANALYSIS_INTERVAL_S",
+    "alertmanager_url": "FLEETLENS_ALERTMANAGER_URL",
+    "webhook_url": "FLEETLENS_WEBHOOK_URL",
+    "slack_url": "FLEETLENS_SLACK_URL",
+    "public_url": "FLEETLENS_PUBLIC_URL",
+    "alert_policy": "FLEETLENS_ALERT_POLICY",
 }
 
 
@@ -55,6 +61,12 @@ class ServerConfig:
     queue_wait_s: float = 2.0
     log_level: str = "warning"
     auth: str = "auto"  # auto: tokens required unless bound to loopback; required; off
+    analysis_interval_s: float = 5.0
+    alertmanager_url: str = ""
+    webhook_url: str = ""
+    slack_url: str = ""
+    public_url: str = ""  # how users reach this server (links in notifications)
+    alert_policy: str = ""  # YAML/JSON file of policy overrides
 
     @property
     def loopback(self) -> bool:
@@ -127,6 +139,8 @@ class ServerConfig:
                 "reads and writes everything; bind to 127.0.0.1, or create tokens "
                 "(fleetlens tokens create) and terminate TLS in front (docs/security.md)"
             )
+        if cfg.analysis_interval_s <= 0:
+            raise ConfigError(f"analysis_interval_s is {cfg.analysis_interval_s}; it must be > 0")
         if cfg.max_inflight < 1:
             raise ConfigError(f"max_inflight is {cfg.max_inflight}; it must be >= 1")
         return cfg

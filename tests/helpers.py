@@ -39,6 +39,7 @@ class Server:
     proc: subprocess.Popen[bytes] | None = None
     extra_args: tuple[str, ...] = ()
     log_path: str = ""
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -62,6 +63,7 @@ class Server:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
         )
         log.close()
         deadline = time.monotonic() + timeout

@@ -7,8 +7,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -52,7 +54,9 @@ def tenants(tmp_path) -> Iterator[Tenants]:  # type: ignore[no-untyped-def]
             "b-ingest": ("bolt", "ingest", ""),
         },
     )
-    server = Server(data, extra_args=("--auth", "required")).start()
+    server = Server(
+        data, extra_args=("--auth", "required"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}
+    ).start()
     try:
         yield Tenants(server, tokens, ids)
     finally:
@@ -71,6 +75,38 @@ def _b_data(t: Tenants) -> None:
     assert t.server.post(body, token=t.tokens["b-ingest"])[0] == 200
     _, steps = step_batch("bolt-secret-run", range(0, 5), 2, ctx=ctx)
     assert t.server.post(steps, token=t.tokens["b-ingest"])[0] == 200
+    paths = t.server.get("/openapi.json", token=t.tokens["b-admin"])["paths"]
+    if "/v1/models" in paths:  # the run graph: a dataset, a checkpoint, a model version
+        tok = t.tokens["b-admin"]
+        for path, body in (
+            ("/v1/datasets", {"name": "bolt-private-dataset", "version": "1"}),
+            ("/v1/runs/bolt-secret-run/describe", {"dataset": "bolt-private-dataset:1"}),
+            ("/v1/runs/bolt-secret-run/checkpoints", {"step": 1, "uri": "s3://bolt-proj/c"}),
+            (
+                "/v1/models",
+                {"modelId": "bolt-model", "version": "1", "runId": "bolt-secret-run", "step": 1},
+            ),
+        ):
+            assert t.server.request("POST", path, body, token=tok)[0] in (200, 201), path
+
+
+def _b_alert(t: Tenants) -> dict[str, Any]:
+    """A fatal Xid on bolt's node: its alert and incident are bolt's objects too."""
+    ctx = {"run_id": "bolt-secret-run", "job_id": "bolt-job", "project": "bolt-proj"}
+    ev = TableBuilder("event")
+    ev.add("time", [time.time()]).add("kind", ["hardware_fault"]).add("step", [4])
+    ev.add("node_id", ["bolt-node-7"]).add("gpu", [0]).add("attrs", ['{"xid": 79}'])
+    assert (
+        t.server.post(encode_batch({"event": ev.build()}, ctx)[1], token=t.tokens["b-ingest"])[0]
+        == 200
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        alerts = t.server.get("/v1/alerts", token=t.tokens["b-admin"])["alerts"]
+        if alerts:
+            return dict(alerts[0])
+        time.sleep(0.25)
+    raise AssertionError("bolt's fatal Xid raised no alert")
 
 
 B_SECRETS = ("bolt-secret-run", "bolt-private-dataset", "bolt-node-7", "bolt-proj", "bolt-job")
@@ -79,15 +115,36 @@ B_SECRETS = ("bolt-secret-run", "bolt-private-dataset", "bolt-node-7", "bolt-pro
 # until it is added here, so isolation is tested the day an endpoint is added.
 BODIES = {
     ("post", "/v1/tokens"): {"role": "viewer", "name": "walker"},
+    ("post", "/v1/runs/{run_id}/describe"): {"config": {"lr": 1.0}, "code": "c0ffee"},
+    ("post", "/v1/runs/{run_id}/checkpoints"): {"step": 1, "uri": "s3://b/c"},
+    ("post", "/v1/runs/{run_id}/artifacts"): {"name": "t", "uri": "s3://b/t", "sha256": "00"},
+    ("post", "/v1/models"): {
+        "modelId": "bolt-model",
+        "version": "1",
+        "runId": "acme-no-run",
+        "step": 1,
+    },
+    ("post", "/v1/datasets"): {"name": "web", "version": "v1"},
+    ("post", "/v1/alerts/{alert_id}/ack"): {},
+    ("post", "/v1/alerts/{alert_id}/resolve"): {},
 }
 
 
 def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants: Tenants) -> None:
     t = tenants
     _b_data(t)
+    b_alert = _b_alert(t)
     spec = t.server.get("/openapi.json", token=t.tokens["a-admin"])
     # Path parameters get tenant bolt's objects.
-    values = {"run_id": "bolt-secret-run", "token_id": str(t.ids["b-admin"])}
+    values = {
+        "run_id": "bolt-secret-run",
+        "token_id": str(t.ids["b-admin"]),
+        "model_id": "bolt-model",
+        "version": "1",
+        "name": "bolt-private-dataset",
+        "alert_id": str(b_alert["id"]),
+        "incident_id": str(b_alert["incidentId"]),
+    }
     walked = 0
     for path, ops in spec["paths"].items():
         for method in ops:

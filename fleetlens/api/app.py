@@ -26,19 +26,26 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from .. import __version__
+from ..alerts.metrics import JobMetrics, TenantView
+from ..alerts.notifiers import Delivery
+from ..alerts.store import AlertStore
 from ..collector.decode import DecodeLimits
 from ..collector.ingest import Ingestor, IngestQueue
 from ..collector.quota import TenantLimiter
 from ..config import ServerConfig
 from ..errors import BatchTooLarge, ConfigError, NotFound, StoreError, WireError
+from ..monitor import Monitor
 from ..store.access import AccessStore
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore, open_telemetry
 from ..wire import Batch
 from .admin import router as admin_router
-from .auth import ERROR_RESPONSES, require
+from .alerts import router as alerts_router
+from .auth import ERROR_RESPONSES, caller, require
+from .findings import router as findings_router
 from .goodput import router as goodput_router
+from .graph import router as graph_router
 from .runs import router as runs_router
 from .series import router as series_router
 from .traces import router as traces_router
@@ -61,6 +68,7 @@ class Services:
     registry: CollectorRegistry
     batches: Counter
     rows: Counter
+    monitor: Monitor
     ingested_bytes: dict[str, int] = field(default_factory=dict)
     quotas: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -122,6 +130,9 @@ class Services:
                 "--auth required) and none exists yet: create an admin token with "
                 f"`fleetlens tokens create --data {config.data_dir} --tenant NAME --role admin`"
             )
+        job_metrics = JobMetrics()
+        registry.register(job_metrics)
+        monitor = Monitor.build(config, telemetry, metadata, access, job_metrics)
         return cls(
             config,
             telemetry,
@@ -134,11 +145,21 @@ class Services:
             registry,
             batches,
             rows,
+            monitor,
         )
+
+    @property
+    def alert_store(self) -> AlertStore:
+        return self.monitor.alerts
+
+    @property
+    def delivery(self) -> Delivery:
+        return self.monitor.delivery
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.ingestor.flush_registry()
+        self.monitor.close()
         self.metadata.close()
         self.telemetry.close()
 
@@ -184,11 +205,20 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
                 except Exception:  # keep serving; the next round retries
                     log.exception("run registry flush failed")
 
-        task = asyncio.create_task(registry_flusher())
+        async def monitoring() -> None:
+            while True:
+                await asyncio.sleep(svc.config.analysis_interval_s)
+                try:
+                    await anyio.to_thread.run_sync(svc.monitor.run_once)
+                except Exception:  # keep serving; the next pass retries
+                    log.exception("monitoring pass failed")
+
+        tasks = [asyncio.create_task(registry_flusher()), asyncio.create_task(monitoring())]
         try:
             yield
         finally:
-            task.cancel()
+            for task in tasks:
+                task.cancel()
             svc.close()
 
     app = FastAPI(
@@ -315,13 +345,22 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
-    async def metrics(request: Request) -> Response:
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics: the caller's tenant, or every tenant for the oncall role",
+        response_class=Response,
+    )
+    async def metrics(request: Request, scope: Annotated[Scope, Depends(caller)]) -> Response:
         svc: Services = request.app.state.services
-        return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
+        everything = scope.cross_tenant_infra or (not svc.auth_required and scope.actor == "local")
+        registry: Any = svc.registry if everything else TenantView(svc.registry, scope.tenant)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(graph_router)  # before runs: /v1/runs/compare is not a run id
     app.include_router(runs_router)
     app.include_router(series_router)
+    app.include_router(findings_router)
+    app.include_router(alerts_router)
     app.include_router(traces_router)
     app.include_router(goodput_router)
     app.include_router(admin_router)

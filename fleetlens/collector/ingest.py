@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..schema import KINDS
 from ..store.metadata import MetadataStore
 from ..store.telemetry import TelemetryStore, batch_tables
 from .decode import DecodedBatch, DecodeLimits, StringColumn, decode_batch
@@ -26,6 +27,7 @@ from .decode import DecodedBatch, DecodeLimits, StringColumn, decode_batch
 __all__ = ["IngestQueue", "IngestResult", "Ingestor"]
 
 _OBSERVE_EVERY_S = 2.0
+_GRAPH_EVENTS = frozenset({"checkpoint_end", "job_start", "config_change"})
 _STATUS_BY_EVENT = {"finish": "FINISHED", "failure": "FAILED", "job_start": "RUNNING"}
 
 
@@ -142,7 +144,9 @@ class Ingestor:
         times: list[float] = []
         step, world = -1, 0
         for kind, (n, cols) in batch.tables.items():
-            if n == 0:
+            # Only the run's own records say it is alive: device samples of its nodes go on
+            # after it finished, and would otherwise make a finished run look like a hang.
+            if n == 0 or "run_id" not in KINDS[kind].ctx:
                 continue
             t = cols.get("time")
             if isinstance(t, np.ndarray):
@@ -157,7 +161,7 @@ class Ingestor:
             if kind == "placement" and isinstance(w, np.ndarray):
                 world = max(world, int(w.max()))
         if not times:
-            times = [time.time()]
+            return  # nothing of the run itself in this batch (e.g. only device samples)
         key = (tenant, run_id, job_id)
         now = time.monotonic()
         with self._seen_lock:
@@ -201,7 +205,12 @@ class Ingestor:
             return
         values = kinds.values()
         attr_values = attrs.values() if isinstance(attrs, StringColumn) else None
+        steps = cols.get("step")
         for i, kind in enumerate(values):
+            if kind in _GRAPH_EVENTS and attr_values is not None:
+                step = int(steps[i]) if isinstance(steps, np.ndarray) else -1
+                self._graph_event(tenant, run_id, job_id, kind, float(times[i]), step,
+                                  attr_values[i])  # fmt: skip
             status = _STATUS_BY_EVENT.get(kind)
             if status is None:
                 continue
@@ -213,6 +222,45 @@ class Ingestor:
             self.metadata.set_status(
                 tenant, run_id, status, float(times[i]), job_id=job_id, config=config
             )
+
+    def _graph_event(
+        self, tenant: str, run_id: str, job_id: str, kind: str, at: float, step: int, raw: str
+    ) -> None:
+        """What the SDK told about the run graph: its checkpoints, dataset, code, config."""
+        from ..errors import ConfigError
+        from ..store.graph import GraphStore
+        from ..store.scope import Scope
+
+        parsed = json.loads(raw)
+        a = parsed if isinstance(parsed, dict) else {}
+        graph = GraphStore(self.metadata)
+        scope = Scope(tenant=tenant, role="editor", actor="collector")
+        try:
+            if kind == "checkpoint_end":
+                size, dur = a.get("size_bytes"), a.get("duration_s")
+                graph.record_checkpoint(
+                    scope, run_id, int(a.get("step", step)), uri=str(a.get("path") or ""),
+                    job_id=job_id, size_bytes=int(size) if isinstance(size, (int, float)) else None,
+                    checksum=str(a.get("checksum") or ""),
+                    duration_s=float(dur) if isinstance(dur, (int, float)) else None,
+                    sync=bool(a.get("sync", True)), ok=bool(a.get("ok", True)), at=at,
+                    checkpoint_id=str(a.get("checkpoint_id") or ""),
+                )  # fmt: skip
+            elif kind == "job_start":
+                env = {k: a[k] for k in ("python", "sdk", "hostname") if k in a}
+                env.update(a.get("environment") or {})
+                launch = a.get("launch_command")
+                graph.describe_run(
+                    scope, run_id, code=a.get("code") or None, dataset=a.get("dataset") or None,
+                    launch_command=str(launch) if launch else None, environment=env or None,
+                )  # fmt: skip
+            elif kind == "config_change" and "key" in a:
+                info = self.metadata.get_run(scope, run_id)
+                graph.describe_run(
+                    scope, run_id, config={**info.config, str(a["key"]): a.get("new")}
+                )
+        except ConfigError:
+            pass  # a malformed hint from a training job never fails its batch
 
     def flush_registry(self) -> None:
         """Write every pending run observation (called at shutdown)."""

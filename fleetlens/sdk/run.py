@@ -41,8 +41,15 @@ _time = time.time
 class Run:
     """One process's view of a training run. Make it with :func:`fleetlens.init`."""
 
-    def __init__(self, cfg: SDKConfig, transport: Transport | None = None) -> None:
+    def __init__(
+        self,
+        cfg: SDKConfig,
+        transport: Transport | None = None,
+        *,
+        lineage: dict[str, Any] | None = None,
+    ) -> None:
         self.config = cfg
+        self._lineage = dict(lineage or {})
         self._buffer = RecordBuffer(cfg.buffer_caps)
         q = self._buffer.queues
         self._q0, self._q1, self._q2 = q[0], q[1], q[2]
@@ -289,6 +296,9 @@ class Run:
                 "restart_count": cfg.restart_count,
                 "env": cfg.launcher_env,
             },
+            "launch_command": " ".join(sys.argv),
+            "environment": _environment(),
+            **self._lineage,
         }
         self._emit("job_start", None, "", attrs, when=now)
 
@@ -412,6 +422,24 @@ class _NullSpan:
 _NULL = _NullSpan()
 
 
+def _environment() -> dict[str, Any]:
+    """Framework and driver versions, read once at start from what is already loaded."""
+    env: dict[str, Any] = {"python": sys.version.split()[0]}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        env["torch"] = str(getattr(torch, "__version__", ""))
+        env["cuda"] = str(getattr(getattr(torch, "version", None), "cuda", "") or "")
+    try:
+        with open("/proc/driver/nvidia/version") as fh:
+            first = fh.readline()
+        parts = first.split("Kernel Module")
+        if len(parts) > 1:
+            env["nvidia_driver"] = parts[1].split()[0]
+    except OSError:
+        pass
+    return env
+
+
 def init(
     project: str | None = None,
     run_id: str | None = None,
@@ -425,12 +453,16 @@ def init(
     spool_dir: str | None = None,
     *,
     transport: Transport | None = None,
+    dataset: str | dict[str, Any] | None = None,
+    code: str | dict[str, Any] | None = None,
     **more_cfg: Any,
 ) -> Run:
     """Start recording this process's part of a run; raises ConfigError on bad settings.
 
     Explicit arguments beat ``FLEETLENS_*`` variables, which beat launcher variables (torchrun,
     Slurm), which beat defaults. ``more_cfg`` takes any other :class:`SDKConfig` field.
+    ``dataset`` (``"name:version"`` or ``{name, version, content_hash, shards}``) and ``code``
+    (a commit, or ``{repo, commit, dirty}``) travel with the job_start event into the run graph.
     """
     explicit: dict[str, Any] = {
         "project": project,
@@ -448,4 +480,9 @@ def init(
     cfg = SDKConfig.resolve(explicit, os.environ)
     if not cfg.enabled:
         return NullRun(cfg)
-    return Run(cfg, transport)
+    lineage: dict[str, Any] = {}
+    if dataset is not None:
+        lineage["dataset"] = dataset
+    if code is not None:
+        lineage["code"] = code
+    return Run(cfg, transport, lineage=lineage)

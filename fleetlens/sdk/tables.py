@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from ..wire import Table, TableBuilder
 from ..schema import KINDS
+from ..wire import Table, TableBuilder
 from .buffer import COLLECTIVE, EVENT, PLACEMENT, SAMPLE, SCALARS, STEP, Entry
 
 __all__ = ["Identity", "build_tables"]

@@ -38,6 +38,23 @@ def _settings_sql(settings: dict[str, str | int]) -> str:
     return ", ".join(parts)
 
 
+def _param(value: Any) -> Any:
+    """chDB binds an Array parameter from its text form: ['a','b']."""
+    if isinstance(value, list | tuple):
+        parts = []
+        for v in value:
+            if isinstance(v, str):
+                parts.append("'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'")
+            else:
+                parts.append(repr(v))
+        return "[" + ",".join(parts) + "]"
+    return value
+
+
+def _params(params: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: _param(v) for k, v in (params or {}).items()}
+
+
 class ChdbStore:
     """Telemetry in chDB under ``data_dir``. One per process at a time (an engine limit)."""
 
@@ -85,7 +102,7 @@ class ChdbStore:
     def query(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         with self._lock:
             try:
-                result = self._conn.query(sql, "ArrowTable", params=params or {})
+                result = self._conn.query(sql, "ArrowTable", params=_params(params))
             except Exception as exc:
                 raise StoreError(f"query failed: {exc}") from exc
         if not isinstance(result, pa.Table):
@@ -98,6 +115,13 @@ class ChdbStore:
                 self._conn.query(sql)
             except Exception as exc:
                 raise StoreError(f"statement failed: {exc}\n{sql}") from exc
+
+    def command_params(self, sql: str, params: dict[str, Any]) -> None:
+        with self._lock:
+            try:
+                self._conn.query(sql, params=_params(params))
+            except Exception as exc:
+                raise StoreError(f"statement failed: {exc}") from exc
 
     def close(self) -> None:
         with ChdbStore._class_lock:

@@ -86,5 +86,11 @@ class ClickHouseStore:
         except Exception as exc:
             raise StoreError(f"statement failed: {exc}") from exc
 
+    def command_params(self, sql: str, params: dict[str, Any]) -> None:
+        try:
+            self._client.command(sql, parameters=params)
+        except Exception as exc:
+            raise StoreError(f"statement failed: {exc}") from exc
+
     def close(self) -> None:
         self._client.close()

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 from ..schema import DTYPES, KINDS, Column, RecordKind
 
-__all__ = ["COMPUTE_SQL", "DEDUP_WINDOW", "Layout", "create_statements", "insert_settings"]
+__all__ = [
+    "COMPUTE_SQL",
+    "DEDUP_WINDOW",
+    "PRESERVED",
+    "Layout",
+    "create_statements",
+    "insert_settings",
+]
 
 COMPUTE_SQL = (
     "if(isFinite(forward + backward + optimizer), forward + backward + optimizer, "
@@ -152,12 +159,44 @@ def _rollup(layout: Layout) -> list[str]:
     return stmts
 
 
+PRESERVED = ("steps", "scalars", "collectives", "events", "gpu_samples", "node_samples")
+"""Tables whose rows in an alert's failure window are copied to ``preserved_<table>``."""
+
+
+def _preserved(layout: Layout) -> list[str]:
+    """Copies of failure windows: the same columns, no TTL, so retention never drops them."""
+    db = layout.database
+    stmts = []
+    for kind in KINDS.values():
+        if kind.table not in PRESERVED:
+            continue
+        order = ", ".join(f"`{c}`" for c in kind.order_by)
+        window = (
+            "replicated_deduplication_window"
+            if layout.cluster
+            else "non_replicated_deduplication_window"
+        )
+        engine = "MergeTree"
+        if layout.cluster:
+            engine = (
+                f"ReplicatedMergeTree('/clickhouse/tables/{{shard}}/{db}/preserved_{kind.table}', "
+                "'{replica}')"
+            )
+        stmts.append(
+            f"CREATE TABLE IF NOT EXISTS {db}.preserved_{kind.table}{layout.on_cluster} "
+            f"(\n  {_columns_sql(kind)}\n) ENGINE = {engine} ORDER BY ({order}) "
+            f"SETTINGS {window} = {DEDUP_WINDOW}"
+        )
+    return stmts
+
+
 def create_statements(layout: Layout = Layout()) -> list[str]:
     """Every statement needed to create the telemetry schema, in order; all idempotent."""
     stmts = [f"CREATE DATABASE IF NOT EXISTS {layout.database}{layout.on_cluster}"]
     for kind in KINDS.values():
         stmts += _table(kind, layout)
     stmts += _rollup(layout)
+    stmts += _preserved(layout)
     return stmts
 
 

@@ -112,3 +112,60 @@ class AuditEntry(Base):
     target: Mapped[str] = mapped_column(String(512), default="")
     detail: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
     remote: Mapped[str] = mapped_column(String(128), default="")
+
+
+class Finding(Base):
+    """A detection of the analysis loop (straggler, hang, diagnosis), upserted on ``key``."""
+
+    __tablename__ = "findings"
+    __table_args__ = (UniqueConstraint("tenant", "run_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    run_id: Mapped[str] = mapped_column(String(256))
+    key: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(32))
+    diagnosis: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str] = mapped_column(String(64))
+    confidence: Mapped[float] = mapped_column(Float, default=0.0)
+    summary: Mapped[str] = mapped_column(String(1024), default="")
+    step: Mapped[int] = mapped_column(BigInteger, default=-1)
+    start_step: Mapped[int] = mapped_column(BigInteger, default=-1)
+    end_step: Mapped[int] = mapped_column(BigInteger, default=-1)
+    time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    job_id: Mapped[str] = mapped_column(String(256), default="")
+    rack: Mapped[str] = mapped_column(String(256), default="")
+    ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
+    nodes: Mapped[list[str]] = mapped_column(JSON, default=list)
+    gpus: Mapped[list[str]] = mapped_column(JSON, default=list)
+    evidence: Mapped[list[dict[str, object]]] = mapped_column(JSON, default=list)
+    first_seen: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class AnalysisCursor(Base):
+    """How far the analysis loop got in a run, and the state it carries to the next pass."""
+
+    __tablename__ = "analysis_cursors"
+    __table_args__ = (UniqueConstraint("tenant", "run_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    run_id: Mapped[str] = mapped_column(String(256))
+    seen_last: Mapped[float] = mapped_column(Float, default=0.0)
+    state: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class WorkloadBaseline(Base):
+    """Healthy per-step figures of a workload signature (see fleetlens.analysis.baseline)."""
+
+    __tablename__ = "workload_baselines"
+    __table_args__ = (UniqueConstraint("tenant", "signature", "metric"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    signature: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(64))
+    values: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -16,6 +16,7 @@ import numpy as np
 from ..analysis.changes import metric_changes
 from ..errors import StoreError
 from .ddl import COMPUTE_SQL
+from .detect_queries import DetectQueries
 from .scope import Scope
 from .telemetry import TelemetryStore
 
@@ -139,11 +140,11 @@ class RunQueries:
         # Aliases are prefixed: ClickHouse resolves a bare column name to a same-named alias.
         rows = self._q(
             "WITH per_rank AS ("
-            " SELECT rank, count() AS r_steps, quantileExact(0.5)(duration) AS r_step_time,"
+            " SELECT rank, count() AS r_steps, quantile(0.5)(duration) AS r_step_time,"
             " max(duration) AS r_max_step_time,"
             " avgIf(data_wait, isFinite(data_wait)) AS r_data_wait,"
             " avgIf(comm, isFinite(comm)) AS r_comm, argMax(job_id, time) AS r_job,"
-            f" quantileExact(0.5)({COMPUTE_SQL}) AS r_compute"
+            f" quantile(0.5)({COMPUTE_SQL}) AS r_compute"
             " FROM {db}.steps WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
             " AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}} GROUP BY rank),"
             " place AS ("
@@ -183,7 +184,51 @@ class RunQueries:
                     "computeSlowdown": (_f(r["r_compute"]) or 0.0) / med_c if med_c else None,
                 }
             )
+        self._hardware(run_id, out, from_step, to_step)
         return out
+
+    def _hardware(
+        self, run_id: str, ranks: list[dict[str, Any]], from_step: int, to_step: int
+    ) -> None:
+        """Each listed rank's GPU and host evidence over the window's time span."""
+        nodes = sorted({r["node"] for r in ranks if r["node"]})
+        if not nodes:
+            return
+        span = self._q(
+            "SELECT min(start) AS t0, max(end) AS t1 FROM {db}.steps_by_step WHERE tenant = "
+            "{{tenant:String}} AND run_id IN (SELECT run_id FROM {db}.placement WHERE tenant = "
+            "{{tenant:String}} AND node_id = {{node:String}} LIMIT 1) "
+            "AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}}",
+            node=nodes[0],
+            lo=from_step,
+            hi=to_step,
+        )[0]
+        if span["t0"] is None:
+            return
+        dq = DetectQueries(self.t, self.tenant)
+        gpus = dq.gpu_health(nodes, float(span["t0"]) - 60, float(span["t1"]) + 60)
+        hosts = dq.node_health(nodes, float(span["t0"]) - 60, float(span["t1"]) + 60)
+        for r in ranks:
+            g = gpus.get((r["node"], r["gpu"])) if r["gpu"] is not None else None
+            h = hosts.get(r["node"]) if r["node"] else None
+            r["hardware"] = (
+                None
+                if g is None and h is None
+                else {
+                    "gpuTempMax": _f(g.temp_max) if g else None,
+                    "smClockRatioMin": _f(g.clock_ratio_min) if g else None,
+                    "throttleReasons": g.throttle if g else None,
+                    "powerMaxW": _f(g.power_max) if g else None,
+                    "eccCorrectable": _f(g.sbe_delta) if g else None,
+                    "eccUncorrectable": _f(g.dbe_delta) if g else None,
+                    "xids": list(g.xids) if g else [],
+                    "nvlinkCrcErrors": _f(g.nvlink_crc_delta) if g else None,
+                    "pcieReplays": _f(g.pcie_replay_delta) if g else None,
+                    "hostCpuMax": _f(h.cpu_max) if h else None,
+                    "nicErrorsPerS": _f(h.nic_errors_per_s) if h else None,
+                    "tcpRetransmitsPerS": _f(h.retransmits_per_s) if h else None,
+                }
+            )
 
     def timeline(self, run_id: str, from_step: int, to_step: int) -> list[dict[str, Any]]:
         """Events and metric changes in a step window, in order."""

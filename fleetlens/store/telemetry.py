@@ -33,6 +33,9 @@ class TelemetryStore(Protocol):
     def command(self, sql: str) -> None:
         """Run a statement that returns nothing (DDL, OPTIMIZE)."""
 
+    def command_params(self, sql: str, params: dict[str, Any]) -> None:
+        """A statement with ``{name:Type}`` parameters (INSERT ... SELECT)."""
+
     def close(self) -> None: ...
 
 

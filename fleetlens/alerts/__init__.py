@@ -1,0 +1,1 @@
+"""Alerting on job impact: the policy, alert lifecycle and incidents, notifiers, Prometheus."""

@@ -1,0 +1,214 @@
+"""Evaluate the policy over one run's signals: pure, no I/O.
+
+Inputs are what the server loop read for a run (its goodput over time, the end of its last
+step, its recent step time, its findings and drains); the output is the set of alerts that
+should be firing now, already inhibited and fingerprinted. The alert store turns consecutive
+outputs into the firing -> resolved lifecycle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from .policy import Policy, Rule
+
+__all__ = ["Candidate", "RunSignals", "evaluate", "fingerprint"]
+
+RESOLVE_STEPS = 100
+"""A finding the analysis has not extended for this many steps of progress has cleared."""
+
+_FP_LABELS = ("tenant", "alertname", "run_id", "node", "gpu", "rack")
+
+
+@dataclass(frozen=True)
+class RunSignals:
+    tenant: str
+    run_id: str
+    project: str
+    now: float
+    status: str  # RUNNING, STALLED, FINISHED, FAILED
+    last_step: int
+    last_step_end: float | None
+    step_time: float | None  # recent job step time (slowest rank), seconds
+    goodput: list[tuple[float, float]] = field(default_factory=list)  # (time, goodput)
+    findings: list[dict[str, Any]] = field(default_factory=list)  # finding_json() shape
+    drains: list[tuple[float, str]] = field(default_factory=list)  # (time, node)
+    stopped_at: float | None = None  # last failure, preemption, drain or finish of the run
+
+
+@dataclass(frozen=True)
+class Candidate:
+    rule: Rule
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    step: int = -1
+    finding_key: str = ""
+    ends_at: float | None = None  # already cleared: it fired and resolved between two passes
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.labels)
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    ident = "\x1f".join(f"{k}={labels.get(k, '')}" for k in _FP_LABELS)
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def _labels(rule: Rule, s: RunSignals, **extra: str) -> dict[str, str]:
+    labels = {
+        "alertname": rule.name,
+        "severity": rule.severity,
+        "audience": rule.audience,
+        "tenant": s.tenant,
+        "run_id": s.run_id,
+        "project": s.project,
+    }
+    labels.update({k: v for k, v in extra.items() if v})
+    return labels
+
+
+def _goodput(rule: Rule, s: RunSignals) -> Candidate | None:
+    if rule.threshold is None or not s.goodput or s.status not in ("RUNNING", "STALLED"):
+        return None
+    window = [(t, g) for t, g in s.goodput if t >= s.now - rule.for_s]
+    older = [t for t, _ in s.goodput if t < s.now - rule.for_s]
+    if not window or not older:
+        return None  # the window is not covered yet: no verdict
+    if any(g >= rule.threshold for _, g in window):
+        return None
+    below_since = window[0][0]
+    for t, g in reversed(s.goodput):
+        if g >= rule.threshold:
+            break
+        below_since = t
+    latest = window[-1][1]
+    return Candidate(
+        rule,
+        _labels(rule, s),
+        {
+            "summary": f"goodput {latest:.0%} under {rule.threshold:.0%} for "
+            f"{(s.now - below_since) / 60:.0f} min",
+            "description": rule.description,
+        },
+        below_since,
+        s.last_step,
+    )
+
+
+def _hang(rule: Rule, s: RunSignals) -> Candidate | None:
+    if s.status != "RUNNING" and s.status != "STALLED":
+        return None
+    if s.last_step_end is None or not s.step_time or rule.threshold is None:
+        return None
+    if s.stopped_at is not None and s.stopped_at >= s.last_step_end - s.step_time:
+        return None  # stopped on purpose or by a failure: recovery, not a hang
+    limit = max(rule.floor_s, rule.threshold * s.step_time)
+    age = s.now - s.last_step_end
+    if age <= limit:
+        return None
+    hung = [f for f in s.findings if f.get("diagnosis") == "hang"]
+    ranks = ",".join(str(r) for r in (hung[-1]["ranks"] if hung else [])[:16])
+    return Candidate(
+        rule,
+        _labels(rule, s, rank=ranks),
+        {
+            "summary": f"no step finished for {age:.0f}s after step {s.last_step} "
+            f"(recent step {s.step_time:.2f}s; limit {limit:.0f}s)"
+            + (f"; ranks {ranks} did not finish" if ranks else ""),
+            "description": rule.description,
+        },
+        s.last_step_end + limit,
+        s.last_step,
+    )
+
+
+def _matches(rule: Rule, f: dict[str, Any]) -> bool:
+    return f.get("diagnosis") in rule.diagnoses and (not rule.kinds or f.get("kind") in rule.kinds)
+
+
+def _finding(rule: Rule, f: dict[str, Any], s: RunSignals) -> Candidate | None:
+    if not _matches(rule, f):
+        return None
+    nodes, gpus = f.get("nodes") or [], f.get("gpus") or []
+    node = nodes[0] if len(nodes) == 1 else ""
+    gpu = str(gpus[0]).split(":")[-1] if len(gpus) == 1 else ""
+    rack = f.get("rack") or ""
+    started = f.get("time") or f.get("firstSeen") or s.now
+    end = f.get("endStep")
+    ends_at = None
+    if rule.severity == "page" and rule.signal == "finding":
+        # A fatal fault stays until its node is drained (or someone resolves it): the job
+        # recovering on other hardware does not fix the GPU. A drain already seen still
+        # leaves the page on record, fired and resolved.
+        cleared = [t for t, n in s.drains if t >= started and n in nodes]
+        ends_at = min(cleared) if cleared else None
+    elif end is not None and s.last_step - int(end) > RESOLVE_STEPS:
+        return None  # the analysis stopped seeing it
+    ranks = ",".join(str(r) for r in (f.get("ranks") or [])[:16])
+    return Candidate(
+        rule,
+        _labels(
+            rule,
+            s,
+            node=node,
+            gpu=gpu,
+            rack=rack,
+            rank=ranks,
+            diagnosis=str(f.get("diagnosis")),
+            owner=str(f.get("owner", "")),
+        ),
+        {
+            "summary": str(f.get("summary", "")),
+            "description": rule.description,
+            "finding": str(f.get("key", "")),
+        },
+        float(started),
+        int(f.get("step", -1)),
+        str(f.get("key", "")),
+        ends_at,
+    )
+
+
+def evaluate(policy: Policy, s: RunSignals) -> list[Candidate]:
+    """Alerts that should fire for this run now, inhibited ones removed, one per fingerprint."""
+    out: dict[str, Candidate] = {}
+    taken: set[int] = set()  # a finding raises one alert: the loudest rule that matches it
+    order = sorted(policy.rules, key=lambda r: {"page": 0, "ticket": 1}.get(r.severity, 2))
+    for rule in order:
+        if rule.severity == "never":
+            taken.update(i for i, f in enumerate(s.findings) if _matches(rule, f))
+            continue
+        found: list[Candidate | None]
+        if rule.signal == "goodput":
+            found = [_goodput(rule, s)]
+        elif rule.signal == "hang":
+            found = [_hang(rule, s)]
+        else:
+            found = []
+            for i, f in enumerate(s.findings):
+                if i not in taken and _matches(rule, f):
+                    taken.add(i)
+                    found.append(_finding(rule, f, s))
+        for c in found:
+            if c is not None and c.fingerprint not in out:
+                out[c.fingerprint] = c
+    firing = list(out.values())
+    kept = []
+    for c in firing:
+        inhibited = any(
+            i.target == c.rule.name
+            and any(
+                o.rule.name == i.source
+                and o.ends_at is None  # a cleared cause no longer explains anything
+                and all(o.labels.get(k) == c.labels.get(k) for k in i.equal)
+                for o in firing
+            )
+            for i in policy.inhibit
+        )
+        if not inhibited:
+            kept.append(c)
+    return kept

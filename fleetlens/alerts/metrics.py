@@ -1,0 +1,156 @@
+"""``/metrics`` for an existing Prometheus: job-level series only, with a cardinality limit.
+
+Labels are bounded: tenant, project, run, node, GPU, diagnosis, alert name, severity; never a
+step, a rank-step or a prompt. The server loop hands in a snapshot; scraping reads it. Past
+``max_runs`` runs (or ``max_nodes`` nodes) a family refuses new label sets, and
+``fleetlens_metrics_series_refused_total`` counts what it refused.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["JobMetrics", "RunMetrics", "TenantView"]
+
+_RUN = ["tenant", "project", "run_id"]
+
+
+@dataclass
+class RunMetrics:
+    tenant: str
+    project: str
+    run_id: str
+    goodput: float | None = None
+    step_time_max: float | None = None
+    step_time_median: float | None = None
+    spread: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    last_step_age_s: float | None = None
+    findings: dict[str, int] = field(default_factory=dict)  # diagnosis -> open findings
+
+
+class JobMetrics(Collector):
+    def __init__(self, max_runs: int = 2000, max_nodes: int = 20000) -> None:
+        self.max_runs = max_runs
+        self.max_nodes = max_nodes
+        self.refused = 0
+        self._lock = threading.Lock()
+        self._runs: list[RunMetrics] = []
+        self._alerts: dict[tuple[str, str], int] = {}
+        self._node_faults: dict[tuple[str, str, str], int] = {}
+
+    def update(
+        self,
+        runs: list[RunMetrics],
+        alerts: dict[tuple[str, str], int],
+        node_faults: dict[tuple[str, str, str], int],
+    ) -> None:
+        """Replace the snapshot; series beyond the limits are refused and counted."""
+        refused = max(0, len(runs) - self.max_runs) + max(0, len(node_faults) - self.max_nodes)
+        kept_nodes = dict(list(node_faults.items())[: self.max_nodes])
+        with self._lock:
+            self._runs = runs[: self.max_runs]
+            self._alerts = dict(alerts)
+            self._node_faults = kept_nodes
+            self.refused += refused
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            runs, alerts, faults, refused = (
+                list(self._runs),
+                dict(self._alerts),
+                dict(self._node_faults),
+                self.refused,
+            )
+        gauges: dict[str, tuple[str, str]] = {
+            "goodput": (
+                "fleetlens_run_goodput",
+                "Runtime goodput over the sliding window (productive / held time)",
+            ),
+            "spread": (
+                "fleetlens_run_straggler_spread",
+                "Slowest rank's compute over the mean rank's, minus 1, recent steps",
+            ),
+            "tokens_per_s": ("fleetlens_run_tokens_per_second", "Tokens per second, recent steps"),
+            "mfu": ("fleetlens_run_mfu", "Model FLOPs utilization over retained steps"),
+            "last_step_age_s": (
+                "fleetlens_run_last_step_age_seconds",
+                "Seconds since the run's last step ended",
+            ),
+        }
+        for attr, (name, doc) in gauges.items():
+            fam = GaugeMetricFamily(name, doc, labels=_RUN)
+            for r in runs:
+                v = getattr(r, attr)
+                if v is not None:
+                    fam.add_metric([r.tenant, r.project, r.run_id], float(v))
+            yield fam
+        st = GaugeMetricFamily(
+            "fleetlens_run_step_time_seconds",
+            "Recent job step time: the slowest rank (max) and the mean rank",
+            labels=[*_RUN, "stat"],
+        )
+        for r in runs:
+            for stat, v in (("max", r.step_time_max), ("median", r.step_time_median)):
+                if v is not None:
+                    st.add_metric([r.tenant, r.project, r.run_id, stat], float(v))
+        yield st
+        fi = GaugeMetricFamily(
+            "fleetlens_run_open_findings",
+            "Findings of the analysis still open, by diagnosis",
+            labels=[*_RUN, "diagnosis"],
+        )
+        for r in runs:
+            for diagnosis, n in sorted(r.findings.items()):
+                fi.add_metric([r.tenant, r.project, r.run_id, diagnosis], float(n))
+        yield fi
+        al = GaugeMetricFamily(
+            "fleetlens_alerts_firing",
+            "Firing alerts by name and severity",
+            labels=["alertname", "severity"],
+        )
+        for (name, sev), n in sorted(alerts.items()):
+            al.add_metric([name, sev], float(n))
+        yield al
+        nf = GaugeMetricFamily(
+            "fleetlens_node_gpu_faults",
+            "GPUs of a node with an open fault, by class",
+            labels=["tenant", "node", "class"],
+        )
+        for (tenant, node, cls), n in sorted(faults.items()):
+            nf.add_metric([tenant, node, cls], float(n))
+        yield nf
+        yield CounterMetricFamily(
+            "fleetlens_metrics_series_refused",
+            "Label sets refused by the cardinality limit",
+            value=refused,
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"runs": len(self._runs), "refused": self.refused}
+
+
+class TenantView:
+    """A registry's metrics with every sample of another tenant left out (label ``tenant``)."""
+
+    def __init__(self, registry: Any, tenant: str) -> None:
+        self.registry = registry
+        self.tenant = tenant
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            family.samples = [
+                s for s in family.samples if s.labels.get("tenant", self.tenant) == self.tenant
+            ]
+            yield family

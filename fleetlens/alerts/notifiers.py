@@ -1,0 +1,222 @@
+"""Notifiers: Alertmanager (API v2), a generic JSON webhook, a Slack-compatible webhook.
+
+All sit behind one narrow protocol, ``send(alerts)``. Delivery runs on its own thread from a
+bounded queue, retried with exponential backoff: a dead receiver delays its own notifications
+and nothing else (ingestion and analysis never wait for it). What could not be delivered after
+the retries is counted, not raised.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+__all__ = [
+    "AlertPayload",
+    "AlertmanagerNotifier",
+    "Delivery",
+    "Notifier",
+    "SlackNotifier",
+    "WebhookNotifier",
+]
+
+
+@dataclass(frozen=True)
+class AlertPayload:
+    """One alert as notifiers see it: Alertmanager's model (labels, annotations, times)."""
+
+    fingerprint: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    ends_at: float | None  # set when resolved
+    generator_url: str = ""
+
+    @property
+    def status(self) -> str:
+        return "resolved" if self.ends_at is not None else "firing"
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _post(url: str, body: Any, timeout: float, headers: dict[str, str] | None = None) -> None:
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST")
+    req.add_header("Content-Type", "application/json")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        resp.read()
+
+
+class Notifier(Protocol):
+    name: str
+
+    def send(self, alerts: list[AlertPayload]) -> None:
+        """Deliver or raise; the delivery thread retries."""
+
+
+@dataclass
+class AlertmanagerNotifier:
+    """``POST {url}/api/v2/alerts``; a resolved alert is re-sent with ``endsAt`` in the past."""
+
+    url: str
+    timeout: float = 5.0
+    name: str = "alertmanager"
+
+    def send(self, alerts: list[AlertPayload]) -> None:
+        body = []
+        for a in alerts:
+            item: dict[str, Any] = {
+                "labels": a.labels,
+                "annotations": a.annotations,
+                "startsAt": _iso(a.starts_at),
+            }
+            if a.ends_at is not None:
+                item["endsAt"] = _iso(a.ends_at)
+            if a.generator_url:
+                item["generatorURL"] = a.generator_url
+            body.append(item)
+        _post(self.url.rstrip("/") + "/api/v2/alerts", body, self.timeout)
+
+
+@dataclass
+class WebhookNotifier:
+    """A JSON webhook in Alertmanager's webhook shape (version 4), so existing receivers work."""
+
+    url: str
+    timeout: float = 5.0
+    name: str = "webhook"
+
+    def send(self, alerts: list[AlertPayload]) -> None:
+        status = "firing" if any(a.ends_at is None for a in alerts) else "resolved"
+        _post(
+            self.url,
+            {
+                "version": "4",
+                "status": status,
+                "receiver": "fleetlens",
+                "alerts": [
+                    {
+                        "status": a.status,
+                        "labels": a.labels,
+                        "annotations": a.annotations,
+                        "startsAt": _iso(a.starts_at),
+                        "endsAt": _iso(a.ends_at) if a.ends_at else "0001-01-01T00:00:00Z",
+                        "fingerprint": a.fingerprint,
+                        "generatorURL": a.generator_url,
+                    }
+                    for a in alerts
+                ],
+            },
+            self.timeout,
+        )
+
+
+@dataclass
+class SlackNotifier:
+    """A Slack-compatible incoming webhook: one message per batch of alerts."""
+
+    url: str
+    timeout: float = 5.0
+    name: str = "slack"
+
+    def send(self, alerts: list[AlertPayload]) -> None:
+        lines = []
+        for a in alerts:
+            icon = (
+                ":white_check_mark:"
+                if a.ends_at
+                else (":rotating_light:" if a.labels.get("severity") == "page" else ":warning:")
+            )
+            where = " ".join(
+                f"{k}={a.labels[k]}" for k in ("run_id", "node", "gpu", "rank") if a.labels.get(k)
+            )
+            lines.append(
+                f"{icon} *{a.labels.get('alertname', 'alert')}* [{a.status}] {where}\n"
+                f"{a.annotations.get('summary', '')}"
+            )
+        _post(self.url, {"text": "\n".join(lines)}, self.timeout)
+
+
+@dataclass
+class Delivery:
+    """A bounded queue per notifier, drained by one thread with retries and backoff."""
+
+    notifiers: list[Notifier]
+    max_queue: int = 10_000
+    retries: int = 5
+    backoff_s: float = 0.5
+    backoff_max_s: float = 30.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._queue: queue.Queue[tuple[Notifier, list[AlertPayload]] | None] = queue.Queue(
+            self.max_queue
+        )
+        self._thread = threading.Thread(target=self._loop, name="fleetlens-notify", daemon=True)
+        self._thread.start()
+        self.delivered_at: dict[str, float] = {}
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def submit(self, alerts: list[AlertPayload]) -> None:
+        """Queue alerts for every notifier; never blocks (a full queue drops and counts)."""
+        if not alerts:
+            return
+        for n in self.notifiers:
+            try:
+                self._queue.put_nowait((n, alerts))
+            except queue.Full:
+                self._count(f"{n.name}_dropped", len(alerts))
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until everything queued so far was delivered or given up (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._queue.unfinished_tasks
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._deliver(*item)
+            finally:
+                self._queue.task_done()
+
+    def _deliver(self, notifier: Notifier, alerts: list[AlertPayload]) -> None:
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            try:
+                notifier.send(alerts)
+            except (OSError, urllib.error.URLError, ValueError):
+                self._count(f"{notifier.name}_errors")
+                if attempt == self.retries:
+                    self._count(f"{notifier.name}_failed", len(alerts))
+                    return
+                time.sleep(delay * (0.5 + random.random() / 2))
+                delay = min(self.backoff_max_s, delay * 2)
+            else:
+                self._count(f"{notifier.name}_sent", len(alerts))
+                now = time.time()
+                for a in alerts:
+                    self.delivered_at[a.fingerprint] = now
+                return
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)

@@ -1,0 +1,328 @@
+"""Alerts and incidents in the metadata store: the firing -> resolved lifecycle.
+
+``apply`` takes the alerts that should be firing for a set of runs (from the engine) and
+returns what must be notified: new alerts, reminders of old ones (every ``repeat_s``), and
+resolutions. Alerts are deduplicated by fingerprint, grouped per run into an incident, and a new
+page or ticket schedules the preservation of its failure window. Every read takes the caller's
+scope; acknowledgement and manual resolution are audited.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import NotFound, StoreError
+from ..store.access import AccessStore
+from ..store.metadata import MetadataStore
+from ..store.scope import Scope
+from .engine import Candidate
+from .models import Alert, Incident, Preservation
+from .notifiers import AlertPayload
+
+__all__ = ["PRESERVE_S", "AlertStore", "alert_json"]
+
+PRESERVE_S = 600.0
+"""A failure window keeps raw telemetry from T-10 min to T+10 min at full resolution."""
+
+_SEVERITY_RANK = {"page": 2, "ticket": 1, "never": 0}
+
+
+def alert_json(a: Alert) -> dict[str, Any]:
+    return {
+        "id": a.id,
+        "fingerprint": a.fingerprint,
+        "alertname": a.alertname,
+        "severity": a.severity,
+        "audience": a.audience,
+        "state": a.state,
+        "runId": a.run_id,
+        "labels": a.labels,
+        "annotations": a.annotations,
+        "finding": a.finding_key or None,
+        "step": a.step if a.step >= 0 else None,
+        "startsAt": a.starts_at,
+        "endsAt": a.ends_at,
+        "ackedBy": a.acked_by or None,
+        "ackedAt": a.acked_at,
+        "incidentId": a.incident_id,
+        "notifiedAt": a.notified_at,
+    }
+
+
+def _payload(a: Alert, base_url: str) -> AlertPayload:
+    return AlertPayload(
+        a.fingerprint,
+        dict(a.labels),
+        dict(a.annotations),
+        a.starts_at,
+        a.ends_at,
+        f"{base_url}/v1/alerts/{a.id}" if base_url else "",
+    )
+
+
+class AlertStore:
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        access: AccessStore,
+        base_url: str = "",
+        repeat_s: float = 4 * 3600.0,
+    ) -> None:
+        self._sessions = sessionmaker(metadata.engine, expire_on_commit=False)
+        self.access = access
+        self.base_url = base_url
+        self.repeat_s = repeat_s
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        s = self._sessions()
+        try:
+            yield s
+            s.commit()
+        except SQLAlchemyError as exc:
+            s.rollback()
+            raise StoreError(f"alert store error: {exc}") from exc
+        finally:
+            s.close()
+
+    def apply(
+        self,
+        tenant: str,
+        run_ids: Iterable[str],
+        candidates: list[Candidate],
+        now: float | None = None,
+    ) -> list[AlertPayload]:
+        """Reconcile the stored alerts of ``run_ids`` with what should fire now."""
+        now = time.time() if now is None else now
+        runs = set(run_ids)
+        out: list[AlertPayload] = []
+        by_fp = {c.fingerprint: c for c in candidates}
+        with self._session() as s:
+            stored = {
+                a.fingerprint: a
+                for a in s.scalars(
+                    select(Alert).where(Alert.tenant == tenant, Alert.run_id.in_(runs))
+                ).all()
+            }
+            for fp, c in by_fp.items():
+                a = stored.get(fp)
+                if a is not None and a.state != "firing" and c.ends_at is not None:
+                    continue  # it already fired and cleared
+                if a is None:
+                    a = Alert(
+                        tenant=tenant,
+                        fingerprint=fp,
+                        alertname=c.rule.name,
+                        severity=c.rule.severity,
+                        audience=c.rule.audience,
+                        state="firing",
+                        run_id=c.labels.get("run_id", ""),
+                        labels=c.labels,
+                        annotations=c.annotations,
+                        finding_key=c.finding_key,
+                        step=c.step,
+                        starts_at=c.starts_at,
+                        ends_at=None,
+                        updated_at=now,
+                        notified_at=None,
+                        acked_by="",
+                    )
+                    s.add(a)
+                    s.flush()
+                    self._join_incident(s, a, now)
+                    self._preserve(s, a, now)
+                elif a.state != "firing":
+                    if a.acked_by == "resolved-by-operator" and a.finding_key == c.finding_key:
+                        continue  # an operator cleared it; the same finding does not re-fire
+                    a.state, a.starts_at, a.ends_at = "firing", c.starts_at, None
+                    a.labels, a.annotations, a.updated_at = c.labels, c.annotations, now
+                    a.finding_key, a.step, a.notified_at = c.finding_key, c.step, None
+                    a.acked_by, a.acked_at = "", None
+                    self._join_incident(s, a, now)
+                    self._preserve(s, a, now)
+                else:
+                    a.annotations, a.updated_at = c.annotations, now
+                if a.notified_at is None or now - a.notified_at >= self.repeat_s:
+                    a.notified_at = now
+                    out.append(_payload(a, self.base_url))
+                if c.ends_at is not None:  # cleared since: on record as fired, then resolved
+                    a.state, a.ends_at, a.updated_at = "resolved", c.ends_at, now
+                    out.append(_payload(a, self.base_url))
+                    self._maybe_close(s, a.incident_id, now)
+            for fp, a in stored.items():
+                if a.state == "firing" and fp not in by_fp:
+                    a.state, a.ends_at, a.updated_at = "resolved", now, now
+                    out.append(_payload(a, self.base_url))
+                    self._maybe_close(s, a.incident_id, now)
+        return out
+
+    @staticmethod
+    def _join_incident(s: Session, a: Alert, now: float) -> None:
+        inc = s.scalars(
+            select(Incident).where(
+                Incident.tenant == a.tenant, Incident.run_id == a.run_id, Incident.status == "open"
+            )
+        ).first()
+        if inc is None:
+            inc = Incident(
+                tenant=a.tenant,
+                run_id=a.run_id,
+                status="open",
+                opened_at=now,
+                closed_at=None,
+                severity=a.severity,
+                findings=[],
+                title=f"{a.alertname} on run {a.run_id}: {a.annotations.get('summary', '')}"[:500],
+            )
+            s.add(inc)
+            s.flush()
+        if _SEVERITY_RANK[a.severity] > _SEVERITY_RANK.get(inc.severity, 0):
+            inc.severity = a.severity
+        if a.finding_key and a.finding_key not in inc.findings:
+            inc.findings = [*inc.findings, a.finding_key]
+        a.incident_id = inc.id
+
+    @staticmethod
+    def _maybe_close(s: Session, incident_id: int | None, now: float) -> None:
+        if incident_id is None:
+            return
+        s.flush()
+        firing = s.scalars(
+            select(Alert.id).where(Alert.incident_id == incident_id, Alert.state == "firing")
+        ).first()
+        if firing is None:
+            inc = s.get(Incident, incident_id)
+            if inc is not None and inc.status == "open":
+                inc.status, inc.closed_at = "closed", now
+
+    @staticmethod
+    def _preserve(s: Session, a: Alert, now: float) -> None:
+        if a.severity not in ("page", "ticket"):
+            return
+        node = a.labels.get("node", "")
+        s.add(
+            Preservation(
+                tenant=a.tenant,
+                run_id=a.run_id,
+                nodes=[node] if node else [],
+                fingerprint=a.fingerprint,
+                t0=a.starts_at - PRESERVE_S,
+                t1=a.starts_at + PRESERVE_S,
+                copied_until=a.starts_at - PRESERVE_S,
+            )
+        )
+
+    # -- preservation, for the server loop ----------------------------------------------------
+
+    def pending_preservations(self, now: float) -> list[Preservation]:
+        with self._session() as s:
+            rows = s.scalars(
+                select(Preservation).where(
+                    Preservation.copied_until < Preservation.t1, Preservation.copied_until < now
+                )
+            ).all()
+            return list(rows)
+
+    def mark_preserved(self, pid: int, until: float) -> None:
+        with self._session() as s:
+            p = s.get(Preservation, pid)
+            if p is not None:
+                p.copied_until = max(p.copied_until, until)
+
+    # -- reads and operator actions -----------------------------------------------------------
+
+    def list(
+        self, scope: Scope, state: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        with self._session() as s:
+            q = select(Alert).where(Alert.tenant == scope.tenant)
+            if state:
+                q = q.where(Alert.state == state)
+            if run_id:
+                q = q.where(Alert.run_id == run_id)
+            rows = s.scalars(q.order_by(Alert.updated_at.desc()).limit(limit)).all()
+            return [alert_json(a) for a in rows if self._visible(scope, a)]
+
+    @staticmethod
+    def _visible(scope: Scope, a: Alert) -> bool:
+        return not scope.project or a.labels.get("project") == scope.project
+
+    def _get(self, s: Session, scope: Scope, alert_id: int) -> Alert:
+        a = s.scalars(
+            select(Alert).where(Alert.tenant == scope.tenant, Alert.id == alert_id)
+        ).first()
+        if a is None or not self._visible(scope, a):
+            raise NotFound(f"alert {alert_id} does not exist")
+        return a
+
+    def get(self, scope: Scope, alert_id: int) -> dict[str, Any]:
+        with self._session() as s:
+            return alert_json(self._get(s, scope, alert_id))
+
+    def ack(self, scope: Scope, alert_id: int) -> dict[str, Any]:
+        with self._session() as s:
+            a = self._get(s, scope, alert_id)
+            a.acked_by, a.acked_at = scope.actor, time.time()
+            out = alert_json(a)
+        self.access.audit(
+            scope.tenant,
+            scope.actor,
+            "alert.ack",
+            f"alert:{alert_id}",
+            {"alertname": out["alertname"], "run": out["runId"]},
+            scope.remote,
+        )
+        return out
+
+    def resolve(self, scope: Scope, alert_id: int) -> tuple[dict[str, Any], AlertPayload | None]:
+        """An operator clears an alert (e.g. the GPU was replaced); it is notified as resolved."""
+        now = time.time()
+        payload = None
+        with self._session() as s:
+            a = self._get(s, scope, alert_id)
+            if a.state == "firing":
+                a.state, a.ends_at, a.updated_at = "resolved", now, now
+                a.acked_by, a.acked_at = "resolved-by-operator", now
+                payload = _payload(a, self.base_url)
+                self._maybe_close(s, a.incident_id, now)
+            out = alert_json(a)
+        self.access.audit(
+            scope.tenant,
+            scope.actor,
+            "alert.resolve",
+            f"alert:{alert_id}",
+            {"alertname": out["alertname"], "run": out["runId"]},
+            scope.remote,
+        )
+        return out, payload
+
+    def incident(self, scope: Scope, incident_id: int) -> dict[str, Any]:
+        with self._session() as s:
+            inc = s.scalars(
+                select(Incident).where(Incident.tenant == scope.tenant, Incident.id == incident_id)
+            ).first()
+            if inc is None:
+                raise NotFound(f"incident {incident_id} does not exist")
+            alerts = s.scalars(
+                select(Alert).where(Alert.incident_id == inc.id).order_by(Alert.starts_at)
+            ).all()
+            if scope.project and not any(self._visible(scope, a) for a in alerts):
+                raise NotFound(f"incident {incident_id} does not exist")
+            return {
+                "id": inc.id,
+                "runId": inc.run_id,
+                "title": inc.title,
+                "severity": inc.severity,
+                "status": inc.status,
+                "openedAt": inc.opened_at,
+                "closedAt": inc.closed_at,
+                "findings": list(inc.findings),
+                "alerts": [alert_json(a) for a in alerts],
+            }

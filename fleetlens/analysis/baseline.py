@@ -1,0 +1,149 @@
+"""Absolute baselines: is this job slower than healthy runs of the same workload were?
+
+The peer-relative check (:mod:`.ranks`) cannot see a slowdown that all ranks share, or one a
+large group shares (a rack, a pool throttling together moves the median with it). So beside it
+we keep, per *workload signature* (model config, parallel layout, world size, accelerator,
+software version), a reservoir of healthy per-step figures (the median rank's compute time; the
+collective's transfer time) learned from past healthy windows, and compare new windows with
+its median and MAD. A shifted window is then localized by topology: the groups (rack, leaf
+switch, NVLink domain, node) whose ranks are slower than the baseline while the others are not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Baseline",
+    "GroupShift",
+    "localize",
+    "shift_threshold",
+    "workload_signature",
+]
+
+Arr = np.ndarray[Any, Any]
+
+SIGNATURE_KEYS = (
+    "model", "model_id", "model_version", "n_params", "n_layers", "d_model", "seq_len",
+    "global_batch_size", "micro_batch_size", "tp", "pp", "dp", "cp", "ep", "accelerator",
+    "dtype", "software_version", "framework_version", "cuda_version", "nccl_version",
+)  # fmt: skip
+
+
+def workload_signature(config: dict[str, Any], world_size: int) -> str:
+    """A stable key for "the same workload": the config keys that set the step time."""
+    picked = {k: config[k] for k in SIGNATURE_KEYS if k in config}
+    picked["world_size"] = int(world_size)
+    raw = json.dumps(picked, sort_keys=True, default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Baseline:
+    """A bounded reservoir of healthy per-step values; robust centre and spread over it."""
+
+    values: list[float] = field(default_factory=list)
+    size: int = 512
+    min_values: int = 20
+
+    @property
+    def ready(self) -> bool:
+        return len(self.values) >= self.min_values
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.values)) if self.values else float("nan")
+
+    @property
+    def mad(self) -> float:
+        if not self.values:
+            return float("nan")
+        v = np.asarray(self.values)
+        return float(np.median(np.abs(v - np.median(v))))
+
+    def add(self, values: Arr) -> None:
+        """Fold in a healthy window's values, keeping the most recent ``size``."""
+        v = [float(x) for x in np.asarray(values).ravel() if np.isfinite(x) and x > 0]
+        self.values = (self.values + v)[-self.size :]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"values": [round(v, 6) for v in self.values], "size": self.size}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> Baseline:
+        d = d or {}
+        return cls(list(map(float, d.get("values", []))), int(d.get("size", 512)))
+
+
+def shift_threshold(b: Baseline, min_shift: float, z: float = 6.0) -> float:
+    """The relative shift above which a window is slower than the baseline."""
+    med = b.median
+    return max(min_shift, z * 1.4826 * b.mad / med) if med > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class GroupShift:
+    """A topology group slower than the baseline: ``ratio`` = group median / baseline."""
+
+    level: str  # rack | switch | nvlink_domain | node | job
+    group: str
+    ratio: float
+    ranks: tuple[int, ...]
+    others_ratio: float
+
+
+def localize(
+    rank_values: Arr,
+    baseline: Baseline,
+    topology: dict[str, list[str]],
+    min_shift: float = 0.03,
+    min_ranks: int = 2,
+) -> list[GroupShift]:
+    """Groups whose median rank is slower than the baseline by more than the threshold.
+
+    ``rank_values``: each rank's median compute over the window (NaN = no data);
+    ``topology``: level -> one label per rank (levels tried coarse to fine). Returns the
+    coarsest level that explains the shift: whole racks if the slow ranks fill racks, a job-wide
+    group when every group of every level is slow, nothing when no group is."""
+    if not baseline.ready or rank_values.size == 0:
+        return []
+    ratio = rank_values / baseline.median
+    thr = shift_threshold(baseline, min_shift)
+    finite = np.isfinite(ratio)
+    if finite.sum() >= min_ranks and float(np.median(ratio[finite])) - 1.0 >= thr:
+        every = True
+        for labels in topology.values():
+            lab = np.asarray(labels, dtype=object)
+            for g in set(lab[finite].tolist()):
+                sel = finite & (lab == g)
+                if float(np.median(ratio[sel])) - 1.0 < thr:
+                    every = False
+                    break
+            if not every:
+                break
+        if every:
+            r = tuple(np.flatnonzero(finite).tolist())
+            return [GroupShift("job", "*", float(np.median(ratio[finite])), r, float("nan"))]
+    for level, labels in topology.items():
+        lab = np.asarray(labels, dtype=object)
+        out = []
+        for g in sorted(set(lab[finite].tolist())):
+            if not g:
+                continue
+            sel = finite & (lab == g)
+            if sel.sum() < min_ranks:
+                continue
+            gr = float(np.median(ratio[sel]))
+            if gr - 1.0 >= thr:
+                rest = finite & ~sel
+                other = float(np.median(ratio[rest])) if rest.any() else float("nan")
+                if not np.isfinite(other) or other - 1.0 < thr:
+                    out.append(GroupShift(level, g, gr, tuple(np.flatnonzero(sel).tolist()), other))
+        if out:
+            return out
+    return []

@@ -1,0 +1,283 @@
+"""Per-step rank statistics and straggler detection and classification.
+
+In a synchronous job every rank's step lasts as long as the slowest's, so a slow rank shows in
+its *compute* time (forward + backward + optimizer), not in its duration. Everything here works
+on a (steps x ranks) matrix of compute times.
+
+Detection is a one-sided CUSUM per rank on the robust z-score of its compute against the step's
+median: ``C = clip(C + min(z, cap) - k, 0, cmax)``; a rank is flagged when ``C >= h``. With
+k = 2.5, h = 6 and cap = 6, one outlier step can never flag a rank, a 5-sigma slowdown is
+flagged on its third step, and a healthy rank (z ~ N(0, 1)) essentially never is. An episode
+runs from the step its evidence began to the step ``C`` falls back to 0; it is kept only if
+the rank was on average at least ``min_slowdown`` slower than the median over it.
+
+Classification of the run's episodes: one rank, one episode -> ``straggler.persistent``; one
+rank, several episodes -> ``straggler.intermittent``; the slow rank keeps changing (3 or more
+ranks, none holding most of the flagged steps) -> ``straggler.moving`` (systematic: data skew).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CusumParams",
+    "Episode",
+    "RankState",
+    "StepStats",
+    "StragglerClass",
+    "classify_episodes",
+    "open_episodes",
+    "robust_sigma",
+    "scan_stragglers",
+    "step_stats",
+    "window_step_stats",
+]
+
+Arr = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One step across ranks. ``spread`` = (max - median) / median; ``ratio`` = max / median;
+    ``wait_s``: what the job lost to its slowest rank (max - second largest)."""
+
+    max: float
+    median: float
+    p95: float
+    p99: float
+    spread: float
+    ratio: float
+    slowest: int
+    wait_s: float
+
+
+def step_stats(compute: Arr) -> StepStats:
+    """Statistics of one step from its ranks' compute times (NaN = rank not reported)."""
+    x = np.asarray(compute, dtype=np.float64)
+    ok = np.isfinite(x)
+    if not ok.all():
+        x = np.where(ok, x, -np.inf)
+    n = int(ok.sum())
+    if n == 0:
+        nan = float("nan")
+        return StepStats(nan, nan, nan, nan, nan, nan, -1, 0.0)
+    slowest = int(np.argmax(x))
+    v = x[ok] if n < len(x) else x
+    k50, k95, k99 = (n - 1) // 2, int(0.95 * (n - 1)), int(0.99 * (n - 1))
+    part = np.partition(v, sorted({k50, k95, k99, max(n - 2, 0), n - 1}))
+    med, top, second = float(part[k50]), float(part[n - 1]), float(part[max(n - 2, 0)])
+    spread = (top - med) / med if med > 0 else float("nan")
+    return StepStats(
+        top, med, float(part[k95]), float(part[k99]), spread,
+        top / med if med > 0 else float("nan"), slowest, top - second,
+    )  # fmt: skip
+
+
+def window_step_stats(compute: Arr) -> dict[str, Arr]:
+    """Vectorized :func:`step_stats` over a (steps x ranks) window: one array per field."""
+    x = np.where(np.isfinite(compute), compute, np.nan)
+    med = np.nanmedian(x, axis=1)
+    filled = np.where(np.isfinite(x), x, -np.inf)
+    slowest = np.argmax(filled, axis=1)
+    top2 = -np.sort(-filled, axis=1)[:, :2] if x.shape[1] > 1 else np.repeat(filled, 2, axis=1)
+    q = np.nanpercentile(x, [95, 99], axis=1)
+    mx = top2[:, 0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            "max": mx,
+            "median": med,
+            "p95": q[0],
+            "p99": q[1],
+            "spread": (mx - med) / med,
+            "ratio": mx / med,
+            "slowest": slowest,
+            "wait_s": mx - top2[:, 1],
+        }
+
+
+@dataclass(frozen=True)
+class CusumParams:
+    k: float = 2.5
+    h: float = 6.0
+    cap: float = 6.0
+    cmax: float = 12.0
+    min_slowdown: float = 0.05
+    sigma_floor: float = 0.003
+
+
+@dataclass
+class Episode:
+    """A rank slower than its peers from ``start`` to ``end`` (steps; ``end`` -1 = ongoing)."""
+
+    rank: int
+    start: int
+    detected: int
+    end: int
+    slowdown: float  # mean (compute / step median) - 1 over the episode
+    steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RankState:
+    """CUSUM state carried from one window to the next (one job attempt)."""
+
+    c: Arr
+    since: Arr  # step at which C last left 0, -1 if C is 0
+    alarm: Arr  # step of the alarm of the open episode, -1 if none
+    excess: Arr  # sum of (x - 1) since ``since``
+    count: Arr
+    episodes: list[Episode] = field(default_factory=list)
+
+    @classmethod
+    def fresh(cls, world: int) -> RankState:
+        z = np.zeros(world)
+        m = np.full(world, -1, dtype=np.int64)
+        return cls(z.copy(), m.copy(), m.copy(), z.copy(), np.zeros(world, dtype=np.int64))
+
+    def to_json(self) -> dict[str, Any]:
+        live = np.flatnonzero(self.c > 0)
+        return {
+            "world": len(self.c),
+            "live": {
+                int(r): [
+                    float(self.c[r]),
+                    int(self.since[r]),
+                    int(self.alarm[r]),
+                    float(self.excess[r]),
+                    int(self.count[r]),
+                ]
+                for r in live
+            },
+            "episodes": [e.to_dict() for e in self.episodes[-500:]],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], world: int) -> RankState:
+        st = cls.fresh(max(world, int(d.get("world", 0))))
+        for r, (c, since, alarm, ex, n) in d.get("live", {}).items():
+            i = int(r)
+            st.c[i], st.since[i], st.alarm[i], st.excess[i], st.count[i] = c, since, alarm, ex, n
+        st.episodes = [Episode(**e) for e in d.get("episodes", [])]
+        return st
+
+
+def robust_sigma(x: Arr, floor: float) -> float:
+    """Pooled robust spread of normalized compute: median over steps of 1.4826 * MAD."""
+    dev = np.abs(x - 1.0)
+    mad = np.nanmedian(dev, axis=1)
+    s = 1.4826 * float(np.nanmedian(mad)) if np.isfinite(mad).any() else floor
+    return max(s, floor)
+
+
+def scan_stragglers(
+    steps: Arr, compute: Arr, state: RankState, params: CusumParams = CusumParams()
+) -> RankState:
+    """Advance the per-rank CUSUM over a window; closed and open episodes land in the state."""
+    if compute.size == 0:
+        return state
+    med = np.nanmedian(compute, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = compute / med[:, None]
+    sigma = robust_sigma(x, params.sigma_floor)
+    z = np.nan_to_num((x - 1.0) / sigma, nan=0.0)
+    xr = np.nan_to_num(x - 1.0, nan=0.0)
+    p = params
+    c, since, alarm, excess, count = state.c, state.since, state.alarm, state.excess, state.count
+    for i, s in enumerate(steps.tolist()):
+        c += np.minimum(z[i], p.cap) - p.k
+        np.clip(c, 0.0, p.cmax, out=c)
+        pos = c > 0
+        starting = pos & (since < 0)
+        since[starting] = s
+        excess[pos] += xr[i, pos]
+        count[pos] += 1
+        hit = np.flatnonzero((c >= p.h) & (alarm < 0))
+        for r in hit.tolist():
+            if excess[r] / max(count[r], 1) >= p.min_slowdown:
+                alarm[r] = s
+        ended = np.flatnonzero(~pos & (since >= 0))
+        for r in ended.tolist():
+            if alarm[r] >= 0:
+                n = int(count[r])
+                state.episodes.append(
+                    Episode(r, int(since[r]), int(alarm[r]), s - 1, float(excess[r] / n), n)
+                )
+            since[r], alarm[r], excess[r], count[r] = -1, -1, 0.0, 0
+    return state
+
+
+def open_episodes(state: RankState) -> list[Episode]:
+    """Episodes still running at the end of the last window (``end`` = -1)."""
+    return [
+        Episode(int(r), int(state.since[r]), int(state.alarm[r]), -1,
+                float(state.excess[r] / max(state.count[r], 1)), int(state.count[r]))
+        for r in np.flatnonzero(state.alarm >= 0).tolist()
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StragglerClass:
+    """A classified straggler: its diagnosis, the ranks, and its span in steps."""
+
+    diagnosis: str  # straggler.persistent | straggler.intermittent | straggler.moving
+    ranks: tuple[int, ...]
+    start: int
+    detected: int
+    end: int  # -1: ongoing
+    slowdown: float
+    episodes: int
+    flagged_steps: int
+
+
+def classify_episodes(
+    episodes: list[Episode], merge_gap: int = 5, moving_min_ranks: int = 3
+) -> list[StragglerClass]:
+    """Turn a run's episodes into findings (see the module docstring)."""
+    if not episodes:
+        return []
+    by_rank: dict[int, list[Episode]] = {}
+    for e in sorted(episodes, key=lambda e: (e.start, e.rank)):
+        by_rank.setdefault(e.rank, []).append(e)
+    flagged = {r: sum(e.steps for e in es) for r, es in by_rank.items()}
+    total = sum(flagged.values())
+    out: list[StragglerClass] = []
+    movers = [r for r in by_rank if flagged[r] <= 0.5 * total]
+    if len(by_rank) >= moving_min_ranks and len(movers) >= moving_min_ranks:
+        es = sorted((e for r in movers for e in by_rank[r]), key=lambda e: e.detected)
+        third = sorted({e.rank: e.detected for e in reversed(es)}.items(), key=lambda kv: kv[1])
+        out.append(
+            StragglerClass(
+                "straggler.moving", tuple(sorted(movers)), min(e.start for e in es),
+                third[moving_min_ranks - 1][1], _end(es),
+                float(np.mean([e.slowdown for e in es])), len(es), sum(e.steps for e in es),
+            )
+        )  # fmt: skip
+        by_rank = {r: v for r, v in by_rank.items() if r not in movers}
+    for r, es in by_rank.items():
+        merged: list[list[Episode]] = []
+        for e in es:
+            if merged and merged[-1][-1].end >= 0 and e.start - merged[-1][-1].end <= merge_gap:
+                merged[-1].append(e)
+            else:
+                merged.append([e])
+        diag = "straggler.persistent" if len(merged) == 1 else "straggler.intermittent"
+        detected = merged[0][0].detected if len(merged) == 1 else merged[1][0].detected
+        out.append(
+            StragglerClass(
+                diag, (r,), es[0].start, detected, _end(es),
+                float(np.average([e.slowdown for e in es], weights=[e.steps for e in es])),
+                len(merged), sum(e.steps for e in es),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _end(es: list[Episode]) -> int:
+    return -1 if any(e.end < 0 for e in es) else max(e.end for e in es)

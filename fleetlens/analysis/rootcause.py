@@ -1,0 +1,269 @@
+"""Root cause: the decision trees of a slow or failed run, as rules over detections and signals.
+
+Throughput drop (001, section 59): data wait up -> data pipeline; collectives slow -> network
+(NVLink errors on some GPUs -> NVLink; retransmits or NIC errors -> network); host CPU up ->
+host; a slow rank with its clock down and thermal throttle reasons -> thermal; a rack slower than
+the workload's baseline -> rack cooling; the whole job slower with everything healthy ->
+inefficient compute. Model failure (section 60): a NaN after a grad-norm spike that followed an
+LR change -> training instability; OOM with its step and sequence length -> memory.
+
+Every diagnosis carries its evidence (metric, window, value vs baseline), a confidence and an
+owner, using the simulator's vocabulary (``fleetlens.sim.faults.FAULT_KINDS``) so that scoring
+against ground truth is direct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .hardware import Signal
+from .ranks import StragglerClass
+from .xid import classify_xid
+
+__all__ = [
+    "OWNERS",
+    "Diagnosis",
+    "diagnose_events",
+    "diagnose_instability",
+    "diagnose_slow_checkpoints",
+    "diagnose_straggler",
+    "owner_of",
+]
+
+OWNERS: dict[str, str] = {
+    "straggler.persistent": "infrastructure",
+    "straggler.intermittent": "infrastructure",
+    "straggler.moving": "data_pipeline",
+    "thermal": "infrastructure",
+    "rack_cooling": "infrastructure",
+    "nvlink": "infrastructure",
+    "ecc_xid": "infrastructure",
+    "fatal_xid": "infrastructure",
+    "xid_recoverable": "infrastructure",
+    "network": "network",
+    "data_stall": "data_pipeline",
+    "host": "host",
+    "inefficient_compute": "training_code",
+    "instability": "training_code",
+    "oom": "training_code",
+    "software_crash": "training_code",
+    "hang": "training_code",
+    "preemption": "scheduler",
+    "maintenance": "scheduler",
+    "slow_checkpoint": "storage",
+}
+
+
+def owner_of(diagnosis: str) -> str:
+    return OWNERS.get(diagnosis, "unknown")
+
+
+@dataclass
+class Diagnosis:
+    """One finding. ``key`` identifies it across passes (the store upserts on it)."""
+
+    key: str
+    diagnosis: str
+    kind: str  # straggler | slowdown | hang | failure | event
+    confidence: float
+    summary: str
+    step: int  # the step at which it was detected
+    start_step: int
+    end_step: int  # -1: ongoing
+    time: float | None = None  # detection time (UNIX seconds)
+    ranks: list[int] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)
+    rack: str = ""
+    job_id: str = ""
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def owner(self) -> str:
+        return owner_of(self.diagnosis)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["owner"] = self.owner
+        return d
+
+
+def diagnose_straggler(
+    c: StragglerClass,
+    signals: dict[int, list[Signal]],
+    place: dict[int, tuple[str, int, str]],
+    step_time_s: float,
+    time_of_step: dict[int, float] | None = None,
+) -> Diagnosis:
+    """A classified straggler, unless its GPU's telemetry names a hardware cause (thermal)."""
+    ev: list[dict[str, Any]] = [
+        {
+            "metric": "compute / step median",
+            "value": 1.0 + c.slowdown,
+            "baseline": 1.0,
+            "window": {"fromStep": c.start, "toStep": c.end},
+            "episodes": c.episodes,
+            "flaggedSteps": c.flagged_steps,
+            "waitPerStepS": c.slowdown * step_time_s,
+        }
+    ]
+    diag, conf = c.diagnosis, 0.8
+    sigs = [s for r in c.ranks for s in signals.get(r, [])]
+    if c.diagnosis != "straggler.moving" and any(s.name == "thermal" for s in sigs):
+        diag, conf = "thermal", 0.9
+    ev += [s.to_dict() for s in sigs]
+    nodes = sorted({place[r][0] for r in c.ranks if r in place})
+    gpus = sorted({f"{place[r][0]}:{place[r][1]}" for r in c.ranks if r in place})
+    racks = {place[r][2] for r in c.ranks if r in place}
+    where = ", ".join(f"rank {r} ({place[r][0]} GPU {place[r][1]}, {place[r][2] or '-'})"
+                      for r in c.ranks[:5] if r in place)  # fmt: skip
+    summary = {
+        "straggler.persistent": f"persistent straggler: {where} {c.slowdown:.1%} slower",
+        "straggler.intermittent": f"intermittent straggler in {c.episodes} episodes: {where}",
+        "straggler.moving": f"moving straggler over {len(c.ranks)} ranks (systematic: data skew?)",
+        "thermal": f"thermal throttling slows {where} by {c.slowdown:.1%}",
+    }[diag]
+    key_rank = "moving" if diag == "straggler.moving" else str(c.ranks[0])
+    return Diagnosis(
+        key=f"straggler:{key_rank}", diagnosis=diag, kind="straggler", confidence=conf,
+        summary=summary, step=c.detected, start_step=c.start, end_step=c.end,
+        time=(time_of_step or {}).get(c.detected), ranks=list(c.ranks), nodes=nodes, gpus=gpus,
+        rack=racks.pop() if len(racks) == 1 else "", evidence=ev,
+    )  # fmt: skip
+
+
+def diagnose_events(events: list[dict[str, Any]]) -> list[Diagnosis]:
+    """Rules over a job's events: XIDs, OOM, NaN, preemption, maintenance, host and NIC faults,
+    exceptions. ``events`` are rows with time, kind, step, rank, node_id, gpu, message, attrs."""
+    out: list[Diagnosis] = []
+    for e in events:
+        kind, attrs = e["kind"], e.get("attrs") or {}
+        step, rank, node, gpu = int(e["step"]), int(e["rank"]), e["node_id"], int(e["gpu"])
+        t = float(e["time"])
+        base: dict[str, Any] = {"step": step, "start_step": step, "end_step": step, "time": t}
+        ranks = [rank] if rank >= 0 else []
+        nodes = [node] if node else []
+        gpus = [f"{node}:{gpu}"] if node and gpu >= 0 else []
+        ev = {"metric": f"event:{kind}", "value": e.get("message", ""), "time": e["time"]}
+        if kind == "hardware_fault" and "xid" in attrs:
+            out.append(xid_diagnosis(int(attrs["xid"]), node, gpu, rank, step, float(e["time"])))
+        elif kind == "hardware_fault" and attrs.get("component") == "host":
+            out.append(Diagnosis(f"host:{node}", "host", "failure", 0.9, f"host {node} failed",
+                                 ranks=ranks, nodes=nodes, evidence=[ev], **base))  # fmt: skip
+        elif kind == "hardware_fault" and attrs.get("component") == "nic":
+            out.append(Diagnosis(f"nic:{node}", "network", "failure", 0.9, f"NIC down on {node}",
+                                 ranks=ranks, nodes=nodes, evidence=[ev], **base))  # fmt: skip
+        elif kind == "oom":
+            seq = attrs.get("seq_len")
+            ev.update({"seqLen": seq, "step": step, "rank": rank})
+            out.append(Diagnosis(f"oom:{step}:{rank}", "oom", "failure", 0.95,
+                                 f"out of memory at step {step} on rank {rank}"
+                                 + (f" (sequence length {seq})" if seq else ""),
+                                 ranks=ranks, nodes=nodes, gpus=gpus, evidence=[ev],
+                                 **base))  # fmt: skip
+        elif kind == "preemption":
+            out.append(Diagnosis(f"preemption:{step}", "preemption", "event", 0.95,
+                                 "the scheduler preempted the job", evidence=[ev],
+                                 **base))  # fmt: skip
+        elif kind == "maintenance":
+            out.append(Diagnosis(f"maintenance:{node}:{step}", "maintenance", "event", 0.95,
+                                 f"planned maintenance on {node or 'the job'}", nodes=nodes,
+                                 evidence=[ev], **base))  # fmt: skip
+        elif kind == "exception":
+            out.append(Diagnosis(f"crash:{step}:{rank}", "software_crash", "failure", 0.7,
+                                 f"exception in the training loop on rank {rank}", ranks=ranks,
+                                 nodes=nodes, evidence=[ev], **base))  # fmt: skip
+    return out
+
+
+def xid_diagnosis(
+    xid: int, node: str, gpu: int, rank: int, step: int, time: float | None
+) -> Diagnosis:
+    """An XID, classified by NVIDIA's catalog: fatal ECC -> ecc_xid, other fatal -> fatal_xid,
+    application -> software_crash (the GPU is fine), recoverable -> a ticket."""
+    info = classify_xid(xid)
+    if info.fatal:
+        diag = "ecc_xid" if info.ecc else "fatal_xid"
+    elif info.severity == "application":
+        diag = "software_crash"
+    else:
+        diag = "xid_recoverable"
+    key = f"gpu:{node}:{gpu}:ecc" if diag == "ecc_xid" else f"xid:{node}:{gpu}:{xid}"
+    return Diagnosis(
+        key, diag, "failure" if info.fatal else "event", 0.95 if info.fatal else 0.7,
+        f"Xid {xid} ({info.mnemonic or 'unknown'}, {info.severity}) on {node} GPU {gpu}; "
+        f"catalog action {info.action or '-'}",
+        step=step, start_step=step, end_step=step, time=time,
+        ranks=[rank] if rank >= 0 else [], nodes=[node] if node else [],
+        gpus=[f"{node}:{gpu}"] if node else [],
+        evidence=[{"metric": "DCGM_FI_DEV_XID_ERRORS", "value": xid, "severity": info.severity,
+                   "mnemonic": info.mnemonic, "action": info.action,
+                   "source": "NVIDIA Xid catalog + NVSentinel mapping"}],
+    )  # fmt: skip
+
+
+def diagnose_instability(
+    steps: Any, loss: Any, grad_norm: Any, lr: Any, spike_factor: float = 5.0
+) -> Diagnosis | None:
+    """NaN/Inf loss, or a grad-norm spike; with the LR change that preceded it as evidence."""
+    s = np.asarray(steps, dtype=np.int64)
+    if not len(s):
+        return None
+    loss_a, gn, lr_a = (np.asarray(v, dtype=np.float64) for v in (loss, grad_norm, lr))
+    ev: list[dict[str, Any]] = []
+    bad = np.flatnonzero(~np.isfinite(loss_a))
+    ok = np.isfinite(gn)
+    ref = float(np.median(gn[ok][: max(10, ok.sum() // 2)])) if ok.any() else float("nan")
+    spikes: Any = np.flatnonzero(ok & (gn > spike_factor * ref)) if np.isfinite(ref) else []
+    if not len(bad) and not len(spikes):
+        return None
+    first = int(s[spikes[0]]) if len(spikes) else int(s[bad[0]])
+    if len(spikes):
+        ev.append({"metric": "grad_norm", "step": first, "value": float(gn[spikes[0]]),
+                   "baseline": ref})  # fmt: skip
+    if len(bad):
+        ev.append({"metric": "loss", "step": int(s[bad[0]]), "value": "nan"})
+    fin = np.isfinite(lr_a)
+    ch = np.flatnonzero(fin[1:] & fin[:-1] & (np.abs(np.diff(lr_a)) > 1e-3 * np.abs(lr_a[:-1])))
+    before = [int(i) + 1 for i in ch if s[int(i) + 1] <= first]
+    conf = 0.7
+    if before:
+        i = before[-1]
+        ev.insert(0, {"metric": "lr", "step": int(s[i]), "value": float(lr_a[i]),
+                      "baseline": float(lr_a[i - 1])})  # fmt: skip
+        conf = 0.9
+    return Diagnosis(
+        f"instability:{first}", "instability", "failure", conf,
+        "training instability: " + " -> ".join(
+            {"lr": "LR change", "grad_norm": "grad-norm spike", "loss": "NaN loss"}[e["metric"]]
+            for e in ev),
+        step=first, start_step=int(s[before[-1]]) if before else first,
+        end_step=int(s[bad[0]]) if len(bad) else -1, evidence=ev,
+    )  # fmt: skip
+
+
+def diagnose_slow_checkpoints(
+    steps: Any, durations: Any, times: Any, factor: float = 2.0, min_history: int = 1
+) -> list[Diagnosis]:
+    """Checkpoint saves over ``factor`` x the median of the earlier ones (storage)."""
+    s, d, t = (np.asarray(v, dtype=np.float64) for v in (steps, durations, times))
+    out = []
+    for i in range(len(d)):
+        hist = d[:i][np.isfinite(d[:i])]
+        if len(hist) < min_history or not np.isfinite(d[i]):
+            continue
+        ref = float(np.median(hist))
+        if ref > 0 and d[i] > factor * ref:
+            out.append(
+                Diagnosis(
+                    "slow_checkpoint", "slow_checkpoint", "slowdown", 0.85,
+                    f"checkpoint at step {int(s[i])} took {d[i]:.1f}s vs {ref:.1f}s usual",
+                    step=int(s[i]), start_step=int(s[i]), end_step=int(s[i]), time=float(t[i]),
+                    evidence=[{"metric": "checkpoint duration", "value": float(d[i]),
+                               "baseline": ref, "step": int(s[i])}],
+                )
+            )  # fmt: skip
+    return out

@@ -1,0 +1,370 @@
+"""The run graph API: lineage both ways, run comparison, checkpoints, model versions,
+datasets and artifacts. Every store call takes the caller's Scope.
+
+Include this router before the runs router: ``/v1/runs/compare`` must not be read as the run
+named ``compare``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from pydantic import BaseModel, Field
+
+from ..errors import ConfigError
+from ..store.compare_queries import CompareQueries, compare_runs
+from ..store.graph import ARTIFACT_KINDS, GraphStore
+from ..store.scope import Scope
+from .auth import ERROR_RESPONSES, require
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["run graph"], responses=ERROR_RESPONSES)
+
+Reader = Annotated[Scope, Depends(require("read"))]
+Writer = Annotated[Scope, Depends(require("write"))]
+
+
+def _svc(request: Request) -> Any:
+    return request.app.state.services
+
+
+async def _run(fn: Any) -> Any:
+    try:
+        return await anyio.to_thread.run_sync(fn)
+    except ConfigError as exc:
+        raise HTTPException(400, str(exc)) from exc
+
+
+def _server_may_read(uri: str, data_dir: str) -> bool:
+    """The server reads (to checksum) remote objects and files under DATA/artifacts only, so a
+    caller cannot make it read its own local files."""
+    if "://" in uri and not uri.startswith("file://"):
+        return True
+    path = os.path.realpath(uri[len("file://") :] if uri.startswith("file://") else uri)
+    root = os.path.realpath(os.path.join(data_dir, "artifacts"))
+    return path.startswith(root + os.sep)
+
+
+# -- comparison -----------------------------------------------------------------------------
+
+
+@router.get(
+    "/runs/compare",
+    summary="Compare runs: config diff, speed, health, loss at matched steps, a conclusion",
+    description="Name the runs as `left` and `right`, or as `runs` (comma-separated, two or "
+    "more; the first is the baseline).",
+)
+async def compare(
+    request: Request,
+    scope: Reader,
+    left: str | None = None,
+    right: str | None = None,
+    runs: str | None = None,
+) -> dict[str, Any]:
+    names = [r for r in (runs or "").split(",") if r] or [r for r in (left, right) if r]
+    if len(names) < 2:
+        raise HTTPException(400, "name two or more runs: ?left=A&right=B or ?runs=A,B,C")
+    if len(names) > 50:
+        raise HTTPException(400, f"{len(names)} runs; compare at most 50 at once")
+    svc = _svc(request)
+    return dict(await _run(lambda: compare_runs(svc.telemetry, svc.metadata, scope, names)))
+
+
+# -- lineage --------------------------------------------------------------------------------
+
+
+@router.get(
+    "/lineage/runs/{run_id}",
+    summary="Run lineage: config, code, dataset, jobs, checkpoints, models, nodes, GPUs, faults",
+)
+async def run_lineage(request: Request, run_id: str, scope: Reader) -> dict[str, Any]:
+    svc = _svc(request)
+
+    def work() -> dict[str, Any]:
+        out = GraphStore(svc.metadata).run_lineage(scope, run_id)
+        out["infrastructure"] = CompareQueries(svc.telemetry, scope).infrastructure(run_id)
+        return out
+
+    return dict(await _run(work))
+
+
+@router.get(
+    "/lineage/models/{model_id}/{version}",
+    summary="Model version -> evaluation -> checkpoint -> step -> run -> config, dataset, code",
+)
+async def model_lineage(
+    request: Request, model_id: str, version: str, scope: Reader, verify: bool = False
+) -> dict[str, Any]:
+    svc = _svc(request)
+
+    def work() -> dict[str, Any]:
+        g = GraphStore(svc.metadata)
+        out = g.model_lineage(scope, model_id, version)
+        if verify:
+            data_dir = svc.config.data_dir
+            uris = [out["checkpoint"].get("uri") or ""] + [
+                str(s.get("uri", "")) for s in (out["run"].get("dataset") or {}).get("shards", [])
+            ]
+            if all(not u or _server_may_read(u, data_dir) for u in uris):
+                out = g.model_lineage(scope, model_id, version, verify=True)
+            else:
+                out["verification"] = {
+                    "ok": None,
+                    "reason": "the server checksums objects under DATA/artifacts or remote "
+                    "URIs only; verify local files with `fleetlens lineage model --verify`",
+                }
+        return out
+
+    return dict(await _run(work))
+
+
+@router.get(
+    "/lineage/models/{model_id}/{version}/drilldown",
+    summary="Why did this model version regress? Its run against the baseline version's run",
+)
+async def model_drilldown(
+    request: Request,
+    model_id: str,
+    version: str,
+    scope: Reader,
+    baseline: Annotated[
+        str | None, Query(description="the baseline version of the same model")
+    ] = None,
+) -> dict[str, Any]:
+    svc = _svc(request)
+
+    def work() -> dict[str, Any]:
+        g = GraphStore(svc.metadata)
+        cur = g.model_lineage(scope, model_id, version)
+        if not baseline:
+            raise ConfigError("name the baseline version: ?baseline=VERSION")
+        base = g.model_lineage(scope, model_id, baseline)
+        runs = [base["run"]["runId"], cur["run"]["runId"]]
+        path = [
+            f"model {model_id}:{version}",
+            *([f"evaluation {cur['evaluation']['evaluationId']}"] if cur["evaluation"] else []),
+            f"checkpoint {cur['checkpoint']['checkpointId']} (step {cur['step']})",
+            f"run {runs[1]}",
+            f"diff vs run {runs[0]} (model {model_id}:{baseline})",
+        ]
+        metrics = {
+            k: {"baseline": base["model"]["metrics"].get(k), "version": v}
+            for k, v in cur["model"]["metrics"].items()
+        }
+        out: dict[str, Any] = {"path": path, "metrics": metrics, "model": cur, "baseline": base}
+        if runs[0] == runs[1]:
+            out["comparison"] = None
+            out["conclusion"] = "both versions come from the same run; compare their steps"
+            return out
+        cmp = compare_runs(svc.telemetry, svc.metadata, scope, runs)
+        out["comparison"] = cmp
+        c = cmp["conclusions"][0]
+        out["conclusion"] = (
+            "possible systems issue: infrastructure metrics changed"
+            if c["infrastructureChanged"]
+            else "likely training/config issue: infrastructure metrics are normal"
+            if c["configurationChanged"]
+            else "no infrastructure or configuration change found"
+        )
+        return out
+
+    return dict(await _run(work))
+
+
+# -- registration ---------------------------------------------------------------------------
+
+
+class DescribeBody(BaseModel):
+    config: dict[str, Any] | None = None
+    code: dict[str, Any] | str | None = Field(None, description="commit, or {repo, commit, dirty}")
+    dataset: dict[str, Any] | str | None = Field(None, description="'name:version' or an object")
+    launchCommand: str | None = None
+    environment: dict[str, Any] | None = None
+    experimentId: str | None = None
+
+
+@router.post("/runs/{run_id}/describe", summary="Record a run's config, code, dataset, command")
+async def describe_run(
+    request: Request, run_id: str, body: DescribeBody, scope: Writer
+) -> dict[str, Any]:
+    svc = _svc(request)
+    return dict(
+        await _run(
+            lambda: GraphStore(svc.metadata).describe_run(
+                scope,
+                run_id,
+                config=body.config,
+                code=body.code,
+                dataset=body.dataset,
+                launch_command=body.launchCommand,
+                environment=body.environment,
+                experiment_id=body.experimentId,
+            )
+        )
+    )
+
+
+class CheckpointBody(BaseModel):
+    step: int = Field(ge=0)
+    uri: str = ""
+    checkpointId: str = ""
+    jobId: str = ""
+    sizeBytes: int | None = Field(None, ge=0)
+    checksum: str = Field("", description="sha256:<hex>")
+    durationSeconds: float | None = Field(None, ge=0)
+    sync: bool = True
+    ok: bool = True
+    time: float | None = None
+
+
+@router.get("/runs/{run_id}/checkpoints", summary="A run's checkpoints")
+async def list_checkpoints(request: Request, run_id: str, scope: Reader) -> dict[str, Any]:
+    svc = _svc(request)
+    rows = await _run(lambda: GraphStore(svc.metadata).checkpoints(scope, run_id))
+    return {"runId": run_id, "checkpoints": rows}
+
+
+@router.post("/runs/{run_id}/checkpoints", summary="Record a checkpoint the SDK did not see")
+async def add_checkpoint(
+    request: Request, run_id: str, body: CheckpointBody, scope: Writer
+) -> dict[str, Any]:
+    svc = _svc(request)
+    return dict(
+        await _run(
+            lambda: GraphStore(svc.metadata).record_checkpoint(
+                scope,
+                run_id,
+                body.step,
+                uri=body.uri,
+                job_id=body.jobId,
+                size_bytes=body.sizeBytes,
+                checksum=body.checksum,
+                duration_s=body.durationSeconds,
+                sync=body.sync,
+                ok=body.ok,
+                at=body.time,
+                checkpoint_id=body.checkpointId,
+            )
+        )
+    )
+
+
+class ArtifactBody(BaseModel):
+    name: str = Field(min_length=1)
+    uri: str = Field(min_length=1)
+    kind: str = Field("other", description=", ".join(ARTIFACT_KINDS))
+    sha256: str = ""
+
+
+@router.get("/runs/{run_id}/artifacts", summary="A run's artifacts (pointers and checksums)")
+async def list_artifacts(request: Request, run_id: str, scope: Reader) -> dict[str, Any]:
+    svc = _svc(request)
+    rows = await _run(lambda: GraphStore(svc.metadata).artifacts(scope, run_id))
+    return {"runId": run_id, "artifacts": rows}
+
+
+@router.post("/runs/{run_id}/artifacts", summary="Register an artifact of a run")
+async def add_artifact(
+    request: Request, run_id: str, body: ArtifactBody, scope: Writer
+) -> dict[str, Any]:
+    svc = _svc(request)
+    readable = _server_may_read(body.uri, svc.config.data_dir)
+    if not body.sha256 and not readable:
+        raise HTTPException(
+            400, "send the artifact's sha256: the server reads only DATA/artifacts or remote URIs"
+        )
+    return dict(
+        await _run(
+            lambda: GraphStore(svc.metadata).register_artifact(
+                scope,
+                run_id,
+                body.name,
+                body.uri,
+                kind=body.kind,
+                sha256=body.sha256,
+                compute_checksum=not body.sha256,
+            )
+        )
+    )
+
+
+class ModelBody(BaseModel):
+    modelId: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    runId: str = Field(min_length=1)
+    checkpointId: str = ""
+    step: int | None = Field(None, ge=0)
+    evaluationId: str | None = None
+    metrics: dict[str, float] | None = None
+
+
+@router.get("/models", summary="Registered model versions")
+async def list_models(
+    request: Request, scope: Reader, model_id: Annotated[str | None, Query(alias="modelId")] = None
+) -> dict[str, Any]:
+    svc = _svc(request)
+    rows = await _run(lambda: GraphStore(svc.metadata).model_versions(scope, model_id))
+    return {"models": rows}
+
+
+@router.post("/models", summary="Register a model version from a checkpoint", status_code=201)
+async def register_model(request: Request, body: ModelBody, scope: Writer) -> dict[str, Any]:
+    svc = _svc(request)
+
+    def work() -> dict[str, Any]:
+        out = GraphStore(svc.metadata).register_model_version(
+            scope,
+            body.modelId,
+            body.version,
+            body.runId,
+            checkpoint_id=body.checkpointId,
+            step=body.step,
+            evaluation_id=body.evaluationId,
+            metrics=body.metrics,
+        )
+        svc.access.audit(
+            scope.tenant,
+            scope.actor,
+            "model.register",
+            f"model:{body.modelId}:{body.version}",
+            {"runId": body.runId, "checkpointId": out["checkpointId"]},
+            scope.remote,
+        )
+        return out
+
+    return dict(await _run(work))
+
+
+class DatasetBody(BaseModel):
+    name: str = Field(min_length=1)
+    version: str = ""
+    contentHash: str = ""
+    uri: str = ""
+    shards: list[dict[str, Any]] = Field(default_factory=list, description="[{uri, sha256}]")
+
+
+@router.post("/datasets", summary="Register a dataset version (content-addressed)", status_code=201)
+async def register_dataset(request: Request, body: DatasetBody, scope: Writer) -> dict[str, Any]:
+    svc = _svc(request)
+    return dict(
+        await _run(
+            lambda: GraphStore(svc.metadata).register_dataset(
+                scope,
+                body.name,
+                body.version,
+                content_hash=body.contentHash,
+                uri=body.uri,
+                shards=body.shards,
+            )
+        )
+    )
+
+
+@router.get("/datasets/{name}/{version}", summary="A dataset version and its shards")
+async def get_dataset(request: Request, name: str, version: str, scope: Reader) -> dict[str, Any]:
+    svc = _svc(request)
+    return dict(await _run(lambda: GraphStore(svc.metadata).dataset(scope, name, version)))

@@ -1,0 +1,251 @@
+"""Megatron-LM / Megatron-DeepSpeed logs -> an :class:`ImportedRun`.
+
+Reads the iteration lines (``iteration N/ M | consumed samples | elapsed time per iteration
+(ms) | learning rate | lm loss | loss scale | grad norm | number of skipped/nan iterations``),
+the ``arguments`` block (the run's config), the launch command, the ``datetime:`` stamps (the
+clock) and Slurm's ``CANCELLED`` lines (how the job ended). A line reports the mean time of the
+iterations since the previous line (``--log-interval``); each of those iterations gets that mean.
+A restart shows as a fresh start (Megatron initialising again, or the iteration counter going
+back) and becomes a new job attempt.
+
+Also reads Megatron-LM's CI golden values (``{metric: {start_step, end_step, step_interval,
+values}}``): ``iteration-time`` (recorded every ``--log-interval`` steps) gives the step times,
+``lm loss`` the loss, the memory metrics their scalars. They carry no clock: times start at
+``start`` and follow the step times (``clock == "synthetic"``).
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .runlog import Attempt, ImportedRun
+
+__all__ = ["parse_golden_values", "parse_megatron_log", "read_megatron"]
+
+_ITER = re.compile(r"^\s*iteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
+_STAMP = re.compile(r"datetime:\s*(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+_DS_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.]\d+\]")
+_INIT = "[after megatron is initialized]"
+_CANCEL = re.compile(
+    r"\*\*\* (JOB|STEP) (\S+) ON (\S+) CANCELLED AT (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(.*?)\*\*\*"
+)
+_ARG = re.compile(r"^\s+(\w+) \.{2,} (.*?)\s*$")
+_SCALARS = {
+    "learning rate": "lr",
+    "lm loss": "loss",
+    "loss": "loss",
+    "loss scale": "loss_scale",
+    "grad norm": "grad_norm",
+    "number of skipped iterations": "skipped_iterations",
+    "number of nan iterations": "nan_iterations",
+    "consumed samples": "consumed_samples",
+    "global batch size": "global_batch_size",
+}
+
+
+def _utc(stamp: str, fmt: str = "%Y-%m-%d %H:%M:%S") -> float:
+    return float(calendar.timegm(time.strptime(stamp, fmt)))
+
+
+def _value(text: str) -> Any:
+    t = text.strip()
+    if t in ("None", "none"):
+        return None
+    if t in ("True", "False"):
+        return t == "True"
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    return t
+
+
+def _fields(rest: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in rest.split("|"):
+        if ":" not in part:
+            continue
+        key, _, val = part.partition(":")
+        key = key.strip().lower().replace("-", " ")
+        try:
+            out[key] = float(val.strip())
+        except ValueError:
+            continue
+    return out
+
+
+def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedRun:
+    """Parse the text of a Megatron(-DeepSpeed) log (see the module docstring)."""
+    run = ImportedRun(source="megatron", path=path)
+    m = re.search(r"-(\d{5,})\.out$", path)
+    base_job = job_id or (m.group(1) if m else "") or "a0"
+    lines = text.splitlines()
+    in_args = False
+    clock: float | None = None
+    attempt: Attempt | None = None
+    last_iter = 0
+    seen_iter = False
+    log_interval = 1
+    end: tuple[str, float, str] | None = None
+    for line in lines:
+        if "----- arguments -----" in line:
+            in_args = True
+            continue
+        if in_args:
+            if "end of arguments" in line:
+                in_args = False
+                log_interval = int(run.config.get("log_interval") or 1)
+                continue
+            am = _ARG.match(line)
+            if am:
+                run.config[am.group(1)] = _value(am.group(2))
+            continue
+        if not run.launch_command and "pretrain_" in line and ".py" in line and "CMD=" in line:
+            run.launch_command = " ".join(line.split("CMD=", 1)[1].strip(" '").split())
+        sm = _STAMP.search(line) or _DS_STAMP.match(line)
+        if sm:
+            clock = _utc(sm.group(1))
+            if _INIT in line and seen_iter:
+                attempt = None  # Megatron initialised again: a restart
+        cm = _CANCEL.search(line)
+        if cm and cm.group(1) == "JOB":
+            reason = "time_limit" if "TIME LIMIT" in cm.group(5) else "cancelled"
+            end = (reason, _utc(cm.group(4), "%Y-%m-%dT%H:%M:%S"), line.strip())
+            base_job = job_id or cm.group(2)
+            continue
+        im = _ITER.match(line)
+        if not im:
+            continue
+        it, total = int(im.group(1)), int(im.group(2))
+        f = _fields(im.group(3))
+        if attempt is not None and it <= last_iter:
+            attempt = None  # the counter went back: a fresh start from a checkpoint
+        if attempt is None:
+            k = len(run.attempts)
+            start = clock if clock is not None else 0.0
+            attempt = Attempt(job_id=base_job if k == 0 else f"{base_job}.r{k}", start=start)
+            attempt.event(start, "job_start", max(0, it - log_interval), f"attempt {k}")
+            if k:
+                attempt.event(start, "restart", max(0, it - log_interval), f"fresh start {k}")
+            run.attempts.append(attempt)
+            prev = max(0, it - log_interval) if not seen_iter or it > log_interval else 0
+            if not seen_iter and it <= log_interval:
+                prev = 0
+            last_iter = prev
+        seen_iter = True
+        ms = f.get("elapsed time per iteration (ms)")
+        n = max(1, it - last_iter)
+        dur = ms / 1000.0 if ms is not None else math.nan
+        gbs = f.get("global batch size") or float(run.config.get("global_batch_size") or 0)
+        seq = float(run.config.get("seq_length") or 0)
+        t = attempt.times[-1] + attempt.durations[-1] if attempt.steps else attempt.start
+        for s in range(it - n + 1, it + 1):
+            attempt.steps.append(s)
+            attempt.times.append(t)
+            attempt.durations.append(dur)
+            attempt.tokens.append(int(gbs * seq))
+            t += dur if math.isfinite(dur) else 0.0
+        for key, name in _SCALARS.items():
+            if key in f and name != "global_batch_size":
+                attempt.scalar(name, it, f[key])
+        if f.get("number of nan iterations", 0) > 0:
+            attempt.event(
+                t, "nan", it, "Megatron counted NaN iterations", count=f["number of nan iterations"]
+            )
+        last_iter = it
+        if it >= total and attempt is run.attempts[-1]:
+            end = ("finished", t, f"iteration {it}/{total}")
+    if not run.attempts:
+        raise ConfigError(f"{path or 'log'}: no Megatron iteration lines found")
+    last = run.attempts[-1]
+    if end is not None:
+        reason, at, message = end
+        at = max(
+            at, last.times[-1] + (last.durations[-1] if math.isfinite(last.durations[-1]) else 0.0)
+        )
+        if reason == "finished":
+            last.event(at, "finish", last.steps[-1], message)
+        else:
+            last.event(at, "failure", last.steps[-1], message, end=reason, scheduler="slurm")
+    if log_interval > 1:
+        run.notes.append(
+            f"log interval {log_interval}: each iteration of an interval has the interval's mean"
+        )
+    return run
+
+
+def parse_golden_values(
+    data: dict[str, Any], path: str = "", start: float = 1.7e9, job_id: str = "ci"
+) -> ImportedRun:
+    """Megatron-LM CI golden values -> a run (synthetic clock from ``start``)."""
+    run = ImportedRun(source="megatron-golden", path=path, clock="synthetic")
+    it = data.get("iteration-time")
+    if not isinstance(it, dict) or "values" not in it:
+        raise ConfigError(f"{path}: no iteration-time metric in the golden values")
+
+    def series(metric: str) -> list[tuple[int, float]]:
+        vals = (data.get(metric) or {}).get("values") or {}
+        out = []
+        for k, v in vals.items():
+            try:
+                x = float(v)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(x):
+                out.append((int(k), x))
+        return sorted(out)
+
+    times = series("iteration-time")
+    if not times:
+        raise ConfigError(f"{path}: iteration-time has no numeric values")
+    a = Attempt(job_id=job_id, start=start)
+    a.event(start, "job_start", 0, "CI run")
+    t, prev = start, int(it.get("start_step", 1)) - 1
+    for step, dur in times:
+        for s in range(prev + 1, step + 1):
+            a.steps.append(s)
+            a.times.append(t)
+            a.durations.append(dur)
+            a.tokens.append(0)
+            t += dur
+        prev = step
+    for metric, name in (
+        ("lm loss", "loss"),
+        ("num-zeros", "num_zeros"),
+        ("mem-allocated-bytes", "mem_allocated_bytes"),
+        ("mem-max-allocated-bytes", "mem_max_allocated_bytes"),
+    ):
+        for step, v in series(metric):
+            a.scalar(name, step, v)
+    if prev >= int(it.get("end_step", prev)):
+        a.event(t, "finish", prev, "recorded to end_step")
+    run.attempts.append(a)
+    run.notes.append(
+        f"iteration-time recorded every {times[1][0] - times[0][0] if len(times) > 1 else 1} "
+        "steps; each step of an interval has the interval's value"
+    )
+    return run
+
+
+def read_megatron(path: str | Path, *, start: float = 1.7e9, job_id: str = "") -> ImportedRun:
+    """A Megatron log file, or a golden values JSON file (by its content)."""
+    p = Path(path)
+    try:
+        text = p.read_text(errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {p}: {exc}") from exc
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"{p}: not valid JSON: {exc}") from exc
+        return parse_golden_values(data, str(p), start, job_id or "ci")
+    return parse_megatron_log(text, str(p), job_id)

@@ -1,0 +1,163 @@
+"""An imported training run (from a log file) and its wire batches.
+
+The importers (Megatron, Lightning, Hugging Face Trainer) parse a file into an
+:class:`ImportedRun`: per job attempt, step rows (one rank standing for the job: logs report the
+job's iteration time, not each rank's), scalars and lifecycle events. :func:`batches` turns it
+into one wire batch per attempt and table, with stable batch ids, so importing a file twice
+stores it once. The server does the rest: the run, its jobs and its config are registered from
+the batches as they would be from the SDK, so goodput and anomalies are computed retroactively.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..wire import Table, TableBuilder, encode_batch
+
+__all__ = ["Attempt", "ImportedRun", "batches"]
+
+_MAX_ROWS = 200_000
+
+
+@dataclass
+class Attempt:
+    """One job attempt of an imported run (a restart in the log starts a new one)."""
+
+    job_id: str
+    start: float  # UNIX seconds
+    steps: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # step start
+    durations: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    scalars: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)  # time, kind, step, message, attrs
+
+    def scalar(self, name: str, step: int, value: float) -> None:
+        s, v = self.scalars.setdefault(name, ([], []))
+        s.append(step)
+        v.append(value)
+
+    def event(
+        self, time: float, kind: str, step: int = -1, message: str = "", **attrs: Any
+    ) -> None:
+        self.events.append(
+            {"time": time, "kind": kind, "step": step, "message": message, "attrs": attrs}
+        )
+
+    def time_at(self, step: int) -> float:
+        """Start time of ``step`` (or the attempt's start if it has no step rows yet)."""
+        if not self.steps:
+            return self.start
+        i = int(np.searchsorted(np.asarray(self.steps), step))
+        if i < len(self.steps):
+            return self.times[i]
+        return self.times[-1] + self.durations[-1]
+
+
+@dataclass
+class ImportedRun:
+    source: str  # megatron, megatron-golden, lightning, hf-trainer
+    path: str
+    config: dict[str, Any] = field(default_factory=dict)
+    launch_command: str = ""
+    attempts: list[Attempt] = field(default_factory=list)
+    clock: str = "log"  # "log": times from the log; "synthetic": from --start and step times
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return sum(len(a.steps) for a in self.attempts)
+
+    def summary(self) -> dict[str, Any]:
+        durs = np.asarray([d for a in self.attempts for d in a.durations], dtype=np.float64)
+        return {
+            "source": self.source,
+            "file": self.path,
+            "attempts": [a.job_id for a in self.attempts],
+            "steps": self.steps,
+            "fromStep": min((a.steps[0] for a in self.attempts if a.steps), default=None),
+            "toStep": max((a.steps[-1] for a in self.attempts if a.steps), default=None),
+            "medianStepSeconds": float(np.median(durs)) if len(durs) else None,
+            "scalars": sorted({n for a in self.attempts for n in a.scalars}),
+            "events": [
+                {"jobId": a.job_id, "kind": e["kind"], "step": e["step"], "message": e["message"]}
+                for a in self.attempts
+                for e in a.events
+                if e["kind"] not in ("job_start",)
+            ],
+            "clock": self.clock,
+            "notes": self.notes,
+        }
+
+
+def _tables(a: Attempt, run: ImportedRun, first: bool) -> list[dict[str, Table]]:
+    out: list[dict[str, Table]] = []
+    n = len(a.steps)
+    for lo in range(0, n, _MAX_ROWS):
+        hi = min(n, lo + _MAX_ROWS)
+        st = TableBuilder("step")
+        st.add_packed("step", np.asarray(a.steps[lo:hi], dtype="<i8").tobytes())
+        st.add_packed("rank", np.zeros(hi - lo, dtype="<i4").tobytes())
+        st.add_packed("time", np.asarray(a.times[lo:hi], dtype="<f8").tobytes())
+        st.add_packed("duration", np.asarray(a.durations[lo:hi], dtype="<f8").tobytes())
+        st.add_packed("tokens", np.asarray(a.tokens[lo:hi], dtype="<i8").tobytes())
+        out.append({"step": st.build()})
+    names, steps, values = [], [], []
+    for name, (s, v) in a.scalars.items():
+        names += [name] * len(s)
+        steps += s
+        values += v
+    for lo in range(0, len(steps), _MAX_ROWS):
+        hi = min(len(steps), lo + _MAX_ROWS)
+        sc = TableBuilder("scalar")
+        sc.add_packed("step", np.asarray(steps[lo:hi], dtype="<i8").tobytes())
+        times = [a.time_at(x) for x in steps[lo:hi]]
+        sc.add_packed("time", np.asarray(times, dtype="<f8").tobytes())
+        sc.add("name", names[lo:hi])
+        sc.add_packed("value", np.asarray(values[lo:hi], dtype="<f8").tobytes())
+        out.append({"scalar": sc.build()})
+    events = list(a.events)
+    for e in events:
+        if e["kind"] == "job_start":
+            e["attrs"] = {
+                **e["attrs"],
+                "config": run.config,
+                "launch_command": run.launch_command,
+                "imported_from": run.source,
+            }
+    if events:
+        ev = TableBuilder("event")
+        ev.add("time", [e["time"] for e in events]).add("kind", [e["kind"] for e in events])
+        ev.add("step", [int(e["step"]) for e in events])
+        ev.add("message", [e["message"] for e in events])
+        ev.add("attrs", [json.dumps(e["attrs"], default=str) for e in events])
+        out.append({"event": ev.build()})
+    return out
+
+
+def batches(run: ImportedRun, run_id: str, project: str = "") -> list[tuple[str, bytes]]:
+    """Wire batches (id, gzip body) of the run: per attempt, steps and scalars before events,
+    so a job's end is stored after its last step."""
+    out = []
+    for k, a in enumerate(run.attempts):
+        ctx = {"run_id": run_id, "job_id": a.job_id}
+        if project:
+            ctx["project"] = project
+        for i, tables in enumerate(_tables(a, run, k == 0)):
+            key = f"{run_id}\0{a.job_id}\0{run.path}\0{run.source}\0{i}"
+            digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+            out.append(
+                encode_batch(
+                    tables,
+                    ctx,
+                    batch_id=f"import-{digest}",
+                    source=f"fleetlens-import/{run.source}",
+                    compress=True,
+                )
+            )
+    return out

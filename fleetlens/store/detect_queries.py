@@ -1,0 +1,289 @@
+"""Window queries that feed the detection analyses, bound to one tenant.
+
+Each returns arrays (or a few rows) for one run and job attempt over a step or time window; the
+analyses in :mod:`fleetlens.analysis` turn them into findings. Aliases carry a prefix because
+ClickHouse resolves a bare column name inside an aggregate to a same-named alias.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..analysis.hardware import GpuHealth, NodeHealth
+from ..errors import StoreError
+from .ddl import COMPUTE_SQL
+from .telemetry import TelemetryStore
+
+__all__ = ["DetectQueries", "JobSpan", "Placement", "StepMatrix"]
+
+Arr = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True)
+class JobSpan:
+    job_id: str
+    first_step: int
+    last_step: int
+    start: float
+    end: float
+    world: int
+
+
+@dataclass
+class StepMatrix:
+    steps: Arr  # (S,)
+    world: int
+    compute: Arr  # (S, W)
+    comm: Arr
+    data_wait: Arr
+    start: Arr  # (S,) first start of the step
+    end: Arr  # (S,) last end of the step
+
+
+@dataclass
+class Placement:
+    node: list[str]
+    gpu: Arr
+    rack: list[str]
+    switch: list[str]
+    nvlink_domain: list[str]
+
+    def of(self, rank: int) -> tuple[str, int, str]:
+        if 0 <= rank < len(self.node):
+            return self.node[rank], int(self.gpu[rank]), self.rack[rank]
+        return "", -1, ""
+
+
+class DetectQueries:
+    def __init__(self, telemetry: TelemetryStore, tenant: str) -> None:
+        self.t = telemetry
+        self.db = telemetry.database
+        self.tenant = tenant
+
+    def _q(self, sql: str, **params: Any) -> Any:
+        params["tenant"] = self.tenant
+        for k, v in params.items():
+            if isinstance(v, list):  # Array(String) parameters travel in their text form
+                params[k] = "[" + ",".join(_quote(str(x)) for x in v) + "]"
+        try:
+            return self.t.query(sql.replace("{db}", self.db), params)
+        except StoreError as exc:
+            # chDB answers an empty result in Arrow format with an empty buffer
+            if "empty message" in str(exc):
+                return pa.table({})
+            raise
+
+    def jobs(self, run_id: str) -> list[JobSpan]:
+        rows = self._q(
+            "SELECT j_job, min(j_step) AS lo, max(j_step) AS hi, min(j_start) AS t0, "
+            "max(j_end) AS t1, max(j_ranks) AS w FROM ("
+            " SELECT job_id AS j_job, step AS j_step, sum(ranks) AS j_ranks, min(start) AS j_start,"
+            " max(end) AS j_end FROM {db}.steps_by_step"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} GROUP BY job_id, step)"
+            " GROUP BY j_job ORDER BY t0",
+            run=run_id,
+        ).to_pylist()
+        return [
+            JobSpan(
+                r["j_job"], int(r["lo"]), int(r["hi"]), float(r["t0"]), float(r["t1"]), int(r["w"])
+            )
+            for r in rows
+        ]
+
+    def step_matrix(self, run_id: str, job_id: str, lo: int, hi: int, world: int) -> StepMatrix:
+        """Per-rank compute, comm and data wait of steps ``lo..hi`` of one attempt."""
+        tab = self._q(
+            f"SELECT step, rank, {COMPUTE_SQL} AS m_compute, comm, data_wait, time, duration "
+            "FROM {db}.steps WHERE tenant = {tenant:String} AND run_id = {run:String} "
+            "AND job_id = {job:String} AND step BETWEEN {lo:Int64} AND {hi:Int64}",
+            run=run_id,
+            job=job_id,
+            lo=lo,
+            hi=hi,
+        )
+        if not tab.num_rows:
+            e = np.empty(0)
+            return StepMatrix(np.empty(0, dtype=np.int64), world, np.empty((0, world)),
+                              np.empty((0, world)), np.empty((0, world)), e, e)  # fmt: skip
+        step = tab.column("step").to_numpy()
+        rank = tab.column("rank").to_numpy().astype(np.int64)
+        steps = np.unique(step)
+        w = max(world, int(rank.max()) + 1 if len(rank) else 0)
+        si = np.searchsorted(steps, step)
+        shape = (len(steps), w)
+
+        def grid(name: str) -> Arr:
+            m = np.full(shape, np.nan)
+            m[si, rank] = tab.column(name).to_numpy()
+            return m
+
+        t = tab.column("time").to_numpy()
+        e = t + tab.column("duration").to_numpy()
+        start = np.full(len(steps), np.inf)
+        end = np.full(len(steps), -np.inf)
+        np.minimum.at(start, si, t)
+        np.maximum.at(end, si, e)
+        return StepMatrix(steps, w, grid("m_compute"), grid("comm"), grid("data_wait"), start, end)
+
+    def placement(self, run_id: str, job_id: str, world: int) -> Placement:
+        rows = self._q(
+            "SELECT rank AS p_rank, argMax(node_id, time) AS p_node, argMax(gpu, time) AS p_gpu,"
+            " argMax(rack, time) AS p_rack, argMax(switch, time) AS p_switch,"
+            " argMax(nvlink_domain, time) AS p_nvl FROM {db}.placement"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " GROUP BY rank",
+            run=run_id,
+            job=job_id,
+        ).to_pylist()
+        n = max([world] + [int(r["p_rank"]) + 1 for r in rows])
+        node, rack, sw, nvl = [""] * n, [""] * n, [""] * n, [""] * n
+        gpu = np.full(n, -1, dtype=np.int64)
+        for r in rows:
+            i = int(r["p_rank"])
+            node[i], gpu[i], rack[i] = r["p_node"], int(r["p_gpu"]), r["p_rack"]
+            sw[i], nvl[i] = r["p_switch"], r["p_nvl"]
+        return Placement(node, gpu, rack, sw, nvl)
+
+    def gpu_health(
+        self, nodes: list[str], t0: float, t1: float
+    ) -> dict[tuple[str, int], GpuHealth]:
+        """Per GPU of ``nodes`` over [t0, t1]: the DCGM fields the hardware rules read."""
+        if not nodes:
+            return {}
+        rows = self._q(
+            "SELECT node_id AS g_node, gpu AS g_gpu, count() AS g_n,"
+            " maxIf(gpu_temp, isFinite(gpu_temp)) AS g_temp,"
+            " minIf(sm_clock / sm_clock_max, sm_clock_max > 0) AS g_clock_min,"
+            " quantileIf(0.5)(sm_clock / sm_clock_max, sm_clock_max > 0) AS g_clock_med,"
+            " groupBitOr(toUInt64(if(isFinite(throttle_reasons), throttle_reasons, 0))) AS g_thr,"
+            " maxIf(power_usage, isFinite(power_usage)) AS g_power,"
+            " maxIf(ecc_sbe_total, isFinite(ecc_sbe_total))"
+            "  - minIf(ecc_sbe_total, isFinite(ecc_sbe_total)) AS g_sbe,"
+            " maxIf(ecc_dbe_total, isFinite(ecc_dbe_total))"
+            "  - minIf(ecc_dbe_total, isFinite(ecc_dbe_total)) AS g_dbe,"
+            " maxIf(ecc_dbe_total, isFinite(ecc_dbe_total)) AS g_dbe_max,"
+            " groupUniqArrayIf(toInt64(xid), isFinite(xid) AND xid > 0) AS g_xids,"
+            " maxIf(nvlink_crc_errors, isFinite(nvlink_crc_errors))"
+            "  - minIf(nvlink_crc_errors, isFinite(nvlink_crc_errors)) AS g_crc,"
+            " minIf(nvlink_bandwidth, isFinite(nvlink_bandwidth)) AS g_bw_min,"
+            " quantileIf(0.5)(nvlink_bandwidth, isFinite(nvlink_bandwidth)) AS g_bw_med,"
+            " maxIf(pcie_replay, isFinite(pcie_replay))"
+            "  - minIf(pcie_replay, isFinite(pcie_replay)) AS g_pcie"
+            " FROM {db}.gpu_samples WHERE tenant = {tenant:String}"
+            " AND node_id IN {nodes:Array(String)} AND time BETWEEN {t0:Float64} AND {t1:Float64}"
+            " GROUP BY node_id, gpu",
+            nodes=sorted(set(nodes)),
+            t0=t0,
+            t1=t1,
+        ).to_pylist()
+        out = {}
+        for r in rows:
+            g = GpuHealth(r["g_node"], int(r["g_gpu"]), int(r["g_n"]))
+            g.temp_max, g.clock_ratio_min = _f(r["g_temp"]), _f(r["g_clock_min"])
+            g.clock_ratio_median, g.throttle = _f(r["g_clock_med"]), int(r["g_thr"] or 0)
+            g.power_max, g.sbe_delta = _f(r["g_power"]), _z(r["g_sbe"])
+            g.dbe_delta = max(_z(r["g_dbe"]), _z(r["g_dbe_max"]))
+            g.xids = tuple(sorted(int(x) for x in r["g_xids"] or []))
+            g.nvlink_crc_delta, g.nvlink_bw_min = _z(r["g_crc"]), _f(r["g_bw_min"])
+            g.nvlink_bw_median, g.pcie_replay_delta = _f(r["g_bw_med"]), _z(r["g_pcie"])
+            out[(g.node, g.gpu)] = g
+        return out
+
+    def node_health(self, nodes: list[str], t0: float, t1: float) -> dict[str, NodeHealth]:
+        if not nodes:
+            return {}
+        rows = self._q(
+            "SELECT node_id AS h_node, count() AS h_n,"
+            " maxIf(cpu_util, isFinite(cpu_util)) AS h_cpu,"
+            " maxIf(mem_used_bytes / mem_total_bytes, mem_total_bytes > 0) AS h_mem,"
+            " (maxIf(nic_errors, isFinite(nic_errors)) - minIf(nic_errors, isFinite(nic_errors)))"
+            "  / greatest(max(time) - min(time), 1e-9) AS h_nic,"
+            " (maxIf(tcp_retransmits, isFinite(tcp_retransmits))"
+            "  - minIf(tcp_retransmits, isFinite(tcp_retransmits)))"
+            "  / greatest(max(time) - min(time), 1e-9) AS h_retx"
+            " FROM {db}.node_samples WHERE tenant = {tenant:String}"
+            " AND node_id IN {nodes:Array(String)} AND time BETWEEN {t0:Float64} AND {t1:Float64}"
+            " GROUP BY node_id",
+            nodes=sorted(set(nodes)),
+            t0=t0,
+            t1=t1,
+        ).to_pylist()
+        out = {}
+        for r in rows:
+            n = NodeHealth(r["h_node"], int(r["h_n"]), _f(r["h_cpu"]), _f(r["h_mem"]))
+            n.nic_errors_per_s = _z(r["h_nic"]) if r["h_n"] > 1 else 0.0
+            n.retransmits_per_s = _z(r["h_retx"]) if r["h_n"] > 1 else 0.0
+            out[n.node] = n
+        return out
+
+    def events(self, run_id: str, limit: int = 20_000) -> list[dict[str, Any]]:
+        rows = self._q(
+            "SELECT time, job_id, kind, step, rank, node_id, gpu, message, attrs FROM {db}.events"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            " ORDER BY time LIMIT {limit:UInt32}",
+            run=run_id,
+            limit=limit,
+        ).to_pylist()
+        for r in rows:
+            try:
+                r["attrs"] = json.loads(r["attrs"] or "{}")
+            except ValueError:
+                r["attrs"] = {}
+        return list(rows)
+
+    def scalars(
+        self, run_id: str, names: list[str], lo: int, hi: int
+    ) -> dict[str, tuple[Arr, Arr]]:
+        tab = self._q(
+            "SELECT name, step, argMin(value, rank) AS v FROM {db}.scalars"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            " AND name IN {names:Array(String)} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
+            " GROUP BY name, step ORDER BY name, step",
+            run=run_id,
+            names=names,
+            lo=lo,
+            hi=hi,
+        )
+        out: dict[str, tuple[Arr, Arr]] = {}
+        if not tab.num_rows:
+            return out
+        nm = np.asarray(tab.column("name").to_pylist(), dtype=object)
+        st, v = tab.column("step").to_numpy(), tab.column("v").to_numpy()
+        for n in names:
+            sel = nm == n
+            if sel.any():
+                out[n] = (st[sel], v[sel])
+        return out
+
+    def collectives(self, run_id: str, job_id: str, lo: int, hi: int) -> dict[str, Arr]:
+        tab = self._q(
+            "SELECT step, seq, rank, enter, exit FROM {db}.collectives"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " AND step BETWEEN {lo:Int64} AND {hi:Int64}",
+            run=run_id,
+            job=job_id,
+            lo=lo,
+            hi=hi,
+        )
+        names = ("step", "seq", "rank", "enter", "exit")
+        if not tab.num_rows:
+            return {c: np.empty(0) for c in names}
+        return {c: tab.column(c).to_numpy() for c in names}
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _f(x: Any) -> float:
+    return float(x) if x is not None else float("nan")
+
+
+def _z(x: Any) -> float:
+    v = _f(x)
+    return v if np.isfinite(v) else 0.0

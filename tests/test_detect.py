@@ -1,0 +1,213 @@
+"""Detection quality on simulator scenarios with ground truth, through the real ingest path,
+chDB and the analysis loop; and the analyses against real data (XID catalog, NCCL flight
+recorder dumps)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fleetlens.analysis.baseline import Baseline, localize
+from fleetlens.analysis.collectives import analyze_collectives
+from fleetlens.analysis.hangs import find_stalls, flight_recorder_groups, missing_from_groups
+from fleetlens.analysis.ranks import (
+    RankState,
+    classify_episodes,
+    open_episodes,
+    scan_stragglers,
+    step_stats,
+)
+from fleetlens.analysis.xid import classify_xid, xid_catalog
+from fleetlens.analyzer import AnalyzerConfig, analyze_once
+from fleetlens.collector.ingest import Ingestor
+from fleetlens.sim import load_scenario
+from fleetlens.sim.emit import encode
+from fleetlens.sim.library import simulate
+from fleetlens.sim.truth import GroundTruth, score_detections
+from fleetlens.store.chdb_store import ChdbStore
+from fleetlens.store.findings import FindingsStore
+from fleetlens.store.metadata import MetadataStore
+from fleetlens.store.scope import Scope
+
+REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
+FR = REAL / "nccl_flight_recorder" / "nvidia_resiliency_ext_16rank"
+
+SCENARIOS = [
+    "straggler_persistent", "straggler_intermittent", "straggler_moving", "thermal",
+    "rack_cooling", "nvlink", "ecc_xid", "fatal_xid", "network", "data_stall", "nan", "hang",
+    "oom", "preemption", "maintenance", "slow_checkpoint",
+]  # fmt: skip
+
+
+class _IngestSink:
+    def __init__(self, ingestor: Ingestor, tenant: str) -> None:
+        self.ingestor, self.tenant = ingestor, tenant
+
+    def send(self, ctx: dict[str, str], tables: dict[str, Any]) -> None:
+        self.ingestor.ingest(encode(ctx, tables), "application/msgpack", "", self.tenant)
+
+    def close(self) -> None:
+        pass
+
+
+class Bench:
+    def __init__(self, root: Path) -> None:
+        self.tel = ChdbStore(str(root / "telemetry"))
+        self.meta = MetadataStore(f"sqlite:///{root}/meta.db")
+        self.ing = Ingestor(self.tel, self.meta)
+        self.store = FindingsStore(self.meta)
+
+    def run(self, name: str, **job: Any) -> tuple[GroundTruth, list[dict[str, Any]]]:
+        scn = load_scenario(name)
+        if job:
+            scn = replace(scn, job=replace(scn.job, **job))
+        # each scenario is its own tenant: device samples are per node, not per run
+        truth = simulate(scn, _IngestSink(self.ing, name), speed=0,
+                         start_time=time.time() - 2 * 86400)  # fmt: skip
+        self.ing.flush_registry()
+        for _ in range(100):  # the loop, pass after pass, 100 steps at a time (as if live)
+            analyze_once(self.tel, self.store, time.time(), AnalyzerConfig(max_steps=100))
+            if not self.store.runs_with_new_data():
+                break
+        return truth, self.store.list(Scope(name, "viewer"), scn.job.run_id)
+
+    def close(self) -> None:
+        self.meta.close()
+        self.tel.close()
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    b = Bench(tmp_path_factory.mktemp("detect"))
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _dets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: r[k] for k in ("diagnosis", "ranks", "nodes", "time", "step")} for r in rows]
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_scenario_found_with_its_owner_and_nothing_else(bench: Bench, name: str) -> None:
+    truth, rows = bench.run(name)
+    score = score_detections(truth, _dets(rows))
+    assert score.recall == 1.0, (name, rows)
+    assert score.precision == 1.0, (name, rows)
+    for f in truth.faults:
+        match = [r for r in rows if r["diagnosis"] == f.diagnosis]
+        assert match and all(r["owner"] == f.owner for r in match)
+        assert all(r["evidence"] for r in match)
+
+
+def test_healthy_run_has_no_straggler_or_hang(bench: Bench) -> None:
+    truth, rows = bench.run("healthy_24h", steps=1500, run_id="healthy-short")
+    assert truth.faults == []
+    assert [r for r in rows if r["kind"] in ("straggler", "hang")] == []
+    assert rows == []
+
+
+def test_persistent_straggler_of_1024_ranks_flagged_within_5_steps() -> None:
+    rng = np.random.default_rng(3)
+    steps = []
+    for _ in range(20):
+        x = 1.0 + 0.03 * rng.standard_normal((40, 1024))
+        x[:, 611] *= 1.15
+        st = scan_stragglers(np.arange(40), x, RankState.fresh(1024))
+        eps = open_episodes(st) + st.episodes
+        assert [e.rank for e in eps] == [611]
+        steps.append(eps[0].detected + 1)
+    assert max(steps) <= 5
+    c = classify_episodes(eps)
+    assert c[0].diagnosis == "straggler.persistent" and abs(c[0].slowdown - 0.15) < 0.02
+
+
+def test_moving_and_intermittent_are_told_apart() -> None:
+    rng = np.random.default_rng(4)
+    x = 1.0 + 0.015 * rng.standard_normal((600, 64))
+    for k in range(12):
+        x[k * 50 : (k + 1) * 50, (k * 7) % 64] *= 1.25
+    st = scan_stragglers(np.arange(600), x, RankState.fresh(64))
+    assert [c.diagnosis for c in classify_episodes(st.episodes)] == ["straggler.moving"]
+    y = 1.0 + 0.015 * rng.standard_normal((600, 64))
+    for a in range(0, 600, 150):
+        y[a : a + 40, 5] *= 1.3
+    st = scan_stragglers(np.arange(600), y, RankState.fresh(64))
+    (c,) = classify_episodes(st.episodes)
+    assert c.diagnosis == "straggler.intermittent" and c.episodes == 4 and c.ranks == (5,)
+
+
+def test_step_stats_exact() -> None:
+    s = step_stats(np.array([1.0, 2.0, 3.0, 4.0, 10.0]))
+    assert (s.max, s.median, s.slowest, s.wait_s) == (10.0, 3.0, 4, 6.0)
+    assert s.spread == pytest.approx(7.0 / 3.0) and s.ratio == pytest.approx(10.0 / 3.0)
+
+
+def test_rack_throttling_caught_by_absolute_check_and_localized() -> None:
+    rng = np.random.default_rng(5)
+    racks = [f"rack-{r // 256:02d}" for r in range(2048)]
+    nodes = [f"n{r // 8:04d}" for r in range(2048)]
+    b = Baseline()
+    b.add(1.0 + 0.004 * rng.standard_normal(200))
+    vals = 1.0 + 0.01 * rng.standard_normal(2048)
+    vals[512:712] *= 1.08  # 200 GPUs in rack-02 throttle together
+    med = np.median(vals)
+    assert (vals.max() - med) / med < 0.2  # peer-relative spread stays ordinary
+    (sh,) = localize(vals, b, {"rack": racks, "node": nodes})
+    assert sh.level == "rack" and sh.group == "rack-02" and sh.ratio == pytest.approx(1.08, 0.01)
+    assert localize(1.0 + 0.01 * rng.standard_normal(2048), b, {"rack": racks}) == []
+
+
+def test_collectives_slow_rank_vs_slow_network_without_clocks() -> None:
+    ranks = np.tile(np.arange(8), 2)
+    seq = np.repeat([1, 2], 8)
+    skew = np.tile(np.arange(8) * 5.0, 2)  # clocks off by seconds: enter times are useless
+    inside = np.array([0.5] * 8 + [0.2] * 8)
+    inside[3] = 0.1  # collective 1: rank 3 arrived last, the others waited 0.4 s
+    rep = analyze_collectives(seq, seq, ranks, skew, skew + inside, baseline_transfer_s=0.1)
+    assert rep.last_rank[0] == 3 and rep.verdict == ["slow_rank", "slow_network"]
+
+
+def test_stall_names_the_gap_and_ignores_explained_stops() -> None:
+    ends = np.arange(100.0)
+    (s,) = find_stalls(ends, 500.0, 60.0)
+    assert (s.since, s.detected_at) == (99.0, 159.0)
+    assert find_stalls(ends, 500.0, 60.0, explained_ends=np.array([101.0])) == []
+
+
+@pytest.mark.parametrize(
+    ("scenario", "missing"), [("gpu_error_1st", {12}), ("lock_gil_1st", {9, 14})]
+)
+def test_flight_recorder_hang_attribution(scenario: str, missing: set[int]) -> None:
+    """Real PyTorch NCCL flight recorder dumps of a 16-rank job with injected faults."""
+    dumps = {r: json.loads((FR / scenario / f"_dump_{r}.json").read_text()) for r in range(16)}
+    stuck = missing_from_groups(*flight_recorder_groups(dumps, 16))
+    assert set().union(*(s.missing for s in stuck)) == missing
+    ref = (FR / scenario / "reference_output.txt").read_text().splitlines()[1].split("|")
+    group, op = ref[0].strip(), ref[2].strip()
+    hit = [s for s in stuck if s.group == group]
+    assert hit and hit[0].op == op
+    assert set(hit[0].missing) == {int(x) for x in ref[-1].split(",")}
+
+
+def test_xid_classes_come_from_the_catalog() -> None:
+    cat = xid_catalog()
+    assert len(cat) == 172
+    assert classify_xid(79).severity == "fatal" and not classify_xid(79).ecc
+    assert classify_xid(48).severity == "fatal" and classify_xid(48).ecc
+    assert classify_xid(13).severity == "application"
+    assert classify_xid(63).severity == "recoverable"
+    assert classify_xid(99999).severity == "unknown"
+    real = (REAL / "xid_catalog" / "nvsentinel_xiderrorsmapping.csv").read_text().splitlines()
+    for line in real:
+        xid, _m, _a, sev = (p.strip() for p in line.split(",")[:4])
+        if xid.isdigit() and int(xid) in cat and sev in ("FATAL", "NONFATAL"):
+            assert (cat[int(xid)].severity == "fatal") == (sev == "FATAL"), xid

@@ -1,0 +1,120 @@
+"""Run comparison on simulated runs: a learning-rate change vs a straggler."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleetlens.analysis.compare import RunFigures, conclude, config_diff
+from fleetlens.sim.library import load_scenario, run_scenario
+from fleetlens.wire import TableBuilder, encode_batch
+
+from .helpers import Server
+from .test_graph import start_graph_server
+
+CONFIG = {
+    "model": "8b",
+    "optim": {"lr": 3e-4, "betas": [0.9, 0.95]},
+    "global_batch_size": 512,
+    "seq_length": 8192,
+}
+
+
+@pytest.fixture
+def gserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
+    srv = start_graph_server(tmp_path, monkeypatch)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _sim(server: Server, scenario: str, run_id: str) -> None:
+    scn = load_scenario(scenario)
+    job = dataclasses.replace(scn.job, run_id=run_id, steps=300, checkpoint_every=100)
+    run_scenario(scn, server=server.url, speed=0, job=job)
+
+
+def _val_loss(server: Server, run_id: str, scale: float) -> None:
+    """The validation loss each run's evaluation logged (the simulator has none)."""
+    steps = list(range(0, 300, 20))
+    v = [scale * (2.1 + 8.5 * np.exp(-s / 2000.0)) for s in steps]
+    t = TableBuilder("scalar")
+    t.add("step", steps).add("time", [1.7e9 + s for s in steps]).add(
+        "name", ["val_loss"] * len(steps)
+    )
+    t.add("value", v)
+    _, body = encode_batch({"scalar": t.build()}, {"run_id": run_id, "job_id": "eval"})
+    assert server.post(body)[0] == 200
+
+
+def test_config_diff_shows_only_what_differs_changed_first() -> None:
+    b = {**CONFIG, "optim": {"lr": 6e-4, "betas": [0.9, 0.95]}, "new_flag": True}
+    diff = config_diff([CONFIG, b])
+    assert [(d["key"], d["status"]) for d in diff] == [
+        ("optim.lr", "changed"),
+        ("new_flag", "added"),
+    ]
+    assert config_diff([CONFIG, dict(CONFIG)]) == []
+    c = {**CONFIG, "global_batch_size": 1024}
+    keys = [d["key"] for d in config_diff([CONFIG, c])]
+    assert keys == ["derived.tokens_per_step", "global_batch_size"]
+
+
+def test_compare_lr_vs_straggler(gserver: Server) -> None:
+    for run in ("base", "lr"):
+        _sim(gserver, "_small", f"sim-{run}")
+    _sim(gserver, "straggler_persistent", "sim-straggler")
+    high_lr = {**CONFIG, "optim": {"lr": 6e-4, "betas": [0.9, 0.95]}}
+    for run, cfg in (("sim-base", CONFIG), ("sim-lr", high_lr), ("sim-straggler", CONFIG)):
+        st, _ = gserver.request(
+            "POST",
+            f"/v1/runs/{run}/describe",
+            {"config": cfg, "dataset": "web:v42", "code": "a94df2"},
+        )
+        assert st == 200
+    _val_loss(gserver, "sim-base", 1.0)
+    _val_loss(gserver, "sim-lr", 1.08)
+    _val_loss(gserver, "sim-straggler", 1.0)
+
+    cmp = gserver.get("/v1/runs/compare?left=sim-base&right=sim-lr")
+    assert [d["key"] for d in cmp["config"]] == ["optim.lr"]
+    assert not cmp["dataset"]["changed"] and not cmp["code"]["changed"]
+    c = cmp["conclusions"][0]
+    assert c["cause"] == "configuration" and c["qualityRegressed"] and not c["speedRegressed"]
+    assert c["lines"][0] == "Infrastructure appears healthy."
+    assert "optim.lr" in c["lines"][-1]
+    tail = cmp["matchedSteps"]["val_loss"]["tail"]
+    assert tail["sim-lr"] == pytest.approx(tail["sim-base"] * 1.08)
+    side = {s["runId"]: s for s in cmp["side"]}
+    assert side["sim-base"]["mfu"] is None or side["sim-base"]["mfu"] > 0
+    assert side["sim-base"]["stepTimeMedianSeconds"] == pytest.approx(
+        side["sim-lr"]["stepTimeMedianSeconds"], rel=0.02
+    )
+
+    cmp = gserver.get("/v1/runs/compare?runs=sim-base,sim-straggler,sim-lr")
+    assert [d["key"] for d in cmp["config"]] == ["optim.lr"]
+    by_run = {c["run"]: c for c in cmp["conclusions"]}
+    s = by_run["sim-straggler"]
+    assert s["cause"] == "infrastructure" and s["speedRegressed"] and s["infrastructureChanged"]
+    assert "slowest rank" in s["lines"][0]
+    assert by_run["sim-lr"]["cause"] == "configuration"
+
+
+def test_conclusion_rules() -> None:
+    base = RunFigures("a", step_time_s=1.0, quality={"val_loss": 2.0})
+    same = RunFigures("b", step_time_s=1.0, quality={"val_loss": 2.0})
+    assert conclude(base, same, [])["cause"] == "none"
+    worse = RunFigures("b", step_time_s=1.0, quality={"val_loss": 2.2}, dataset="web:v42")
+    assert conclude(base, worse, [])["cause"] == "data"
+    both = RunFigures("b", step_time_s=1.3, faults={"hardware_fault": 2})
+    diff = [{"key": "lr", "status": "changed", "values": [1, 2]}]
+    assert conclude(base, both, diff)["cause"] == "configuration and infrastructure"
+    assert (
+        conclude(base, RunFigures("b", step_time_s=1.0, quality={"val_loss": 2.2}), [])["cause"]
+        == "unexplained"
+    )
