@@ -133,35 +133,51 @@ class RunQueries:
     def ranks(
         self, run_id: str, from_step: int, to_step: int, sort: str, descending: bool, limit: int
     ) -> list[dict[str, Any]]:
-        """Per rank over a step window: median and max step time, data wait, communication."""
+        """Per rank over a step window: compute (median), step time, data wait, communication."""
         if sort not in RANK_SORT_KEYS:
             raise StoreError(f"unknown sort key {sort!r}")
         order = f"{RANK_SORT_KEYS[sort]} {'DESC' if descending else 'ASC'}, rank ASC"
+        # The window's latest job attempt places the ranks (a restart may move them).
+        job = (
+            self._q(
+                "SELECT argMax(job_id, start) AS j FROM {db}.steps_by_step WHERE tenant = "
+                "{{tenant:String}} AND run_id = {{run:String}} AND step BETWEEN {{lo:Int64}} "
+                "AND {{hi:Int64}}",
+                run=run_id,
+                lo=from_step,
+                hi=to_step,
+            )[0]["j"]
+            or ""
+        )
         # Aliases are prefixed: ClickHouse resolves a bare column name to a same-named alias.
+        # Step time is the window's mean (in a synchronous job every rank's is the job's);
+        # compute, where ranks differ, is the median.
         rows = self._q(
             "WITH per_rank AS ("
-            " SELECT rank, count() AS r_steps, quantile(0.5)(duration) AS r_step_time,"
+            " SELECT rank, count() AS r_steps, avg(duration) AS r_step_time,"
             " max(duration) AS r_max_step_time,"
             " avgIf(data_wait, isFinite(data_wait)) AS r_data_wait,"
-            " avgIf(comm, isFinite(comm)) AS r_comm, argMax(job_id, time) AS r_job,"
+            " avgIf(comm, isFinite(comm)) AS r_comm,"
             f" quantile(0.5)({COMPUTE_SQL}) AS r_compute"
             " FROM {db}.steps WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
             " AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}} GROUP BY rank),"
             " place AS ("
-            " SELECT job_id AS p_job, rank AS p_rank, argMax(node_id, time) AS p_node,"
+            " SELECT rank AS p_rank, argMax(node_id, time) AS p_node,"
             " argMax(gpu, time) AS p_gpu, argMax(gpu_uuid, time) AS p_uuid,"
             " argMax(rack, time) AS p_rack"
             " FROM {db}.placement WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
-            " GROUP BY job_id, rank)"
-            " SELECT per_rank.*, p_node, p_gpu, p_uuid, p_rack,"
-            " (SELECT median(r_step_time) FROM per_rank) AS median_all,"
-            " (SELECT median(r_compute) FROM per_rank) AS median_compute"
-            " FROM per_rank LEFT JOIN place ON p_job = r_job AND p_rank = rank"
-            f" ORDER BY {order} LIMIT {{limit:UInt32}}",
+            " AND job_id = {{job:String}} GROUP BY rank)"
+            # Window functions, not subqueries: a CTE is inlined, and would run once per use.
+            " SELECT * FROM (SELECT per_rank.*, median(r_step_time) OVER () AS median_all,"
+            " median(r_compute) OVER () AS median_compute FROM per_rank"
+            f" ORDER BY {order} LIMIT {{limit:UInt32}}) AS top"
+            " LEFT JOIN place ON p_rank = rank"
+            f" ORDER BY {order}",
             run=run_id,
             lo=from_step,
             hi=to_step,
             limit=limit,
+            job=job,
         )
         out = []
         for r in rows:
@@ -173,7 +189,7 @@ class RunQueries:
                     "gpu": int(r["p_gpu"]) if r["p_node"] and r["p_gpu"] is not None else None,
                     "gpuUuid": r["p_uuid"] or None,
                     "rack": r["p_rack"] or None,
-                    "jobId": r["r_job"],
+                    "jobId": job or None,
                     "steps": int(r["r_steps"]),
                     "stepTimeMs": _ms(r["r_step_time"]),
                     "maxStepTimeMs": _ms(r["r_max_step_time"]),
