@@ -11,13 +11,14 @@ analysis cursor, so the loop survives restarts and holds no module state.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .analysis.baseline import Baseline, GroupShift, localize, shift_threshold, workload_signature
-from .analysis.collectives import transfer_times
+from .analysis.collectives import analyze_collectives, transfer_times
 from .analysis.hangs import find_stalls, hang_threshold
 from .analysis.hardware import GpuHealth, Signal, gpu_signals, node_signals
 from .analysis.ranks import RankState, classify_episodes, open_episodes, scan_stragglers
@@ -422,5 +423,34 @@ def _stragglers(ctx: _Ctx, jobs: list[JobSpan], jstate: dict[str, Any]) -> list[
         step_time = float(np.median([(j.end - j.start) / max(j.last_step - j.first_step + 1, 1)
                                      for j in jobs]))  # fmt: skip
         d = diagnose_straggler(c, sigs, places, step_time, {c.detected: t_of(c.detected)})
+        d.evidence.extend(_last_arrivals(ctx, jobs, c.ranks, c.start, c.end))
         out.append(d)
     return out
+
+
+def _last_arrivals(
+    ctx: _Ctx, jobs: list[JobSpan], ranks: Sequence[int], start: int, end: int
+) -> list[dict[str, Any]]:
+    """The clock-free collective evidence: how often the straggler arrived last."""
+    job = jobs[-1]
+    hi = end if end >= 0 else job.last_step
+    lo = max(start, hi - 200)  # bounded: the recent part of the episode says enough
+    col = ctx.q.collectives(ctx.run.run_id, job.job_id, lo, hi)
+    if not len(col["step"]):
+        return []
+    rep = analyze_collectives(col["step"], col["seq"], col["rank"], col["enter"], col["exit"])
+    counts = rep.last_rank_counts()
+    total = len(rep.verdict)
+    return [
+        {
+            "signal": "last_arriver",
+            "metric": "collectives where this rank arrived last",
+            "rank": r,
+            "value": counts.get(r, 0) / total,
+            "collectives": total,
+            "waitedForMedianS": float(np.median(rep.lateness_s[rep.last_rank == r]))
+            if counts.get(r)
+            else 0.0,
+        }
+        for r in ranks[:4]
+    ]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch  # noqa: F401 - the integration needs it installed; CI installs it
@@ -16,8 +17,16 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
 
 
 def test_slow_rank_is_the_straggler_and_last_arriver_and_nothing_is_lost(
-    server: Server, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
+    server = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "1"}).start()
+    try:
+        _check(server, tmp_path)
+    finally:
+        server.stop()
+
+
+def _check(server: Server, tmp_path: Path) -> None:
     stats = tmp_path / "stats"
     stats.mkdir()
     steps, slow, start = 30, 2, 10
@@ -80,6 +89,18 @@ def test_slow_rank_is_the_straggler_and_last_arriver_and_nothing_is_lost(
     # The others' waiting is attributed to it: they wait, it does not.
     waits = {r["rank"]: r["commMs"] for r in by_compute}
     assert all(waits[slow] < waits[r] for r in waits if r != slow)
+
+    # The analysis loop flags it, names it the last arriver at the collectives, and says who
+    # owns the problem.
+    deadline = time.monotonic() + 60
+    stragglers: list[dict[str, object]] = []
+    while time.monotonic() < deadline and not stragglers:
+        stragglers = server.get("/v1/runs/ddp-slow/stragglers")["stragglers"]
+        time.sleep(0.5)
+    assert stragglers and stragglers[0]["ranks"] == [slow], stragglers
+    (last,) = [e for e in stragglers[0]["evidence"] if e.get("signal") == "last_arriver"]
+    assert last["rank"] == slow and last["value"] > 0.8, last  # it arrived last nearly always
+    assert last["waitedForMedianS"] > 0.02  # the others waited ~40 ms for it
 
     timeline = server.get("/v1/runs/ddp-slow/timeline?fromStep=0&toStep=29")["items"]
     ckpts = [i for i in timeline if i["kind"] == "checkpoint_end"]
