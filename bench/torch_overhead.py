@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, start_server, stop_server
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
+EXAMPLE = Path(__file__).resolve().parents[1] / "fleetlens" / "examples" / "ddp_train.py"
 
 
 def run_job(url: str, stats: str, run_id: str, steps: int, mode: str, block: int) -> list[list]:

@@ -35,12 +35,19 @@ def test_demo_once_plays_the_scenario_and_leaves_it_readable(tmp_path) -> None: 
     assert slowest.split()[1] == "37"
     assert "hardware_fault NVRM: Xid 79" in text
     assert "fleetlens run show" in text and "/docs" in text
+    # The real 4-process DDP run beside the simulation: its slowed rank 2 is found.
+    real = text.split("real DDP run")[1]
+    first = real.split("ranks by compute time")[1].splitlines()[1]
+    assert first.split()[1] == "2:", real
+    assert "arrived last in" in real, real
 
     server = Server(data).start()
     try:
         runs = server.get("/v1/runs")["runs"]
-        assert len(runs) == 1 and runs[0]["status"] == "FINISHED" and runs[0]["jobs"] == 2
-        run = server.get(f"/v1/runs/{runs[0]['runId']}")
+        sim = [r for r in runs if r["runId"].startswith("demo-run-")]
+        assert len(runs) == 2 and len(sim) == 1
+        assert sim[0]["status"] == "FINISHED" and sim[0]["jobs"] == 2
+        run = server.get(f"/v1/runs/{sim[0]['runId']}")
         assert run["steps"] == 2400 and run["worldSize"] == 256
     finally:
         server.stop()

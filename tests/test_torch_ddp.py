@@ -13,7 +13,7 @@ import torch  # noqa: F401 - the integration needs it installed; CI installs it
 
 from .helpers import Server
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ddp_train.py"
+EXAMPLE = Path(__file__).resolve().parents[1] / "fleetlens" / "examples" / "ddp_train.py"
 
 
 def test_slow_rank_is_the_straggler_and_last_arriver_and_nothing_is_lost(

@@ -39,6 +39,7 @@ from ..store.access import AccessStore
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore, open_telemetry
+from ..ui.pages import router as pages_router
 from ..wire import Batch
 from .admin import router as admin_router
 from .alerts import router as alerts_router
@@ -46,6 +47,7 @@ from .auth import ERROR_RESPONSES, caller, require
 from .findings import router as findings_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
+from .portal import router as portal_router
 from .runs import router as runs_router
 from .series import router as series_router
 from .traces import router as traces_router
@@ -364,6 +366,8 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(traces_router)
     app.include_router(goodput_router)
     app.include_router(admin_router)
+    app.include_router(portal_router)
+    app.include_router(pages_router)
 
     build_openapi = app.openapi
 

@@ -1,0 +1,1 @@
+"""The web portal: HTML pages for researchers, on-call and capacity planners (``pages.router``)."""

@@ -1,0 +1,217 @@
+"""The web portal's HTML pages: a shell per page; the data comes from the JSON API.
+
+Each page is a small ``string.Template`` shell with headings, labelled tables and chart hosts;
+``static/app.js`` fetches the page's one JSON document (``/v1/runs/{id}/overview``,
+``/v1/portal/oncall``, ...) and draws it with ``static/charts.js``, and live pages refetch it on
+an interval instead of reloading. Pages are scoped like every API route (``require("read")``):
+a run the caller may not see is a 404 here too. They stay out of the OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+import html
+from importlib import resources
+from string import Template
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import HTMLResponse, Response
+
+from ..api.auth import require
+from ..store.scope import Scope
+
+__all__ = ["router"]
+
+router = APIRouter(include_in_schema=False)
+Reader = Annotated[Scope, Depends(require("read"))]
+
+STATIC = {"charts.js": "text/javascript", "app.js": "text/javascript", "style.css": "text/css"}
+
+SHELL = Template("""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>$title · fleetlens</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/ui/static/style.css">
+</head>
+<body data-page="$page" data-run-id="$run_attr">
+<a class="skip" href="#main">Skip to content</a>
+<header><nav aria-label="Portal">
+<a href="/" class="brand">fleetlens</a>
+<a href="/">Runs</a><a href="/oncall">On-call</a><a href="/capacity">Capacity</a>
+</nav></header>
+<main id="main" tabindex="-1">
+<h1>$heading</h1>
+<p id="status" role="status" aria-live="polite">Loading…</p>
+$body
+</main>
+<script src="/ui/static/charts.js"></script>
+<script src="/ui/static/app.js"></script>
+</body></html>
+""")
+
+RUNS = """
+<section aria-labelledby="h-runs"><h2 id="h-runs">Runs</h2>
+<table id="runs"><caption>Runs, most recently active first</caption><thead><tr>
+<th scope="col">Run</th><th scope="col">Project</th><th scope="col">Status</th>
+<th scope="col">Step</th><th scope="col">Ranks</th><th scope="col">Last seen</th>
+<th scope="col">Failure page</th></tr></thead><tbody></tbody></table></section>
+"""
+
+RUN = """
+<section aria-labelledby="h-now" class="cards" id="now"><h2 id="h-now">Now</h2><div></div></section>
+<section aria-labelledby="h-goodput"><h2 id="h-goodput">Goodput: where the time went</h2>
+<div class="row"><div id="goodput-bars" class="chart-host"></div>
+<table id="factors"><caption>The three factors</caption><tbody></tbody></table></div>
+<table id="breakdown"><caption>Breakdown of wall-clock time</caption><thead><tr>
+<th scope="col">Category</th><th scope="col">Time</th><th scope="col">Share</th>
+<th scope="col">Factor</th></tr></thead><tbody></tbody></table></section>
+<section aria-labelledby="h-charts" id="charts"><h2 id="h-charts">Training over steps</h2>
+<h3>Step time (median and max over each bucket; slowest vs mean rank compute)</h3>
+<div id="chart-step" class="chart-host"></div>
+<h3>Goodput over time (productive share of each bucket)</h3>
+<div id="chart-goodput" class="chart-host"></div>
+<h3>Loss</h3><div id="chart-loss" class="chart-host"></div>
+<h3>Learning rate</h3><div id="chart-lr" class="chart-host"></div>
+<h3>Gradient norm</h3><div id="chart-grad_norm" class="chart-host"></div>
+<h3>Tokens per second</h3><div id="chart-tps" class="chart-host"></div>
+<h3>Timeline</h3><div id="chart-timeline" class="chart-host timeline-strip"></div>
+</section>
+<section aria-labelledby="h-heat"><h2 id="h-heat">Rank × step heatmap of compute time</h2>
+<p id="heat-caption"></p><div class="heat-host"><canvas id="heatmap"></canvas></div>
+<p id="heat-hot" class="hot"></p></section>
+<section aria-labelledby="h-ranks"><h2 id="h-ranks">Slowest ranks</h2>
+<table id="ranks"><caption>Slowest ranks by compute time over the heatmap window</caption>
+<thead><tr><th scope="col">Rank</th><th scope="col">Node</th><th scope="col">GPU</th>
+<th scope="col">Compute (ms)</th><th scope="col">× median</th><th scope="col">Comm wait (ms)</th>
+<th scope="col">Hardware evidence</th></tr></thead><tbody></tbody></table></section>
+<section aria-labelledby="h-diag"><h2 id="h-diag">Diagnosis</h2>
+<table id="findings"><caption>Findings with evidence and owner</caption><thead><tr>
+<th scope="col">Diagnosis</th><th scope="col">Owner</th><th scope="col">Confidence</th>
+<th scope="col">Steps</th><th scope="col">Summary</th><th scope="col">Evidence</th></tr></thead>
+<tbody></tbody></table></section>
+<section aria-labelledby="h-tl"><h2 id="h-tl">Correlated timeline</h2>
+<table id="timeline"><caption>Events, config and metric changes, alerts, checkpoints,
+restarts</caption><thead><tr><th scope="col">Step</th><th scope="col">Source</th>
+<th scope="col">Kind</th><th scope="col">Where</th><th scope="col">Message</th></tr></thead>
+<tbody></tbody></table></section>
+"""
+
+FAILURE = """
+<section aria-labelledby="h-state"><h2 id="h-state">Status</h2><div id="f-status"></div></section>
+<section aria-labelledby="h-train"><h2 id="h-train">Training signals before it</h2>
+<table id="f-training"><caption>Values in the steps before the failure</caption><thead><tr>
+<th scope="col">Signal</th><th scope="col">Values (oldest → newest)</th></tr></thead>
+<tbody></tbody></table></section>
+<section aria-labelledby="h-infra"><h2 id="h-infra">Infrastructure signals</h2>
+<table id="f-infra"><caption>Ranks implicated, with their GPU and host evidence</caption><thead>
+<tr><th scope="col">Rank</th><th scope="col">Node</th><th scope="col">GPU</th>
+<th scope="col">Compute × median</th><th scope="col">Hardware evidence</th></tr></thead>
+<tbody></tbody></table></section>
+<section aria-labelledby="h-cause"><h2 id="h-cause">Likely cause</h2>
+<div id="f-cause"></div></section>
+<section aria-labelledby="h-rel"><h2 id="h-rel">Related events</h2>
+<table id="f-related"><caption>Events around the failing step</caption><thead><tr>
+<th scope="col">Step</th><th scope="col">Kind</th><th scope="col">Message</th></tr></thead>
+<tbody></tbody></table></section>
+<section aria-labelledby="h-rec"><h2 id="h-rec">Recommendation</h2><p id="f-rec"></p></section>
+"""
+
+ONCALL = """
+<section aria-labelledby="h-jobs"><h2 id="h-jobs">Jobs by goodput</h2>
+<table id="jobs"><caption>Jobs, lowest goodput first; below threshold marked</caption><thead>
+<tr><th scope="col">Run</th><th scope="col">Status</th><th scope="col">Goodput</th>
+<th scope="col">Threshold</th><th scope="col">Per-rank spread</th><th scope="col">Ranks</th>
+</tr></thead><tbody></tbody></table></section>
+<section aria-labelledby="h-nodes"><h2 id="h-nodes">Nodes with faults</h2>
+<table id="nodes"><caption>Nodes with fatal or recoverable faults</caption><thead><tr>
+<th scope="col">Node</th><th scope="col">Fatal</th><th scope="col">Recoverable</th>
+<th scope="col">Latest</th></tr></thead><tbody></tbody></table></section>
+<section aria-labelledby="h-drains"><h2 id="h-drains">Drains</h2>
+<table id="drains"><caption>Drains in progress and recent</caption><thead><tr>
+<th scope="col">Node</th><th scope="col">Run</th><th scope="col">Step</th>
+<th scope="col">Message</th></tr></thead><tbody></tbody></table></section>
+<section aria-labelledby="h-alerts"><h2 id="h-alerts">Firing alerts and incidents</h2>
+<table id="alerts"><caption>Firing alerts</caption><thead><tr><th scope="col">Alert</th>
+<th scope="col">Severity</th><th scope="col">Run</th><th scope="col">Summary</th>
+<th scope="col">Incident</th></tr></thead><tbody></tbody></table>
+<table id="incidents"><caption>Open incidents</caption><thead><tr><th scope="col">Incident</th>
+<th scope="col">Run</th><th scope="col">Title</th><th scope="col">Status</th></tr></thead>
+<tbody></tbody></table></section>
+"""
+
+CAPACITY = """
+<section aria-labelledby="h-util" class="cards" id="cap-now"><h2 id="h-util">Fleet</h2><div></div>
+</section>
+<section aria-labelledby="h-wf"><h2 id="h-wf">Goodput waterfall (GPU-hours)</h2>
+<div id="chart-waterfall" class="chart-host"></div>
+<table id="waterfall"><caption>From in-service GPU-hours to useful GPU-hours</caption><thead>
+<tr><th scope="col">Step</th><th scope="col">GPU-hours</th></tr></thead><tbody></tbody></table>
+</section>
+<section aria-labelledby="h-loss"><h2 id="h-loss">Loss by cause (GPU-hours)</h2>
+<div id="chart-loss-cause" class="chart-host"></div>
+<table id="loss-cause"><caption>GPU-hours lost, by cause</caption><thead><tr>
+<th scope="col">Cause</th><th scope="col">GPU-hours</th></tr></thead><tbody></tbody></table>
+</section>
+<section aria-labelledby="h-fail"><h2 id="h-fail">Failures by cause</h2>
+<table id="failures"><caption>Interruptions and diagnoses, by cause</caption><thead><tr>
+<th scope="col">Cause</th><th scope="col">Count</th></tr></thead><tbody></tbody></table>
+</section>
+<section aria-labelledby="h-pools"><h2 id="h-pools">Pools</h2>
+<table id="pools"><caption>Scheduling goodput and queue wait per pool</caption><thead><tr>
+<th scope="col">Pool</th><th scope="col">Scheduling goodput</th><th scope="col">Availability</th>
+<th scope="col">Queue wait p90 (s)</th><th scope="col">Jobs</th></tr></thead><tbody></tbody>
+</table></section>
+"""
+
+
+def _page(page: str, title: str, body: str, run_id: str = "") -> HTMLResponse:
+    text = SHELL.substitute(
+        page=page,
+        title=html.escape(title),
+        heading=html.escape(title),
+        run_attr=html.escape(run_id, quote=True),
+        body=body,
+    )
+    return HTMLResponse(text, headers={"Cache-Control": "no-store"})
+
+
+async def _visible_run(request: Request, scope: Scope, run_id: str) -> None:
+    svc = request.app.state.services
+    await anyio.to_thread.run_sync(svc.metadata.get_run, scope, run_id)  # 404 unless visible
+
+
+@router.get("/", response_class=HTMLResponse)
+async def runs_page(scope: Reader) -> HTMLResponse:
+    return _page("runs", "Runs", RUNS)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+async def run_page(request: Request, run_id: str, scope: Reader) -> HTMLResponse:
+    await _visible_run(request, scope, run_id)
+    return _page("run", f"Run {run_id}", RUN, run_id)
+
+
+@router.get("/runs/{run_id}/failure", response_class=HTMLResponse)
+async def failure_page(request: Request, run_id: str, scope: Reader) -> HTMLResponse:
+    await _visible_run(request, scope, run_id)
+    return _page("failure", f"Run {run_id}: failure", FAILURE, run_id)
+
+
+@router.get("/oncall", response_class=HTMLResponse)
+async def oncall_page(scope: Reader) -> HTMLResponse:
+    return _page("oncall", "On-call", ONCALL)
+
+
+@router.get("/capacity", response_class=HTMLResponse)
+async def capacity_page(scope: Reader) -> HTMLResponse:
+    return _page("capacity", "Capacity", CAPACITY)
+
+
+@router.get("/ui/static/{name}")
+async def static(name: str) -> Response:
+    if name not in STATIC:
+        raise HTTPException(404, f"no static file {name!r}")
+    data = resources.files("fleetlens.ui").joinpath("static", name).read_bytes()
+    return Response(data, media_type=STATIC[name], headers={"Cache-Control": "max-age=300"})

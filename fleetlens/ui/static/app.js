@@ -1,0 +1,301 @@
+// fleetlens portal: each page fetches its one JSON document, draws it, and live pages refetch
+// it on an interval (no full reload). An optional token in sessionStorage["fleetlens.token"]
+// is sent as a Bearer header.
+"use strict";
+
+(() => {
+  const F = FLCharts.fmt;
+  const body = document.body;
+  const page = body.dataset.page;
+  const runId = body.dataset.runId;
+  const REFRESH_MS = 15000;
+  const status = document.getElementById("status");
+
+  async function getJSON(path) {
+    const headers = { Accept: "application/json" };
+    const token = sessionStorage.getItem("fleetlens.token");
+    if (token) headers.Authorization = "Bearer " + token;
+    const r = await fetch(path, { headers });
+    if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
+    return r.json();
+  }
+
+  function text(v) { return v === null || v === undefined ? "–" : String(v); }
+  function pct(v) { return v === null || v === undefined || !isFinite(v) ? "–" : (100 * v).toFixed(1) + "%"; }
+  function dur(s) {
+    if (s === null || s === undefined || !isFinite(s)) return "–";
+    if (s >= 3600) return (s / 3600).toFixed(2) + " h";
+    if (s >= 60) return (s / 60).toFixed(1) + " min";
+    return s.toFixed(1) + " s";
+  }
+  function when(t) { return t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) : "–"; }
+  function enc(s) { return encodeURIComponent(s); }
+
+  // rows: arrays of cells; a cell is text, or {html: Node}, or {th: text} for a row header.
+  function fill(tableId, rows, empty) {
+    const tb = document.querySelector(`#${tableId} tbody`);
+    tb.textContent = "";
+    if (!rows.length) {
+      const tr = tb.insertRow();
+      const td = tr.insertCell();
+      td.colSpan = document.querySelectorAll(`#${tableId} thead th`).length || 2;
+      td.textContent = empty || "none";
+      return;
+    }
+    for (const row of rows) {
+      const tr = tb.insertRow();
+      for (const c of row) {
+        if (c && c.th !== undefined) {
+          const th = document.createElement("th");
+          th.scope = "row";
+          if (c.node) th.appendChild(c.node); else th.textContent = text(c.th);
+          tr.appendChild(th);
+        } else if (c && c.node) {
+          tr.insertCell().appendChild(c.node);
+        } else {
+          tr.insertCell().textContent = text(c);
+        }
+        if (c && c.cls) tr.className = c.cls;
+      }
+    }
+  }
+
+  function link(href, label) {
+    const a = document.createElement("a");
+    a.href = href; a.textContent = label; return a;
+  }
+
+  function cards(hostSel, items) {
+    const host = document.querySelector(hostSel + " > div");
+    host.textContent = "";
+    const dl = document.createElement("dl");
+    for (const [k, v] of items) {
+      const d = document.createElement("div");
+      const dt = document.createElement("dt"); dt.textContent = k;
+      const dd = document.createElement("dd"); dd.textContent = v;
+      d.append(dt, dd); dl.appendChild(d);
+    }
+    host.appendChild(dl);
+  }
+
+  function hardware(h) {
+    if (!h) return "no samples";
+    const out = [];
+    if (h.throttleReasons) out.push(`throttle 0x${h.throttleReasons.toString(16)}`);
+    if (h.smClockRatioMin !== null && h.smClockRatioMin < 0.98) out.push(`SM clock ${pct(h.smClockRatioMin)} of max`);
+    if (h.gpuTempMax !== null) out.push(`${h.gpuTempMax.toFixed(0)} °C max`);
+    if (h.eccUncorrectable) out.push(`ECC DBE ${h.eccUncorrectable}`);
+    if (h.eccCorrectable) out.push(`ECC SBE ${h.eccCorrectable}`);
+    if (h.xids && h.xids.length) out.push(`Xid ${h.xids.join(",")}`);
+    if (h.nvlinkCrcErrors) out.push(`NVLink CRC ${h.nvlinkCrcErrors}`);
+    if (h.pcieReplays) out.push(`PCIe replays ${h.pcieReplays}`);
+    if (h.nicErrorsPerS) out.push(`NIC errors ${F(h.nicErrorsPerS)}/s`);
+    return out.join("; ") || "nominal";
+  }
+
+  function evidence(ev) {
+    return (ev || []).map((e) => {
+      const parts = [];
+      if (e.signal) parts.push(e.signal);
+      if (e.metric) parts.push(e.metric);
+      if (e.value !== undefined) parts.push(`= ${F(e.value)}`);
+      if (e.baseline !== undefined) parts.push(`(baseline ${F(e.baseline)})`);
+      if (e.threshold !== undefined) parts.push(`(threshold ${F(e.threshold)})`);
+      if (e.reasons) parts.push(e.reasons.join(","));
+      return parts.join(" ");
+    }).join("; ");
+  }
+
+  // ---------------------------------------------------------------- runs list
+  async function runsPage() {
+    const d = await getJSON("/v1/runs?limit=200");
+    fill("runs", d.runs.map((r) => [
+      { th: r.runId, node: link(`/runs/${enc(r.runId)}`, r.runId) }, r.project, r.status,
+      r.lastStep, r.worldSize, when(r.lastSeen), { node: link(`/runs/${enc(r.runId)}/failure`, "failure page") },
+    ]), "no runs yet");
+    return false;
+  }
+
+  // ---------------------------------------------------------------- run page
+  function markersOf(d) {
+    const out = [];
+    for (const i of d.timeline || []) {
+      if (i.step === null || i.step === undefined) continue;
+      if (i.source === "metric") out.push({ x: i.step, kind: "metric", lane: "metric", label: `step ${i.step}: ${i.message}` });
+      else if (["checkpoint_end", "failure", "hardware_fault", "restart", "job_start", "drain", "config_change", "nan"].includes(i.kind)) {
+        out.push({ x: i.step, kind: i.kind, lane: i.kind === "checkpoint_end" ? "checkpoint_end" : "event",
+          label: `step ${i.step}: ${i.kind} ${i.message || ""}` });
+      }
+    }
+    for (const a of d.alerts || []) {
+      if (a.step !== null && a.step !== undefined) out.push({ x: a.step, kind: "alert", lane: "alert", label: `alert ${a.alertname} at step ${a.step}` });
+    }
+    return out;
+  }
+
+  function scalarChart(id, s, label, dom, markers) {
+    const host = document.getElementById(id);
+    if (!host) return;
+    const pts = (s || []).map((p) => [p.step, typeof p.value === "number" ? p.value : null]);
+    const band = (s || []).map((p) => [p.step, typeof p.min === "number" ? p.min : null, typeof p.max === "number" ? p.max : null]);
+    FLCharts.line(host, [{ name: label, points: pts, band }], { label: `${label} over steps`, xDomain: dom, markers });
+  }
+
+  async function runPage() {
+    const d = await getJSON(`/v1/runs/${enc(runId)}/overview?points=${Math.min(800, Math.max(100, Math.floor(window.innerWidth / 2)))}`);
+    const s = d.summary || {}, m = s.metrics || {};
+    const g = d.goodput || {}, f = g.factors || {}, bd = g.breakdown || {};
+    const eta = d.completion;
+    cards("#now", [
+      ["Status", d.run.status], ["Goodput (job)", pct(f.jobProduct)], ["Runtime goodput", pct(f.runtime)],
+      ["Step", text(s.step)], ["Ranks", text(s.worldSize)], ["Step time (slowest rank)", `${F(m.stepTimeMs)} ms`],
+      ["Tokens/s", F(m.tokensPerSecond)], ["Tokens consumed", F(s.tokensProcessed)],
+      ["Loss", F(m.loss)], ["Est. completion", eta ? `${dur(eta.seconds)} (${F(eta.stepsLeft)} steps left)` : "unknown: no total_steps in the run config"],
+    ]);
+    const lines = (bd.lines || []).filter((l) => l.seconds > 0);
+    FLCharts.bars(document.getElementById("goodput-bars"), lines.map((l) => ({ label: l.category, value: l.seconds / 3600,
+      color: l.category === "productive" ? "#059669" : l.factor === "program" ? "#d97706" : "#dc2626" })),
+    { label: "Hours of wall-clock time by category", height: 170 });
+    fill("breakdown", lines.map((l) => [{ th: l.category }, dur(l.seconds), pct(l.share), l.factor]));
+    fill("factors", [[{ th: "Scheduling" }, pct(f.scheduling)], [{ th: "Runtime" }, pct(f.runtime)],
+      [{ th: "Program" }, pct(f.program)], [{ th: "Job (runtime × program)" }, pct(f.jobProduct)]]);
+    const ss = d.stepSeries || [];
+    const dom = ss.length ? [ss[0].step, ss[ss.length - 1].step] : [0, 1];
+    const mk = markersOf(d);
+    FLCharts.line(document.getElementById("chart-step"), [
+      { name: "step time median", points: ss.map((p) => [p.step, p.p50 * 1000]), band: ss.map((p) => [p.step, p.min * 1000, p.max * 1000]) },
+      { name: "step time max", points: ss.map((p) => [p.step, p.max * 1000]), color: "#dc2626", dash: "4,2" },
+      { name: "slowest rank compute", points: ss.map((p) => [p.step, p.computeMax === null ? null : p.computeMax * 1000]), color: "#d97706" },
+      { name: "mean rank compute", points: ss.map((p) => [p.step, p.computeMean === null ? null : p.computeMean * 1000]), color: "#059669" },
+    ], { label: "Step time in ms over steps: median with min-max band, max, slowest and mean rank compute", yLabel: "ms", xDomain: dom, markers: mk, height: 220 });
+    const gp = ss.map((p, i) => {
+      const next = ss[i + 1];
+      const wall = next ? next.t - p.t : null;
+      const useful = p.steps * p.p50 * (p.computeMax ? p.computeMean / p.computeMax : 1);
+      return [p.step, wall && wall > 0 ? Math.min(1, useful / wall) : null];
+    });
+    FLCharts.line(document.getElementById("chart-goodput"), [{ name: "goodput", points: gp, color: "#059669" }],
+      { label: "Goodput of each step bucket over steps (productive time over wall time)", xDomain: dom, markers: mk });
+    const sc = d.scalars || {};
+    scalarChart("chart-loss", sc.loss, "loss", dom, mk);
+    scalarChart("chart-lr", sc.lr, "learning rate", dom, mk);
+    scalarChart("chart-grad_norm", sc.grad_norm, "gradient norm", dom, mk);
+    FLCharts.line(document.getElementById("chart-tps"), [{ name: "tokens/s", points: ss.map((p) => [p.step, p.tokensPerSecond]) }],
+      { label: "Tokens per second over steps", xDomain: dom, markers: mk });
+    FLCharts.strip(document.getElementById("chart-timeline"), mk, { xDomain: dom, label: `Timeline of ${mk.length} events, checkpoints, metric changes and alerts over steps` });
+
+    const h = d.heatmap;
+    if (h && h.cells) {
+      const canvas = document.getElementById("heatmap");
+      const hot = h.hot;
+      const label = `Heatmap of compute time, ${h.rows} rows of ${h.ranksPerRow} ranks by ${h.columns} columns of ${h.stepsPerColumn} steps, steps ${h.fromStep}-${h.toStep}` +
+        (hot ? `; hottest row: ranks ${hot.rankFrom}-${hot.rankTo}, slowest rank ${hot.rank}` : "");
+      FLCharts.heatmap(canvas, h, { label });
+      document.getElementById("heat-caption").textContent =
+        `Steps ${h.fromStep}–${h.toStep}. Each cell is the maximum compute time of ${h.ranksPerRow} rank(s) over ${h.stepsPerColumn} step(s), coloured by its ratio to the column median (red: 25% or more above).`;
+      const hp = document.getElementById("heat-hot");
+      if (hot) {
+        hp.dataset.rank = hot.rank; hp.dataset.rankFrom = hot.rankFrom; hp.dataset.rankTo = hot.rankTo; hp.dataset.row = hot.row;
+        hp.textContent = `Outlined row ${hot.row}: ranks ${hot.rankFrom}–${hot.rankTo}, ${F(hot.ratio)}× the column median; slowest rank ${hot.rank}.`;
+      }
+    }
+    fill("ranks", (d.slowestRanks || []).map((r) => [{ th: r.rank }, r.node, r.gpu, F(r.computeMs),
+      r.computeSlowdown ? r.computeSlowdown.toFixed(3) : "–", F(r.commMs), hardware(r.hardware)]));
+    fill("findings", (d.findings || []).map((x) => [{ th: x.diagnosis }, x.owner, pct(x.confidence),
+      `${text(x.startStep)}–${text(x.endStep)}`, x.summary, evidence(x.evidence)]), "no findings");
+    const tl = (d.timeline || []).filter((i) => i.kind !== "checkpoint_begin");
+    const altl = (d.alerts || []).map((a) => ({ step: a.step, source: "alert", kind: a.alertname, message: a.annotations.summary || "" }));
+    fill("timeline", tl.concat(altl).sort((a, b) => (a.step ?? -1) - (b.step ?? -1)).slice(0, 400).map((i) => [
+      { th: text(i.step) }, i.source, i.kind, [i.node, i.gpu !== null && i.gpu !== undefined ? `GPU ${i.gpu}` : null, i.rank !== null && i.rank !== undefined ? `rank ${i.rank}` : null].filter(Boolean).join(" ") || "–", i.message || ""]));
+    return d.run.status === "RUNNING";
+  }
+
+  // ---------------------------------------------------------------- failure page
+  async function failurePage() {
+    const d = await getJSON(`/v1/runs/${enc(runId)}/failure`);
+    const host = document.getElementById("f-status");
+    host.textContent = "";
+    const p = document.createElement("p");
+    p.className = "big";
+    p.textContent = d.run.status;
+    const w = document.createElement("p");
+    w.id = "f-what";
+    w.textContent = d.failure ? `${d.failure.kind} at step ${text(d.failure.step)}: ${d.failure.message || ""}${d.failure.node ? ` (${d.failure.node}${d.failure.gpu !== null ? " GPU " + d.failure.gpu : ""})` : ""}`
+      : (d.cause ? `Degraded: ${d.cause.summary}` : "No failure recorded.");
+    host.append(p, w, link(`/runs/${enc(runId)}`, "Run page"));
+    const tr = d.training || {};
+    const rows = Object.entries(tr).map(([k, pts]) => [{ th: k }, pts.map((x) => F(typeof x.value === "number" ? x.value : NaN) === "–" ? String(x.value) : F(x.value)).join(" → ")]);
+    const st = (d.stepTime || []).map((x) => F(x.max * 1000));
+    if (st.length) rows.push([{ th: "step time (ms)" }, st.join(" → ")]);
+    fill("f-training", rows, "no training signals");
+    fill("f-infra", (d.infrastructure || []).map((r) => [{ th: r.rank }, r.node, r.gpu,
+      r.computeSlowdown ? r.computeSlowdown.toFixed(3) : "–", hardware(r.hardware)]));
+    const c = document.getElementById("f-cause");
+    c.textContent = "";
+    if (d.cause) {
+      const h = document.createElement("p");
+      h.id = "cause-diagnosis";
+      h.className = "big";
+      h.textContent = d.cause.diagnosis;
+      const s = document.createElement("p");
+      s.textContent = `${d.cause.summary} Owner: ${d.cause.owner}; confidence ${pct(d.cause.confidence)}. Evidence: ${evidence(d.cause.evidence) || "–"}`;
+      c.append(h, s);
+    } else c.textContent = "No diagnosis yet.";
+    fill("f-related", (d.related || []).filter((i) => i.kind !== "checkpoint_begin").map((i) => [{ th: text(i.step) }, i.kind, i.message || ""]));
+    document.getElementById("f-rec").textContent = d.cause ? d.cause.recommendation : "–";
+    return d.run.status === "RUNNING";
+  }
+
+  // ---------------------------------------------------------------- on-call
+  async function oncallPage() {
+    const d = await getJSON("/v1/portal/oncall");
+    fill("jobs", d.jobs.map((j) => [{ th: j.runId, node: link(`/runs/${enc(j.runId)}`, j.runId) },
+      j.status, (j.below ? "below: " : "") + pct(j.goodput), pct(j.threshold),
+      j.spread ? `${pct(j.spread.spread)} (slowest ${F(j.spread.computeMaxMs)} ms vs mean ${F(j.spread.computeMeanMs)} ms)` : "–",
+      j.worldSize]), "no jobs");
+    document.querySelectorAll("#jobs tbody tr").forEach((tr, i) => { if (d.jobs[i] && d.jobs[i].below) tr.className = "below"; });
+    fill("nodes", d.nodes.map((n) => [{ th: n.node }, n.fatal, n.recoverable,
+      n.events.length ? `${n.events[0].kind}: ${n.events[0].message}` : "–"]), "no faults");
+    fill("drains", d.drains.map((e) => [{ th: text(e.node) }, e.runId, text(e.step), e.message]), "no drains");
+    fill("alerts", d.alerts.map((a) => [{ th: a.alertname }, a.severity, a.runId,
+      a.annotations.summary || "", text(a.incidentId)]), "no firing alerts");
+    fill("incidents", d.incidents.map((i) => [{ th: i.id }, i.runId, i.title, i.status]), "no open incidents");
+    return true;
+  }
+
+  // ---------------------------------------------------------------- capacity
+  async function capacityPage() {
+    const d = await getJSON("/v1/portal/capacity");
+    cards("#cap-now", [["Fleet utilization", pct(d.utilization)], ["Fleet goodput", pct(d.goodput)],
+      ["Cost per useful GPU-hour", d.costPerUsefulGpuHour ? `$${d.costPerUsefulGpuHour.toFixed(2)} at $${d.price}/GPU-h` : "–"],
+      ["Runs", text(d.runs)]]);
+    FLCharts.bars(document.getElementById("chart-waterfall"), d.waterfall.map((w) => ({ label: w.step, value: w.gpuHours })),
+      { waterfall: true, label: "Waterfall from in-service to useful GPU-hours: scheduling, runtime and program losses" });
+    fill("waterfall", d.waterfall.map((w) => [{ th: w.step }, F(w.gpuHours)]));
+    const loss = Object.entries(d.lossByCause).filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1]);
+    FLCharts.bars(document.getElementById("chart-loss-cause"), loss.map(([k, v]) => ({ label: k, value: v, color: "#dc2626" })),
+      { label: "GPU-hours lost by cause" });
+    fill("loss-cause", loss.map(([k, v]) => [{ th: k }, F(v)]));
+    const fails = Object.entries(d.interruptions).map(([k, v]) => [`interruption: ${k}`, v])
+      .concat(Object.entries(d.findingsByCause).map(([k, v]) => [`diagnosis: ${k}`, v]));
+    fill("failures", fails.map(([k, v]) => [{ th: k }, v]), "no failures");
+    fill("pools", d.pools.map((p) => [{ th: p.pool }, pct(p.schedulingGoodput), pct(p.availability),
+      F(p.queueWaitSeconds ? p.queueWaitSeconds.p90 : null), p.jobs]), "no pools");
+    return true;
+  }
+
+  const PAGES = { runs: runsPage, run: runPage, failure: failurePage, oncall: oncallPage, capacity: capacityPage };
+
+  async function load() {
+    try {
+      const live = await PAGES[page]();
+      status.textContent = `Updated ${new Date().toLocaleTimeString()}`;
+      body.dataset.loaded = "true";
+      if (live) setTimeout(load, REFRESH_MS);
+    } catch (err) {
+      status.textContent = `Could not load: ${err.message}`;
+      body.dataset.loaded = "error";
+    }
+  }
+  load();
+})();

@@ -1,0 +1,232 @@
+"""The web portal in a real browser: headless Chromium (the system's) driven by Playwright.
+
+A simulated run (the ``demo`` scenario: a persistent straggler on rank 37, a thermal event, a
+fatal Xid 79 and a restart, a data stall) is played into a real server; each page must render
+with its data and no console error, the heatmap must outline the straggler's row and the failure
+page must name the injected cause. ``FLEETLENS_SCREENSHOTS=DIR`` saves a screenshot per page.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fleetlens.sim.library import load_scenario, run_scenario
+
+from .helpers import Server
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+# `fleetlens serve`, with the portal's routers added when app.py does not include them yet.
+LAUNCH = """
+import sys, uvicorn
+from fleetlens.api.app import create_app
+from fleetlens.config import ServerConfig
+cfg = ServerConfig.resolve({"data_dir": sys.argv[1], "port": int(sys.argv[2]), "host": "127.0.0.1"})
+app = create_app(cfg)
+if not any(getattr(r, "path", "") == "/oncall" for r in app.routes):
+    from fleetlens.api.portal import router as portal_router
+    from fleetlens.ui.pages import router as pages_router
+    app.include_router(portal_router)
+    app.include_router(pages_router)
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+class PortalServer(Server):
+    def start(self, timeout: float = 60.0) -> Server:
+        import urllib.error
+        import urllib.request
+
+        self.log_path = os.path.join(self.data_dir, f"server-{self.port}.log")
+        os.makedirs(self.data_dir, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", LAUNCH, self.data_dir, str(self.port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1):
+                    return self
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)
+        raise RuntimeError(f"server did not come up in {timeout}s:\n{self.log()}")
+
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM) or shutil.which("chromium") is None,
+    reason="needs Debian's chromium (apt-get install chromium)",
+)
+playwright = pytest.importorskip("playwright.sync_api")
+
+RUN = "demo-run"
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server with the demo scenario played into it and analysed (read-only for tests)."""
+    srv = PortalServer(
+        str(tmp_path_factory.mktemp("portal") / "data"),
+        env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"},
+    ).start()
+    try:
+        run_scenario(load_scenario("demo"), server=srv.url, speed=0)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                found = {f["diagnosis"] for f in srv.get(f"/v1/runs/{RUN}/diagnosis")["findings"]}
+            except OSError:
+                found = set()
+            if {"straggler.persistent", "fatal_xid"} <= found:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the analysis found only {found}:\n{srv.log()}")
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _open(browser: Any, url: str, name: str) -> tuple[Any, list[str]]:
+    """Load a page, wait for its data, and return it with every console error and failed load."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("requestfailed", lambda r: errors.append(f"failed {r.url}"))
+    page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    page.goto(url)
+    page.wait_for_selector("body[data-loaded]", timeout=30_000)
+    assert page.get_attribute("body", "data-loaded") == "true", page.inner_text("#status")
+    shots = os.environ.get("FLEETLENS_SCREENSHOTS")
+    if shots:
+        os.makedirs(shots, exist_ok=True)
+        page.screenshot(path=os.path.join(shots, f"{name}.png"), full_page=True)
+    return page, errors
+
+
+def test_run_page_shows_goodput_charts_and_the_stragglers_heatmap_row(
+    played: Server, browser: Any
+) -> None:
+    page, errors = _open(browser, f"{played.url}/runs/{RUN}", "run")
+    assert errors == []
+    now = page.inner_text("#now")
+    assert "Goodput (job)" in now and "Tokens consumed" in now
+    assert "productive" in page.inner_text("#breakdown")
+    assert "Runtime" in page.inner_text("#factors")
+    for chart in ("step", "goodput", "loss", "lr", "grad_norm", "tps", "timeline"):
+        svg = page.locator(f"#chart-{chart} svg")
+        assert svg.count() == 1, chart
+        assert svg.get_attribute("aria-label"), chart
+        assert page.locator(f"#chart-{chart} svg path, #chart-{chart} svg rect").count() > 0
+    # The heatmap outlines the row holding rank 37 and names it.
+    hot = page.locator("#heat-hot")
+    assert int(hot.get_attribute("data-rank-from") or -1) <= 37
+    assert int(hot.get_attribute("data-rank-to") or -1) >= 37
+    assert hot.get_attribute("data-rank") == "37"
+    assert "rank 37" in (page.get_attribute("#heatmap", "aria-label") or "")
+    first = page.locator("#ranks tbody tr").first
+    assert first.locator("th").inner_text() == "37"
+    assert "node-0004" in first.inner_text()
+    thermal = page.locator("#ranks tbody tr", has_text="node-0011").inner_text()
+    assert "throttle" in thermal  # the thermal rank's hardware evidence
+    findings = page.inner_text("#findings")
+    assert "straggler.persistent" in findings and "infrastructure" in findings
+    timeline = page.inner_text("#timeline")
+    assert "checkpoint_end" in timeline and "restart" in timeline.lower()
+    assert "FatalHardwareFault" in timeline
+    assert page.locator("th[scope=col]").count() > 10
+
+
+def test_failure_page_names_the_injected_cause(played: Server, browser: Any) -> None:
+    page, errors = _open(browser, f"{played.url}/runs/{RUN}/failure", "failure")
+    assert errors == []
+    what = page.inner_text("#f-what")
+    assert "Xid 79" in what or "xid" in what.lower()
+    assert "node-0018" in what
+    assert page.inner_text("#cause-diagnosis") == "fatal_xid"
+    assert "loss" in page.inner_text("#f-training")
+    assert "node-0018" in page.inner_text("#f-infra")
+    assert page.inner_text("#f-rec").strip()
+    assert page.locator("#f-related tbody tr").count() > 0
+
+
+def test_oncall_page_lists_jobs_faulty_nodes_and_alerts(played: Server, browser: Any) -> None:
+    page, errors = _open(browser, f"{played.url}/oncall", "oncall")
+    assert errors == []
+    assert RUN in page.inner_text("#jobs")
+    assert "%" in page.locator("#jobs tbody tr").first.inner_text()
+    assert "node-0018" in page.inner_text("#nodes")
+    assert "node-0018" in page.inner_text("#drains")
+    assert "FatalHardwareFault" in page.inner_text("#alerts")
+    assert page.locator("#incidents tbody tr th").count() >= 1
+
+
+def test_capacity_page_shows_waterfall_losses_and_cost(played: Server, browser: Any) -> None:
+    page, errors = _open(browser, f"{played.url}/capacity", "capacity")
+    assert errors == []
+    assert "$" in page.inner_text("#cap-now")
+    wf = page.inner_text("#waterfall")
+    for step in ("in service", "scheduling loss", "runtime loss", "program loss", "useful"):
+        assert step in wf
+    assert "straggler" in page.inner_text("#loss-cause")
+    assert "fatal_xid" in page.inner_text("#failures")
+    assert page.locator("#chart-waterfall svg rect").count() >= 5
+
+
+def test_runs_list_links_to_the_run_and_a_hidden_run_is_404(played: Server, browser: Any) -> None:
+    page, errors = _open(browser, f"{played.url}/", "runs")
+    assert errors == []
+    page.get_by_role("link", name=RUN).first.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_selector("body[data-loaded=true]")
+    assert page.url.endswith(f"/runs/{RUN}")
+    status, _ = played.request("GET", "/runs/no-such-run")
+    assert status == 404
+    status, _ = played.request("GET", "/v1/runs/no-such-run/overview")
+    assert status == 404
+    spec = played.get("/openapi.json")["paths"]
+    assert "/oncall" not in spec and "/runs/{run_id}" not in spec
+    assert "/v1/runs/{run_id}/overview" in spec
+
+
+def test_heatmap_endpoint_downsamples_to_the_cells_asked(played: Server) -> None:
+    h = played.get(f"/v1/runs/{RUN}/heatmap?fromStep=300&toStep=1799&ranks=16&steps=50")
+    assert h["rows"] == 16 and h["columns"] == 50 and h["ranksPerRow"] == 16
+    assert len(h["cells"]) == 16 and all(len(r) == 50 for r in h["cells"])
+    assert h["hot"]["row"] == 37 // 16 and h["hot"]["rank"] == 37
+    status, _ = played.request("GET", f"/v1/runs/{RUN}/heatmap?fromStep=9&toStep=1")
+    assert status == 400
