@@ -47,19 +47,17 @@ def metric_changes(
             out.append(
                 MetricChange(int(steps[i]), name, float(values[i]), float(prev[i]), "changed")
             )
-    else:
-        mags = np.abs(values)
-        for k in range(1, len(values)):
-            i = int(k)
-            if not finite[i]:
-                continue
-            window = mags[max(0, i - history) : i]
-            window = window[np.isfinite(window)]
-            if len(window) >= 3:
-                base = float(np.median(window))
-                if base > 0 and mags[i] > spike_factor * base:
-                    out.append(
-                        MetricChange(int(steps[i]), name, float(values[i]), float(prev[i]), "spike")
-                    )
+    elif len(values) > 3:
+        # Each value against the median magnitude of the ``history`` finite values before it,
+        # vectorized: a Python loop here costs seconds on a 100,000-step series.
+        mags = np.where(finite, np.abs(values), np.nan)
+        padded = np.concatenate((np.full(history, np.nan), mags[:-1]))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, history)
+        enough = np.sum(np.isfinite(windows), axis=1) >= 3
+        with np.errstate(all="ignore"):
+            base = np.nanmedian(np.where(enough[:, None], windows, 0.0), axis=1)
+        spike = finite & enough & (base > 0) & (mags > spike_factor * base)
+        for i in np.flatnonzero(spike).tolist():
+            out.append(MetricChange(int(steps[i]), name, float(values[i]), float(prev[i]), "spike"))
     out.sort(key=lambda c: (c.step, c.name))
     return out

@@ -26,6 +26,8 @@ from .runs import _run_json
 
 __all__ = ["router"]
 
+TIMELINE_STEPS = 5_000
+
 router = APIRouter(prefix="/v1", tags=["portal"], responses=ERROR_RESPONSES)
 Reader = Annotated[Scope, Depends(require("read"))]
 
@@ -119,8 +121,9 @@ async def overview(
             "program": meta,
             "advice": advice(bd, f, None),
         }
+        # The recent part on first paint; the page asks /timeline for any other window.
         out["timeline"] = [
-            i for i in rq.timeline(run_id, max(lo, hi - 1_000_000 + 1), hi) if i["source"]
+            i for i in rq.timeline(run_id, max(lo, hi - TIMELINE_STEPS + 1), hi) if i["source"]
         ][:2000]
         out["findings"] = FindingsStore(svc.metadata).list(scope, run_id, None)
         out["alerts"] = svc.alert_store.list(scope, None, run_id, 50)
