@@ -35,6 +35,7 @@ COMMANDS = (
     "import",
     "lineage",
     "models",
+    "eval",
     "tokens",
     "tenants",
 )
@@ -272,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import detect_cli, goodput_cli, graph_cli
     from .agent import run as agent_run
     from .alerts import cli as alerts_cli
+    from .evaluation import cli as eval_cli
     from .sim import cli as sim_cli
     from .traces import cli as traces_cli
 
@@ -282,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     alerts_cli.add_parser(sub)
     detect_cli.add_parsers(sub)
     graph_cli.add_parsers(sub)
+    eval_cli.add_parser(sub)
 
     sp = sub.add_parser("tokens", help="create, list or revoke API tokens (on the data directory)")
     tsub = sp.add_subparsers(dest="tokens_command", required=True)

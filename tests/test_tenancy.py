@@ -90,6 +90,43 @@ def _b_data(t: Tenants) -> None:
             assert t.server.request("POST", path, body, token=tok)[0] in (200, 201), path
 
 
+def _b_evaluation(t: Tenants) -> dict[str, str]:
+    """Bolt's evaluations (one done and gated, one still queued), a decision and an alias."""
+    paths = t.server.get("/openapi.json", token=t.tokens["b-admin"])["paths"]
+    ids = {"evaluation_id": "ev-none", "shard_id": "999999", "decision_id": "gd-none",
+           "alias": "candidate"}  # fmt: skip
+    if "/v1/evaluations" not in paths:
+        return ids
+    tok = t.tokens["b-admin"]
+    examples = [{"id": "0", "prompt": "bolt-private-dataset", "answer": "bolt-secret-run"}]
+    body = {
+        "modelId": "bolt-model", "modelVersion": "1",
+        "adapter": {"kind": "callable", "target": "bolt_proj:model"},
+        "suite": {"name": "bolt-proj", "benchmarks": [
+            {"name": "secret", "source": "inline", "examples": examples}]},
+    }  # fmt: skip
+    status, ev = t.server.request("POST", "/v1/evaluations", body, token=tok)
+    assert status == 202, ev
+    status, shard = t.server.request("POST", "/v1/eval-shards/lease", {"workerId": "b"}, token=tok)
+    assert status == 200, shard
+    done = {"leaseToken": shard["leaseToken"], "scores": {"0": {"exact_match": 1.0}}}
+    path = f"/v1/eval-shards/{shard['shardId']}/complete"
+    assert t.server.request("POST", path, done, token=tok)[0] == 200
+    gate = {"modelId": "bolt-model", "version": "1", "policies": [{"metric": "secret/exact_match"}]}
+    status, decision = t.server.request("POST", "/v1/gates", gate, token=tok)
+    assert status == 201, decision
+    alias = {"version": "1"}
+    assert (
+        t.server.request("POST", "/v1/models/bolt-model/aliases/candidate", alias, token=tok)[0]
+        == 200
+    )
+    queued = {**body, "codeCommit": "bolt-secret-run"}  # left queued: acme must not lease it
+    assert t.server.request("POST", "/v1/evaluations", queued, token=tok)[0] == 202
+    ids.update(evaluation_id=ev["evaluationId"], shard_id=str(shard["shardId"]),
+               decision_id=decision["decisionId"])  # fmt: skip
+    return ids
+
+
 def _b_alert(t: Tenants) -> dict[str, Any]:
     """A fatal Xid on bolt's node: its alert and incident are bolt's objects too."""
     ctx = {"run_id": "bolt-secret-run", "job_id": "bolt-job", "project": "bolt-proj"}
@@ -127,6 +164,22 @@ BODIES = {
     ("post", "/v1/datasets"): {"name": "web", "version": "v1"},
     ("post", "/v1/alerts/{alert_id}/ack"): {},
     ("post", "/v1/alerts/{alert_id}/resolve"): {},
+    ("post", "/v1/evaluations"): {
+        "modelId": "bolt-model",
+        "modelVersion": "1",
+        "adapter": {"kind": "callable", "target": "m:f"},
+        "suite": {"benchmarks": [{"name": "q", "examples": [{"prompt": "p"}]}]},
+    },
+    ("post", "/v1/eval-shards/lease"): {"workerId": "walker"},
+    ("post", "/v1/eval-shards/{shard_id}/heartbeat"): {"leaseToken": "x"},
+    ("post", "/v1/eval-shards/{shard_id}/complete"): {"leaseToken": "x", "scores": {}},
+    ("post", "/v1/eval-shards/{shard_id}/fail"): {"leaseToken": "x", "error": "e"},
+    ("post", "/v1/gates"): {
+        "modelId": "bolt-model",
+        "version": "1",
+        "policies": [{"metric": "secret/exact_match"}],
+    },
+    ("post", "/v1/models/{model_id}/aliases/{alias}"): {"version": "1"},
 }
 
 
@@ -134,6 +187,7 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
     t = tenants
     _b_data(t)
     b_alert = _b_alert(t)
+    b_eval = _b_evaluation(t)
     spec = t.server.get("/openapi.json", token=t.tokens["a-admin"])
     # Path parameters get tenant bolt's objects.
     values = {
@@ -144,6 +198,7 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
         "name": "bolt-private-dataset",
         "alert_id": str(b_alert["id"]),
         "incident_id": str(b_alert["incidentId"]),
+        **b_eval,
     }
     walked = 0
     for path, ops in spec["paths"].items():

@@ -44,6 +44,7 @@ from ..wire import Batch
 from .admin import router as admin_router
 from .alerts import router as alerts_router
 from .auth import ERROR_RESPONSES, caller, require
+from .evaluations import router as evaluations_router
 from .findings import router as findings_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
@@ -367,6 +368,7 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(goodput_router)
     app.include_router(admin_router)
     app.include_router(portal_router)
+    app.include_router(evaluations_router)
     app.include_router(pages_router)
 
     build_openapi = app.openapi

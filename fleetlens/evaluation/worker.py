@@ -1,0 +1,163 @@
+"""A stateless evaluation worker: lease a shard through the API, run it, report, repeat.
+
+Everything a shard needs (examples, benchmark spec, adapter spec, decoding) comes with the lease,
+so any number of workers on any machine can serve one server. While a shard runs, a background
+thread heartbeats (extending the lease and sending the per-example results so far); if the
+server answers that the lease is gone (it expired and another worker has the shard), the worker
+drops the shard. An error in the model or the scorer is reported as a failed attempt, and the
+server retries that shard alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError, FleetlensError
+from .adapters import Adapter, Decoding, adapter_from_spec
+from .benchmarks import render, score
+from .cache import canonical_hash
+
+__all__ = ["Worker", "WorkerConfig"]
+
+log = logging.getLogger("fleetlens.eval.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    server: str
+    token: str = ""
+    worker_id: str = ""
+    lease_s: float = 30.0
+    poll_s: float = 0.5
+    idle_exit_s: float | None = None  # stop after this long with nothing to lease
+    max_shards: int | None = None
+
+
+class _LeaseGone(FleetlensError):
+    pass
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig) -> None:
+        import httpx
+
+        self.config = config
+        self.worker_id = config.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
+        self._http = httpx.Client(base_url=config.server.rstrip("/"), headers=headers, timeout=60)
+        self._adapters: dict[str, Adapter] = {}
+        self._locality = ""
+        self.shards_done = 0
+
+    def close(self) -> None:
+        for adapter in self._adapters.values():
+            close = getattr(adapter, "close", None)
+            if close is not None:
+                close()
+        self._http.close()
+
+    def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        r = self._http.post(path, json=body)
+        if r.status_code == 409:
+            raise _LeaseGone(r.text)
+        if r.status_code >= 400:
+            raise ConfigError(f"POST {path} answered {r.status_code}: {r.text[:500]}")
+        return r.status_code, (r.json() if r.status_code != 204 else None)
+
+    def lease(self) -> dict[str, Any] | None:
+        body = {"workerId": self.worker_id, "preferLocality": self._locality,
+                "leaseS": self.config.lease_s}  # fmt: skip
+        _, shard = self._post("/v1/eval-shards/lease", body)
+        return shard  # type: ignore[no-any-return]
+
+    def run(self) -> int:
+        """Serve shards until idle for ``idle_exit_s`` (or forever); returns shards completed."""
+        idle_since = time.monotonic()
+        while self.config.max_shards is None or self.shards_done < self.config.max_shards:
+            shard = self.lease()
+            if shard is None:
+                if (
+                    self.config.idle_exit_s is not None
+                    and time.monotonic() - idle_since > self.config.idle_exit_s
+                ):
+                    break
+                time.sleep(self.config.poll_s)
+                continue
+            self.run_shard(shard)
+            idle_since = time.monotonic()
+        return self.shards_done
+
+    def _adapter(self, spec: dict[str, Any]) -> Adapter:
+        key = canonical_hash(spec)
+        if key not in self._adapters:
+            self._adapters[key] = adapter_from_spec(spec)
+        return self._adapters[key]
+
+    def run_shard(self, shard: dict[str, Any]) -> None:
+        sid, token = shard["shardId"], shard["leaseToken"]
+        scores: dict[str, dict[str, float]] = {}
+        lock = threading.Lock()
+        stop = threading.Event()
+        lost = threading.Event()
+
+        def beat() -> None:
+            sent = 0
+            while not stop.wait(self.config.lease_s / 3):
+                with lock:
+                    partial = dict(scores) if len(scores) > sent else None
+                    sent = len(scores)
+                try:
+                    self._post(
+                        f"/v1/eval-shards/{sid}/heartbeat",
+                        {"leaseToken": token, "leaseS": self.config.lease_s, "partial": partial},
+                    )
+                except _LeaseGone:
+                    lost.set()
+                    return
+                except Exception as exc:  # a missed beat is retried; the lease has slack
+                    log.warning("heartbeat of shard %s failed: %s", sid, exc)
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{sid}", daemon=True)
+        thread.start()
+        try:
+            adapter = self._adapter(shard["adapter"])
+            self._locality = shard.get("locality", "")
+            decoding = Decoding.from_json(shard["decoding"])
+            spec = shard["benchmark"]
+            skip = set(shard.get("completedIds") or [])
+            for ex in shard["examples"]:
+                if lost.is_set():
+                    raise _LeaseGone(f"shard {sid} was leased to another worker")
+                if ex["id"] in skip:
+                    continue
+                gen = adapter.generate(render(spec, ex), decoding, str(ex["id"]))
+                result = score(spec, ex, gen)
+                with lock:
+                    scores[str(ex["id"])] = result
+            stop.set()
+            thread.join()
+            with lock:
+                final = dict(scores)
+            self._post(f"/v1/eval-shards/{sid}/complete", {"leaseToken": token, "scores": final})
+            self.shards_done += 1
+        except _LeaseGone as exc:
+            log.warning("dropped shard %s: %s", sid, exc)
+        except Exception as exc:
+            log.warning("shard %s failed: %s", sid, exc)
+            stop.set()
+            try:
+                self._post(
+                    f"/v1/eval-shards/{sid}/fail",
+                    {"leaseToken": token, "error": f"{type(exc).__name__}: {exc}"},
+                )
+            except (_LeaseGone, ConfigError) as exc2:
+                log.warning("could not report the failure of shard %s: %s", sid, exc2)
+        finally:
+            stop.set()
+            thread.join()

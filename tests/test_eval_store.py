@@ -1,0 +1,230 @@
+"""The evaluation store on SQLite and PostgreSQL: leasing, ordering, cache, registry, gates."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from fleetlens.evaluation.registry import PromotionRefused, Registry
+from fleetlens.evaluation.store import EvalStore, LeaseLost
+from fleetlens.store.access import AccessStore
+from fleetlens.store.graph import GraphStore
+from fleetlens.store.metadata import MetadataStore
+from fleetlens.store.scope import Scope
+
+from .test_eval_support import toy_suite
+
+A = Scope(tenant="acme", role="admin", actor="alice")
+EDITOR = Scope(tenant="acme", role="editor", actor="ed")
+B = Scope(tenant="bolt", role="admin", actor="bob")
+ECHO = {"kind": "callable", "target": "tests.test_eval_support:echo_answer"}
+
+
+@pytest.fixture
+def meta(metadata_url: str) -> Any:
+    store = MetadataStore(metadata_url)
+    yield store
+    store.engine.dispose()
+
+
+def _req(n: int = 20, **kw: Any) -> dict[str, Any]:
+    return {"adapter": ECHO, "suite": toy_suite(n), "shardSize": 5, **kw}
+
+
+def _drain(evals: EvalStore, scope: Scope, answer: Any = None) -> int:
+    """Lease and complete every shard in this process; ``answer(example) -> score``."""
+    count = 0
+    while (sh := evals.lease(scope, "inproc")) is not None:
+        scores = {e["id"]: {"exact_match": answer(e) if answer else 1.0} for e in sh["examples"]}
+        evals.complete(scope, sh["shardId"], sh["leaseToken"], scores)
+        count += 1
+    return count
+
+
+def test_concurrent_leases_hand_out_each_shard_exactly_once(meta: MetadataStore) -> None:
+    evals = EvalStore(meta)
+    evals.submit(A, _req(200))  # 40 shards
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def grab(i: int) -> None:
+        while (sh := evals.lease(A, f"w{i}")) is not None:
+            with lock:
+                got.append(sh["shardId"])
+
+    threads = [threading.Thread(target=grab, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 40 and len(set(got)) == 40
+    assert evals.lease(B, "other-tenant") is None
+
+
+def test_expired_lease_goes_to_another_worker_and_the_old_token_is_refused(
+    meta: MetadataStore,
+) -> None:
+    evals = EvalStore(meta)
+    ev = evals.submit(A, _req(5, maxAttempts=2))
+    first = evals.lease(A, "w1", lease_s=0.05)
+    assert first is not None and first["attempt"] == 1
+    evals.heartbeat(A, first["shardId"], first["leaseToken"], 0.05, {"0": {"exact_match": 1.0}})
+    time.sleep(0.1)
+    second = evals.lease(A, "w2", lease_s=30)
+    assert second is not None and second["shardId"] == first["shardId"]
+    assert second["attempt"] == 2 and second["completedIds"] == ["0"]
+    with pytest.raises(LeaseLost):
+        evals.complete(A, first["shardId"], first["leaseToken"], {})
+    with pytest.raises(LeaseLost):
+        evals.heartbeat(A, first["shardId"], first["leaseToken"])
+    scores = {e["id"]: {"exact_match": 1.0} for e in second["examples"][1:]}
+    out = evals.complete(A, second["shardId"], second["leaseToken"], scores)
+    assert out["evaluationState"] == "COMPLETED"
+    done = evals.get(A, ev["evaluationId"])
+    assert done["metrics"]["toy"]["exact_match"]["n"] == 5
+    # A lease that expires on its last attempt fails the shard instead of looping forever.
+    ev2 = evals.submit(A, _req(5, maxAttempts=1, codeCommit="other"))
+    assert evals.lease(A, "w3", lease_s=0.01) is not None
+    time.sleep(0.05)
+    assert evals.lease(A, "w4") is None
+    failed = evals.get(A, ev2["evaluationId"])
+    assert failed["state"] == "FAILED" and "lease expired" in failed["error"]
+
+
+def test_lease_order_priority_then_deadline_then_locality(meta: MetadataStore) -> None:
+    evals = EvalStore(meta)
+    p3 = evals.submit(A, _req(5, priority="P3", codeCommit="a"))
+    late = evals.submit(A, _req(5, priority="P1", deadline=time.time() + 900, codeCommit="b"))
+    soon = evals.submit(A, _req(5, priority="P1", deadline=time.time() + 60, codeCommit="c"))
+    p0 = evals.submit(A, _req(5, priority="P0", codeCommit="d"))
+    order = [evals.lease(A, "w")["evaluationId"] for _ in range(4)]  # type: ignore[index]
+    assert order == [p0["evaluationId"], soon["evaluationId"], late["evaluationId"],
+                     p3["evaluationId"]]  # fmt: skip
+    x = evals.submit(A, _req(5, priority="P2", modelHash="sha256:x"))
+    y = evals.submit(A, _req(5, priority="P2", modelHash="sha256:y"))
+    first = evals.lease(A, "w", prefer_locality="sha256:y")
+    assert first is not None and first["evaluationId"] == y["evaluationId"]
+    assert evals.lease(A, "w")["evaluationId"] == x["evaluationId"]  # type: ignore[index]
+
+
+def test_cache_hit_reuses_and_any_provenance_change_misses(meta: MetadataStore) -> None:
+    evals = EvalStore(meta)
+    base = _req(10, modelHash="sha256:m1", codeCommit="abc", decoding={"temperature": 0})
+    first = evals.submit(A, base)
+    assert _drain(evals, A) == 2
+    again = evals.submit(A, base)
+    assert again["cacheHit"] and again["cachedFrom"] == first["evaluationId"]
+    assert (
+        again["state"] == "COMPLETED"
+        and again["metrics"] == evals.get(A, first["evaluationId"])["metrics"]
+    )
+    assert evals.lease(A, "w") is None  # nothing ran twice
+    assert evals.scores(A, again["evaluationId"]) == evals.scores(A, first["evaluationId"])
+    assert not evals.submit(B, base)["cacheHit"]  # another tenant's result is never reused
+    suite = toy_suite(10)
+    variants = {
+        "model hash": {**base, "modelHash": "sha256:m2"},
+        "code commit": {**base, "codeCommit": "abd"},
+        "decoding": {**base, "decoding": {"temperature": 0.7}},
+        "evaluator version": {**base, "evaluatorVersion": "fleetlens-eval-2"},
+        "benchmark version": {**base, "suite": {**suite, "benchmarks": [
+            {**suite["benchmarks"][0], "version": "2"}]}},
+        "prompt template": {**base, "suite": {**suite, "benchmarks": [
+            {**suite["benchmarks"][0], "promptTemplate": {"version": "v2", "text": "{prompt}"}}]}},
+        "dataset": {**base, "suite": toy_suite(11)},
+    }  # fmt: skip
+    keys = {first["cacheKey"]}
+    for what, req in variants.items():
+        out = evals.submit(A, req)
+        assert not out["cacheHit"], what
+        keys.add(out["cacheKey"])
+    assert len(keys) == len(variants) + 1
+
+
+def _model(meta: MetadataStore, version: str) -> None:
+    meta.observe("acme", "run-1", first=1.0, last=2.0, step=10)
+    g = GraphStore(meta)
+    g.record_checkpoint(A, "run-1", int(version), checkpoint_id=f"ck{version}",
+                        checksum=f"sha256:{version * 8}")  # fmt: skip
+    g.register_model_version(A, "llm", version, "run-1", checkpoint_id=f"ck{version}")
+
+
+SAFE_QUALITY = [
+    {"metric": "toy/exact_match", "direction": "higher", "maxRegression": 0.0, "test": "mcnemar"},
+    {"metric": "safety/unsafe_rate", "direction": "lower", "maxRegression": 0.0, "hard": True},
+]
+
+
+def _evaluate(evals: EvalStore, version: str, quality: float, unsafe: float) -> str:
+    """An evaluation of llm:version with the given share of right answers and unsafe replies."""
+    n = 200
+    suite = toy_suite(n)
+    suite["benchmarks"].append({**suite["benchmarks"][0], "name": "safety"})
+    ev = evals.submit(A, {"adapter": ECHO, "suite": suite, "shardSize": 100,
+                          "modelId": "llm", "modelVersion": version})  # fmt: skip
+    while (sh := evals.lease(A, "w")) is not None:
+        key = "exact_match" if sh["benchmark"]["name"] == "toy" else "unsafe_rate"
+        rate = quality if key == "exact_match" else unsafe
+        scores = {e["id"]: {key: float(int(e["id"]) < rate * n)} for e in sh["examples"]}
+        evals.complete(A, sh["shardId"], sh["leaseToken"], scores)
+    assert evals.get(A, ev["evaluationId"])["state"] == "COMPLETED"
+    return str(ev["evaluationId"])
+
+
+def test_gates_and_promotion(meta: MetadataStore) -> None:
+    evals = EvalStore(meta)
+    reg = Registry(meta, evals, AccessStore(meta))
+    for v in ("1", "2", "3"):
+        _model(meta, v)
+    _evaluate(evals, "1", quality=0.70, unsafe=0.02)
+    # No gate yet: canary and production are refused; candidate (any name) moves freely.
+    assert reg.set_alias(EDITOR, "llm", "candidate", "1")["from"] is None
+    with pytest.raises(PromotionRefused, match="passing gate"):
+        reg.set_alias(EDITOR, "llm", "canary", "1")
+    with pytest.raises(PromotionRefused, match="only an admin"):
+        reg.set_alias(EDITOR, "llm", "canary", "1", override_reason="bootstrap")
+    reg.set_alias(A, "llm", "canary", "1", override_reason="first production model")
+    reg.set_alias(A, "llm", "production", "1", override_reason="first production model")
+    assert reg.aliases(A, "llm") == {"candidate": "1", "canary": "1", "production": "1"}
+
+    # v2: better quality, worse safety -> blocked by the hard safety gate.
+    _evaluate(evals, "2", quality=0.80, unsafe=0.10)
+    d2 = reg.run_gate(EDITOR, "llm", "2", SAFE_QUALITY)
+    assert not d2["passed"] and d2["failed"] == ["safety/unsafe_rate"]
+    checks = {c["metric"]: c for c in d2["checks"]}
+    assert (
+        checks["toy/exact_match"]["status"] == "pass" and checks["toy/exact_match"]["paired"] == 200
+    )
+    assert checks["safety/unsafe_rate"]["interval"][0] > 0  # the whole interval is a rise
+    with pytest.raises(PromotionRefused, match="failed"):
+        reg.set_alias(EDITOR, "llm", "canary", "2", decision_id=d2["decisionId"])
+
+    # v3: the same quality within noise, same safety -> passes; canary, then production.
+    _evaluate(evals, "3", quality=0.69, unsafe=0.02)
+    d3 = reg.run_gate(EDITOR, "llm", "3", SAFE_QUALITY)
+    assert d3["passed"], d3
+    assert d3["baselineVersion"] == "1" and d3["checks"][0]["pValue"] == 0.5  # 2 discordant pairs
+    with pytest.raises(PromotionRefused, match="not the canary"):
+        reg.set_alias(EDITOR, "llm", "production", "3", decision_id=d3["decisionId"])
+    with pytest.raises(PromotionRefused, match="judged llm:3, not 2"):
+        reg.set_alias(EDITOR, "llm", "canary", "2", decision_id=d3["decisionId"])
+    reg.set_alias(EDITOR, "llm", "canary", "3", decision_id=d3["decisionId"])
+    reg.set_alias(EDITOR, "llm", "production", "3", decision_id=d3["decisionId"])
+    assert reg.resolve(A, "llm", "production") == "3"
+    moves = reg.history(A, "llm")
+    assert [(m["alias"], m["from"], m["to"], m["override"]) for m in moves] == [
+        ("candidate", None, "1", False),
+        ("canary", None, "1", True),
+        ("production", None, "1", True),
+        ("canary", "1", "3", False),
+        ("production", "1", "3", False),
+    ]
+    audit = [e["action"] for e in AccessStore(meta).audit_log(A)]
+    assert audit.count("model.alias.override") == 2 and audit.count("model.alias.move") == 3
+    assert reg.decision(A, d2["decisionId"])["passed"] is False
+    assert GraphStore(meta).model_versions(A, "llm")[2]["evaluationId"] is not None
+    with pytest.raises(Exception, match="does not exist"):
+        reg.aliases(B, "llm")
