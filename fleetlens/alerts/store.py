@@ -10,15 +10,13 @@ scope; acknowledgement and manual resolution are audited.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from ..errors import NotFound, StoreError
+from ..errors import NotFound
 from ..store.access import AccessStore
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
@@ -75,22 +73,10 @@ class AlertStore:
         base_url: str = "",
         repeat_s: float = 4 * 3600.0,
     ) -> None:
-        self._sessions = sessionmaker(metadata.engine, expire_on_commit=False)
+        self._session = metadata._session  # one database, one session factory
         self.access = access
         self.base_url = base_url
         self.repeat_s = repeat_s
-
-    @contextmanager
-    def _session(self) -> Iterator[Session]:
-        s = self._sessions()
-        try:
-            yield s
-            s.commit()
-        except SQLAlchemyError as exc:
-            s.rollback()
-            raise StoreError(f"alert store error: {exc}") from exc
-        finally:
-            s.close()
 
     def apply(
         self,

@@ -8,16 +8,11 @@ for any tenant (it is the server's own process); every read takes the caller's s
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
 
 from ..analysis.rootcause import Diagnosis
-from ..errors import StoreError
 from .metadata import MetadataStore
 from .models import AnalysisCursor, Finding, Run, WorkloadBaseline
 from .scope import Scope
@@ -60,19 +55,7 @@ class FindingsStore:
 
     def __init__(self, metadata: MetadataStore) -> None:
         self.metadata = metadata
-        self._sessions = sessionmaker(metadata.engine, expire_on_commit=False)
-
-    @contextmanager
-    def _session(self) -> Iterator[Session]:
-        s = self._sessions()
-        try:
-            yield s
-            s.commit()
-        except SQLAlchemyError as exc:
-            s.rollback()
-            raise StoreError(f"findings store error: {exc}") from exc
-        finally:
-            s.close()
+        self._session = metadata._session  # one database, one session factory
 
     # ---- the loop's side ------------------------------------------------------------------
     def runs_with_new_data(self, limit: int = 50) -> list[RunToAnalyze]:
