@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import ConfigError, NotFound
 from ..store.access import AccessStore
+from ..store.graph import model_version
 from ..store.graph_models import ModelVersion
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
@@ -41,20 +42,6 @@ class Registry:
         self._session = metadata._session
         self._evals = evals
         self._access = access
-
-    @staticmethod
-    def _version(s: Session, scope: Scope, model_id: str, version: str) -> ModelVersion:
-        q = select(ModelVersion).where(
-            ModelVersion.tenant == scope.tenant,
-            ModelVersion.model_id == model_id,
-            ModelVersion.version == version,
-        )
-        if scope.project:
-            q = q.where(ModelVersion.project == scope.project)
-        row = s.scalars(q).first()
-        if row is None:
-            raise NotFound(f"model version {model_id}:{version} does not exist")
-        return row
 
     @staticmethod
     def _model_exists(s: Session, scope: Scope, model_id: str) -> None:
@@ -117,7 +104,7 @@ class Registry:
         if not alias or len(alias) > 128 or "/" in alias:
             raise ConfigError(f"alias {alias!r} must be 1-128 characters without '/'")
         with self._session() as s:
-            mv = self._version(s, scope, model_id, version)
+            mv = model_version(s, scope, model_id, version)
             current = s.scalars(
                 select(ModelAlias).where(
                     ModelAlias.tenant == scope.tenant,
@@ -236,7 +223,7 @@ class Registry:
         """Judge ``model_id:version`` against the version ``baseline_alias`` points at."""
         parsed = parse_policies(policies)
         with self._session() as s:
-            self._version(s, scope, model_id, version)
+            model_version(s, scope, model_id, version)
             cand_eval = candidate_evaluation or self._latest_eval(s, scope, model_id, version)
             base_row = s.scalars(
                 select(ModelAlias).where(
@@ -293,7 +280,7 @@ class Registry:
             if d is None:
                 raise NotFound(f"gate decision {decision_id!r} does not exist")
             if scope.project:
-                self._version(s, scope, d.model_id, d.candidate_version)
+                model_version(s, scope, d.model_id, d.candidate_version)
             return {"decisionId": d.decision_id, "modelId": d.model_id,
                     "version": d.candidate_version, "actor": d.actor, "createdAt": d.created_at,
                     **d.report}  # fmt: skip

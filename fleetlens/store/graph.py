@@ -22,7 +22,7 @@ from .metadata import MetadataStore
 from .models import Job, Run
 from .scope import Scope
 
-__all__ = ["ARTIFACT_KINDS", "GraphStore", "sha256_of"]
+__all__ = ["ARTIFACT_KINDS", "GraphStore", "model_version", "sha256_of"]
 
 ARTIFACT_KINDS = ("trace", "log", "eval_output", "checkpoint", "config", "other")
 _CHUNK = 8 << 20
@@ -46,6 +46,21 @@ def sha256_of(uri: str) -> tuple[str, int]:
 
 def _bare(checksum: str) -> str:
     return checksum.split(":", 1)[1] if checksum.startswith("sha256:") else checksum
+
+
+def model_version(s: Session, scope: Scope, model_id: str, version: str) -> ModelVersion:
+    """The caller's model version, or NotFound (also for another tenant's or project's)."""
+    q = select(ModelVersion).where(
+        ModelVersion.tenant == scope.tenant,
+        ModelVersion.model_id == model_id,
+        ModelVersion.version == version,
+    )
+    if scope.project:
+        q = q.where(ModelVersion.project == scope.project)
+    row = s.scalars(q).first()
+    if row is None:
+        raise NotFound(f"model version {model_id}:{version} does not exist")
+    return row
 
 
 class GraphStore:
@@ -304,19 +319,6 @@ class GraphStore:
                 row.metrics = {**(row.metrics or {}), **metrics}
             return _model_json(row)
 
-    def _model(self, s: Session, scope: Scope, model_id: str, version: str) -> ModelVersion:
-        q = select(ModelVersion).where(
-            ModelVersion.tenant == scope.tenant,
-            ModelVersion.model_id == model_id,
-            ModelVersion.version == version,
-        )
-        if scope.project:
-            q = q.where(ModelVersion.project == scope.project)
-        row = s.scalars(q).first()
-        if row is None:
-            raise NotFound(f"model version {model_id}:{version} does not exist")
-        return row
-
     def model_versions(self, scope: Scope, model_id: str | None = None) -> list[dict[str, Any]]:
         with self._session() as s:
             q = select(ModelVersion).where(ModelVersion.tenant == scope.tenant)
@@ -438,7 +440,7 @@ class GraphStore:
         dataset and code. With ``verify``, re-read the checkpoint and the dataset's shards
         through fsspec and compare their sha256 with what was registered."""
         with self._session() as s:
-            mv = self._model(s, scope, model_id, version)
+            mv = model_version(s, scope, model_id, version)
             run_id, cid, evaluation_id = mv.run_id, mv.checkpoint_id, mv.evaluation_id
             model = _model_json(mv)
             ck = _checkpoint_json(self._checkpoint(s, scope, run_id, cid))
