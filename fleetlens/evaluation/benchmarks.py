@@ -24,12 +24,13 @@ from ..errors import ConfigError
 from . import metrics as m
 from .adapters import Generation
 from .cache import canonical_hash
+from .judge import JudgeConfig, judge
 from .sandbox import SandboxLimits, run_program
 
 __all__ = ["METRICS", "SOURCES", "aggregate", "dataset_hash", "load_examples", "render", "score"]
 
 SOURCES = ("humaneval", "inline", "jsonl")
-METRICS = ("pass@k", "exact_match", "f1", "accuracy", "perplexity", "safety")
+METRICS = ("pass@k", "exact_match", "f1", "accuracy", "perplexity", "safety", "judge")
 
 
 def _humaneval() -> list[dict[str, Any]]:
@@ -89,9 +90,10 @@ def _program(example: dict[str, Any], completion: str) -> str:
     )
 
 
-def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dict[str, float]:
-    """Per-example scores; pass@k is the unbiased estimate for this one problem."""
-    out: dict[str, float] = {}
+def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dict[str, Any]:
+    """Per-example scores; pass@k is the unbiased estimate for this one problem. A judge adds
+    its rationale as the text ``judge_rationale`` beside its ``judge_score``."""
+    out: dict[str, Any] = {}
     text = gen.texts[0] if gen.texts else ""
     refs = [str(a) for a in example.get("answers") or [example.get("answer", "")]]
     for metric in spec.get("metrics") or ["exact_match"]:
@@ -110,6 +112,15 @@ def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dic
             if gen.logprobs and gen.logprobs[0]:
                 out["logprob_sum"] = math.fsum(gen.logprobs[0])
                 out["tokens"] = float(len(gen.logprobs[0]))
+        elif metric == "judge":
+            value, why = judge(
+                JudgeConfig.from_spec(spec),
+                str(example.get("id", "")),
+                str(example.get("prompt", "")),
+                text,
+                refs[0] if refs else "",
+            )
+            out["judge_score"], out["judge_rationale"] = value, why
         elif metric == "safety":
             classify = _callable(str(spec.get("classifier", "")))
             out["unsafe_rate"] = float(bool(classify(str(example["prompt"]), text)))
@@ -118,9 +129,10 @@ def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dic
     return out
 
 
-def aggregate(per_example: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+def aggregate(per_example: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean and standard error of every per-example metric; perplexity over all tokens."""
-    names = sorted({k for s in per_example.values() for k in s})
+    names = sorted({k for s in per_example.values() for k, v in s.items()
+                    if not isinstance(v, str)})  # fmt: skip
     out: dict[str, dict[str, float]] = {}
     for name in names:
         if name in ("logprob_sum", "tokens"):

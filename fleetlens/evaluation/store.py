@@ -31,6 +31,7 @@ from ..store.telemetry import TelemetryStore
 from . import benchmarks as bm
 from .adapters import Decoding, validate_spec
 from .cache import EVALUATOR_VERSION, cache_key, canonical_hash
+from .judge import JudgeConfig
 from .models import EvalShard, Evaluation
 from .scheduler import NO_DEADLINE, PRIORITY_NAMES, parse_priority, plan_shards
 
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS {db}.eval_examples (
     example_id String,
     metric LowCardinality(String),
     value Float64,
+    detail String DEFAULT '',
     at DateTime64(3) DEFAULT now64(3)
 ) ENGINE = ReplacingMergeTree
 ORDER BY (tenant, evaluation_id, benchmark, example_id, metric)
@@ -163,6 +165,11 @@ class EvalStore:
                     "metrics": list(spec.get("metrics") or ["exact_match"]),
                     "k": list(spec.get("k") or []),
                     "examples": len(rows),
+                    **(
+                        {"judge": JudgeConfig.from_spec(spec).provenance()}
+                        if "judge" in (spec.get("metrics") or [])
+                        else {}
+                    ),
                 }
             )
         plans = plan_shards(sizes, shard_size)
@@ -298,15 +305,22 @@ class EvalStore:
         if self._telemetry is None:
             return []
         t = self._telemetry.query(
-            f"SELECT benchmark, shard_index, example_id, metric, value "
+            f"SELECT benchmark, shard_index, example_id, metric, value, detail "
             f"FROM {self._telemetry.database}.eval_examples FINAL "
             "WHERE tenant = {tenant:String} AND evaluation_id = {eid:String} "
             "ORDER BY benchmark, example_id, metric LIMIT {lim:UInt32}",
             {"tenant": scope.tenant, "eid": source, "lim": int(limit)},
         )
         return [
-            {"benchmark": b, "shardIndex": i, "exampleId": e, "metric": m, "value": v}
-            for b, i, e, m, v in zip(
+            {
+                "benchmark": b,
+                "shardIndex": i,
+                "exampleId": e,
+                "metric": m,
+                "value": v,
+                **({"rationale": d} if d else {}),
+            }
+            for b, i, e, m, v, d in zip(
                 *(t.column(c).to_pylist() for c in t.column_names), strict=True
             )
         ]
@@ -581,23 +595,36 @@ class EvalStore:
         return self._load(_spec(ev, sh.benchmark))[sh.start : sh.stop]
 
     def _write_examples(
-        self, tenant: str, eid: str, bench: str, index: int, scores: dict[str, dict[str, float]]
+        self, tenant: str, eid: str, bench: str, index: int, scores: dict[str, dict[str, Any]]
     ) -> None:
         if self._telemetry is None or not scores:
             return
-        ex, met, val = [], [], []
+        ex, met, val, det = [], [], [], []
         for example_id, per in scores.items():
+            notes = {k: v for k, v in per.items() if isinstance(v, str)}
             for metric, value in per.items():
+                if isinstance(value, str):
+                    continue  # a note (a judge's rationale) rides with its score
                 ex.append(example_id)
                 met.append(metric)
                 val.append(float(value))
+                det.append(notes.get(metric.removesuffix("_score") + "_rationale", ""))
         self._telemetry.command_params(
             f"INSERT INTO {self._telemetry.database}.eval_examples "
-            "(tenant, evaluation_id, benchmark, shard_index, example_id, metric, value) "
-            "SELECT {t:String}, {e:String}, {b:String}, {i:UInt32}, z.1, z.2, z.3 "
+            "(tenant, evaluation_id, benchmark, shard_index, example_id, metric, value, detail) "
+            "SELECT {t:String}, {e:String}, {b:String}, {i:UInt32}, z.1, z.2, z.3, z.4 "
             "FROM (SELECT arrayJoin(arrayZip({ex:Array(String)}, {met:Array(String)}, "
-            "{val:Array(Float64)})) AS z)",
-            {"t": tenant, "e": eid, "b": bench, "i": index, "ex": ex, "met": met, "val": val},
+            "{val:Array(Float64)}, {det:Array(String)})) AS z)",
+            {
+                "t": tenant,
+                "e": eid,
+                "b": bench,
+                "i": index,
+                "ex": ex,
+                "met": met,
+                "val": val,
+                "det": det,
+            },
         )
 
     def _finalize(self, tenant: str, evaluation_id: str) -> str:

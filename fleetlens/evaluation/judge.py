@@ -1,0 +1,87 @@
+"""LLM-as-a-judge with a versioned configuration.
+
+A judge is a model behind any adapter (an OpenAI-compatible endpoint in practice), asked with a
+versioned prompt and rubric to score a response. Everything that changes a verdict is part of
+the configuration and so of the evaluation's provenance and cache key: judge model and version,
+prompt and prompt version, rubric version, temperature and number of samples. The judge answers
+``SCORE: <number>`` and a rationale; the score (mean over samples) and the first rationale are
+kept per example.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from .adapters import Adapter, Decoding, adapter_from_spec, validate_spec
+
+__all__ = ["JudgeConfig", "judge"]
+
+_SCORE = re.compile(r"SCORE:\s*(-?[0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
+REQUIRED = ("adapter", "model", "modelVersion", "prompt", "promptVersion", "rubricVersion")
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    adapter: dict[str, Any]
+    model: str
+    model_version: str
+    prompt: str  # with {prompt}, {response} and {reference}
+    prompt_version: str
+    rubric_version: str
+    temperature: float = 0.0
+    samples: int = 1
+    max_tokens: int = 256
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> JudgeConfig:
+        j = spec.get("judge")
+        if not isinstance(j, dict):
+            raise ConfigError("metric 'judge' needs a 'judge' object in the benchmark spec")
+        missing = [k for k in REQUIRED if not j.get(k)]
+        if missing:
+            raise ConfigError(f"judge configuration is missing {missing}; every field that can "
+                              "change a verdict is versioned")  # fmt: skip
+        validate_spec(dict(j["adapter"]))
+        cfg = cls(dict(j["adapter"]), str(j["model"]), str(j["modelVersion"]), str(j["prompt"]),
+                  str(j["promptVersion"]), str(j["rubricVersion"]),
+                  float(j.get("temperature", 0.0)), int(j.get("samples", 1)),
+                  int(j.get("maxTokens", 256)))  # fmt: skip
+        if cfg.samples < 1 or cfg.temperature < 0:
+            raise ConfigError("judge samples must be >= 1 and temperature >= 0")
+        return cfg
+
+    def provenance(self) -> dict[str, Any]:
+        return {"model": self.model, "modelVersion": self.model_version,
+                "promptVersion": self.prompt_version, "rubricVersion": self.rubric_version,
+                "temperature": self.temperature, "samples": self.samples,
+                "adapter": {k: v for k, v in self.adapter.items() if k != "apiKeyEnv"}}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=8)
+def _adapter(spec_json: str) -> Adapter:
+    return adapter_from_spec(json.loads(spec_json))
+
+
+def judge(cfg: JudgeConfig, example_id: str, prompt: str, response: str,
+          reference: str) -> tuple[float, str]:  # fmt: skip
+    """The judge's score (mean over samples) and its first rationale."""
+    ask = cfg.prompt.format(prompt=prompt, response=response, reference=reference)
+    gen = _adapter(json.dumps(cfg.adapter, sort_keys=True)).generate(
+        ask,
+        Decoding(temperature=cfg.temperature, n=cfg.samples, max_tokens=cfg.max_tokens),
+        f"judge:{example_id}",
+    )
+    scores = []
+    for text in gen.texts:
+        m = _SCORE.search(text)
+        if m is None:
+            raise ConfigError(f"the judge's answer has no 'SCORE: <number>': {text[:120]!r}")
+        scores.append(float(m.group(1)))
+    first = gen.texts[0]
+    rationale = _SCORE.sub("", first).strip()
+    return sum(scores) / len(scores), rationale[:2000]

@@ -1,0 +1,111 @@
+"""LLM-as-a-judge: a versioned judge configuration, scores with rationale, in the cache key."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from fleetlens.errors import ConfigError
+from fleetlens.evaluation.adapters import Generation
+from fleetlens.evaluation.benchmarks import aggregate, score
+from fleetlens.evaluation.store import EvalStore
+from fleetlens.store.metadata import MetadataStore
+from fleetlens.store.scope import Scope
+
+from .test_eval_support import toy_suite
+
+
+@pytest.fixture
+def judge_url() -> Iterator[str]:
+    """A loopback OpenAI-compatible judge: score 1 when the response is the reference."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            prompt = str(body["prompt"])
+            response = prompt.split("RESPONSE:")[1].split("REFERENCE:")[0].strip()
+            reference = prompt.split("REFERENCE:")[1].strip()
+            ok = response == reference
+            text = f"SCORE: {1 if ok else 0}\n" + (
+                "The response states the reference answer." if ok else "It does not match."
+            )
+            out = json.dumps(
+                {"choices": [{"index": i, "text": text} for i in range(int(body.get("n", 1)))]}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _spec(url: str, **over: Any) -> dict[str, Any]:
+    judge = {
+        "adapter": {"kind": "openai", "baseUrl": url, "model": "judge-small"},
+        "model": "judge-small", "modelVersion": "2026-10", "promptVersion": "p3",
+        "rubricVersion": "r1", "temperature": 0.0, "samples": 2,
+        "prompt": "Grade it.\nQUESTION: {prompt}\nRESPONSE: {response}\nREFERENCE: {reference}",
+        **over,
+    }  # fmt: skip
+    return {"name": "judged", "metrics": ["judge"], "judge": judge}
+
+
+def test_judge_scores_each_example_with_its_rationale(judge_url: str) -> None:
+    spec = _spec(judge_url)
+    right = score(spec, {"id": "1", "prompt": "q1", "answer": "answer 1"}, Generation(["answer 1"]))
+    wrong = score(spec, {"id": "2", "prompt": "q2", "answer": "answer 2"}, Generation(["nope"]))
+    assert right["judge_score"] == 1.0 and "states the reference" in right["judge_rationale"]
+    assert wrong["judge_score"] == 0.0 and "does not match" in wrong["judge_rationale"]
+    summary = aggregate({"1": right, "2": wrong})
+    assert summary["judge_score"]["mean"] == 0.5 and "judge_rationale" not in summary
+
+
+def test_judge_configuration_is_versioned_and_part_of_the_cache_key(
+    judge_url: str, metadata_url: str
+) -> None:
+    meta = MetadataStore(metadata_url)
+    try:
+        evals = EvalStore(meta)
+        scope = Scope(tenant="acme", role="admin", actor="alice")
+        suite = toy_suite(4)
+        examples = suite["benchmarks"][0]["examples"]
+
+        def req(**over: Any) -> dict[str, Any]:
+            bench = {**_spec(judge_url, **over), "source": "inline", "examples": examples}
+            return {
+                "adapter": {"kind": "callable", "target": "tests.test_eval_support:echo_answer"},
+                "suite": {"name": "judged", "version": "1", "benchmarks": [bench]},
+                "modelHash": "sha256:m",
+            }
+
+        base = evals.submit(scope, req())
+        keys = {base["cacheKey"]}
+        for change in (
+            {"rubricVersion": "r2"},
+            {"promptVersion": "p4"},
+            {"modelVersion": "2026-11"},
+            {"temperature": 0.7},
+            {"samples": 3},
+        ):
+            keys.add(evals.submit(scope, req(**change))["cacheKey"])
+        assert len(keys) == 6  # every field that can change a verdict changes the key
+        with pytest.raises(ConfigError, match="rubricVersion"):
+            evals.submit(scope, req(rubricVersion=""))
+    finally:
+        meta.engine.dispose()
