@@ -9,7 +9,7 @@ import pytest
 
 from fleetlens.errors import ConfigError
 from fleetlens.evaluation import metrics as m
-from fleetlens.evaluation.adapters import Decoding, adapter_from_spec
+from fleetlens.evaluation.adapters import Decoding, Generation, adapter_from_spec
 from fleetlens.evaluation.benchmarks import aggregate, score
 from fleetlens.evaluation.cache import cache_key
 from fleetlens.evaluation.gates import evaluate_gate, parse_policies
@@ -192,3 +192,20 @@ def test_cache_key_covers_every_field() -> None:
     for field in ("modelHash", "evaluatorVersion", "codeCommit"):
         assert cache_key({**base, field: "other"}) != key
     assert cache_key({**base, "decoding": {"temperature": 1}}) != key
+
+
+def test_text_and_math_metrics() -> None:
+    ref = ["the cat sat on the mat"]
+    assert m.bleu("the cat sat on the mat", ref) == pytest.approx(1.0)
+    assert m.bleu("a dog ran in a park", ref) < 0.1
+    assert m.chrf("the cat sat on the mat", ref) == pytest.approx(1.0)
+    assert 0.3 < m.chrf("the cat sat on a hat", ref) < 1.0
+    assert m.rouge_l("the cat sat on the mat", ref) == pytest.approx(1.0)
+    assert m.rouge_l("the cat sat", ref) == pytest.approx(2 * 1.0 * 0.5 / 1.5)
+    assert m.math_accuracy("so 617 + 617 = 1,234. The answer is 1,234.", "1234") == 1.0
+    assert m.math_accuracy("it is 3/4", "0.75") == 1.0
+    assert m.math_accuracy("it is 0.7", "0.75") == 0.0
+    assert m.math_accuracy("no number here", "4") == 0.0
+    spec = {"metrics": ["math", "bleu", "chrf", "rouge"]}
+    out = score(spec, {"prompt": "?", "answer": "42"}, Generation(["The answer is 42"]))
+    assert out["math_accuracy"] == 1.0 and set(out) == {"math_accuracy", "bleu", "chrf", "rouge_l"}

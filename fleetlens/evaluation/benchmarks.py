@@ -30,7 +30,10 @@ from .sandbox import SandboxLimits, run_program
 __all__ = ["METRICS", "SOURCES", "aggregate", "dataset_hash", "load_examples", "render", "score"]
 
 SOURCES = ("humaneval", "inline", "jsonl")
-METRICS = ("pass@k", "exact_match", "f1", "accuracy", "perplexity", "safety", "judge")
+METRICS = (
+    "pass@k", "exact_match", "f1", "accuracy", "math", "bleu", "chrf", "rouge",
+    "perplexity", "safety", "judge",
+)  # fmt: skip
 
 
 def _humaneval() -> list[dict[str, Any]]:
@@ -106,6 +109,14 @@ def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dic
             out["exact_match"] = m.exact_match(text, refs)
         elif metric == "f1":
             out["f1"] = m.token_f1(text, refs)
+        elif metric == "math":
+            out["math_accuracy"] = m.math_accuracy(text, str(example.get("answer", "")))
+        elif metric == "bleu":
+            out["bleu"] = m.bleu(text, refs)
+        elif metric == "chrf":
+            out["chrf"] = m.chrf(text, refs)
+        elif metric == "rouge":
+            out["rouge_l"] = m.rouge_l(text, refs)
         elif metric == "accuracy":
             out["accuracy"] = m.accuracy(text, str(example.get("answer", "")))
         elif metric == "perplexity":

@@ -19,12 +19,16 @@ from dataclasses import dataclass
 __all__ = [
     "Summary",
     "accuracy",
+    "bleu",
+    "chrf",
     "exact_match",
+    "math_accuracy",
     "mcnemar_exact",
     "normalize_answer",
     "paired_bootstrap",
     "pass_at_k",
     "perplexity",
+    "rouge_l",
     "summarize",
     "token_f1",
 ]
@@ -62,6 +66,54 @@ def accuracy(prediction: str, answer: str) -> float:
     """A choice question: the first non-space token of the prediction is the answer label."""
     words = prediction.strip().split()
     return float(bool(words) and words[0].strip(string.punctuation) == answer.strip())
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+
+
+def _number(text: str) -> float | None:
+    """The last number in a text (GSM8K style: '... so the answer is 1,234.'), fractions too."""
+    found = _NUMBER.findall(text.replace("$", ""))
+    if not found:
+        return None
+    raw = found[-1].replace(",", "")
+    try:
+        if "/" in raw:
+            num, den = raw.split("/")
+            return float(num) / float(den)
+        return float(raw)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def math_accuracy(prediction: str, answer: str, tolerance: float = 1e-6) -> float:
+    """The last number of the prediction equals the answer's (within a relative tolerance)."""
+    got, want = _number(prediction), _number(answer)
+    if got is None or want is None:
+        return 0.0
+    return float(abs(got - want) <= tolerance * max(1.0, abs(want)))
+
+
+def bleu(prediction: str, references: Sequence[str]) -> float:
+    """Sentence BLEU (sacrebleu, 0-1)."""
+    import sacrebleu
+
+    return float(sacrebleu.sentence_bleu(prediction, list(references)).score) / 100.0
+
+
+def chrf(prediction: str, references: Sequence[str]) -> float:
+    """Sentence chrF (sacrebleu, 0-1)."""
+    import sacrebleu
+
+    return float(sacrebleu.sentence_chrf(prediction, list(references)).score) / 100.0
+
+
+def rouge_l(prediction: str, references: Sequence[str]) -> float:
+    """Best ROUGE-L F-measure against any reference (rouge-score, stemmed)."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    return max((scorer.score(r, prediction)["rougeL"].fmeasure for r in references), default=0.0)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
