@@ -19,8 +19,9 @@ from typing import Any
 
 import pyarrow as pa
 import yaml
+from sqlalchemy import select
 
-from .alerts.engine import RunSignals, evaluate
+from .alerts.engine import RESOLVE_STEPS, RunSignals, evaluate
 from .alerts.metrics import JobMetrics, RunMetrics
 from .alerts.notifiers import (
     AlertmanagerNotifier,
@@ -38,7 +39,7 @@ from .errors import ConfigError
 from .store.access import AccessStore
 from .store.findings import FindingsStore
 from .store.goodput_queries import goodput_window
-from .store.metadata import MetadataStore
+from .store.metadata import MetadataStore, run_status
 from .store.models import Run
 from .store.run_queries import RunQueries
 from .store.scope import Scope
@@ -160,8 +161,6 @@ class Monitor:
         self.passes += 1
 
     def _active_runs(self, now: float) -> list[Run]:
-        from sqlalchemy import select
-
         with self.metadata._session() as s:
             rows = s.scalars(
                 select(Run)
@@ -192,14 +191,12 @@ class Monitor:
         drains = [(float(r["time"]), str(r["node_id"])) for r in stops
                   if r["kind"] in ("drain", "maintenance")]  # fmt: skip
         stopped = [float(r["time"]) for r in stops if r["kind"] != "restart"]
-        from .store.metadata import run_status
-
         status = run_status(run.status, run.status_at, run.last_seen, now)
         series = self._goodput_series(run, now, status)
         open_findings: dict[str, int] = {}
         for f in findings:
             end = f.get("endStep")
-            if end is None or summary.get("step") is None or summary["step"] - end <= 100:
+            if end is None or summary.get("step") is None or summary["step"] - end <= RESOLVE_STEPS:
                 open_findings[f["diagnosis"]] = open_findings.get(f["diagnosis"], 0) + 1
         signals = RunSignals(
             tenant=run.tenant,

@@ -14,7 +14,7 @@ from typing import Any
 
 from .policy import Policy, Rule
 
-__all__ = ["Candidate", "RunSignals", "evaluate", "fingerprint"]
+__all__ = ["RESOLVE_STEPS", "Candidate", "RunSignals", "evaluate", "fingerprint"]
 
 RESOLVE_STEPS = 100
 """A finding the analysis has not extended for this many steps of progress has cleared."""

@@ -182,20 +182,12 @@ class Ingestor:
             write = seen.written_at == 0.0 or now - seen.written_at >= _OBSERVE_EVERY_S
             if write:
                 seen.written_at, seen.dirty = now, False
-                snapshot = _Seen(**seen.__dict__)
+                record = _Seen(**seen.__dict__)
+            else:  # only this batch's span: lifecycle events below need the run to exist
+                record = _Seen("", "", min(times), max(times), step, world)
         events = batch.tables.get("event")
         if write or events:
-            self.metadata.observe(
-                tenant,
-                run_id,
-                job_id=job_id,
-                project=snapshot.project if write else "",
-                experiment_id=snapshot.experiment_id if write else "",
-                first=snapshot.first if write else min(times),
-                last=snapshot.last if write else max(times),
-                step=snapshot.step if write else step,
-                world_size=snapshot.world_size if write else world,
-            )
+            self._observe(key, record)
         if events:
             self._lifecycle(tenant, run_id, job_id, events[1])
 
@@ -268,15 +260,19 @@ class Ingestor:
             pending = [(k, _Seen(**v.__dict__)) for k, v in self._seen.items() if v.dirty]
             for _, v in self._seen.items():
                 v.dirty = False
-        for (tenant, run_id, job_id), s in pending:
-            self.metadata.observe(
-                tenant,
-                run_id,
-                job_id=job_id,
-                project=s.project,
-                experiment_id=s.experiment_id,
-                first=s.first,
-                last=s.last,
-                step=s.step,
-                world_size=s.world_size,
-            )
+        for key, seen in pending:
+            self._observe(key, seen)
+
+    def _observe(self, key: tuple[str, str, str], s: _Seen) -> None:
+        tenant, run_id, job_id = key
+        self.metadata.observe(
+            tenant,
+            run_id,
+            job_id=job_id,
+            project=s.project,
+            experiment_id=s.experiment_id,
+            first=s.first,
+            last=s.last,
+            step=s.step,
+            world_size=s.world_size,
+        )

@@ -104,6 +104,8 @@ class ChdbStore:
             try:
                 result = self._conn.query(sql, "ArrowTable", params=_params(params))
             except Exception as exc:
+                if "empty message" in str(exc):  # chDB's Arrow answer to an empty result
+                    return pa.table({})
                 raise StoreError(f"query failed: {exc}") from exc
         if not isinstance(result, pa.Table):
             raise StoreError(f"chDB returned {type(result).__name__}, expected an Arrow table")

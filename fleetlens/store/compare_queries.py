@@ -22,7 +22,7 @@ from ..analysis.compare import (
     config_diff,
     slow_episodes,
 )
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError
 from .goodput_queries import program_spec
 from .graph import GraphStore
 from .metadata import MetadataStore
@@ -36,10 +36,6 @@ FAULT_KINDS = (
     "exception", "signal",
 )  # fmt: skip
 BUCKETS = 10
-
-
-def _quote(s: str) -> str:
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 _PER_STEP = (
@@ -64,15 +60,7 @@ class CompareQueries:
 
     def _q(self, sql: str, **params: Any) -> pa.Table:
         params["tenant"] = self.tenant
-        for k, v in params.items():
-            if isinstance(v, (list, tuple)):
-                params[k] = "[" + ",".join(_quote(str(x)) for x in v) + "]"
-        try:
-            return self.t.query(sql.replace("{db}", self.db), params)
-        except StoreError as exc:
-            if "empty message" in str(exc):  # chDB's empty Arrow result
-                return pa.table({})
-            raise
+        return self.t.query(sql.replace("{db}", self.db), params)
 
     def speed(self, runs: list[str]) -> dict[str, dict[str, Any]]:
         """Per run: steps, median/mean step time, tokens/s, rank spread, slow-step share and

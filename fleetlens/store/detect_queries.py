@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from ..analysis.hardware import GpuHealth, NodeHealth
-from ..errors import StoreError
 from .ddl import COMPUTE_SQL
 from .telemetry import TelemetryStore
 
@@ -67,16 +65,7 @@ class DetectQueries:
 
     def _q(self, sql: str, **params: Any) -> Any:
         params["tenant"] = self.tenant
-        for k, v in params.items():
-            if isinstance(v, list):  # Array(String) parameters travel in their text form
-                params[k] = "[" + ",".join(_quote(str(x)) for x in v) + "]"
-        try:
-            return self.t.query(sql.replace("{db}", self.db), params)
-        except StoreError as exc:
-            # chDB answers an empty result in Arrow format with an empty buffer
-            if "empty message" in str(exc):
-                return pa.table({})
-            raise
+        return self.t.query(sql.replace("{db}", self.db), params)
 
     def jobs(self, run_id: str) -> list[JobSpan]:
         rows = self._q(
@@ -274,10 +263,6 @@ class DetectQueries:
         if not tab.num_rows:
             return {c: np.empty(0) for c in names}
         return {c: tab.column(c).to_numpy() for c in names}
-
-
-def _quote(s: str) -> str:
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _f(x: Any) -> float:
