@@ -8,6 +8,8 @@ page must name the injected cause. ``FLEETLENS_SCREENSHOTS=DIR`` saves a screens
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import shutil
 import subprocess
@@ -16,9 +18,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fleetlens.sim.library import load_scenario, run_scenario
+from fleetlens.store.portal_queries import Executions, run_summary, step_buckets
 
 from .helpers import Server
 
@@ -143,6 +147,7 @@ def test_run_page_shows_goodput_charts_and_the_stragglers_heatmap_row(
 ) -> None:
     page, errors = _open(browser, f"{played.url}/runs/{RUN}", "run")
     assert errors == []
+    assert page.get_attribute("body", "data-painted") == "true"
     now = page.inner_text("#now")
     assert "Goodput (job)" in now and "Tokens consumed" in now
     assert "productive" in page.inner_text("#breakdown")
@@ -230,3 +235,116 @@ def test_heatmap_endpoint_downsamples_to_the_cells_asked(played: Server) -> None
     assert h["hot"]["row"] == 37 // 16 and h["hot"]["rank"] == 37
     status, _ = played.request("GET", f"/v1/runs/{RUN}/heatmap?fromStep=9&toStep=1")
     assert status == 400
+
+
+def test_heatmap_document_lists_the_slowest_ranks_of_its_window(played: Server) -> None:
+    h = played.get(f"/v1/runs/{RUN}/heatmap?slowest=3")
+    assert [r["rank"] for r in h["slowestRanks"]][:1] == [37]
+    assert len(h["slowestRanks"]) == 3
+    assert "slowestRanks" not in played.get(f"/v1/runs/{RUN}/heatmap")
+
+
+def _fetch(srv: Server, path: str, headers: dict[str, str]) -> tuple[bytes, Any]:
+    import urllib.request
+
+    req = urllib.request.Request(srv.url + path, headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read(), r.headers
+
+
+def test_overview_is_gzipped_for_a_browser_and_times_its_parts(played: Server) -> None:
+    path = f"/v1/runs/{RUN}/overview"
+    body, headers = _fetch(played, path, {"Accept-Encoding": "gzip, deflate, br"})
+    assert headers["Content-Encoding"] == "gzip"
+    doc = json.loads(gzip.decompress(body))
+    plain, plain_headers = _fetch(played, path, {})
+    assert plain_headers.get("Content-Encoding") is None
+    assert len(body) < len(plain) / 3
+    assert json.loads(plain).keys() == doc.keys()
+    parts = dict(p.strip().split(";dur=") for p in headers["Server-Timing"].split(","))
+    assert {"steps", "scalars", "goodput", "timeline", "encode"} <= parts.keys()
+    # The heatmap is below the fold: it is the page's second document, not part of the first.
+    assert "heatmap" not in doc and "slowestRanks" not in doc
+
+
+def test_overview_figures_equal_the_run_and_goodput_endpoints(played: Server) -> None:
+    """The overview derives the summary and goodput from one read of the rollup; they must be
+    what the API's own endpoints answer (the demo run restarts and replays steps)."""
+    doc = played.get(f"/v1/runs/{RUN}/overview")
+    run = played.get(f"/v1/runs/{RUN}")
+    s = doc["summary"]
+    for key in ("steps", "step", "tokensProcessed", "worldSize", "window"):
+        assert s[key] == run[key], key
+    assert s["metrics"] == pytest.approx(run["metrics"], rel=1e-9)
+    goodput = played.get(f"/v1/runs/{RUN}/goodput")
+    got_f, want_f = doc["goodput"]["factors"], goodput["factors"]
+    assert got_f.pop("lossShares") == pytest.approx(want_f.pop("lossShares"), rel=1e-9)
+    assert got_f == pytest.approx(want_f, rel=1e-9)
+    got, want = doc["goodput"]["breakdown"], goodput["breakdown"]
+    seconds = {line["category"]: line["seconds"] for line in got["lines"]}
+    assert seconds == pytest.approx(
+        {line["category"]: line["seconds"] for line in want["lines"]}, rel=1e-9, abs=1e-9
+    )
+    assert got["attempts"] == want["attempts"] >= 2
+    assert got["reworkedExecutions"] == want["reworkedExecutions"] > 0
+    # The step series covers every step once (a replayed step counts at its latest attempt).
+    assert sum(b["steps"] for b in doc["stepSeries"]) == run["steps"]
+    assert sum(b["tokens"] for b in doc["stepSeries"]) == run["tokensProcessed"]
+    assert set(doc["scalars"]) >= {"loss", "lr", "grad_norm"}
+
+
+def _executions(rows: list[tuple[int, str, float, float, float]]) -> Executions:
+    """(step, job, start, duration, slowest compute) rows; 8 ranks, 100 tokens per step."""
+    step, job, start, dur, cmax = (np.array(c) for c in zip(*rows, strict=True))
+    n = len(step)
+    return Executions(
+        step=step.astype(np.int64),
+        job_id=job.astype(object),
+        start=start.astype(np.float64),
+        end=(start + dur).astype(np.float64),
+        max_duration=dur.astype(np.float64),
+        mean_duration=dur * 0.5,
+        max_compute=cmax.astype(np.float64),
+        mean_compute=cmax * 0.5,
+        ranks=np.full(n, 8, np.int64),
+        tokens=np.full(n, 100, np.int64),
+        data_wait=np.zeros(n),
+    )
+
+
+def test_step_buckets_and_summary_count_a_replayed_step_at_its_latest_attempt() -> None:
+    # Job a ran steps 0-3, job b replayed 2-3 (slower) and ran 4-5; rows arrive unordered.
+    ex = _executions(
+        [
+            (2, "b", 110.0, 3.0, 2.0),
+            (0, "a", 100.0, 1.0, 0.5),
+            (1, "a", 101.0, 2.0, 1.0),
+            (2, "a", 103.0, 1.0, 0.5),
+            (3, "a", 104.0, 1.0, 0.5),
+            (3, "b", 113.0, 5.0, 4.0),
+            (4, "b", 118.0, 1.0, 0.5),
+            (5, "b", 119.0, 2.0, 1.0),
+        ]
+    )
+    per_step = ex.latest()
+    assert per_step.step.tolist() == [0, 1, 2, 3, 4, 5]
+    assert per_step.job_id.tolist() == ["a", "a", "b", "b", "b", "b"]
+    buckets = step_buckets(per_step, 0, 5, 2)  # two buckets of three steps
+    assert [b["step"] for b in buckets] == [0, 3]
+    assert [b["steps"] for b in buckets] == [3, 3]
+    assert [(b["min"], b["p50"], b["max"]) for b in buckets] == [(1.0, 2.0, 3.0), (1.0, 2.0, 5.0)]
+    assert [b["computeMax"] for b in buckets] == [1.1667, 1.8333]
+    assert [b["t"] for b in buckets] == [100.0, 113.0]
+    assert [b["tokens"] for b in buckets] == [300, 300]
+    assert buckets[0]["tokensPerSecond"] == round(300 / 6.0, 1)
+    summary = run_summary(per_step, {"loss": 2.5}, window=4)
+    assert summary["steps"] == 6 and summary["step"] == 5
+    assert summary["tokensProcessed"] == 600 and summary["worldSize"] == 8
+    assert summary["window"] == {"fromStep": 2, "toStep": 5, "steps": 4}
+    m = summary["metrics"]
+    assert m["loss"] == 2.5
+    assert m["stepTimeMs"] == 2500.0  # median of 3, 5, 1, 2
+    assert m["meanRankStepTimeMs"] == 1250.0
+    assert m["tokensPerSecond"] == pytest.approx(400 / 11.0)
+    assert step_buckets(per_step, 10, 20, 5) == []
+    assert run_summary(ex.take(np.zeros(0, np.intp)), {})["step"] is None

@@ -1,22 +1,32 @@
 """JSON the web portal's pages fetch: one call per page, each shaped and downsampled for it.
 
-``/v1/runs/{run_id}/overview`` is everything the run page draws on first render (a page on a
-1,024-rank run must not make a dozen round trips); the heatmap endpoint redraws one window;
-``/failure``, ``/v1/portal/oncall`` and ``/v1/portal/capacity`` serve the other three pages.
-Everything is read through the caller's scope, as in the rest of the API.
+``/v1/runs/{run_id}/overview`` is everything the run page draws on first paint (a page on a
+1,024-rank run must not make a dozen round trips); ``/heatmap?slowest=8``, below the fold, is
+fetched after it and redraws any window; ``/failure``, ``/v1/portal/oncall`` and
+``/v1/portal/capacity`` serve the other three pages. Everything is read through the caller's
+scope, as in the rest of the API.
+
+The run page's two documents are encoded here (msgspec, gzip when the client accepts it) and
+carry a ``Server-Timing`` header with the cost of each part: a 100,000-step run's overview is
+~175 kB of JSON, which FastAPI's generic encoder takes ~30 ms to walk (msgspec: under 1 ms) and
+sends uncompressed (gzip: ~27 kB).
 """
 
 from __future__ import annotations
 
+import gzip
 import time
 from typing import Annotated, Any
 
 import anyio
+import msgspec
+import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import Response
 
 from ..store.findings import FindingsStore
 from ..store.goodput_queries import GoodputQueries, program_spec
-from ..store.portal_queries import HEATMAP_ROWS_BUDGET, PortalQueries
+from ..store.portal_queries import HEATMAP_ROWS_BUDGET, PortalQueries, run_summary, step_buckets
 from ..store.run_queries import RunQueries
 from ..store.scope import Scope
 from ..store.series_queries import SeriesQueries
@@ -56,6 +66,59 @@ RECOMMEND = {
 }
 
 
+GZIP_MIN_BYTES = 1024
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__} as JSON")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_plain)
+
+
+class _Clock:
+    """Milliseconds spent on each part of a document, for its ``Server-Timing`` header."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[str, float]] = []
+        self._t = time.perf_counter()
+
+    def mark(self, part: str) -> None:
+        now = time.perf_counter()
+        self.parts.append((part, (now - self._t) * 1000.0))
+        self._t = now
+
+    def header(self) -> str:
+        return ", ".join(f"{name};dur={ms:.1f}" for name, ms in self.parts)
+
+
+def _accepts_gzip(request: Request) -> bool:
+    for item in request.headers.get("accept-encoding", "").split(","):
+        name, _, params = item.partition(";")
+        if name.strip().lower() in ("gzip", "*"):
+            q = params.strip()
+            if not q.startswith("q="):
+                return True
+            try:
+                return float(q[2:]) > 0
+            except ValueError:
+                return False
+    return False
+
+
+def _json(request: Request, doc: dict[str, Any], clock: _Clock) -> Response:
+    body = _ENCODER.encode(doc)
+    headers = {"Vary": "Accept-Encoding"}
+    if len(body) >= GZIP_MIN_BYTES and _accepts_gzip(request):
+        body = gzip.compress(body, compresslevel=5, mtime=0)
+        headers["Content-Encoding"] = "gzip"
+    clock.mark("encode")
+    headers["Server-Timing"] = clock.header()
+    return Response(body, media_type="application/json", headers=headers)
+
+
 def _recommend(diagnosis: str) -> str:
     for key, text in RECOMMEND.items():
         if key in diagnosis:
@@ -79,62 +142,68 @@ def _total_steps(config: dict[str, Any]) -> int | None:
 
 @router.get(
     "/runs/{run_id}/overview",
-    summary="Everything the run page draws first, downsampled to the pixels shown",
+    summary="What the run page draws on first paint, downsampled to the pixels shown",
+    response_class=Response,
+    responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}},
 )
 async def overview(
     request: Request,
     run_id: str,
     scope: Reader,
     points: Annotated[int, Query(ge=10, le=2000)] = 400,
-    heat_ranks: Annotated[int, Query(alias="heatRanks", ge=1, le=1024)] = 128,
-    heat_steps: Annotated[int, Query(alias="heatSteps", ge=1, le=1024)] = 160,
-) -> dict[str, Any]:
+) -> Response:
+    """Status, summary, goodput, the step-time and scalar series and the recent timeline. The
+    heatmap and the slowest ranks, below the fold, come from ``/heatmap?slowest=``."""
     svc = request.app.state.services
 
-    def work() -> dict[str, Any]:
+    def work() -> Response:
+        clock = _Clock()
         info = svc.metadata.get_run(scope, run_id)
-        rq = RunQueries(svc.telemetry, scope)
         pq = PortalQueries(svc.telemetry, scope)
         out: dict[str, Any] = {"run": _run_json(info), "generatedAt": time.time()}
         out["run"]["config"] = info.config
-        summary = rq.summary(run_id)
+        clock.mark("run")
+        # One read of the rollup serves the summary, the step series and the goodput.
+        executions = pq.executions(run_id)
+        per_step = executions.latest()
+        clock.mark("steps")
+        latest = pq.latest_scalars(run_id)
+        summary = run_summary(per_step, latest)
         out["summary"] = summary
-        rng = pq.step_range(run_id)
-        if rng is None:
-            return out
-        lo, hi, world = rng
-        out["stepSeries"] = pq.step_series(run_id, lo, hi, points)
-        sq = SeriesQueries(svc.telemetry, scope)
-        names = [n["name"] for n in sq.names(run_id)]
-        out["scalars"] = {
-            n: sq.series(run_id, n, lo, hi, points) for n in names if n in SCALARS or len(names) < 6
-        }
-        h_lo, h_hi = _window(rng, world, None)
-        out["heatmap"] = pq.heatmap(run_id, h_lo, h_hi, world, heat_ranks, heat_steps)
-        out["slowestRanks"] = rq.ranks(run_id, h_lo, h_hi, "compute", True, 8)
-        bd, f, meta = GoodputQueries(svc.telemetry, scope).run_goodput(
-            run_id, program_spec(info.config or {})
-        )
+        clock.mark("summary")
+        if not len(per_step):
+            return _json(request, out, clock)
+        lo, hi = int(per_step.step[0]), int(per_step.step[-1])
+        out["stepSeries"] = step_buckets(per_step, lo, hi, points)
+        clock.mark("stepSeries")
+        names = [n for n in latest if n in SCALARS or len(latest) < 6]
+        out["scalars"] = pq.scalar_series(run_id, names, lo, hi, points)
+        clock.mark("scalars")
+        bd, f, meta = pq.run_goodput(run_id, executions, program_spec(info.config or {}))
         out["goodput"] = {
             "breakdown": bd.as_dict(),
             "factors": f.as_dict(),
             "program": meta,
             "advice": advice(bd, f, None),
         }
+        clock.mark("goodput")
         # The recent part on first paint; the page asks /timeline for any other window.
+        rq = RunQueries(svc.telemetry, scope)
         out["timeline"] = [
             i for i in rq.timeline(run_id, max(lo, hi - TIMELINE_STEPS + 1), hi) if i["source"]
         ][:2000]
+        clock.mark("timeline")
         out["findings"] = FindingsStore(svc.metadata).list(scope, run_id, None)
         out["alerts"] = svc.alert_store.list(scope, None, run_id, 50)
+        clock.mark("findings")
         total = _total_steps(info.config or {})
-        step_s = (summary.get("metrics") or {}).get("stepTimeMs")
+        step_s = summary["metrics"].get("stepTimeMs")
         eta = None
         if total and step_s and summary.get("step") is not None:
             left = max(0, total - 1 - int(summary["step"]))
             eta = {"totalSteps": total, "stepsLeft": left, "seconds": left * step_s / 1000.0}
         out["completion"] = eta
-        return out
+        return _json(request, out, clock)
 
     return await anyio.to_thread.run_sync(work)
 
@@ -142,6 +211,8 @@ async def overview(
 @router.get(
     "/runs/{run_id}/heatmap",
     summary="Rank x step heatmap of compute time: rank buckets x step buckets, max per cell",
+    response_class=Response,
+    responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}},
 )
 async def heatmap(
     request: Request,
@@ -151,23 +222,36 @@ async def heatmap(
     to_step: Annotated[int | None, Query(alias="toStep", ge=0)] = None,
     ranks: Annotated[int, Query(ge=1, le=1024)] = 128,
     steps: Annotated[int, Query(ge=1, le=1024)] = 160,
-) -> dict[str, Any]:
+    slowest: Annotated[
+        int, Query(ge=0, le=1000, description="also list this many slowest ranks of the window")
+    ] = 0,
+) -> Response:
+    """The default window is the last ``HEATMAP_ROWS_BUDGET // world`` steps."""
     svc = request.app.state.services
     if from_step is not None and to_step is not None and from_step > to_step:
         raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
 
-    def work() -> dict[str, Any]:
+    def work() -> Response:
+        clock = _Clock()
         svc.metadata.get_run(scope, run_id)
         pq = PortalQueries(svc.telemetry, scope)
         rng = pq.step_range(run_id)
+        clock.mark("run")
         if rng is None:
-            return {"runId": run_id, "cells": [], "hot": None}
+            return _json(request, {"runId": run_id, "cells": [], "hot": None}, clock)
         lo, hi = _window(rng, rng[2], None)
         lo = from_step if from_step is not None else lo
         hi = to_step if to_step is not None else hi
         if hi - lo + 1 > 1_000_000:
             raise HTTPException(400, "a heatmap window covers at most 1,000,000 steps")
-        return {"runId": run_id, **pq.heatmap(run_id, lo, hi, rng[2], ranks, steps)}
+        out = {"runId": run_id, **pq.heatmap(run_id, lo, hi, rng[2], ranks, steps)}
+        clock.mark("heatmap")
+        if slowest:
+            out["slowestRanks"] = RunQueries(svc.telemetry, scope).ranks(
+                run_id, lo, hi, "compute", True, slowest
+            )
+            clock.mark("ranks")
+        return _json(request, out, clock)
 
     return await anyio.to_thread.run_sync(work)
 

@@ -7,20 +7,42 @@ maximum compute time per cell (a max keeps one slow rank visible in a bucket of 
 query is bound to the caller's tenant given at construction, as in :mod:`.run_queries`.
 Aliases are prefixed (``b_``, ``h_``...): ClickHouse resolves a bare column name inside an
 aggregate to a same-named alias.
+
+The run page's first paint reads the rollup once: :meth:`PortalQueries.executions` returns every
+step execution (``FINAL`` merges the rollup's partial rows in the engine, far cheaper than a
+GROUP BY over 100,000 steps), and pure functions here derive the step-time series
+(:func:`step_buckets`) and the summary (:func:`run_summary`) from it while the goodput breakdown
+reads the same rows (:meth:`PortalQueries.run_goodput`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from ..analysis.breakdown import Breakdown, StepArrays
+from ..analysis.goodput import Factors
 from .ddl import COMPUTE_SQL
+from .goodput_queries import GoodputQueries, ProgramSpec
 from .scope import Scope
 from .telemetry import TelemetryStore
 
-__all__ = ["HEATMAP_ROWS_BUDGET", "PortalQueries"]
+__all__ = [
+    "HEATMAP_ROWS_BUDGET",
+    "Executions",
+    "PortalQueries",
+    "run_summary",
+    "step_buckets",
+]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
 
 HEATMAP_ROWS_BUDGET = 2_000_000
 """Rank-step rows the default heatmap window reads: ~2,000 steps at 1,024 ranks, ~120 at 16k."""
@@ -36,6 +58,158 @@ def _f(x: Any) -> float | None:
 def _r(x: Any, digits: int = 4) -> float | None:
     v = _f(x)
     return None if v is None else round(v, digits)
+
+
+def _col(x: F64, digits: int = 4) -> list[float | None]:
+    """An array rounded for JSON, non-finite values as None."""
+    return [v if math.isfinite(v) else None for v in np.round(x, digits).tolist()]
+
+
+def _g(x: Any, digits: int = 6) -> float | str | None:
+    """A chart value to ``digits`` significant digits; NaN and Inf as strings (they are signals)."""
+    if x is None:
+        return None
+    v = float(x)
+    return float(f"{v:.{digits}g}") if math.isfinite(v) else str(v)
+
+
+@dataclass(frozen=True)
+class Executions:
+    """A run's step executions, one per step and job attempt (a restart replays steps), as the
+    rollup has them: start, end, the slowest rank's duration and compute, the mean rank's
+    duration and compute, ranks, tokens and the longest input wait."""
+
+    step: I64
+    job_id: npt.NDArray[Any]
+    start: F64
+    end: F64
+    max_duration: F64
+    mean_duration: F64
+    max_compute: F64
+    mean_compute: F64
+    ranks: I64
+    tokens: I64
+    data_wait: F64
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def take(self, idx: npt.NDArray[np.intp]) -> Executions:
+        return Executions(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def latest(self) -> Executions:
+        """One row per step, its latest attempt (the one that counts), in step order."""
+        if not len(self) or bool(np.all(np.diff(self.step) > 0)):
+            return self  # the usual case: no step was replayed, and the rows are in order
+        by_start = np.argsort(self.start, kind="stable")
+        order = by_start[np.argsort(self.step[by_start], kind="stable")]
+        s = self.step[order]
+        return self.take(order[np.r_[s[1:] != s[:-1], True]])
+
+    def goodput_input(self) -> tuple[StepArrays, dict[str, float]]:
+        """What :meth:`GoodputQueries.step_executions` answers, from these rows."""
+        if not len(self):
+            return StepArrays.empty(), {"tokens": 0.0, "ranks": 0.0}
+        arrays = StepArrays(
+            step=self.step,
+            job_id=self.job_id,
+            start=self.start,
+            end=self.end,
+            max_compute=self.max_compute,
+            mean_compute=self.mean_compute,
+            data_wait=np.nan_to_num(self.data_wait, nan=0.0),
+        )
+        extra = {
+            "tokens_per_step": float(np.mean(self.tokens)),
+            "ranks": float(self.ranks[np.argmax(self.start)]),
+        }
+        return arrays, extra
+
+
+_BUCKET_KEYS = ("step", "steps", "t", "p50", "max", "min", "computeMax", "computeMean", "tokens",
+                "tokensPerSecond")  # fmt: skip
+
+
+def step_buckets(per_step: Executions, lo: int, hi: int, points: int) -> list[dict[str, Any]]:
+    """Per bucket of steps in [lo, hi] (``points`` buckets at most), from one row per step (see
+    :meth:`Executions.latest`): the job's step time (median, min and max over the bucket's
+    steps), the slowest and the mean rank's compute (bucket means), tokens and tokens/s."""
+    width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
+    sel = (per_step.step >= lo) & (per_step.step <= hi)
+    step = per_step.step[sel]
+    if not len(step):
+        return []
+    dur, start, end = per_step.max_duration[sel], per_step.start[sel], per_step.end[sel]
+    tokens = per_step.tokens[sel]
+    b = (step - lo) // width
+    first = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    count = np.diff(np.r_[first, len(step)])
+    med = np.empty(len(first))
+    for k, (i, n) in enumerate(zip(first.tolist(), count.tolist(), strict=True)):
+        d = np.sort(dur[i : i + n])
+        med[k] = (d[(n - 1) // 2] + d[n // 2]) / 2.0
+    tok = np.add.reduceat(tokens, first)
+    busy = np.add.reduceat(end - start, first)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tps = np.where(busy > 0, tok / busy, np.nan)
+    cols = zip(
+        step[first].tolist(),
+        count.tolist(),
+        _col(np.minimum.reduceat(start, first), 1),
+        _col(med),
+        _col(np.maximum.reduceat(dur, first)),
+        _col(np.minimum.reduceat(dur, first)),
+        _col(np.add.reduceat(per_step.max_compute[sel], first) / count),
+        _col(np.add.reduceat(per_step.mean_compute[sel], first) / count),
+        tok.tolist(),
+        _col(tps, 1),
+        strict=True,
+    )
+    return [dict(zip(_BUCKET_KEYS, c, strict=True)) for c in cols]
+
+
+def run_summary(
+    per_step: Executions, latest: dict[str, float | None], window: int = 100
+) -> dict[str, Any]:
+    """Progress and speed, as :meth:`RunQueries.summary` reports them, from one row per step:
+    last step, tokens, and step time / tokens/s over the last ``window`` steps."""
+    if not len(per_step):
+        return {"steps": 0, "step": None, "tokensProcessed": 0, "metrics": {}}
+    last = int(per_step.step[-1])
+    rec = per_step.step > last - window
+    busy = float(np.sum(per_step.end[rec] - per_step.start[rec]))
+    metrics: dict[str, Any] = dict(latest)
+    metrics.update(
+        {
+            "stepTimeMs": _f(np.median(per_step.max_duration[rec]) * 1000.0),
+            "meanRankStepTimeMs": _f(np.median(per_step.mean_duration[rec]) * 1000.0),
+            "tokensPerSecond": _f(np.sum(per_step.tokens[rec]) / busy) if busy > 0 else None,
+        }
+    )
+    steps = per_step.step[rec]
+    return {
+        "steps": len(per_step),
+        "step": last,
+        "tokensProcessed": int(np.sum(per_step.tokens)),
+        "worldSize": int(per_step.ranks[-1]),
+        "window": {"fromStep": int(steps[0]), "toStep": int(steps[-1]), "steps": len(steps)},
+        "metrics": metrics,
+    }
+
+
+class _Prefetched(GoodputQueries):
+    """Goodput over step executions already read (the page reads the rollup once)."""
+
+    def __init__(self, telemetry: TelemetryStore, tenant: str, rows: Executions) -> None:
+        super().__init__(telemetry, tenant)
+        self._rows = rows
+
+    def step_executions(
+        self, run_id: str, t0: float | None = None, t1: float | None = None
+    ) -> tuple[StepArrays, dict[str, float]]:
+        if t0 is None and t1 is None:
+            return self._rows.goodput_input()
+        return super().step_executions(run_id, t0, t1)
 
 
 class PortalQueries:
@@ -59,6 +233,99 @@ class PortalQueries:
         if not row["r_n"]:
             return None
         return int(row["r_lo"]), int(row["r_hi"]), int(row["r_world"])
+
+    def executions(self, run_id: str) -> Executions:
+        """Every step execution of the run (one scan of the rollup; ``FINAL`` merges its
+        partial rows per step and attempt, as a GROUP BY step, job_id would)."""
+        table = self._q(
+            "SELECT step, job_id, start AS e_start, `end` AS e_end, max_duration AS e_dur,"
+            " sum_duration / ranks AS e_dmean, max_compute AS e_cmax,"
+            " sum_compute / ranks AS e_cmean, ranks AS e_ranks, tokens AS e_tokens,"
+            " max_data_wait AS e_wait FROM {db}.steps_by_step FINAL"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}",
+            run=run_id,
+        )
+
+        def num(name: str, dtype: type) -> Any:
+            if not table.num_rows:
+                return np.zeros(0, dtype)
+            return table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
+
+        if table.num_rows:
+            # Decode the job ids once per distinct id, not once per row.
+            jobs = pc.dictionary_encode(table.column("job_id").cast(pa.string())).combine_chunks()
+            names = np.asarray(jobs.dictionary.to_pylist(), dtype=object)
+            job_id = names[jobs.indices.to_numpy(zero_copy_only=False)]
+        else:
+            job_id = np.zeros(0, object)
+        return Executions(
+            step=num("step", np.int64),
+            job_id=job_id,
+            start=num("e_start", np.float64),
+            end=num("e_end", np.float64),
+            max_duration=num("e_dur", np.float64),
+            mean_duration=num("e_dmean", np.float64),
+            max_compute=num("e_cmax", np.float64),
+            mean_compute=num("e_cmean", np.float64),
+            ranks=num("e_ranks", np.int64),
+            tokens=num("e_tokens", np.int64),
+            data_wait=num("e_wait", np.float64),
+        )
+
+    def run_goodput(
+        self, run_id: str, rows: Executions, spec: ProgramSpec
+    ) -> tuple[Breakdown, Factors, dict[str, Any]]:
+        """:meth:`GoodputQueries.run_goodput` of the whole run over ``rows``, read already."""
+        return _Prefetched(self.t, self.tenant, rows).run_goodput(run_id, spec)
+
+    def latest_scalars(self, run_id: str, limit: int = 200) -> dict[str, float | None]:
+        """Each scalar's latest value (highest step, then time), by name."""
+        rows = self._q(
+            "SELECT name, value FROM {db}.scalars"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            " ORDER BY name, step DESC, time DESC LIMIT 1 BY name LIMIT {limit:UInt32}",
+            run=run_id,
+            limit=limit,
+        ).to_pylist()
+        return {r["name"]: _f(r["value"]) for r in rows}
+
+    def scalar_series(
+        self, run_id: str, names: list[str], lo: int, hi: int, points: int
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Several scalars in one scan, as :meth:`SeriesQueries.series` shapes one: per bucket
+        of steps, the first, min, max and mean of the lowest rank's value at each step (six
+        significant digits), and how many were not finite (kept as strings: "nan", "inf")."""
+        if not names:
+            return {}
+        width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
+        rows = self._q(
+            "SELECT name, intDiv(step - {lo:Int64}, {w:Int64}) AS b, min(step) AS v_step,"
+            " argMin(v, step) AS v_first, min(v) AS v_min, max(v) AS v_max, avg(v) AS v_mean,"
+            " countIf(NOT isFinite(v)) AS v_bad FROM ("
+            "  SELECT name, step, value AS v FROM {db}.scalars"
+            "  WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            "  AND name IN {names:Array(String)} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
+            "  ORDER BY name, step, rank LIMIT 1 BY name, step)"
+            " GROUP BY name, b ORDER BY name, b",
+            run=run_id,
+            names=names,
+            lo=lo,
+            hi=hi,
+            w=width,
+        ).to_pylist()
+        out: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        for r in rows:
+            out[r["name"]].append(
+                {
+                    "step": int(r["v_step"]),
+                    "value": _g(r["v_first"]),
+                    "min": _g(r["v_min"]),
+                    "max": _g(r["v_max"]),
+                    "mean": _g(r["v_mean"]),
+                    "nonFinite": int(r["v_bad"]),
+                }
+            )
+        return out
 
     def step_series(self, run_id: str, lo: int, hi: int, points: int) -> list[dict[str, Any]]:
         """Per step bucket: the job's step time (median and max over the bucket's steps), the

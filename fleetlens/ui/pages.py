@@ -1,10 +1,12 @@
 """The web portal's HTML pages: a shell per page; the data comes from the JSON API.
 
 Each page is a small ``string.Template`` shell with headings, labelled tables and chart hosts;
-``static/app.js`` fetches the page's one JSON document (``/v1/runs/{id}/overview``,
-``/v1/portal/oncall``, ...) and draws it with ``static/charts.js``, and live pages refetch it on
-an interval instead of reloading. Pages are scoped like every API route (``require("read")``):
-a run the caller may not see is a 404 here too. They stay out of the OpenAPI schema.
+``static/app.js`` fetches the page's JSON document (``/v1/runs/{id}/overview``,
+``/v1/portal/oncall``, ...) and draws it with ``static/charts.js`` (the run page then fetches its
+below-the-fold heatmap and slowest ranks, ``/v1/runs/{id}/heatmap?slowest=8``), and live pages
+refetch on an interval instead of reloading. Pages are scoped like every API route
+(``require("read")``): a run the caller may not see is a 404 here too. They stay out of the
+OpenAPI schema.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 // fleetlens portal: each page fetches its one JSON document, draws it, and live pages refetch
-// it on an interval (no full reload). An optional token in sessionStorage["fleetlens.token"]
+// it on an interval (no full reload). The run page fetches a second one after its first paint:
+// the heatmap and the slowest ranks, below the fold. An optional token in sessionStorage["fleetlens.token"]
 // is sent as a Bearer header.
 "use strict";
 
@@ -184,8 +185,20 @@
       { label: "Tokens per second over steps", xDomain: dom, markers: mk });
     FLCharts.strip(document.getElementById("chart-timeline"), mk, { xDomain: dom, label: `Timeline of ${mk.length} events, checkpoints, metric changes and alerts over steps` });
 
-    const h = d.heatmap;
-    if (h && h.cells) {
+    fill("findings", (d.findings || []).map((x) => [{ th: x.diagnosis }, x.owner, pct(x.confidence),
+      `${text(x.startStep)}–${text(x.endStep)}`, x.summary, evidence(x.evidence)]), "no findings");
+    const tl = (d.timeline || []).filter((i) => i.kind !== "checkpoint_begin");
+    const altl = (d.alerts || []).map((a) => ({ step: a.step, source: "alert", kind: a.alertname, message: a.annotations.summary || "" }));
+    fill("timeline", tl.concat(altl).sort((a, b) => (a.step ?? -1) - (b.step ?? -1)).slice(0, 400).map((i) => [
+      { th: text(i.step) }, i.source, i.kind, [i.node, i.gpu !== null && i.gpu !== undefined ? `GPU ${i.gpu}` : null, i.rank !== null && i.rank !== undefined ? `rank ${i.rank}` : null].filter(Boolean).join(" ") || "–", i.message || ""]));
+    // First paint is done; the heatmap and the slowest ranks, below the fold, come next.
+    body.dataset.painted = "true";
+    heatmapSection(await getJSON(`/v1/runs/${enc(runId)}/heatmap?slowest=8`));
+    return d.run.status === "RUNNING";
+  }
+
+  function heatmapSection(h) {
+    if (h.cells && h.cells.length) {
       const canvas = document.getElementById("heatmap");
       const hot = h.hot;
       const label = `Heatmap of compute time, ${h.rows} rows of ${h.ranksPerRow} ranks by ${h.columns} columns of ${h.stepsPerColumn} steps, steps ${h.fromStep}-${h.toStep}` +
@@ -199,15 +212,8 @@
         hp.textContent = `Outlined row ${hot.row}: ranks ${hot.rankFrom}–${hot.rankTo}, ${F(hot.ratio)}× the column median; slowest rank ${hot.rank}.`;
       }
     }
-    fill("ranks", (d.slowestRanks || []).map((r) => [{ th: r.rank }, r.node, r.gpu, F(r.computeMs),
+    fill("ranks", (h.slowestRanks || []).map((r) => [{ th: r.rank }, r.node, r.gpu, F(r.computeMs),
       r.computeSlowdown ? r.computeSlowdown.toFixed(3) : "–", F(r.commMs), hardware(r.hardware)]));
-    fill("findings", (d.findings || []).map((x) => [{ th: x.diagnosis }, x.owner, pct(x.confidence),
-      `${text(x.startStep)}–${text(x.endStep)}`, x.summary, evidence(x.evidence)]), "no findings");
-    const tl = (d.timeline || []).filter((i) => i.kind !== "checkpoint_begin");
-    const altl = (d.alerts || []).map((a) => ({ step: a.step, source: "alert", kind: a.alertname, message: a.annotations.summary || "" }));
-    fill("timeline", tl.concat(altl).sort((a, b) => (a.step ?? -1) - (b.step ?? -1)).slice(0, 400).map((i) => [
-      { th: text(i.step) }, i.source, i.kind, [i.node, i.gpu !== null && i.gpu !== undefined ? `GPU ${i.gpu}` : null, i.rank !== null && i.rank !== undefined ? `rank ${i.rank}` : null].filter(Boolean).join(" ") || "–", i.message || ""]));
-    return d.run.status === "RUNNING";
   }
 
   // ---------------------------------------------------------------- failure page
