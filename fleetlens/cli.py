@@ -81,6 +81,8 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
             "slack_url": getattr(args, "slack_url", None),
             "alert_policy": getattr(args, "alert_policy", None),
             "public_url": getattr(args, "public_url", None),
+            "remediation": getattr(args, "remediation", None),
+            "actuators": getattr(args, "actuators", None),
         },
         config_file=args.config,
     )
@@ -244,6 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--slack-url", help="send alerts to this Slack-compatible webhook")
     sp.add_argument("--alert-policy", help="YAML file of alert policy overrides")
     sp.add_argument("--public-url", help="how users reach this server (links in alerts)")
+    sp.add_argument(
+        "--remediation",
+        choices=("off", "recommend", "approve", "automatic"),
+        help="what to do when a finding justifies taking a node out (default recommend)",
+    )
+    sp.add_argument(
+        "--actuators", help="who takes a node out: torchrun, slurm, kubernetes (comma-separated)"
+    )
     sp.set_defaults(func=cmd_serve)
     from . import demo
 

@@ -39,6 +39,11 @@ _ENV = {
     "slack_url": "FLEETLENS_SLACK_URL",
     "public_url": "FLEETLENS_PUBLIC_URL",
     "alert_policy": "FLEETLENS_ALERT_POLICY",
+    "remediation": "FLEETLENS_REMEDIATION",
+    "actuators": "FLEETLENS_ACTUATORS",
+    "hang_s": "FLEETLENS_HANG_S",
+    "restart_cost_s": "FLEETLENS_RESTART_COST_S",
+    "straggler_persist_s": "FLEETLENS_STRAGGLER_PERSIST_S",
 }
 
 
@@ -67,6 +72,11 @@ class ServerConfig:
     slack_url: str = ""
     public_url: str = ""  # how users reach this server (links in notifications)
     alert_policy: str = ""  # YAML/JSON file of policy overrides
+    remediation: str = "recommend"  # off | recommend | approve | automatic (docs/remediation.md)
+    actuators: str = "torchrun"  # comma-separated: torchrun, slurm, kubernetes
+    hang_s: float = 60.0  # a job with no rank progressing this long is hung
+    restart_cost_s: float = 300.0  # a restart's cost until the run has measured one
+    straggler_persist_s: float = 300.0  # a straggler is acted on once flagged this long
 
     @property
     def loopback(self) -> bool:
@@ -141,6 +151,12 @@ class ServerConfig:
             )
         if cfg.analysis_interval_s <= 0:
             raise ConfigError(f"analysis_interval_s is {cfg.analysis_interval_s}; it must be > 0")
+        if cfg.remediation not in ("off", "recommend", "approve", "automatic"):
+            raise ConfigError(
+                f"remediation is {cfg.remediation!r}; use off, recommend, approve or automatic"
+            )
+        if cfg.hang_s <= 0 or cfg.restart_cost_s <= 0 or cfg.straggler_persist_s < 0:
+            raise ConfigError("hang_s and restart_cost_s must be > 0, straggler_persist_s >= 0")
         if cfg.max_inflight < 1:
             raise ConfigError(f"max_inflight is {cfg.max_inflight}; it must be >= 1")
         return cfg

@@ -1,9 +1,10 @@
-"""The server's monitoring pass: analyse new data, evaluate the alert policy, notify, export.
+"""The server's monitoring pass: analyse, evaluate the alert policy, notify, remediate, export.
 
 One pass, run every ``analysis_interval_s`` by the server (off the event loop): the analysis
 loop writes findings for runs with new data; for every active run the pass reads its signals
 (progress, step time, goodput over the policy's window, findings, drains), evaluates the policy,
-reconciles the alert store, hands notifications to the delivery thread, stores the run's
+reconciles the alert store, hands notifications to the delivery thread, lets the remediation
+controller decide and move its actions on (fleetlens.remediation), stores the run's
 sliding-window goodput as a scalar series (``goodput``), refreshes the Prometheus snapshot and
 copies due failure windows. A failure in one run is logged and the pass goes on.
 """
@@ -36,6 +37,9 @@ from .alerts.store import AlertStore
 from .analyzer import analyze_once
 from .config import ServerConfig
 from .errors import ConfigError
+from .remediation.actuators import build_actuators
+from .remediation.controller import Controller
+from .remediation.policy import RemediationPolicy
 from .store.access import AccessStore
 from .store.findings import FindingsStore
 from .store.goodput_queries import goodput_window
@@ -69,6 +73,7 @@ class Monitor:
     policy: Policy
     project_overrides: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     config: MonitorConfig = field(default_factory=MonitorConfig)
+    remediation: Controller | None = None
     _goodput: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
     passes: int = 0
     errors: int = 0
@@ -101,15 +106,30 @@ class Monitor:
             projects = dict(doc.get("projects", {}))
             for overrides in projects.values():
                 policy.merged(overrides)  # validate now, not at the first alert
+        findings = FindingsStore(metadata)
+        controller = Controller(
+            metadata,
+            telemetry,
+            findings,
+            access,
+            RemediationPolicy(
+                mode=cfg.remediation,
+                restart_cost_s=cfg.restart_cost_s,
+                persist_s=cfg.straggler_persist_s,
+            ),
+            build_actuators(cfg.actuators),
+            hang_s=cfg.hang_s,
+        )
         return cls(
             telemetry,
             metadata,
-            FindingsStore(metadata),
+            findings,
             AlertStore(metadata, access, cfg.public_url),
             Delivery(notifiers),
             metrics,
             policy,
             projects,
+            remediation=controller,
         )
 
     def close(self) -> None:
@@ -156,6 +176,12 @@ class Monitor:
             except Exception:
                 self.errors += 1
                 log.exception("alert reconciliation failed for tenant %s", tenant)
+        try:
+            if self.remediation is not None:
+                self.remediation.tick(runs, now)
+        except Exception:
+            self.errors += 1
+            log.exception("remediation pass failed")
         self._export(snapshot)
         self._preserve(now)
         self.passes += 1

@@ -273,6 +273,7 @@ EVENT_KINDS: dict[str, str] = {
     "restart": "the run restarted from a checkpoint",
     "preemption": "the scheduler preempted the job",
     "drain": "a node was drained or cordoned",
+    "remediation": "a phase of a remediation action (attrs: action, phase, duration, category)",
     "maintenance": "planned maintenance took capacity",
     "hardware_fault": "a device or host fault (attrs: xid, ecc, ...)",
     "nan": "a NaN or Inf appeared in loss or gradients",

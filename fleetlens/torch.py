@@ -20,13 +20,30 @@ gradients are reduced, so its time is split at the moment the last local bucket 
 before it is this rank's compute, after it is waiting for the others (``comm``). A slow rank
 therefore shows as the longest compute and the shortest wait, and each collective records when
 this rank entered and left it, so the last arriver is found without synchronized clocks.
+
+Draining for the server's remediation controller (docs/remediation.md)::
+
+    start, state = tr.resume(ckpt_dir) or (0, None)     # newest verified checkpoint
+    for step in range(start, total):
+        if tr.stop_requested(step):                     # same answer on every rank
+            tr.drain(step, lambda: {"model": ..., "optim": ...}, ckpt_dir)
+        ...
+
+``stop_requested`` agrees on the stop step through an all-reduce on a side gloo group, launched
+at one boundary and read at the next, so it never waits on the hot path; ``drain`` writes a
+verified checkpoint (rank 0), reports it, and exits with ``DRAIN_EXIT_CODE`` when the server
+says the node is out, so torchrun's agents re-form the job without it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
+import json
 import math
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -36,9 +53,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .sdk.control import DRAIN_EXIT_CODE, ControlChannel
 from .sdk.run import Run
 
-__all__ = ["TorchRun", "load", "save"]
+__all__ = ["DRAIN_EXIT_CODE", "TorchRun", "latest_checkpoint", "load", "save", "save_verified"]
 
 _MAX_PENDING = 64  # CUDA steps awaiting read-back; older ones are dropped (and counted)
 
@@ -95,6 +113,12 @@ class TorchRun:
         self._last_bucket = 0.0
         self.dropped_steps = 0
         self.errors = 0
+        self.control_interval = float(os.environ.get("FLEETLENS_CONTROL_INTERVAL", "2") or 2)
+        self._channel: ControlChannel | None = None
+        self._ctl_group: Any = None
+        self._vote: tuple[Any, torch.Tensor] | None = None
+        # After resuming: (the remediation that caused it or 0, step, load seconds, loaded at)
+        self._resumed: tuple[int, int, float, float] | None = None
 
     # -- steps and phases ---------------------------------------------------------------------
 
@@ -176,6 +200,114 @@ class TorchRun:
             else:
                 self._data_wait += wait
             yield batch
+
+    # -- drain: stop at a step boundary, checkpoint, leave ------------------------------------
+
+    def _open_channel(self) -> ControlChannel:
+        if self._channel is None:
+            ch = ControlChannel(
+                self.run.config,
+                lambda: (self._step_n, self._seq),
+                interval=self.control_interval,
+                flush=self.run.flush,
+            )
+            if self.run.config.enabled:
+                ch.start()
+            self._channel = ch
+        return self._channel
+
+    def stop_requested(self, step: int) -> bool:
+        """At a step boundary, on every rank: True when the server asked this job to drain.
+
+        Every rank gets the same answer at the same step: each boundary launches an all-reduce
+        (MAX) of "a drain is pending here" on a side gloo group and reads the one launched at the
+        previous boundary, which has long finished. Call it every step, on every rank."""
+        try:
+            ch = self._open_channel()
+            if self._resumed is not None and step > self._resumed[1]:
+                aid, at, load_s, loaded = self._resumed
+                self._resumed = None
+                ch.ack(
+                    aid,
+                    "resumed",
+                    step=at,
+                    world=self.run.config.world_size,
+                    loadS=load_s,
+                    loadedAt=loaded,
+                )
+            local = 1 if ch.pending("stop") is not None else 0
+            if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+                return bool(local)
+            if self._ctl_group is None:
+                self._ctl_group = dist.new_group(backend="gloo")
+            vote = torch.tensor([local], dtype=torch.int32)
+            work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self._ctl_group, async_op=True)
+            prev, self._vote = self._vote, (work, vote)
+            if prev is None:
+                return False
+            prev[0].wait()
+            return bool(int(prev[1].item()) > 0)
+        except Exception:
+            self.errors += 1
+            return False
+
+    def drain(self, step: int, state: Any, directory: str, *, timeout: float = 600.0) -> None:
+        """Carry out the server's drain at this boundary (``step`` is the first step not run).
+
+        Rank 0 writes ``state`` (or ``state()``) as a verified checkpoint; every rank reports
+        that it stopped, then waits for the server: when the node is out it exits with
+        ``DRAIN_EXIT_CODE`` (torchrun restarts the workers without it); if the server cancels
+        the drain, or is silent past ``timeout``, this returns and training goes on."""
+        ch = self._open_channel()
+        deadline = time.monotonic() + timeout
+        # The vote may have stopped this rank before its own poll saw the instruction.
+        action = ch.pending("stop")
+        while action is None and time.monotonic() < deadline:
+            ch.poll_now()
+            time.sleep(0.05)
+            action = ch.pending("stop")
+        if action is None:
+            self.errors += 1
+            return
+        aid = int(action["id"])
+        ch.ack(aid, "stopped", step=step)
+        if self.run.config.rank == 0:
+            t0 = time.time()
+            try:
+                obj = state() if callable(state) else state
+                manifest = save_verified(self.run, obj, directory, step, remediation=aid)
+                ch.ack(aid, "checkpointed", step=step, started=t0, checkpoint=manifest)
+            except Exception as exc:
+                self.errors += 1
+                ch.ack(aid, "checkpoint_failed", step=step, error=repr(exc)[:500])
+        while time.monotonic() < deadline:
+            ch.poll_now()
+            time.sleep(min(0.2, ch.interval))
+            a = ch.action
+            if a is None or int(a.get("id", 0)) != aid:
+                self.errors += 1  # cancelled or superseded: train on
+                return
+            if a.get("phase") == "restart":
+                ch.exiting.set()
+                self.run.flush(5.0)
+                sys.exit(DRAIN_EXIT_CODE)
+            if a.get("phase") == "resume":
+                return
+        self.errors += 1
+
+    def resume(self, directory: str, **load_kwargs: Any) -> tuple[int, Any] | None:
+        """The newest verified checkpoint in ``directory``: (first step to run, the state)."""
+        found = latest_checkpoint(directory)
+        if found is None:
+            return None
+        manifest, path = found
+        t0 = time.perf_counter()
+        obj = load(self.run, path, int(manifest["step"]), **load_kwargs)
+        load_s = time.perf_counter() - t0
+        if self.run.config.restart_count > 0 or manifest.get("remediation"):
+            aid = int(manifest.get("remediation") or 0)
+            self._resumed = (aid, int(manifest["step"]), load_s, time.time())
+        return int(manifest["step"]), obj
 
     # -- CUDA event read-back -------------------------------------------------------------------
 
@@ -359,3 +491,79 @@ def load(run: Run, path: str, step: int | None = None, **kwargs: Any) -> Any:
             size_bytes=os.path.getsize(path),
         )
     return obj
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_verified(
+    run: Run, obj: Any, directory: str, step: int, *, remediation: int = 0
+) -> dict[str, Any]:
+    """A synchronous checkpoint that is verified before anyone relies on it.
+
+    The state is serialized in memory and hashed, written to a temporary file, flushed to disk
+    and renamed; the file is then read back and hashed again. Only when both hashes match is the
+    manifest (``ckpt-<step>.json``: step, path, sha256, bytes) written, atomically, next to it:
+    a checkpoint without a manifest is never resumed from. ``step`` is the first step to run
+    after loading it. Raises if verification fails."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"ckpt-{step:08d}.pt")
+    attrs: dict[str, Any] = (
+        {"category": "recovery", "remediation": remediation} if remediation else {}
+    )
+    with run.checkpoint(step, path=path, sync=True, **attrs) as ck:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        data = buf.getvalue()
+        digest = hashlib.sha256(data).hexdigest()
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        readback = _sha256(path)
+        if readback != digest:
+            raise OSError(f"checkpoint {path} reads back as {readback}, wrote {digest}")
+        manifest = {
+            "step": step,
+            "path": path,
+            "sha256": digest,
+            "bytes": len(data),
+            "time": time.time(),
+            "remediation": remediation,
+        }
+        mtmp = os.path.join(directory, f".ckpt-{step:08d}.json.tmp-{os.getpid()}")
+        with open(mtmp, "w") as fh:
+            json.dump(manifest, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(mtmp, os.path.join(directory, f"ckpt-{step:08d}.json"))
+        ck.attrs.update(size_bytes=len(data), sha256=digest, verified=True)
+    return manifest
+
+
+def latest_checkpoint(directory: str) -> tuple[dict[str, Any], str] | None:
+    """The newest checkpoint in ``directory`` whose file matches its manifest's checksum."""
+    try:
+        names = sorted(
+            (n for n in os.listdir(directory) if n.startswith("ckpt-") and n.endswith(".json")),
+            reverse=True,
+        )
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(os.path.join(directory, name)) as fh:
+                manifest = json.load(fh)
+            path = os.path.join(directory, os.path.basename(str(manifest["path"])))
+            if _sha256(path) == manifest["sha256"]:
+                return manifest, path
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None

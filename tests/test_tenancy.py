@@ -146,6 +146,18 @@ def _b_alert(t: Tenants) -> dict[str, Any]:
     raise AssertionError("bolt's fatal Xid raised no alert")
 
 
+def _b_remediation(t: Tenants) -> str:
+    """The action the controller recommends for bolt's fatal Xid (it recommends by default)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rows = t.server.get("/v1/remediations", token=t.tokens["b-admin"])["remediations"]
+        if rows:
+            assert rows[0]["state"] == "recommended" and rows[0]["node"] == "bolt-node-7"
+            return str(rows[0]["id"])
+        time.sleep(0.25)
+    raise AssertionError("bolt's fatal Xid got no remediation recommended")
+
+
 B_SECRETS = ("bolt-secret-run", "bolt-private-dataset", "bolt-node-7", "bolt-proj", "bolt-job")
 
 # A request body for every route that takes one. A new route with a body fails the walk below
@@ -180,6 +192,9 @@ BODIES = {
         "policies": [{"metric": "secret/exact_match"}],
     },
     ("post", "/v1/models/{model_id}/aliases/{alias}"): {"version": "1"},
+    ("post", "/v1/runs/{run_id}/control"): {"id": 0, "event": "resumed", "rank": 0, "time": 1.0},
+    ("post", "/v1/remediations/{remediation_id}/approve"): {},
+    ("post", "/v1/remediations/{remediation_id}/reject"): {},
 }
 
 
@@ -198,6 +213,7 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
         "name": "bolt-private-dataset",
         "alert_id": str(b_alert["id"]),
         "incident_id": str(b_alert["incidentId"]),
+        "remediation_id": _b_remediation(t),
         **b_eval,
     }
     walked = 0

@@ -12,7 +12,8 @@ Every instant of the window is charged to exactly one line, by precedence:
    ``productive`` (the rest).
 2. An explicit interval: a synchronous checkpoint (``checkpoint_begin`` .. ``checkpoint_end``,
    or ``checkpoint_end`` with ``attrs.duration``; ``attrs.sync = false`` saves are not pauses:
-   their cost shows in the steps), or any event whose attrs carry ``category`` and ``duration``
+   their cost shows in the steps; one with ``attrs.category``, e.g. a drain's checkpoint with
+   ``recovery``, is charged there), or any event whose attrs carry ``category`` and ``duration``
    (``maintenance``/``drain``/``hang`` events with a ``duration`` need no category).
 3. A ``hang`` event without a duration: from the last step end before it to the next step start
    (or the end of its attempt).
@@ -356,10 +357,12 @@ def breakdown(
             began = ckpt_open.pop(e.job_id, None)
             if e.attrs.get("sync", True) is False:
                 continue
+            # A checkpoint taken to recover (a drain's) says so: it is charged to recovery.
+            ck = str(cat) if cat in _EXPLICIT_OK else "checkpoint"
             if began is not None:
-                explicit.append((began, e.time, "checkpoint"))
+                explicit.append((began, e.time, ck))
             elif isinstance(dur, (int, float)):
-                explicit.append((e.time - float(dur), e.time, "checkpoint"))
+                explicit.append((e.time - float(dur), e.time, ck))
         elif isinstance(dur, (int, float)) and dur > 0:
             if cat is None:
                 cat = {"drain": "maintenance", "maintenance": "maintenance", "hang": "hang"}.get(

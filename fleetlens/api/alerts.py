@@ -48,6 +48,9 @@ async def policy(request: Request, scope: Reader) -> dict[str, Any]:
 async def get_alert(request: Request, alert_id: Id, scope: Reader) -> dict[str, Any]:
     svc = request.app.state.services
     out: dict[str, Any] = await anyio.to_thread.run_sync(svc.alert_store.get, scope, alert_id)
+    ctl = svc.monitor.remediation
+    if ctl is not None:
+        out["remediations"] = await anyio.to_thread.run_sync(ctl.for_alert, scope, alert_id)
     return out
 
 
@@ -67,10 +70,15 @@ async def resolve(request: Request, alert_id: Id, scope: Writer) -> dict[str, An
     return out  # type: ignore[no-any-return]
 
 
-@router.get("/incidents/{incident_id}", summary="An incident: its alerts and findings")
+@router.get(
+    "/incidents/{incident_id}", summary="An incident: its alerts, findings and remediation actions"
+)
 async def incident(request: Request, incident_id: Id, scope: Reader) -> dict[str, Any]:
     svc = request.app.state.services
     out: dict[str, Any] = await anyio.to_thread.run_sync(
         svc.alert_store.incident, scope, incident_id
     )
+    ctl = svc.monitor.remediation
+    if ctl is not None:
+        out["remediations"] = await anyio.to_thread.run_sync(ctl.for_incident, scope, incident_id)
     return out

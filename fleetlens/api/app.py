@@ -49,6 +49,7 @@ from .findings import router as findings_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
 from .portal import router as portal_router
+from .remediation import router as remediation_router
 from .runs import router as runs_router
 from .series import router as series_router
 from .traces import router as traces_router
@@ -74,6 +75,8 @@ class Services:
     monitor: Monitor
     ingested_bytes: dict[str, int] = field(default_factory=dict)
     quotas: dict[str, dict[str, int]] = field(default_factory=dict)
+    # (tenant, project, run) a job's control poll was checked against, so it is checked once
+    control_runs: set[tuple[str, str, str]] = field(default_factory=set)
 
     def refresh_quotas(self) -> None:
         """Reload quotas into the limiter and persist the bytes ingested since the last call."""
@@ -369,6 +372,7 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(admin_router)
     app.include_router(portal_router)
     app.include_router(evaluations_router)
+    app.include_router(remediation_router)
     app.include_router(pages_router)
 
     build_openapi = app.openapi

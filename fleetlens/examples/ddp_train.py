@@ -9,6 +9,13 @@ S`` makes rank R spend X ms more in its forward pass from step S on, as a slow G
 ``--instrument alternate`` switches fleetlens on and off every ``--block`` steps, the same on
 every rank, so bench/torch_overhead.py can compare step times in one run. ``--stats-dir`` writes
 each rank's SDK counters and step times as JSON.
+
+Draining (docs/remediation.md): every step boundary asks ``tr.stop_requested``; on a drain, rank
+0 writes a verified checkpoint to ``--checkpoint-dir`` and the workers exit for torchrun to
+re-form the job; a restarted worker resumes from the newest verified checkpoint there. Run it
+under elastic torchrun (``--nnodes=2:3 --max-restarts 3 --rdzv-backend c10d``) for that.
+``--slow-node N`` / ``--hang-node N --hang-at-step S`` fault the rank on node ``N``
+(``FLEETLENS_NODE_ID``) the way a slow or hung GPU would.
 """
 
 from __future__ import annotations
@@ -46,9 +53,9 @@ class TinyLM(nn.Module):
         return self.head(x)  # type: ignore[no-any-return]
 
 
-def batches(rank: int, vocab: int, seq: int, batch: int):  # type: ignore[no-untyped-def]
+def batches(rank: int, vocab: int, seq: int, batch: int, offset: int = 0):  # type: ignore[no-untyped-def]
     """Sequences with a learnable rule (each token is the previous plus a per-sequence stride)."""
-    g = torch.Generator().manual_seed(1234 + rank)
+    g = torch.Generator().manual_seed(1234 + rank + 1_000_003 * offset)
     while True:
         start = torch.randint(0, vocab, (batch, 1), generator=g)
         stride = torch.randint(1, 4, (batch, 1), generator=g)
@@ -69,7 +76,14 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--checkpoint-every", type=int, default=0)
+    ap.add_argument("--checkpoint-dir", default="", help="default: --stats-dir or .")
+    ap.add_argument("--slow-node", default="", help="the rank(s) on this node are slow")
+    ap.add_argument("--hang-node", default="", help="the rank(s) on this node hang ...")
+    ap.add_argument("--hang-at-step", type=int, default=-1, help="... at this step")
+    ap.add_argument("--min-nodes", type=int, default=1, help="the launcher's minimum nodes")
     args = ap.parse_args()
+    ckpt_dir = args.checkpoint_dir or args.stats_dir or "."
+    node = os.environ.get("FLEETLENS_NODE_ID", "")
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -88,18 +102,35 @@ def main() -> None:
         "batch": args.batch,
         "world_size": world,
         "lr": 3e-3,
+        "total_steps": args.steps,
+        "min_nodes": args.min_nodes,
     }
     run = fleetlens.init(project="ddp-example", config=config, enabled=args.instrument != "off")
     tr = fltorch.TorchRun(run)
     if args.instrument != "off":
         tr.watch_ddp(model)
     loss_fn = nn.CrossEntropyLoss()
-    data = batches(rank, vocab, args.seq, args.batch)
+    start = 0
+    resumed = tr.resume(ckpt_dir) if args.checkpoint_dir else None
+    if resumed is not None:
+        start, saved = resumed
+        model.module.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optim"])
+    data = batches(rank, vocab, args.seq, args.batch, start)
     step_times: list[tuple[int, bool, float]] = []
+    slow = rank == args.slow_rank or (args.slow_node != "" and node == args.slow_node)
 
-    for step, tokens in enumerate(tr.loader(data)):
+    def state() -> dict[str, object]:
+        return {"model": model.module.state_dict(), "optim": opt.state_dict()}
+
+    for step, tokens in enumerate(tr.loader(data), start):
         if step >= args.steps:
             break
+        if tr.stop_requested(step):
+            tr.drain(step, state, ckpt_dir)
+        if node and node == args.hang_node and step == args.hang_at_step:
+            while True:  # a hung GPU: this rank never reaches the next collective
+                time.sleep(1.0)
         on = args.instrument == "on" or (
             args.instrument == "alternate" and (step // args.block) % 2 == 1
         )
@@ -108,7 +139,7 @@ def main() -> None:
         if on:
             with tr.step(step, tokens=inputs.numel()):
                 with tr.phase("forward"):
-                    if rank == args.slow_rank and step >= args.from_step:
+                    if slow and step >= args.from_step:
                         time.sleep(args.slow_ms / 1000.0)
                     logits = model(inputs)
                     loss = loss_fn(logits.reshape(-1, vocab), targets.reshape(-1))
@@ -120,7 +151,7 @@ def main() -> None:
             if rank == 0:
                 tr.log(step, loss=loss, optimizer=opt)
         else:
-            if rank == args.slow_rank and step >= args.from_step:
+            if slow and step >= args.from_step:
                 time.sleep(args.slow_ms / 1000.0)
             logits = model(inputs)
             loss = loss_fn(logits.reshape(-1, vocab), targets.reshape(-1))
@@ -128,9 +159,8 @@ def main() -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
         step_times.append((step, on, time.perf_counter() - t0))
-        if args.checkpoint_every and step and step % args.checkpoint_every == 0 and rank == 0:
-            path = os.path.join(args.stats_dir or ".", f"ckpt-{step}.pt")
-            fltorch.save(run, model.module.state_dict(), path, step)
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and rank == 0:
+            fltorch.save_verified(run, state(), ckpt_dir, step + 1)
         if not math.isfinite(loss.item()):
             break
 

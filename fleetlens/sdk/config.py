@@ -93,6 +93,7 @@ _ENV_STR = {
     "FLEETLENS_PROJECT": "project",
     "FLEETLENS_EXPERIMENT": "experiment_id",
     "FLEETLENS_SPOOL_DIR": "spool_dir",
+    "FLEETLENS_NODE_ID": "node_id",
 }
 
 

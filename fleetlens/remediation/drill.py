@@ -1,0 +1,123 @@
+"""A cordon drill: an elastic torchrun job on this host, three "nodes", one of them faulted.
+
+Three torchrun agents (``--nnodes=2:3 --rdzv-backend=c10d``), one worker each, train the DDP
+example (``fleetlens.examples.ddp_train``) against a fleetlens server; each agent is a node
+through ``FLEETLENS_NODE_ID``. The first agent started hosts the rendezvous store, so faults go
+on the others. Used by the integration tests and ``bench/cordon.py``; on-call teams can run it
+against a staging server to see the whole sequence end to end.
+
+The rendezvous settings are the ones that make re-forming fast (``last_call_timeout=2``, keep-
+alives every second, three missed ones drop a node), and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+keeps restarted workers from reading stale peer addresses (pytorch/pytorch#135712).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Drill"]
+
+RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Drill:
+    server: str
+    workdir: Path
+    run_id: str
+    steps: int = 100_000
+    nodes: tuple[str, ...] = ("node-a", "node-b", "node-c")
+    example_args: tuple[str, ...] = ()
+    control_interval: float = 0.5
+    token: str = ""
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    port: int = field(default_factory=_free_port)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.workdir / "ckpt"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "torch.distributed.run",
+            f"--nnodes=2:{len(self.nodes)}", "--nproc-per-node=1", "--max-restarts=3",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.port}",
+            f"--rdzv-id={self.run_id}", f"--rdzv-conf={RDZV_CONF}", "--monitor-interval=0.5",
+            "-m", "fleetlens.examples.ddp_train", "--steps", str(self.steps),
+            "--checkpoint-dir", str(self.checkpoint_dir), "--min-nodes", "2",
+            *self.example_args,
+        ]  # fmt: skip
+
+    def env(self, node: str) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "FLEETLENS_SERVER": self.server,
+            "FLEETLENS_RUN_ID": self.run_id,
+            "FLEETLENS_NODE_ID": node,
+            "FLEETLENS_CONTROL_INTERVAL": str(self.control_interval),
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.token:
+            env["FLEETLENS_TOKEN"] = self.token
+        return env
+
+    def start(self) -> Drill:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for i, node in enumerate(self.nodes):
+            log = open(self.workdir / f"{node}.log", "ab")  # noqa: SIM115 - the child owns it
+            self.procs[node] = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env(node),
+                cwd=self.workdir,
+                start_new_session=True,  # the agent and its workers: one group to stop
+            )
+            log.close()
+            if i == 0:
+                time.sleep(1.0)  # the first agent hosts the rendezvous store
+        return self
+
+    def log(self, node: str, tail: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return (self.workdir / f"{node}.log").read_text(errors="replace")[-tail:]
+        return ""
+
+    def alive(self, node: str) -> bool:
+        p = self.procs.get(node)
+        return p is not None and p.poll() is None
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+    def __enter__(self) -> Drill:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,140 @@
+"""When a finding justifies taking a node out of a run.
+
+* A fatal hardware fault (``fatal_xid``, ``ecc_xid``): always. The GPU will not recover by
+  itself, and the job either already failed or soon will; a drain now saves the steps since the
+  last checkpoint.
+* A hung rank whose node is known (the live hang check names the ranks behind all others):
+  always. The job makes no progress at all until the node is out.
+* A persistent straggler (or a thermally throttled GPU): only when its expected cost over the
+  rest of the run exceeds the cost of a restart -- the straggler-replacement trade of
+  003_43c4c54df3bebfa6.txt (table 10: program goodput regained against runtime goodput spent on
+  draining, restarting and reloading). The straggler costs ``waitPerStepS`` of wall-clock per
+  step (every rank waits for it) over the steps left; a restart costs the measured recoveries of
+  this run, or ``restart_cost_s`` before there is one. The remaining steps come from the run's
+  config (``total_steps``, ``max_steps``, ``train_steps`` or ``steps``), else ``horizon_s`` of
+  wall-clock at the current step time.
+
+Intermittent and moving stragglers are never acted on: replacing a node does not fix data skew,
+and an episode that ends by itself is cheaper than a restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["MODES", "Decision", "RemediationPolicy", "RunContext", "decide"]
+
+MODES = ("off", "recommend", "approve", "automatic")
+_STEP_KEYS = ("total_steps", "max_steps", "train_steps", "steps")
+
+
+@dataclass(frozen=True)
+class RemediationPolicy:
+    mode: str = "recommend"
+    fatal: tuple[str, ...] = ("fatal_xid", "ecc_xid")
+    stragglers: tuple[str, ...] = ("straggler.persistent", "thermal")
+    restart_cost_s: float = 300.0
+    horizon_s: float = 24 * 3600.0
+    margin: float = 1.0  # act when straggler cost > margin x restart cost
+    persist_s: float = 300.0  # a straggler must have been flagged this long
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"remediation mode {self.mode!r}; use one of {', '.join(MODES)}")
+        if min(self.restart_cost_s, self.horizon_s, self.margin) <= 0 or self.persist_s < 0:
+            raise ConfigError("restart_cost_s, horizon_s and margin must be > 0, persist_s >= 0")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    world: int
+    last_step: int
+    step_time_s: float | None
+    config: dict[str, Any] = field(default_factory=dict)
+    measured_restart_s: list[float] = field(default_factory=list)
+    now: float = 0.0
+
+    def remaining_steps(self, horizon_s: float) -> tuple[float, str]:
+        for key in _STEP_KEYS:
+            v = self.config.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+                return max(0.0, float(v) - self.last_step - 1), f"config {key}={v}"
+        if self.step_time_s:
+            return horizon_s / self.step_time_s, f"{horizon_s:.0f}s horizon"
+        return 0.0, "unknown"
+
+
+@dataclass(frozen=True)
+class Decision:
+    node: str
+    ranks: list[int]
+    reason: str
+    summary: str
+    cost: dict[str, Any]
+
+    @property
+    def priority(self) -> tuple[int, float]:
+        """Which of several to act on first: faults, then hangs, then the costliest straggler."""
+        rule = str(self.cost.get("rule", ""))
+        rank = 3 if rule == "fatal hardware fault" else 2 if rule == "hung node" else 1
+        return rank, float(self.cost.get("expectedLossS", 0.0))
+
+
+def decide(policy: RemediationPolicy, finding: dict[str, Any], run: RunContext) -> Decision | None:
+    """The action a finding justifies, or None."""
+    diag = str(finding.get("diagnosis", ""))
+    nodes = [str(n) for n in finding.get("nodes") or [] if n]
+    if len(nodes) != 1:  # no node, or a rack / switch-level problem: not one node's removal
+        return None
+    node, ranks = nodes[0], [int(r) for r in finding.get("ranks") or []]
+    if diag in policy.fatal:
+        return Decision(
+            node,
+            ranks,
+            diag,
+            f"fatal hardware fault on {node}: {finding.get('summary', '')}",
+            {"rule": "fatal hardware fault"},
+        )
+    if diag == "hang":
+        return Decision(
+            node,
+            ranks,
+            diag,
+            f"rank(s) {ranks} on {node} hung: {finding.get('summary', '')}",
+            {"rule": "hung node"},
+        )
+    if diag not in policy.stragglers:
+        return None
+    if run.now - float(finding.get("firstSeen") or run.now) < policy.persist_s:
+        return None  # not yet shown to persist: an episode may end by itself
+    wait = 0.0
+    for ev in finding.get("evidence") or []:
+        if isinstance(ev, dict) and isinstance(ev.get("waitPerStepS"), (int, float)):
+            wait = float(ev["waitPerStepS"])
+    left, basis = run.remaining_steps(policy.horizon_s)
+    measured = sorted(run.measured_restart_s)
+    restart = measured[len(measured) // 2] if measured else policy.restart_cost_s
+    expected = wait * left
+    cost = {
+        "rule": "straggler cost over the remaining run vs restart cost",
+        "waitPerStepS": wait,
+        "remainingSteps": left,
+        "remainingBasis": basis,
+        "expectedLossS": expected,
+        "restartCostS": restart,
+        "restartCostBasis": "median of this run's recoveries" if measured else "default",
+        "margin": policy.margin,
+    }
+    if expected <= policy.margin * restart:
+        return None
+    return Decision(
+        node,
+        ranks,
+        diag,
+        f"straggler on {node} costs {wait * 1000:.0f} ms/step x {left:.0f} steps = "
+        f"{expected:.0f} s, more than a restart ({restart:.0f} s)",
+        cost,
+    )
