@@ -158,6 +158,8 @@ class KubernetesActuator:
         if not api_url and os.environ.get("KUBERNETES_SERVICE_HOST"):
             host = os.environ["KUBERNETES_SERVICE_HOST"]
             port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            if ":" in host:  # an IPv6 cluster's service address
+                host = f"[{host}]"
             api_url = f"https://{host}:{port}"
             if not token and os.path.exists(f"{self.SA_DIR}/token"):
                 with open(f"{self.SA_DIR}/token") as fh:
