@@ -3,7 +3,11 @@
 A simulated run (the ``demo`` scenario: a persistent straggler on rank 37, a thermal event, a
 fatal Xid 79 and a restart, a data stall) is played into a real server; each page must render
 with its data and no console error, the heatmap must outline the straggler's row and the failure
-page must name the injected cause. ``FLEETLENS_SCREENSHOTS=DIR`` saves a screenshot per page.
+page must name the injected cause. Two remediation actions are recorded for the run in the
+server's metadata database, as the controller records them (one that took the straggler's node
+out and resumed, one draining); the run page must show their phases and the on-call page the one
+under way, and approving from a page must go through the API with the page's token.
+``FLEETLENS_SCREENSHOTS=DIR`` saves a screenshot per page.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fleetlens.remediation.models import Remediation
 from fleetlens.sim.library import load_scenario, run_scenario
+from fleetlens.store.access import AccessStore
+from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.portal_queries import Executions, run_summary, step_buckets
 
 from .helpers import Server
@@ -89,9 +96,109 @@ playwright = pytest.importorskip("playwright.sync_api")
 RUN = "demo-run"
 
 
+def _metadata(srv: Server) -> MetadataStore:
+    return MetadataStore(f"sqlite:///{os.path.join(srv.data_dir, 'metadata.db')}")
+
+
+def _record(srv: Server, node: str, state: str, **fields: Any) -> int:
+    """Write a remediation action into the running server's metadata database; its id."""
+    now = time.time()
+    row: dict[str, Any] = {
+        "tenant": "default",
+        "run_id": RUN,
+        "job_id": "",
+        "node": node,
+        "ranks": [],
+        "reason": "straggler",
+        "summary": f"{node} is slow",
+        "finding_key": f"test:{node}:{now}",
+        "mode": "approve",
+        "state": state,
+        "decided_at": now,
+        "updated_at": now,
+        "approved_by": "",
+        "world_before": 256,
+        "world_after": 0,
+        "stop_step": -1,
+        "resume_step": -1,
+        "checkpoint": {},
+        "phases": {"detection": [now - 30.0, now]},
+        "acks": [],
+        "actuators": [],
+        "cost": {},
+        "error": "",
+    }
+    row.update(fields)
+    meta = _metadata(srv)
+    try:
+        with meta._session() as s:
+            r = Remediation(**row)
+            s.add(r)
+            s.flush()
+            return int(r.id)
+    finally:
+        meta.close()
+
+
+def _record_demo_actions(srv: Server) -> None:
+    """The straggler's node (rank 37 on node-0004) taken out 10 minutes ago and resumed at 248
+    ranks; the thermal node draining now, its ranks not yet at a step boundary."""
+    t = time.time() - 600.0
+    spans = [
+        ("approval", 4.0),
+        ("wait", 0.7),
+        ("checkpoint", 0.02),
+        ("verify", 0.03),
+        ("remove", 0.15),
+        ("rendezvous", 8.1),
+        ("reload", 0.2),
+        ("warmup", 0.1),
+    ]
+    phases: dict[str, list[float | None]] = {"detection": [t - 120.0, t]}
+    at = t
+    for name, seconds in spans:
+        phases[name] = [at, at + seconds]
+        at += seconds
+    _record(
+        srv,
+        "node-0004",
+        "resumed",
+        job_id="demo-run-a1",
+        ranks=list(range(32, 40)),
+        summary="rank 37 on node-0004 computes 30% slower than the median for 400 steps",
+        decided_at=t,
+        updated_at=at,
+        approved_by="local",
+        world_after=248,
+        stop_step=1510,
+        resume_step=1510,
+        checkpoint={
+            "path": "/ckpt/demo-run/step-1510.pt",
+            "sha256": "0" * 64,
+            "verifiedBy": "rank 0 (read-back checksum)",
+        },
+        phases=phases,
+        acks=[{"event": "resumed", "jobId": "demo-run-a2", "time": at, "step": 1510}],
+    )
+    now = time.time()
+    _record(
+        srv,
+        "node-0011",
+        "draining",
+        job_id="demo-run-a2",
+        reason="thermal",
+        summary="node-0011 GPU 3 throttles its clock at 91 °C",
+        mode="automatic",
+        decided_at=now - 42.0,
+        updated_at=now - 42.0,
+        phases={"detection": [now - 100.0, now - 42.0], "wait": [now - 42.0, None]},
+    )
+
+
 @pytest.fixture(scope="module")
 def played(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One server with the demo scenario played into it and analysed (read-only for tests)."""
+    """One server with the demo scenario played into it and analysed, and two remediation
+    actions recorded for the run (read-only for tests)."""
     srv = PortalServer(
         str(tmp_path_factory.mktemp("portal") / "data"),
         env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"},
@@ -109,6 +216,7 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             time.sleep(0.5)
         else:
             raise AssertionError(f"the analysis found only {found}:\n{srv.log()}")
+        _record_demo_actions(srv)
         yield srv
     finally:
         srv.stop()
@@ -124,9 +232,14 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-def _open(browser: Any, url: str, name: str) -> tuple[Any, list[str]]:
-    """Load a page, wait for its data, and return it with every console error and failed load."""
+def _open(
+    browser: Any, url: str, name: str | None, token: str | None = None
+) -> tuple[Any, list[str]]:
+    """Load a page, wait for its data, and return it with every console error and failed load
+    (``token``: the page's sessionStorage token, as a user signs in)."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
+    if token:
+        page.add_init_script(f"sessionStorage.setItem('fleetlens.token', {json.dumps(token)})")
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -136,7 +249,7 @@ def _open(browser: Any, url: str, name: str) -> tuple[Any, list[str]]:
     page.wait_for_selector("body[data-loaded]", timeout=30_000)
     assert page.get_attribute("body", "data-loaded") == "true", page.inner_text("#status")
     shots = os.environ.get("FLEETLENS_SCREENSHOTS")
-    if shots:
+    if shots and name:
         os.makedirs(shots, exist_ok=True)
         page.screenshot(path=os.path.join(shots, f"{name}.png"), full_page=True)
     return page, errors
@@ -198,6 +311,116 @@ def test_oncall_page_lists_jobs_faulty_nodes_and_alerts(played: Server, browser:
     assert "node-0018" in page.inner_text("#drains")
     assert "FatalHardwareFault" in page.inner_text("#alerts")
     assert page.locator("#incidents tbody tr th").count() >= 1
+
+
+def test_run_page_shows_remediation_actions_and_their_phase_timings(
+    played: Server, browser: Any
+) -> None:
+    page, errors = _open(browser, f"{played.url}/runs/{RUN}", None)
+    assert errors == []
+    assert page.get_by_role("heading", name="Remediation").count() == 1
+    resumed = page.locator("#remediations tbody tr", has_text="node-0004")
+    assert resumed.count() == 1
+    cells = [c.strip() for c in resumed.locator("th, td").all_inner_texts()]
+    assert cells[1:4] == ["node-0004", "straggler", "resumed"]
+    assert cells[5:10] == [
+        "256 → 248",
+        "1510 → 1510",
+        "0",
+        "13.3 s",  # approval 4 s + the pause's 9.3 s, from the decision to the first step
+        "rank 0 (read-back checksum)",
+    ]
+    aid = cells[0].lstrip("#")
+    phases = page.locator(f"#phases-{aid}")
+    caption = phases.locator("caption").inner_text()
+    assert "recovery 13.3 s (training paused 9.30 s): approval 4.00 s, wait 0.70 s" in caption
+    assert "rendezvous 8.10 s" in caption
+    assert "checkpoint 0.020 s" in caption and "wait 0.70 s" in caption
+    rows = {
+        r.locator("th").inner_text(): r.locator("td").first.inner_text()
+        for r in phases.locator("tbody tr").all()
+    }
+    assert list(rows) == [
+        "detection",
+        "approval",
+        "wait",
+        "checkpoint",
+        "verify",
+        "remove",
+        "rendezvous",
+        "reload",
+        "warmup",
+    ]
+    assert rows["rendezvous"] == "8.10 s" and rows["checkpoint"] == "0.020 s"
+    # One bar per phase of the pause, as wide as its share: rendezvous is 8.1 of 9.3 s.
+    bar = phases.locator("tbody tr", has_text="rendezvous").locator(".bar")
+    assert bar.get_attribute("style") == "width: 87.1%;"
+    assert phases.locator(".bar").count() == 7
+    draining = page.locator("#remediations tbody tr", has_text="node-0011")
+    assert "draining" in draining.inner_text() and "under way" in draining.inner_text()
+    assert draining.get_attribute("class") == "pending"
+    assert "node-0011 draining" in page.inner_text("#now")
+
+
+def test_oncall_page_lists_the_drain_under_way(played: Server, browser: Any) -> None:
+    page, errors = _open(browser, f"{played.url}/oncall", None)
+    assert errors == []
+    row = page.locator("#actions tbody tr", has_text="node-0011")
+    cells = [c.strip() for c in row.locator("th, td").all_inner_texts()]
+    assert cells[:3] == ["node-0011", RUN, "draining"] and cells[4] == "thermal"
+    value, unit = cells[3].split()  # its age, since the decision 42 s before the fixture ended
+    assert unit in ("s", "min") and 40 <= float(value) * (60 if unit == "min" else 1) < 3600
+    assert row.get_by_role("link", name=RUN).get_attribute("href") == f"/runs/{RUN}#remediation"
+    # An action that resumed is no longer in progress; the drain events are still listed.
+    assert "node-0004" not in page.inner_text("#actions")
+    assert "node-0018" in page.inner_text("#drains")
+
+
+def test_approving_from_the_page_goes_through_the_api_with_its_token(
+    played: Server, browser: Any
+) -> None:
+    url = f"{played.url}/runs/{RUN}"
+    meta = _metadata(played)
+    try:
+        viewer, _ = AccessStore(meta).create_token("default", "viewer", name="portal test")
+    finally:
+        meta.close()
+    pending = _record(played, "node-0099", "awaiting_approval")
+    button = f"Approve action #{pending}: take node-0099 out of run {RUN}"
+
+    # A viewer's page shows the pending action and, on approving, the API's 403.
+    page, errors = _open(browser, url, None, token=viewer)
+    row = page.locator("#remediations tbody tr", has_text="node-0099")
+    assert "awaiting approval" in row.inner_text()
+    assert row.get_attribute("class") == "pending"
+    stale, stale_errors = _open(browser, url, None)  # an admin's, opened before anyone acts
+    page.get_by_role("button", name=button).click()
+    playwright.expect(row.get_by_role("alert")).to_contain_text("HTTP 403")
+    assert errors and all("403" in e for e in errors), errors
+    assert played.get(f"/v1/remediations/{pending}")["state"] == "awaiting_approval"
+
+    # Someone approves it meanwhile: the stale page's button answers 409 and stays disabled.
+    status, _ = played.request("POST", f"/v1/remediations/{pending}/approve")
+    assert status == 200
+    stale.get_by_role("button", name=button).click()
+    alert = stale.locator("#remediations tbody tr", has_text="node-0099").get_by_role("alert")
+    playwright.expect(alert).to_contain_text("HTTP 409")
+    assert "only a pending one is approved" in alert.inner_text()
+    assert stale.get_by_role("button", name=button).is_disabled()
+    assert stale_errors and all("409" in e for e in stale_errors), stale_errors
+
+    # Approved from the page: the row shows what the controller did (no job polls its control
+    # channel, so the node is drained and the job left alone).
+    pending = _record(played, "node-0098", "awaiting_approval")
+    page, errors = _open(browser, url, None)
+    page.get_by_role(
+        "button", name=f"Approve action #{pending}: take node-0098 out of run {RUN}"
+    ).click()
+    row = page.locator("#remediations tbody tr", has_text="node-0098")
+    playwright.expect(row.locator(".state")).to_have_text("drained")
+    assert "not polling its control channel" in row.inner_text()
+    assert errors == []
+    assert played.get(f"/v1/remediations/{pending}")["state"] == "drained"
 
 
 def test_capacity_page_shows_waterfall_losses_and_cost(played: Server, browser: Any) -> None:
@@ -262,7 +485,7 @@ def test_overview_is_gzipped_for_a_browser_and_times_its_parts(played: Server) -
     assert len(body) < len(plain) / 3
     assert json.loads(plain).keys() == doc.keys()
     parts = dict(p.strip().split(";dur=") for p in headers["Server-Timing"].split(","))
-    assert {"steps", "scalars", "goodput", "timeline", "encode"} <= parts.keys()
+    assert {"steps", "scalars", "goodput", "timeline", "remediation", "encode"} <= parts.keys()
     # The heatmap is below the fold: it is the page's second document, not part of the first.
     assert "heatmap" not in doc and "slowestRanks" not in doc
 

@@ -4,7 +4,8 @@
 1,024-rank run must not make a dozen round trips); ``/heatmap?slowest=8``, below the fold, is
 fetched after it and redraws any window; ``/failure``, ``/v1/portal/oncall`` and
 ``/v1/portal/capacity`` serve the other three pages. Everything is read through the caller's
-scope, as in the rest of the API.
+scope, as in the rest of the API. The remediation controller's actions (one indexed read of the
+metadata store) ride along: the run's own on the overview, those under way on the on-call page.
 
 The run page's two documents are encoded here (msgspec, gzip when the client accepts it) and
 carry a ``Server-Timing`` header with the cost of each part: a 100,000-step run's overview is
@@ -24,6 +25,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 
+from ..remediation.controller import ACTIVE
 from ..store.findings import FindingsStore
 from ..store.goodput_queries import GoodputQueries, program_spec
 from ..store.portal_queries import HEATMAP_ROWS_BUDGET, PortalQueries, run_summary, step_buckets
@@ -46,6 +48,9 @@ FAILURE_KINDS = ("failure", "hardware_fault", "nan", "oom", "exception", "hang",
 FAULT_KINDS = ("hardware_fault", "failure")
 DRAIN_KINDS = ("drain", "drain_start", "drain_end", "maintenance")
 TOTAL_KEYS = ("total_steps", "max_steps", "train_steps", "steps")
+IN_PROGRESS = ("awaiting_approval", *ACTIVE)
+"""Remediation states the on-call page lists: waiting for a person, or taking a node out."""
+REMEDIATIONS_LIMIT = 50  # newest actions per list (per state on the on-call page)
 
 RECOMMEND = {
     "straggler": "Cordon the slow rank's node and restart from the last checkpoint on a spare.",
@@ -126,6 +131,17 @@ def _recommend(diagnosis: str) -> str:
     return "Open the run page's timeline around the failing step and the owner's runbook."
 
 
+def _remediations(
+    svc: Any, scope: Scope, run_id: str | None, states: tuple[str | None, ...] = (None,)
+) -> list[dict[str, Any]]:
+    """The controller's actions, newest first; none where remediation is not running."""
+    ctl = svc.monitor.remediation
+    if ctl is None:
+        return []
+    rows = [a for st in states for a in ctl.actions(scope, run_id, st, REMEDIATIONS_LIMIT)]
+    return sorted(rows, key=lambda a: a["decidedAt"], reverse=True)
+
+
 def _window(hi_lo: tuple[int, int, int], world: int, heat_steps: int | None) -> tuple[int, int]:
     lo, hi, _ = hi_lo
     span = heat_steps or max(50, HEATMAP_ROWS_BUDGET // max(1, world))
@@ -196,6 +212,8 @@ async def overview(
         out["findings"] = FindingsStore(svc.metadata).list(scope, run_id, None)
         out["alerts"] = svc.alert_store.list(scope, None, run_id, 50)
         clock.mark("findings")
+        out["remediations"] = _remediations(svc, scope, run_id)
+        clock.mark("remediation")
         total = _total_steps(info.config or {})
         step_s = summary["metrics"].get("stepTimeMs")
         eta = None
@@ -364,6 +382,7 @@ async def oncall(
             "jobs": sorted(jobs, key=lambda j: j["goodput"]),
             "nodes": sorted(nodes.values(), key=lambda n: (-n["fatal"], -n["recoverable"])),
             "drains": pq.events(DRAIN_KINDS, since),
+            "remediations": _remediations(svc, scope, None, IN_PROGRESS),
             "alerts": alerts,
             "incidents": incidents,
         }

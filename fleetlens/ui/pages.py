@@ -4,9 +4,10 @@ Each page is a small ``string.Template`` shell with headings, labelled tables an
 ``static/app.js`` fetches the page's JSON document (``/v1/runs/{id}/overview``,
 ``/v1/portal/oncall``, ...) and draws it with ``static/charts.js`` (the run page then fetches its
 below-the-fold heatmap and slowest ranks, ``/v1/runs/{id}/heatmap?slowest=8``), and live pages
-refetch on an interval instead of reloading. Pages are scoped like every API route
-(``require("read")``): a run the caller may not see is a 404 here too. They stay out of the
-OpenAPI schema.
+refetch on an interval instead of reloading. The one write a page makes is approving a
+remediation action (``POST /v1/remediations/{id}/approve``, with the page's token). Pages are
+scoped like every API route (``require("read")``): a run the caller may not see is a 404 here
+too. They stay out of the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -93,6 +94,14 @@ RUN = """
 <th scope="col">Diagnosis</th><th scope="col">Owner</th><th scope="col">Confidence</th>
 <th scope="col">Steps</th><th scope="col">Summary</th><th scope="col">Evidence</th></tr></thead>
 <tbody></tbody></table></section>
+<section aria-labelledby="h-rem" id="remediation"><h2 id="h-rem">Remediation</h2>
+<table id="remediations"><caption>Actions that took (or would take) a node out of the run, newest
+first</caption><thead><tr><th scope="col">Action</th><th scope="col">Node</th>
+<th scope="col">Reason</th><th scope="col">State</th><th scope="col">Decided at</th>
+<th scope="col">World before → after</th><th scope="col">Stop → resume step</th>
+<th scope="col">Steps lost</th><th scope="col">Recovery</th>
+<th scope="col">Checkpoint verified by</th></tr></thead><tbody></tbody></table>
+<div id="rem-phases"></div></section>
 <section aria-labelledby="h-tl"><h2 id="h-tl">Correlated timeline</h2>
 <table id="timeline"><caption>Events, config and metric changes, alerts, checkpoints,
 restarts</caption><thead><tr><th scope="col">Step</th><th scope="col">Source</th>
@@ -131,7 +140,11 @@ ONCALL = """
 <th scope="col">Node</th><th scope="col">Fatal</th><th scope="col">Recoverable</th>
 <th scope="col">Latest</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-drains"><h2 id="h-drains">Drains</h2>
-<table id="drains"><caption>Drains in progress and recent</caption><thead><tr>
+<table id="actions"><caption>Drains in progress: remediation actions awaiting approval or
+taking a node out (draining, removing, restarting)</caption><thead><tr>
+<th scope="col">Node</th><th scope="col">Run</th><th scope="col">State</th>
+<th scope="col">Age</th><th scope="col">Reason</th></tr></thead><tbody></tbody></table>
+<table id="drains"><caption>Drain and maintenance events, newest first</caption><thead><tr>
 <th scope="col">Node</th><th scope="col">Run</th><th scope="col">Step</th>
 <th scope="col">Message</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-alerts"><h2 id="h-alerts">Firing alerts and incidents</h2>

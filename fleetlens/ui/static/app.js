@@ -1,7 +1,7 @@
 // fleetlens portal: each page fetches its one JSON document, draws it, and live pages refetch
 // it on an interval (no full reload). The run page fetches a second one after its first paint:
 // the heatmap and the slowest ranks, below the fold. An optional token in sessionStorage["fleetlens.token"]
-// is sent as a Bearer header.
+// is sent as a Bearer header, also with the one write a page makes: approving a remediation action.
 "use strict";
 
 (() => {
@@ -12,13 +12,31 @@
   const REFRESH_MS = 15000;
   const status = document.getElementById("status");
 
-  async function getJSON(path) {
+  function authHeaders() {
     const headers = { Accept: "application/json" };
     const token = sessionStorage.getItem("fleetlens.token");
     if (token) headers.Authorization = "Bearer " + token;
-    const r = await fetch(path, { headers });
+    return headers;
+  }
+
+  async function getJSON(path) {
+    const r = await fetch(path, { headers: authHeaders() });
     if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
     return r.json();
+  }
+
+  // A POST whose error carries the status and the server's message (403: the token's role may
+  // not write; 409: the action is no longer pending).
+  async function post(path) {
+    const r = await fetch(path, { method: "POST", headers: authHeaders() });
+    const doc = await r.json().catch(() => null);
+    if (!r.ok) {
+      const why = doc && (doc.detail || doc.error);
+      const err = new Error(`HTTP ${r.status}${why ? ": " + (typeof why === "string" ? why : JSON.stringify(why)) : ""}`);
+      err.status = r.status;
+      throw err;
+    }
+    return doc;
   }
 
   function text(v) { return v === null || v === undefined ? "–" : String(v); }
@@ -28,6 +46,12 @@
     if (s >= 3600) return (s / 3600).toFixed(2) + " h";
     if (s >= 60) return (s / 60).toFixed(1) + " min";
     return s.toFixed(1) + " s";
+  }
+  function secs(s) {
+    if (s === null || s === undefined || !isFinite(s)) return "–";
+    if (s < 0.1) return s.toFixed(3) + " s";
+    if (s < 10) return s.toFixed(2) + " s";
+    return dur(s);
   }
   function when(t) { return t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) : "–"; }
   function enc(s) { return encodeURIComponent(s); }
@@ -147,12 +171,14 @@
     const s = d.summary || {}, m = s.metrics || {};
     const g = d.goodput || {}, f = g.factors || {}, bd = g.breakdown || {};
     const eta = d.completion;
+    const acts = d.remediations || [];
+    const act = acts.find((a) => UNDER_WAY.includes(a.state)) || acts[0];
     cards("#now", [
       ["Status", d.run.status], ["Goodput (job)", pct(f.jobProduct)], ["Runtime goodput", pct(f.runtime)],
       ["Step", text(s.step)], ["Ranks", text(s.worldSize)], ["Step time (slowest rank)", `${F(m.stepTimeMs)} ms`],
       ["Tokens/s", F(m.tokensPerSecond)], ["Tokens consumed", F(s.tokensProcessed)],
       ["Loss", F(m.loss)], ["Est. completion", eta ? `${dur(eta.seconds)} (${F(eta.stepsLeft)} steps left)` : "unknown: no total_steps in the run config"],
-    ]);
+    ].concat(act ? [["Remediation", `${act.node} ${stateLabel(act.state)}`]] : []));
     const lines = (bd.lines || []).filter((l) => l.seconds > 0);
     FLCharts.bars(document.getElementById("goodput-bars"), lines.map((l) => ({ label: l.category, value: l.seconds / 3600,
       color: l.category === "productive" ? "#059669" : l.factor === "program" ? "#d97706" : "#dc2626" })),
@@ -191,6 +217,7 @@
     const altl = (d.alerts || []).map((a) => ({ step: a.step, source: "alert", kind: a.alertname, message: a.annotations.summary || "" }));
     fill("timeline", tl.concat(altl).sort((a, b) => (a.step ?? -1) - (b.step ?? -1)).slice(0, 400).map((i) => [
       { th: text(i.step) }, i.source, i.kind, [i.node, i.gpu !== null && i.gpu !== undefined ? `GPU ${i.gpu}` : null, i.rank !== null && i.rank !== undefined ? `rank ${i.rank}` : null].filter(Boolean).join(" ") || "–", i.message || ""]));
+    remediationSection(acts, d.generatedAt);
     // First paint is done; the heatmap and the slowest ranks, below the fold, come next.
     body.dataset.painted = "true";
     heatmapSection(await getJSON(`/v1/runs/${enc(runId)}/heatmap?slowest=8`));
@@ -214,6 +241,110 @@
     }
     fill("ranks", (h.slowestRanks || []).map((r) => [{ th: r.rank }, r.node, r.gpu, F(r.computeMs),
       r.computeSlowdown ? r.computeSlowdown.toFixed(3) : "–", F(r.commMs), hardware(r.hardware)]));
+  }
+
+  // ---------------------------------------------------------------- remediation
+  // The controller's phases in order; training is paused from "wait" (the ranks agree on a
+  // step boundary) to the end of "warmup" (the first step at the new world size).
+  const PHASES = ["detection", "approval", "wait", "checkpoint", "verify", "remove", "rendezvous", "reload", "warmup"];
+  const PAUSED = PHASES.slice(2);
+  const ACTIVE = ["draining", "removing", "restarting"];
+  const UNDER_WAY = ["awaiting_approval"].concat(ACTIVE);
+
+  function stateLabel(st) { return st.replace(/_/g, " "); }
+
+  // The state, and for an action awaiting approval a button that approves it with the page's token.
+  function stateCell(a, done) {
+    const span = document.createElement("span");
+    const st = document.createElement("strong");
+    st.className = `state state-${a.state}`;
+    st.textContent = stateLabel(a.state);
+    span.appendChild(st);
+    if (a.error) {
+      const e = document.createElement("div");
+      e.className = "note";
+      e.textContent = a.error;
+      span.appendChild(e);
+    }
+    if (a.state !== "awaiting_approval") return { node: span, cls: UNDER_WAY.includes(a.state) ? "pending" : "" };
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "approve";
+    b.textContent = "Approve";
+    b.setAttribute("aria-label", `Approve action #${a.id}: take ${a.node} out of run ${a.runId}`);
+    const msg = document.createElement("div");
+    msg.className = "error";
+    msg.setAttribute("role", "alert");
+    b.addEventListener("click", async () => {
+      b.disabled = true;
+      msg.textContent = "";
+      try {
+        await done(await post(`/v1/remediations/${a.id}/approve`));
+      } catch (err) {
+        msg.textContent = `Could not approve: ${err.message}`;
+        b.disabled = err.status === 409;  // no longer pending: approving again cannot work
+      }
+    });
+    span.append(" ", b, msg);
+    return { node: span, cls: "pending" };
+  }
+
+  function phaseSeconds(p, now) {
+    if (p.seconds !== null) return secs(p.seconds);
+    return p.start && now ? `under way, ${secs(Math.max(0, now - p.start))} so far` : "under way";
+  }
+
+  function phaseTable(a, now) {
+    const phases = Object.entries(a.phases || {});
+    const paused = phases.filter(([k, p]) => PAUSED.includes(k) && p.seconds !== null).reduce((t, [, p]) => t + p.seconds, 0);
+    const t = document.createElement("table");
+    t.className = "phases";
+    t.id = `phases-${a.id}`;
+    const cap = t.createCaption();
+    const head = a.recoveryS !== null ? `: recovery ${secs(a.recoveryS)}${paused > 0 ? ` (training paused ${secs(paused)})` : ""}` : "";
+    const list = phases.filter(([k]) => k !== "detection").map(([k, p]) => `${k} ${phaseSeconds(p, now)}`).join(", ");
+    cap.textContent = `Action #${a.id} on ${a.node} (${a.reason}), ${stateLabel(a.state)}${head}${list ? ": " + list : ""}. ${a.summary || ""}`;
+    const hr = t.createTHead().insertRow();
+    for (const h of ["Phase", "Seconds", "Share of the pause"]) {
+      const th = document.createElement("th");
+      th.scope = "col"; th.textContent = h; hr.appendChild(th);
+    }
+    const tb = t.createTBody();
+    for (const [name, p] of phases) {
+      const tr = tb.insertRow();
+      const th = document.createElement("th");
+      th.scope = "row"; th.textContent = name; tr.appendChild(th);
+      tr.insertCell().textContent = phaseSeconds(p, now);
+      const cell = tr.insertCell();
+      if (!PAUSED.includes(name)) { cell.textContent = "before the pause (training ran on)"; continue; }
+      if (p.seconds === null || !(paused > 0)) { cell.textContent = "–"; continue; }
+      const share = p.seconds / paused;
+      const track = document.createElement("span");
+      track.className = "track";
+      track.setAttribute("aria-hidden", "true");
+      const bar = document.createElement("span");
+      bar.className = "bar";
+      bar.style.width = `${Math.max(0.5, 100 * share).toFixed(1)}%`;
+      track.appendChild(bar);
+      cell.append(track, ` ${pct(share)}`);
+    }
+    return t;
+  }
+
+  let runActions = [];
+
+  function remediationSection(actions, now) {
+    runActions = actions;
+    const redraw = (out) => remediationSection(runActions.map((x) => (x.id === out.id ? out : x)), out.updatedAt);
+    fill("remediations", actions.map((a) => [{ th: `#${a.id}` }, a.node, a.reason, stateCell(a, redraw),
+      when(a.decidedAt), `${text(a.worldBefore)} → ${text(a.worldAfter)}`, `${text(a.stopStep)} → ${text(a.resumeStep)}`,
+      text(a.stepsLost), a.recoveryS !== null ? secs(a.recoveryS) : ACTIVE.includes(a.state) ? "under way" : "–",
+      (a.checkpoint || {}).verifiedBy || (a.checkpoint || {}).source || "–"]), "no remediation actions");
+    const host = document.getElementById("rem-phases");
+    host.textContent = "";
+    // A table for each action that went past the decision (a recommendation has nothing to time).
+    const carried = actions.filter((a) => Object.keys(a.phases || {}).some((k) => PAUSED.includes(k)));
+    for (const a of carried.slice(0, 10)) host.appendChild(phaseTable(a, now));
   }
 
   // ---------------------------------------------------------------- failure page
@@ -262,6 +393,10 @@
     document.querySelectorAll("#jobs tbody tr").forEach((tr, i) => { if (d.jobs[i] && d.jobs[i].below) tr.className = "below"; });
     fill("nodes", d.nodes.map((n) => [{ th: n.node }, n.fatal, n.recoverable,
       n.events.length ? `${n.events[0].kind}: ${n.events[0].message}` : "–"]), "no faults");
+    const age = (a) => dur(Math.max(0, d.generatedAt - a.decidedAt));
+    fill("actions", (d.remediations || []).map((a) => [{ th: a.node },
+      { node: link(`/runs/${enc(a.runId)}#remediation`, a.runId) }, stateCell(a, oncallPage), age(a), a.reason]),
+    "no drains in progress");
     fill("drains", d.drains.map((e) => [{ th: text(e.node) }, e.runId, text(e.step), e.message]), "no drains");
     fill("alerts", d.alerts.map((a) => [{ th: a.alertname }, a.severity, a.runId,
       a.annotations.summary || "", text(a.incidentId)]), "no firing alerts");
