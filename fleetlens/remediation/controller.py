@@ -400,6 +400,7 @@ class Controller:
         self.findings.upsert(run.tenant, run.run_id, [d])
 
     def _decide(self, run: Run, now: float) -> None:
+        now = max(now, time.time())  # the analysis earlier in this pass took time
         scope = Scope(tenant=run.tenant, role="viewer", actor="remediation")
         findings = self.findings.list(scope, run.run_id)
         if not findings:
@@ -485,7 +486,7 @@ class Controller:
                 stop_step=-1,
                 resume_step=-1,
                 checkpoint={},
-                phases={"detection": [float(f.get("time") or f["firstSeen"]), now]},
+                phases={"detection": [min(float(f.get("time") or f["firstSeen"]), now), now]},
                 acks=[],
                 actuators=[],
                 cost=d.cost,

@@ -19,8 +19,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 __all__ = ["Drill"]
@@ -98,6 +100,38 @@ class Drill:
         with contextlib.suppress(OSError):
             return (self.workdir / f"{node}.log").read_text(errors="replace")[-tail:]
         return ""
+
+    def inject_xid(self, node: str, xid: int = 79, gpu: int = 0) -> None:
+        """The node's agent reports an XID: a real ``fleetlens agent --once`` scraping a
+        dcgm-exporter page (served here on loopback) whose XID field carries ``xid``."""
+        labels = f'gpu="{gpu}",UUID="GPU-drill-{node}-{gpu}",Hostname="{node}"'
+        page = (
+            f"DCGM_FI_DEV_XID_ERRORS{{{labels}}} {xid}\nDCGM_FI_DEV_GPU_TEMP{{{labels}}} 55\n"
+        ).encode()
+
+        class Exporter(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        http = ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+        try:
+            argv = [sys.executable, "-m", "fleetlens", "agent", "--server", self.server,
+                    "--node", node, "--once",
+                    "--dcgm-url", f"http://127.0.0.1:{http.server_port}/metrics"]  # fmt: skip
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                                 env=self.env(node))  # fmt: skip
+            if out.returncode != 0:
+                raise RuntimeError(f"fleetlens agent failed: {out.stderr[-2000:]}")
+        finally:
+            http.shutdown()
+            http.server_close()
 
     def alive(self, node: str) -> bool:
         p = self.procs.get(node)

@@ -14,8 +14,10 @@
   config (``total_steps``, ``max_steps``, ``train_steps`` or ``steps``), else ``horizon_s`` of
   wall-clock at the current step time.
 
-Intermittent and moving stragglers are never acted on: replacing a node does not fix data skew,
-and an episode that ends by itself is cheaper than a restart.
+A straggler is acted on only while it is slowing the job (its finding has no end step) and once
+it has been flagged for ``persist_s``: an intermittent one whose latest episode is still going
+counts, one between episodes does not (an episode that ends by itself is cheaper than a
+restart). Moving stragglers never are: replacing a node does not fix data skew.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ _STEP_KEYS = ("total_steps", "max_steps", "train_steps", "steps")
 class RemediationPolicy:
     mode: str = "recommend"
     fatal: tuple[str, ...] = ("fatal_xid", "ecc_xid")
-    stragglers: tuple[str, ...] = ("straggler.persistent", "thermal")
+    stragglers: tuple[str, ...] = ("straggler.persistent", "straggler.intermittent", "thermal")
     restart_cost_s: float = 300.0
     horizon_s: float = 24 * 3600.0
     margin: float = 1.0  # act when straggler cost > margin x restart cost

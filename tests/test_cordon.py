@@ -1,0 +1,240 @@
+"""Auto-cordon for real: three torchrun agents on this host, one node faulted, the controller
+drains it, the job checkpoints at an agreed step, the node's agent is stopped, the others
+re-rendezvous at world size 2 and resume from exactly the drained step.
+
+Each case is the whole sequence through real processes: ``fleetlens serve`` (the controller in
+its monitoring pass), elastic torchrun (c10d rendezvous, gloo), the DDP example with the SDK's
+control channel, and for the Xid case the node agent (``fleetlens agent``) scraping a
+dcgm-exporter page.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch  # noqa: F401 - the integration needs it installed; CI installs it
+
+from fleetlens.remediation.drill import Drill
+
+from .helpers import Server
+
+PHASES = [
+    "detection",
+    "approval",
+    "wait",
+    "checkpoint",
+    "verify",
+    "remove",
+    "rendezvous",
+    "reload",
+    "warmup",
+]
+
+
+def _server(tmp_path: Path, mode: str) -> Server:
+    return Server(
+        str(tmp_path / "server"),
+        env={
+            "FLEETLENS_REMEDIATION": mode,
+            "FLEETLENS_ANALYSIS_INTERVAL_S": "1",
+            "FLEETLENS_HANG_S": "5",
+            "FLEETLENS_STRAGGLER_PERSIST_S": "3",
+        },
+    ).start()
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[Any]]:
+    """Whatever a test starts (servers, drills) is stopped, drills first."""
+    things: list[Any] = []
+    yield things
+    for t in reversed(things):
+        t.stop()
+
+
+def _wait(what: str, fn: Callable[[], Any], timeout: float, drill: Drill, srv: Server) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = fn()
+        except OSError:  # the run is not registered yet
+            got = None
+        if got:
+            return got
+        time.sleep(0.5)
+    logs = "\n".join(f"--- {n}\n{drill.log(n, 2500)}" for n in drill.nodes)
+    raise AssertionError(f"timed out waiting for {what}\n{logs}\n--- server\n{srv.log()}")
+
+
+def _action(srv: Server, run: str, states: tuple[str, ...]) -> dict[str, Any] | None:
+    rows = srv.get(f"/v1/remediations?runId={run}")["remediations"]
+    return rows[0] if rows and rows[0]["state"] in states else None
+
+
+def _check_resumed(srv: Server, run: str, a: dict[str, Any]) -> None:
+    """What every drained run must show: world 3 -> 2, the sequence timed, the books kept."""
+    assert a["state"] == "resumed", a
+    assert (a["worldBefore"], a["worldAfter"]) == (3, 2)
+    assert a["node"] == "node-c"
+    assert list(a["phases"]) == [p for p in PHASES if p in a["phases"]]
+    assert {"rendezvous", "reload", "warmup", "remove"} <= set(a["phases"])
+    for name, p in a["phases"].items():
+        assert p["seconds"] is not None and p["seconds"] >= 0, (name, p)
+    assert a["recoveryS"] is not None and 0 < a["recoveryS"] < 90
+    # The new attempt runs at world size 2 and starts at exactly the step it resumed from.
+    deadline = time.monotonic() + 15  # the run registry catches up within seconds
+    while len(jobs := srv.get(f"/v1/runs/{run}")["jobIds"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(jobs) == 2 and a["jobId"] == jobs[0], jobs
+    resume = a["resumeStep"]
+    while time.monotonic() < deadline + 30:
+        points = srv.get(f"/v1/runs/{run}/metrics?name=loss")["points"]
+        if points[-1]["step"] > resume + 25:
+            break
+        time.sleep(0.5)
+    loss = {p["step"]: p["value"] for p in points}
+    steps = [p["step"] for p in points]
+    assert steps == list(range(steps[0], steps[-1] + 1)), "a step is missing or doubled"
+    assert steps[-1] > resume + 25 and points[-1]["step"] > a["stopStep"] + 12
+    before = [loss[s] for s in range(resume - 5, resume)]
+    after = [loss[s] for s in range(resume, resume + 5)]
+    # Continuous: the restored model picks up where it left off (a fresh one is at ~4.85).
+    assert abs(sum(after) / 5 - sum(before) / 5) < 0.5 * (sum(before) / 5), (before, after)
+    fresh = a["stopStep"] + 2  # steps only the new attempt ran (a hang's are re-run before)
+    ranks = srv.get(f"/v1/runs/{run}/ranks?fromStep={fresh}&toStep={fresh + 10}")["ranks"]
+    assert sorted(r["node"] for r in ranks) == ["node-a", "node-b"]
+    # Every phase is on the timeline, and the goodput breakdown charges the pause to recovery.
+    tl = srv.get(f"/v1/runs/{run}/timeline?fromStep={max(0, resume - 100)}&toStep={resume + 3}")
+    shown = {i["attrs"].get("phase") for i in tl["items"] if i["kind"] == "remediation"}
+    timed = {n for n in a["phases"] if n not in ("detection", "approval")}
+    assert timed <= shown, (timed, shown)
+    assert any(i["kind"] == "drain" for i in tl["items"])
+    gp = srv.get(f"/v1/runs/{run}/goodput")["breakdown"]
+    lines = {line["category"]: line["seconds"] for line in gp["lines"]}
+    assert lines["recovery"] >= 0.9 * a["phases"]["rendezvous"]["seconds"], lines
+    assert gp["interruptions"].get("recovery") == 1, gp["interruptions"]
+
+
+def test_fatal_xid_on_a_node_is_drained_after_approval_and_the_job_resumes_without_it(
+    tmp_path: Path, started: list[Any]
+) -> None:
+    srv = _server(tmp_path, "approve")
+    started.append(srv)
+    drill = Drill(
+        srv.url, tmp_path / "job", "cordon-xid", example_args=("--checkpoint-every", "50")
+    )
+    started.append(drill.start())
+    _wait("step 40", lambda: srv.get("/v1/runs/cordon-xid")["step"] >= 40, 120, drill, srv)
+    drill.inject_xid("node-c", 79)
+    pending = _wait(
+        "an action awaiting approval",
+        lambda: _action(srv, "cordon-xid", ("awaiting_approval",)),
+        60,
+        drill,
+        srv,
+    )
+    assert pending["reason"] == "fatal_xid" and pending["node"] == "node-c"
+    # Nothing happens to the job until someone approves: it is still at world size 3.
+    time.sleep(2)
+    assert all(drill.alive(n) for n in drill.nodes)
+    status, approved = srv.request("POST", f"/v1/remediations/{pending['id']}/approve", {})
+    assert status == 200 and approved["state"] == "draining" and approved["approvedBy"] == "local"
+    status, again = srv.request("POST", f"/v1/remediations/{pending['id']}/approve", {})
+    assert status == 409, again
+    a = _wait(
+        "the job to resume",
+        lambda: _action(srv, "cordon-xid", ("resumed", "failed")),
+        120,
+        drill,
+        srv,
+    )
+    _check_resumed(srv, "cordon-xid", a)
+    assert a["stepsLost"] == 0 and a["stopStep"] == a["resumeStep"]
+    assert "approval" in a["phases"]
+    assert (
+        a["checkpoint"]["verifiedBy"].startswith("server") and len(a["checkpoint"]["sha256"]) == 64
+    )
+    assert [o["actuator"] for o in a["actuators"]] == ["torchrun"]
+    _wait("node-c's agent to exit", lambda: not drill.alive("node-c"), 30, drill, srv)
+    assert drill.alive("node-a") and drill.alive("node-b")
+    # The alert that paged for the fault and its incident record the action.
+    alert = srv.get(f"/v1/alerts/{a['alertId']}")
+    assert alert["alertname"] == "FatalHardwareFault"
+    assert [r["id"] for r in alert["remediations"]] == [a["id"]]
+    incident = srv.get(f"/v1/incidents/{a['incidentId']}")
+    assert [r["id"] for r in incident["remediations"]] == [a["id"]]
+    assert incident["remediations"][0]["state"] == "resumed"
+
+
+def test_persistent_straggler_costing_more_than_a_restart_is_drained_automatically(
+    tmp_path: Path, started: list[Any]
+) -> None:
+    srv = _server(tmp_path, "automatic")
+    started.append(srv)
+    drill = Drill(
+        srv.url,
+        tmp_path / "job",
+        "cordon-slow",
+        example_args=("--slow-node", "node-c", "--slow-ms", "60", "--from-step", "30"),
+    )
+    started.append(drill.start())
+    a = _wait(
+        "the straggler's node to be drained and the job to resume",
+        lambda: _action(srv, "cordon-slow", ("resumed", "failed")),
+        180,
+        drill,
+        srv,
+    )
+    assert a["reason"] == "straggler.persistent", a
+    _check_resumed(srv, "cordon-slow", a)
+    assert a["stepsLost"] == 0 and a["stopStep"] == a["resumeStep"]
+    # The trade that justified it: the straggler's cost over the rest of the run vs a restart.
+    cost = a["cost"]
+    assert cost["expectedLossS"] > cost["restartCostS"] and cost["waitPerStepS"] > 0.02
+    # Without the slow node the steps are fast again.
+    resume = a["resumeStep"]
+    slow = srv.get(f"/v1/runs/cordon-slow/ranks?fromStep=35&toStep={resume - 1}")["ranks"]
+    fast = srv.get(f"/v1/runs/cordon-slow/ranks?fromStep={resume + 5}&toStep={resume + 20}")
+    assert max(r["stepTimeMs"] for r in fast["ranks"]) < 0.7 * max(r["stepTimeMs"] for r in slow), (
+        slow,
+        fast,
+    )
+
+
+def test_hung_rank_is_found_its_node_removed_and_the_others_resume_before_any_timeout(
+    tmp_path: Path, started: list[Any]
+) -> None:
+    srv = _server(tmp_path, "automatic")
+    started.append(srv)
+    drill = Drill(
+        srv.url,
+        tmp_path / "job",
+        "cordon-hang",
+        example_args=("--hang-node", "node-c", "--hang-at-step", "80", "--checkpoint-every", "25"),
+    )
+    started.append(drill.start())
+    a = _wait(
+        "the hung node to be removed and the job to resume",
+        lambda: _action(srv, "cordon-hang", ("resumed", "failed")),
+        180,
+        drill,
+        srv,
+    )
+    assert a["reason"] == "hang", a
+    _check_resumed(srv, "cordon-hang", a)
+    # A hung step never finishes: the job goes back to its newest verified checkpoint.
+    assert a["resumeStep"] == 75 and a["stepsLost"] == a["stopStep"] - 75
+    finding = [
+        f
+        for f in srv.get("/v1/runs/cordon-hang/diagnosis")["findings"]
+        if f["key"] == a["findingKey"]
+    ]
+    assert finding and finding[0]["nodes"] == ["node-c"] and finding[0]["diagnosis"] == "hang"
+    # Detected after the 5 s threshold, resumed long before gloo's 30-minute collective timeout.
+    hung_at = a["phases"]["detection"]["start"]
+    first_step = a["phases"]["warmup"]["end"]
+    assert first_step - hung_at < 60, a["phases"]
