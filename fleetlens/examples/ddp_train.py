@@ -126,15 +126,15 @@ def main() -> None:
     for step, tokens in enumerate(tr.loader(data), start):
         if step >= args.steps:
             break
-        if tr.stop_requested(step):
-            tr.drain(step, state, ckpt_dir)
-        if node and node == args.hang_node and step == args.hang_at_step:
-            while True:  # a hung GPU: this rank never reaches the next collective
-                time.sleep(1.0)
         on = args.instrument == "on" or (
             args.instrument == "alternate" and (step // args.block) % 2 == 1
         )
         t0 = time.perf_counter()
+        if on and tr.stop_requested(step):  # the same answer on every rank
+            tr.drain(step, state, ckpt_dir)
+        if node and node == args.hang_node and step == args.hang_at_step:
+            while True:  # a hung GPU: this rank never reaches the next collective
+                time.sleep(1.0)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         if on:
             with tr.step(step, tokens=inputs.numel()):

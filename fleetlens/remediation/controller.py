@@ -636,12 +636,15 @@ class Controller:
         t_first = float(a["time"])
         loaded = float(a.get("loadedAt", t_first))
         load_s = float(a.get("loadS", 0.0))
+        # Contiguous and in order, whatever the clocks of the hosts say.
         t0 = _start(r, "rendezvous")
+        t1 = max(t0, loaded - load_s)
+        t2 = max(t1, loaded)
         r.phases = {
             **r.phases,
-            "rendezvous": [t0, max(t0, loaded - load_s)],
-            "reload": [max(t0, loaded - load_s), loaded],
-            "warmup": [loaded, max(loaded, t_first)],
+            "rendezvous": [t0, t1],
+            "reload": [t1, t2],
+            "warmup": [t2, max(t2, t_first)],
         }
         r.resume_step = int(a.get("step", -1))
         r.world_after = int(a.get("world", 0))

@@ -1,0 +1,392 @@
+"""The remediation policy, the controller's state machine and its refusals, the SDK's control
+channel and verified checkpoints, without a training job (tests/test_cordon.py runs one)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sqlalchemy import select
+
+from fleetlens.analysis.rootcause import Diagnosis
+from fleetlens.errors import ConfigError, NotFound
+from fleetlens.remediation.actuators import TorchrunActuator
+from fleetlens.remediation.controller import Controller, Position
+from fleetlens.remediation.policy import RemediationPolicy, RunContext, decide
+from fleetlens.sdk.config import SDKConfig
+from fleetlens.sdk.control import ControlChannel
+from fleetlens.sdk.run import NullRun
+from fleetlens.store.access import AccessStore
+from fleetlens.store.chdb_store import ChdbStore
+from fleetlens.store.findings import FindingsStore
+from fleetlens.store.metadata import MetadataStore
+from fleetlens.store.scope import Scope
+from fleetlens.torch import TorchRun, latest_checkpoint, save_verified
+
+NOW = 1_800_000_000.0
+
+
+def _finding(diag: str, nodes: list[str], **kw: Any) -> dict[str, Any]:
+    return {
+        "key": f"k:{diag}",
+        "diagnosis": diag,
+        "kind": kw.pop("kind", "failure"),
+        "nodes": nodes,
+        "ranks": [2],
+        "summary": "s",
+        "firstSeen": NOW - 3600,
+        "time": None,
+        "endStep": None,
+        "evidence": [],
+        **kw,
+    }
+
+
+def _straggler(wait: float, first_seen: float = NOW - 3600) -> dict[str, Any]:
+    return _finding(
+        "straggler.persistent",
+        ["n2"],
+        kind="straggler",
+        firstSeen=first_seen,
+        evidence=[{"metric": "compute / step median", "waitPerStepS": wait}],
+    )
+
+
+CTX = RunContext(world=8, last_step=999, step_time_s=1.0, config={"total_steps": 11_000}, now=NOW)
+
+
+def test_fatal_faults_and_hangs_always_justify_removing_their_node() -> None:
+    p = RemediationPolicy()
+    d = decide(p, _finding("fatal_xid", ["n2"]), CTX)
+    assert d is not None and (d.node, d.reason, d.ranks) == ("n2", "fatal_xid", [2])
+    assert decide(p, _finding("hang", ["n5"], kind="hang"), CTX) is not None
+    # Not one node: a rack or the network is not fixed by removing a node.
+    assert decide(p, _finding("fatal_xid", ["n2", "n3"]), CTX) is None
+    assert decide(p, _finding("fatal_xid", []), CTX) is None
+    # Recoverable faults and other diagnoses are tickets, not removals.
+    assert decide(p, _finding("xid_recoverable", ["n2"]), CTX) is None
+    assert decide(p, _finding("network", ["n2"]), CTX) is None
+
+
+def test_straggler_is_removed_only_when_it_costs_more_than_a_restart() -> None:
+    p = RemediationPolicy(restart_cost_s=300.0)
+    # 10,000 steps left (config total_steps): 50 ms/step is 500 s > 300 s.
+    d = decide(p, _straggler(0.05), CTX)
+    assert d is not None
+    assert d.cost["remainingSteps"] == 10_000 and d.cost["expectedLossS"] == pytest.approx(500.0)
+    assert d.cost["restartCostBasis"] == "default"
+    # 20 ms/step is 200 s < 300 s: a restart would cost more than it saves.
+    assert decide(p, _straggler(0.02), CTX) is None
+    # This run's own recoveries, once measured, replace the default (median of 100, 120, 150).
+    measured = RunContext(8, 999, 1.0, {"total_steps": 11_000}, [150.0, 100.0, 120.0], NOW)
+    d = decide(p, _straggler(0.02), measured)
+    assert d is not None and d.cost["restartCostS"] == 120.0
+    # Without a step budget in the config, the horizon at the current step time.
+    open_ended = RunContext(8, 999, 2.0, {}, [], NOW)
+    d = decide(RemediationPolicy(horizon_s=3600.0), _straggler(0.2), open_ended)
+    assert (
+        d is not None and d.cost["remainingSteps"] == 1800 and "horizon" in d.cost["remainingBasis"]
+    )
+    # Not yet shown to persist, or moving (data skew): no action.
+    assert decide(p, _straggler(0.05, first_seen=NOW - 10), CTX) is None
+    moving = _straggler(0.05) | {"diagnosis": "straggler.moving"}
+    assert decide(p, moving, CTX) is None
+
+
+def test_policy_refuses_bad_settings() -> None:
+    with pytest.raises(ConfigError, match="mode"):
+        RemediationPolicy(mode="yolo")
+    with pytest.raises(ConfigError):
+        RemediationPolicy(restart_cost_s=0)
+
+
+@pytest.fixture
+def ctl(tmp_path: Path) -> Iterator[Controller]:
+    meta = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
+    tel = ChdbStore(str(tmp_path / "telemetry"))
+    meta.observe(
+        "default",
+        "r1",
+        job_id="r1-a0",
+        project="p",
+        first=NOW - 600,
+        last=time.time(),
+        step=500,
+        world_size=3,
+    )
+    findings = FindingsStore(meta)
+    c = Controller(
+        meta,
+        tel,
+        findings,
+        AccessStore(meta),
+        RemediationPolicy(mode="recommend"),
+        [TorchrunActuator()],
+        hang_s=5.0,
+        stale_s=60.0,
+        stop_timeout_s=30.0,
+    )
+    try:
+        yield c
+    finally:
+        meta.close()
+        tel.close()
+
+
+def _run(c: Controller) -> Any:
+    from fleetlens.store.models import Run
+
+    with c._session() as s:
+        run = s.scalars(select(Run)).one()
+        s.expunge(run)
+        return run
+
+
+def _positions(c: Controller, job: str = "r1-a0", now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    for rank, node in enumerate(("n0", "n1", "n2")):
+        c.report("default", "r1", Position(job, rank, 3, node, 500, 1, now, now))
+
+
+def _xid(c: Controller) -> None:
+    d = Diagnosis(
+        "xid:n2:0:79",
+        "fatal_xid",
+        "failure",
+        0.95,
+        "Xid 79 on n2",
+        500,
+        500,
+        500,
+        nodes=["n2"],
+        ranks=[2],
+        job_id="r1-a0",
+    )
+    c.findings.upsert("default", "r1", [d])
+
+
+ADMIN = Scope(tenant="default", role="admin", actor="alice")
+
+
+def test_recommend_mode_records_the_action_and_tells_the_job_nothing(ctl: Controller) -> None:
+    _positions(ctl)
+    _xid(ctl)
+    ctl.tick([_run(ctl)])
+    (a,) = ctl.actions(ADMIN, "r1")
+    assert (a["state"], a["node"], a["reason"], a["mode"]) == (
+        "recommended",
+        "n2",
+        "fatal_xid",
+        "recommend",
+    )
+    assert a["phases"]["detection"]["seconds"] >= 0
+    assert ctl.report("default", "r1", Position("r1-a0", 0, 3, "n0", 501, 0, 0, 0)) is None
+    ctl.tick([_run(ctl)])  # one action per finding: a second pass adds nothing
+    assert len(ctl.actions(ADMIN, "r1")) == 1
+    # An operator carries it out: the job is told to stop; a later attempt is not.
+    out = ctl.approve(ADMIN, a["id"])
+    assert out["state"] == "draining" and out["approvedBy"] == "alice"
+    msg = ctl.report("default", "r1", Position("r1-a0", 1, 3, "n1", 501, 0, 0, 0))
+    assert msg == {"id": a["id"], "phase": "stop", "node": "n2", "jobId": "r1-a0", "force": False}
+    assert ctl.report("default", "r1", Position("r1-a1", 0, 2, "n0", 1, 0, 0, 0)) is None
+    with pytest.raises(ValueError, match="draining"):
+        ctl.reject(ADMIN, a["id"])
+    other_tenant = Scope(tenant="bolt", role="admin", actor="mallory")
+    with pytest.raises(NotFound):
+        ctl.approve(other_tenant, a["id"])
+
+
+def test_a_checkpoint_that_does_not_match_its_checksum_stops_the_sequence(
+    ctl: Controller, tmp_path: Path
+) -> None:
+    _positions(ctl)
+    _xid(ctl)
+    ctl.tick([_run(ctl)])
+    (a,) = ctl.actions(ADMIN, "r1")
+    ctl.approve(ADMIN, a["id"])
+    path = tmp_path / "ckpt-00000501.pt"
+    path.write_bytes(b"what rank 0 wrote, then something changed it")
+    t = time.time()
+    for rank in range(3):
+        ctl.ack(
+            "default",
+            "r1",
+            {
+                "id": a["id"],
+                "event": "stopped",
+                "rank": rank,
+                "jobId": "r1-a0",
+                "time": t,
+                "step": 501,
+            },
+        )
+    out = ctl.ack(
+        "default",
+        "r1",
+        {
+            "id": a["id"],
+            "event": "checkpointed",
+            "rank": 0,
+            "jobId": "r1-a0",
+            "time": t,
+            "step": 501,
+            "started": t,
+            "checkpoint": {"path": str(path), "sha256": "0" * 64},
+        },
+    )
+    assert out["state"] == "failed"
+    got = ctl.get(ADMIN, a["id"])
+    assert "not removing the node" in got["error"] and not got["actuators"]
+    # The job is told nothing more: the ranks waiting in drain() train on.
+    assert ctl.report("default", "r1", Position("r1-a0", 0, 3, "n0", 501, 0, 0, 0)) is None
+
+
+def test_verified_checkpoint_moves_the_sequence_to_removing_the_node(
+    ctl: Controller, tmp_path: Path
+) -> None:
+    _positions(ctl)
+    _xid(ctl)
+    ctl.tick([_run(ctl)])
+    (a,) = ctl.actions(ADMIN, "r1")
+    ctl.approve(ADMIN, a["id"])
+    path = tmp_path / "ckpt-00000501.pt"
+    path.write_bytes(b"weights")
+    t = time.time()
+    ctl.ack(
+        "default",
+        "r1",
+        {
+            "id": a["id"],
+            "event": "checkpointed",
+            "rank": 0,
+            "jobId": "r1-a0",
+            "time": t,
+            "step": 501,
+            "started": t - 0.1,
+            "checkpoint": {"path": str(path), "sha256": hashlib.sha256(b"weights").hexdigest()},
+        },
+    )
+    assert ctl.get(ADMIN, a["id"])["state"] == "draining"  # not every rank has stopped yet
+    for rank in range(3):
+        out = ctl.ack(
+            "default",
+            "r1",
+            {
+                "id": a["id"],
+                "event": "stopped",
+                "rank": rank,
+                "jobId": "r1-a0",
+                "time": t,
+                "step": 501,
+            },
+        )
+    assert out["state"] == "removing"
+    got = ctl.get(ADMIN, a["id"])
+    assert got["checkpoint"]["verifiedBy"].startswith("server") and got["stopStep"] == 501
+    assert [o["actuator"] for o in got["actuators"]] == ["torchrun"]
+    msg = ctl.report("default", "r1", Position("r1-a0", 2, 3, "n2", 500, 1, 0, 0))
+    assert msg is not None and msg["phase"] == "remove" and msg["node"] == "n2"
+    # The node's rank stops its agent: everyone else is told to restart.
+    ctl.ack(
+        "default",
+        "r1",
+        {
+            "id": a["id"],
+            "event": "agent_stopping",
+            "rank": 2,
+            "jobId": "r1-a0",
+            "time": time.time(),
+        },
+    )
+    assert ctl.get(ADMIN, a["id"])["state"] == "restarting"
+    # The new attempt's first step ends it; an answer for another run is refused.
+    with pytest.raises(NotFound):
+        ctl.ack("default", "r2", {"id": a["id"], "event": "resumed", "rank": 0, "time": 1.0})
+    t2 = time.time() + 1.0  # the new workers start, load, and run their first step
+    ctl.ack(
+        "default",
+        "r1",
+        {
+            "id": 0,
+            "event": "resumed",
+            "rank": 0,
+            "jobId": "r1-a1",
+            "time": t2,
+            "step": 501,
+            "world": 2,
+            "loadS": 0.05,
+            "loadedAt": t2 - 0.2,
+        },
+    )
+    done = ctl.get(ADMIN, a["id"])
+    assert (done["state"], done["worldAfter"], done["stepsLost"]) == ("resumed", 2, 0)
+    assert list(done["phases"])[-3:] == ["rendezvous", "reload", "warmup"]
+    assert done["phases"]["reload"]["seconds"] == pytest.approx(0.05, abs=1e-6)
+
+
+def test_live_hang_names_the_rank_behind_the_others(ctl: Controller) -> None:
+    ctl.policy = RemediationPolicy(mode="automatic")
+    t = time.time()
+    stuck_since = t - 30
+    for rank, (node, step, seq) in enumerate((("n0", 81, 1), ("n1", 81, 1), ("n2", 80, 3))):
+        ctl.report("default", "r1", Position("r1-a0", rank, 3, node, step, seq, stuck_since, t))
+    ctl.tick([_run(ctl)])
+    (f,) = ctl.findings.list(ADMIN, "r1")
+    assert (f["diagnosis"], f["nodes"], f["ranks"]) == ("hang", ["n2"], [2])
+    (a,) = ctl.actions(ADMIN, "r1")
+    # A hung step cannot finish: no stop, no drain checkpoint; straight to removing the node.
+    assert a["state"] == "removing" and a["reason"] == "hang"
+    assert "periodic" in a["checkpoint"]["source"]
+
+
+def test_everyone_stuck_in_the_same_place_blames_no_node(ctl: Controller) -> None:
+    ctl.policy = RemediationPolicy(mode="automatic")
+    t = time.time()
+    for rank, node in enumerate(("n0", "n1", "n2")):
+        ctl.report("default", "r1", Position("r1-a0", rank, 3, node, 81, 1, t - 30, t))
+    ctl.tick([_run(ctl)])
+    assert ctl.findings.list(ADMIN, "r1") == [] and ctl.actions(ADMIN, "r1") == []
+
+
+def test_control_channel_never_raises_and_never_blocks_when_the_server_is_gone() -> None:
+    cfg = SDKConfig(server="http://127.0.0.1:9", run_id="r", job_id="r-a0", send_timeout=0.5)
+    ch = ControlChannel(cfg, lambda: (3, 0), interval=0.05)
+    ch.start()
+    for i in range(200):  # more answers than the queue holds: the oldest go, nothing raises
+        ch.ack(1, "stopped", step=i)
+    time.sleep(0.5)
+    ch.close()
+    assert ch.errors > 0 and ch.action is None and len(ch._acks) <= 64
+
+
+def test_stop_requested_without_a_process_group_is_false_and_cheap() -> None:
+    tr = TorchRun(NullRun())
+    t0 = time.perf_counter()
+    assert not any(tr.stop_requested(s) for s in range(100))
+    assert time.perf_counter() - t0 < 1.0 and tr.errors == 0
+
+
+def test_resume_skips_a_checkpoint_whose_file_no_longer_matches(tmp_path: Path) -> None:
+    run = NullRun()
+    save_verified(run, {"w": torch.ones(3)}, str(tmp_path), 100)
+    man = save_verified(run, {"w": torch.full((3,), 2.0)}, str(tmp_path), 200)
+    assert man["sha256"] == hashlib.sha256(Path(man["path"]).read_bytes()).hexdigest()
+    assert json.loads((tmp_path / "ckpt-00000200.json").read_text())["step"] == 200
+    found = latest_checkpoint(str(tmp_path))
+    assert found is not None and found[0]["step"] == 200
+    with open(man["path"], "r+b") as fh:  # bit rot after the write
+        fh.seek(40)
+        fh.write(b"\xff\xff")
+    found = latest_checkpoint(str(tmp_path))
+    assert found is not None and found[0]["step"] == 100
+    tr = TorchRun(run)
+    step, state = tr.resume(str(tmp_path)) or (None, None)
+    assert step == 100 and torch.equal(state["w"], torch.ones(3))
+    (tmp_path / "ckpt-00000300.pt").write_bytes(b"no manifest: never resumed from")
+    assert latest_checkpoint(str(tmp_path))[0]["step"] == 100  # type: ignore[index]
