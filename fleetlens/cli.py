@@ -29,6 +29,7 @@ COMMANDS = (
     "agent",
     "traces",
     "alerts",
+    "remediations",
     "stragglers",
     "diagnose",
     "compare",
@@ -50,16 +51,27 @@ def _server_url(args: argparse.Namespace) -> str:
 def _get(args: argparse.Namespace, path: str, **params: Any) -> Any:
     query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
     url = f"{_server_url(args)}{path}{'?' + query if query else ''}"
-    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    return _send(args, urllib.request.Request(url, headers={"Accept": "application/json"}))
+
+
+def _post(args: argparse.Namespace, path: str, body: Any = None) -> Any:
+    """POST ``body`` as JSON (an empty body when None) to the server; the answer decoded."""
+    data = json.dumps(body).encode() if body is not None else b""
+    req = urllib.request.Request(f"{_server_url(args)}{path}", data=data, method="POST")
+    req.add_header("Content-Type", "application/json")
+    return _send(args, req)
+
+
+def _send(args: argparse.Namespace, req: urllib.request.Request) -> Any:
     token = os.environ.get("FLEETLENS_TOKEN")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=60) as resp:
             return json.load(resp)
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
-        raise FleetlensError(f"{url}: HTTP {exc.code}: {detail}") from exc
+        raise FleetlensError(f"{req.full_url}: HTTP {exc.code}: {detail}") from exc
     except urllib.error.URLError as exc:
         raise FleetlensError(
             f"cannot reach the fleetlens server at {_server_url(args)} ({exc.reason}); "
@@ -284,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .agent import run as agent_run
     from .alerts import cli as alerts_cli
     from .evaluation import cli as eval_cli
+    from .remediation import cli as remediation_cli
     from .sim import cli as sim_cli
     from .traces import cli as traces_cli
 
@@ -292,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_run.add_parser(sub)
     traces_cli.add_parser(sub)
     alerts_cli.add_parser(sub)
+    remediation_cli.add_parser(sub)
     detect_cli.add_parsers(sub)
     graph_cli.add_parsers(sub)
     eval_cli.add_parser(sub)

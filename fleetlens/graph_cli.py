@@ -10,28 +10,10 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from .cli import _get, _server_url
+from .cli import _get, _post, _server_url
 from .errors import FleetlensError
 
 __all__ = ["add_parsers", "cmd_compare", "cmd_import", "cmd_lineage", "cmd_models_register"]
-
-
-def _post(args: argparse.Namespace, path: str, body: dict[str, Any]) -> Any:
-    url = f"{_server_url(args)}{path}"
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
-    req.add_header("Content-Type", "application/json")
-    token = os.environ.get("FLEETLENS_TOKEN")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return json.load(resp)
-    except urllib.error.HTTPError as exc:
-        raise FleetlensError(
-            f"{url}: HTTP {exc.code}: {exc.read().decode(errors='replace')}"
-        ) from exc
-    except urllib.error.URLError as exc:
-        raise FleetlensError(f"cannot reach the fleetlens server at {url} ({exc.reason})") from exc
 
 
 def _f(v: Any, spec: str = ".4g") -> str:

@@ -4,27 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import urllib.request
 from typing import Any
 
 __all__ = ["add_parser"]
 
 
-def _post(args: argparse.Namespace, path: str) -> Any:
-    from ..cli import _server_url
-
-    req = urllib.request.Request(_server_url(args) + path, data=b"", method="POST")
-    token = os.environ.get("FLEETLENS_TOKEN")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.load(r)
-
-
 def main(args: argparse.Namespace) -> int:
-    from ..cli import _get
+    from ..cli import _get, _post
 
     cmd = args.alerts_command or "list"
     if cmd == "prometheus-rules":

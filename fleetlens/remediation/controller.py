@@ -193,7 +193,11 @@ class Controller:
         self.stop_timeout_s = stop_timeout_s
         self.remove_timeout_s = remove_timeout_s
         self.resume_timeout_s = resume_timeout_s
+        # _lock serializes the actions' state changes (database work, actuators); _plock only
+        # guards the in-memory positions and published instructions, so a rank's poll, answered
+        # on the event loop, never waits behind an actuator.
         self._lock = threading.RLock()
+        self._plock = threading.Lock()
         self._positions: dict[tuple[str, str], _RunPositions] = {}
         self._control: dict[tuple[str, str], dict[str, Any]] = {}
         self.errors = 0
@@ -203,7 +207,7 @@ class Controller:
 
     def report(self, tenant: str, run_id: str, pos: Position) -> dict[str, Any] | None:
         """Record a rank's position; the instruction for its job attempt, if any."""
-        with self._lock:
+        with self._plock:
             rp = self._positions.setdefault((tenant, run_id), _RunPositions())
             rp.ranks[(pos.job_id, pos.rank)] = pos
             if len(rp.ranks) > 4 * max(pos.world, 1) + 64:  # forget attempts long gone
@@ -356,7 +360,7 @@ class Controller:
                 self._publish(r)
 
     def _hang_check(self, run: Run, now: float) -> None:
-        with self._lock:
+        with self._plock:
             rp = self._positions.get((run.tenant, run.run_id))
             job, ranks = rp.current(now, self.stale_s) if rp else ("", [])
         if not ranks or len(ranks) < ranks[0].world or ranks[0].world < 2:
@@ -402,10 +406,11 @@ class Controller:
     def _decide(self, run: Run, now: float) -> None:
         now = max(now, time.time())  # the analysis earlier in this pass took time
         scope = Scope(tenant=run.tenant, role="viewer", actor="remediation")
-        findings = self.findings.list(scope, run.run_id)
+        acted_on = {*self.policy.fatal, *self.policy.stragglers, "hang"}
+        findings = [f for f in self.findings.list(scope, run.run_id) if f["diagnosis"] in acted_on]
         if not findings:
             return
-        with self._lock:
+        with self._plock:
             rp = self._positions.get((run.tenant, run.run_id))
             job, ranks = rp.current(now, self.stale_s) if rp else ("", [])
         live_nodes = {p.node for p in ranks}
@@ -525,7 +530,7 @@ class Controller:
             now,
             {"planned": False, "remediation": r.id, "node": r.node, "reason": r.reason},
         )
-        with self._lock:
+        with self._plock:
             rp = self._positions.get((r.tenant, r.run_id))
             job, ranks = rp.current(now, self.stale_s) if rp else ("", [])
         r.updated_at = now
@@ -624,7 +629,7 @@ class Controller:
                 self._fail(r, now, f"the job did not resume within {self.resume_timeout_s:.0f}s")
 
     def _ranks_on(self, r: Remediation, now: float) -> set[int]:
-        with self._lock:
+        with self._plock:
             rp = self._positions.get((r.tenant, r.run_id))
             if rp is None:
                 return set()
@@ -734,7 +739,7 @@ class Controller:
 
     def _publish(self, r: Remediation) -> None:
         key = (r.tenant, r.run_id)
-        with self._lock:
+        with self._plock:
             if r.state in ACTIVE:
                 self._control[key] = {
                     "id": r.id,
