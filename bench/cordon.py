@@ -39,7 +39,12 @@ def _get(url: str) -> Any:
 def trial(root: Path, k: int) -> dict[str, Any]:
     proc, url = start_server(
         str(root / f"server-{k}"),
-        {"FLEETLENS_REMEDIATION": "automatic", "FLEETLENS_ANALYSIS_INTERVAL_S": "1"},
+        {
+            "FLEETLENS_REMEDIATION": "automatic",
+            "FLEETLENS_ANALYSIS_INTERVAL_S": "1",
+            # The Xid is the fault measured; a rank starved of CPU on this machine is not.
+            "FLEETLENS_STRAGGLER_PERSIST_S": "3600",
+        },
     )
     run = f"bench-cordon-{k}"
     drill = Drill(url, root / f"job-{k}", run, example_args=("--checkpoint-every", "100"))

@@ -6,8 +6,9 @@ with its data and no console error, the heatmap must outline the straggler's row
 page must name the injected cause. Two remediation actions are recorded for the run in the
 server's metadata database, as the controller records them (one that took the straggler's node
 out and resumed, one draining); the run page must show their phases and the on-call page the one
-under way, and approving from a page must go through the API with the page's token.
-``FLEETLENS_SCREENSHOTS=DIR`` saves a screenshot per page.
+under way, and approving from a page must go through the API with the page's token. On a server
+that requires tokens, a user signs in on the page itself (a refused token, a viewer's, an ingest
+token's 403, signing out). ``FLEETLENS_SCREENSHOTS=DIR`` saves a screenshot per page.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,7 +33,7 @@ from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.portal_queries import Executions, run_summary, step_buckets
 
-from .helpers import Server
+from .helpers import Server, step_batch
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -571,3 +573,148 @@ def test_step_buckets_and_summary_count_a_replayed_step_at_its_latest_attempt() 
     assert m["tokensPerSecond"] == pytest.approx(400 / 11.0)
     assert step_buckets(per_step, 10, 20, 5) == []
     assert run_summary(ex.take(np.zeros(0, np.intp)), {})["step"] is None
+
+
+# --------------------------------------------------------------------------- signing in
+
+SIGNED_RUN = "signin-run"
+
+
+def _cli_token(data: str, role: str) -> str:
+    """A token made as an operator makes one, before the server starts."""
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "fleetlens", "tokens", "create", "--data", data),
+            *("--tenant", "acme", "--role", role, "--name", f"portal {role}"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, str]]]:
+    """A server with ``--auth required``, tenant acme's tokens by role, and a run of acme's
+    sent with its ingest token."""
+    data = str(tmp_path_factory.mktemp("secured") / "data")
+    os.makedirs(data)  # `tokens create` does not make the directory
+    tokens = {role: _cli_token(data, role) for role in ("admin", "viewer", "ingest")}
+    srv = Server(data, extra_args=("--auth", "required")).start()
+    try:
+        assert (
+            srv.post(step_batch(SIGNED_RUN, range(0, 20), 4)[1], token=tokens["ingest"])[0] == 200
+        )
+        deadline = time.monotonic() + 30
+        while SIGNED_RUN not in str(srv.get("/v1/runs", token=tokens["admin"])):
+            assert time.monotonic() < deadline, srv.log()
+            time.sleep(0.2)
+        yield srv, tokens
+    finally:
+        srv.stop()
+
+
+def test_shells_and_static_files_load_without_a_token_but_no_data_does(
+    secured: tuple[Server, dict[str, str]],
+) -> None:
+    srv, tokens = secured
+    for path in ("/", f"/runs/{SIGNED_RUN}", f"/runs/{SIGNED_RUN}/failure", "/oncall", "/capacity"):
+        status, page = srv.request("GET", path)
+        assert status == 200, (path, page)
+        assert 'data-auth="required"' in page and 'id="signin"' in page
+    for name in ("app.js", "charts.js", "style.css"):
+        assert srv.request("GET", f"/ui/static/{name}")[0] == 200, name
+    assert srv.request("GET", "/v1/runs")[0] == 401
+    assert srv.request("GET", f"/v1/runs/{SIGNED_RUN}/overview")[0] == 401
+    # With a token, a page is checked as the API is: a run the caller may not see is a 404.
+    assert srv.request("GET", "/runs/no-such-run", token=tokens["viewer"])[0] == 404
+    assert srv.request("GET", f"/runs/{SIGNED_RUN}", token=tokens["viewer"])[0] == 200
+    assert srv.request("GET", "/", token=tokens["ingest"])[0] == 403
+
+
+def test_signing_in_on_a_server_that_requires_tokens(
+    secured: tuple[Server, dict[str, str]], browser: Any
+) -> None:
+    srv, tokens = secured
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    console: list[str] = []
+    responses: list[str] = []
+    urls: list[str] = []
+    page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: console.append(str(e)))
+    page.on("requestfailed", lambda r: console.append(f"failed {r.url}"))
+    page.on(
+        "response", lambda r: responses.append(f"{r.status} {r.url}") if r.status >= 400 else None
+    )
+    page.on("request", lambda r: urls.append(r.url))
+    form = page.get_by_role("region", name="Sign in")
+    field = page.get_by_label("API token")
+    alert = form.get_by_role("alert")
+
+    # No token: the form, focused, and no request for data.
+    page.goto(f"{srv.url}/")
+    page.wait_for_selector("body[data-loaded=signin]")
+    playwright.expect(field).to_be_visible()
+    playwright.expect(field).to_be_focused()
+    assert field.get_attribute("type") == "password"
+    assert "fleetlens tokens create" in form.inner_text()
+    assert page.locator("#content").is_hidden()
+    assert page.get_by_role("button", name="Sign out").is_hidden()
+    assert not [u for u in urls if "/v1/" in u]
+
+    # A wrong token, typed and sent with Enter: refused, forgotten, the form stays.
+    page.keyboard.type("fl_" + "x" * 43)
+    page.keyboard.press("Enter")
+    playwright.expect(alert).to_contain_text("this token was refused")
+    playwright.expect(field).to_be_focused()
+    shots = os.environ.get("FLEETLENS_SCREENSHOTS")
+    if shots:
+        os.makedirs(shots, exist_ok=True)
+        page.screenshot(path=os.path.join(shots, "signin.png"))
+    assert page.get_attribute("body", "data-loaded") == "signin"
+    assert page.evaluate("sessionStorage.getItem('fleetlens.token')") is None
+
+    # A viewer's token: the runs list with the run ingested with the ingest token.
+    field.fill(tokens["viewer"])
+    form.get_by_role("button", name="Sign in").click()
+    page.wait_for_selector("body[data-loaded=true]")
+    assert form.is_hidden()
+    assert page.get_by_role("link", name=SIGNED_RUN).count() == 1
+    assert page.evaluate("sessionStorage.getItem('fleetlens.token')") == tokens["viewer"]
+    assert page.evaluate("localStorage.length") == 0
+    # The token goes along to the next page of the same tab.
+    page.get_by_role("link", name=SIGNED_RUN).click()
+    page.wait_for_selector("body[data-loaded=true]")
+    assert page.url == f"{srv.url}/runs/{SIGNED_RUN}"
+    assert "RUNNING" in page.inner_text("#now") or "Status" in page.inner_text("#now")
+
+    # Signing out forgets the token: the form again.
+    page.get_by_role("button", name="Sign out").click()
+    page.wait_for_selector("body[data-loaded=signin]")
+    playwright.expect(field).to_be_focused()
+    assert page.evaluate("sessionStorage.getItem('fleetlens.token')") is None
+    assert page.get_by_role("button", name="Sign out").is_hidden()
+
+    # An ingest-only token: not the sign-in loop but what is wrong with its role.
+    field.fill(tokens["ingest"])
+    page.keyboard.press("Enter")
+    page.wait_for_selector("body[data-loaded=forbidden]")
+    denied = page.get_by_role("region", name="This token may not read this page")
+    playwright.expect(denied.get_by_role("alert")).to_contain_text("role 'ingest' may not read")
+    assert "viewer, editor or admin" in denied.inner_text()
+    assert form.is_hidden()
+    page.get_by_role("button", name="Use another token").click()
+    playwright.expect(field).to_be_focused()
+
+    # The errors are the two answers the server was meant to give, and nothing else.
+    overview = f"403 {srv.url}/v1/runs/{SIGNED_RUN}/overview?points="  # signed out on the run page
+    assert len(responses) == 2 and responses[1].startswith(overview), responses
+    assert responses[0] == f"401 {srv.url}/v1/runs?limit=200", responses
+    expected = re.compile(r"Failed to load resource: the server responded with a status of 40[13] ")
+    assert len(console) == 2 and all(expected.match(e) for e in console), console
+    # The token is in no URL and no log line.
+    secrets = (tokens["viewer"], tokens["ingest"], "x" * 43)
+    assert not [u for u in urls if any(t in u for t in secrets)]
+    assert not [t for t in secrets if t in srv.log()]

@@ -29,10 +29,8 @@ behind name the node (a finding, ``hang``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,9 +41,10 @@ from sqlalchemy import or_, select
 
 from ..alerts.models import Alert
 from ..analysis.rootcause import Diagnosis
-from ..errors import NotFound
+from ..errors import ConfigError, NotFound
 from ..store.access import AccessStore
 from ..store.findings import FindingsStore
+from ..store.graph import sha256_of
 from ..store.metadata import MetadataStore
 from ..store.models import Run
 from ..store.scope import Scope
@@ -54,14 +53,14 @@ from .actuators import Actuator, Outcome
 from .models import Remediation
 from .policy import RemediationPolicy, RunContext, decide
 
-__all__ = ["ACTIVE", "Controller", "Position", "remediation_json"]
+__all__ = ["ACTIVE", "PHASES", "Controller", "Position", "remediation_json"]
 
 log = logging.getLogger("fleetlens.remediation")
 
 ACTIVE = ("draining", "removing", "restarting")
 FINAL = ("recommended", "rejected", "resumed", "drained", "failed")
 _CONTROL_PHASE = {"draining": "stop", "removing": "remove", "restarting": "restart"}
-_PHASES = (
+PHASES = (
     "detection",
     "approval",
     "wait",
@@ -148,7 +147,7 @@ def _start(r: Remediation, phase: str) -> float:
 
 
 def _order(phase: str) -> int:
-    return _PHASES.index(phase) if phase in _PHASES else len(_PHASES)
+    return PHASES.index(phase) if phase in PHASES else len(PHASES)
 
 
 def _steps_lost(r: Remediation) -> int | None:
@@ -156,14 +155,6 @@ def _steps_lost(r: Remediation) -> int | None:
     if r.stop_step < 0 or r.resume_step < 0:
         return None
     return max(0, r.stop_step - r.resume_step)
-
-
-def _file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Controller:
@@ -590,8 +581,11 @@ class Controller:
                 t_v = time.time()
                 verified_by = "rank 0 (read-back checksum)"
                 path = str(man.get("path", ""))
-                if path and os.path.exists(path):
-                    got = _file_sha256(path)
+                try:  # where the server can read it (a shared file system, an object store)
+                    got: str | None = sha256_of(path)[0] if path else None
+                except ConfigError:
+                    got = None
+                if got is not None:
                     if got != man.get("sha256"):
                         self._fail(
                             r,

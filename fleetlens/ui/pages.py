@@ -5,9 +5,17 @@ Each page is a small ``string.Template`` shell with headings, labelled tables an
 ``/v1/portal/oncall``, ...) and draws it with ``static/charts.js`` (the run page then fetches its
 below-the-fold heatmap and slowest ranks, ``/v1/runs/{id}/heatmap?slowest=8``), and live pages
 refetch on an interval instead of reloading. The one write a page makes is approving a
-remediation action (``POST /v1/remediations/{id}/approve``, with the page's token). Pages are
-scoped like every API route (``require("read")``): a run the caller may not see is a 404 here
-too. They stay out of the OpenAPI schema.
+remediation action (``POST /v1/remediations/{id}/approve``, with the page's token). Pages stay
+out of the OpenAPI schema.
+
+Signing in: the token lives in the tab's ``sessionStorage`` and ``app.js`` sends it as a Bearer
+header with each fetch; a browser navigating to a page sends no header. So on a server that
+requires tokens, a request for a shell without one is served the shell (it holds no data: the
+run page's only datum is the id from its own URL), marked ``data-auth="required"``, and the
+script shows its sign-in form instead of fetching. A request that carries a token, and every
+request to a server that does not require one, is checked like any API route
+(``require("read")``): a run the caller may not see is a 404 here too. The static files need
+no token.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from __future__ import annotations
 import html
 from importlib import resources
 from string import Template
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -27,7 +35,7 @@ from ..store.scope import Scope
 __all__ = ["router"]
 
 router = APIRouter(include_in_schema=False)
-Reader = Annotated[Scope, Depends(require("read"))]
+_read = require("read")
 
 STATIC = {"charts.js": "text/javascript", "app.js": "text/javascript", "style.css": "text/css"}
 
@@ -38,21 +46,47 @@ SHELL = Template("""<!doctype html>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="/ui/static/style.css">
 </head>
-<body data-page="$page" data-run-id="$run_attr">
+<body data-page="$page" data-run-id="$run_attr" data-auth="$auth">
 <a class="skip" href="#main">Skip to content</a>
 <header><nav aria-label="Portal">
 <a href="/" class="brand">fleetlens</a>
 <a href="/">Runs</a><a href="/oncall">On-call</a><a href="/capacity">Capacity</a>
-</nav></header>
+</nav><button type="button" id="sign-out" hidden>Sign out</button></header>
 <main id="main" tabindex="-1">
 <h1>$heading</h1>
 <p id="status" role="status" aria-live="polite">Loading…</p>
-$body
+$signin
+<div id="content">$body</div>
 </main>
 <script src="/ui/static/charts.js"></script>
 <script src="/ui/static/app.js"></script>
 </body></html>
 """)
+
+# Shown by app.js when the server wants a token (401) or refuses the token's role (403). The
+# input has no name, so a submit that app.js did not intercept cannot put the token in a URL.
+SIGNIN = """
+<section id="signin" aria-labelledby="h-signin" hidden>
+<h2 id="h-signin">Sign in</h2>
+<form id="signin-form" autocomplete="off" novalidate>
+<p id="signin-why">This server requires an API token.</p>
+<label for="token">API token</label>
+<input id="token" type="password" autocomplete="off" autocapitalize="off" spellcheck="false"
+ aria-describedby="signin-help" required>
+<button type="submit">Sign in</button>
+<p id="signin-error" class="error" role="alert"></p>
+<p id="signin-help" class="note">Tokens come from whoever runs this server:
+<code>fleetlens tokens create --data DIR --tenant TENANT --role viewer</code> prints one, once
+(the role <code>editor</code> or <code>admin</code> also reads; an admin can also create one with
+<code>POST /v1/tokens</code>). The token is kept in this browser tab only and forgotten when the
+tab closes; <b>Sign out</b> forgets it now.</p>
+</form></section>
+<section id="forbidden" aria-labelledby="h-forbidden" hidden>
+<h2 id="h-forbidden" tabindex="-1">This token may not read this page</h2>
+<p id="forbidden-why" class="error" role="alert"></p>
+<p><button type="button" id="switch-token">Use another token</button></p>
+</section>
+"""
 
 RUNS = """
 <section aria-labelledby="h-runs"><h2 id="h-runs">Runs</h2>
@@ -181,47 +215,64 @@ CAPACITY = """
 """
 
 
-def _page(page: str, title: str, body: str, run_id: str = "") -> HTMLResponse:
+def _services(request: Request) -> Any:
+    return request.app.state.services
+
+
+async def _reader(request: Request) -> Scope | None:
+    """The caller's scope; None for a request without a token to a server that requires one
+    (a browser navigating: it is served the shell, whose script asks for the token)."""
+    if _services(request).auth_required and "authorization" not in request.headers:
+        return None
+    return await _read(request)
+
+
+Reader = Annotated[Scope | None, Depends(_reader)]
+
+
+def _page(request: Request, page: str, title: str, body: str, run_id: str = "") -> HTMLResponse:
     text = SHELL.substitute(
         page=page,
         title=html.escape(title),
         heading=html.escape(title),
         run_attr=html.escape(run_id, quote=True),
+        auth="required" if _services(request).auth_required else "optional",
+        signin=SIGNIN,
         body=body,
     )
     return HTMLResponse(text, headers={"Cache-Control": "no-store"})
 
 
-async def _visible_run(request: Request, scope: Scope, run_id: str) -> None:
-    svc = request.app.state.services
-    await anyio.to_thread.run_sync(svc.metadata.get_run, scope, run_id)  # 404 unless visible
+async def _visible_run(request: Request, scope: Scope | None, run_id: str) -> None:
+    if scope is not None:  # 404 unless visible
+        await anyio.to_thread.run_sync(_services(request).metadata.get_run, scope, run_id)
 
 
 @router.get("/", response_class=HTMLResponse)
-async def runs_page(scope: Reader) -> HTMLResponse:
-    return _page("runs", "Runs", RUNS)
+async def runs_page(request: Request, scope: Reader) -> HTMLResponse:
+    return _page(request, "runs", "Runs", RUNS)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 async def run_page(request: Request, run_id: str, scope: Reader) -> HTMLResponse:
     await _visible_run(request, scope, run_id)
-    return _page("run", f"Run {run_id}", RUN, run_id)
+    return _page(request, "run", f"Run {run_id}", RUN, run_id)
 
 
 @router.get("/runs/{run_id}/failure", response_class=HTMLResponse)
 async def failure_page(request: Request, run_id: str, scope: Reader) -> HTMLResponse:
     await _visible_run(request, scope, run_id)
-    return _page("failure", f"Run {run_id}: failure", FAILURE, run_id)
+    return _page(request, "failure", f"Run {run_id}: failure", FAILURE, run_id)
 
 
 @router.get("/oncall", response_class=HTMLResponse)
-async def oncall_page(scope: Reader) -> HTMLResponse:
-    return _page("oncall", "On-call", ONCALL)
+async def oncall_page(request: Request, scope: Reader) -> HTMLResponse:
+    return _page(request, "oncall", "On-call", ONCALL)
 
 
 @router.get("/capacity", response_class=HTMLResponse)
-async def capacity_page(scope: Reader) -> HTMLResponse:
-    return _page("capacity", "Capacity", CAPACITY)
+async def capacity_page(request: Request, scope: Reader) -> HTMLResponse:
+    return _page(request, "capacity", "Capacity", CAPACITY)
 
 
 @router.get("/ui/static/{name}")

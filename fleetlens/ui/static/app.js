@@ -1,7 +1,10 @@
 // fleetlens portal: each page fetches its one JSON document, draws it, and live pages refetch
 // it on an interval (no full reload). The run page fetches a second one after its first paint:
-// the heatmap and the slowest ranks, below the fold. An optional token in sessionStorage["fleetlens.token"]
-// is sent as a Bearer header, also with the one write a page makes: approving a remediation action.
+// the heatmap and the slowest ranks, below the fold. The token in sessionStorage["fleetlens.token"]
+// (this tab only) is sent as a Bearer header, also with the one write a page makes: approving a
+// remediation action. A 401, or no token on a server that requires one (body[data-auth=required]),
+// shows the sign-in form; a 403 says the token's role may not read the page. The token never goes
+// into a URL.
 "use strict";
 
 (() => {
@@ -10,33 +13,40 @@
   const page = body.dataset.page;
   const runId = body.dataset.runId;
   const REFRESH_MS = 15000;
+  const TOKEN_KEY = "fleetlens.token";
   const status = document.getElementById("status");
+
+  function storedToken() { return sessionStorage.getItem(TOKEN_KEY); }
 
   function authHeaders() {
     const headers = { Accept: "application/json" };
-    const token = sessionStorage.getItem("fleetlens.token");
+    const token = storedToken();
     if (token) headers.Authorization = "Bearer " + token;
     return headers;
   }
 
+  // An error that carries the status and the server's message (401: no token or a refused one;
+  // 403: the token's role may not do this; 409: a remediation action is no longer pending).
+  async function httpError(r, prefix) {
+    const doc = await r.json().catch(() => null);
+    const why = doc && (doc.detail || doc.error);
+    const reason = why ? (typeof why === "string" ? why : JSON.stringify(why)) : "";
+    const err = new Error(`${prefix}HTTP ${r.status}${reason ? ": " + reason : ""}`);
+    err.status = r.status;
+    err.reason = reason;
+    return err;
+  }
+
   async function getJSON(path) {
     const r = await fetch(path, { headers: authHeaders() });
-    if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
+    if (!r.ok) throw await httpError(r, `${path}: `);
     return r.json();
   }
 
-  // A POST whose error carries the status and the server's message (403: the token's role may
-  // not write; 409: the action is no longer pending).
   async function post(path) {
     const r = await fetch(path, { method: "POST", headers: authHeaders() });
-    const doc = await r.json().catch(() => null);
-    if (!r.ok) {
-      const why = doc && (doc.detail || doc.error);
-      const err = new Error(`HTTP ${r.status}${why ? ": " + (typeof why === "string" ? why : JSON.stringify(why)) : ""}`);
-      err.status = r.status;
-      throw err;
-    }
-    return doc;
+    if (!r.ok) throw await httpError(r, "");
+    return r.json();
   }
 
   function text(v) { return v === null || v === undefined ? "–" : String(v); }
@@ -281,6 +291,7 @@
       try {
         await done(await post(`/v1/remediations/${a.id}/approve`));
       } catch (err) {
+        if (err.status === 401) { signIn.show(Boolean(storedToken())); return; }  // revoked meanwhile
         msg.textContent = `Could not approve: ${err.message}`;
         b.disabled = err.status === 409;  // no longer pending: approving again cannot work
       }
@@ -427,15 +438,103 @@
 
   const PAGES = { runs: runsPage, run: runPage, failure: failurePage, oncall: oncallPage, capacity: capacityPage };
 
+  // ---------------------------------------------------------------- signing in
+  // One of three views under the heading: the page's content, the sign-in form, or the 403
+  // message. body[data-loaded] says which ("true" or "error", "signin", "forbidden").
+  const signIn = (() => {
+    const content = document.getElementById("content");
+    const section = document.getElementById("signin");
+    const form = document.getElementById("signin-form");
+    const input = document.getElementById("token");
+    const why = document.getElementById("signin-why");
+    const error = document.getElementById("signin-error");
+    const forbidden = document.getElementById("forbidden");
+    const forbiddenWhy = document.getElementById("forbidden-why");
+    const signOut = document.getElementById("sign-out");
+
+    function view(name) {
+      content.hidden = name !== "content";
+      section.hidden = name !== "signin";
+      forbidden.hidden = name !== "forbidden";
+      signOut.hidden = !storedToken();
+    }
+
+    // refused: the server answered 401 to the stored token, which is then forgotten.
+    function show(refused) {
+      stop();
+      if (refused) sessionStorage.removeItem(TOKEN_KEY);
+      view("signin");
+      why.textContent = body.dataset.auth === "required" ? "This server requires an API token."
+        : "Enter an API token, or reload the page to go on as this server's local user.";
+      error.textContent = "";
+      // Set after the form is visible, so that screen readers announce it.
+      if (refused) error.textContent = "The server answered 401: this token was refused (it is unknown or was revoked). Check it and try again, or ask for a new one.";
+      status.textContent = "Sign in to load this page.";
+      body.dataset.loaded = "signin";
+      input.focus();
+    }
+
+    function showForbidden(err) {
+      stop();
+      view("forbidden");
+      forbiddenWhy.textContent = "";
+      forbiddenWhy.textContent = `The server answered 403 (${err.reason || "forbidden"}): this token's role may not read this page. `
+        + "The portal's pages need a token with the viewer, editor or admin role; an ingest token only sends telemetry. "
+        + "Sign in with another token.";
+      status.textContent = "Not allowed.";
+      body.dataset.loaded = "forbidden";
+      document.getElementById("h-forbidden").focus();
+    }
+
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const token = input.value.trim();
+      if (!token) {
+        error.textContent = "";
+        error.textContent = "Enter an API token.";
+        input.focus();
+        return;
+      }
+      sessionStorage.setItem(TOKEN_KEY, token);
+      input.value = "";
+      error.textContent = "";
+      load();
+    });
+    document.getElementById("switch-token").addEventListener("click", () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      show(false);
+    });
+    // Reloading drops whatever the token let the page draw.
+    signOut.addEventListener("click", () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      window.location.reload();
+    });
+    return { view, show, showForbidden };
+  })();
+
+  let timer = null;
+  function stop() { clearTimeout(timer); timer = null; }
+
   async function load() {
+    stop();
+    if (body.dataset.auth === "required" && !storedToken()) { signIn.show(false); return; }
+    if (body.dataset.loaded !== "true") {  // not a live page's refresh
+      delete body.dataset.loaded;
+      status.textContent = "Loading…";
+    }
+    signIn.view("content");
     try {
       const live = await PAGES[page]();
       status.textContent = `Updated ${new Date().toLocaleTimeString()}`;
       body.dataset.loaded = "true";
-      if (live) setTimeout(load, REFRESH_MS);
+      if (live) timer = setTimeout(load, REFRESH_MS);
     } catch (err) {
-      status.textContent = `Could not load: ${err.message}`;
-      body.dataset.loaded = "error";
+      if (err.status === 401) signIn.show(Boolean(storedToken()));
+      else if (err.status === 403) signIn.showForbidden(err);
+      else {
+        status.textContent = `Could not load: ${err.message}`;
+        body.dataset.loaded = "error";
+      }
     }
   }
   load();
