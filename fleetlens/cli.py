@@ -186,7 +186,10 @@ def _access(args: argparse.Namespace) -> Any:
     from .store.access import AccessStore
     from .store.metadata import MetadataStore
 
-    return AccessStore(MetadataStore(_server_config(args).resolved_database_url))
+    cfg = _server_config(args)
+    if not cfg.database_url:  # the first command on a fresh install creates its data directory
+        os.makedirs(cfg.data_dir, exist_ok=True)
+    return AccessStore(MetadataStore(cfg.resolved_database_url))
 
 
 def cmd_tokens(args: argparse.Namespace) -> int:

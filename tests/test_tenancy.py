@@ -380,6 +380,15 @@ def test_tokens_are_required_off_loopback_and_the_refusal_says_how(tmp_path) -> 
         env={**os.environ, "FLEETLENS_AUTH": "off"},
     )
     assert off.returncode == 2 and "refusing --auth off" in off.stderr
+    # Doing what the message says works on a fresh install, before the directory exists.
+    fresh = str(tmp_path / "fresh" / "data")
+    made = subprocess.run(
+        [sys.executable, "-m", "fleetlens", "tokens", "create", "--data", fresh,
+         "--tenant", "acme", "--role", "admin"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.split()[0].startswith("fl_")
 
 
 def test_loopback_without_tokens_serves_the_local_user(server: Server) -> None:
