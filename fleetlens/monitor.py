@@ -297,7 +297,8 @@ class Monitor:
                 if node and a["alertname"] in ("FatalHardwareFault", "RecoverableHardwareFault"):
                     cls = "fatal" if a["severity"] == "page" else "recoverable"
                     faults[(tenant, node, cls)] = faults.get((tenant, node, cls), 0) + 1
-        self.metrics.update(runs, firing, faults)
+        states = self.remediation.state_counts() if self.remediation is not None else {}
+        self.metrics.update(runs, firing, faults, states)
 
     def _preserve(self, now: float) -> None:
         for p in self.alerts.pending_preservations(now):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,11 @@ def _wait(what: str, fn: Callable[[], Any], timeout: float, drill: Drill, srv: S
         time.sleep(0.5)
     logs = "\n".join(f"--- {n}\n{drill.log(n, 2500)}" for n in drill.nodes)
     raise AssertionError(f"timed out waiting for {what}\n{logs}\n--- server\n{srv.log()}")
+
+
+def _text(srv: Server, path: str) -> str:
+    with urllib.request.urlopen(srv.url + path, timeout=30) as r:
+        return str(r.read().decode())
 
 
 def _action(srv: Server, run: str, states: tuple[str, ...]) -> dict[str, Any] | None:
@@ -169,6 +175,12 @@ def test_fatal_xid_on_a_node_is_drained_after_approval_and_the_job_resumes_witho
     alert = srv.get(f"/v1/alerts/{a['alertId']}")
     assert alert["alertname"] == "FatalHardwareFault"
     assert [r["id"] for r in alert["remediations"]] == [a["id"]]
+    # Prometheus sees it too, for the dashboards on-call already has.
+    deadline = time.monotonic() + 15
+    want = 'fleetlens_remediations{state="resumed",tenant="default"} 1.0'
+    while want not in (text := _text(srv, "/metrics")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert want in text, text[-2000:]
     incident = srv.get(f"/v1/incidents/{a['incidentId']}")
     assert [r["id"] for r in incident["remediations"]] == [a["id"]]
     assert incident["remediations"][0]["state"] == "resumed"

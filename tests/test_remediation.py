@@ -202,6 +202,18 @@ def test_recommend_mode_records_the_action_and_tells_the_job_nothing(ctl: Contro
         ctl.approve(other_tenant, a["id"])
 
 
+def test_a_restarted_server_carries_on_with_the_actions_under_way(ctl: Controller) -> None:
+    _positions(ctl)
+    _xid(ctl)
+    ctl.tick([_run(ctl)])
+    (a,) = ctl.actions(ADMIN, "r1")
+    ctl.approve(ADMIN, a["id"])
+    again = Controller(ctl.findings.metadata, ctl.telemetry, ctl.findings, ctl.access,
+                       ctl.policy, ctl.actuators)  # fmt: skip
+    msg = again.report("default", "r1", Position("r1-a0", 0, 3, "n0", 501, 0, 0, 0))
+    assert msg is not None and (msg["id"], msg["phase"]) == (a["id"], "stop")
+
+
 def test_a_checkpoint_that_does_not_match_its_checksum_stops_the_sequence(
     ctl: Controller, tmp_path: Path
 ) -> None:

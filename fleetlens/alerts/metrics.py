@@ -45,12 +45,14 @@ class JobMetrics(Collector):
         self._runs: list[RunMetrics] = []
         self._alerts: dict[tuple[str, str], int] = {}
         self._node_faults: dict[tuple[str, str, str], int] = {}
+        self._remediations: dict[tuple[str, str], int] = {}
 
     def update(
         self,
         runs: list[RunMetrics],
         alerts: dict[tuple[str, str], int],
         node_faults: dict[tuple[str, str, str], int],
+        remediations: dict[tuple[str, str], int] | None = None,
     ) -> None:
         """Replace the snapshot; series beyond the limits are refused and counted."""
         refused = max(0, len(runs) - self.max_runs) + max(0, len(node_faults) - self.max_nodes)
@@ -59,6 +61,7 @@ class JobMetrics(Collector):
             self._runs = runs[: self.max_runs]
             self._alerts = dict(alerts)
             self._node_faults = kept_nodes
+            self._remediations = dict(remediations or {})
             self.refused += refused
 
     def collect(self) -> Iterator[Metric]:
@@ -69,6 +72,7 @@ class JobMetrics(Collector):
                 dict(self._node_faults),
                 self.refused,
             )
+            remediations = dict(self._remediations)
         gauges: dict[str, tuple[str, str]] = {
             "goodput": (
                 "fleetlens_run_goodput",
@@ -127,6 +131,14 @@ class JobMetrics(Collector):
         for (tenant, node, cls), n in sorted(faults.items()):
             nf.add_metric([tenant, node, cls], float(n))
         yield nf
+        rm = GaugeMetricFamily(
+            "fleetlens_remediations",
+            "Remediation actions (auto-cordon) by state: awaiting_approval, draining, resumed, ...",
+            labels=["tenant", "state"],
+        )
+        for (tenant, state), n in sorted(remediations.items()):
+            rm.add_metric([tenant, state], float(n))
+        yield rm
         yield CounterMetricFamily(
             "fleetlens_metrics_series_refused",
             "Label sets refused by the cardinality limit",

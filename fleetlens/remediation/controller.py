@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from sqlalchemy import or_, select
+from sqlalchemy import func, select
 
 from ..alerts.models import Alert
 from ..analysis.rootcause import Diagnosis
@@ -750,19 +750,12 @@ class Controller:
             for r in s.scalars(select(Remediation).where(Remediation.state.in_(ACTIVE))).all():
                 self._publish(r)
 
-    def actions_for(self, tenant: str, run_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-        """The actions of these runs (newest first), for pages and summaries."""
-        out: dict[str, list[dict[str, Any]]] = {}
-        if not run_ids:
-            return out
+    def state_counts(self) -> dict[tuple[str, str], int]:
+        """(tenant, state) -> how many actions, for /metrics."""
         with self._session() as s:
-            rows = s.scalars(
-                select(Remediation)
-                .where(
-                    Remediation.tenant == tenant, or_(*(Remediation.run_id == i for i in run_ids))
+            rows = s.execute(
+                select(Remediation.tenant, Remediation.state, func.count()).group_by(
+                    Remediation.tenant, Remediation.state
                 )
-                .order_by(Remediation.decided_at.desc())
             ).all()
-            for r in rows:
-                out.setdefault(r.run_id, []).append(remediation_json(r))
-        return out
+            return {(str(t), str(st)): int(n) for t, st, n in rows}
