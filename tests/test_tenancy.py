@@ -52,6 +52,7 @@ def tenants(tmp_path) -> Iterator[Tenants]:  # type: ignore[no-untyped-def]
             "a-vision": ("acme", "editor", "vision"),
             "b-admin": ("bolt", "admin", ""),
             "b-ingest": ("bolt", "ingest", ""),
+            "ops-oncall": ("ops", "oncall", ""),
         },
     )
     server = Server(
@@ -275,6 +276,35 @@ def test_roles(tenants: Tenants) -> None:
     # No token, or a made-up one: 401.
     assert t.server.request("GET", "/v1/runs")[0] == 401
     assert t.server.request("GET", "/v1/runs", token="fl_made_up")[0] == 401
+
+
+def test_infra_oncall_sees_and_approves_node_removals_of_every_tenant(tenants: Tenants) -> None:
+    t = tenants
+    _b_data(t)
+    _b_alert(t)
+    rid = _b_remediation(t)
+    # Bolt's run is not ops's, but its bad node is on-call's business.
+    rows = t.server.get("/v1/remediations", token=t.tokens["ops-oncall"])["remediations"]
+    assert [(r["tenant"], r["node"], r["state"]) for r in rows] == [
+        ("bolt", "bolt-node-7", "recommended")
+    ]
+    # ...and nothing else of bolt's: its runs stay closed to the on-call role.
+    assert (
+        t.server.request("GET", "/v1/runs/bolt-secret-run", token=t.tokens["ops-oncall"])[0] == 403
+    )
+    # A viewer may not approve; another tenant's admin does not see it at all.
+    assert t.server.request("POST", f"/v1/remediations/{rid}/approve", {},
+                            token=t.tokens["a-viewer"])[0] == 403  # fmt: skip
+    assert t.server.request("POST", f"/v1/remediations/{rid}/approve", {},
+                            token=t.tokens["a-admin"])[0] == 404  # fmt: skip
+    status, out = t.server.request(
+        "POST", f"/v1/remediations/{rid}/approve", {}, token=t.tokens["ops-oncall"]
+    )
+    # No job of bolt's polls its control channel: the node is drained, the job left alone.
+    assert status == 200 and out["state"] == "drained" and out["approvedBy"] == "ops-oncall", out
+    audit = t.server.get("/v1/audit", token=t.tokens["b-admin"])["entries"]
+    assert any(e["action"] == "remediation.approve" and e["target"] == f"remediation:{rid}"
+               for e in audit), audit  # fmt: skip
 
 
 def test_revoked_token_stops_working_at_once_and_is_audited(tenants: Tenants) -> None:

@@ -64,6 +64,19 @@ async def caller(request: Request) -> Scope:
     return scope
 
 
+def require_any(*permissions: str) -> Callable[[Request], Awaitable[Scope]]:
+    """A dependency that yields the caller's scope if its role grants one of ``permissions``."""
+
+    async def dependency(request: Request) -> Scope:
+        scope = await caller(request)
+        if not any(scope.can(p) for p in permissions):
+            raise HTTPException(403, f"role {scope.role!r} may not {' or '.join(permissions)}")
+        return scope
+
+    dependency.__name__ = "require_" + "_or_".join(p.replace(":", "_") for p in permissions)
+    return dependency
+
+
 def require(permission: str) -> Callable[[Request], Awaitable[Scope]]:
     """A dependency that yields the caller's scope if its role grants ``permission``."""
 

@@ -11,13 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..remediation.controller import Controller, Position
 from ..store.scope import Scope
-from .auth import ERROR_RESPONSES, require
+from .auth import ERROR_RESPONSES, require, require_any
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["remediation"], responses=ERROR_RESPONSES)
-Reader = Annotated[Scope, Depends(require("read"))]
-Writer = Annotated[Scope, Depends(require("write"))]
+# Infrastructure on-call reads and approves actions of every tenant (docs/security.md).
+Reader = Annotated[Scope, Depends(require_any("read", "read:infra"))]
+Writer = Annotated[Scope, Depends(require("remediate"))]
 Job = Annotated[Scope, Depends(require("ingest"))]
 Id = Annotated[int, Path(ge=1, le=2**62)]
 RunId = Annotated[str, Path(max_length=256)]

@@ -110,6 +110,7 @@ def remediation_json(r: Remediation) -> dict[str, Any]:
     first = max((a["time"] for a in r.acks if a.get("event") == "resumed"), default=None)
     return {
         "id": r.id,
+        "tenant": r.tenant,
         "runId": r.run_id,
         "jobId": r.job_id,
         "node": r.node,
@@ -244,7 +245,9 @@ class Controller:
         self, scope: Scope, run_id: str | None = None, state: str | None = None, limit: int = 100
     ) -> list[dict[str, Any]]:
         with self._session() as s:
-            q = select(Remediation).where(Remediation.tenant == scope.tenant)
+            q = select(Remediation)
+            if not scope.cross_tenant_infra:
+                q = q.where(Remediation.tenant == scope.tenant)
             if run_id:
                 q = q.where(Remediation.run_id == run_id)
             if state:
@@ -279,7 +282,8 @@ class Controller:
 
     def _get(self, s: Any, scope: Scope, rid: int) -> Remediation:
         r: Remediation | None = s.get(Remediation, rid)
-        if r is None or r.tenant != scope.tenant or not self._visible(s, scope, r):
+        mine = r is not None and (r.tenant == scope.tenant or scope.cross_tenant_infra)
+        if r is None or not mine or not self._visible(s, scope, r):
             raise NotFound(f"remediation {rid} does not exist")
         return r
 
@@ -300,7 +304,7 @@ class Controller:
             self._publish(r)
             out = remediation_json(r)
         self.access.audit(
-            scope.tenant,
+            out["tenant"],  # the tenant whose run it touches (on-call acts across tenants)
             scope.actor,
             "remediation.approve",
             f"remediation:{rid}",
@@ -318,7 +322,7 @@ class Controller:
             r.state, r.updated_at, r.approved_by = "rejected", now, scope.actor
             out = remediation_json(r)
         self.access.audit(
-            scope.tenant,
+            out["tenant"],  # the tenant whose run it touches (on-call acts across tenants)
             scope.actor,
             "remediation.reject",
             f"remediation:{rid}",

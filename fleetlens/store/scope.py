@@ -15,10 +15,11 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     # What a training job or a node agent holds: write telemetry, read nothing else.
     "ingest": frozenset({"ingest"}),
     "viewer": frozenset({"read"}),
-    "editor": frozenset({"read", "write", "ingest"}),
-    "admin": frozenset({"read", "write", "ingest", "admin"}),
-    # Infrastructure on-call: nodes and GPUs of every tenant, none of their runs' contents.
-    "oncall": frozenset({"read:infra"}),
+    "editor": frozenset({"read", "write", "ingest", "remediate"}),
+    "admin": frozenset({"read", "write", "ingest", "admin", "remediate"}),
+    # Infrastructure on-call: nodes and GPUs of every tenant, none of their runs' contents; it
+    # approves taking a bad node out of any tenant's run (fleetlens/remediation).
+    "oncall": frozenset({"read:infra", "remediate"}),
 }
 ROLES = tuple(PERMISSIONS)
 
