@@ -193,7 +193,9 @@ def test_recommend_mode_records_the_action_and_tells_the_job_nothing(ctl: Contro
     out = ctl.approve(ADMIN, a["id"])
     assert out["state"] == "draining" and out["approvedBy"] == "alice"
     msg = ctl.report("default", "r1", Position("r1-a0", 1, 3, "n1", 501, 0, 0, 0))
-    assert msg == {"id": a["id"], "phase": "stop", "node": "n2", "jobId": "r1-a0", "force": False}
+    assert msg == {
+        "id": a["id"], "phase": "stop", "node": "n2", "jobId": "r1-a0", "force": False, "world": 3
+    }  # fmt: skip
     assert ctl.report("default", "r1", Position("r1-a1", 0, 2, "n0", 1, 0, 0, 0)) is None
     with pytest.raises(ValueError, match="draining"):
         ctl.reject(ADMIN, a["id"])
@@ -340,6 +342,45 @@ def test_verified_checkpoint_moves_the_sequence_to_removing_the_node(
     assert (done["state"], done["worldAfter"], done["stepsLost"]) == ("resumed", 2, 0)
     assert list(done["phases"])[-3:] == ["rendezvous", "reload", "warmup"]
     assert done["phases"]["reload"]["seconds"] == pytest.approx(0.05, abs=1e-6)
+
+
+def test_a_big_job_stops_without_a_row_write_per_rank(ctl: Controller, tmp_path: Path) -> None:
+    world = 4096
+    t = time.time()
+    for rank in range(world):
+        node = f"n{rank // 8}"
+        ctl.report("default", "r1", Position("r1-a0", rank, world, node, 500, 1, t, t))
+    d = Diagnosis("xid:n7:0:79", "fatal_xid", "failure", 0.95, "Xid 79 on n7", 500, 500, 500,
+                  nodes=["n7"], ranks=[56], job_id="r1-a0")  # fmt: skip
+    ctl.findings.upsert("default", "r1", [d])
+    ctl.tick([_run(ctl)])
+    (a,) = ctl.actions(ADMIN, "r1")
+    ctl.approve(ADMIN, a["id"])
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"w")
+    digest = hashlib.sha256(b"w").hexdigest()
+    states = set()
+    for rank in range(world):
+        out = ctl.ack("default", "r1", {"id": a["id"], "event": "stopped", "rank": rank,
+                                        "jobId": "r1-a0", "time": t, "step": 501})  # fmt: skip
+        states.add(out["state"])
+    assert states == {"draining"}  # every rank stopped, the checkpoint not yet reported
+    ck = {"path": str(path), "sha256": digest}
+    out = ctl.ack("default", "r1", {"id": a["id"], "event": "checkpointed", "rank": 0,
+                                    "jobId": "r1-a0", "time": t, "step": 501, "started": t,
+                                    "checkpoint": ck})  # fmt: skip
+    assert out["state"] == "removing"
+    assert [x["ranks"] for x in got_acks(ctl, a["id"]) if x["event"] == "stopped"] == [world]
+    assert ctl.get(ADMIN, a["id"])["worldBefore"] == world
+
+
+def got_acks(ctl: Controller, rid: int) -> list[dict[str, Any]]:
+    from fleetlens.remediation.models import Remediation
+
+    with ctl._session() as s:
+        r = s.get(Remediation, rid)
+        assert r is not None
+        return list(r.acks)
 
 
 def test_live_hang_names_the_rank_behind_the_others(ctl: Controller) -> None:

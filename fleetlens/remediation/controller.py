@@ -192,6 +192,9 @@ class Controller:
         self._plock = threading.Lock()
         self._positions: dict[tuple[str, str], _RunPositions] = {}
         self._control: dict[tuple[str, str], dict[str, Any]] = {}
+        # Ranks that answered "stopped", per action: kept here, not one row write per rank
+        # (10,000 ranks answer within a second); the action records the count once all have.
+        self._stopped: dict[int, tuple[set[int], float]] = {}
         self.errors = 0
         self._load_active()
 
@@ -214,6 +217,16 @@ class Controller:
         """A rank's answer; the action moves on at once when it completes a phase."""
         now = time.time()
         aid = int(body.get("id", 0))
+        if body.get("event") == "stopped" and aid:
+            with self._plock:
+                c = self._control.get((tenant, run_id))
+                if c is None or c["id"] != aid or body.get("jobId") != c["jobId"]:
+                    raise NotFound(f"remediation {aid} is not stopping run {run_id!r}")
+                ranks, last = self._stopped.setdefault(aid, (set(), 0.0))
+                ranks.add(int(body["rank"]))
+                self._stopped[aid] = (ranks, max(last, float(body["time"])))
+                if len(ranks) < int(c["world"]):
+                    return {"id": aid, "state": "draining"}
         with self._lock, self._session() as s:
             if aid == 0:  # a restarted attempt resumed: it answers the action restarting it
                 if body.get("event") != "resumed":
@@ -231,9 +244,10 @@ class Controller:
                 r = s.get(Remediation, aid)
             if r is None or r.tenant != tenant or r.run_id != run_id:
                 raise NotFound(f"remediation {aid} does not exist for run {run_id!r}")
-            entry = {k: body[k] for k in sorted(body) if k != "id"}
-            entry["received"] = now
-            r.acks = [*r.acks, entry][-512:]
+            if body.get("event") != "stopped":
+                entry = {k: body[k] for k in sorted(body) if k != "id"}
+                entry["received"] = now
+                r.acks = [*r.acks, entry][-512:]
             r.updated_at = now
             self._advance(s, r, now)
             self._publish(r)
@@ -569,11 +583,15 @@ class Controller:
             if failed:
                 self._fail(r, now, f"checkpoint failed on rank 0: {failed[-1].get('error', '')}")
                 return
-            stopped = {int(a["rank"]) for a in acks if a.get("event") == "stopped"}
+            with self._plock:
+                stopped, t_stop = self._stopped.get(r.id, (set(), 0.0))
             ck = [a for a in acks if a.get("event") == "checkpointed"]
             if len(stopped) >= r.world_before and ck:
                 c = ck[-1]
-                t_stop = max(float(a["time"]) for a in acks if a.get("event") == "stopped")
+                with self._plock:
+                    self._stopped.pop(r.id, None)
+                r.acks = [*r.acks, {"event": "stopped", "ranks": len(stopped), "time": t_stop,
+                                    "jobId": r.job_id, "received": now}][-512:]  # fmt: skip
                 t_ck = min(float(c.get("started", t_stop)), t_stop)
                 r.phases = {
                     **r.phases,
@@ -692,6 +710,8 @@ class Controller:
 
     def _fail(self, r: Remediation, now: float, why: str) -> None:
         r.state, r.error, r.updated_at = "failed", why[:1000], now
+        with self._plock:
+            self._stopped.pop(r.id, None)
         log.error("remediation %s failed: %s", r.id, why)
         self._event(
             r, "remediation", now, {"remediation": r.id, "phase": "failed", "error": why[:500]}
@@ -745,6 +765,7 @@ class Controller:
                     "node": r.node,
                     "jobId": r.job_id,
                     "force": r.reason == "hang",
+                    "world": r.world_before,
                 }
             elif self._control.get(key, {}).get("id") == r.id:
                 del self._control[key]
