@@ -93,15 +93,13 @@ class GoodputQueries:
         if t0 is not None and t1 is not None:
             where = " AND `end` >= {t0:Float64} AND `start` <= {t1:Float64}"
             params.update(t0=t0, t1=t1)
-        # Aliases differ from the rollup's column names: ClickHouse resolves an alias that
-        # shadows a column inside another aggregate to the alias.
+        # FINAL merges the rollup's partial rows per (step, attempt) in the engine -- what a
+        # GROUP BY step, job_id would do, several times cheaper; the window applies after it.
         table = self._q(
-            "SELECT step, job_id, min(start) AS x_start, max(`end`) AS x_end,"
-            " max(max_compute) AS x_max, sum(sum_compute) / sum(ranks) AS x_mean,"
-            " max(max_data_wait) AS x_wait,"
-            " sum(tokens) AS x_tokens, sum(ranks) AS x_ranks FROM {db}.steps_by_step"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}" + where + ""
-            " GROUP BY step, job_id",
+            "SELECT step, job_id, start AS x_start, `end` AS x_end, max_compute AS x_max,"
+            " sum_compute / ranks AS x_mean, max_data_wait AS x_wait, tokens AS x_tokens,"
+            " ranks AS x_ranks FROM {db}.steps_by_step FINAL"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}" + where,
             **params,
         )
         n = table.num_rows
