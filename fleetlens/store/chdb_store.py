@@ -80,6 +80,9 @@ class ChdbStore:
         self._lock = threading.Lock()
         for stmt in create_statements(Layout(database=database)):
             self.command(stmt)
+        # The engine's first Arrow result costs ~150 ms once per process: pay it at startup,
+        # not in the first user's request.
+        self.query("SELECT 1 AS one")
 
     def insert(self, kind: str, data: pa.Table, ctx: dict[str, str], batch_id: str) -> None:
         table = KINDS[kind].table
