@@ -263,8 +263,7 @@ class TorchRun:
         # The vote may have stopped this rank before its own poll saw the instruction.
         action = ch.pending("stop")
         while action is None and time.monotonic() < deadline:
-            ch.poll_now()
-            time.sleep(0.05)
+            ch.next_poll(ch.cadence + 1.0, now=True)
             action = ch.pending("stop")
         if action is None:
             self.errors += 1
@@ -281,8 +280,7 @@ class TorchRun:
                 self.errors += 1
                 ch.ack(aid, "checkpoint_failed", step=step, error=repr(exc)[:500])
         while time.monotonic() < deadline:
-            ch.poll_now()
-            time.sleep(min(0.2, ch.interval))
+            ch.next_poll(ch.cadence + 1.0)  # at the channel's cadence: 10,000 ranks wait here
             a = ch.action
             if a is None or int(a.get("id", 0)) != aid:
                 self.errors += 1  # cancelled or superseded: train on

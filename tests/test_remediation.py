@@ -29,6 +29,8 @@ from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
 from fleetlens.torch import TorchRun, latest_checkpoint, save_verified
 
+from .helpers import Server, step_batch
+
 NOW = 1_800_000_000.0
 
 
@@ -443,3 +445,23 @@ def test_resume_skips_a_checkpoint_whose_file_no_longer_matches(tmp_path: Path) 
     assert step == 100 and torch.equal(state["w"], torch.ones(3))
     (tmp_path / "ckpt-00000300.pt").write_bytes(b"no manifest: never resumed from")
     assert latest_checkpoint(str(tmp_path))[0]["step"] == 100  # type: ignore[index]
+
+
+def test_a_big_job_polls_no_faster_than_the_server_allows(server: Server) -> None:
+    _, body = step_batch("big-run", range(0, 3), 2)
+    assert server.post(body)[0] == 200
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # the run registry catches up within seconds
+        if server.request("GET", "/v1/runs/big-run")[0] == 200:
+            break
+        time.sleep(0.2)
+    cfg = SDKConfig(server=server.url, run_id="big-run", job_id="j1", rank=5, world_size=10_000)
+    ch = ControlChannel(cfg, lambda: (2, 0), interval=0.05)
+    ch.start()
+    try:
+        ch.next_poll(10.0, now=True)
+        # 10,000 ranks at 0.05 s would be 200,000 polls a second; the server spreads them.
+        assert ch.action is None and ch.min_interval == pytest.approx(5.0)
+        assert ch.cadence == pytest.approx(5.0) and ch.errors == 0
+    finally:
+        ch.close()

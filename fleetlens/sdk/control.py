@@ -52,6 +52,7 @@ class ControlChannel:
         self._headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
         self._position = position
         self.interval = interval
+        self.min_interval = 0.0  # the server's floor for this job's size (it spreads the load)
         self._flush = flush
         self.force_grace_s = force_grace_s
         self.action: dict[str, Any] | None = None
@@ -60,6 +61,7 @@ class ControlChannel:
         self.polls = 0
         self._acks: deque[dict[str, Any]] = deque(maxlen=64)
         self._wake = threading.Event()
+        self._polled = threading.Condition()
         self._stop = threading.Event()
         self._handled: set[tuple[int, str]] = set()
         self._last_pos: tuple[int, int] | None = None
@@ -108,6 +110,19 @@ class ControlChannel:
     def poll_now(self) -> None:
         self._wake.set()
 
+    @property
+    def cadence(self) -> float:
+        return max(self.interval, self.min_interval)
+
+    def next_poll(self, timeout: float, *, now: bool = False) -> None:
+        """Wait until the channel's next poll has answered (or ``timeout``); ``now`` asks for
+        that poll at once instead of at the channel's cadence."""
+        with self._polled:
+            seen = self.polls
+            if now:
+                self._wake.set()
+            self._polled.wait_for(lambda: self.polls > seen, timeout)
+
     # -- the thread -----------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -118,7 +133,7 @@ class ControlChannel:
                 self._act()
             except Exception:
                 self.errors += 1
-            self._wake.wait(self.interval)
+            self._wake.wait(self.cadence)
             self._wake.clear()
         try:
             self._send_acks()
@@ -157,8 +172,14 @@ class ControlChannel:
         except Exception:
             self.errors += 1
             return
-        self.polls += 1
-        self.action = out.get("action") if isinstance(out, dict) else None
+        if isinstance(out, dict):
+            self.action = out.get("action")
+            floor = out.get("minIntervalS")
+            if isinstance(floor, (int, float)) and 0 <= floor <= 60:
+                self.min_interval = float(floor)
+        with self._polled:
+            self.polls += 1
+            self._polled.notify_all()
 
     def _send_acks(self) -> None:
         while self._acks:
