@@ -8,7 +8,9 @@ server's metadata database, as the controller records them (one that took the st
 out and resumed, one draining); the run page must show their phases and the on-call page the one
 under way, and approving from a page must go through the API with the page's token. On a server
 that requires tokens, a user signs in on the page itself (a refused token, a viewer's, an ingest
-token's 403, signing out). ``FLEETLENS_SCREENSHOTS=DIR`` saves a screenshot per page.
+token's 403, signing out), and an on-call token of a third tenant reads every tenant's faulty
+nodes, actions and alerts on the On-call page and none of their runs' contents.
+``FLEETLENS_SCREENSHOTS=DIR`` saves a screenshot per page.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from fleetlens.sim.library import load_scenario, run_scenario
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.portal_queries import Executions, run_summary, step_buckets
+from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch
 
@@ -718,3 +721,190 @@ def test_signing_in_on_a_server_that_requires_tokens(
     secrets = (tokens["viewer"], tokens["ingest"], "x" * 43)
     assert not [u for u in urls if any(t in u for t in secrets)]
     assert not [t for t in secrets if t in srv.log()]
+
+
+# --------------------------------------------------------------------------- on-call role
+
+# Each tenant's run: its config and its scalars are the run's contents, which an on-call token
+# must not get; the node is where the fatal Xid happens (bolt's only).
+TENANT_RUNS = {
+    "acme": ("acme-run", "acme-node-3", {"dataset": "acme-private-corpus", "total_steps": 987654},
+             ("acme_secret_metric", 6.02214076)),
+    "bolt": ("bolt-run", "bolt-node-7", {"dataset": "bolt-private-dataset", "lr": 0.000271828},
+             ("loss", 2.71828183)),
+}  # fmt: skip
+RUN_CONTENTS = ("acme-private-corpus", "987654", "acme_secret_metric", "6.02214", "acme-proj",
+                "bolt-private-dataset", "0.000271828", "2.71828", "bolt-proj")  # fmt: skip
+
+
+def _tenant_run(srv: Server, token: str, tenant: str) -> None:
+    run, node, config, (metric, value) = TENANT_RUNS[tenant]
+    ctx = {"run_id": run, "job_id": f"{run}-a1", "project": f"{tenant}-proj"}
+    ev = TableBuilder("event")
+    ev.add("time", [time.time() - 120]).add("kind", ["job_start"])
+    ev.add("attrs", [json.dumps({"config": config})])
+    pl = TableBuilder("placement")
+    pl.add("time", [time.time() - 120]).add("rank", [0]).add("node_id", [node])
+    sc = TableBuilder("scalar")
+    sc.add("step", [0, 4]).add("time", [time.time() - 60] * 2).add("name", [metric] * 2)
+    sc.add("value", [value, value])
+    tables = {"event": ev.build(), "placement": pl.build(), "scalar": sc.build()}
+    assert srv.post(encode_batch(tables, ctx)[1], token=token)[0] == 200
+    assert srv.post(step_batch(run, range(0, 5), 2, ctx=ctx)[1], token=token)[0] == 200
+
+
+def _fatal_xid(srv: Server, token: str, tenant: str) -> None:
+    """A fatal Xid 79 on the tenant's node, as its node agent reports it."""
+    run, node, _, _ = TENANT_RUNS[tenant]
+    ev = TableBuilder("event")
+    ev.add("time", [time.time()]).add("kind", ["hardware_fault"]).add("step", [4])
+    ev.add("node_id", [node]).add("gpu", [0]).add("attrs", ['{"xid": 79}'])
+    ctx = {"run_id": run, "job_id": f"{run}-a1", "project": f"{tenant}-proj"}
+    assert srv.post(encode_batch({"event": ev.build()}, ctx)[1], token=token)[0] == 200
+
+
+@pytest.fixture
+def fleet(tmp_path: Any) -> Iterator[tuple[Server, dict[str, str]]]:
+    """A server with ``--auth required`` and two tenants with a run each; a fatal Xid on bolt's
+    node has fired its alert and the controller has recommended taking the node out (the
+    default mode). Tokens: acme's viewer, bolt's admin, and the on-call engineer's (tenant ops)."""
+    data = str(tmp_path / "data")
+    os.makedirs(data)
+    meta = MetadataStore(f"sqlite:///{data}/metadata.db")
+    specs = {
+        "acme-ingest": ("acme", "ingest"),
+        "acme-viewer": ("acme", "viewer"),
+        "bolt-ingest": ("bolt", "ingest"),
+        "bolt-admin": ("bolt", "admin"),
+        "oncall": ("ops", "oncall"),
+    }
+    try:
+        access = AccessStore(meta)
+        tokens = {n: access.create_token(t, r, name=f"portal {n}")[0]
+                  for n, (t, r) in specs.items()}  # fmt: skip
+    finally:
+        meta.close()
+    srv = Server(
+        data, extra_args=("--auth", "required"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}
+    ).start()
+    try:
+        _tenant_run(srv, tokens["acme-ingest"], "acme")
+        _tenant_run(srv, tokens["bolt-ingest"], "bolt")
+        _fatal_xid(srv, tokens["bolt-ingest"], "bolt")
+        deadline = time.monotonic() + 60
+        while not srv.get("/v1/remediations", token=tokens["bolt-admin"])["remediations"]:
+            assert time.monotonic() < deadline, f"no action recommended:\n{srv.log()}"
+            time.sleep(0.25)
+        yield srv, tokens
+    finally:
+        srv.stop()
+
+
+def test_oncall_document_has_every_tenants_nodes_and_actions_but_no_run_contents(
+    fleet: tuple[Server, dict[str, str]],
+) -> None:
+    srv, tokens = fleet
+    doc = srv.get("/v1/portal/oncall", token=tokens["oncall"])
+    assert doc["view"] == "infra"
+    assert [(n["node"], n["fatal"], n["recoverable"], n["runs"]) for n in doc["nodes"]] == [
+        ("bolt-node-7", 1, 0, [{"tenant": "bolt", "runId": "bolt-run"}])
+    ]
+    assert [(a["tenant"], a["node"], a["runId"], a["state"]) for a in doc["remediations"]] == [
+        ("bolt", "bolt-node-7", "bolt-run", "recommended")
+    ]
+    fatal = [a for a in doc["alerts"] if a["alertname"] == "FatalHardwareFault"]
+    assert [(a["tenant"], a["node"], a["gpu"], a["runId"]) for a in fatal] == [
+        ("bolt", "bolt-node-7", "0", "bolt-run")
+    ]
+    assert [(i["tenant"], i["runId"]) for i in doc["incidents"]] == [("bolt", "bolt-run")]
+    # None of either tenant's runs' contents: no jobs, goodput or spread, no config, no scalar.
+    assert "jobs" not in doc
+    text = json.dumps(doc)
+    for word in ("goodput", "spread", "config", "checkpoint", *RUN_CONTENTS):
+        assert word not in text, word
+    # Their runs' data stay closed to the role; only the on-call page and its document open.
+    assert srv.request("GET", "/oncall", token=tokens["oncall"])[0] == 200
+    for path in ("/", "/capacity", "/runs/bolt-run", "/v1/runs", "/v1/runs/bolt-run/overview"):
+        status, answer = srv.request("GET", path, token=tokens["oncall"])
+        assert status == 403, (path, answer)
+    assert srv.request("GET", "/v1/portal/oncall", token=tokens["acme-ingest"])[0] == 403
+    # A viewer's document is its tenant's, as before: its jobs with their goodput and spread.
+    mine = srv.get("/v1/portal/oncall", token=tokens["acme-viewer"])
+    assert mine["view"] == "tenant"
+    assert [j["runId"] for j in mine["jobs"]] == ["acme-run"]
+    assert "goodput" in mine["jobs"][0] and "spread" in mine["jobs"][0]
+    assert "bolt" not in json.dumps(mine)
+
+
+def test_oncall_page_for_the_oncall_role_and_a_viewer(
+    fleet: tuple[Server, dict[str, str]], browser: Any
+) -> None:
+    srv, tokens = fleet
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("requestfailed", lambda r: errors.append(f"failed {r.url}"))
+    page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+
+    # The on-call engineer signs in on the On-call page with the role's own token.
+    page.goto(f"{srv.url}/oncall")
+    page.wait_for_selector("body[data-loaded=signin]")
+    page.get_by_label("API token").fill(tokens["oncall"])
+    page.keyboard.press("Enter")
+    page.wait_for_selector("body[data-loaded=true]")
+    shots = os.environ.get("FLEETLENS_SCREENSHOTS")
+    if shots:
+        os.makedirs(shots, exist_ok=True)
+        page.screenshot(path=os.path.join(shots, "oncall-infra.png"), full_page=True)
+    assert errors == []
+    # No jobs by goodput, no per-rank spread: they are the runs' contents.
+    assert page.locator("#jobs").is_hidden()
+    playwright.expect(page.locator("#jobs-hidden")).to_contain_text("Not shown to the on-call role")
+    content = page.inner_text("#content")
+    for word in ("%", *RUN_CONTENTS):
+        assert word not in content, word
+    # Bolt's faulty node and the action recommended for it, with its tenant; no run is linked.
+    heads = page.locator("#nodes thead th").all_inner_texts()
+    assert heads == ["Node", "Fatal", "Recoverable", "Tenant: run", "Latest"]
+    node = page.locator("#nodes tbody tr", has_text="bolt-node-7")
+    cells = [c.strip() for c in node.locator("th, td").all_inner_texts()]
+    assert cells[:4] == ["bolt-node-7", "1", "0", "bolt: bolt-run"]
+    assert cells[4].startswith("FatalHardwareFault: ")
+    row = page.locator("#actions tbody tr", has_text="bolt-node-7")
+    cells = [c.strip() for c in row.locator("th, td").all_inner_texts()]
+    assert cells[:3] == ["bolt-node-7", "bolt", "bolt-run"] and "recommended" in cells[3]
+    alert = page.locator("#alerts tbody tr", has_text="FatalHardwareFault").inner_text()
+    assert "bolt" in alert and "bolt-node-7 GPU 0" in alert and "bolt-run" in alert
+    assert page.locator("#content a").count() == 0
+
+    # Approving from the page carries it out with the on-call token (audited as its name).
+    rid = srv.get("/v1/remediations", token=tokens["bolt-admin"])["remediations"][0]["id"]
+    page.get_by_role(
+        "button", name=f"Approve action #{rid}: take bolt-node-7 out of run bolt-run of tenant bolt"
+    ).click()
+    playwright.expect(page.locator("#actions tbody tr", has_text="bolt-node-7")).to_have_count(0)
+    done = srv.get(f"/v1/remediations/{rid}", token=tokens["bolt-admin"])
+    assert done["state"] == "drained" and done["approvedBy"] == "portal oncall", done
+    assert errors == []
+
+    # The runs list is not the role's: the 403 points to the On-call page, which reloads.
+    page.get_by_role("navigation", name="Portal").get_by_role("link", name="Runs").click()
+    page.wait_for_selector("body[data-loaded=forbidden]")
+    denied = page.get_by_role("region", name="This token may not read this page")
+    playwright.expect(denied.get_by_role("alert")).to_contain_text("role 'oncall' may not read")
+    denied.get_by_role("link", name="On-call page").click()
+    page.wait_for_selector("body[data-loaded=true]")
+    assert page.url == f"{srv.url}/oncall"
+    # The one error is that 403 (the response, and the browser's console line for it).
+    response, console = sorted(errors)
+    assert response == f"403 {srv.url}/v1/runs?limit=200", errors
+    assert console.startswith("Failed to load resource: the server responded with a status of 403")
+
+    # A viewer's On-call page is as it was: its own tenant's jobs, linked, and nothing of bolt's.
+    mine, mine_errors = _open(browser, f"{srv.url}/oncall", None, token=tokens["acme-viewer"])
+    assert mine_errors == []
+    assert mine.locator("#jobs").is_visible() and mine.locator("#jobs-hidden").is_hidden()
+    assert mine.get_by_role("link", name="acme-run").get_attribute("href") == "/runs/acme-run"
+    assert "Tenant: run" not in mine.locator("#nodes thead").inner_text()
+    assert "bolt" not in mine.inner_text("#content")

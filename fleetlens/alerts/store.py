@@ -224,6 +224,21 @@ class AlertStore:
 
     # -- reads and operator actions -----------------------------------------------------------
 
+    def list_infra(
+        self, scope: Scope, state: str | None = None, limit: int = 200
+    ) -> list[dict[str, Any]]:
+        """Alerts for infrastructure on-call (audience ``infra_oncall``: hardware faults, drained
+        nodes), each with its ``tenant``: every tenant's for a scope with ``cross_tenant_infra``
+        (role oncall), the caller's tenant's for any other."""
+        with self._session() as s:
+            q = select(Alert).where(Alert.audience == "infra_oncall")
+            if not scope.cross_tenant_infra:
+                q = q.where(Alert.tenant == scope.tenant)
+            if state:
+                q = q.where(Alert.state == state)
+            rows = s.scalars(q.order_by(Alert.updated_at.desc()).limit(limit)).all()
+            return [{**alert_json(a), "tenant": a.tenant} for a in rows if self._visible(scope, a)]
+
     def list(
         self, scope: Scope, state: str | None = None, run_id: str | None = None, limit: int = 100
     ) -> list[dict[str, Any]]:

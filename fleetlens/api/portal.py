@@ -4,8 +4,10 @@
 1,024-rank run must not make a dozen round trips); ``/heatmap?slowest=8``, below the fold, is
 fetched after it and redraws any window; ``/failure``, ``/v1/portal/oncall`` and
 ``/v1/portal/capacity`` serve the other three pages. Everything is read through the caller's
-scope, as in the rest of the API. The remediation controller's actions (one indexed read of the
-metadata store) ride along: the run's own on the overview, those under way on the on-call page.
+scope, as in the rest of the API; the on-call document is the one an ``oncall`` token reads
+too, and gets every tenant's nodes, drains and infrastructure alerts without their runs. The
+remediation controller's actions (one indexed read of the metadata store) ride along: the run's
+own on the overview, those pending or under way on the on-call page.
 
 The run page's two documents are encoded here (msgspec, gzip when the client accepts it) and
 carry a ``Server-Timing`` header with the cost of each part: a 100,000-step run's overview is
@@ -32,7 +34,7 @@ from ..store.portal_queries import HEATMAP_ROWS_BUDGET, PortalQueries, run_summa
 from ..store.run_queries import RunQueries
 from ..store.scope import Scope
 from ..store.series_queries import SeriesQueries
-from .auth import ERROR_RESPONSES, require
+from .auth import ERROR_RESPONSES, require, require_any
 from .goodput import advice
 from .runs import _run_json
 
@@ -42,14 +44,21 @@ TIMELINE_STEPS = 5_000
 
 router = APIRouter(prefix="/v1", tags=["portal"], responses=ERROR_RESPONSES)
 Reader = Annotated[Scope, Depends(require("read"))]
+# Infrastructure on-call (read:infra) gets the on-call page's infrastructure view, every tenant's.
+OnCallReader = Annotated[Scope, Depends(require_any("read", "read:infra"))]
 
 SCALARS = ("loss", "lr", "grad_norm")
 FAILURE_KINDS = ("failure", "hardware_fault", "nan", "oom", "exception", "hang", "restart")
 FAULT_KINDS = ("hardware_fault", "failure")
 DRAIN_KINDS = ("drain", "drain_start", "drain_end", "maintenance")
 TOTAL_KEYS = ("total_steps", "max_steps", "train_steps", "steps")
-IN_PROGRESS = ("awaiting_approval", *ACTIVE)
-"""Remediation states the on-call page lists: waiting for a person, or taking a node out."""
+ON_CALL_STATES = ("recommended", "awaiting_approval", *ACTIVE)
+"""Remediation states the on-call page lists: waiting for a person to approve (a recommendation
+is approved the same way), or taking a node out."""
+NODE_FAULTS = {"FatalHardwareFault": "fatal", "RecoverableHardwareFault": "recoverable"}
+INFRA_ACTION_KEYS = ("id", "tenant", "runId", "node", "reason", "mode", "state", "decidedAt",
+                     "updatedAt", "approvedBy", "error")  # fmt: skip
+"""What on-call sees of an action: not the run's checkpoint path nor its cost (its steps left)."""
 REMEDIATIONS_LIMIT = 50  # newest actions per list (per state on the on-call page)
 
 RECOMMEND = {
@@ -140,6 +149,13 @@ def _remediations(
         return []
     rows = [a for st in states for a in ctl.actions(scope, run_id, st, REMEDIATIONS_LIMIT)]
     return sorted(rows, key=lambda a: a["decidedAt"], reverse=True)
+
+
+def _pending(svc: Any, scope: Scope, since: float) -> list[dict[str, Any]]:
+    """The actions the on-call page lists: all those awaiting approval or under way, and the
+    recommendations made since ``since`` (nothing closes a recommendation nobody acted on)."""
+    rows = _remediations(svc, scope, None, ON_CALL_STATES)
+    return [a for a in rows if a["state"] != "recommended" or a["decidedAt"] >= since]
 
 
 def _window(hi_lo: tuple[int, int, int], world: int, heat_steps: int | None) -> tuple[int, int]:
@@ -331,63 +347,131 @@ async def failure(request: Request, run_id: str, scope: Reader) -> dict[str, Any
     return await anyio.to_thread.run_sync(work)
 
 
-@router.get("/portal/oncall", summary="Degraded jobs, implicated nodes, drains, alerts")
+@router.get(
+    "/portal/oncall",
+    summary="Degraded jobs, implicated nodes, drains, alerts; for on-call, every tenant's nodes",
+)
 async def oncall(
     request: Request,
-    scope: Reader,
+    scope: OnCallReader,
     window_s: Annotated[float, Query(alias="windowSeconds", gt=0)] = 86_400.0,
 ) -> dict[str, Any]:
+    """``view`` says which document it is. ``tenant`` (roles that read): the tenant's jobs by
+    goodput with their per-rank spread, its nodes with faults, drains and firing alerts.
+    ``infra`` (role oncall, ``read:infra``): the nodes, drains, remediation actions and
+    infrastructure alerts of every tenant, each with its tenant, and nothing of the runs but
+    their ids: no jobs, goodput, spread or configs."""
     svc = request.app.state.services
+    view = _infra_oncall if scope.cross_tenant_infra else _tenant_oncall
+    return await anyio.to_thread.run_sync(view, svc, scope, window_s)
 
-    def work() -> dict[str, Any]:
-        now = time.time()
-        runs = svc.metadata.list_runs(scope, None, 50, 0)
-        threshold = svc.monitor.policy.rule("GoodputLow").threshold or 0.8
-        gq = GoodputQueries(svc.telemetry, scope)
-        pq = PortalQueries(svc.telemetry, scope)
-        jobs = []
-        since = now - window_s
-        for r in runs:
-            _bd, f, _ = gq.run_goodput(r.run_id, program_spec(r.config or {}))
-            jobs.append(
-                {
-                    **_run_json(r),
-                    "goodput": f.runtime * f.program,
-                    "runtimeGoodput": f.runtime,
-                    "threshold": threshold,
-                    "below": f.runtime * f.program < threshold,
-                    "spread": pq.recent_spread(r.run_id),
-                }
-            )
-            since = min(since, r.first_seen)
-        faults = pq.events(FAULT_KINDS, since)
-        nodes: dict[str, dict[str, Any]] = {}
-        for e in faults:
-            if not e["node"]:
-                continue
-            n = nodes.setdefault(
-                e["node"], {"node": e["node"], "fatal": 0, "recoverable": 0, "events": []}
-            )
-            fatal = e["kind"] == "failure" or "fatal" in (e["message"] or "").lower()
-            n["fatal" if fatal else "recoverable"] += 1
-            if len(n["events"]) < 5:
-                n["events"].append(e)
-        alerts = svc.alert_store.list(scope, "firing", None, 200)
-        incidents = []
-        for iid in sorted({a["incidentId"] for a in alerts if a.get("incidentId")}):
-            inc = svc.alert_store.incident(scope, iid)
-            incidents.append({k: v for k, v in inc.items() if k != "alerts"})
-        return {
-            "generatedAt": now,
-            "jobs": sorted(jobs, key=lambda j: j["goodput"]),
-            "nodes": sorted(nodes.values(), key=lambda n: (-n["fatal"], -n["recoverable"])),
-            "drains": pq.events(DRAIN_KINDS, since),
-            "remediations": _remediations(svc, scope, None, IN_PROGRESS),
-            "alerts": alerts,
-            "incidents": incidents,
-        }
 
-    return await anyio.to_thread.run_sync(work)
+def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
+    now = time.time()
+    runs = svc.metadata.list_runs(scope, None, 50, 0)
+    threshold = svc.monitor.policy.rule("GoodputLow").threshold or 0.8
+    gq = GoodputQueries(svc.telemetry, scope)
+    pq = PortalQueries(svc.telemetry, scope)
+    jobs = []
+    since = now - window_s
+    for r in runs:
+        _bd, f, _ = gq.run_goodput(r.run_id, program_spec(r.config or {}))
+        jobs.append(
+            {
+                **_run_json(r),
+                "goodput": f.runtime * f.program,
+                "runtimeGoodput": f.runtime,
+                "threshold": threshold,
+                "below": f.runtime * f.program < threshold,
+                "spread": pq.recent_spread(r.run_id),
+            }
+        )
+        since = min(since, r.first_seen)
+    faults = pq.events(FAULT_KINDS, since)
+    nodes: dict[str, dict[str, Any]] = {}
+    for e in faults:
+        if not e["node"]:
+            continue
+        n = nodes.setdefault(
+            e["node"], {"node": e["node"], "fatal": 0, "recoverable": 0, "events": []}
+        )
+        fatal = e["kind"] == "failure" or "fatal" in (e["message"] or "").lower()
+        n["fatal" if fatal else "recoverable"] += 1
+        if len(n["events"]) < 5:
+            n["events"].append(e)
+    alerts = svc.alert_store.list(scope, "firing", None, 200)
+    incidents = []
+    for iid in sorted({a["incidentId"] for a in alerts if a.get("incidentId")}):
+        inc = svc.alert_store.incident(scope, iid)
+        incidents.append({k: v for k, v in inc.items() if k != "alerts"})
+    return {
+        "generatedAt": now,
+        "view": "tenant",
+        "jobs": sorted(jobs, key=lambda j: j["goodput"]),
+        "nodes": sorted(nodes.values(), key=lambda n: (-n["fatal"], -n["recoverable"])),
+        "drains": pq.events(DRAIN_KINDS, since),
+        "remediations": _pending(svc, scope, now - window_s),
+        "alerts": alerts,
+        "incidents": incidents,
+    }
+
+
+def _infra_alert(a: dict[str, Any]) -> dict[str, Any]:
+    """What on-call sees of an alert: the node it names, not the run's labels (rank, project)."""
+    labels = a["labels"]
+    return {
+        "id": a["id"],
+        "alertname": a["alertname"],
+        "severity": a["severity"],
+        "tenant": a["tenant"],
+        "runId": a["runId"],
+        "node": labels.get("node") or None,
+        "gpu": labels.get("gpu") or None,
+        "rack": labels.get("rack") or None,
+        "summary": a["annotations"].get("summary", ""),
+        "startsAt": a["startsAt"],
+        "incidentId": a["incidentId"],
+    }
+
+
+def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
+    now = time.time()
+    alerts = [_infra_alert(a) for a in svc.alert_store.list_infra(scope, "firing", 500)]
+    nodes: dict[str, dict[str, Any]] = {}
+    for a in sorted(alerts, key=lambda a: a["startsAt"], reverse=True):
+        severity = NODE_FAULTS.get(a["alertname"])
+        if severity is None or not a["node"]:
+            continue
+        n = nodes.setdefault(
+            a["node"], {"node": a["node"], "fatal": 0, "recoverable": 0, "runs": [], "events": []}
+        )
+        n[severity] += 1
+        run = {"tenant": a["tenant"], "runId": a["runId"]}
+        if run not in n["runs"]:
+            n["runs"].append(run)
+        if len(n["events"]) < 5:
+            n["events"].append(
+                {"time": a["startsAt"], "kind": a["alertname"], "gpu": a["gpu"],
+                 "message": a["summary"]}
+            )  # fmt: skip
+    incidents: dict[int, dict[str, Any]] = {}
+    for a in alerts:
+        if a["incidentId"]:
+            inc = incidents.setdefault(
+                a["incidentId"],
+                {"id": a["incidentId"], "tenant": a["tenant"], "runId": a["runId"], "alerts": []},
+            )
+            inc["alerts"].append(f"{a['alertname']} on {a['node'] or 'the run'}")
+    actions = _pending(svc, scope, now - window_s)
+    return {
+        "generatedAt": now,
+        "view": "infra",
+        "nodes": sorted(nodes.values(), key=lambda n: (-n["fatal"], -n["recoverable"])),
+        "drains": PortalQueries(svc.telemetry, scope).node_events(DRAIN_KINDS, now - window_s),
+        "remediations": [{k: a[k] for k in INFRA_ACTION_KEYS} for a in actions],
+        "alerts": alerts,
+        "incidents": [incidents[i] for i in sorted(incidents)],
+    }
 
 
 @router.get("/portal/capacity", summary="Fleet utilization vs goodput, losses by cause, cost")

@@ -4,9 +4,11 @@ A chart is a few hundred pixels wide, so nothing here returns more points than t
 series comes from the per-step rollup ``steps_by_step`` bucketed to ``points`` step buckets, and
 the heatmap from the per-rank ``steps`` table bucketed to rank buckets x step buckets with the
 maximum compute time per cell (a max keeps one slow rank visible in a bucket of many). Every
-query is bound to the caller's tenant given at construction, as in :mod:`.run_queries`.
-Aliases are prefixed (``b_``, ``h_``...): ClickHouse resolves a bare column name inside an
-aggregate to a same-named alias.
+query is bound to the caller's tenant given at construction, as in :mod:`.run_queries`, but
+one: :meth:`PortalQueries.node_events` reads every tenant's node events for infrastructure
+on-call (``Scope.cross_tenant_infra``), and nothing of their runs but the run id. Aliases are
+prefixed (``b_``, ``h_``...): ClickHouse resolves a bare column name inside an aggregate to a
+same-named alias.
 
 The run page's first paint reads the rollup once: :meth:`PortalQueries.executions` returns every
 step execution (``FINAL`` merges the rollup's partial rows in the engine, far cheaper than a
@@ -217,6 +219,7 @@ class PortalQueries:
         self.t = telemetry
         self.db = telemetry.database
         self.tenant = scope.tenant
+        self.cross_tenant = scope.cross_tenant_infra
 
     def _q(self, sql: str, **params: Any) -> Any:
         params["tenant"] = self.tenant
@@ -485,6 +488,34 @@ class PortalQueries:
                 "rank": int(r["rank"]) if r["rank"] >= 0 else None,
                 "kind": r["kind"],
                 "node": r["node_id"] or None,
+                "gpu": int(r["gpu"]) if r["gpu"] >= 0 else None,
+                "message": r["message"],
+            }
+            for r in rows
+        ]
+
+    def node_events(
+        self, kinds: tuple[str, ...], since: float, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        """Events of the given kinds on a node after ``since``, each with its tenant, for
+        infrastructure on-call: every tenant's for a cross-tenant scope (role oncall), else the
+        caller's tenant's. Only where, when and what happened to the node: no rank or step."""
+        rows = self._q(
+            "SELECT time, tenant AS n_tenant, run_id, kind, node_id, gpu, message FROM {db}.events"
+            " WHERE kind IN {kinds:Array(String)} AND time >= {since:Float64} AND node_id != ''"
+            + ("" if self.cross_tenant else " AND tenant = {tenant:String}")
+            + " ORDER BY time DESC LIMIT {limit:UInt32}",
+            kinds=list(kinds),
+            since=since,
+            limit=limit,
+        ).to_pylist()
+        return [
+            {
+                "time": r["time"],
+                "tenant": r["n_tenant"],
+                "runId": r["run_id"],
+                "kind": r["kind"],
+                "node": r["node_id"],
                 "gpu": int(r["gpu"]) if r["gpu"] >= 0 else None,
                 "message": r["message"],
             }

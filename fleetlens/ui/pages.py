@@ -14,13 +14,15 @@ requires tokens, a request for a shell without one is served the shell (it holds
 run page's only datum is the id from its own URL), marked ``data-auth="required"``, and the
 script shows its sign-in form instead of fetching. A request that carries a token, and every
 request to a server that does not require one, is checked like any API route
-(``require("read")``): a run the caller may not see is a 404 here too. The static files need
-no token.
+(``require("read")``): a run the caller may not see is a 404 here too. The on-call page also
+takes ``read:infra`` (role oncall), as its document does; the others send an on-call token there.
+The static files need no token.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from string import Template
 from typing import Annotated, Any
@@ -29,13 +31,12 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, Response
 
-from ..api.auth import require
+from ..api.auth import require_any
 from ..store.scope import Scope
 
 __all__ = ["router"]
 
 router = APIRouter(include_in_schema=False)
-_read = require("read")
 
 STATIC = {"charts.js": "text/javascript", "app.js": "text/javascript", "style.css": "text/css"}
 
@@ -84,6 +85,8 @@ tab closes; <b>Sign out</b> forgets it now.</p>
 <section id="forbidden" aria-labelledby="h-forbidden" hidden>
 <h2 id="h-forbidden" tabindex="-1">This token may not read this page</h2>
 <p id="forbidden-why" class="error" role="alert"></p>
+<p id="forbidden-oncall" hidden>The on-call role reads the <a href="/oncall">On-call page</a>:
+nodes with faults, drains and infrastructure alerts of every tenant.</p>
 <p><button type="button" id="switch-token">Use another token</button></p>
 </section>
 """
@@ -164,7 +167,10 @@ FAILURE = """
 """
 
 ONCALL = """
-<section aria-labelledby="h-jobs"><h2 id="h-jobs">Jobs by goodput</h2>
+<section aria-labelledby="h-jobs" id="jobs-section"><h2 id="h-jobs">Jobs by goodput</h2>
+<p id="jobs-hidden" class="note" hidden>Not shown to the on-call role: jobs' goodput and
+per-rank spread are their runs' contents, which the tenant's viewers, editors and admins read.
+</p>
 <table id="jobs"><caption>Jobs, lowest goodput first; below threshold marked</caption><thead>
 <tr><th scope="col">Run</th><th scope="col">Status</th><th scope="col">Goodput</th>
 <th scope="col">Threshold</th><th scope="col">Per-rank spread</th><th scope="col">Ranks</th>
@@ -174,8 +180,8 @@ ONCALL = """
 <th scope="col">Node</th><th scope="col">Fatal</th><th scope="col">Recoverable</th>
 <th scope="col">Latest</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-drains"><h2 id="h-drains">Drains</h2>
-<table id="actions"><caption>Drains in progress: remediation actions awaiting approval or
-taking a node out (draining, removing, restarting)</caption><thead><tr>
+<table id="actions"><caption>Drains in progress: remediation actions recommended or awaiting
+approval, or taking a node out (draining, removing, restarting)</caption><thead><tr>
 <th scope="col">Node</th><th scope="col">Run</th><th scope="col">State</th>
 <th scope="col">Age</th><th scope="col">Reason</th></tr></thead><tbody></tbody></table>
 <table id="drains"><caption>Drain and maintenance events, newest first</caption><thead><tr>
@@ -219,15 +225,22 @@ def _services(request: Request) -> Any:
     return request.app.state.services
 
 
-async def _reader(request: Request) -> Scope | None:
-    """The caller's scope; None for a request without a token to a server that requires one
-    (a browser navigating: it is served the shell, whose script asks for the token)."""
-    if _services(request).auth_required and "authorization" not in request.headers:
-        return None
-    return await _read(request)
+def _reader(*permissions: str) -> Callable[[Request], Awaitable[Scope | None]]:
+    """The caller's scope if its role grants one of ``permissions``; None for a request without
+    a token to a server that requires one (a browser navigating: it is served the shell, whose
+    script asks for the token)."""
+    check = require_any(*permissions)
+
+    async def dependency(request: Request) -> Scope | None:
+        if _services(request).auth_required and "authorization" not in request.headers:
+            return None
+        return await check(request)
+
+    return dependency
 
 
-Reader = Annotated[Scope | None, Depends(_reader)]
+Reader = Annotated[Scope | None, Depends(_reader("read"))]
+OnCallReader = Annotated[Scope | None, Depends(_reader("read", "read:infra"))]
 
 
 def _page(request: Request, page: str, title: str, body: str, run_id: str = "") -> HTMLResponse:
@@ -266,7 +279,7 @@ async def failure_page(request: Request, run_id: str, scope: Reader) -> HTMLResp
 
 
 @router.get("/oncall", response_class=HTMLResponse)
-async def oncall_page(request: Request, scope: Reader) -> HTMLResponse:
+async def oncall_page(request: Request, scope: OnCallReader) -> HTMLResponse:
     return _page(request, "oncall", "On-call", ONCALL)
 
 

@@ -3,8 +3,8 @@
 // the heatmap and the slowest ranks, below the fold. The token in sessionStorage["fleetlens.token"]
 // (this tab only) is sent as a Bearer header, also with the one write a page makes: approving a
 // remediation action. A 401, or no token on a server that requires one (body[data-auth=required]),
-// shows the sign-in form; a 403 says the token's role may not read the page. The token never goes
-// into a URL.
+// shows the sign-in form; a 403 says the token's role may not read the page (an on-call token,
+// which reads only the On-call page, is pointed there). The token never goes into a URL.
 "use strict";
 
 (() => {
@@ -260,10 +260,12 @@
   const PAUSED = PHASES.slice(2);
   const ACTIVE = ["draining", "removing", "restarting"];
   const UNDER_WAY = ["awaiting_approval"].concat(ACTIVE);
+  const APPROVABLE = ["awaiting_approval", "recommended"];  // a recommendation is approved the same way
 
   function stateLabel(st) { return st.replace(/_/g, " "); }
 
-  // The state, and for an action awaiting approval a button that approves it with the page's token.
+  // The state, and for an action awaiting approval (or only recommended) a button that approves
+  // it with the page's token.
   function stateCell(a, done) {
     const span = document.createElement("span");
     const st = document.createElement("strong");
@@ -276,12 +278,12 @@
       e.textContent = a.error;
       span.appendChild(e);
     }
-    if (a.state !== "awaiting_approval") return { node: span, cls: UNDER_WAY.includes(a.state) ? "pending" : "" };
+    if (!APPROVABLE.includes(a.state)) return { node: span, cls: UNDER_WAY.includes(a.state) ? "pending" : "" };
     const b = document.createElement("button");
     b.type = "button";
     b.className = "approve";
     b.textContent = "Approve";
-    b.setAttribute("aria-label", `Approve action #${a.id}: take ${a.node} out of run ${a.runId}`);
+    b.setAttribute("aria-label", `Approve action #${a.id}: take ${a.node} out of run ${a.runId}${a.tenant && page === "oncall" ? ` of tenant ${a.tenant}` : ""}`);
     const msg = document.createElement("div");
     msg.className = "error";
     msg.setAttribute("role", "alert");
@@ -395,19 +397,68 @@
   }
 
   // ---------------------------------------------------------------- on-call
+  // A token that reads runs gets its tenant's view (jobs by goodput, with links to their runs);
+  // an on-call token (view "infra") gets every tenant's nodes, drains, actions and alerts, with
+  // a tenant column, run ids as plain text (their pages are closed to it) and no jobs section.
+  const INFRA_COLUMNS = {
+    nodes: ["Node", "Fatal", "Recoverable", "Tenant: run", "Latest"],
+    actions: ["Node", "Tenant", "Run", "State", "Age", "Reason"],
+    drains: ["Node", "Tenant", "Run", "Kind", "When", "Message"],
+    alerts: ["Alert", "Severity", "Tenant", "Node", "Run", "Summary", "Incident"],
+    incidents: ["Incident", "Tenant", "Run", "Infrastructure alerts", "Status"],
+  };
+  const INFRA_CAPTIONS = {
+    nodes: "Nodes with fatal or recoverable faults (firing hardware alerts), every tenant",
+    drains: "Drain and maintenance events on nodes, every tenant, newest first",
+    alerts: "Firing infrastructure alerts (hardware faults, drained nodes), every tenant",
+    incidents: "Open incidents of those alerts",
+  };
+
+  function columns(tableId, names) {
+    const tr = document.querySelector(`#${tableId} thead tr`);
+    if (tr.dataset.view === "infra") return;
+    tr.dataset.view = "infra";
+    tr.textContent = "";
+    for (const n of names) {
+      const th = document.createElement("th");
+      th.scope = "col"; th.textContent = n; tr.appendChild(th);
+    }
+  }
+
+  function infraView() {
+    document.getElementById("jobs").hidden = true;
+    document.getElementById("jobs-hidden").hidden = false;
+    for (const [id, names] of Object.entries(INFRA_COLUMNS)) columns(id, names);
+    for (const [id, cap] of Object.entries(INFRA_CAPTIONS)) document.querySelector(`#${id} caption`).textContent = cap;
+  }
+
   async function oncallPage() {
     const d = await getJSON("/v1/portal/oncall");
+    const infra = d.view === "infra";
+    const age = (a) => dur(Math.max(0, d.generatedAt - a.decidedAt));
+    const latest = (n) => n.events.length ? `${n.events[0].kind}: ${n.events[0].message}` : "–";
+    if (infra) {
+      infraView();
+      fill("nodes", d.nodes.map((n) => [{ th: n.node }, n.fatal, n.recoverable,
+        n.runs.map((r) => `${r.tenant}: ${r.runId}`).join(", "), latest(n)]), "no faults");
+      fill("actions", d.remediations.map((a) => [{ th: a.node }, a.tenant, a.runId, stateCell(a, oncallPage), age(a), a.reason]),
+        "no drains in progress or actions awaiting approval");
+      fill("drains", d.drains.map((e) => [{ th: e.node }, e.tenant, e.runId, e.kind, when(e.time), e.message]), "no drains");
+      fill("alerts", d.alerts.map((a) => [{ th: a.alertname }, a.severity, a.tenant,
+        [a.node, a.gpu !== null ? `GPU ${a.gpu}` : null].filter(Boolean).join(" ") || "–", a.runId, a.summary, text(a.incidentId)]),
+      "no firing infrastructure alerts");
+      fill("incidents", d.incidents.map((i) => [{ th: i.id }, i.tenant, i.runId, i.alerts.join("; "), "open"]), "no open incidents");
+      return true;
+    }
     fill("jobs", d.jobs.map((j) => [{ th: j.runId, node: link(`/runs/${enc(j.runId)}`, j.runId) },
       j.status, (j.below ? "below: " : "") + pct(j.goodput), pct(j.threshold),
       j.spread ? `${pct(j.spread.spread)} (slowest ${F(j.spread.computeMaxMs)} ms vs mean ${F(j.spread.computeMeanMs)} ms)` : "–",
       j.worldSize]), "no jobs");
     document.querySelectorAll("#jobs tbody tr").forEach((tr, i) => { if (d.jobs[i] && d.jobs[i].below) tr.className = "below"; });
-    fill("nodes", d.nodes.map((n) => [{ th: n.node }, n.fatal, n.recoverable,
-      n.events.length ? `${n.events[0].kind}: ${n.events[0].message}` : "–"]), "no faults");
-    const age = (a) => dur(Math.max(0, d.generatedAt - a.decidedAt));
+    fill("nodes", d.nodes.map((n) => [{ th: n.node }, n.fatal, n.recoverable, latest(n)]), "no faults");
     fill("actions", (d.remediations || []).map((a) => [{ th: a.node },
       { node: link(`/runs/${enc(a.runId)}#remediation`, a.runId) }, stateCell(a, oncallPage), age(a), a.reason]),
-    "no drains in progress");
+    "no drains in progress or actions awaiting approval");
     fill("drains", d.drains.map((e) => [{ th: text(e.node) }, e.runId, text(e.step), e.message]), "no drains");
     fill("alerts", d.alerts.map((a) => [{ th: a.alertname }, a.severity, a.runId,
       a.annotations.summary || "", text(a.incidentId)]), "no firing alerts");
@@ -450,6 +501,7 @@
     const error = document.getElementById("signin-error");
     const forbidden = document.getElementById("forbidden");
     const forbiddenWhy = document.getElementById("forbidden-why");
+    const forbiddenOncall = document.getElementById("forbidden-oncall");
     const signOut = document.getElementById("sign-out");
 
     function view(name) {
@@ -474,13 +526,23 @@
       input.focus();
     }
 
+    // The role, from the server's message ("role 'oncall' may not read").
+    function roleOf(err) {
+      const m = /role '([^']+)'/.exec(err.reason || "");
+      return m ? m[1] : null;
+    }
+
     function showForbidden(err) {
       stop();
       view("forbidden");
+      const oncall = roleOf(err) === "oncall" && page !== "oncall";
+      forbiddenOncall.hidden = !oncall;
       forbiddenWhy.textContent = "";
       forbiddenWhy.textContent = `The server answered 403 (${err.reason || "forbidden"}): this token's role may not read this page. `
-        + "The portal's pages need a token with the viewer, editor or admin role; an ingest token only sends telemetry. "
-        + "Sign in with another token.";
+        + (oncall ? "This page shows runs' contents, which the tenant's viewer, editor and admin roles read; "
+          + "an on-call token reads the On-call page (below), or sign in with another token."
+          : "The portal's pages need a token with the viewer, editor or admin role (the on-call role reads the On-call page); "
+          + "an ingest token only sends telemetry. Sign in with another token.");
       status.textContent = "Not allowed.";
       body.dataset.loaded = "forbidden";
       document.getElementById("h-forbidden").focus();
