@@ -56,9 +56,6 @@ ON_CALL_STATES = ("recommended", "awaiting_approval", *ACTIVE)
 """Remediation states the on-call page lists: waiting for a person to approve (a recommendation
 is approved the same way), or taking a node out."""
 NODE_FAULTS = {"FatalHardwareFault": "fatal", "RecoverableHardwareFault": "recoverable"}
-INFRA_ACTION_KEYS = ("id", "tenant", "runId", "node", "reason", "mode", "state", "decidedAt",
-                     "updatedAt", "approvedBy", "error")  # fmt: skip
-"""What on-call sees of an action: not the run's checkpoint path nor its cost (its steps left)."""
 REMEDIATIONS_LIMIT = 50  # newest actions per list (per state on the on-call page)
 
 RECOMMEND = {
@@ -468,7 +465,7 @@ def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         "view": "infra",
         "nodes": sorted(nodes.values(), key=lambda n: (-n["fatal"], -n["recoverable"])),
         "drains": PortalQueries(svc.telemetry, scope).node_events(DRAIN_KINDS, now - window_s),
-        "remediations": [{k: a[k] for k in INFRA_ACTION_KEYS} for a in actions],
+        "remediations": actions,  # the controller trims them for on-call (INFRA_KEYS)
         "alerts": alerts,
         "incidents": [incidents[i] for i in sorted(incidents)],
     }

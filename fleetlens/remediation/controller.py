@@ -53,7 +53,7 @@ from .actuators import Actuator, Outcome
 from .models import Remediation
 from .policy import RemediationPolicy, RunContext, decide
 
-__all__ = ["ACTIVE", "PHASES", "Controller", "Position", "remediation_json"]
+__all__ = ["ACTIVE", "INFRA_KEYS", "PHASES", "Controller", "Position", "remediation_json"]
 
 log = logging.getLogger("fleetlens.remediation")
 
@@ -100,6 +100,19 @@ class _RunPositions:
             return "", []
         job = max(fresh, key=lambda p: p.seen_at).job_id
         return job, sorted((p for p in fresh if p.job_id == job), key=lambda p: p.rank)
+
+
+INFRA_KEYS = ("id", "tenant", "runId", "node", "reason", "mode", "state", "decidedAt",
+              "updatedAt", "approvedBy", "error")  # fmt: skip
+"""What infrastructure on-call sees of an action: not the run's checkpoint path, summary or
+cost (they come from the run's config: its steps left)."""
+
+
+def _view(scope: Scope, r: Remediation) -> dict[str, Any]:
+    """An action as this caller may see it: whole for the tenant's own roles, trimmed to
+    :data:`INFRA_KEYS` for on-call, whose role reads no run contents."""
+    out = remediation_json(r)
+    return out if scope.can("read") else {k: out[k] for k in INFRA_KEYS}
 
 
 def remediation_json(r: Remediation) -> dict[str, Any]:
@@ -267,7 +280,7 @@ class Controller:
             if state:
                 q = q.where(Remediation.state == state)
             rows = s.scalars(q.order_by(Remediation.decided_at.desc()).limit(limit)).all()
-            return [remediation_json(r) for r in rows if self._visible(s, scope, r)]
+            return [_view(scope, r) for r in rows if self._visible(s, scope, r)]
 
     def for_incident(self, scope: Scope, incident_id: int) -> list[dict[str, Any]]:
         with self._session() as s:
@@ -303,7 +316,7 @@ class Controller:
 
     def get(self, scope: Scope, rid: int) -> dict[str, Any]:
         with self._session() as s:
-            return remediation_json(self._get(s, scope, rid))
+            return _view(scope, self._get(s, scope, rid))
 
     def approve(self, scope: Scope, rid: int) -> dict[str, Any]:
         """Carry out an action awaiting approval (or one only recommended)."""
@@ -316,7 +329,7 @@ class Controller:
             r.phases = {**r.phases, "approval": [r.decided_at, now]}
             self._begin(s, r, now)
             self._publish(r)
-            out = remediation_json(r)
+            out = _view(scope, r)
         self.access.audit(
             out["tenant"],  # the tenant whose run it touches (on-call acts across tenants)
             scope.actor,
@@ -334,7 +347,7 @@ class Controller:
             if r.state not in ("awaiting_approval", "recommended"):
                 raise ValueError(f"remediation {rid} is {r.state}; only a pending one is rejected")
             r.state, r.updated_at, r.approved_by = "rejected", now, scope.actor
-            out = remediation_json(r)
+            out = _view(scope, r)
         self.access.audit(
             out["tenant"],  # the tenant whose run it touches (on-call acts across tenants)
             scope.actor,

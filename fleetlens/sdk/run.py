@@ -304,7 +304,9 @@ class Run:
 
     def _shutdown(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        self._exporter.flush(timeout)
+        # Keep part of the budget for the thread to see the stop and end its last cycle: a
+        # flush that used it all (collector down) left the thread running beside the spill.
+        self._exporter.flush(timeout - min(0.5, timeout / 4))
         self._exporter.stop(deadline - time.monotonic())
         # Whatever did not make it out in time waits in the spool for the next process.
         self._exporter.spill()
