@@ -117,6 +117,9 @@ class TorchRun:
         self._channel: ControlChannel | None = None
         self._ctl_group: Any = None
         self._vote: tuple[Any, torch.Tensor] | None = None
+        self.vote_interval_s = 0.25  # how often (wall-clock) the ranks vote on a drain
+        self._next_vote = -1  # the step boundary of the next vote; the same on every rank
+        self._last_boundary = (-1, 0.0)  # (step, perf_counter) of the previous call
         # After resuming: (the remediation that caused it or 0, step, load seconds, loaded at)
         self._resumed: tuple[int, int, float, float] | None = None
 
@@ -219,9 +222,12 @@ class TorchRun:
     def stop_requested(self, step: int) -> bool:
         """At a step boundary, on every rank: True when the server asked this job to drain.
 
-        Every rank gets the same answer at the same step: each boundary launches an all-reduce
-        (MAX) of "a drain is pending here" on a side gloo group and reads the one launched at the
-        previous boundary, which has long finished. Call it every step, on every rank."""
+        Every rank gets the same answer at the same step. At a vote boundary each rank launches
+        an all-reduce (MAX) of ["a drain is pending here", "steps until the next vote"] on a
+        side gloo group and reads the one launched at the previous vote, which has long
+        finished: nothing waits on the hot path, and the votes are spaced so that there are
+        about four a second whatever the step time (the spacing is agreed through the same
+        all-reduce, so every rank votes at the same steps). Call it every step, on every rank."""
         try:
             ch = self._open_channel()
             if self._resumed is not None and step > self._resumed[1]:
@@ -238,15 +244,25 @@ class TorchRun:
             local = 1 if ch.pending("stop") is not None else 0
             if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
                 return bool(local)
+            now = time.perf_counter()
+            last_step, last_t = self._last_boundary
+            self._last_boundary = (step, now)
+            if step < self._next_vote:
+                return False
             if self._ctl_group is None:
                 self._ctl_group = dist.new_group(backend="gloo")
-            vote = torch.tensor([local], dtype=torch.int32)
+            per_step = (now - last_t) / (step - last_step) if 0 <= last_step < step else 0.0
+            every = min(1000, max(1, math.ceil(self.vote_interval_s / per_step))) if per_step else 1
+            vote = torch.tensor([local, every], dtype=torch.int32)
             work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self._ctl_group, async_op=True)
             prev, self._vote = self._vote, (work, vote)
             if prev is None:
+                self._next_vote = step + 1
                 return False
             prev[0].wait()
-            return bool(int(prev[1].item()) > 0)
+            stop, agreed = (int(x) for x in prev[1].tolist())
+            self._next_vote = step + max(1, agreed)
+            return stop > 0
         except Exception:
             self.errors += 1
             return False
