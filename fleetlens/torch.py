@@ -30,7 +30,8 @@ Draining for the server's remediation controller (docs/remediation.md)::
         ...
 
 ``stop_requested`` agrees on the stop step through an all-reduce on a side gloo group, launched
-at one boundary and read at the next, so it never waits on the hot path; ``drain`` writes a
+at one vote boundary and read at the next (about four votes a second), so it never waits on the
+hot path; ``drain`` writes a
 verified checkpoint (rank 0), reports it, and exits with ``DRAIN_EXIT_CODE`` when the server
 says the node is out, so torchrun's agents re-form the job without it.
 """
