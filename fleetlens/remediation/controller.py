@@ -283,20 +283,15 @@ class Controller:
             return [_view(scope, r) for r in rows if self._visible(s, scope, r)]
 
     def for_incident(self, scope: Scope, incident_id: int) -> list[dict[str, Any]]:
-        with self._session() as s:
-            rows = s.scalars(
-                select(Remediation).where(
-                    Remediation.tenant == scope.tenant, Remediation.incident_id == incident_id
-                )
-            ).all()
-            return [remediation_json(r) for r in rows if self._visible(s, scope, r)]
+        return self._linked(scope, Remediation.incident_id == incident_id)
 
     def for_alert(self, scope: Scope, alert_id: int) -> list[dict[str, Any]]:
+        return self._linked(scope, Remediation.alert_id == alert_id)
+
+    def _linked(self, scope: Scope, link: Any) -> list[dict[str, Any]]:
         with self._session() as s:
             rows = s.scalars(
-                select(Remediation).where(
-                    Remediation.tenant == scope.tenant, Remediation.alert_id == alert_id
-                )
+                select(Remediation).where(Remediation.tenant == scope.tenant, link)
             ).all()
             return [remediation_json(r) for r in rows if self._visible(s, scope, r)]
 
@@ -320,42 +315,29 @@ class Controller:
 
     def approve(self, scope: Scope, rid: int) -> dict[str, Any]:
         """Carry out an action awaiting approval (or one only recommended)."""
-        now = time.time()
-        with self._lock, self._session() as s:
-            r = self._get(s, scope, rid)
-            if r.state not in ("awaiting_approval", "recommended"):
-                raise ValueError(f"remediation {rid} is {r.state}; only a pending one is approved")
-            r.approved_by = scope.actor
-            r.phases = {**r.phases, "approval": [r.decided_at, now]}
-            self._begin(s, r, now)
-            self._publish(r)
-            out = _view(scope, r)
-        self.access.audit(
-            out["tenant"],  # the tenant whose run it touches (on-call acts across tenants)
-            scope.actor,
-            "remediation.approve",
-            f"remediation:{rid}",
-            {"run": out["runId"], "node": out["node"]},
-            scope.remote,
-        )
-        return out
+        return self._settle(scope, rid, "approve")
 
     def reject(self, scope: Scope, rid: int) -> dict[str, Any]:
+        return self._settle(scope, rid, "reject")
+
+    def _settle(self, scope: Scope, rid: int, verb: str) -> dict[str, Any]:
+        """A person's answer to a pending action, audited in the tenant whose run it touches
+        (on-call acts across tenants)."""
         now = time.time()
         with self._lock, self._session() as s:
             r = self._get(s, scope, rid)
             if r.state not in ("awaiting_approval", "recommended"):
-                raise ValueError(f"remediation {rid} is {r.state}; only a pending one is rejected")
-            r.state, r.updated_at, r.approved_by = "rejected", now, scope.actor
+                raise ValueError(f"remediation {rid} is {r.state}; only a pending one is {verb}d")
+            r.approved_by = scope.actor
+            if verb == "approve":
+                r.phases = {**r.phases, "approval": [r.decided_at, now]}
+                self._begin(s, r, now)
+                self._publish(r)
+            else:
+                r.state, r.updated_at = "rejected", now
             out = _view(scope, r)
-        self.access.audit(
-            out["tenant"],  # the tenant whose run it touches (on-call acts across tenants)
-            scope.actor,
-            "remediation.reject",
-            f"remediation:{rid}",
-            {"run": out["runId"], "node": out["node"]},
-            scope.remote,
-        )
+        self.access.audit(out["tenant"], scope.actor, f"remediation.{verb}", f"remediation:{rid}",
+                          {"run": out["runId"], "node": out["node"]}, scope.remote)  # fmt: skip
         return out
 
     # -- the monitoring pass -------------------------------------------------------------------
