@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import emit, start_server, stop_server
 from ingest import make_batches, post_all
 
+from bench._promstack import alertmanager, get_json
 from fleetlens.wire import TableBuilder, encode_batch
-from tests.promstack import alertmanager, get_json
 
 
 def _post(url: str, body: bytes) -> None:

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit
 
+from fleetlens.services.compare import compare_runs
 from fleetlens.store.chdb_store import ChdbStore
-from fleetlens.store.compare_queries import compare_runs
 from fleetlens.store.graph import GraphStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope

@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import emit
 
+from bench._detect_harness import SCENARIOS, Bench
 from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers, step_stats
+from fleetlens.services.runs import RunQueries
 from fleetlens.sim.truth import score_detections
 from fleetlens.store.chdb_store import ChdbStore
-from fleetlens.store.run_queries import RunQueries
 from fleetlens.store.scope import Scope
-from tests.test_detect import SCENARIOS, Bench
 
 
 def quality(scenarios: list[str]) -> tuple[dict[str, dict[str, float]], float]:

@@ -22,21 +22,9 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from _common import emit, free_port
+from _common import emit, start_server, stop_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAUNCH = """
-import sys, uvicorn
-from fleetlens.api.app import create_app
-from fleetlens.api.evaluations import router
-from fleetlens.config import ServerConfig
-cfg = ServerConfig(data_dir=sys.argv[1], port=int(sys.argv[2]), analysis_interval_s=3600.0)
-app = create_app(cfg)
-if "/v1/evaluations" not in app.openapi()["paths"]:  # until app.py includes the router
-    app.include_router(router)
-    app.openapi_schema = None
-uvicorn.run(app, host="127.0.0.1", port=cfg.port, log_level="warning")
-"""
 
 
 def endpoint(latency_s: float) -> tuple[ThreadingHTTPServer, str]:
@@ -70,23 +58,6 @@ def call(url: str, method: str, path: str, body: Any = None) -> Any:
     req.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.load(r) if r.status != 204 else None
-
-
-def start_server(data_dir: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, data_dir, str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=1):
-                return proc, url
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("server did not start")
 
 
 def suite(n: int, tag: str) -> dict[str, Any]:
@@ -170,7 +141,8 @@ def main() -> None:
     n, shard, nshards = (200, 10, 50) if args.quick else (600, 20, 200)
     httpd, model_url = endpoint(0.020)
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_server(tmp)
+        # the real `fleetlens serve`; no analysis pass competes with the scheduler while measuring
+        proc, url = start_server(tmp, {"FLEETLENS_ANALYSIS_INTERVAL_S": "3600"})
         try:
             ovh = overhead(url, nshards)
             print(f"scheduler overhead {ovh:.2f} ms/shard", file=sys.stderr)
@@ -179,8 +151,7 @@ def main() -> None:
             four = throughput(url, model_url, 4, n, shard)
             print(f"4 workers: {four:.1f} examples/s ({four / one:.2f}x)", file=sys.stderr)
         finally:
-            proc.terminate()
-            proc.wait(20)
+            stop_server(proc)
             httpd.shutdown()
     emit({
         "bench": "eval", "quick": args.quick, "examples": n, "shard_size": shard,

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit
 
+from fleetlens.services.goodput import GoodputQueries, ProgramSpec
 from fleetlens.store.chdb_store import ChdbStore
-from fleetlens.store.goodput_queries import GoodputQueries, ProgramSpec
 
 GPUS, DAYS, INTERRUPTIONS, STEP_S = 16_384, 54, 419, 10.0
 CKPT_EVERY, CKPT_S, RECOVERY_S = 180, 20.0, 600.0
@@ -133,7 +133,7 @@ def main() -> None:
                 t = time.perf_counter()
                 bd, f, _meta = q.run_goodput("llama3", spec)
                 times.append(time.perf_counter() - t)
-            print(json.dumps(bd.as_dict()["measuredTerms"]), file=sys.stderr)
+            print(json.dumps(bd.measured_terms()), file=sys.stderr)
         finally:
             store.close()
     emit(

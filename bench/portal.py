@@ -51,15 +51,15 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, free_port, stop_server
 
+from fleetlens.services.portal import HEATMAP_ROWS_BUDGET
 from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.metadata import MetadataStore
-from fleetlens.store.portal_queries import HEATMAP_ROWS_BUDGET
 
 STEP_S, SLOW_RANK, TOKENS_PER_RANK = 2.0, 777, 4096
 
 LAUNCH = """
 import sys, uvicorn
-from fleetlens.api.app import create_app
+from fleetlens.server import create_app
 from fleetlens.config import ServerConfig
 cfg = ServerConfig.resolve({"data_dir": sys.argv[1], "port": int(sys.argv[2]), "host": "127.0.0.1"})
 app = create_app(cfg)

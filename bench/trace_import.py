@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL = ROOT.parent / "shared" / "data" / "real" / "kineto_traces" / "hta"
+REAL = ROOT / "tests" / "data" / "real" / "kineto_traces" / "hta"
 MAIN_TRACE = REAL / "world16_a100_80gb" / "rank0.json.gz"
 
 _OURS = r"""

@@ -11,13 +11,30 @@
     run.finish()
 
 Importing reads no environment and starts nothing; ``init`` does both.
+
+``fleetlens.Client`` reads the server's API (runs, ranks, timeline, goodput, findings) from a
+notebook or a script; it needs the ``server`` extra (httpx) and is imported on first use.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .errors import FleetlensError
 from .sdk import Run, SDKConfig, init
 
-__all__ = ["FleetlensError", "Run", "SDKConfig", "__version__", "init"]
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["Client", "FleetlensError", "Run", "SDKConfig", "__version__", "init"]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # The SDK's import stays stdlib + msgspec: the HTTP client loads only when asked for.
+    if name == "Client":
+        from .client import Client
+
+        return Client
+    raise AttributeError(f"module 'fleetlens' has no attribute {name!r}")

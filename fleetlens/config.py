@@ -1,7 +1,8 @@
-"""The server's configuration: one typed dataclass, resolved CLI > environment > file > default.
+"""The server's configuration: typed sections per component, resolved CLI > environment > file >
+default.
 
 The environment is read here and nowhere else on the server side, and only when asked
-(never at import). ``fleetlens config`` prints the resolved result.
+(never at import). ``fleetlens config show`` prints the resolved result.
 """
 
 from __future__ import annotations
@@ -10,41 +11,139 @@ import dataclasses
 import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgspec
 
 from .errors import ConfigError
 
-__all__ = ["DEFAULT_PORT", "ServerConfig"]
+__all__ = [
+    "DEFAULT_PORT",
+    "SECTIONS",
+    "AlertsConfig",
+    "AnalyzerConfig",
+    "CollectorConfig",
+    "MonitorConfig",
+    "RemediationConfig",
+    "ServerConfig",
+]
 
 DEFAULT_PORT = 8480
 
-_ENV = {
-    "data_dir": "FLEETLENS_DATA",
-    "host": "FLEETLENS_HOST",
-    "port": "FLEETLENS_PORT",
-    "clickhouse_url": "FLEETLENS_CLICKHOUSE",
-    "database_url": "FLEETLENS_DATABASE_URL",
-    "max_body_bytes": "FLEETLENS_MAX_BODY_BYTES",
-    "max_inflight": "FLEETLENS_MAX_INFLIGHT",
-    "max_queue_bytes": "FLEETLENS_MAX_QUEUE_BYTES",
-    "queue_wait_s": "FLEETLENS_QUEUE_WAIT_S",
-    "log_level": "FLEETLENS_LOG_LEVEL",
-    "auth": "FLEETLENS_AUTH",
-    "analysis_interval_s": "FLEETLENS_ANALYSIS_INTERVAL_S",
-    "alertmanager_url": "FLEETLENS_ALERTMANAGER_URL",
-    "webhook_url": "FLEETLENS_WEBHOOK_URL",
-    "slack_url": "FLEETLENS_SLACK_URL",
-    "public_url": "FLEETLENS_PUBLIC_URL",
-    "alert_policy": "FLEETLENS_ALERT_POLICY",
-    "remediation": "FLEETLENS_REMEDIATION",
-    "actuators": "FLEETLENS_ACTUATORS",
-    "hang_s": "FLEETLENS_HANG_S",
-    "restart_cost_s": "FLEETLENS_RESTART_COST_S",
-    "straggler_persist_s": "FLEETLENS_STRAGGLER_PERSIST_S",
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """``[collector]``: what one request may carry and how many may wait (docs/architecture.md).
+
+    ``max_world_size`` bounds ranks and declared world sizes (the largest jobs run ~100k GPUs;
+    the monitoring pass's memory is bounded by it); ``max_decoded_bytes`` the decompressed body
+    (JSON: a quarter of it); ``decode_slots`` how many batches are decoded and inserted at once;
+    ``max_future_s`` how far ahead of the server's clock a record's time may be (after skew
+    correction); ``skew_tolerance_s`` the clock skew above which a batch's times are corrected
+    (when the skew is certain) or flagged."""
+
+    max_body_bytes: int = 64 << 20
+    max_rows: int = 4_000_000
+    max_inflight: int = 64
+    max_queue_bytes: int = 512 << 20
+    queue_wait_s: float = 2.0
+    max_decoded_bytes: int = 256 << 20
+    max_world_size: int = 131_072
+    decode_slots: int = 2
+    max_future_s: float = 300.0
+    skew_tolerance_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """``[monitor]``: the monitoring pass (analysis, alerts, remediation), which runs it reads."""
+
+    interval_s: float = 5.0
+    active_s: float = 3600.0  # runs seen within this long are evaluated
+    goodput_every_s: float = 60.0  # a goodput sample per run at most this often
+    goodput_window_s: float = 1800.0
+    max_runs: int = 500
+
+
+@dataclass(frozen=True)
+class AnalyzerConfig:
+    """``[analyzer]``: how much detection reads per pass, and its rules' thresholds. The hang
+    rule (``hang_k`` x the recent step time, at least ``hang_floor_s``) is the one the alerts and
+    remediation use too."""
+
+    max_runs: int = 20
+    max_rank_steps: int = 2_000_000
+    max_steps: int = 2_000
+    block_steps: int = 50
+    hang_k: float = 10.0
+    hang_floor_s: float = 60.0
+    compute_min_shift: float = 0.03
+    network_min_shift: float = 0.25
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    """``[alerts]``: where alerts go, the policy overrides, and the server's public URL."""
+
+    alertmanager_url: str = ""
+    webhook_url: str = ""
+    slack_url: str = ""
+    public_url: str = ""  # how users reach this server (links in notifications)
+    policy: str = ""  # YAML/JSON file of policy overrides
+
+
+@dataclass(frozen=True)
+class RemediationConfig:
+    """``[remediation]``: auto-cordon (docs/remediation.md)."""
+
+    mode: str = "recommend"  # off | recommend | approve | automatic
+    actuators: str = "torchrun"  # comma-separated: torchrun, slurm, kubernetes
+    restart_cost_s: float = 300.0  # a restart's cost until the run has measured one
+    straggler_persist_s: float = 300.0  # a straggler is acted on once flagged this long
+
+
+SECTIONS: dict[str, type] = {
+    "collector": CollectorConfig,
+    "monitor": MonitorConfig,
+    "analyzer": AnalyzerConfig,
+    "alerts": AlertsConfig,
+    "remediation": RemediationConfig,
 }
+
+# Each setting a flag or a variable can set: its name (the CLI's and the environment's) ->
+# (section, field); "" is the top-level [server] table.
+_FLAT: dict[str, tuple[str, str]] = {
+    "data_dir": ("", "data_dir"),
+    "host": ("", "host"),
+    "port": ("", "port"),
+    "clickhouse_url": ("", "clickhouse_url"),
+    "database_url": ("", "database_url"),
+    "log_level": ("", "log_level"),
+    "auth": ("", "auth"),
+    "max_body_bytes": ("collector", "max_body_bytes"),
+    "max_rows": ("collector", "max_rows"),
+    "max_inflight": ("collector", "max_inflight"),
+    "max_queue_bytes": ("collector", "max_queue_bytes"),
+    "queue_wait_s": ("collector", "queue_wait_s"),
+    "max_decoded_bytes": ("collector", "max_decoded_bytes"),
+    "max_world_size": ("collector", "max_world_size"),
+    "decode_slots": ("collector", "decode_slots"),
+    "max_future_s": ("collector", "max_future_s"),
+    "analysis_interval_s": ("monitor", "interval_s"),
+    "hang_s": ("analyzer", "hang_floor_s"),
+    "alertmanager_url": ("alerts", "alertmanager_url"),
+    "webhook_url": ("alerts", "webhook_url"),
+    "slack_url": ("alerts", "slack_url"),
+    "public_url": ("alerts", "public_url"),
+    "alert_policy": ("alerts", "policy"),
+    "remediation": ("remediation", "mode"),
+    "actuators": ("remediation", "actuators"),
+    "restart_cost_s": ("remediation", "restart_cost_s"),
+    "straggler_persist_s": ("remediation", "straggler_persist_s"),
+}
+_ENV = {name: "FLEETLENS_" + name.upper() for name in _FLAT}
+_ENV.update(data_dir="FLEETLENS_DATA", clickhouse_url="FLEETLENS_CLICKHOUSE")
 
 
 def _default_data_dir(environ: Mapping[str, str]) -> str:
@@ -52,31 +151,35 @@ def _default_data_dir(environ: Mapping[str, str]) -> str:
     return os.path.join(base, "fleetlens")
 
 
+def _typed(where: str, value: Any, kind: Any) -> Any:
+    """``value`` (a string from the environment or a flag, or a TOML value) as ``kind``."""
+    kind = {"int": int, "float": float, "str": str}.get(str(kind), kind)
+    if (kind in (int, float) and not isinstance(value, kind)) or kind is str:
+        try:
+            return kind(value)
+        except (TypeError, ValueError) as exc:
+            want = {int: "an integer", float: "a number"}.get(kind, "a string")
+            raise ConfigError(f"{where} is {value!r}; expected {want}") from exc
+    return value
+
+
 @dataclass(frozen=True)
 class ServerConfig:
+    """The server's configuration: the ``[server]`` table's settings and one typed section per
+    component, resolved by :meth:`resolve` (``fleetlens config show`` prints it)."""
+
     data_dir: str = ""
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     clickhouse_url: str = ""
     database_url: str = ""
-    max_body_bytes: int = 64 << 20
-    max_rows: int = 4_000_000
-    max_inflight: int = 64
-    max_queue_bytes: int = 512 << 20
-    queue_wait_s: float = 2.0
     log_level: str = "warning"
     auth: str = "auto"  # auto: tokens required unless bound to loopback; required; off
-    analysis_interval_s: float = 5.0
-    alertmanager_url: str = ""
-    webhook_url: str = ""
-    slack_url: str = ""
-    public_url: str = ""  # how users reach this server (links in notifications)
-    alert_policy: str = ""  # YAML/JSON file of policy overrides
-    remediation: str = "recommend"  # off | recommend | approve | automatic (docs/remediation.md)
-    actuators: str = "torchrun"  # comma-separated: torchrun, slurm, kubernetes
-    hang_s: float = 60.0  # a job with no rank progressing this long is hung
-    restart_cost_s: float = 300.0  # a restart's cost until the run has measured one
-    straggler_persist_s: float = 300.0  # a straggler is acted on once flagged this long
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    remediation: RemediationConfig = field(default_factory=RemediationConfig)
 
     @property
     def loopback(self) -> bool:
@@ -106,62 +209,102 @@ class ServerConfig:
         environ: Mapping[str, str] | None = None,
         config_file: str | None = None,
     ) -> ServerConfig:
-        """CLI values (None = not given) over FLEETLENS_* variables over a TOML file."""
+        """CLI values (None = not given) over ``FLEETLENS_*`` variables over a TOML file
+        (``[server]`` and one table per section) over the defaults; the environment is read
+        here and nowhere else on the server side."""
         environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
+        values: dict[str, dict[str, Any]] = {"": {}, **{name: {} for name in SECTIONS}}
         path = config_file or environ.get("FLEETLENS_CONFIG")
         if path:
-            try:
-                with open(path, "rb") as fh:
-                    loaded = msgspec.toml.decode(fh.read())
-            except (OSError, msgspec.DecodeError) as exc:
-                raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-            section = loaded.get("server", loaded)
-            unknown = set(section) - {f.name for f in fields(cls)}
-            if unknown:
-                raise ConfigError(f"config file {path}: unknown keys {sorted(unknown)}")
-            values.update(section)
+            _read_file(path, values)
         for name, var in _ENV.items():
-            if var in environ and environ[var] != "":
-                values[name] = environ[var]
+            if environ.get(var, "") != "":
+                section, key = _FLAT[name]
+                values[section][key] = environ[var]
         for name, value in (cli or {}).items():
             if value is not None:
-                values[name] = value
-        types = {f.name: f.type for f in fields(cls)}
-        for name, value in list(values.items()):
-            kind = {"int": int, "float": float}.get(str(types[name]))
-            if kind is not None and not isinstance(value, kind):
-                try:
-                    values[name] = kind(value)
-                except ValueError as exc:
-                    want = "an integer" if kind is int else "a number"
-                    raise ConfigError(f"{name} is {value!r}; expected {want}") from exc
-        cfg = cls(**values)
+                if name not in _FLAT:
+                    raise ConfigError(f"unknown setting {name!r}; known: {sorted(_FLAT)}")
+                section, key = _FLAT[name]
+                values[section][key] = value
+        top = {f.name: f for f in fields(cls) if f.name not in SECTIONS}
+        kwargs: dict[str, Any] = {k: _typed(k, v, top[k].type) for k, v in values[""].items()}
+        for name, section_cls in SECTIONS.items():
+            types = {f.name: f.type for f in fields(section_cls)}
+            kwargs[name] = section_cls(
+                **{k: _typed(f"{name}.{k}", v, types[k]) for k, v in values[name].items()}
+            )
+        cfg = cls(**kwargs)
         if not cfg.data_dir:
             cfg = dataclasses.replace(cfg, data_dir=_default_data_dir(environ))
-        if not 0 < cfg.port < 65536:
-            raise ConfigError(f"port is {cfg.port}; use 1-65535")
-        if cfg.auth not in ("auto", "required", "off"):
-            raise ConfigError(f"auth is {cfg.auth!r}; use auto, required or off")
-        if cfg.auth == "off" and not cfg.loopback:
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port is {self.port}; use 1-65535")
+        if self.auth not in ("auto", "required", "off"):
+            raise ConfigError(f"auth is {self.auth!r}; use auto, required or off")
+        if self.auth == "off" and not self.loopback:
             raise ConfigError(
-                f"refusing --auth off on {cfg.host}: without tokens anyone who can reach it "
+                f"refusing --auth off on {self.host}: without tokens anyone who can reach it "
                 "reads and writes everything; bind to 127.0.0.1, or create tokens "
                 "(fleetlens tokens create) and terminate TLS in front (docs/security.md)"
             )
-        if cfg.analysis_interval_s <= 0:
-            raise ConfigError(f"analysis_interval_s is {cfg.analysis_interval_s}; it must be > 0")
-        if cfg.remediation not in ("off", "recommend", "approve", "automatic"):
+        if self.monitor.interval_s <= 0:
+            raise ConfigError(f"monitor.interval_s is {self.monitor.interval_s}; it must be > 0")
+        r = self.remediation
+        if r.mode not in ("off", "recommend", "approve", "automatic"):
             raise ConfigError(
-                f"remediation is {cfg.remediation!r}; use off, recommend, approve or automatic"
+                f"remediation.mode is {r.mode!r}; use off, recommend, approve or automatic"
             )
-        if cfg.hang_s <= 0 or cfg.restart_cost_s <= 0 or cfg.straggler_persist_s < 0:
-            raise ConfigError("hang_s and restart_cost_s must be > 0, straggler_persist_s >= 0")
-        if cfg.max_inflight < 1:
-            raise ConfigError(f"max_inflight is {cfg.max_inflight}; it must be >= 1")
-        return cfg
+        if self.analyzer.hang_floor_s <= 0 or r.restart_cost_s <= 0 or r.straggler_persist_s < 0:
+            raise ConfigError(
+                "analyzer.hang_floor_s and remediation.restart_cost_s must be > 0, "
+                "remediation.straggler_persist_s >= 0"
+            )
+        c = self.collector
+        if c.max_inflight < 1 or c.decode_slots < 1:
+            raise ConfigError(
+                f"collector.max_inflight is {c.max_inflight} and collector.decode_slots "
+                f"{c.decode_slots}; both must be >= 1"
+            )
+        if not 1 <= c.max_world_size <= 1 << 24 or c.max_future_s < 0:
+            raise ConfigError(
+                f"collector.max_world_size is {c.max_world_size} (use 1..{1 << 24}) and "
+                f"collector.max_future_s {c.max_future_s} (use >= 0)"
+            )
 
     def as_dict(self) -> dict[str, Any]:
+        """The resolved configuration, by section (``fleetlens config show``)."""
         d = dataclasses.asdict(self)
         d["database_url"] = self.resolved_database_url
         return d
+
+
+def _read_file(path: str, values: dict[str, dict[str, Any]]) -> None:
+    try:
+        with open(path, "rb") as fh:
+            loaded = msgspec.toml.decode(fh.read())
+    except (OSError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    unknown_tables = set(loaded) - {"server", *SECTIONS}
+    if unknown_tables:
+        raise ConfigError(
+            f"config file {path}: unknown tables {sorted(unknown_tables)}; "
+            f"known: server, {', '.join(SECTIONS)}"
+        )
+    top = {f.name for f in fields(ServerConfig)} - set(SECTIONS)
+    for key, value in dict(loaded.get("server", {})).items():
+        if key not in top:
+            hint = f" (it is {'.'.join(_FLAT[key])} now)" if key in _FLAT else ""
+            raise ConfigError(f"config file {path}: unknown key server.{key}{hint}")
+        values[""][key] = value
+    for name, section_cls in SECTIONS.items():
+        known = {f.name for f in fields(section_cls)}
+        for key, value in dict(loaded.get(name, {})).items():
+            if key not in known:
+                raise ConfigError(
+                    f"config file {path}: unknown key {name}.{key}; known: {sorted(known)}"
+                )
+            values[name][key] = value

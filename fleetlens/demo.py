@@ -9,45 +9,37 @@ exits at the end).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
+from .client import Client
 from .config import ServerConfig
 from .errors import FleetlensError
 
-__all__ = ["add_parser", "cmd_demo"]
+__all__ = ["real_ddp", "run_demo", "summary"]
 
 
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=60) as r:
-        return json.load(r)
-
-
-def _wait_up(url: str, thread: threading.Thread, timeout: float = 60.0) -> None:
+def _wait_up(client: Client, thread: threading.Thread, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not thread.is_alive():
             raise FleetlensError("the server stopped during start; see the messages above")
-        with contextlib.suppress(OSError):
-            _get(url + "/healthz")
+        with contextlib.suppress(FleetlensError):
+            client.get("/healthz")
             return
         time.sleep(0.1)
-    raise FleetlensError(f"the server did not answer at {url} within {timeout:.0f}s")
+    raise FleetlensError(f"the server did not answer at {client.server} within {timeout:.0f}s")
 
 
 def _start_server(cfg: ServerConfig) -> tuple[Any, threading.Thread]:
     import uvicorn
 
-    from .api.app import create_app
+    from .server import create_app
 
     server = uvicorn.Server(
         uvicorn.Config(create_app(cfg), host=cfg.host, port=cfg.port, log_level="warning")
@@ -61,15 +53,12 @@ def _hours(s: float) -> str:
     return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min"
 
 
-def summary(url: str, run_id: str, truth: Any) -> str:
+def summary(client: Client, run_id: str, truth: Any) -> str:
     """The terminal summary of the demo run, read back through the API."""
-    run = _get(f"{url}/v1/runs/{run_id}")
-    ranks = _get(
-        f"{url}/v1/runs/{run_id}/ranks?sort=compute&order=desc&limit=3"
-        f"&fromStep=0&toStep={run['step']}"
-    )["ranks"]
-    good = _get(f"{url}/v1/runs/{run_id}/goodput")
-    timeline = _get(f"{url}/v1/runs/{run_id}/timeline?fromStep=0&toStep={run['step']}")["items"]
+    run = client.run(run_id)
+    ranks = client.ranks(run_id, limit=3, from_step=0, to_step=run["step"])
+    good = client.goodput(run_id)
+    timeline = client.timeline(run_id, from_step=0, to_step=run["step"])
     m = run["metrics"]
     lines = [
         f"run {run_id}: {run['worldSize']} ranks, {run['steps']} steps in "
@@ -127,13 +116,14 @@ def _torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def real_ddp(url: str, run_id: str, steps: int = 40, slow_rank: int = 2) -> str:
+def real_ddp(client: Client, run_id: str, steps: int = 40, slow_rank: int = 2) -> str:
     """The real thing beside the simulation: 4 gloo processes under torchrun, one slowed."""
     import subprocess
 
     env = {
         **os.environ,
-        "FLEETLENS_SERVER": url,
+        "FLEETLENS_SERVER": client.server,
+        "FLEETLENS_TOKEN": client.token,
         "FLEETLENS_RUN_ID": run_id,
         "OMP_NUM_THREADS": "1",
     }
@@ -171,13 +161,10 @@ def real_ddp(url: str, run_id: str, steps: int = 40, slow_rank: int = 2) -> str:
     deadline = time.monotonic() + 30
     found: list[dict[str, Any]] = []
     while time.monotonic() < deadline and not found:
-        with contextlib.suppress(urllib.error.URLError):
-            found = _get(f"{url}/v1/runs/{run_id}/stragglers")["stragglers"]
+        with contextlib.suppress(FleetlensError):  # not registered yet: 404 until the next flush
+            found = client.stragglers(run_id)
         time.sleep(0.5)
-    ranks = _get(
-        f"{url}/v1/runs/{run_id}/ranks?sort=compute&order=desc&limit=4"
-        f"&fromStep=12&toStep={steps - 1}"
-    )["ranks"]
+    ranks = client.ranks(run_id, limit=4, from_step=12, to_step=steps - 1)
     lines = [
         f"real DDP run {run_id}: {steps} steps on 4 ranks",
         "  ranks by compute time (steps 12+):",
@@ -196,30 +183,39 @@ def real_ddp(url: str, run_id: str, steps: int = 40, slow_rank: int = 2) -> str:
     return "\n".join(lines)
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def run_demo(
+    data: str | None = None,
+    port: int | None = None,
+    scenario: str = "demo",
+    speed: float = 0.0,
+    once: bool = False,
+    ddp: bool = True,
+) -> int:
+    """Start the embedded server, play ``scenario`` into it, print the summary; 0 when done."""
+    from .sim.emit import HttpSink
     from .sim.library import load_scenario, run_scenario
 
-    cfg = ServerConfig.resolve({"data_dir": args.data, "port": args.port, "host": "127.0.0.1"})
+    cfg = ServerConfig.resolve({"data_dir": data, "port": port, "host": "127.0.0.1"})
     url = f"http://{cfg.host}:{cfg.port}"
     print(f"fleetlens demo: embedded server on {url}, data in {cfg.data_dir}", file=sys.stderr)
     server, thread = _start_server(cfg)
+    # no token: this loopback server serves without one, and would refuse another server's
+    client = Client(url, token="")
     try:
-        _wait_up(url, thread)
-        scenario = load_scenario(args.scenario)
-        run_id = f"{scenario.job.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
-        scenario = dataclasses.replace(
-            scenario, job=dataclasses.replace(scenario.job, run_id=run_id)
-        )
+        _wait_up(client, thread)
+        scn = load_scenario(scenario)
+        run_id = f"{scn.job.run_id}-{time.strftime('%Y%m%d-%H%M%S')}"
+        scn = dataclasses.replace(scn, job=dataclasses.replace(scn.job, run_id=run_id))
         print(
-            f"playing scenario {args.scenario!r}: {scenario.job.steps} steps of "
-            f"{scenario.cluster.nodes * scenario.cluster.gpus_per_node} GPUs "
-            f"(speed {'max' if not args.speed else args.speed})...",
+            f"playing scenario {scenario!r}: {scn.job.steps} steps of "
+            f"{scn.cluster.nodes * scn.cluster.gpus_per_node} GPUs "
+            f"(speed {speed or 'max'})...",
             file=sys.stderr,
         )
         result = run_scenario(
-            scenario,
-            server=url,
-            speed=args.speed,
+            scn,
+            sink=HttpSink(url, token=client.token),
+            speed=speed,
             out_dir=os.path.join(cfg.data_dir, "sim", run_id),
         )
         print(
@@ -229,7 +225,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         time.sleep(2.5)  # the run registry is written every 2 s
         print()
-        print(summary(url, run_id, result.truth))
+        print(summary(client, run_id, result.truth))
         print(
             f"\nwhere to look:\n"
             f"  portal      {url}/runs/{run_id}\n"
@@ -243,38 +239,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"              fleetlens run show {run_id} --server {url}\n"
             f"              fleetlens goodput {run_id} --server {url}"
         )
-        if args.ddp and _torch_available():
-            print("\n" + real_ddp(url, f"ddp-demo-{time.strftime('%Y%m%d-%H%M%S')}"))
-        if not args.once:
+        if ddp and _torch_available():
+            print("\n" + real_ddp(client, f"ddp-demo-{time.strftime('%Y%m%d-%H%M%S')}"))
+        if not once:
             print("\nserving; Ctrl-C to stop", file=sys.stderr)
             while thread.is_alive():
                 thread.join(0.5)
     except KeyboardInterrupt:
         pass
-    except urllib.error.URLError as exc:
-        raise FleetlensError(f"the demo could not read back from {url}: {exc}") from exc
     finally:
+        client.close()
         server.should_exit = True
         thread.join(30)
     return 0
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="embedded server + a simulated run with faults + a summary")
-    p.add_argument("--data", help="data directory (default ~/.local/share/fleetlens)")
-    p.add_argument("--port", type=int, help="port (default 8480)")
-    p.add_argument("--scenario", default="demo", help="a shipped scenario name or a YAML path")
-    p.add_argument(
-        "--speed",
-        type=float,
-        default=0.0,
-        help="simulated seconds per wall second (0 = as fast as possible)",
-    )
-    p.add_argument("--once", action="store_true", help="exit after the summary")
-    p.add_argument(
-        "--no-ddp",
-        dest="ddp",
-        action="store_false",
-        help="skip the real 4-process DDP run (it needs torch)",
-    )
-    p.set_defaults(func=cmd_demo)

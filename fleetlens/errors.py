@@ -1,29 +1,51 @@
 """The one exception hierarchy of fleetlens.
 
     FleetlensError
-    ├── ConfigError            a setting is missing or has a bad value
-    ├── WireError              a batch cannot be decoded or fails validation
-    │   ├── UnsupportedVersion the batch's wire version is not one we read
-    │   └── BatchTooLarge      the batch is over the size or row limit
-    ├── StoreError             a store refused or failed an operation
-    │   └── NotFound           the object asked for does not exist (or is not visible)
-    └── TransportError         the SDK could not hand a batch to the collector
+    ├── ConfigError            a setting or an argument has a bad value (also a ValueError)   400
+    ├── WireError              a batch cannot be decoded or fails validation                  400
+    │   ├── UnsupportedVersion the batch's wire version is not one we read                    400
+    │   └── BatchTooLarge      the batch is over the size or row limit                        413
+    ├── TraceFormatError       a file is not a profiler trace the reader can use              400
+    ├── Conflict               the object's state does not allow the request                  409
+    │   ├── Refused            an answer a remediation action's state does not allow
+    │   ├── LeaseLost          an evaluation shard's lease is held by another worker now
+    │   └── PromotionRefused   an alias move without a passing gate
+    ├── StoreError             a store refused or failed an operation                         503
+    │   └── NotFound           the object asked for does not exist (or is not visible)        404
+    ├── TransportError         the SDK or the client could not reach the server
+    ├── APIError               the server answered 4xx/5xx (``fleetlens.Client``)
+    │   └── APINotFound        ... 404 (also a NotFound)
+    ├── AdapterError           an evaluated model's endpoint did not answer (the shard is retried)
+    └── SimError               the simulator's output was refused or could not be delivered
 
-Third-party errors are translated at the boundary with ``raise ... from exc``.
-Nothing in here is ever raised into a training loop: the SDK counts its failures.
+The right-hand column is the HTTP status the API answers with (``STATUS``, applied by one
+exception handler in :mod:`fleetlens.api.app`); an error not in it is a 500. Third-party errors
+are translated at the boundary with ``raise ... from exc``. Nothing in here is ever raised into a
+training loop: the SDK counts its failures.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "STATUS",
+    "APIError",
+    "APINotFound",
+    "AdapterError",
     "BatchTooLarge",
     "ConfigError",
+    "Conflict",
     "FleetlensError",
+    "LeaseLost",
     "NotFound",
+    "PromotionRefused",
+    "Refused",
+    "SimError",
     "StoreError",
+    "TraceFormatError",
     "TransportError",
     "UnsupportedVersion",
     "WireError",
+    "http_status",
 ]
 
 
@@ -31,8 +53,9 @@ class FleetlensError(Exception):
     """Root of every error fleetlens raises on purpose."""
 
 
-class ConfigError(FleetlensError):
-    """A setting is missing or has a value we refuse to guess about."""
+class ConfigError(FleetlensError, ValueError):
+    """A setting or an argument has a value we refuse to guess about. It is a ``ValueError``
+    too, as a bad argument is in Python."""
 
 
 class WireError(FleetlensError):
@@ -51,6 +74,26 @@ class BatchTooLarge(WireError):
     """The batch is over the byte or row limit."""
 
 
+class TraceFormatError(FleetlensError):
+    """A file is not a Kineto trace, or a field in it has a type the reader cannot use."""
+
+
+class Conflict(FleetlensError):
+    """The request is well formed, but the object's current state does not allow it."""
+
+
+class Refused(Conflict):
+    """A person's answer the remediation action's state does not allow."""
+
+
+class LeaseLost(Conflict):
+    """The report's lease token is not the shard's any more (expired and leased again)."""
+
+
+class PromotionRefused(Conflict):
+    """A guarded alias move without a passing gate (or an admin's override)."""
+
+
 class StoreError(FleetlensError):
     """A telemetry or metadata store operation failed."""
 
@@ -60,9 +103,62 @@ class NotFound(StoreError):
 
 
 class TransportError(FleetlensError):
-    """A batch could not be delivered; ``retry_after`` is the server's hint in seconds."""
+    """A batch or a request could not be handed to the server (connection, timeout);
+    ``retry_after`` is the server's hint in seconds, ``permanent`` that a retry cannot help."""
 
     def __init__(self, message: str, retry_after: float | None = None, permanent: bool = False):
         super().__init__(message)
         self.retry_after = retry_after
         self.permanent = permanent
+
+
+class APIError(FleetlensError):
+    """The server answered 4xx/5xx; ``status`` and ``message`` are its code and its words."""
+
+    def __init__(
+        self,
+        method: str,
+        url: str,
+        status: int,
+        message: str,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(f"{method} {url}: HTTP {status}: {message}")
+        self.method = method
+        self.url = url
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+
+
+class APINotFound(APIError, NotFound):
+    """HTTP 404: the object does not exist, or the token may not see it."""
+
+
+class AdapterError(FleetlensError):
+    """The model did not answer (endpoint down, bad response): the shard is retried."""
+
+
+class SimError(FleetlensError):
+    """The simulator produced something the collector refused, or could not deliver it."""
+
+
+# The API's answer to each error, most specific first (the first class the error is an
+# instance of wins).
+STATUS: tuple[tuple[type[FleetlensError], int], ...] = (
+    (NotFound, 404),
+    (BatchTooLarge, 413),
+    (WireError, 400),
+    (TraceFormatError, 400),
+    (ConfigError, 400),
+    (Conflict, 409),
+    (StoreError, 503),
+)
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status the API answers ``exc`` with: :data:`STATUS`, else 500."""
+    for cls, status in STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from .errors import ConfigError
+
 __all__ = [
     "CTX_KEYS",
     "DTYPES",
@@ -88,7 +90,7 @@ class Column:
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
-            raise ValueError(f"column {self.name}: unknown dtype {self.dtype!r}")
+            raise ConfigError(f"column {self.name}: unknown dtype {self.dtype!r}")
 
     @property
     def fill(self) -> float | int | str:

@@ -28,6 +28,7 @@ from typing import Any, Union
 
 import msgspec
 
+from .errors import WireError
 from .schema import DTYPES, KINDS, WIRE_VERSION
 
 __all__ = [
@@ -91,7 +92,7 @@ class TableBuilder:
 
     def __init__(self, kind: str) -> None:
         if kind not in KINDS:
-            raise ValueError(f"unknown record kind {kind!r}; known: {sorted(KINDS)}")
+            raise WireError(f"unknown record kind {kind!r}; known: {sorted(KINDS)}")
         self.kind = KINDS[kind]
         self.cols: dict[str, ColumnValue] = {}
         self.n: int | None = None
@@ -99,11 +100,11 @@ class TableBuilder:
     def add(self, name: str, values: Sequence[Any]) -> TableBuilder:
         col = self.kind.by_name.get(name)
         if col is None:
-            raise ValueError(f"record kind {self.kind.name!r} has no column {name!r}")
+            raise WireError(f"record kind {self.kind.name!r} has no column {name!r}")
         if self.n is None:
             self.n = len(values)
         elif len(values) != self.n:
-            raise ValueError(f"column {name!r} has {len(values)} values, expected {self.n}")
+            raise WireError(f"column {name!r} has {len(values)} values, expected {self.n}")
         if col.dtype == "string":
             self.cols[name] = _dict_encode(values)
         else:
@@ -118,7 +119,7 @@ class TableBuilder:
         if self.n is None:
             self.n = n
         elif n != self.n:
-            raise ValueError(f"column {name!r} has {n} values, expected {self.n}")
+            raise WireError(f"column {name!r} has {n} values, expected {self.n}")
         self.cols[name] = packed
         return self
 

@@ -15,13 +15,34 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from fleetlens.wire import TableBuilder, encode_batch
+
+T = TypeVar("T")
+
+
+def wait_until(
+    probe: Callable[[], T | None], timeout: float = 60.0, every: float = 0.1, what: str = ""
+) -> T:
+    """Poll ``probe`` until it returns something truthy, and return that; fail after ``timeout``.
+
+    For conditions that become true eventually (a background pass, a worker's progress): a
+    deadline that is generous on a loaded machine instead of a fixed sleep, so the test waits no
+    longer than it must and does not flake when the machine is slow.
+    """
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what or 'condition'} not met within {timeout} s (last: {last!r})")
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ from fleetlens.store.chdb_store import ChdbStore
 
 from .helpers import Server
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "dcgm" / "metrics_scrapes"
+REAL = Path(__file__).resolve().parent / "data" / "real" / "dcgm" / "metrics_scrapes"
 
 
 def test_dcgm_exporter_scrape_of_an_l4_is_parsed_into_our_columns() -> None:

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._promstack import alertmanager, get_json, prometheus
 from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch
-from .promstack import alertmanager, get_json, prometheus
 
 
 def _wait(fn: Any, timeout: float = 60.0, every: float = 0.25) -> Any:

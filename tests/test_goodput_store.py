@@ -9,13 +9,13 @@ import pyarrow as pa
 import pytest
 
 from fleetlens.analysis.breakdown import Event, StepArrays, breakdown
-from fleetlens.store.chdb_store import ChdbStore
-from fleetlens.store.goodput_queries import (
+from fleetlens.services.goodput import (
     GoodputQueries,
     ProgramSpec,
     goodput_window,
     program_spec,
 )
+from fleetlens.store.chdb_store import ChdbStore
 
 RANKS = 4
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,47 +15,6 @@ from fleetlens.store.scope import Scope
 from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch
-
-_WIRE = """
-import fleetlens.api.app as _app
-
-_orig = _app.create_app
-
-
-def create_app(config, services=None):
-    app = _orig(config, services)
-    if not any(getattr(r, "path", "") == "/v1/runs/compare" for r in app.routes):
-        from fleetlens.api.graph import router
-
-        n = len(app.router.routes)
-        app.include_router(router)
-        new = app.router.routes[n:]
-        del app.router.routes[n:]
-        app.router.routes[0:0] = new
-    return app
-
-
-_app.create_app = create_app
-"""
-
-
-def start_graph_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Server:
-    """A server with the run graph router (wired here until app.py includes it)."""
-    site = tmp_path / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(textwrap.dedent(_WIRE))
-    monkeypatch.setenv("PYTHONPATH", f"{site}:{Path(__file__).resolve().parents[1]}")
-    return Server(str(tmp_path / "data")).start()
-
-
-@pytest.fixture
-def gserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    srv = start_graph_server(tmp_path, monkeypatch)
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
 
 A = Scope(tenant="acme", role="editor", actor="alice")
 B = Scope(tenant="bolt", role="editor", actor="bob")
@@ -154,13 +111,13 @@ def test_lineage_round_trip_model_to_checkpoint_to_run_to_dataset(
         meta.close()
 
 
-def test_sdk_events_fill_the_graph(gserver: Server, tmp_path: Path) -> None:
+def test_sdk_events_fill_the_graph(server: Server, tmp_path: Path) -> None:
     """job_start with dataset/code/config and checkpoint_end as the SDK sends them."""
     import fleetlens
 
     run = fleetlens.init(
         run_id="sdk-run",
-        server=gserver.url,
+        server=server.url,
         job_id="j1",
         config={"lr": 3e-4},
         dataset={"name": "web", "version": "v7"},
@@ -173,7 +130,7 @@ def test_sdk_events_fill_the_graph(gserver: Server, tmp_path: Path) -> None:
     with run.checkpoint(0, path="/ckpt/0", size_bytes=123, sync=False):
         pass
     run.finish()
-    lin = gserver.get("/v1/lineage/runs/sdk-run")
+    lin = server.get("/v1/lineage/runs/sdk-run")
     assert lin["config"] == {"lr": 3e-4}
     assert lin["code"] == {"repo": "git@x:y", "commit": "a94df2"}
     assert lin["dataset"] == {"name": "web", "version": "v7"}
@@ -183,45 +140,45 @@ def test_sdk_events_fill_the_graph(gserver: Server, tmp_path: Path) -> None:
     assert ck[0]["sizeBytes"] == 123 and ck[0]["sync"] is False
 
 
-def test_api_registration_lineage_and_tenancy(gserver: Server, tmp_path: Path) -> None:
+def test_api_registration_lineage_and_tenancy(server: Server, tmp_path: Path) -> None:
     _, body = step_batch("api-run", range(0, 5), 2)
-    assert gserver.post(body)[0] == 200
+    assert server.post(body)[0] == 200
     ev = TableBuilder("event")
     ev.add("time", [1.7e9]).add("kind", ["config_change"])
     ev.add("attrs", [json.dumps({"key": "lr", "old": 1e-4, "new": 2e-4})])
     _, evb = encode_batch({"event": ev.build()}, {"run_id": "api-run", "job_id": "j1"})
-    assert gserver.post(evb)[0] == 200
-    st, out = gserver.request(
+    assert server.post(evb)[0] == 200
+    st, out = server.request(
         "POST", "/v1/runs/api-run/describe", {"code": "c0ffee", "dataset": "web:v1"}
     )
     assert st == 200 and out["config"] == {"lr": 2e-4} and out["code"] == {"commit": "c0ffee"}
-    st, ck = gserver.request(
+    st, ck = server.request(
         "POST",
         "/v1/runs/api-run/checkpoints",
         {"step": 4, "uri": "s3://bucket/ck4", "checksum": "sha256:00"},
     )
     assert st == 200 and ck["checkpointId"] == "api-run@4"
-    st, mv = gserver.request(
+    st, mv = server.request(
         "POST", "/v1/models", {"modelId": "m", "version": "1", "runId": "api-run", "step": 4}
     )
     assert st == 201 and mv["checkpointId"] == "api-run@4"
-    lin = gserver.get("/v1/lineage/models/m/1")
+    lin = server.get("/v1/lineage/models/m/1")
     assert lin["run"]["dataset"]["version"] == "v1" and lin["step"] == 4
     # The server will not read a local file outside DATA/artifacts to checksum it.
-    st, err = gserver.request(
+    st, err = server.request(
         "POST", "/v1/runs/api-run/artifacts", {"name": "passwd", "uri": "/etc/passwd"}
     )
     assert st == 400 and "sha256" in err["detail"]
-    art_dir = Path(gserver.data_dir) / "artifacts"
+    art_dir = Path(server.data_dir) / "artifacts"
     art_dir.mkdir()
     (art_dir / "trace.json").write_text("{}")
-    st, art = gserver.request(
+    st, art = server.request(
         "POST",
         "/v1/runs/api-run/artifacts",
         {"name": "trace", "uri": str(art_dir / "trace.json"), "kind": "trace"},
     )
     assert st == 200 and art["sha256"] == hashlib.sha256(b"{}").hexdigest()
-    infra = gserver.get("/v1/lineage/runs/api-run")["infrastructure"]
+    infra = server.get("/v1/lineage/runs/api-run")["infrastructure"]
     assert infra["speed"]["n_steps"] == 5
-    assert gserver.request("GET", "/v1/lineage/models/m/2")[0] == 404
-    assert gserver.request("GET", "/v1/runs/compare?left=api-run")[0] == 400
+    assert server.request("GET", "/v1/lineage/models/m/2")[0] == 404
+    assert server.request("GET", "/v1/runs/compare?left=api-run")[0] == 400

@@ -14,7 +14,6 @@ from fleetlens.sim.library import load_scenario, run_scenario
 from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server
-from .test_graph import start_graph_server
 
 CONFIG = {
     "model": "8b",
@@ -25,8 +24,8 @@ CONFIG = {
 
 
 @pytest.fixture
-def gserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    srv = start_graph_server(tmp_path, monkeypatch)
+def gserver(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(str(tmp_path / "data")).start()
     try:
         yield srv
     finally:

@@ -17,11 +17,8 @@ from fleetlens.importers.lightning import read_lightning
 from fleetlens.importers.megatron import read_megatron
 
 from .helpers import Server
-from .test_graph import start_graph_server
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "training_logs"
-if not REAL.is_dir():
-    REAL = Path("/work/shared/data/real/training_logs")
+REAL = Path(__file__).resolve().parent / "data" / "real" / "training_logs"
 BIG = REAL / "bigscience_megatron_deepspeed"
 GOLDEN = (
     REAL / "megatron_lm_ci_golden_values" / "gpt3_15b_8t_release__golden_values_dev_dgx_h100.json"
@@ -29,8 +26,8 @@ GOLDEN = (
 
 
 @pytest.fixture
-def gserver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    srv = start_graph_server(tmp_path, monkeypatch)
+def gserver(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(str(tmp_path / "data")).start()
     try:
         yield srv
     finally:
@@ -131,17 +128,10 @@ def test_lightning_and_hf_trainer(tmp_path: Path) -> None:
     assert h.durations[0] == pytest.approx(2.0) and hf.config["train_batch_size"] == 8
 
 
-# The graph CLI on its own parser until cli.py adds it.
-_MAIN = (
-    "import argparse, sys; from fleetlens import graph_cli; p = argparse.ArgumentParser(); "
-    "graph_cli.add_parsers(p.add_subparsers(required=True)); a = p.parse_args(); "
-    "sys.exit(a.func(a))"
-)
-
-
 def _cli(server: Server, *args: str) -> dict:
+    """The installed CLI, ``fleetlens ARGS --server URL``, as a user runs it."""
     out = subprocess.run(
-        [sys.executable, "-c", _MAIN, *args, "--server", server.url],
+        [sys.executable, "-m", "fleetlens", *args, "--server", server.url],
         capture_output=True,
         text=True,
         timeout=300,

@@ -14,11 +14,11 @@ from fleetlens.analysis.scheduling import PoolCapacity, scheduling_goodput
 from fleetlens.errors import FleetlensError
 from fleetlens.importers.alibaba import parse_nodes, parse_pods
 from fleetlens.importers.sacct import parse_sacct
+from fleetlens.services.goodput import GoodputQueries
 from fleetlens.store.chdb_store import ChdbStore
-from fleetlens.store.goodput_queries import GoodputQueries
 
 ALIBABA = (
-    Path(__file__).resolve().parents[2] / "shared/data/real/cluster_traces/alibaba_openb_v2023"
+    Path(__file__).resolve().parent / "data" / "real" / "cluster_traces" / "alibaba_openb_v2023"
 )
 
 SACCT = """JobID|JobName|Partition|AllocTRES|Submit|Start|End|State|NNodes

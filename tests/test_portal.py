@@ -30,10 +30,10 @@ import numpy as np
 import pytest
 
 from fleetlens.remediation.models import Remediation
+from fleetlens.services.portal import Executions, run_summary, step_buckets
 from fleetlens.sim.library import load_scenario, run_scenario
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
-from fleetlens.store.portal_queries import Executions, run_summary, step_buckets
 from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch
@@ -53,7 +53,7 @@ ARGS = [
 # `fleetlens serve`, with the portal's routers added when app.py does not include them yet.
 LAUNCH = """
 import sys, uvicorn
-from fleetlens.api.app import create_app
+from fleetlens.server import create_app
 from fleetlens.config import ServerConfig
 cfg = ServerConfig.resolve({"data_dir": sys.argv[1], "port": int(sys.argv[2]), "host": "127.0.0.1"})
 app = create_app(cfg)
@@ -410,7 +410,7 @@ def test_approving_from_the_page_goes_through_the_api_with_its_token(
     stale.get_by_role("button", name=button).click()
     alert = stale.locator("#remediations tbody tr", has_text="node-0099").get_by_role("alert")
     playwright.expect(alert).to_contain_text("HTTP 409")
-    assert "only a pending one is approved" in alert.inner_text()
+    assert "only a pending one can be approved" in alert.inner_text()
     assert stale.get_by_role("button", name=button).is_disabled()
     assert stale_errors and all("409" in e for e in stale_errors), stale_errors
 

@@ -7,55 +7,51 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from sqlalchemy import select
 
+from fleetlens.analysis.hangs import HangRule
 from fleetlens.analysis.rootcause import Diagnosis
-from fleetlens.errors import ConfigError, NotFound
+from fleetlens.api.remediation import INFRA_KEYS, action_json, action_view
+from fleetlens.errors import ConfigError, NotFound, Refused
 from fleetlens.remediation.actuators import TorchrunActuator
-from fleetlens.remediation.controller import Controller, Position
+from fleetlens.remediation.controller import Controller
+from fleetlens.remediation.machine import State
 from fleetlens.remediation.policy import RemediationPolicy, RunContext, decide
+from fleetlens.remediation.positions import Instruction, Position
 from fleetlens.sdk.config import SDKConfig
 from fleetlens.sdk.control import ControlChannel
 from fleetlens.sdk.run import NullRun
 from fleetlens.store.access import AccessStore
 from fleetlens.store.chdb_store import ChdbStore
-from fleetlens.store.findings import FindingsStore
+from fleetlens.store.findings import FindingRow, FindingsStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
 from fleetlens.torch import TorchRun, latest_checkpoint, save_verified
 
-from .helpers import Server, step_batch
+from .helpers import Server, step_batch, wait_until
 
 NOW = 1_800_000_000.0
 
 
-def _finding(diag: str, nodes: list[str], **kw: Any) -> dict[str, Any]:
-    return {
-        "key": f"k:{diag}",
-        "diagnosis": diag,
-        "kind": kw.pop("kind", "failure"),
-        "nodes": nodes,
-        "ranks": [2],
-        "summary": "s",
-        "firstSeen": NOW - 3600,
-        "time": None,
-        "endStep": None,
-        "evidence": [],
-        **kw,
-    }
+def _finding(diag: str, nodes: list[str], **kw: Any) -> FindingRow:
+    fields: dict[str, Any] = {"kind": "failure", "ranks": [2], "summary": "s"}
+    fields.update(kw, first_seen=kw.get("first_seen", NOW - 3600))
+    return FindingRow(key=f"k:{diag}", diagnosis=diag, nodes=nodes, **fields)
 
 
-def _straggler(wait: float, first_seen: float = NOW - 3600) -> dict[str, Any]:
+def _straggler(wait: float, first_seen: float = NOW - 3600) -> FindingRow:
     return _finding(
         "straggler.persistent",
         ["n2"],
         kind="straggler",
-        firstSeen=first_seen,
+        first_seen=first_seen,
         evidence=[{"metric": "compute / step median", "waitPerStepS": wait}],
     )
 
@@ -97,7 +93,7 @@ def test_straggler_is_removed_only_when_it_costs_more_than_a_restart() -> None:
     )
     # Not yet shown to persist, or moving (data skew): no action.
     assert decide(p, _straggler(0.05, first_seen=NOW - 10), CTX) is None
-    moving = _straggler(0.05) | {"diagnosis": "straggler.moving"}
+    moving = replace(_straggler(0.05), diagnosis="straggler.moving")
     assert decide(p, moving, CTX) is None
 
 
@@ -130,7 +126,7 @@ def ctl(tmp_path: Path) -> Iterator[Controller]:
         AccessStore(meta),
         RemediationPolicy(mode="recommend"),
         [TorchrunActuator()],
-        hang_s=5.0,
+        hang_rule=HangRule(floor_s=5.0),
         stale_s=60.0,
         stop_timeout_s=30.0,
     )
@@ -144,7 +140,7 @@ def ctl(tmp_path: Path) -> Iterator[Controller]:
 def _run(c: Controller) -> Any:
     from fleetlens.store.models import Run
 
-    with c._session() as s:
+    with c.findings.metadata._session() as s:
         run = s.scalars(select(Run)).one()
         s.expunge(run)
         return run
@@ -181,29 +177,27 @@ def test_recommend_mode_records_the_action_and_tells_the_job_nothing(ctl: Contro
     _xid(ctl)
     ctl.tick([_run(ctl)])
     (a,) = ctl.actions(ADMIN, "r1")
-    assert (a["state"], a["node"], a["reason"], a["mode"]) == (
-        "recommended",
+    assert (a.state, a.node, a.reason, a.mode) == (
+        State.RECOMMENDED,
         "n2",
         "fatal_xid",
         "recommend",
     )
-    assert a["phases"]["detection"]["seconds"] >= 0
+    assert action_json(a)["phases"]["detection"]["seconds"] >= 0
     assert ctl.report("default", "r1", Position("r1-a0", 0, 3, "n0", 501, 0, 0, 0)) is None
     ctl.tick([_run(ctl)])  # one action per finding: a second pass adds nothing
     assert len(ctl.actions(ADMIN, "r1")) == 1
     # An operator carries it out: the job is told to stop; a later attempt is not.
-    out = ctl.approve(ADMIN, a["id"])
-    assert out["state"] == "draining" and out["approvedBy"] == "alice"
+    out = ctl.approve(ADMIN, a.id)
+    assert out.state is State.DRAINING and out.approved_by == "alice"
     msg = ctl.report("default", "r1", Position("r1-a0", 1, 3, "n1", 501, 0, 0, 0))
-    assert msg == {
-        "id": a["id"], "phase": "stop", "node": "n2", "jobId": "r1-a0", "force": False, "world": 3
-    }  # fmt: skip
+    assert msg == Instruction(a.id, "stop", "n2", "r1-a0", False, 3)
     assert ctl.report("default", "r1", Position("r1-a1", 0, 2, "n0", 1, 0, 0, 0)) is None
-    with pytest.raises(ValueError, match="draining"):
-        ctl.reject(ADMIN, a["id"])
+    with pytest.raises(Refused, match="draining"):
+        ctl.reject(ADMIN, a.id)
     other_tenant = Scope(tenant="bolt", role="admin", actor="mallory")
     with pytest.raises(NotFound):
-        ctl.approve(other_tenant, a["id"])
+        ctl.approve(other_tenant, a.id)
 
 
 def test_a_restarted_server_carries_on_with_the_actions_under_way(ctl: Controller) -> None:
@@ -211,11 +205,11 @@ def test_a_restarted_server_carries_on_with_the_actions_under_way(ctl: Controlle
     _xid(ctl)
     ctl.tick([_run(ctl)])
     (a,) = ctl.actions(ADMIN, "r1")
-    ctl.approve(ADMIN, a["id"])
+    ctl.approve(ADMIN, a.id)
     again = Controller(ctl.findings.metadata, ctl.telemetry, ctl.findings, ctl.access,
                        ctl.policy, ctl.actuators)  # fmt: skip
     msg = again.report("default", "r1", Position("r1-a0", 0, 3, "n0", 501, 0, 0, 0))
-    assert msg is not None and (msg["id"], msg["phase"]) == (a["id"], "stop")
+    assert msg is not None and (msg.id, msg.phase) == (a.id, "stop")
 
 
 def test_a_checkpoint_that_does_not_match_its_checksum_stops_the_sequence(
@@ -225,7 +219,7 @@ def test_a_checkpoint_that_does_not_match_its_checksum_stops_the_sequence(
     _xid(ctl)
     ctl.tick([_run(ctl)])
     (a,) = ctl.actions(ADMIN, "r1")
-    ctl.approve(ADMIN, a["id"])
+    ctl.approve(ADMIN, a.id)
     path = tmp_path / "ckpt-00000501.pt"
     path.write_bytes(b"what rank 0 wrote, then something changed it")
     t = time.time()
@@ -234,7 +228,7 @@ def test_a_checkpoint_that_does_not_match_its_checksum_stops_the_sequence(
             "default",
             "r1",
             {
-                "id": a["id"],
+                "id": a.id,
                 "event": "stopped",
                 "rank": rank,
                 "jobId": "r1-a0",
@@ -246,7 +240,7 @@ def test_a_checkpoint_that_does_not_match_its_checksum_stops_the_sequence(
         "default",
         "r1",
         {
-            "id": a["id"],
+            "id": a.id,
             "event": "checkpointed",
             "rank": 0,
             "jobId": "r1-a0",
@@ -256,9 +250,9 @@ def test_a_checkpoint_that_does_not_match_its_checksum_stops_the_sequence(
             "checkpoint": {"path": str(path), "sha256": "0" * 64},
         },
     )
-    assert out["state"] == "failed"
-    got = ctl.get(ADMIN, a["id"])
-    assert "not removing the node" in got["error"] and not got["actuators"]
+    assert out.state is State.FAILED
+    got = ctl.get(ADMIN, a.id)
+    assert "not removing the node" in got.error and not got.actuators
     # The job is told nothing more: the ranks waiting in drain() train on.
     assert ctl.report("default", "r1", Position("r1-a0", 0, 3, "n0", 501, 0, 0, 0)) is None
 
@@ -270,7 +264,7 @@ def test_verified_checkpoint_moves_the_sequence_to_removing_the_node(
     _xid(ctl)
     ctl.tick([_run(ctl)])
     (a,) = ctl.actions(ADMIN, "r1")
-    ctl.approve(ADMIN, a["id"])
+    ctl.approve(ADMIN, a.id)
     path = tmp_path / "ckpt-00000501.pt"
     path.write_bytes(b"weights")
     t = time.time()
@@ -278,7 +272,7 @@ def test_verified_checkpoint_moves_the_sequence_to_removing_the_node(
         "default",
         "r1",
         {
-            "id": a["id"],
+            "id": a.id,
             "event": "checkpointed",
             "rank": 0,
             "jobId": "r1-a0",
@@ -288,13 +282,13 @@ def test_verified_checkpoint_moves_the_sequence_to_removing_the_node(
             "checkpoint": {"path": str(path), "sha256": hashlib.sha256(b"weights").hexdigest()},
         },
     )
-    assert ctl.get(ADMIN, a["id"])["state"] == "draining"  # not every rank has stopped yet
+    assert ctl.get(ADMIN, a.id).state is State.DRAINING  # not every rank has stopped yet
     for rank in range(3):
         out = ctl.ack(
             "default",
             "r1",
             {
-                "id": a["id"],
+                "id": a.id,
                 "event": "stopped",
                 "rank": rank,
                 "jobId": "r1-a0",
@@ -302,28 +296,28 @@ def test_verified_checkpoint_moves_the_sequence_to_removing_the_node(
                 "step": 501,
             },
         )
-    assert out["state"] == "removing"
-    got = ctl.get(ADMIN, a["id"])
-    assert got["checkpoint"]["verifiedBy"].startswith("server") and got["stopStep"] == 501
-    assert [o["actuator"] for o in got["actuators"]] == ["torchrun"]
+    assert out.state is State.REMOVING
+    got = ctl.get(ADMIN, a.id)
+    assert got.checkpoint["verifiedBy"].startswith("server") and got.stop_step == 501
+    assert [o["actuator"] for o in got.actuators] == ["torchrun"]
     msg = ctl.report("default", "r1", Position("r1-a0", 2, 3, "n2", 500, 1, 0, 0))
-    assert msg is not None and msg["phase"] == "remove" and msg["node"] == "n2"
+    assert msg is not None and msg.phase == "remove" and msg.node == "n2"
     # The node's rank stops its agent: everyone else is told to restart.
     ctl.ack(
         "default",
         "r1",
         {
-            "id": a["id"],
+            "id": a.id,
             "event": "agent_stopping",
             "rank": 2,
             "jobId": "r1-a0",
             "time": time.time(),
         },
     )
-    assert ctl.get(ADMIN, a["id"])["state"] == "restarting"
+    assert ctl.get(ADMIN, a.id).state is State.RESTARTING
     # The new attempt's first step ends it; an answer for another run is refused.
     with pytest.raises(NotFound):
-        ctl.ack("default", "r2", {"id": a["id"], "event": "resumed", "rank": 0, "time": 1.0})
+        ctl.ack("default", "r2", {"id": a.id, "event": "resumed", "rank": 0, "time": 1.0})
     t2 = time.time() + 1.0  # the new workers start, load, and run their first step
     ctl.ack(
         "default",
@@ -340,10 +334,14 @@ def test_verified_checkpoint_moves_the_sequence_to_removing_the_node(
             "loadedAt": t2 - 0.2,
         },
     )
-    done = ctl.get(ADMIN, a["id"])
+    done = action_json(ctl.get(ADMIN, a.id))
     assert (done["state"], done["worldAfter"], done["stepsLost"]) == ("resumed", 2, 0)
     assert list(done["phases"])[-3:] == ["rendezvous", "reload", "warmup"]
     assert done["phases"]["reload"]["seconds"] == pytest.approx(0.05, abs=1e-6)
+    assert done["recoveryS"] == pytest.approx(t2 - a.decided_at)
+    # Infrastructure on-call sees the action, not the run's contents (checkpoint, cost).
+    oncall = action_view(Scope(tenant="default", role="oncall", actor="bob"), ctl.get(ADMIN, a.id))
+    assert tuple(oncall) == INFRA_KEYS and oncall["state"] == "resumed"
 
 
 def test_a_big_job_stops_without_a_row_write_per_rank(ctl: Controller, tmp_path: Path) -> None:
@@ -357,32 +355,23 @@ def test_a_big_job_stops_without_a_row_write_per_rank(ctl: Controller, tmp_path:
     ctl.findings.upsert("default", "r1", [d])
     ctl.tick([_run(ctl)])
     (a,) = ctl.actions(ADMIN, "r1")
-    ctl.approve(ADMIN, a["id"])
+    ctl.approve(ADMIN, a.id)
     path = tmp_path / "ckpt.pt"
     path.write_bytes(b"w")
     digest = hashlib.sha256(b"w").hexdigest()
     states = set()
     for rank in range(world):
-        out = ctl.ack("default", "r1", {"id": a["id"], "event": "stopped", "rank": rank,
+        out = ctl.ack("default", "r1", {"id": a.id, "event": "stopped", "rank": rank,
                                         "jobId": "r1-a0", "time": t, "step": 501})  # fmt: skip
-        states.add(out["state"])
-    assert states == {"draining"}  # every rank stopped, the checkpoint not yet reported
+        states.add(out.state)
+    assert states == {State.DRAINING}  # every rank stopped, the checkpoint not yet reported
     ck = {"path": str(path), "sha256": digest}
-    out = ctl.ack("default", "r1", {"id": a["id"], "event": "checkpointed", "rank": 0,
+    out = ctl.ack("default", "r1", {"id": a.id, "event": "checkpointed", "rank": 0,
                                     "jobId": "r1-a0", "time": t, "step": 501, "started": t,
                                     "checkpoint": ck})  # fmt: skip
-    assert out["state"] == "removing"
-    assert [x["ranks"] for x in got_acks(ctl, a["id"]) if x["event"] == "stopped"] == [world]
-    assert ctl.get(ADMIN, a["id"])["worldBefore"] == world
-
-
-def got_acks(ctl: Controller, rid: int) -> list[dict[str, Any]]:
-    from fleetlens.remediation.models import Remediation
-
-    with ctl._session() as s:
-        r = s.get(Remediation, rid)
-        assert r is not None
-        return list(r.acks)
+    assert out.state is State.REMOVING
+    assert [x["ranks"] for x in ctl.get(ADMIN, a.id).acks if x["event"] == "stopped"] == [world]
+    assert ctl.get(ADMIN, a.id).world_before == world
 
 
 def test_live_hang_names_the_rank_behind_the_others(ctl: Controller) -> None:
@@ -392,12 +381,60 @@ def test_live_hang_names_the_rank_behind_the_others(ctl: Controller) -> None:
     for rank, (node, step, seq) in enumerate((("n0", 81, 1), ("n1", 81, 1), ("n2", 80, 3))):
         ctl.report("default", "r1", Position("r1-a0", rank, 3, node, step, seq, stuck_since, t))
     ctl.tick([_run(ctl)])
-    (f,) = ctl.findings.list(ADMIN, "r1")
-    assert (f["diagnosis"], f["nodes"], f["ranks"]) == ("hang", ["n2"], [2])
+    (f,) = ctl.findings.rows(ADMIN, "r1")
+    assert (f.diagnosis, f.nodes, f.ranks) == ("hang", ["n2"], [2])
     (a,) = ctl.actions(ADMIN, "r1")
     # A hung step cannot finish: no stop, no drain checkpoint; straight to removing the node.
-    assert a["state"] == "removing" and a["reason"] == "hang"
-    assert "periodic" in a["checkpoint"]["source"]
+    assert a.state is State.REMOVING and a.reason == "hang"
+    assert "periodic" in a.checkpoint["source"]
+
+
+def test_the_live_hang_threshold_scales_with_the_step_time(
+    ctl: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stuck for 30 s with hang_s 5: a hang for 1 s steps (threshold 10 s), not for 10 s steps
+    (threshold 100 s: a multiple of the job's own step time, as analysis and alerts judge it)."""
+    ctl.policy = RemediationPolicy(mode="recommend")
+    t = time.time()
+    for rank, (node, step, seq) in enumerate((("n0", 81, 1), ("n1", 81, 1), ("n2", 80, 3))):
+        ctl.report("default", "r1", Position("r1-a0", rank, 3, node, step, seq, t - 30, t))
+    monkeypatch.setattr(ctl.repo, "step_durations", lambda tenant, run, n: [10.0] * n)
+    ctl.tick([_run(ctl)])
+    assert ctl.findings.rows(ADMIN, "r1") == []
+    monkeypatch.setattr(ctl.repo, "step_durations", lambda tenant, run, n: [1.0] * n)
+    ctl.tick([_run(ctl)])
+    (f,) = ctl.findings.rows(ADMIN, "r1")
+    assert f.diagnosis == "hang" and f.evidence[0]["threshold"] == 10.0
+
+
+@pytest.mark.parametrize(("silent_s", "stop_after_s", "hung"), [
+    (59.0, None, False),  # under the floor (60 s > 10 x 1 s steps)
+    (61.0, None, True),
+    (61.0, 10.0, False),  # the job reported a stop soon after its last step: not a hang
+    (61.0, -30.0, False),  # ... or just before it (a drain, then the step and checkpoint)
+    (200.0, -90.0, True),  # a stop long before the last progress explains nothing
+])  # fmt: skip
+def test_one_hang_rule_for_analysis_alerts_and_remediation(
+    silent_s: float, stop_after_s: float | None, hung: bool
+) -> None:
+    """The analysis loop, the alert engine and the controller all judge a hang by
+    fleetlens.analysis.hangs: the same verdict for the same silence."""
+    from fleetlens.alerts.engine import RunSignals, evaluate
+    from fleetlens.alerts.policy import DEFAULT_POLICY
+    from fleetlens.analysis.hangs import HangRule, find_stalls, live_hang, recent_step_time
+
+    last, now = 10_000.0, 10_000.0 + silent_s
+    steps = np.arange(last - 100.0, last + 0.5, 1.0)  # 1 s steps ending at `last`
+    stops = [] if stop_after_s is None else [last + stop_after_s]
+    thr = HangRule().threshold(recent_step_time(np.diff(steps)))
+    analysis = find_stalls(steps, now, thr, np.asarray(stops))
+    remediation = live_hang(last, now, HangRule(floor_s=60.0).threshold(1.0), stops)
+    signals = RunSignals("t", "r", "p", now, "RUNNING", 100, last, 1.0,
+                         stopped_at=stops[0] if stops else None)  # fmt: skip
+    alerts = [c for c in evaluate(DEFAULT_POLICY, signals) if c.rule.signal == "hang"]
+    assert (bool(analysis), remediation is not None, bool(alerts)) == (hung, hung, hung)
+    if hung:
+        assert analysis[0].detected_at == alerts[0].starts_at == last + 60.0
 
 
 def test_everyone_stuck_in_the_same_place_blames_no_node(ctl: Controller) -> None:
@@ -406,7 +443,7 @@ def test_everyone_stuck_in_the_same_place_blames_no_node(ctl: Controller) -> Non
     for rank, node in enumerate(("n0", "n1", "n2")):
         ctl.report("default", "r1", Position("r1-a0", rank, 3, node, 81, 1, t - 30, t))
     ctl.tick([_run(ctl)])
-    assert ctl.findings.list(ADMIN, "r1") == [] and ctl.actions(ADMIN, "r1") == []
+    assert ctl.findings.rows(ADMIN, "r1") == [] and ctl.actions(ADMIN, "r1") == []
 
 
 def test_control_channel_never_raises_and_never_blocks_when_the_server_is_gone() -> None:
@@ -415,16 +452,15 @@ def test_control_channel_never_raises_and_never_blocks_when_the_server_is_gone()
     ch.start()
     for i in range(200):  # more answers than the queue holds: the oldest go, nothing raises
         ch.ack(1, "stopped", step=i)
-    time.sleep(0.5)
+    wait_until(lambda: ch.errors > 0, 30, what="the channel to count its failed polls")
     ch.close()
     assert ch.errors > 0 and ch.action is None and len(ch._acks) <= 64
 
 
 def test_stop_requested_without_a_process_group_is_false_and_cheap() -> None:
     tr = TorchRun(NullRun())
-    t0 = time.perf_counter()
     assert not any(tr.stop_requested(s) for s in range(100))
-    assert time.perf_counter() - t0 < 1.0 and tr.errors == 0
+    assert tr.errors == 0  # its cost on the hot path is measured in bench/torch_overhead.py
 
 
 def test_resume_skips_a_checkpoint_whose_file_no_longer_matches(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import time
 
 import fleetlens
 
-from .helpers import Server, free_port
+from .helpers import Server, free_port, wait_until
 
 
 def _train(run: fleetlens.Run, steps: range, ranks_tokens: int = 512) -> list[float]:
@@ -75,8 +75,9 @@ def test_collector_down_for_the_whole_run_then_everything_is_replayed(tmp_path) 
         assert down.flush(timeout=60)
         down.finish()
         assert down.stats()["dropped"] == 0
-        time.sleep(2.5)  # the run registry is written every 2 s
-        run = server.get("/v1/runs/down-run")
+        run = wait_until(  # the run registry is written every 2 s
+            lambda: (r := server.get("/v1/runs/down-run"))["status"] == "FINISHED" and r, 60
+        )
         assert run["steps"] == steps and run["step"] == steps - 1
         assert run["tokensProcessed"] == steps * 512
         assert run["metrics"]["g"] == 7.0 and run["status"] == "FINISHED"

@@ -12,15 +12,11 @@ import pytest
 from fleetlens.sim import CALIBRATION, MemorySink, derive_calibration, load_scenario, run_scenario
 from fleetlens.sim.rates import LLAMA3_INTERRUPTIONS
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
-if not REAL.is_dir():
-    REAL = Path("/work/shared/data/real")
+REAL = Path(__file__).resolve().parent / "data" / "real"
 
 
 @pytest.fixture(scope="module")
 def derived():  # type: ignore[no-untyped-def]
-    if not REAL.is_dir():
-        pytest.skip("shared/data/real is not present")
     return derive_calibration(REAL)
 
 
@@ -50,8 +46,6 @@ def test_healthy_job_reproduces_the_real_noise(derived) -> None:  # type: ignore
 
 def test_llama3_mix_matches_the_published_table() -> None:
     path = REAL / "failure_statistics" / "llama3_405b_unexpected_interruptions.csv"
-    if not path.is_file():
-        pytest.skip("shared/data/real is not present")
     with open(path, newline="") as fh:
         table = {r["component"]: int(r["interruption_count"]) for r in csv.DictReader(fh)}
     assert {k: v[0] for k, v in LLAMA3_INTERRUPTIONS.items()} == table

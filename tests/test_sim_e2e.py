@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from fleetlens.sim import SimError, load_scenario, run_scenario
+from fleetlens.errors import SimError
+from fleetlens.sim import load_scenario, run_scenario
 from fleetlens.sim.emit import HttpSink
 
 from .helpers import Server

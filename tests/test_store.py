@@ -8,9 +8,9 @@ import pytest
 
 from fleetlens.collector.decode import decode_batch
 from fleetlens.errors import NotFound, StoreError
+from fleetlens.services.runs import RunQueries
 from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.metadata import MetadataStore, run_status
-from fleetlens.store.run_queries import RunQueries
 from fleetlens.store.scope import Scope
 from fleetlens.store.telemetry import batch_tables
 

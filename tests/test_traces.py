@@ -1,4 +1,4 @@
-"""Kineto trace import on the real traces in ../shared/data/real/kineto_traces/hta.
+"""Kineto trace import on the real traces in tests/data/real/kineto_traces/hta.
 
 Figures marked "HTA" were computed once with Holistic Trace Analysis 0.5.0 on the same file
 (``TraceAnalysis(trace_dir=...)``, ``get_temporal_breakdown()``, ``get_comm_comp_overlap()``;
@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleetlens.traces import cli as traces_cli
+from fleetlens.cli import traces as traces_cli
+from fleetlens.errors import TraceFormatError
 from fleetlens.traces.breakdown import merge_intervals, step_breakdown
 from fleetlens.traces.collectives import normalize_op
 from fleetlens.traces.importer import RankTrace, import_traces
-from fleetlens.traces.kineto import COMM, COMPUTE, MEMORY, TraceFormatError, read_trace
+from fleetlens.traces.kineto import COMM, COMPUTE, MEMORY, read_trace
 
 from .helpers import Server
 
-REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "kineto_traces" / "hta"
+REAL = Path(__file__).resolve().parent / "data" / "real" / "kineto_traces" / "hta"
 W16 = REAL / "world16_a100_80gb" / "rank0.json.gz"
 W128 = REAL / "trace_filter_world128"
 NCCL = REAL / "nccl_parser_config_world2" / "nccl_data_rank0.json.gz"
@@ -32,8 +33,6 @@ V100_NS = REAL / "v100_world1" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
 OLD = REAL / "trace_diff" / "control_rank3_world8_a100.json.gz"
 GLOO = REAL / "cpu_only_gloo_world300" / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
 AMD = REAL / "amd_rocm" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
-
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real traces not found at {REAL}")
 
 
 def one(path: Path) -> RankTrace:

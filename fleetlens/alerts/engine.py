@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
 
+from ..analysis.hangs import HangRule, live_hang
+from ..store.findings import FindingRow
 from .policy import Policy, Rule
 
 __all__ = ["RESOLVE_STEPS", "Candidate", "RunSignals", "evaluate", "fingerprint"]
@@ -33,9 +34,10 @@ class RunSignals:
     last_step_end: float | None
     step_time: float | None  # recent job step time (slowest rank), seconds
     goodput: list[tuple[float, float]] = field(default_factory=list)  # (time, goodput)
-    findings: list[dict[str, Any]] = field(default_factory=list)  # finding_json() shape
+    findings: list[FindingRow] = field(default_factory=list)
     drains: list[tuple[float, str]] = field(default_factory=list)  # (time, node)
     stopped_at: float | None = None  # last failure, preemption, drain or finish of the run
+    progress_at: float | None = None  # last progress other than a step end (a checkpoint)
 
 
 @dataclass(frozen=True)
@@ -100,45 +102,46 @@ def _goodput(rule: Rule, s: RunSignals) -> Candidate | None:
 
 
 def _hang(rule: Rule, s: RunSignals) -> Candidate | None:
+    """The one hang rule (:mod:`fleetlens.analysis.hangs`) applied to the run now."""
     if s.status != "RUNNING" and s.status != "STALLED":
         return None
-    if s.last_step_end is None or not s.step_time or rule.threshold is None:
+    if s.last_step_end is None or rule.threshold is None:
         return None
-    if s.stopped_at is not None and s.stopped_at >= s.last_step_end - s.step_time:
-        return None  # stopped on purpose or by a failure: recovery, not a hang
-    limit = max(rule.floor_s, rule.threshold * s.step_time)
-    age = s.now - s.last_step_end
-    if age <= limit:
-        return None
-    hung = [f for f in s.findings if f.get("diagnosis") == "hang"]
-    ranks = ",".join(str(r) for r in (hung[-1]["ranks"] if hung else [])[:16])
+    since = max(s.last_step_end, s.progress_at or s.last_step_end)
+    limit = HangRule(rule.threshold, rule.floor_s).threshold(s.step_time)
+    stops = [] if s.stopped_at is None else [s.stopped_at]
+    if live_hang(since, s.now, limit, stops) is None:
+        return None  # progressing, or stopped on purpose or by a failure: recovery, not a hang
+    age = s.now - since
+    hung = [f for f in s.findings if f.diagnosis == "hang"]
+    ranks = ",".join(str(r) for r in (hung[-1].ranks if hung else [])[:16])
     return Candidate(
         rule,
         _labels(rule, s, rank=ranks),
         {
             "summary": f"no step finished for {age:.0f}s after step {s.last_step} "
-            f"(recent step {s.step_time:.2f}s; limit {limit:.0f}s)"
+            f"(recent step {s.step_time or 0:.2f}s; limit {limit:.0f}s)"
             + (f"; ranks {ranks} did not finish" if ranks else ""),
             "description": rule.description,
         },
-        s.last_step_end + limit,
+        since + limit,
         s.last_step,
     )
 
 
-def _matches(rule: Rule, f: dict[str, Any]) -> bool:
-    return f.get("diagnosis") in rule.diagnoses and (not rule.kinds or f.get("kind") in rule.kinds)
+def _matches(rule: Rule, f: FindingRow) -> bool:
+    return f.diagnosis in rule.diagnoses and (not rule.kinds or f.kind in rule.kinds)
 
 
-def _finding(rule: Rule, f: dict[str, Any], s: RunSignals) -> Candidate | None:
+def _finding(rule: Rule, f: FindingRow, s: RunSignals) -> Candidate | None:
     if not _matches(rule, f):
         return None
-    nodes, gpus = f.get("nodes") or [], f.get("gpus") or []
+    nodes, gpus = f.nodes, f.gpus
     node = nodes[0] if len(nodes) == 1 else ""
     gpu = str(gpus[0]).split(":")[-1] if len(gpus) == 1 else ""
-    rack = f.get("rack") or ""
-    started = f.get("time") or f.get("firstSeen") or s.now
-    end = f.get("endStep")
+    rack = f.rack or ""
+    started = f.time or f.first_seen or s.now
+    end = f.end_step
     ends_at = None
     if rule.severity == "page" and rule.signal == "finding":
         # A fatal fault stays until its node is drained (or someone resolves it): the job
@@ -148,7 +151,7 @@ def _finding(rule: Rule, f: dict[str, Any], s: RunSignals) -> Candidate | None:
         ends_at = min(cleared) if cleared else None
     elif end is not None and s.last_step - int(end) > RESOLVE_STEPS:
         return None  # the analysis stopped seeing it
-    ranks = ",".join(str(r) for r in (f.get("ranks") or [])[:16])
+    ranks = ",".join(str(r) for r in f.ranks[:16])
     return Candidate(
         rule,
         _labels(
@@ -158,17 +161,17 @@ def _finding(rule: Rule, f: dict[str, Any], s: RunSignals) -> Candidate | None:
             gpu=gpu,
             rack=rack,
             rank=ranks,
-            diagnosis=str(f.get("diagnosis")),
-            owner=str(f.get("owner", "")),
+            diagnosis=f.diagnosis,
+            owner=f.owner,
         ),
         {
-            "summary": str(f.get("summary", "")),
+            "summary": f.summary,
             "description": rule.description,
-            "finding": str(f.get("key", "")),
+            "finding": f.key,
         },
         float(started),
-        int(f.get("step", -1)),
-        str(f.get("key", "")),
+        f.step,
+        f.key,
         ends_at,
     )
 

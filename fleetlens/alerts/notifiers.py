@@ -8,16 +8,16 @@ the retries is counted, not raised.
 
 from __future__ import annotations
 
-import json
 import queue
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
+
+from ..client import Client
+from ..errors import FleetlensError
 
 __all__ = [
     "AlertPayload",
@@ -49,14 +49,21 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
-def _post(url: str, body: Any, timeout: float, headers: dict[str, str] | None = None) -> None:
-    data = json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST")
-    req.add_header("Content-Type", "application/json")
-    for k, v in (headers or {}).items():
-        req.add_header(k, v)
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        resp.read()
+class _Receiver:
+    """The HTTP side of a notifier: one keep-alive client to its receiver, made on first use.
+
+    Never a fleetlens token: the receiver is someone else's service.
+    """
+
+    def __init__(self, name: str, url: str, timeout: float) -> None:
+        self.name, self.url, self.timeout = name, url, timeout
+        self._client: Client | None = None
+
+    def post(self, url: str, body: Any) -> None:
+        """POST ``body`` as JSON to the absolute ``url``; raise FleetlensError unless 2xx."""
+        if self._client is None:
+            self._client = Client(self.url, token="", timeout=self.timeout, service=self.name)
+        self._client.request("POST", url, json=body)
 
 
 class Notifier(Protocol):
@@ -73,6 +80,10 @@ class AlertmanagerNotifier:
     url: str
     timeout: float = 5.0
     name: str = "alertmanager"
+    _receiver: _Receiver = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._receiver = _Receiver(self.name, self.url, self.timeout)
 
     def send(self, alerts: list[AlertPayload]) -> None:
         body = []
@@ -87,7 +98,7 @@ class AlertmanagerNotifier:
             if a.generator_url:
                 item["generatorURL"] = a.generator_url
             body.append(item)
-        _post(self.url.rstrip("/") + "/api/v2/alerts", body, self.timeout)
+        self._receiver.post(self.url.rstrip("/") + "/api/v2/alerts", body)
 
 
 @dataclass
@@ -97,10 +108,14 @@ class WebhookNotifier:
     url: str
     timeout: float = 5.0
     name: str = "webhook"
+    _receiver: _Receiver = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._receiver = _Receiver(self.name, self.url, self.timeout)
 
     def send(self, alerts: list[AlertPayload]) -> None:
         status = "firing" if any(a.ends_at is None for a in alerts) else "resolved"
-        _post(
+        self._receiver.post(
             self.url,
             {
                 "version": "4",
@@ -119,7 +134,6 @@ class WebhookNotifier:
                     for a in alerts
                 ],
             },
-            self.timeout,
         )
 
 
@@ -130,6 +144,10 @@ class SlackNotifier:
     url: str
     timeout: float = 5.0
     name: str = "slack"
+    _receiver: _Receiver = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._receiver = _Receiver(self.name, self.url, self.timeout)
 
     def send(self, alerts: list[AlertPayload]) -> None:
         lines = []
@@ -146,7 +164,7 @@ class SlackNotifier:
                 f"{icon} *{a.labels.get('alertname', 'alert')}* [{a.status}] {where}\n"
                 f"{a.annotations.get('summary', '')}"
             )
-        _post(self.url, {"text": "\n".join(lines)}, self.timeout)
+        self._receiver.post(self.url, {"text": "\n".join(lines)})
 
 
 @dataclass
@@ -203,7 +221,7 @@ class Delivery:
         for attempt in range(self.retries + 1):
             try:
                 notifier.send(alerts)
-            except (OSError, urllib.error.URLError, ValueError):
+            except (FleetlensError, OSError, ValueError):
                 self._count(f"{notifier.name}_errors")
                 if attempt == self.retries:
                     self._count(f"{notifier.name}_failed", len(alerts))

@@ -20,6 +20,7 @@ from ..errors import NotFound
 from ..store.access import AccessStore
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
+from ..store.scoped import all_tenants, infra_scoped, scoped
 from .engine import Candidate
 from .models import Alert, Incident, Preservation
 from .notifiers import AlertPayload
@@ -73,7 +74,7 @@ class AlertStore:
         base_url: str = "",
         repeat_s: float = 4 * 3600.0,
     ) -> None:
-        self._session = metadata._session  # one database, one session factory
+        self._session = metadata.session  # one database, one session factory
         self.access = access
         self.base_url = base_url
         self.repeat_s = repeat_s
@@ -94,7 +95,7 @@ class AlertStore:
             stored = {
                 a.fingerprint: a
                 for a in s.scalars(
-                    select(Alert).where(Alert.tenant == tenant, Alert.run_id.in_(runs))
+                    scoped(select(Alert), tenant).where(Alert.run_id.in_(runs))
                 ).all()
             }
             for fp, c in by_fp.items():
@@ -141,19 +142,19 @@ class AlertStore:
                 if c.ends_at is not None:  # cleared since: on record as fired, then resolved
                     a.state, a.ends_at, a.updated_at = "resolved", c.ends_at, now
                     out.append(_payload(a, self.base_url))
-                    self._maybe_close(s, a.incident_id, now)
+                    self._maybe_close(s, tenant, a.incident_id, now)
             for fp, a in stored.items():
                 if a.state == "firing" and fp not in by_fp:
                     a.state, a.ends_at, a.updated_at = "resolved", now, now
                     out.append(_payload(a, self.base_url))
-                    self._maybe_close(s, a.incident_id, now)
+                    self._maybe_close(s, tenant, a.incident_id, now)
         return out
 
     @staticmethod
     def _join_incident(s: Session, a: Alert, now: float) -> None:
         inc = s.scalars(
-            select(Incident).where(
-                Incident.tenant == a.tenant, Incident.run_id == a.run_id, Incident.status == "open"
+            scoped(select(Incident), a.tenant).where(
+                Incident.run_id == a.run_id, Incident.status == "open"
             )
         ).first()
         if inc is None:
@@ -176,12 +177,14 @@ class AlertStore:
         a.incident_id = inc.id
 
     @staticmethod
-    def _maybe_close(s: Session, incident_id: int | None, now: float) -> None:
+    def _maybe_close(s: Session, tenant: str, incident_id: int | None, now: float) -> None:
         if incident_id is None:
             return
         s.flush()
         firing = s.scalars(
-            select(Alert.id).where(Alert.incident_id == incident_id, Alert.state == "firing")
+            scoped(select(Alert.id), tenant).where(
+                Alert.incident_id == incident_id, Alert.state == "firing"
+            )
         ).first()
         if firing is None:
             inc = s.get(Incident, incident_id)
@@ -210,7 +213,7 @@ class AlertStore:
     def pending_preservations(self, now: float) -> list[Preservation]:
         with self._session() as s:
             rows = s.scalars(
-                select(Preservation).where(
+                all_tenants(select(Preservation)).where(
                     Preservation.copied_until < Preservation.t1, Preservation.copied_until < now
                 )
             ).all()
@@ -231,9 +234,7 @@ class AlertStore:
         nodes), each with its ``tenant``: every tenant's for a scope with ``cross_tenant_infra``
         (role oncall), the caller's tenant's for any other."""
         with self._session() as s:
-            q = select(Alert).where(Alert.audience == "infra_oncall")
-            if not scope.cross_tenant_infra:
-                q = q.where(Alert.tenant == scope.tenant)
+            q = infra_scoped(select(Alert), scope).where(Alert.audience == "infra_oncall")
             if state:
                 q = q.where(Alert.state == state)
             rows = s.scalars(q.order_by(Alert.updated_at.desc()).limit(limit)).all()
@@ -243,7 +244,7 @@ class AlertStore:
         self, scope: Scope, state: str | None = None, run_id: str | None = None, limit: int = 100
     ) -> list[dict[str, Any]]:
         with self._session() as s:
-            q = select(Alert).where(Alert.tenant == scope.tenant)
+            q = scoped(select(Alert), scope)
             if state:
                 q = q.where(Alert.state == state)
             if run_id:
@@ -256,9 +257,7 @@ class AlertStore:
         return not scope.project or a.labels.get("project") == scope.project
 
     def _get(self, s: Session, scope: Scope, alert_id: int) -> Alert:
-        a = s.scalars(
-            select(Alert).where(Alert.tenant == scope.tenant, Alert.id == alert_id)
-        ).first()
+        a = s.scalars(scoped(select(Alert), scope).where(Alert.id == alert_id)).first()
         if a is None or not self._visible(scope, a):
             raise NotFound(f"alert {alert_id} does not exist")
         return a
@@ -292,7 +291,7 @@ class AlertStore:
                 a.state, a.ends_at, a.updated_at = "resolved", now, now
                 a.acked_by, a.acked_at = "resolved-by-operator", now
                 payload = _payload(a, self.base_url)
-                self._maybe_close(s, a.incident_id, now)
+                self._maybe_close(s, scope.tenant, a.incident_id, now)
             out = alert_json(a)
         self.access.audit(
             scope.tenant,
@@ -307,12 +306,14 @@ class AlertStore:
     def incident(self, scope: Scope, incident_id: int) -> dict[str, Any]:
         with self._session() as s:
             inc = s.scalars(
-                select(Incident).where(Incident.tenant == scope.tenant, Incident.id == incident_id)
+                scoped(select(Incident), scope).where(Incident.id == incident_id)
             ).first()
             if inc is None:
                 raise NotFound(f"incident {incident_id} does not exist")
             alerts = s.scalars(
-                select(Alert).where(Alert.incident_id == inc.id).order_by(Alert.starts_at)
+                scoped(select(Alert), scope)
+                .where(Alert.incident_id == inc.id)
+                .order_by(Alert.starts_at)
             ).all()
             if scope.project and not any(self._visible(scope, a) for a in alerts):
                 raise NotFound(f"incident {incident_id} does not exist")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from .goodput import Factors
 
 __all__ = [
@@ -39,7 +40,7 @@ def young_daly(
     ``mtbf_s`` is the job's mean time between failures; preemptions add their rate.
     """
     if write_s <= 0 or mtbf_s <= 0 or preemptions_per_s < 0:
-        raise ValueError("young_daly needs a positive write time and MTBF, preemptions >= 0")
+        raise ConfigError("young_daly needs a positive write time and MTBF, preemptions >= 0")
     rate = 1.0 / mtbf_s + preemptions_per_s
     m = 1.0 / rate
     return math.sqrt(2.0 * write_s * m), m
@@ -48,7 +49,7 @@ def young_daly(
 def checkpoint_waste(interval_s: float, write_s: float, mtbi_s: float) -> float:
     """Share of time lost to synchronous writes plus expected rework: delta/tau + tau/(2M)."""
     if interval_s <= 0 or mtbi_s <= 0:
-        raise ValueError("checkpoint interval and MTBI must be positive")
+        raise ConfigError("checkpoint interval and MTBI must be positive")
     return write_s / interval_s + interval_s / (2.0 * mtbi_s)
 
 

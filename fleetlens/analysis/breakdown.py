@@ -35,14 +35,17 @@ held by the job (it waited for readmission): it is charged to its cause but also
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from ..errors import ConfigError
+from .timeline import F64, Event, StepArrays
+from .timeline import events_from_rows as events_from_rows  # re-exported
 
 __all__ = [
     "CATEGORIES",
@@ -52,8 +55,6 @@ __all__ = [
     "StepArrays",
     "breakdown",
 ]
-
-F64 = npt.NDArray[np.float64]
 
 CATEGORIES = (
     "productive",
@@ -104,57 +105,6 @@ _SIGNAL = {"exception", "signal", "oom", "nan", "hardware_fault", "preemption"}
 _UNPLANNED_DRAIN = "drain:unplanned"
 _START = {"job_start", "gang_complete"}
 _PRIO_EXPLICIT, _PRIO_HANG, _PRIO_ATTEMPT = 3, 2, 1
-
-
-@dataclass(frozen=True)
-class Event:
-    time: float
-    kind: str
-    job_id: str = ""
-    step: int = -1
-    attrs: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Event:
-        attrs = row.get("attrs") or {}
-        if isinstance(attrs, str):
-            try:
-                attrs = json.loads(attrs) if attrs else {}
-            except ValueError:
-                attrs = {}
-        return cls(
-            float(row["time"]),
-            str(row["kind"]),
-            str(row.get("job_id") or ""),
-            int(row.get("step", -1)),
-            attrs if isinstance(attrs, dict) else {},
-        )
-
-
-@dataclass(frozen=True)
-class StepArrays:
-    """One row per step execution (step x job attempt), as the ``steps_by_step`` rollup has it."""
-
-    step: npt.NDArray[np.int64]
-    job_id: npt.NDArray[Any]
-    start: F64
-    end: F64
-    max_compute: F64
-    mean_compute: F64
-    data_wait: F64 | None = None
-
-    def __post_init__(self) -> None:
-        n = len(self.step)
-        for name in ("job_id", "start", "end", "max_compute", "mean_compute"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"StepArrays.{name} has {len(getattr(self, name))} rows, not {n}")
-        if self.data_wait is not None and len(self.data_wait) != n:
-            raise ValueError("StepArrays.data_wait must have one value per step execution")
-
-    @classmethod
-    def empty(cls) -> StepArrays:
-        z = np.zeros(0)
-        return cls(np.zeros(0, np.int64), np.zeros(0, object), z, z, z, z)
 
 
 @dataclass(frozen=True)
@@ -217,33 +167,6 @@ class Breakdown:
             "other": (held["evaluation"] + held["unaccounted"]) / h,
         }
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "window": {"from": self.t0, "to": self.t1},
-            "wallSeconds": self.wall_s,
-            "heldSeconds": self.held_s,
-            "lines": [
-                {
-                    "category": c,
-                    "seconds": self.seconds[c],
-                    "share": self.seconds[c] / self.wall_s if self.wall_s > 0 else 0.0,
-                    "unheldSeconds": self.unheld.get(c, 0.0),
-                    "factor": FACTOR_OF[c].split(" ")[0],
-                }
-                for c in CATEGORIES
-            ],
-            "reworkByCause": self.rework_by_cause,
-            "retainedSteps": self.retained_steps,
-            "reworkedExecutions": self.reworked_executions,
-            "attempts": self.attempts,
-            "interruptions": self.interruptions,
-            "checkpoints": self.checkpoints,
-            "runtimeGoodput": self.runtime_goodput,
-            "unaccountedShare": self.seconds["unaccounted"] / self.wall_s if self.wall_s else 0.0,
-            "instrumentationHole": self.instrumentation_hole,
-            "measuredTerms": self.measured_terms(),
-        }
-
 
 def _cause(kinds: set[str]) -> str:
     if "preemption" in kinds:
@@ -271,21 +194,30 @@ def _kind(e: Event, seen: set[str]) -> str:
 
 
 _REWORK_KEY = {"recovery": "failure", "preemption": "preemption", "maintenance": "maintenance"}
-_LINES = CATEGORIES + tuple(f"rework:{k}" for k in ("failure", "preemption", "maintenance"))
+_CAUSES = ("failure", "preemption", "maintenance")
+_LINES = CATEGORIES + tuple(f"rework:{k}" for k in _CAUSES)
 """The lines the segment pass assigns: rework of a step in flight carries its cause."""
 
+# (start, end, line, precedence, held by the job)
+_Interval = tuple[float, float, str, int, bool]
 
-def breakdown(
-    steps: StepArrays,
-    events: Iterable[Event],
-    window: tuple[float, float] | None = None,
-    tolerance: float = 0.01,
-) -> Breakdown:
-    """Partition the run's wall-clock (or ``window``) into the lines of :data:`CATEGORIES`."""
-    evs = sorted(events, key=lambda e: e.time)
+
+@dataclass(frozen=True)
+class _Executions:
+    """Step executions in time order, each clipped to the next one's start so none overlap."""
+
+    n: int
+    start: F64
+    wall: F64
+    jobs: npt.NDArray[Any]
+    retained: npt.NDArray[np.bool_]  # the last execution of its step number
+    data_wait: F64  # within the execution
+    straggler: F64  # slowest rank minus the mean rank, within the execution less its data wait
+
+
+def _executions(steps: StepArrays) -> _Executions:
     n = len(steps.step)
     start = np.asarray(steps.start, dtype=np.float64)
-    # Step executions in time order, each clipped to the next one's start so none overlap.
     order = np.argsort(start, kind="stable")
     st = start[order]
     wall = np.maximum(np.asarray(steps.end, np.float64)[order] - st, 0.0)
@@ -299,55 +231,93 @@ def breakdown(
         by_step = np.lexsort((st, step_no))
         last = np.r_[step_no[by_step][1:] != step_no[by_step][:-1], True]
         retained[by_step[last]] = True
+    dw = np.zeros(n) if steps.data_wait is None else np.asarray(steps.data_wait, np.float64)[order]
+    dw = np.clip(np.nan_to_num(dw, nan=0.0), 0.0, wall)
+    strag = (
+        np.asarray(steps.max_compute, np.float64)[order]
+        - np.asarray(steps.mean_compute, np.float64)[order]
+    )
+    strag = np.clip(np.nan_to_num(strag, nan=0.0), 0.0, wall - dw)
+    return _Executions(n, st, wall, jobs, retained, dw, strag)
 
-    # Attempts: their held start, first step, last step end, end and the cause that ended them.
-    job_names = list(dict.fromkeys(jobs.tolist()))
+
+@dataclass
+class _Attempt:
+    held: float | None = None  # its first job_start / gang_complete
+    first: float | None = None  # its first step's start
+    last: float | None = None  # its last step's end
+    end: float | None = None  # its last terminal event
+    kinds: set[str] = field(default_factory=set)
+    hit: list[float] = field(default_factory=list)  # fault signals
+
+    @property
+    def start(self) -> float:
+        cands = [x for x in (self.held, self.first) if x is not None]
+        return min(cands) if cands else math.inf
+
+
+class _Attempts:
+    """The run's attempts (one per job id) that started, in time order."""
+
+    def __init__(self, by_job: dict[str, _Attempt]) -> None:
+        self.by_job = by_job
+        self.names = sorted((j for j in by_job if by_job[j].start < math.inf),
+                            key=lambda j: by_job[j].start)  # fmt: skip
+        self.starts = [by_job[j].start for j in self.names]
+        self.ends: list[float] = []  # set once the events are read
+
+    def owner(self, e: Event) -> str | None:
+        """The attempt an event belongs to: its job's, else the one running at its time."""
+        if e.job_id in self.by_job and self.by_job[e.job_id].start < math.inf:
+            return e.job_id
+        k = int(np.searchsorted(self.starts, e.time, side="right")) - 1
+        return self.names[k] if k >= 0 else (self.names[0] if self.names else None)
+
+
+def _attempts(ex: _Executions, evs: list[Event]) -> _Attempts:
+    """Attempts: their held start, first step, last step end, end and what ended them."""
+    job_names = list(dict.fromkeys(ex.jobs.tolist()))
     for e in evs:
         if e.job_id and e.job_id not in job_names and (e.kind in _START or e.kind in _TERMINAL):
             job_names.append(e.job_id)
-    att: dict[str, dict[str, Any]] = {
-        j: {"held": None, "first": None, "last": None, "end": None, "kinds": set(), "hit": []}
-        for j in job_names
-    }
-    if n:
-        uj, inv = np.unique(jobs, return_inverse=True)
+    att = {j: _Attempt() for j in job_names}
+    if ex.n:
+        uj, inv = np.unique(ex.jobs, return_inverse=True)
         first = np.full(len(uj), np.inf)
-        np.minimum.at(first, inv, st)
+        np.minimum.at(first, inv, ex.start)
         last_end = np.full(len(uj), -np.inf)
-        np.maximum.at(last_end, inv, st + wall)
+        np.maximum.at(last_end, inv, ex.start + ex.wall)
         for k, j in enumerate(uj.tolist()):
-            att[j]["first"], att[j]["last"] = float(first[k]), float(last_end[k])
+            att[j].first, att[j].last = float(first[k]), float(last_end[k])
     for e in evs:
         if e.job_id in att and e.kind in _START:
             a = att[e.job_id]
-            a["held"] = e.time if a["held"] is None else min(a["held"], e.time)
+            a.held = e.time if a.held is None else min(a.held, e.time)
+    attempts = _Attempts(att)
+    for e in evs:
+        j = attempts.owner(e)
+        if j is not None:
+            a = att[j]
+            a.kinds.add(_kind(e, a.kinds))
+            if e.kind in _SIGNAL:
+                a.hit.append(e.time)
+            if e.kind in _TERMINAL:
+                a.end = e.time if a.end is None else max(a.end, e.time)
+    attempts.ends = [
+        max(x for x in (a.last, a.end, a.held) if x is not None)
+        for a in (att[j] for j in attempts.names)
+    ]
+    return attempts
 
-    def a_start(a: dict[str, Any]) -> float:
-        cands = [x for x in (a["held"], a["first"]) if x is not None]
-        return min(cands) if cands else math.inf
 
-    names = sorted((j for j in att if a_start(att[j]) < math.inf), key=lambda j: a_start(att[j]))
-    starts = [a_start(att[j]) for j in names]
-
-    def owner(e: Event) -> str | None:
-        if e.job_id in att and a_start(att[e.job_id]) < math.inf:
-            return e.job_id
-        k = int(np.searchsorted(starts, e.time, side="right")) - 1
-        return names[k] if k >= 0 else (names[0] if names else None)
-
+def _explicit(evs: list[Event]) -> tuple[list[tuple[float, float, str]], list[Event], int]:
+    """Intervals the events state (checkpoints, events with a duration), the hangs without a
+    duration, and the number of checkpoints."""
     hangs: list[Event] = []
     explicit: list[tuple[float, float, str]] = []
     ckpt_open: dict[str, float] = {}
     checkpoints = 0
     for e in evs:
-        j = owner(e)
-        if j is not None:
-            a = att[j]
-            a["kinds"].add(_kind(e, a["kinds"]))
-            if e.kind in _SIGNAL:
-                a["hit"].append(e.time)
-            if e.kind in _TERMINAL:
-                a["end"] = e.time if a["end"] is None else max(a["end"], e.time)
         dur = e.attrs.get("duration")
         cat = e.attrs.get("category")
         if e.kind == "checkpoint_begin":
@@ -372,70 +342,75 @@ def breakdown(
                 explicit.append((e.time, e.time + float(dur), str(cat)))
         elif e.kind == "hang":
             hangs.append(e)
+    return explicit, hangs, checkpoints
 
-    # Window.
-    ends = [
-        max(x for x in (a["last"], a["end"], a["held"]) if x is not None)
-        for a in (att[j] for j in names)
-    ]
-    if window is None:
-        t0 = min(starts) if starts else 0.0
-        t1 = max(ends) if ends else t0
-    else:
-        t0, t1 = float(window[0]), float(window[1])
-    if t1 < t0:
-        raise ValueError(f"window ends ({t1}) before it starts ({t0})")
 
-    intervals: list[tuple[float, float, str, int, bool]] = []
+def _attempt_intervals(attempts: _Attempts) -> tuple[list[_Interval], dict[str, str]]:
+    """Startup, the step in flight at a fault, the recovery after it and the gap between
+    attempts, each charged to its cause; and each attempt's cause."""
+    intervals: list[_Interval] = []
     causes: dict[str, str] = {}
     prev_cause: str | None = None
+    names, starts, ends = attempts.names, attempts.starts, attempts.ends
     for k, j in enumerate(names):
-        a = att[j]
-        cause = _cause(a["kinds"])
-        if k == len(names) - 1 and not (a["kinds"] & (_TERMINAL - {"finish"})):
+        a = attempts.by_job[j]
+        cause = _cause(a.kinds)
+        if k == len(names) - 1 and not (a.kinds & (_TERMINAL - {"finish"})):
             cause = "finish"
         causes[j] = cause
-        s, f, last, end = starts[k], a["first"], a["last"], ends[k]
+        s, f, last, end = starts[k], a.first, a.last, ends[k]
         lead = "startup" if prev_cause in (None, "finish") else prev_cause
         intervals.append((s, f if f is not None else end, lead, _PRIO_ATTEMPT, True))
         if last is not None and cause != "finish":
             # The step in flight when the fault hit is lost work; detection follows it.
-            hit = min((t for t in a["hit"] if last <= t <= end), default=last)
+            hit = min((t for t in a.hit if last <= t <= end), default=last)
             key = f"rework:{_REWORK_KEY.get(cause, 'failure')}"
             intervals.append((last, hit, key, _PRIO_ATTEMPT, True))
             intervals.append((hit, end, cause, _PRIO_ATTEMPT, True))
         if k + 1 < len(names) and cause != "finish":
-            nxt = att[names[k + 1]]
-            intervals.append((end, starts[k + 1], cause, _PRIO_ATTEMPT, nxt["held"] is None))
+            nxt = attempts.by_job[names[k + 1]]
+            intervals.append((end, starts[k + 1], cause, _PRIO_ATTEMPT, nxt.held is None))
         prev_cause = cause
+    return intervals, causes
+
+
+def _hang_intervals(
+    hangs: list[Event], ex: _Executions, attempts: _Attempts, t0: float, t1: float
+) -> list[_Interval]:
+    """A hang without a duration: from the last step end before it to the next step start."""
+    st, wall, n = ex.start, ex.wall, ex.n
+    out: list[_Interval] = []
     for e in hangs:
         i = int(np.searchsorted(st + wall, e.time, side="right")) - 1
         a0 = float(st[i] + wall[i]) if i >= 0 else t0
         i2 = int(np.searchsorted(st, e.time, side="left"))
         b0 = float(st[i2]) if i2 < n else t1
-        j = owner(e)
-        if j is not None and j in names:
-            b0 = min(b0, ends[names.index(j)])
-        intervals.append((a0, max(a0, b0), "hang", _PRIO_HANG, True))
-    intervals += [(a, b, c, _PRIO_EXPLICIT, True) for a, b, c in explicit]
+        j = attempts.owner(e)
+        if j is not None and j in attempts.names:
+            b0 = min(b0, attempts.ends[attempts.names.index(j)])
+        out.append((a0, max(a0, b0), "hang", _PRIO_HANG, True))
+    return out
 
-    seconds = dict.fromkeys(CATEGORIES, 0.0)
-    unheld = dict.fromkeys(CATEGORIES, 0.0)
-    rework_by_cause = {"failure": 0.0, "preemption": 0.0, "maintenance": 0.0}
 
-    # Steps: the part of each execution inside the window.
+@dataclass
+class _Tally:
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    unheld: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    rework_by_cause: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_CAUSES, 0.0))
+
+
+def _charge_steps(
+    ex: _Executions, t0: float, t1: float, causes: dict[str, str], tally: _Tally
+) -> float:
+    """Steps: the part of each execution inside the window; returns the retained steps."""
+    st, wall, n, jobs, retained = ex.start, ex.wall, ex.n, ex.jobs, ex.retained
+    dw, strag = ex.data_wait, ex.straggler
+    seconds, rework_by_cause = tally.seconds, tally.rework_by_cause
     lo = np.clip(st, t0, t1)
     hi = np.clip(st + wall, t0, t1)
     inside = hi - lo
     frac = np.divide(inside, wall, out=np.zeros(n), where=wall > 0)
     ret = retained & (inside > 0)
-    dw = np.zeros(n) if steps.data_wait is None else np.asarray(steps.data_wait, np.float64)[order]
-    dw = np.clip(np.nan_to_num(dw, nan=0.0), 0.0, wall)
-    strag = (
-        np.asarray(steps.max_compute, np.float64)[order]
-        - np.asarray(steps.mean_compute, np.float64)[order]
-    )
-    strag = np.clip(np.nan_to_num(strag, nan=0.0), 0.0, wall - dw)
     seconds["data_stall"] = float(np.sum((dw * frac)[ret]))
     seconds["straggler"] = float(np.sum((strag * frac)[ret]))
     seconds["productive"] = (
@@ -447,75 +422,104 @@ def breakdown(
         for j in np.unique(jobs[rw]).tolist():
             key = _REWORK_KEY.get(causes.get(j, "recovery"), "failure")
             rework_by_cause[key] += float(np.sum(inside[rw & (jobs == j)]))
-    retained_steps = float(np.sum(frac[ret]))
+    return float(np.sum(frac[ret]))
 
-    # Everything else: elementary segments between interval ends, minus the step time in them.
+
+def _charge_segments(
+    ex: _Executions, intervals: list[_Interval], t0: float, t1: float, tally: _Tally
+) -> None:
+    """Everything else: elementary segments between interval ends, minus the step time in them,
+    each charged to the line of highest precedence that covers it (or ``unaccounted``)."""
+    st, wall, n = ex.start, ex.wall, ex.n
     clipped = [
         (max(a, t0), min(b, t1), c, p, h) for a, b, c, p, h in intervals if min(b, t1) > max(a, t0)
     ]
     bounds = np.unique(np.array([t0, t1] + [x for a, b, *_ in clipped for x in (a, b)]))
     m = len(bounds) - 1
-    if m > 0:
-        cum = np.concatenate([[0.0], np.cumsum(wall)])
+    if m <= 0:
+        return
+    cum = np.concatenate([[0.0], np.cumsum(wall)])
 
-        def covered(t: F64) -> F64:
-            if n == 0:
-                return np.zeros_like(t)
-            i = np.searchsorted(st, t, side="right") - 1
-            part = np.where(
-                i >= 0, np.clip(t - st[np.maximum(i, 0)], 0.0, wall[np.maximum(i, 0)]), 0
-            )
-            return np.asarray(cum[np.maximum(i, 0)] * (i >= 0) + part, dtype=np.float64)
+    def covered(t: F64) -> F64:
+        if n == 0:
+            return np.zeros_like(t)
+        i = np.searchsorted(st, t, side="right") - 1
+        part = np.where(i >= 0, np.clip(t - st[np.maximum(i, 0)], 0.0, wall[np.maximum(i, 0)]), 0)
+        return np.asarray(cum[np.maximum(i, 0)] * (i >= 0) + part, dtype=np.float64)
 
-        free = (bounds[1:] - bounds[:-1]) - (covered(bounds[1:]) - covered(bounds[:-1]))
-        free = np.maximum(free, 0.0)
-        best_prio = np.zeros(m, dtype=np.int64)
-        best_cat = np.full(m, _LINES.index("unaccounted"), dtype=np.int64)
-        best_held = np.ones(m, dtype=bool)
-        # Highest precedence wins; within one level, the earlier line in _LINES.
-        for prio in (_PRIO_ATTEMPT, _PRIO_HANG, _PRIO_EXPLICIT):
-            for ci in reversed(range(len(_LINES))):
-                for held in (True, False):
-                    sel = [
-                        (a, b)
-                        for a, b, c, p, h in clipped
-                        if p == prio and c == _LINES[ci] and h == held
-                    ]
-                    if not sel:
-                        continue
-                    arr = np.array(sel)
-                    diff = np.zeros(m + 1, dtype=np.int64)
-                    np.add.at(diff, np.searchsorted(bounds, arr[:, 0]), 1)
-                    np.add.at(diff, np.searchsorted(bounds, arr[:, 1]), -1)
-                    cov = np.cumsum(diff)[:m] > 0
-                    take = cov & (best_prio <= prio)
-                    best_prio[take], best_cat[take], best_held[take] = prio, ci, held
-        for ci, c in enumerate(_LINES):
-            sel = best_cat == ci
-            if sel.any():
-                line, _, why = c.partition(":")
-                seconds[line] += float(np.sum(free[sel]))
-                unheld[line] += float(np.sum(free[sel & ~best_held]))
-                if why:
-                    rework_by_cause[why] += float(np.sum(free[sel]))
+    free = (bounds[1:] - bounds[:-1]) - (covered(bounds[1:]) - covered(bounds[:-1]))
+    free = np.maximum(free, 0.0)
+    best_prio = np.zeros(m, dtype=np.int64)
+    best_cat = np.full(m, _LINES.index("unaccounted"), dtype=np.int64)
+    best_held = np.ones(m, dtype=bool)
+    # Highest precedence wins; within one level, the earlier line in _LINES.
+    for prio in (_PRIO_ATTEMPT, _PRIO_HANG, _PRIO_EXPLICIT):
+        for ci in reversed(range(len(_LINES))):
+            for held in (True, False):
+                sel = [
+                    (a, b)
+                    for a, b, c, p, h in clipped
+                    if p == prio and c == _LINES[ci] and h == held
+                ]
+                if not sel:
+                    continue
+                arr = np.array(sel)
+                diff = np.zeros(m + 1, dtype=np.int64)
+                np.add.at(diff, np.searchsorted(bounds, arr[:, 0]), 1)
+                np.add.at(diff, np.searchsorted(bounds, arr[:, 1]), -1)
+                cov = np.cumsum(diff)[:m] > 0
+                take = cov & (best_prio <= prio)
+                best_prio[take], best_cat[take], best_held[take] = prio, ci, held
+    for ci, c in enumerate(_LINES):
+        sel_c = best_cat == ci
+        if sel_c.any():
+            line, _, why = c.partition(":")
+            tally.seconds[line] += float(np.sum(free[sel_c]))
+            tally.unheld[line] += float(np.sum(free[sel_c & ~best_held]))
+            if why:
+                tally.rework_by_cause[why] += float(np.sum(free[sel_c]))
+
+
+def breakdown(
+    steps: StepArrays,
+    events: Iterable[Event],
+    window: tuple[float, float] | None = None,
+    tolerance: float = 0.01,
+) -> Breakdown:
+    """Partition the run's wall-clock (or ``window``) into the lines of :data:`CATEGORIES`."""
+    evs = sorted(events, key=lambda e: e.time)
+    ex = _executions(steps)
+    attempts = _attempts(ex, evs)
+    explicit, hangs, checkpoints = _explicit(evs)
+    if window is None:
+        t0 = min(attempts.starts) if attempts.starts else 0.0
+        t1 = max(attempts.ends) if attempts.ends else t0
+    else:
+        t0, t1 = float(window[0]), float(window[1])
+    if t1 < t0:
+        raise ConfigError(f"window ends ({t1}) before it starts ({t0})")
+
+    intervals, causes = _attempt_intervals(attempts)
+    intervals += _hang_intervals(hangs, ex, attempts, t0, t1)
+    intervals += [(a, b, c, _PRIO_EXPLICIT, True) for a, b, c in explicit]
+
+    tally = _Tally()
+    retained_steps = _charge_steps(ex, t0, t1, causes, tally)
+    _charge_segments(ex, intervals, t0, t1, tally)
 
     interruptions: dict[str, int] = {}
-    for j in names[:-1] if names else []:
+    for j in attempts.names[:-1]:
         interruptions[causes[j]] = interruptions.get(causes[j], 0) + 1
     return Breakdown(
         t0=t0,
         t1=t1,
-        seconds=seconds,
-        unheld={k: v for k, v in unheld.items() if v > 0},
-        rework_by_cause=rework_by_cause,
+        seconds=tally.seconds,
+        unheld={k: v for k, v in tally.unheld.items() if v > 0},
+        rework_by_cause=tally.rework_by_cause,
         retained_steps=retained_steps,
-        reworked_executions=int(np.sum(~retained)),
-        attempts=len(names),
+        reworked_executions=int(np.sum(~ex.retained)),
+        attempts=len(attempts.names),
         interruptions=interruptions,
         checkpoints=checkpoints,
         tolerance=tolerance,
     )
-
-
-def events_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[Event]:
-    return [Event.from_row(r) for r in rows]

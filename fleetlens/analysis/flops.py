@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 __all__ = [
     "ACCELERATORS",
     "Accelerator",
@@ -33,7 +35,7 @@ def dense_flops_per_token(
     them 0 the result is the 6N approximation.
     """
     if n_params <= 0:
-        raise ValueError(f"n_params is {n_params}; a model has a positive parameter count")
+        raise ConfigError(f"n_params is {n_params}; a model has a positive parameter count")
     return 6.0 * n_params + 12.0 * n_layers * d_model * seq_len
 
 
@@ -62,11 +64,11 @@ def hardware_flops_per_token(model_flops_per_token: float, recompute: str = "non
         try:
             extra = float(recompute)
         except ValueError:
-            raise ValueError(
+            raise ConfigError(
                 f"recompute is {recompute!r}; use 'none', 'full' or a fraction like '0.25'"
             ) from None
         if not 0.0 <= extra <= 1.0:
-            raise ValueError(f"recompute fraction {extra} is outside 0..1")
+            raise ConfigError(f"recompute fraction {extra} is outside 0..1")
     # The forward pass is a third of the 6N-style count.
     return model_flops_per_token * (1.0 + extra / 3.0)
 
@@ -85,7 +87,7 @@ class Accelerator:
         try:
             return self.tflops[dtype] * 1e12
         except KeyError:
-            raise KeyError(
+            raise ConfigError(
                 f"{self.name} has no {dtype} peak in the table; known: {sorted(self.tflops)}"
             ) from None
 
@@ -164,11 +166,11 @@ ACCELERATORS: dict[str, Accelerator] = {
 
 
 def accelerator(name: str) -> Accelerator:
-    """The table entry for ``name`` (case-insensitive), or a KeyError listing the known ones."""
+    """The table entry for ``name`` (case-insensitive), or a ConfigError listing the known ones."""
     for key, acc in ACCELERATORS.items():
         if key.lower() == name.lower():
             return acc
-    raise KeyError(f"unknown accelerator {name!r}; known: {', '.join(ACCELERATORS)}")
+    raise ConfigError(f"unknown accelerator {name!r}; known: {', '.join(ACCELERATORS)}")
 
 
 def mfu(flops: float, seconds: float, devices: int, peak_flops_per_device: float) -> float:
@@ -177,7 +179,7 @@ def mfu(flops: float, seconds: float, devices: int, peak_flops_per_device: float
     Measured over retained steps only (their productive time), this is program goodput.
     """
     if seconds <= 0 or devices <= 0 or peak_flops_per_device <= 0:
-        raise ValueError(
+        raise ConfigError(
             f"mfu needs positive seconds, devices and peak (got {seconds}, {devices}, "
             f"{peak_flops_per_device})"
         )
@@ -191,5 +193,5 @@ def mbu(bytes_moved: float, seconds: float, devices: int, peak_bytes_per_s: floa
     kernels.
     """
     if seconds <= 0 or devices <= 0 or peak_bytes_per_s <= 0:
-        raise ValueError("mbu needs positive seconds, devices and peak bandwidth")
+        raise ConfigError("mbu needs positive seconds, devices and peak bandwidth")
     return bytes_moved / (seconds * devices * peak_bytes_per_s)

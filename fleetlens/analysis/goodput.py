@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from .breakdown import Breakdown
 
 __all__ = [
@@ -33,7 +34,7 @@ _EPS = 1e-9  # sums of float seconds land a few ulps outside [0, 1]
 
 def _unit(name: str, v: float) -> float:
     if math.isnan(v) or not (-_EPS <= v <= 1.0 + _EPS):
-        raise ValueError(f"{name} goodput is {v}; a goodput factor lies in [0, 1]")
+        raise ConfigError(f"{name} goodput is {v}; a goodput factor lies in [0, 1]")
     return min(1.0, max(0.0, v))
 
 
@@ -45,14 +46,6 @@ class LossShares:
     runtime: float
     program: float
     useful: float
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "scheduling": self.scheduling,
-            "runtime": self.runtime,
-            "program": self.program,
-            "useful": self.useful,
-        }
 
 
 def loss_shares(scheduling: float, runtime: float, program: float) -> LossShares:
@@ -90,18 +83,6 @@ class Factors:
     def shares(self) -> LossShares:
         return loss_shares(self.scheduling, self.runtime, self.program)
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "scheduling": self.scheduling,
-            "runtime": self.runtime,
-            "program": self.program,
-            "hfu": self.hfu,
-            "mbu": self.mbu,
-            "jobProduct": self.job_product,
-            "mpg": self.mpg,
-            "lossShares": self.shares.as_dict(),
-        }
-
 
 def telescoped(ideal_s: float, productive_s: float, held_s: float, in_service_s: float) -> float:
     """MPG as one ratio: ideal-rate time over offered capacity-time (the product's value).
@@ -110,9 +91,9 @@ def telescoped(ideal_s: float, productive_s: float, held_s: float, in_service_s:
     factors equals this ratio exactly when no interval is charged twice or dropped.
     """
     if in_service_s <= 0:
-        raise ValueError("in-service capacity-time must be positive")
+        raise ConfigError("in-service capacity-time must be positive")
     if not ideal_s <= productive_s <= held_s <= in_service_s:
-        raise ValueError(
+        raise ConfigError(
             "the boundaries must nest: ideal <= productive <= held <= in-service, got "
             f"{ideal_s}, {productive_s}, {held_s}, {in_service_s}"
         )

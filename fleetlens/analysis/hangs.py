@@ -1,38 +1,84 @@
-"""Hangs: no step progress for k x the recent step time, and the ranks that did not arrive.
+"""Hangs: the one rule for "this job stopped making progress", and the ranks to blame.
 
-A job is hung when nothing moved for ``max(k * recent step time, floor)``: progress is a step
-ending, or a checkpoint beginning or ending (a long synchronous save is not a hang). A gap that
-ends in a failure the job reported itself (an XID, an OOM, a preemption) before the threshold is
-not a hang either; the caller passes such ends as ``explained_ends``.
+Three places ask whether a job is hung: the analysis loop over stored telemetry
+(:mod:`fleetlens.services.analyzer`, each gap between progress marks of an attempt), the alert
+engine (:mod:`fleetlens.alerts.engine`, is the run hung now) and the remediation controller
+(:mod:`fleetlens.remediation.controller`, are the ranks polling its control channel stuck now).
+They all answer with :class:`HangRule` and :func:`hang_verdict` (or :func:`live_hang`, the same
+verdict for "now"), so a job is hung by one definition wherever it is looked at:
+
+* **Threshold from the step-time history**: ``max(k x recent step time, floor_s)``, ``k = 10``
+  and ``floor_s = 60`` by default; the recent step time is the median of the last
+  :data:`RECENT_STEPS` step durations (:func:`recent_step_time`). A fixed timeout (what the
+  controller used, ``hang_s``) is either too slow for a 0.3 s step or raises false alarms on a
+  90 s one; a multiple of the job's own step time scales with the job, and the floor keeps a
+  fast job from being called hung over an evaluation pass, a garbage collection or a slow
+  rendezvous. ``hang_s`` is now that floor.
+* **Progress** is anything that moves the job forward: a step ending (any rank), a checkpoint
+  beginning or ending (a long synchronous save is not a hang), and for the live check a rank's
+  position (step, collective sequence) changing. The newest such mark starts the gap; the gap
+  ends at the next mark, the attempt's end, or now.
+* **Explained stops**: a stop the job or the fleet reported itself (an XID, an OOM, a
+  preemption, a drain, a finish) within one threshold of the last progress, before or after it,
+  explains the silence: a failure or a drain, not a hang. (The alert engine used "any stop after
+  the last step end minus one step"; a drain is written before the job finishes its step and its
+  checkpoint, so the analysis loop's one-threshold window is the one that holds for drains.)
+  For a live verdict, a stop after the last progress also ends the gap: the job is recovering or
+  gone, not hung now.
 
 The ranks to blame are the ones missing from the stuck collective: in a collective group, the
 ranks whose last collective is behind the others' (they never entered the one the others wait
-in). :func:`missing_from_groups` does that for our collectives and for PyTorch NCCL flight
-recorder dumps alike (:func:`flight_recorder_groups` reads the dumps' dicts).
+in). :func:`missing_from_groups` does that for our collectives, for the live positions ranks
+report to the controller, and for PyTorch NCCL flight recorder dumps alike
+(:func:`flight_recorder_groups` reads the dumps' dicts).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = [
+    "RECENT_STEPS",
+    "HangRule",
     "Stall",
     "StuckGroup",
     "find_stalls",
     "flight_recorder_groups",
-    "hang_threshold",
+    "hang_verdict",
+    "live_hang",
     "missing_from_groups",
+    "recent_step_time",
 ]
 
 Arr = np.ndarray[Any, Any]
 
+RECENT_STEPS = 20
+"""How many of the newest steps make the "recent step time" a threshold scales with."""
 
-def hang_threshold(recent_step_s: float, k: float = 10.0, floor_s: float = 60.0) -> float:
-    step = recent_step_s if np.isfinite(recent_step_s) and recent_step_s > 0 else 0.0
-    return max(k * step, floor_s)
+
+def recent_step_time(durations: ArrayLike) -> float | None:
+    """The median of the last :data:`RECENT_STEPS` finite, positive step durations (oldest
+    first), or None without any."""
+    d = np.asarray(durations, dtype=np.float64)[-RECENT_STEPS:]
+    d = d[np.isfinite(d) & (d > 0)]
+    return float(np.median(d)) if len(d) else None
+
+
+@dataclass(frozen=True)
+class HangRule:
+    """No progress for ``max(k x recent step time, floor_s)`` is a hang."""
+
+    k: float = 10.0
+    floor_s: float = 60.0
+
+    def threshold(self, recent_step_s: float | None) -> float:
+        step = recent_step_s if recent_step_s is not None and np.isfinite(recent_step_s) else 0.0
+        return max(self.k * max(step, 0.0), self.floor_s)
 
 
 @dataclass(frozen=True)
@@ -43,26 +89,46 @@ class Stall:
     threshold_s: float
 
 
+def hang_verdict(
+    since: float, until: float, threshold_s: float, stops: Iterable[float] = ()
+) -> Stall | None:
+    """The gap in progress from ``since`` (the last progress mark) to ``until`` (the next mark,
+    the attempt's end, or now): a hang when longer than ``threshold_s`` and not explained by a
+    stop within one threshold of ``since``."""
+    if until - since <= threshold_s:
+        return None
+    if any(since - threshold_s <= t < since + threshold_s for t in stops):
+        return None
+    return Stall(since, since + threshold_s, until, threshold_s)
+
+
+def live_hang(
+    last_progress: float, now: float, threshold_s: float, stops: Iterable[float] = ()
+) -> Stall | None:
+    """:func:`hang_verdict` for a job that may be hung now: a stop after its last progress
+    ended the gap (the job is recovering or gone), so there is no hang going on."""
+    stops = list(stops)
+    if any(t >= last_progress for t in stops):
+        return None
+    return hang_verdict(last_progress, now, threshold_s, stops)
+
+
 def find_stalls(
     progress: Arr, end: float, threshold_s: float, explained_ends: Arr | None = None
 ) -> list[Stall]:
-    """Gaps longer than ``threshold_s`` between progress marks, and after the last one until
-    ``end`` (the attempt's end, or now for a running job). A gap with an explained stop (a
-    reported failure, a drain) within one threshold of its start is not a stall."""
+    """Every gap between progress marks, and after the last one until ``end`` (the attempt's
+    end, or now for a running job), that :func:`hang_verdict` calls a hang."""
     p = np.sort(np.asarray(progress, dtype=np.float64))
     p = p[np.isfinite(p)]
     if not len(p):
         return []
     marks = np.append(p, end)
-    gaps = np.diff(marks)
+    stops = [] if explained_ends is None else np.asarray(explained_ends, np.float64).tolist()
     out = []
-    for i in np.flatnonzero(gaps > threshold_s).tolist():
-        since = float(marks[i])
-        if explained_ends is not None and len(explained_ends):
-            ex = np.asarray(explained_ends, dtype=np.float64)
-            if ((ex >= since - threshold_s) & (ex < since + threshold_s)).any():
-                continue
-        out.append(Stall(since, since + threshold_s, float(marks[i + 1]), threshold_s))
+    for i in np.flatnonzero(np.diff(marks) > threshold_s).tolist():
+        v = hang_verdict(float(marks[i]), float(marks[i + 1]), threshold_s, stops)
+        if v is not None:
+            out.append(v)
     return out
 
 

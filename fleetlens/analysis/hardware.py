@@ -8,6 +8,7 @@ a healthy one, they do not grade it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,24 @@ class NodeHealth:
     mem_used_frac_max: float = float("nan")
     nic_errors_per_s: float = 0.0
     retransmits_per_s: float = 0.0
+
+
+def gpu_health(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], GpuHealth]:
+    """Per (node, GPU), from rows keyed by :class:`GpuHealth`'s fields (as the store reads them)."""
+    out = {}
+    for r in rows:
+        g = GpuHealth(**r)
+        out[(g.node, g.gpu)] = g
+    return out
+
+
+def node_health(rows: Iterable[Mapping[str, Any]]) -> dict[str, NodeHealth]:
+    """Per node, from rows keyed by :class:`NodeHealth`'s fields."""
+    out = {}
+    for r in rows:
+        n = NodeHealth(**r)
+        out[n.node] = n
+    return out
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,8 @@ class RankState:
         st = cls.fresh(max(world, int(d.get("world", 0))))
         for r, (c, since, alarm, ex, n) in d.get("live", {}).items():
             i = int(r)
+            if not 0 <= i < len(st.c):
+                continue
             st.c[i], st.since[i], st.alarm[i], st.excess[i], st.count[i] = c, since, alarm, ex, n
         st.episodes = [Episode(**e) for e in d.get("episodes", [])]
         return st
@@ -182,6 +184,16 @@ def scan_stragglers(
     """Advance the per-rank CUSUM over a window; closed and open episodes land in the state."""
     if compute.size == 0:
         return state
+    w = len(state.c)
+    if compute.shape[1] > w:  # more ranks than the state knew: grow it
+        grown = RankState.fresh(compute.shape[1])
+        for a in ("c", "since", "alarm", "excess", "count"):
+            getattr(grown, a)[:w] = getattr(state, a)
+        grown.episodes = state.episodes
+        state = grown
+    elif compute.shape[1] < w:  # ranks the window did not report: not measured
+        pad = np.full((compute.shape[0], w - compute.shape[1]), np.nan)
+        compute = np.hstack([compute, pad])
     med = np.nanmedian(compute, axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         x = compute / med[:, None]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -70,33 +69,6 @@ class SchedulingResult:
     @property
     def availability(self) -> float:
         return self.in_service_gpu_s / self.installed_gpu_s if self.installed_gpu_s > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        ins = self.in_service_gpu_s or math.inf
-        return {
-            "window": {"from": self.t0, "to": self.t1},
-            "schedulingGoodput": self.scheduling_goodput,
-            "availability": self.availability,
-            "gpuHours": {
-                "installed": self.installed_gpu_s / 3600,
-                "inService": self.in_service_gpu_s / 3600,
-                "completeAllocations": self.complete_gpu_s / 3600,
-                "partialGangs": self.partial_gpu_s / 3600,
-                "strandedWhileQueued": self.stranded_gpu_s / 3600,
-                "idleNoDemand": self.no_demand_gpu_s / 3600,
-                "oversubscribed": self.oversubscribed_gpu_s / 3600,
-            },
-            "shares": {
-                "complete": self.complete_gpu_s / ins,
-                "partial": self.partial_gpu_s / ins,
-                "stranded": self.stranded_gpu_s / ins,
-                "noDemand": self.no_demand_gpu_s / ins,
-            },
-            "queueWaitSeconds": self.queue_wait_s,
-            "jobs": self.jobs,
-            "started": self.started,
-            "pending": self.pending,
-        }
 
 
 def _overlap(a: F64, b: F64, t0: float, t1: float) -> F64:

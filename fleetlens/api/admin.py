@@ -12,7 +12,7 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, Field
 
-from ..errors import ConfigError
+from ..errors import FleetlensError
 from ..store.scope import ROLES, Scope
 from .auth import ERROR_RESPONSES, require
 
@@ -25,7 +25,7 @@ Admin = Annotated[Scope, Depends(require("admin"))]
 
 Role = Literal["ingest", "viewer", "editor", "admin", "oncall"]
 if set(ROLES) != set(get_args(Role)):  # keep the schema's enum and the roles table one list
-    raise RuntimeError("Role literal out of date with fleetlens.store.scope.ROLES")
+    raise FleetlensError("Role literal out of date with fleetlens.store.scope.ROLES")
 
 
 class TokenRequest(BaseModel):
@@ -44,14 +44,11 @@ def _access(request: Request) -> Any:
 async def create_token(request: Request, body: TokenRequest, scope: Admin) -> dict[str, Any]:
     if scope.project and body.project != scope.project:
         raise HTTPException(403, "a project-scoped admin creates tokens for its project only")
-    try:
-        plaintext, info = await anyio.to_thread.run_sync(
-            lambda: _access(request).create_token(
-                scope.tenant, body.role, project=body.project, name=body.name, actor=scope
-            )
+    plaintext, info = await anyio.to_thread.run_sync(
+        lambda: _access(request).create_token(
+            scope.tenant, body.role, project=body.project, name=body.name, actor=scope
         )
-    except ConfigError as exc:
-        raise HTTPException(400, str(exc)) from exc
+    )
     return {"token": plaintext, **info.as_json()}
 
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from ..alerts.rules import prometheus_rules
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
+from .remediation import action_json
 
 __all__ = ["router"]
 
@@ -50,7 +51,8 @@ async def get_alert(request: Request, alert_id: Id, scope: Reader) -> dict[str, 
     out: dict[str, Any] = await anyio.to_thread.run_sync(svc.alert_store.get, scope, alert_id)
     ctl = svc.monitor.remediation
     if ctl is not None:
-        out["remediations"] = await anyio.to_thread.run_sync(ctl.for_alert, scope, alert_id)
+        actions = await anyio.to_thread.run_sync(ctl.for_alert, scope, alert_id)
+        out["remediations"] = [action_json(a) for a in actions]
     return out
 
 
@@ -80,5 +82,6 @@ async def incident(request: Request, incident_id: Id, scope: Reader) -> dict[str
     )
     ctl = svc.monitor.remediation
     if ctl is not None:
-        out["remediations"] = await anyio.to_thread.run_sync(ctl.for_incident, scope, incident_id)
+        actions = await anyio.to_thread.run_sync(ctl.for_incident, scope, incident_id)
+        out["remediations"] = [action_json(a) for a in actions]
     return out

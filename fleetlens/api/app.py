@@ -1,4 +1,5 @@
-"""The server: one FastAPI app serving the collector (``POST /v1/ingest``) and the read API.
+"""The API app: the collector (``POST /v1/ingest``) and the read API. The portal's pages are
+added on top of it by :func:`fleetlens.server.create_app`, which is what ``fleetlens serve`` runs.
 
 Ingest does its decoding and inserting on a worker thread, inside a bounded number of slots:
 when they are all taken the answer is 429 with Retry-After, and the client (the SDK) backs off
@@ -33,13 +34,12 @@ from ..collector.decode import DecodeLimits
 from ..collector.ingest import Ingestor, IngestQueue
 from ..collector.quota import TenantLimiter
 from ..config import ServerConfig
-from ..errors import BatchTooLarge, ConfigError, NotFound, StoreError, WireError
-from ..monitor import Monitor
+from ..errors import BatchTooLarge, ConfigError, FleetlensError, WireError, http_status
+from ..services.monitor import Monitor
 from ..store.access import AccessStore
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore, open_telemetry
-from ..ui.pages import router as pages_router
 from ..wire import Batch
 from .admin import router as admin_router
 from .alerts import router as alerts_router
@@ -49,12 +49,13 @@ from .findings import router as findings_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
 from .portal import router as portal_router
+from .portal_fleet import router as portal_fleet_router
 from .remediation import router as remediation_router
 from .runs import router as runs_router
 from .series import router as series_router
 from .traces import router as traces_router
 
-__all__ = ["Services", "create_app"]
+__all__ = ["Services", "create_api"]
 
 log = logging.getLogger("fleetlens.server")
 
@@ -113,7 +114,9 @@ class Services:
         ingestor = Ingestor(
             telemetry,
             metadata,
-            DecodeLimits(max_body_bytes=config.max_body_bytes, max_rows=config.max_rows),
+            DecodeLimits(
+                max_body_bytes=config.collector.max_body_bytes, max_rows=config.collector.max_rows
+            ),
         )
         registry = CollectorRegistry()
         batches = Counter(
@@ -125,7 +128,7 @@ class Services:
         rows = Counter(
             "fleetlens_ingest_rows", "Rows stored, by record kind", ["kind"], registry=registry
         )
-        queue = IngestQueue(config.max_inflight, config.max_queue_bytes)
+        queue = IngestQueue(config.collector.max_inflight, config.collector.max_queue_bytes)
         access = AccessStore(metadata)
         auth_required = config.auth_required
         if auth_required and not access.has_admin_token():
@@ -173,8 +176,11 @@ class Services:
 def _error(
     status: int, message: str, field: str | None = None, retry_after: int | None = None
 ) -> JSONResponse:
+    """An error answer. ``detail`` is FastAPI's key (its own 4xx use it), ``error`` the key the
+    collector has always answered with; both carry the message, ``field`` the bad field."""
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return JSONResponse({"error": message, "field": field}, status_code=status, headers=headers)
+    body = {"detail": message, "error": message, "field": field}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _batch_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -194,7 +200,9 @@ async def _drain(request: Request) -> None:
         pass
 
 
-def create_app(config: ServerConfig, services: Services | None = None) -> FastAPI:
+def create_api(config: ServerConfig, services: Services | None = None) -> FastAPI:
+    """The API alone (no portal pages); :func:`fleetlens.server.create_app` is the server."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc = services or Services.open(config)
@@ -213,7 +221,7 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
 
         async def monitoring() -> None:
             while True:
-                await asyncio.sleep(svc.config.analysis_interval_s)
+                await asyncio.sleep(svc.config.monitor.interval_s)
                 try:
                     await anyio.to_thread.run_sync(svc.monitor.run_once)
                 except Exception:  # keep serving; the next pass retries
@@ -248,14 +256,17 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
             headers["Allow"] = ", ".join(sorted(allowed))
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
-    @app.exception_handler(NotFound)
-    async def not_found(_request: Request, exc: NotFound) -> JSONResponse:
-        return _error(404, str(exc))
-
-    @app.exception_handler(StoreError)
-    async def store_error(_request: Request, exc: StoreError) -> JSONResponse:
-        log.error("store error: %s", exc)
-        return _error(503, f"store unavailable: {exc}", retry_after=1)
+    @app.exception_handler(FleetlensError)
+    async def fleetlens_error(_request: Request, exc: FleetlensError) -> JSONResponse:
+        """Every error of the tree, answered with its status from ``errors.STATUS``."""
+        status = http_status(exc)
+        if status == 503:
+            log.error("store error: %s", exc)
+            return _error(503, f"store unavailable: {exc}", retry_after=1)
+        if status == 500:
+            log.error("unexpected %s: %s", type(exc).__name__, exc)
+            return _error(500, f"{type(exc).__name__}: {exc}")
+        return _error(status, str(exc), getattr(exc, "field", None))
 
     @app.post(
         "/v1/ingest",
@@ -282,7 +293,7 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
         request: Request, scope: Annotated[Scope, Depends(require("ingest"))]
     ) -> Response:
         svc: Services = request.app.state.services
-        limit = svc.config.max_body_bytes
+        limit = svc.config.collector.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             svc.batches.labels("too_large").inc()
@@ -309,7 +320,7 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
                 f"tenant {scope.tenant!r} is over its ingest rate; retry later",
                 retry_after=max(1, math.ceil(wait)),
             )
-        if not await svc.queue.admit(nbytes, svc.config.queue_wait_s):
+        if not await svc.queue.admit(nbytes, svc.config.collector.queue_wait_s):
             svc.batches.labels("throttled").inc()
             await _drain(request)
             return _error(429, "ingest queue is full; retry later", None, retry_after=1)
@@ -333,12 +344,10 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
                     scope.tenant,
                     scope.project or None,
                 )
-            except BatchTooLarge as exc:
-                svc.batches.labels("too_large").inc()
-                return _error(413, str(exc), exc.field)
             except WireError as exc:
-                svc.batches.labels("rejected").inc()
-                return _error(400, str(exc), exc.field)
+                too_large = isinstance(exc, BatchTooLarge)
+                svc.batches.labels("too_large" if too_large else "rejected").inc()
+                return _error(http_status(exc), str(exc), exc.field)
         finally:
             await svc.queue.release(nbytes)
         svc.batches.labels("stored").inc()
@@ -371,9 +380,9 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(goodput_router)
     app.include_router(admin_router)
     app.include_router(portal_router)
+    app.include_router(portal_fleet_router)
     app.include_router(evaluations_router)
     app.include_router(remediation_router)
-    app.include_router(pages_router)
 
     build_openapi = app.openapi
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from ..errors import ConfigError
-from ..evaluation.registry import PromotionRefused, Registry
-from ..evaluation.store import EvalStore, LeaseLost
+from ..evaluation.registry import Registry
+from ..evaluation.store import EvalStore
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
 
@@ -44,12 +43,8 @@ def _stores(request: Request) -> tuple[EvalStore, Registry]:
 
 
 async def _run(fn: Any) -> Any:
-    try:
-        return await anyio.to_thread.run_sync(fn)
-    except (LeaseLost, PromotionRefused) as exc:
-        raise HTTPException(409, str(exc)) from exc
-    except ConfigError as exc:
-        raise HTTPException(400, str(exc)) from exc
+    # LeaseLost and PromotionRefused (409), ConfigError (400): the app's one error table.
+    return await anyio.to_thread.run_sync(fn)
 
 
 # -- evaluations ----------------------------------------------------------------------------

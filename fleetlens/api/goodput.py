@@ -17,11 +17,21 @@ from ..analysis.advisors import (
 )
 from ..analysis.breakdown import Breakdown
 from ..analysis.goodput import Factors
-from ..store.goodput_queries import GoodputQueries, program_spec
+from ..services.goodput import GoodputQueries, program_spec
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
+from .models import (
+    AdviceOut,
+    BreakdownOut,
+    CheckpointAdviceOut,
+    FactorsOut,
+    FleetGoodputOut,
+    PoolGoodputOut,
+    ProgramOut,
+    RunGoodputOut,
+)
 
-__all__ = ["router"]
+__all__ = ["advice", "advice_model", "router"]
 
 router = APIRouter(prefix="/v1", tags=["goodput"], responses=ERROR_RESPONSES)
 
@@ -32,30 +42,40 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def advice(bd: Breakdown, f: Factors, price: float | None) -> dict[str, Any]:
+def advice_model(bd: Breakdown, f: Factors, price: float | None) -> AdviceOut:
     """Young-Daly from the run's own checkpoint and interruption record, lever values, cost."""
-    out: dict[str, Any] = {"marginalValues": marginal_values(f)}
+    out = AdviceOut(marginal_values=marginal_values(f))
     interruptions = sum(bd.interruptions.values())
     if bd.checkpoints and bd.seconds["checkpoint"] > 0 and interruptions:
         write = bd.seconds["checkpoint"] / bd.checkpoints
         mtbi = bd.held_s / interruptions
         current = bd.held_s / bd.checkpoints
         optimal, _ = young_daly(write, mtbi)
-        out["checkpoint"] = {
-            "writeSeconds": write,
-            "meanTimeBetweenInterruptions": mtbi,
-            "currentIntervalSeconds": current,
-            "optimalIntervalSeconds": optimal,
-            "wasteAtCurrent": checkpoint_waste(current, write, mtbi),
-            "wasteAtOptimal": checkpoint_waste(optimal, write, mtbi),
-        }
+        out.checkpoint = CheckpointAdviceOut(
+            write_seconds=write,
+            mean_time_between_interruptions=mtbi,
+            current_interval_seconds=current,
+            optimal_interval_seconds=optimal,
+            waste_at_current=checkpoint_waste(current, write, mtbi),
+            waste_at_optimal=checkpoint_waste(optimal, write, mtbi),
+        )
     if price is not None:
-        out["costPerUsefulHour"] = _finite(cost_per_useful_hour(price, f))
-        out["chargebackPerUsefulHour"] = _finite(chargeback_per_useful_hour(price, f))
+        out.cost_per_useful_hour = _finite(cost_per_useful_hour(price, f))
+        out.chargeback_per_useful_hour = _finite(chargeback_per_useful_hour(price, f))
     return out
 
 
-@router.get("/runs/{run_id}/goodput", summary="Where a run's time went, and its goodput factors")
+def advice(bd: Breakdown, f: Factors, price: float | None) -> dict[str, Any]:
+    """:func:`advice_model` as the JSON-ready dict the portal's run document embeds."""
+    return advice_model(bd, f, price).model_dump(by_alias=True, exclude_unset=True)
+
+
+@router.get(
+    "/runs/{run_id}/goodput",
+    summary="Where a run's time went, and its goodput factors",
+    response_model=RunGoodputOut,
+    response_model_exclude_unset=True,
+)
 async def get_run_goodput(
     request: Request,
     run_id: str,
@@ -64,41 +84,46 @@ async def get_run_goodput(
     to: float | None = None,
     scheduling: Annotated[float, Query(ge=0.0, le=1.0)] = 1.0,
     price: Annotated[float | None, Query(gt=0)] = None,
-) -> dict[str, Any]:
+) -> RunGoodputOut:
     svc = request.app.state.services
     if (from_ is None) != (to is None):
         raise HTTPException(400, "give both `from` and `to`, or neither (the whole run)")
     if from_ is not None and to is not None and from_ > to:
         raise HTTPException(400, f"from {from_} is after to {to}")
 
-    def work() -> dict[str, Any]:
+    def work() -> RunGoodputOut:
         info = svc.metadata.get_run(scope, run_id)
         window = (from_, to) if from_ is not None and to is not None else None
         bd, f, meta = GoodputQueries(svc.telemetry, scope).run_goodput(
             run_id, program_spec(info.config or {}), window=window, scheduling=scheduling
         )
-        return {
-            "runId": run_id,
-            "breakdown": bd.as_dict(),
-            "factors": f.as_dict(),
-            "program": meta,
-            "advice": advice(bd, f, price),
-        }
+        return RunGoodputOut(
+            run_id=run_id,
+            breakdown=BreakdownOut.of(bd),
+            factors=FactorsOut.of(f),
+            program=ProgramOut.model_validate(meta),
+            advice=advice_model(bd, f, price),
+        )
 
     return await anyio.to_thread.run_sync(work)
 
 
-@router.get("/fleet/goodput", summary="Scheduling goodput and queue waits of each pool")
+@router.get(
+    "/fleet/goodput",
+    summary="Scheduling goodput and queue waits of each pool",
+    response_model=FleetGoodputOut,
+    response_model_exclude_unset=True,
+)
 async def get_fleet_goodput(
     request: Request,
     scope: Reader,
     pool: str | None = None,
     from_: Annotated[float | None, Query(alias="from")] = None,
     to: float | None = None,
-) -> dict[str, Any]:
+) -> FleetGoodputOut:
     svc = request.app.state.services
 
-    def work() -> dict[str, Any]:
+    def work() -> FleetGoodputOut:
         q = GoodputQueries(svc.telemetry, scope)
         pools = [pool] if pool else q.pools()
         out = []
@@ -110,7 +135,7 @@ async def get_fleet_goodput(
             hi = to if to is not None else span[1]
             if hi < lo:
                 raise HTTPException(400, f"to {hi} is before from {lo}")
-            out.append({"pool": p, **q.pool_scheduling(p, lo, hi).as_dict()})
-        return {"pools": out}
+            out.append(PoolGoodputOut.of(p, q.pool_scheduling(p, lo, hi)))
+        return FleetGoodputOut(pools=out)
 
     return await anyio.to_thread.run_sync(work)

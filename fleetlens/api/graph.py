@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
 from ..errors import ConfigError
-from ..store.compare_queries import CompareQueries, compare_runs
+from ..services.compare import CompareQueries, compare_runs
 from ..store.graph import ARTIFACT_KINDS, GraphStore
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
@@ -33,10 +33,7 @@ def _svc(request: Request) -> Any:
 
 
 async def _run(fn: Any) -> Any:
-    try:
-        return await anyio.to_thread.run_sync(fn)
-    except ConfigError as exc:
-        raise HTTPException(400, str(exc)) from exc
+    return await anyio.to_thread.run_sync(fn)  # ConfigError -> 400 by the app's error table
 
 
 def _server_may_read(uri: str, data_dir: str) -> bool:

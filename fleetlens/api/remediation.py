@@ -1,4 +1,9 @@
-"""Remediation: the job's control channel, and the actions people read, approve or reject."""
+"""Remediation: the job's control channel, and the actions people read, approve or reject.
+
+The JSON of an action is made here (:func:`action_json`, camelCase, every phase timed) and
+trimmed here for infrastructure on-call (:func:`action_view`); the controller returns
+:class:`~fleetlens.remediation.machine.Action` values.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,76 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..remediation.controller import Controller, Position
+from ..remediation.controller import Controller
+from ..remediation.machine import PHASES, Action
+from ..remediation.positions import Instruction, Position
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require, require_any
 
-__all__ = ["router"]
+__all__ = ["INFRA_KEYS", "action_json", "action_view", "instruction_json", "router"]
+
+INFRA_KEYS = ("id", "tenant", "runId", "node", "reason", "mode", "state", "decidedAt",
+              "updatedAt", "approvedBy", "error")  # fmt: skip
+"""What infrastructure on-call sees of an action: not the run's checkpoint path, summary or
+cost (they come from the run's config: its steps left)."""
+
+
+def action_json(a: Action) -> dict[str, Any]:
+    """An action as the API shows it: camelCase, phases in order with their durations."""
+    order = {name: i for i, name in enumerate(PHASES)}
+    phases = {
+        k: {"start": v[0], "end": v[1], "seconds": _seconds(*v)}
+        for k, v in sorted(a.phases.items(), key=lambda kv: order.get(kv[0], len(PHASES)))
+    }
+    return {
+        "id": a.id,
+        "tenant": a.tenant,
+        "runId": a.run_id,
+        "jobId": a.job_id,
+        "node": a.node,
+        "ranks": list(a.ranks),
+        "reason": a.reason,
+        "summary": a.summary,
+        "findingKey": a.finding_key,
+        "alertId": a.alert_id,
+        "incidentId": a.incident_id,
+        "mode": a.mode,
+        "state": a.state.value,
+        "decidedAt": a.decided_at,
+        "updatedAt": a.updated_at,
+        "approvedBy": a.approved_by or None,
+        "worldBefore": a.world_before,
+        "worldAfter": a.world_after or None,
+        "stopStep": a.stop_step if a.stop_step >= 0 else None,
+        "resumeStep": a.resume_step if a.resume_step >= 0 else None,
+        "stepsLost": a.steps_lost,
+        "recoveryS": a.recovery_s,
+        "checkpoint": dict(a.checkpoint),
+        "phases": phases,
+        "actuators": list(a.actuators),
+        "cost": dict(a.cost),
+        "error": a.error or None,
+    }
+
+
+def _seconds(start: float | None, end: float | None) -> float | None:
+    return end - start if start is not None and end is not None else None
+
+
+def action_view(scope: Scope, a: Action) -> dict[str, Any]:
+    """An action as this caller may see it: whole for the tenant's own roles, trimmed to
+    :data:`INFRA_KEYS` for on-call, whose role reads no run contents."""
+    out = action_json(a)
+    return out if scope.can("read") else {k: out[k] for k in INFRA_KEYS}
+
+
+def instruction_json(i: Instruction | None) -> dict[str, Any] | None:
+    """What a rank's control poll is told (the SDK's control channel reads it)."""
+    if i is None:
+        return None
+    return {"id": i.id, "phase": i.phase, "node": i.node, "jobId": i.job_id, "force": i.force,
+            "world": i.world}  # fmt: skip
+
 
 router = APIRouter(prefix="/v1", tags=["remediation"], responses=ERROR_RESPONSES)
 # Infrastructure on-call reads and approves actions of every tenant (docs/security.md).
@@ -80,7 +150,8 @@ async def control_poll(
     now = time.time()
     pos = Position(job_id, rank, world, node, step, seq, progress_at or now, now, pid, agent_pid)
     # Every rank polls: a floor on the interval keeps a job's polls near 2,000 a second.
-    return {"action": ctl.report(scope.tenant, run_id, pos), "minIntervalS": world / 2000.0}
+    told = instruction_json(ctl.report(scope.tenant, run_id, pos))
+    return {"action": told, "minIntervalS": world / 2000.0}
 
 
 @router.post("/runs/{run_id}/control", summary="A rank's answer to an instruction")
@@ -90,8 +161,8 @@ async def control_ack(
     ctl = _controller(request)
     await _check_run(request, scope, run_id)
     doc = body.model_dump(by_alias=True)
-    out: dict[str, Any] = await anyio.to_thread.run_sync(ctl.ack, scope.tenant, run_id, doc)
-    return out
+    out = await anyio.to_thread.run_sync(ctl.ack, scope.tenant, run_id, doc)
+    return {"id": out.id, "state": out.state.value if out.state is not None else None}
 
 
 @router.get("/remediations", summary="Remediation actions, newest first")
@@ -104,23 +175,22 @@ async def list_remediations(
 ) -> dict[str, Any]:
     ctl = _controller(request)
     rows = await anyio.to_thread.run_sync(lambda: ctl.actions(scope, run_id, state, limit))
-    return {"remediations": rows, "mode": ctl.policy.mode}
+    return {"remediations": [action_view(scope, a) for a in rows], "mode": ctl.policy.mode}
 
 
 @router.get("/remediations/{remediation_id}", summary="One action, with every phase timed")
 async def get_remediation(request: Request, remediation_id: Id, scope: Reader) -> dict[str, Any]:
     ctl = _controller(request)
-    out: dict[str, Any] = await anyio.to_thread.run_sync(ctl.get, scope, remediation_id)
-    return out
+    return action_view(scope, await anyio.to_thread.run_sync(ctl.get, scope, remediation_id))
 
 
-async def _decide(request: Request, remediation_id: int, scope: Scope, approve: bool) -> Any:
+async def _decide(
+    request: Request, remediation_id: int, scope: Scope, approve: bool
+) -> dict[str, Any]:
     ctl = _controller(request)
     fn = ctl.approve if approve else ctl.reject
-    try:
-        return await anyio.to_thread.run_sync(fn, scope, remediation_id)
-    except ValueError as exc:
-        raise HTTPException(409, str(exc)) from exc
+    # Refused -> 409 by the app's error table
+    return action_view(scope, await anyio.to_thread.run_sync(fn, scope, remediation_id))
 
 
 @router.post(
@@ -129,8 +199,7 @@ async def _decide(request: Request, remediation_id: int, scope: Scope, approve: 
     responses={409: {"description": "The action is not awaiting approval"}},
 )
 async def approve(request: Request, remediation_id: Id, scope: Writer) -> dict[str, Any]:
-    out: dict[str, Any] = await _decide(request, remediation_id, scope, True)
-    return out
+    return await _decide(request, remediation_id, scope, True)
 
 
 @router.post(
@@ -139,5 +208,4 @@ async def approve(request: Request, remediation_id: Id, scope: Writer) -> dict[s
     responses={409: {"description": "The action is not awaiting approval"}},
 )
 async def reject(request: Request, remediation_id: Id, scope: Writer) -> dict[str, Any]:
-    out: dict[str, Any] = await _decide(request, remediation_id, scope, False)
-    return out
+    return await _decide(request, remediation_id, scope, False)

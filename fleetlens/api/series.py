@@ -7,8 +7,8 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
+from ..services.series import SeriesQueries
 from ..store.scope import Scope
-from ..store.series_queries import SeriesQueries
 from .auth import ERROR_RESPONSES, require
 
 __all__ = ["router"]
@@ -32,17 +32,19 @@ async def metrics(
     svc = request.app.state.services
 
     def work() -> dict[str, Any]:
-        run = svc.metadata.get_run(scope, run_id)
+        svc.metadata.get_run(scope, run_id)  # 404 unless the caller may see the run
         q = SeriesQueries(svc.telemetry, scope)
         if name is None:
             return {"runId": run_id, "metrics": q.names(run_id)}
-        hi = min(to_step, max(run.last_step, 0))
+        # Buckets over the steps stored in the window, not up to the run registry's last step:
+        # the registry is written every few seconds and may lag what was acknowledged.
+        lo, hi = q.step_span(run_id, name, from_step, to_step)
         return {
             "runId": run_id,
             "name": name,
             "fromStep": from_step,
-            "toStep": hi,
-            "points": q.series(run_id, name, from_step, hi, points),
+            "toStep": max(hi, from_step) if hi >= lo else from_step,
+            "points": q.series(run_id, name, lo, hi, points),
         }
 
     return await anyio.to_thread.run_sync(work)

@@ -7,8 +7,8 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
+from ..services.traces import TraceQueries
 from ..store.scope import Scope
-from ..store.trace_queries import TraceQueries
 from .auth import ERROR_RESPONSES, require
 
 __all__ = ["router"]

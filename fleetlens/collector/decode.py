@@ -1,109 +1,174 @@
-"""Decode and validate a wire batch into numpy columns, or refuse it whole.
+"""Decode and validate a wire batch into numpy columns.
 
-Validation is strict and names the field: a batch is either entirely valid or nothing of it is
-written. Numeric columns arrive as packed little-endian arrays and become numpy views of the
-request body (no Python object per value); JSON's plain lists take the slow path.
+Two levels of refusal (docs/architecture.md, "Strict"):
+
+- the batch: it does not decode, has an unknown version, kind or column, a column of the wrong
+  length, a required column missing, or a bad ``ctx`` -> :class:`WireError` naming the field,
+  nothing of it written (:class:`BatchTooLarge` over the size, row or decoded-bytes limits);
+- a row: it breaks a rule (a negative or out-of-range rank or step, a time that is not finite or
+  is too far ahead of the server's clock, an unknown event kind, event attrs the ingest path
+  cannot read, a scalar name outside its alphabet, a string over 64 KiB) -> that row alone is
+  dropped and counted in ``DecodedBatch.rejected`` by field. A batch whose every row is refused
+  is refused whole (a 400 naming the first bad field).
+
+Every rule is checked here, before anything is written, so the ingest path never fails on a
+value after it stored part of a batch. Numeric columns arrive as packed little-endian arrays and
+become numpy views of the decompressed body (no copy, no Python object per value); JSON's plain
+lists take the slow path and get a tighter size limit, as they cost ~10x their size in objects.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import math
 import re
+import time
 import zlib
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Union
 
 import msgspec
 import numpy as np
 
 from ..errors import BatchTooLarge, UnsupportedVersion, WireError
-from ..schema import CTX_KEYS, DTYPES, EVENT_KINDS, KINDS, WIRE_VERSION, RecordKind
+from ..schema import CTX_KEYS, DTYPES, KINDS, WIRE_VERSION, RecordKind
+from ..store.batch import Col, DecodedBatch, StringColumn
 from ..wire import Batch, DictColumn
+from .rows import NAME_RULE, TIME_COLUMNS, DecodeLimits, Rules
 
-__all__ = ["DecodeLimits", "DecodedBatch", "StringColumn", "decode_batch"]
+__all__ = [
+    "ID_PATTERN",
+    "NAME_RULE",
+    "DecodeLimits",
+    "DecodedBatch",
+    "StringColumn",
+    "decode_batch",
+]
 
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,127}$")
-_CTX_MAX = 256
-_MSGPACK_DECODER = msgspec.msgpack.Decoder(Batch)
+_BATCH_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,127}$")
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,255}$"
+"""Run, job, project and experiment ids: they are path segments of the API, so no ``/``, no
+spaces and no control characters."""
+_ID_RE = re.compile(ID_PATTERN)
+_CTX_IDS = ("project", "experiment_id", "run_id", "job_id")
+_CHUNK = 32 << 20
+"""Inflate in pieces this large: glibc maps allocations of 32 MiB and more on their own and
+gives them back when freed, so the bodies of many requests do not pile up in per-thread arenas
+(with 1 MiB pieces four concurrent bombs left ~1 GB resident, with 32 MiB ~0.6 GB)."""
+
+
+class _DictColumn(msgspec.Struct, forbid_unknown_fields=True):
+    dict: list[str]
+    codes: Union[memoryview, list[int]]  # noqa: UP007 - msgspec needs the explicit union
+
+
+_ColumnValue = Union[memoryview, list[Union[int, float, str, None]], _DictColumn]  # noqa: UP007
+
+
+class _Table(msgspec.Struct, forbid_unknown_fields=True):
+    n: int
+    cols: dict[str, _ColumnValue]
+
+
+class _Batch(msgspec.Struct, forbid_unknown_fields=True):
+    """:class:`fleetlens.wire.Batch` as the server reads MessagePack: packed columns stay
+    views of the body instead of copies."""
+
+    v: int
+    batch_id: str
+    tables: dict[str, _Table]
+    ctx: dict[str, str] = {}
+    source: str = ""
+    sent_at: float = 0.0
+    dropped: dict[str, int] = {}
+
+
+_MSGPACK_DECODER = msgspec.msgpack.Decoder(_Batch)
 _JSON_DECODER = msgspec.json.Decoder(Batch)
 
 
-@dataclass(frozen=True)
-class DecodeLimits:
-    max_body_bytes: int = 64 << 20
-    max_decoded_bytes: int = 512 << 20
-    max_rows: int = 4_000_000
-
-
-@dataclass(frozen=True)
-class StringColumn:
-    """A dictionary-encoded string column: ``values[i] == dictionary[codes[i]]``."""
-
-    dictionary: list[str]
-    codes: np.ndarray[Any, np.dtype[np.int32]]
-
-    def values(self) -> list[str]:
-        d = self.dictionary
-        return [d[c] for c in self.codes.tolist()]
-
-
-Col = np.ndarray[Any, Any] | StringColumn
-
-
-@dataclass
-class DecodedBatch:
-    batch_id: str
-    ctx: dict[str, str]
-    tables: dict[str, tuple[int, dict[str, Col]]]
-    source: str = ""
-    dropped: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def rows(self) -> int:
-        return sum(n for n, _ in self.tables.values())
-
-
-def _decompress(body: bytes, encoding: str, limits: DecodeLimits) -> bytes:
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body, decompressed in chunks: a bomb costs at most ``limit`` bytes, never more."""
     enc = encoding.strip().lower()
     if enc in ("", "identity"):
+        if len(body) > limit:
+            raise BatchTooLarge(f"body is {len(body)} bytes; the decoded limit is {limit}")
         return body
     if enc not in ("gzip", "deflate"):
         raise WireError(f"Content-Encoding {encoding!r} is not supported; use gzip or none")
-    wbits = 31 if enc == "gzip" else 15
-    d = zlib.decompressobj(wbits)
+    d = zlib.decompressobj(31 if enc == "gzip" else 15)
+    chunks: list[bytes] = []  # joined once: no doubling reallocations while it grows
+    size = 0
+    data = body
     try:
-        out = d.decompress(body, limits.max_decoded_bytes)
+        while True:
+            chunk = d.decompress(data, min(_CHUNK, limit - size + 1))
+            size += len(chunk)
+            if size > limit:
+                raise BatchTooLarge(f"decompressed body is over {limit} bytes")
+            chunks.append(chunk)
+            data = d.unconsumed_tail
+            if not data or d.eof:
+                break
     except zlib.error as exc:
         raise WireError(f"body is not valid {enc}: {exc}") from exc
-    if d.unconsumed_tail:
-        raise BatchTooLarge(f"decompressed body is over {limits.max_decoded_bytes} bytes")
     if not d.eof:
         raise WireError(f"{enc} body is truncated")
-    return out
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def measure_skew(sent_at: float, now: float, transmitted_at: float | None) -> tuple[float, bool]:
+    """(server clock - sender clock, whether it is certain enough to correct times by).
+
+    ``transmitted_at`` (the ``X-Fleetlens-Sent-At`` header, stamped by the sender on every
+    attempt) measures the skew in both directions. Without it only the body's ``sent_at`` is
+    known, stamped when the batch was encoded: a batch replayed from a spool carries an old one,
+    so a sender that looks *behind* may only be late, and is flagged, not corrected; a sender
+    that looks *ahead* is ahead (nothing makes ``sent_at`` later than the truth).
+    """
+    if transmitted_at is not None and math.isfinite(transmitted_at) and transmitted_at > 0:
+        return now - transmitted_at, True
+    if not math.isfinite(sent_at) or sent_at <= 0:
+        return 0.0, False
+    skew = now - sent_at
+    return skew, skew < 0
+
+
+DEFAULT_LIMITS = DecodeLimits()
 
 
 def decode_batch(
     body: bytes,
     content_type: str = "application/msgpack",
     content_encoding: str = "",
-    limits: DecodeLimits = DecodeLimits(),
+    limits: DecodeLimits = DEFAULT_LIMITS,
+    *,
+    now: float | None = None,
+    transmitted_at: float | None = None,
+    declared_world: Callable[[dict[str, str]], int] | None = None,
 ) -> DecodedBatch:
-    """Decode ``body`` into validated columns; raise :class:`WireError` naming what is wrong."""
+    """Decode ``body`` into validated columns; raise :class:`WireError` naming what is wrong.
+
+    ``now`` is when the server received it (default: now); ``declared_world(ctx)`` the world
+    size the run's job declared earlier (0 if unknown), which bounds its ranks.
+    """
     if len(body) > limits.max_body_bytes:
         raise BatchTooLarge(f"body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
-    raw = _decompress(body, content_encoding, limits)
     ctype = content_type.split(";")[0].strip().lower()
+    is_json = ctype in ("application/json", "text/json")
+    if not is_json and ctype not in (
+        "application/msgpack",
+        "application/x-msgpack",
+        "application/vnd.msgpack",
+    ):
+        raise WireError(
+            f"Content-Type {content_type!r} is not supported; "
+            "use application/msgpack or application/json"
+        )
+    limit = limits.max_json_bytes if is_json else limits.max_decoded_bytes
+    raw = _decompress(body, content_encoding, limit)
     try:
-        if ctype in ("application/json", "text/json"):
-            batch = _JSON_DECODER.decode(raw)
-        elif ctype in ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack"):
-            batch = _MSGPACK_DECODER.decode(raw)
-        else:
-            raise WireError(
-                f"Content-Type {content_type!r} is not supported; "
-                "use application/msgpack or application/json"
-            )
+        batch: Any = _JSON_DECODER.decode(raw) if is_json else _MSGPACK_DECODER.decode(raw)
     except msgspec.ValidationError as exc:
         msg = str(exc)
         if "`$.v`" in msg or msg.startswith("Object missing required field `v`"):
@@ -111,7 +176,8 @@ def decode_batch(
         raise WireError(f"batch does not match the wire schema: {msg}", _path(msg)) from exc
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise WireError(f"batch is not valid {ctype}: {exc}") from exc
-    return _validate(batch, limits)
+    now = time.time() if now is None else now
+    return _validate(batch, limits, now, transmitted_at, declared_world)
 
 
 def _path(msg: str) -> str | None:
@@ -119,13 +185,8 @@ def _path(msg: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _validate(batch: Batch, limits: DecodeLimits) -> DecodedBatch:
-    if batch.v != WIRE_VERSION:
-        raise UnsupportedVersion(
-            f"wire version {batch.v} is not supported; this server reads version {WIRE_VERSION}",
-            "v",
-        )
-    if not _ID_RE.match(batch.batch_id):
+def _check_ctx(batch: Any) -> None:
+    if not _BATCH_ID_RE.match(batch.batch_id):
         raise WireError(
             f"batch_id {batch.batch_id!r} is not valid: 1-128 characters of letters, digits "
             "and _.:@/+=-, starting with a letter or digit",
@@ -134,14 +195,33 @@ def _validate(batch: Batch, limits: DecodeLimits) -> DecodedBatch:
     for key, value in batch.ctx.items():
         if key not in CTX_KEYS:
             raise WireError(f"ctx key {key!r} is not known; known keys: {list(CTX_KEYS)}", "ctx")
-        if len(value) > _CTX_MAX or not value.isprintable():
+        if key in _CTX_IDS and value and not _ID_RE.match(value):
             raise WireError(
-                f"ctx.{key} must be printable and at most {_CTX_MAX} characters", f"ctx.{key}"
+                f"ctx.{key} is {value[:80]!r}; ids are 1-256 characters of letters, digits and "
+                "_.:@+=-, starting with a letter or digit (no '/', spaces or control characters)",
+                f"ctx.{key}",
             )
+        if len(value) > 256 or not value.isprintable():
+            raise WireError(f"ctx.{key} must be printable and at most 256 characters", f"ctx.{key}")
+
+
+def _validate(
+    batch: Any,
+    limits: DecodeLimits,
+    now: float,
+    transmitted_at: float | None,
+    declared_world: Callable[[dict[str, str]], int] | None,
+) -> DecodedBatch:
+    if batch.v != WIRE_VERSION:
+        raise UnsupportedVersion(
+            f"wire version {batch.v} is not supported; this server reads version {WIRE_VERSION}",
+            "v",
+        )
+    _check_ctx(batch)
     if not batch.tables:
         raise WireError("batch has no tables", "tables")
     total = 0
-    tables: dict[str, tuple[int, dict[str, Col]]] = {}
+    parsed: dict[str, tuple[RecordKind, int, dict[str, Col]]] = {}
     for kind_name, table in batch.tables.items():
         kind = KINDS.get(kind_name)
         if kind is None:
@@ -168,9 +248,72 @@ def _validate(batch: Batch, limits: DecodeLimits) -> DecodedBatch:
                     f"tables.{kind_name} is missing required column {col.name!r}",
                     f"tables.{kind_name}.cols.{col.name}",
                 )
-        _check_rows(kind, cols, n)
+        parsed[kind_name] = (kind, n, cols)
+    ctx = dict(batch.ctx)
+    digests = {k: _digest(cols) for k, (_, _, cols) in parsed.items()}
+    skew, certain = measure_skew(float(batch.sent_at), now, transmitted_at)
+    shift = skew if certain and abs(skew) > limits.skew_tolerance_s else 0.0
+    world = declared_world(ctx) if declared_world is not None else 0
+    if "placement" in parsed:
+        w = parsed["placement"][2].get("world_size")
+        if isinstance(w, np.ndarray) and len(w):
+            world = max(world, int(np.clip(w, 0, limits.max_world_size).max()))
+    rules = Rules(limits, now, world)
+    tables: dict[str, tuple[int, dict[str, Col]]] = {}
+    for kind_name, (kind, n, cols) in parsed.items():
+        if shift:
+            cols = _shift_times(kind, cols, shift)
+        keep = rules.check(kind, cols, n)
+        if keep is not None:
+            cols = {name: _take(value, keep) for name, value in cols.items()}
+            n = int(keep.sum())
         tables[kind_name] = (n, cols)
-    return DecodedBatch(batch.batch_id, dict(batch.ctx), tables, batch.source, dict(batch.dropped))
+    if total and not any(n for n, _ in tables.values()):
+        field, message = rules.first
+        raise WireError(message, field)
+    return DecodedBatch(
+        batch.batch_id,
+        ctx,
+        tables,
+        batch.source,
+        dict(batch.dropped),
+        digests,
+        rules.rejected,
+        rules.errors,
+        skew,
+        shift,
+    )
+
+
+def _digest(cols: dict[str, Col]) -> str:
+    """A hash of a table's content as sent: same rows, same hash; any change, another one."""
+    h = hashlib.sha256()
+    for name in sorted(cols):
+        value = cols[name]
+        h.update(name.encode() + b"\x00")
+        if isinstance(value, StringColumn):
+            for s in value.dictionary:
+                b = s.encode("utf-8", "surrogatepass")
+                h.update(len(b).to_bytes(8, "little") + b)
+            h.update(np.ascontiguousarray(value.codes).data)
+        else:
+            h.update(np.ascontiguousarray(value).data)
+    return h.hexdigest()[:32]
+
+
+def _shift_times(kind: RecordKind, cols: dict[str, Col], shift: float) -> dict[str, Col]:
+    out = dict(cols)
+    for name in TIME_COLUMNS:
+        v = cols.get(name)
+        if isinstance(v, np.ndarray) and kind.by_name[name].dtype.startswith("float"):
+            out[name] = v + shift
+    return out
+
+
+def _take(value: Col, keep: np.ndarray[Any, Any]) -> Col:
+    if isinstance(value, StringColumn):
+        return StringColumn(value.dictionary, np.ascontiguousarray(value.codes[keep]))
+    return np.ascontiguousarray(value[keep])
 
 
 def _column(kind: RecordKind, name: str, value: object, n: int) -> Col:
@@ -182,7 +325,7 @@ def _column(kind: RecordKind, name: str, value: object, n: int) -> Col:
             where,
         )
     if col.dtype == "string":
-        if isinstance(value, DictColumn):
+        if isinstance(value, DictColumn | _DictColumn):
             codes = _codes(value.codes, where)
             if len(codes) != n:
                 raise WireError(f"{where} has {len(codes)} codes; n is {n}", where)
@@ -201,11 +344,11 @@ def _column(kind: RecordKind, name: str, value: object, n: int) -> Col:
             return StringColumn(list(index), np.asarray(codes_l, dtype=np.int32))
         raise WireError(f"{where} must be a list of strings or a dictionary column", where)
     np_dtype = np.dtype(DTYPES[col.dtype][1])
-    if isinstance(value, bytes):
-        if len(value) != n * np_dtype.itemsize:
+    if isinstance(value, bytes | memoryview):
+        size = value.nbytes if isinstance(value, memoryview) else len(value)
+        if size != n * np_dtype.itemsize:
             raise WireError(
-                f"{where} is {len(value)} bytes; {n} values of {col.dtype} need "
-                f"{n * np_dtype.itemsize}",
+                f"{where} is {size} bytes; {n} values of {col.dtype} need {n * np_dtype.itemsize}",
                 where,
             )
         return np.frombuffer(value, dtype=np_dtype)
@@ -224,10 +367,11 @@ def _column(kind: RecordKind, name: str, value: object, n: int) -> Col:
     raise WireError(f"{where} must be packed bytes or a list of numbers", where)
 
 
-def _codes(raw: bytes | list[int], where: str) -> np.ndarray[Any, np.dtype[np.int32]]:
-    if isinstance(raw, bytes):
-        if len(raw) % 4:
-            raise WireError(f"{where}.codes is {len(raw)} bytes; not a multiple of 4", where)
+def _codes(raw: bytes | memoryview | list[int], where: str) -> np.ndarray[Any, np.dtype[np.int32]]:
+    if isinstance(raw, bytes | memoryview):
+        size = raw.nbytes if isinstance(raw, memoryview) else len(raw)
+        if size % 4:
+            raise WireError(f"{where}.codes is {size} bytes; not a multiple of 4", where)
         codes = np.frombuffer(raw, dtype="<u4")
         if len(codes) and int(codes.max()) > np.iinfo(np.int32).max:
             raise WireError(f"{where}.codes has a code too large", where)
@@ -236,76 +380,3 @@ def _codes(raw: bytes | list[int], where: str) -> np.ndarray[Any, np.dtype[np.in
         return np.asarray(raw, dtype=np.int32)
     except (OverflowError, ValueError, TypeError) as exc:
         raise WireError(f"{where}.codes must be non-negative integers", where) from exc
-
-
-def _first_bad(mask: np.ndarray[Any, Any]) -> int | None:
-    idx = np.flatnonzero(mask)
-    return int(idx[0]) if len(idx) else None
-
-
-def _require(kind: RecordKind, cols: dict[str, Col], name: str, bad: Any, rule: str) -> None:
-    i = _first_bad(bad)
-    if i is not None:
-        value = cols[name]
-        shown = value.values()[i] if isinstance(value, StringColumn) else value[i].item()
-        raise WireError(
-            f"field `{name}` of {kind.name} record {i} is {shown!r}; {rule}",
-            f"tables.{kind.name}.cols.{name}",
-        )
-
-
-def _check_rows(kind: RecordKind, cols: dict[str, Col], n: int) -> None:
-    """Row rules a user relies on: ranks and steps non-negative, times real, known kinds."""
-
-    def num(name: str) -> np.ndarray[Any, Any] | None:
-        v = cols.get(name)
-        return v if isinstance(v, np.ndarray) else None
-
-    if n == 0:
-        return
-    if (rank := num("rank")) is not None and kind.name != "event":
-        _require(kind, cols, "rank", rank < 0, "ranks are >= 0")
-    if (step := num("step")) is not None and kind.name != "event":
-        _require(kind, cols, "step", step < 0, "steps are >= 0")
-    for name in ("time", "submit", "enter", "exit"):
-        if (t := num(name)) is not None:
-            _require(kind, cols, name, ~np.isfinite(t) | (t < 0), "times are finite UNIX seconds")
-    if (d := num("duration")) is not None:
-        _require(kind, cols, "duration", ~np.isfinite(d) | (d < 0), "durations are finite, >= 0")
-    for name in ("data_wait", "forward", "backward", "optimizer", "comm"):
-        if (p := num(name)) is not None:
-            _require(kind, cols, name, p < 0, "phase times are >= 0 seconds (or NaN if unknown)")
-    if (g := num("gpus")) is not None:
-        _require(kind, cols, "gpus", g <= 0, "an allocation holds at least one GPU")
-    if kind.name == "event":
-        kinds = cols["kind"]
-        dictionary = kinds.dictionary if isinstance(kinds, StringColumn) else []
-        for j, value in enumerate(dictionary):
-            if value not in EVENT_KINDS:
-                i = _first_bad(kinds.codes == j) if isinstance(kinds, StringColumn) else 0
-                raise WireError(
-                    f"field `kind` of event record {i} is {value!r}; known kinds: "
-                    f"{sorted(EVENT_KINDS)}",
-                    "tables.event.cols.kind",
-                )
-        attrs = cols.get("attrs")
-        if isinstance(attrs, StringColumn):
-            for value in attrs.dictionary:
-                try:
-                    ok = isinstance(json.loads(value), dict)
-                except ValueError:
-                    ok = False
-                if not ok:
-                    raise WireError(
-                        f"field `attrs` of an event is {value[:80]!r}; it must be a JSON object",
-                        "tables.event.cols.attrs",
-                    )
-    for name in kind.column_names:
-        col = cols.get(name)
-        if isinstance(col, StringColumn):
-            for value in col.dictionary:
-                if len(value) > 65536:
-                    raise WireError(
-                        f"a value of `{name}` is {len(value)} characters; the limit is 65536",
-                        f"tables.{kind.name}.cols.{name}",
-                    )

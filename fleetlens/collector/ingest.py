@@ -1,28 +1,45 @@
-"""Ingest: decode, store durably, register the run, then acknowledge.
+"""Ingest: decode and validate everything, store durably, register the run, then acknowledge.
 
-The order is the guarantee. A batch is acknowledged only after every one of its tables has been
-inserted (an insert that returned is durable). A retried batch is dropped by the engine's
-deduplication (token ``<batch_id>:<kind>``), so a collector killed between storing and
-acknowledging never stores anything twice. The queue is bounded in requests and in bytes: a
-request that finds it full waits briefly for room, then gets a 429 with Retry-After, so overload
-never becomes a growing queue.
+The order is the guarantee. Every rule is checked by the decoder before the first insert, so a
+client error is a 4xx with nothing written. A batch is acknowledged only after every one of its
+tables has been inserted (an insert that returned is durable). A retried batch is dropped by the
+engine's deduplication, keyed by the tenant, the run, the batch id and a hash of the table's
+content (:func:`fleetlens.store.ddl.dedup_token`), so a collector killed between storing and
+acknowledging never stores anything twice, and another tenant's or run's batch with the same id
+is never mistaken for a retry. The queue is bounded in requests and in bytes: a request that
+finds it full waits briefly for room, then gets a 429 with Retry-After, so overload never becomes
+a growing queue; at most ``decode_slots`` batches are decoded and inserted at once (the embedded
+engine writes one at a time anyway), which bounds the memory of bodies in flight.
+
+The run registry is written at once for a run's or job's first batch and for lifecycle events,
+else at most every 2 s; what a SIGKILL lost of it is rebuilt at startup from the per-step rollup
+(:meth:`Ingestor.recover_registry`), so the last step a restarted server shows is the last one
+it acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from sqlalchemy import select
 
+from ..errors import FleetlensError
 from ..schema import KINDS
 from ..store.metadata import MetadataStore
+from ..store.models import Job
+from ..store.scoped import all_tenants
 from ..store.telemetry import TelemetryStore, batch_tables
 from .decode import DecodedBatch, DecodeLimits, StringColumn, decode_batch
+
+log = logging.getLogger("fleetlens.collector")
 
 __all__ = ["IngestQueue", "IngestResult", "Ingestor"]
 
@@ -77,9 +94,17 @@ class IngestQueue:
 
 @dataclass(frozen=True)
 class IngestResult:
+    """``rows``: rows stored per kind; ``rejected``: rows refused alone, by field, and
+    ``errors`` why; ``skew_s``: the sender's clock behind the server's (negative: ahead) when
+    over the tolerance, ``shift_s`` what was added to its times."""
+
     batch_id: str
     rows: dict[str, int]
     seconds: float
+    rejected: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    skew_s: float = 0.0
+    shift_s: float = 0.0
 
 
 @dataclass
@@ -92,6 +117,7 @@ class _Seen:
     world_size: int
     written_at: float = 0.0
     dirty: bool = True
+    declared: int = 0  # the world size the job's placement declared
 
 
 class Ingestor:
@@ -100,13 +126,27 @@ class Ingestor:
         telemetry: TelemetryStore,
         metadata: MetadataStore,
         limits: DecodeLimits = DecodeLimits(),  # noqa: B008 - frozen
+        decode_slots: int = 2,
+        recover: bool = True,
     ) -> None:
         self.telemetry = telemetry
         self.metadata = metadata
         self.limits = limits
         self._seen: dict[tuple[str, str, str], _Seen] = {}
         self._seen_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max(1, decode_slots))
+        # The server decodes on these threads only: an allocator keeps freed memory per thread,
+        # so a body decoded on any of dozens of threads would leave its size behind on each.
+        self.pool = ThreadPoolExecutor(max(1, decode_slots), thread_name_prefix="fl-ingest")
         self.sdk_dropped: dict[str, int] = {}
+        self.rows_rejected: dict[str, int] = {}
+        self.skewed_batches = 0
+        self.corrected_batches = 0
+        if recover:
+            try:
+                self.recover_registry()
+            except FleetlensError as exc:  # serve anyway; the next batches refresh it
+                log.warning("could not rebuild the run registry from telemetry: %s", exc)
 
     def ingest(
         self,
@@ -115,25 +155,104 @@ class Ingestor:
         content_encoding: str,
         tenant: str,
         project: str | None = None,
+        *,
+        received_at: float | None = None,
+        transmitted_at: float | None = None,
     ) -> IngestResult:
-        """Store a batch for ``tenant``; a project-scoped caller writes into its project only."""
+        """Store a batch for ``tenant``; a project-scoped caller writes into its project only.
+
+        ``received_at`` is when the request arrived (the skew is measured against it);
+        ``transmitted_at`` the sender's clock when it sent this attempt, if it said.
+        """
         t0 = time.perf_counter()
-        batch = decode_batch(body, content_type, content_encoding, self.limits)
-        ctx = dict(batch.ctx)
-        ctx["tenant"] = tenant  # the caller's tenant, never what the batch claims
-        if project is not None:
-            ctx["project"] = project
-        for kind, table in batch_tables(batch).items():
-            if table.num_rows:
-                self.telemetry.insert(kind, table, ctx, batch.batch_id)
+        with self._slots:
+            batch = decode_batch(
+                body,
+                content_type,
+                content_encoding,
+                self.limits,
+                now=received_at,
+                transmitted_at=transmitted_at,
+                declared_world=lambda c: self._declared(tenant, c),
+            )
+            ctx = dict(batch.ctx)
+            ctx["tenant"] = tenant  # the caller's tenant, never what the batch claims
+            if project is not None:
+                ctx["project"] = project
+            for kind, table in batch_tables(batch).items():
+                if table.num_rows:
+                    key = f"{batch.batch_id}#{batch.digests[kind]}"
+                    self.telemetry.insert(kind, table, ctx, key)
         self._register(batch, ctx)
         for prio, count in batch.dropped.items():
             self.sdk_dropped[prio] = self.sdk_dropped.get(prio, 0) + int(count)
+        for where, count in batch.rejected.items():
+            self.rows_rejected[where] = self.rows_rejected.get(where, 0) + count
+        skewed = abs(batch.skew_s) > self.limits.skew_tolerance_s
+        if skewed:
+            self.skewed_batches += 1
+            self.corrected_batches += 1 if batch.shift_s else 0
+            log.warning(
+                "clock skew: batch %s of %s/%s is %.1fs %s the server's clock (%s)",
+                batch.batch_id, tenant, ctx.get("run_id", ""), abs(batch.skew_s),
+                "behind" if batch.skew_s > 0 else "ahead of",
+                "times corrected" if batch.shift_s else "flagged, not corrected",
+            )  # fmt: skip
         return IngestResult(
             batch.batch_id,
             {kind: n for kind, (n, _) in batch.tables.items()},
             time.perf_counter() - t0,
+            dict(batch.rejected),
+            list(batch.errors),
+            batch.skew_s if skewed else 0.0,
+            batch.shift_s,
         )
+
+    def _declared(self, tenant: str, ctx: dict[str, str]) -> int:
+        with self._seen_lock:
+            seen = self._seen.get((tenant, ctx.get("run_id", ""), ctx.get("job_id", "")))
+            return seen.declared if seen is not None else 0
+
+    def recover_registry(self) -> int:
+        """Bring the registry's last step and last-seen time up to what telemetry holds.
+
+        The registry is written at most every 2 s per job, so a SIGKILL can lose the last
+        seconds of it while the batches were durable and acknowledged. The per-step rollup has
+        the truth: one GROUP BY per job, and a registry write only where it is behind. Returns
+        the number of jobs brought up to date.
+        """
+        db = self.telemetry.database
+        tab = self.telemetry.query(
+            "SELECT tenant AS r_tenant, run_id AS r_run, job_id AS r_job, max(step) AS r_step,"
+            " min(start) AS r_first, max(end) AS r_last"
+            f" FROM {db}.steps_by_step GROUP BY tenant, run_id, job_id"
+        )
+        if not tab.num_rows:
+            return 0
+        with self.metadata.session() as s:
+            have = {
+                (r.tenant, r.run_id, r.job_id): (r.last_step, r.last_seen)
+                for r in s.execute(  # the registry of every tenant, rebuilt at startup
+                    all_tenants(
+                        select(Job.tenant, Job.run_id, Job.job_id, Job.last_step, Job.last_seen)
+                    )
+                )
+            }
+        fixed = 0
+        for r in tab.to_pylist():
+            key = (r["r_tenant"], r["r_run"], r["r_job"])
+            step, last = int(r["r_step"]), float(r["r_last"])
+            known = have.get(key)
+            if known is not None and known[0] >= step and known[1] >= last:
+                continue
+            first = float(r["r_first"])
+            if not (np.isfinite(first) and np.isfinite(last)):
+                continue
+            self.metadata.observe(key[0], key[1], job_id=key[2], first=first, last=last, step=step)
+            fixed += 1
+        if fixed:
+            log.warning("run registry: %d job(s) brought up to date from telemetry", fixed)
+        return fixed
 
     def _register(self, batch: DecodedBatch, ctx: dict[str, str]) -> None:
         """Keep the run registry current without a metadata write per batch."""
@@ -142,7 +261,7 @@ class Ingestor:
             return
         tenant, job_id = ctx["tenant"], ctx.get("job_id", "")
         times: list[float] = []
-        step, world = -1, 0
+        step, world, declared = -1, 0, 0
         for kind, (n, cols) in batch.tables.items():
             # Only the run's own records say it is alive: device samples of its nodes go on
             # after it finished, and would otherwise make a finished run look like a hang.
@@ -159,11 +278,12 @@ class Ingestor:
                 world = max(world, int(r.max()) + 1)
             w = cols.get("world_size")
             if kind == "placement" and isinstance(w, np.ndarray):
-                world = max(world, int(w.max()))
+                declared = max(declared, int(w.max()))
         if not times:
             return  # nothing of the run itself in this batch (e.g. only device samples)
         key = (tenant, run_id, job_id)
         now = time.monotonic()
+        world = declared or world  # a declared world size wins over the ranks seen
         with self._seen_lock:
             seen = self._seen.get(key)
             if seen is None:
@@ -174,17 +294,20 @@ class Ingestor:
                     max(times),
                     step,
                     world,
+                    declared=declared,
                 )
             else:
                 seen.first, seen.last = min(seen.first, *times), max(seen.last, *times)
-                seen.step, seen.world_size = max(seen.step, step), max(seen.world_size, world)
+                seen.step = max(seen.step, step)
+                seen.declared = max(seen.declared, declared)
+                seen.world_size = seen.declared or max(seen.world_size, world)
                 seen.dirty = True
             write = seen.written_at == 0.0 or now - seen.written_at >= _OBSERVE_EVERY_S
             if write:
                 seen.written_at, seen.dirty = now, False
                 record = _Seen(**seen.__dict__)
             else:  # only this batch's span: lifecycle events below need the run to exist
-                record = _Seen("", "", min(times), max(times), step, world)
+                record = _Seen("", "", min(times), max(times), step, seen.world_size)
         events = batch.tables.get("event")
         if write or events:
             self._observe(key, record)
@@ -253,6 +376,10 @@ class Ingestor:
                 )
         except ConfigError:
             pass  # a malformed hint from a training job never fails its batch
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.flush_registry()
 
     def flush_registry(self) -> None:
         """Write every pending run observation (called at shutdown)."""

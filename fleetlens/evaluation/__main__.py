@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..cli.evaluation import add_parser
 from ..errors import FleetlensError
-from .cli import add_parser
 
 
 def main(argv: list[str] | None = None) -> int:

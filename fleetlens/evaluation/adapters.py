@@ -22,15 +22,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from ..errors import ConfigError, FleetlensError
+from ..errors import AdapterError, ConfigError
 
 __all__ = ["ADAPTER_KINDS", "Adapter", "Decoding", "Generation", "adapter_from_spec"]
 
 ADAPTER_KINDS = ("callable", "openai", "hf")
-
-
-class AdapterError(FleetlensError):
-    """The model did not answer (endpoint down, bad response): the shard is retried."""
 
 
 @dataclass(frozen=True)

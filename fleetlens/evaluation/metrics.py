@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 __all__ = [
     "Summary",
     "accuracy",
@@ -122,9 +124,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     Computed as a product so that it stays exact for large n (no huge binomials).
     """
     if not 0 <= c <= n or k < 1:
-        raise ValueError(f"pass@k needs 0 <= c <= n and k >= 1; got n={n}, c={c}, k={k}")
+        raise ConfigError(f"pass@k needs 0 <= c <= n and k >= 1; got n={n}, c={c}, k={k}")
     if k > n:
-        raise ValueError(f"pass@{k} needs at least {k} samples per problem; got n={n}")
+        raise ConfigError(f"pass@{k} needs at least {k} samples per problem; got n={n}")
     if n - c < k:
         return 1.0
     prod = 1.0
@@ -136,7 +138,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def perplexity(token_logprobs: Sequence[float]) -> float:
     """exp of the mean negative log-likelihood per token (natural log)."""
     if not token_logprobs:
-        raise ValueError("perplexity needs at least one token log-probability")
+        raise ConfigError("perplexity needs at least one token log-probability")
     return math.exp(-sum(token_logprobs) / len(token_logprobs))
 
 

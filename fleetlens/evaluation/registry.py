@@ -16,12 +16,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..errors import ConfigError, NotFound
+from ..errors import ConfigError, NotFound, PromotionRefused
 from ..store.access import AccessStore
 from ..store.graph import model_version
 from ..store.graph_models import ModelVersion
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
+from ..store.scoped import scoped
 from .gates import evaluate_gate, parse_policies
 from .models import AliasMove, Evaluation, GateDecision, ModelAlias
 from .store import EvalStore
@@ -31,25 +32,18 @@ __all__ = ["GUARDED", "PromotionRefused", "Registry"]
 GUARDED = ("canary", "production")
 
 
-class PromotionRefused(ConfigError):
-    """A guarded alias move without a passing gate (or an admin's override)."""
-
-
 class Registry:
     def __init__(
         self, metadata: MetadataStore, evals: EvalStore, access: AccessStore | None = None
     ) -> None:
-        self._session = metadata._session
+        self._session = metadata.session
         self._evals = evals
         self._access = access
 
     @staticmethod
     def _model_exists(s: Session, scope: Scope, model_id: str) -> None:
-        q = select(ModelVersion.id).where(
-            ModelVersion.tenant == scope.tenant, ModelVersion.model_id == model_id
-        )
-        if scope.project:
-            q = q.where(ModelVersion.project == scope.project)
+        q = scoped(select(ModelVersion.id), scope, within="project")
+        q = q.where(ModelVersion.model_id == model_id)
         if s.scalars(q.limit(1)).first() is None:
             raise NotFound(f"model {model_id!r} does not exist")
 
@@ -59,9 +53,7 @@ class Registry:
         with self._session() as s:
             self._model_exists(s, scope, model_id)
             rows = s.scalars(
-                select(ModelAlias).where(
-                    ModelAlias.tenant == scope.tenant, ModelAlias.model_id == model_id
-                )
+                scoped(select(ModelAlias), scope).where(ModelAlias.model_id == model_id)
             ).all()
             return {r.alias: r.version for r in rows}
 
@@ -72,8 +64,8 @@ class Registry:
         with self._session() as s:
             self._model_exists(s, scope, model_id)
             rows = s.scalars(
-                select(AliasMove)
-                .where(AliasMove.tenant == scope.tenant, AliasMove.model_id == model_id)
+                scoped(select(AliasMove), scope)
+                .where(AliasMove.model_id == model_id)
                 .order_by(AliasMove.id)
             ).all()
             return [
@@ -106,8 +98,7 @@ class Registry:
         with self._session() as s:
             mv = model_version(s, scope, model_id, version)
             current = s.scalars(
-                select(ModelAlias).where(
-                    ModelAlias.tenant == scope.tenant,
+                scoped(select(ModelAlias), scope).where(
                     ModelAlias.model_id == model_id,
                     ModelAlias.alias == alias,
                 )
@@ -168,8 +159,7 @@ class Registry:
         """Why the move is refused ("" when it may go ahead)."""
         if alias == "production":
             canary = s.scalars(
-                select(ModelAlias).where(
-                    ModelAlias.tenant == scope.tenant,
+                scoped(select(ModelAlias), scope).where(
                     ModelAlias.model_id == model_id,
                     ModelAlias.alias == "canary",
                 )
@@ -179,9 +169,7 @@ class Registry:
         if not decision_id:
             return f"moving {alias} to {model_id}:{version} needs a passing gate decision"
         d = s.scalars(
-            select(GateDecision).where(
-                GateDecision.tenant == scope.tenant, GateDecision.decision_id == decision_id
-            )
+            scoped(select(GateDecision), scope).where(GateDecision.decision_id == decision_id)
         ).first()
         if d is None:
             return f"gate decision {decision_id!r} does not exist"
@@ -196,9 +184,8 @@ class Registry:
 
     def _latest_eval(self, s: Session, scope: Scope, model_id: str, version: str) -> str:
         row = s.scalars(
-            select(Evaluation)
+            scoped(select(Evaluation), scope)
             .where(
-                Evaluation.tenant == scope.tenant,
                 Evaluation.model_id == model_id,
                 Evaluation.model_version == version,
                 Evaluation.state == "COMPLETED",
@@ -226,8 +213,7 @@ class Registry:
             model_version(s, scope, model_id, version)
             cand_eval = candidate_evaluation or self._latest_eval(s, scope, model_id, version)
             base_row = s.scalars(
-                select(ModelAlias).where(
-                    ModelAlias.tenant == scope.tenant,
+                scoped(select(ModelAlias), scope).where(
                     ModelAlias.model_id == model_id,
                     ModelAlias.alias == baseline_alias,
                 )
@@ -273,9 +259,7 @@ class Registry:
     def decision(self, scope: Scope, decision_id: str) -> dict[str, Any]:
         with self._session() as s:
             d = s.scalars(
-                select(GateDecision).where(
-                    GateDecision.tenant == scope.tenant, GateDecision.decision_id == decision_id
-                )
+                scoped(select(GateDecision), scope).where(GateDecision.decision_id == decision_id)
             ).first()
             if d is None:
                 raise NotFound(f"gate decision {decision_id!r} does not exist")

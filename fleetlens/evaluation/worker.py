@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, FleetlensError
+from ..client import Client
+from ..errors import APIError, FleetlensError
 from .adapters import Adapter, Decoding, adapter_from_spec
 from .benchmarks import render, score
 from .cache import canonical_hash
@@ -30,8 +31,10 @@ log = logging.getLogger("fleetlens.eval.worker")
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    server: str
-    token: str = ""
+    """Server and token as :class:`fleetlens.client.Client` resolves them (None: environment)."""
+
+    server: str | None = None
+    token: str | None = None
     worker_id: str = ""
     lease_s: float = 30.0
     poll_s: float = 0.5
@@ -45,12 +48,9 @@ class _LeaseGone(FleetlensError):
 
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
-        import httpx
-
         self.config = config
         self.worker_id = config.worker_id or f"{socket.gethostname()}:{os.getpid()}"
-        headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
-        self._http = httpx.Client(base_url=config.server.rstrip("/"), headers=headers, timeout=60)
+        self._client = Client(config.server, config.token, timeout=60)
         self._adapters: dict[str, Adapter] = {}
         self._locality = ""
         self.shards_done = 0
@@ -60,21 +60,22 @@ class Worker:
             close = getattr(adapter, "close", None)
             if close is not None:
                 close()
-        self._http.close()
+        self._client.close()
 
-    def _post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
-        r = self._http.post(path, json=body)
-        if r.status_code == 409:
-            raise _LeaseGone(r.text)
-        if r.status_code >= 400:
-            raise ConfigError(f"POST {path} answered {r.status_code}: {r.text[:500]}")
-        return r.status_code, (r.json() if r.status_code != 204 else None)
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        """POST ``body``; the lease being gone (HTTP 409) is :class:`_LeaseGone`."""
+        try:
+            return self._client.post(path, body)
+        except APIError as exc:
+            if exc.status == 409:
+                raise _LeaseGone(exc.message) from exc
+            raise
 
     def lease(self) -> dict[str, Any] | None:
         body = {"workerId": self.worker_id, "preferLocality": self._locality,
                 "leaseS": self.config.lease_s}  # fmt: skip
-        _, shard = self._post("/v1/eval-shards/lease", body)
-        return shard  # type: ignore[no-any-return]
+        shard = self._post("/v1/eval-shards/lease", body)
+        return dict(shard) if shard else None
 
     def run(self) -> int:
         """Serve shards until idle for ``idle_exit_s`` (or forever); returns shards completed."""
@@ -156,7 +157,7 @@ class Worker:
                     f"/v1/eval-shards/{sid}/fail",
                     {"leaseToken": token, "error": f"{type(exc).__name__}: {exc}"},
                 )
-            except (_LeaseGone, ConfigError) as exc2:
+            except FleetlensError as exc2:
                 log.warning("could not report the failure of shard %s: %s", sid, exc2)
         finally:
             stop.set()

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.breakdown import Event, StepArrays
+from ..errors import ConfigError
 
 __all__ = ["Chronicle", "load_chronicle", "replay"]
 
@@ -117,7 +118,7 @@ def replay(c: Chronicle) -> tuple[StepArrays, list[Event]]:
             t += lost
             relaunch(t + restart)
         else:
-            raise ValueError(f"incident kind {kind!r} is not crash, hang, maintenance, slowdown")
+            raise ConfigError(f"incident kind {kind!r} is not crash, hang, maintenance, slowdown")
     run_until(c.end)
     events.append(Event(t, "finish", job, step))
     a = np.array([r[2:] for r in rows], dtype=np.float64).reshape(-1, 4)

@@ -22,25 +22,27 @@ from its newest verified checkpoint) and the restart is forced on ranks stuck in
 Every phase is timed and written to the run's events as ``remediation`` events with
 ``category=recovery``, so the goodput breakdown charges them to recovery.
 
-Ranks report where they are with every control poll; a job whose ranks have all stopped
-progressing for ``hang_s`` while some are behind the others is a live hang, and the ranks
-behind name the node (a finding, ``hang``).
+Ranks report where they are with every control poll (:mod:`.positions`); a job whose ranks have
+all stopped progressing is hung by the one hang rule (:mod:`fleetlens.analysis.hangs`, with the
+server's ``[analyzer]`` settings) and the ranks behind the others name the node (a finding,
+``hang``).
+
+The controller only orchestrates: it reads observations (positions, stopped ranks, a person's or
+a rank's answer), calls the pure state machine (:func:`.machine.advance`), and carries out its
+effects through the actuators and the repository (:mod:`.repository`, all the SQL). It returns
+:class:`~.machine.Action` values; their JSON is the API's (:mod:`fleetlens.api.remediation`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import statistics
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
-import pyarrow as pa
-from sqlalchemy import func, select
-
-from ..alerts.models import Alert
-from ..analysis.rootcause import Diagnosis
+from ..analysis.hangs import RECENT_STEPS, HangRule, live_hang, recent_step_time
 from ..errors import ConfigError, NotFound
 from ..store.access import AccessStore
 from ..store.findings import FindingsStore
@@ -49,126 +51,45 @@ from ..store.metadata import MetadataStore
 from ..store.models import Run
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
-from .actuators import Actuator, Outcome
-from .models import Remediation
-from .policy import RemediationPolicy, RunContext, decide
+from .actuators import Actuator
+from .machine import (
+    ACTIVE as ACTIVE_STATES,
+)
+from .machine import (
+    PHASES,
+    Action,
+    Actuate,
+    Emit,
+    ForgetStops,
+    Limits,
+    LookUpLastStep,
+    Observations,
+    State,
+    Verify,
+    advance,
+    asks,
+    initial_state,
+    instruction,
+)
+from .policy import RemediationPolicy, RunContext, choose
+from .positions import Instruction, Position, Positions, stuck_ranks
+from .repository import Repository
 
-__all__ = ["ACTIVE", "INFRA_KEYS", "PHASES", "Controller", "Position", "remediation_json"]
+__all__ = ["ACTIVE", "PHASES", "Answer", "Controller"]
 
 log = logging.getLogger("fleetlens.remediation")
 
-ACTIVE = ("draining", "removing", "restarting")
-FINAL = ("recommended", "rejected", "resumed", "drained", "failed")
-_CONTROL_PHASE = {"draining": "stop", "removing": "remove", "restarting": "restart"}
-PHASES = (
-    "detection",
-    "approval",
-    "wait",
-    "checkpoint",
-    "verify",
-    "remove",
-    "rendezvous",
-    "reload",
-    "warmup",
-)
+ACTIVE = tuple(s.value for s in ACTIVE_STATES)
+"""The states of actions under way, as stored."""
+_BUSY = (*ACTIVE_STATES, State.AWAITING_APPROVAL, State.DECIDING)  # one action at a time per run
 
 
-@dataclass
-class Position:
-    """Where one rank is, from its last control poll."""
+@dataclass(frozen=True)
+class Answer:
+    """What a rank's answer moved: the action and its state (None, None: no action waited)."""
 
-    job_id: str
-    rank: int
-    world: int
-    node: str
-    step: int
-    seq: int
-    progress_at: float
-    seen_at: float
-    pid: int = 0
-    agent_pid: int = 0
-
-
-@dataclass
-class _RunPositions:
-    ranks: dict[tuple[str, int], Position] = field(default_factory=dict)
-
-    def current(self, now: float, stale_s: float) -> tuple[str, list[Position]]:
-        """The newest job attempt and its ranks that polled within ``stale_s``."""
-        fresh = [p for p in self.ranks.values() if now - p.seen_at <= stale_s]
-        if not fresh:
-            return "", []
-        job = max(fresh, key=lambda p: p.seen_at).job_id
-        return job, sorted((p for p in fresh if p.job_id == job), key=lambda p: p.rank)
-
-
-INFRA_KEYS = ("id", "tenant", "runId", "node", "reason", "mode", "state", "decidedAt",
-              "updatedAt", "approvedBy", "error")  # fmt: skip
-"""What infrastructure on-call sees of an action: not the run's checkpoint path, summary or
-cost (they come from the run's config: its steps left)."""
-
-
-def _view(scope: Scope, r: Remediation) -> dict[str, Any]:
-    """An action as this caller may see it: whole for the tenant's own roles, trimmed to
-    :data:`INFRA_KEYS` for on-call, whose role reads no run contents."""
-    out = remediation_json(r)
-    return out if scope.can("read") else {k: out[k] for k in INFRA_KEYS}
-
-
-def remediation_json(r: Remediation) -> dict[str, Any]:
-    phases = {
-        k: {"start": v[0], "end": v[1], "seconds": _span(v)}
-        for k, v in sorted(r.phases.items(), key=lambda kv: _order(kv[0]))
-    }
-    first = max((a["time"] for a in r.acks if a.get("event") == "resumed"), default=None)
-    return {
-        "id": r.id,
-        "tenant": r.tenant,
-        "runId": r.run_id,
-        "jobId": r.job_id,
-        "node": r.node,
-        "ranks": list(r.ranks),
-        "reason": r.reason,
-        "summary": r.summary,
-        "findingKey": r.finding_key,
-        "alertId": r.alert_id,
-        "incidentId": r.incident_id,
-        "mode": r.mode,
-        "state": r.state,
-        "decidedAt": r.decided_at,
-        "updatedAt": r.updated_at,
-        "approvedBy": r.approved_by or None,
-        "worldBefore": r.world_before,
-        "worldAfter": r.world_after or None,
-        "stopStep": r.stop_step if r.stop_step >= 0 else None,
-        "resumeStep": r.resume_step if r.resume_step >= 0 else None,
-        "stepsLost": _steps_lost(r),
-        "recoveryS": (first - r.decided_at) if first is not None else None,
-        "checkpoint": dict(r.checkpoint),
-        "phases": phases,
-        "actuators": list(r.actuators),
-        "cost": dict(r.cost),
-        "error": r.error or None,
-    }
-
-
-def _span(v: list[float | None]) -> float | None:
-    return v[1] - v[0] if v[0] is not None and v[1] is not None else None
-
-
-def _start(r: Remediation, phase: str) -> float:
-    return float(r.phases[phase][0] or 0.0)
-
-
-def _order(phase: str) -> int:
-    return PHASES.index(phase) if phase in PHASES else len(PHASES)
-
-
-def _steps_lost(r: Remediation) -> int | None:
-    """Steps run before the action and not kept: the stop step minus the step resumed from."""
-    if r.stop_step < 0 or r.resume_step < 0:
-        return None
-    return max(0, r.stop_step - r.resume_step)
+    id: int | None
+    state: State | None
 
 
 class Controller:
@@ -181,164 +102,97 @@ class Controller:
         policy: RemediationPolicy,
         actuators: list[Actuator],
         *,
-        hang_s: float = 60.0,
+        hang_rule: HangRule | None = None,
         stale_s: float = 10.0,
         stop_timeout_s: float = 300.0,
         remove_timeout_s: float = 15.0,
         resume_timeout_s: float = 900.0,
     ) -> None:
-        self._session = metadata._session
+        self.repo = Repository(metadata, telemetry)
         self.telemetry = telemetry
         self.findings = findings
         self.access = access
         self.policy = policy
         self.actuators = actuators
-        self.hang_s = hang_s
-        self.stale_s = stale_s
-        self.stop_timeout_s = stop_timeout_s
-        self.remove_timeout_s = remove_timeout_s
-        self.resume_timeout_s = resume_timeout_s
-        # _lock serializes the actions' state changes (database work, actuators); _plock only
-        # guards the in-memory positions and published instructions, so a rank's poll, answered
-        # on the event loop, never waits behind an actuator.
+        self.hang_rule = hang_rule or HangRule()
+        self.limits = Limits(stop_timeout_s, remove_timeout_s, resume_timeout_s)
+        # _lock serializes the actions' state changes (database work, actuators); the positions
+        # have their own lock, so a rank's poll, answered on the event loop, never waits here.
         self._lock = threading.RLock()
-        self._plock = threading.Lock()
-        self._positions: dict[tuple[str, str], _RunPositions] = {}
-        self._control: dict[tuple[str, str], dict[str, Any]] = {}
-        # Ranks that answered "stopped", per action: kept here, not one row write per rank
-        # (10,000 ranks answer within a second); the action records the count once all have.
-        self._stopped: dict[int, tuple[set[int], float]] = {}
+        self.positions = Positions(stale_s)
         self.errors = 0
-        self._load_active()
+        for a in self.repo.active():
+            self._publish(a)
 
     # -- the job's side: polls and answers --------------------------------------------------------
 
-    def report(self, tenant: str, run_id: str, pos: Position) -> dict[str, Any] | None:
+    def report(self, tenant: str, run_id: str, pos: Position) -> Instruction | None:
         """Record a rank's position; the instruction for its job attempt, if any."""
-        with self._plock:
-            rp = self._positions.setdefault((tenant, run_id), _RunPositions())
-            rp.ranks[(pos.job_id, pos.rank)] = pos
-            if len(rp.ranks) > 4 * max(pos.world, 1) + 64:  # forget attempts long gone
-                for key in sorted(rp.ranks, key=lambda k: rp.ranks[k].seen_at)[: pos.world]:
-                    del rp.ranks[key]
-            c = self._control.get((tenant, run_id))
-        if c is None or c.get("jobId") not in ("", pos.job_id):
-            return None
-        return c
+        return self.positions.report(tenant, run_id, pos)
 
-    def ack(self, tenant: str, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    def ack(self, tenant: str, run_id: str, body: dict[str, Any]) -> Answer:
         """A rank's answer; the action moves on at once when it completes a phase."""
         now = time.time()
         aid = int(body.get("id", 0))
         if body.get("event") == "stopped" and aid:
-            with self._plock:
-                c = self._control.get((tenant, run_id))
-                if c is None or c["id"] != aid or body.get("jobId") != c["jobId"]:
-                    raise NotFound(f"remediation {aid} is not stopping run {run_id!r}")
-                ranks, last = self._stopped.setdefault(aid, (set(), 0.0))
-                ranks.add(int(body["rank"]))
-                self._stopped[aid] = (ranks, max(last, float(body["time"])))
-                if len(ranks) < int(c["world"]):
-                    return {"id": aid, "state": "draining"}
-        with self._lock, self._session() as s:
+            n, world = self.positions.stopped(
+                tenant, run_id, aid, str(body.get("jobId")), int(body["rank"]), float(body["time"])
+            )
+            if n < world:
+                return Answer(aid, State.DRAINING)
+        with self._lock:
             if aid == 0:  # a restarted attempt resumed: it answers the action restarting it
                 if body.get("event") != "resumed":
                     raise NotFound("an answer without an action id must be 'resumed'")
-                r = s.scalars(
-                    select(Remediation).where(
-                        Remediation.tenant == tenant,
-                        Remediation.run_id == run_id,
-                        Remediation.state == "restarting",
-                    )
-                ).first()
-                if r is None:
-                    return {"id": None, "state": None}
+                a = self.repo.restarting(tenant, run_id)
+                if a is None:
+                    return Answer(None, None)
             else:
-                r = s.get(Remediation, aid)
-            if r is None or r.tenant != tenant or r.run_id != run_id:
+                a = self.repo.get(tenant, aid)
+            if a is None or a.run_id != run_id:
                 raise NotFound(f"remediation {aid} does not exist for run {run_id!r}")
-            if body.get("event") != "stopped":
-                entry = {k: body[k] for k in sorted(body) if k != "id"}
-                entry["received"] = now
-                r.acks = [*r.acks, entry][-512:]
-            r.updated_at = now
-            self._advance(s, r, now)
-            self._publish(r)
-            return {"id": r.id, "state": r.state}
+            a = self._drive(a, self._observe(a, now, answer=body), now)
+            return Answer(a.id, a.state)
 
     # -- people: read, approve, reject -----------------------------------------------------------
 
     def actions(
         self, scope: Scope, run_id: str | None = None, state: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
-        with self._session() as s:
-            q = select(Remediation)
-            if not scope.cross_tenant_infra:
-                q = q.where(Remediation.tenant == scope.tenant)
-            if run_id:
-                q = q.where(Remediation.run_id == run_id)
-            if state:
-                q = q.where(Remediation.state == state)
-            rows = s.scalars(q.order_by(Remediation.decided_at.desc()).limit(limit)).all()
-            return [_view(scope, r) for r in rows if self._visible(s, scope, r)]
+    ) -> list[Action]:
+        return self.repo.find(scope, run_id, state, limit)
 
-    def for_incident(self, scope: Scope, incident_id: int) -> list[dict[str, Any]]:
-        return self._linked(scope, Remediation.incident_id == incident_id)
+    def for_incident(self, scope: Scope, incident_id: int) -> list[Action]:
+        return self.repo.linked(scope.tenant, scope.project, incident_id=incident_id)
 
-    def for_alert(self, scope: Scope, alert_id: int) -> list[dict[str, Any]]:
-        return self._linked(scope, Remediation.alert_id == alert_id)
+    def for_alert(self, scope: Scope, alert_id: int) -> list[Action]:
+        return self.repo.linked(scope.tenant, scope.project, alert_id=alert_id)
 
-    def _linked(self, scope: Scope, link: Any) -> list[dict[str, Any]]:
-        with self._session() as s:
-            rows = s.scalars(
-                select(Remediation).where(Remediation.tenant == scope.tenant, link)
-            ).all()
-            return [remediation_json(r) for r in rows if self._visible(s, scope, r)]
-
-    @staticmethod
-    def _visible(s: Any, scope: Scope, r: Remediation) -> bool:
-        if not scope.project:
-            return True
-        run = s.scalars(select(Run).where(Run.tenant == r.tenant, Run.run_id == r.run_id)).first()
-        return run is not None and run.project == scope.project
-
-    def _get(self, s: Any, scope: Scope, rid: int) -> Remediation:
-        r: Remediation | None = s.get(Remediation, rid)
-        mine = r is not None and (r.tenant == scope.tenant or scope.cross_tenant_infra)
-        if r is None or not mine or not self._visible(s, scope, r):
+    def get(self, scope: Scope, rid: int) -> Action:
+        a = self.repo.get(scope, rid)
+        if a is None or not self._visible(scope, a):
             raise NotFound(f"remediation {rid} does not exist")
-        return r
+        return a
 
-    def get(self, scope: Scope, rid: int) -> dict[str, Any]:
-        with self._session() as s:
-            return _view(scope, self._get(s, scope, rid))
+    def _visible(self, scope: Scope, a: Action) -> bool:
+        return not scope.project or self.repo.project_of(a.tenant, a.run_id) == scope.project
 
-    def approve(self, scope: Scope, rid: int) -> dict[str, Any]:
+    def approve(self, scope: Scope, rid: int) -> Action:
         """Carry out an action awaiting approval (or one only recommended)."""
         return self._settle(scope, rid, "approve")
 
-    def reject(self, scope: Scope, rid: int) -> dict[str, Any]:
+    def reject(self, scope: Scope, rid: int) -> Action:
         return self._settle(scope, rid, "reject")
 
-    def _settle(self, scope: Scope, rid: int, verb: str) -> dict[str, Any]:
-        """A person's answer to a pending action, audited in the tenant whose run it touches
-        (on-call acts across tenants)."""
+    def _settle(self, scope: Scope, rid: int, verb: str) -> Action:
+        """A person's answer to a pending action (:class:`~.machine.Refused` otherwise), audited
+        in the tenant whose run it touches (on-call acts across tenants)."""
         now = time.time()
-        with self._lock, self._session() as s:
-            r = self._get(s, scope, rid)
-            if r.state not in ("awaiting_approval", "recommended"):
-                raise ValueError(f"remediation {rid} is {r.state}; only a pending one is {verb}d")
-            r.approved_by = scope.actor
-            if verb == "approve":
-                r.phases = {**r.phases, "approval": [r.decided_at, now]}
-                self._begin(s, r, now)
-                self._publish(r)
-            else:
-                r.state, r.updated_at = "rejected", now
-            out = _view(scope, r)
-        self.access.audit(out["tenant"], scope.actor, f"remediation.{verb}", f"remediation:{rid}",
-                          {"run": out["runId"], "node": out["node"]}, scope.remote)  # fmt: skip
-        return out
+        with self._lock:
+            a = self.get(scope, rid)
+            a = self._drive(a, self._observe(a, now, verb=verb, actor=scope.actor), now)
+        self.access.audit(a.tenant, scope.actor, f"remediation.{verb}", f"remediation:{rid}",
+                          {"run": a.run_id, "node": a.node}, scope.remote)  # fmt: skip
+        return a
 
     # -- the monitoring pass -------------------------------------------------------------------
 
@@ -354,428 +208,173 @@ class Controller:
             except Exception:
                 self.errors += 1
                 log.exception("remediation pass failed for run %s", run.run_id)
-        with self._lock, self._session() as s:
-            for r in s.scalars(select(Remediation).where(Remediation.state.in_(ACTIVE))).all():
+        with self._lock:  # an automatic action whose start failed is started again
+            for a in self.repo.active((*ACTIVE_STATES, State.DECIDING)):
                 try:
-                    self._advance(s, r, now)
+                    self._drive(a, self._observe(a, now), now)
                 except Exception:
                     self.errors += 1
-                    log.exception("remediation %s failed to advance", r.id)
-                self._publish(r)
+                    log.exception("remediation %s failed to advance", a.id)
+                    self._publish(a)
 
     def _hang_check(self, run: Run, now: float) -> None:
-        with self._plock:
-            rp = self._positions.get((run.tenant, run.run_id))
-            job, ranks = rp.current(now, self.stale_s) if rp else ("", [])
+        job, ranks = self.positions.current(run.tenant, run.run_id, now)
         if not ranks or len(ranks) < ranks[0].world or ranks[0].world < 2:
             return
-        if now - max(p.progress_at for p in ranks) < self.hang_s:
-            return
-        head = max((p.step, p.seq) for p in ranks)
-        behind = [p for p in ranks if (p.step, p.seq) < head]
-        nodes = sorted({p.node for p in behind})
-        if not behind or len(behind) == len(ranks) or len(nodes) != 1:
-            return  # everyone stuck in the same place: no node to blame
-        step = min(p.step for p in behind)
         since = max(p.progress_at for p in ranks)
-        d = Diagnosis(
-            f"stuck:{job}:{step}",
-            "hang",
-            "hang",
-            0.9,
-            f"no progress for {now - since:.0f}s at step {step}: rank(s) "
-            f"{[p.rank for p in behind]} on {nodes[0]} never reached the collective the others "
-            "wait in",
-            step=step,
-            start_step=step,
-            end_step=-1,
-            time=now,
-            ranks=[p.rank for p in behind],
-            nodes=nodes,
-            job_id=job,
-            evidence=[
-                {
-                    "metric": "seconds without progress (every rank)",
-                    "value": now - since,
-                    "threshold": self.hang_s,
-                },
-                {
-                    "metric": "position (step, collective seq) of each rank",
-                    "value": {str(p.rank): [p.step, p.seq] for p in ranks},
-                },
-            ],
-        )
-        self.findings.upsert(run.tenant, run.run_id, [d])
+        if now - since <= self.hang_rule.floor_s:
+            return  # no threshold is below the floor: spare the step-time query
+        steps = self.repo.step_durations(run.tenant, run.run_id, RECENT_STEPS)
+        hang = live_hang(since, now, self.hang_rule.threshold(recent_step_time(steps)))
+        d = stuck_ranks(job, ranks, hang, now) if hang is not None else None
+        if d is not None:
+            self.findings.upsert(run.tenant, run.run_id, [d])
 
     def _decide(self, run: Run, now: float) -> None:
         now = max(now, time.time())  # the analysis earlier in this pass took time
         scope = Scope(tenant=run.tenant, role="viewer", actor="remediation")
         acted_on = {*self.policy.fatal, *self.policy.stragglers, "hang"}
-        findings = [f for f in self.findings.list(scope, run.run_id) if f["diagnosis"] in acted_on]
+        findings = [f for f in self.findings.rows(scope, run.run_id) if f.diagnosis in acted_on]
         if not findings:
             return
-        with self._plock:
-            rp = self._positions.get((run.tenant, run.run_id))
-            job, ranks = rp.current(now, self.stale_s) if rp else ("", [])
-        live_nodes = {p.node for p in ranks}
-        with self._lock, self._session() as s:
-            done = s.scalars(
-                select(Remediation).where(
-                    Remediation.tenant == run.tenant, Remediation.run_id == run.run_id
-                )
-            ).all()
-            taken_nodes = {r.node for r in done if r.state != "failed"}
-            taken_keys = {r.finding_key for r in done}
+        job, ranks = self.positions.current(run.tenant, run.run_id, now)
+        with self._lock:
+            done = self.repo.for_run(run.tenant, run.run_id)
+            if any(a.state in _BUSY for a in done):
+                return
             measured = [
-                float(r.phases["warmup"][1] or 0.0) - r.decided_at
-                for r in done
-                if r.state == "resumed" and r.phases.get("warmup", [0, None])[1] is not None
+                float(a.phases["warmup"][1] or 0.0) - a.decided_at
+                for a in done
+                if a.state is State.RESUMED and a.phases.get("warmup", (0, None))[1] is not None
             ]
-            step_s = self._step_time(run)
+            steps = self.repo.step_durations(run.tenant, run.run_id, 50)
             ctx = RunContext(
                 world=len(ranks) or run.world_size,
                 last_step=run.last_step,
-                step_time_s=step_s,
+                step_time_s=statistics.median(steps) if steps else None,
                 config=dict(run.config or {}),
                 measured_restart_s=measured,
                 now=now,
             )
-            if any(r.state in (*ACTIVE, "awaiting_approval", "deciding") for r in done):
-                return  # one action at a time per run
-            nodes_left = len(live_nodes) - 1
-            min_nodes = run.config.get("min_nodes") if isinstance(run.config, dict) else None
-            floor = int(min_nodes) if isinstance(min_nodes, (int, float)) else 1
-            if live_nodes and nodes_left < max(1, floor):
-                return  # taking a node out would leave the job below its minimum
-            cands = []
-            for f in findings:
-                if f["key"] in taken_keys or (
-                    f["kind"] == "straggler" and f.get("endStep") is not None
-                ):
-                    continue  # acted on already, or an episode that ended
-                d = decide(self.policy, f, ctx)
-                if d is None or d.node in taken_nodes:
-                    continue
-                if live_nodes and d.node not in live_nodes:
-                    continue  # the node is no longer in the running job
-                cands.append((d.priority, f, d))
-            if not cands:
+            chosen = choose(
+                self.policy,
+                findings,
+                ctx,
+                live_nodes={p.node for p in ranks},
+                taken_nodes={a.node for a in done if a.state is not State.FAILED},
+                taken_keys={a.finding_key for a in done},
+            )
+            if chosen is None:
                 return
-            _, f, d = max(cands, key=lambda c: c[0])
-            alert = s.scalars(
-                select(Alert)
-                .where(
-                    Alert.tenant == run.tenant,
-                    Alert.run_id == run.run_id,
-                    Alert.finding_key == f["key"],
+            f, d = chosen
+            alert, incident = self.repo.alert_for(run.tenant, run.run_id, f.key) or (None, None)
+            a = self.repo.add(
+                Action(
+                    id=0,
+                    tenant=run.tenant,
+                    run_id=run.run_id,
+                    job_id=job or (f.job_id or ""),
+                    node=d.node,
+                    ranks=tuple(d.ranks),
+                    reason=d.reason,
+                    summary=d.summary[:1000],
+                    finding_key=f.key,
+                    alert_id=alert,
+                    incident_id=incident,
+                    mode=self.policy.mode,
+                    state=initial_state(self.policy.mode),
+                    decided_at=now,
+                    updated_at=now,
+                    world_before=len(ranks) or run.world_size,
+                    phases={"detection": (min(f.time or f.first_seen, now), now)},
+                    cost=d.cost,
                 )
-                .order_by(Alert.starts_at.desc())
-            ).first()
-            mode = self.policy.mode
-            r = Remediation(
-                tenant=run.tenant,
-                run_id=run.run_id,
-                job_id=job or (f.get("jobId") or ""),
-                node=d.node,
-                ranks=d.ranks,
-                reason=d.reason,
-                summary=d.summary[:1000],
-                finding_key=f["key"],
-                alert_id=alert.id if alert else None,
-                incident_id=alert.incident_id if alert else None,
-                mode=mode,
-                state={"recommend": "recommended", "approve": "awaiting_approval"}.get(
-                    mode, "deciding"
-                ),
-                decided_at=now,
-                updated_at=now,
-                approved_by="",
-                world_before=len(ranks) or run.world_size,
-                world_after=0,
-                stop_step=-1,
-                resume_step=-1,
-                checkpoint={},
-                phases={"detection": [min(float(f.get("time") or f["firstSeen"]), now), now]},
-                acks=[],
-                actuators=[],
-                cost=d.cost,
-                error="",
             )
-            s.add(r)
-            s.flush()
-            log.warning("remediation %s: %s (%s)", r.id, d.summary, r.state)
-            if mode == "automatic":
-                self._begin(s, r, now)
-            self._publish(r)
+            log.warning("remediation %s: %s (%s)", a.id, d.summary, a.state.value)
+            if a.state is State.DECIDING:
+                self._drive(a, self._observe(a, now), now)
 
-    def _step_time(self, run: Run) -> float | None:
-        t = self.telemetry.query(
-            "SELECT quantileExact(0.5)(`end` - start) AS s FROM (SELECT start, `end` FROM "
-            f"{self.telemetry.database}.steps_by_step WHERE tenant = {{tenant:String}} AND "
-            "run_id = {run:String} ORDER BY step DESC LIMIT 50)",
-            {"tenant": run.tenant, "run": run.run_id},
-        ).to_pylist()
-        v = t[0]["s"] if t else None
-        return float(v) if v else None
+    # -- carrying out what the machine says -------------------------------------------------
 
-    # -- the sequence ---------------------------------------------------------------------------
-
-    def _begin(self, s: Any, r: Remediation, now: float) -> None:
-        """Mark the node draining, then ask the job to stop at its next step boundary."""
-        outcomes = [
-            a.apply(r.node, f"fleetlens #{r.id}: {r.reason}")
-            for a in self.actuators
-            if a.stage == "drain"
-        ]
-        r.actuators = [*r.actuators, *(o.to_json() for o in outcomes)]
-        self._event(
-            r,
-            "drain",
-            now,
-            {"planned": False, "remediation": r.id, "node": r.node, "reason": r.reason},
+    def _observe(self, a: Action, now: float, **seen: Any) -> Observations:
+        job, ranks = self.positions.current(a.tenant, a.run_id, now)
+        stopped, stopped_at = self.positions.stops(a.id)
+        on_node = (
+            self.positions.on_node(a.tenant, a.run_id, a.job_id, a.node)
+            if a.state is State.REMOVING
+            else frozenset()
         )
-        with self._plock:
-            rp = self._positions.get((r.tenant, r.run_id))
-            job, ranks = rp.current(now, self.stale_s) if rp else ("", [])
-        r.updated_at = now
-        if not ranks:
-            r.state = "drained"  # the job is not reachable (gone, or no control channel)
-            r.error = "the job is not polling its control channel: node drained, job untouched"
-            return
-        r.job_id, r.world_before = job, ranks[0].world
-        if r.reason == "hang":
-            r.checkpoint = {
-                "source": "newest verified periodic checkpoint (a hung step cannot finish)"
-            }
-            self._remove(s, r, now)
-            return
-        r.state = "draining"
-        r.phases = {**r.phases, "wait": [now, None]}
-
-    def _remove(self, s: Any, r: Remediation, now: float) -> None:
-        outcomes: list[Outcome] = [
-            a.apply(r.node, f"fleetlens #{r.id}: {r.reason}")
-            for a in self.actuators
-            if a.stage == "remove"
-        ]
-        r.actuators = [*r.actuators, *(o.to_json() for o in outcomes)]
-        r.updated_at = now
-        if any(o.pending for o in outcomes):
-            r.state = "removing"
-            r.phases = {**r.phases, "remove": [now, None]}
-        else:
-            self._restart(r, now)
-
-    def _restart(self, r: Remediation, now: float) -> None:
-        r.state = "restarting"
-        r.updated_at = now
-        r.phases = {**r.phases, "rendezvous": [now, None]}
-
-    def _advance(self, s: Any, r: Remediation, now: float) -> None:
-        acks = [a for a in r.acks if a.get("jobId") == r.job_id]
-        if r.state == "draining":
-            failed = [a for a in acks if a.get("event") == "checkpoint_failed"]
-            if failed:
-                self._fail(r, now, f"checkpoint failed on rank 0: {failed[-1].get('error', '')}")
-                return
-            with self._plock:
-                stopped, t_stop = self._stopped.get(r.id, (set(), 0.0))
-            ck = [a for a in acks if a.get("event") == "checkpointed"]
-            if len(stopped) >= r.world_before and ck:
-                c = ck[-1]
-                with self._plock:
-                    self._stopped.pop(r.id, None)
-                r.acks = [*r.acks, {"event": "stopped", "ranks": len(stopped), "time": t_stop,
-                                    "jobId": r.job_id, "received": now}][-512:]  # fmt: skip
-                t_ck = min(float(c.get("started", t_stop)), t_stop)
-                r.phases = {
-                    **r.phases,
-                    "wait": [r.phases["wait"][0], t_stop],
-                    "checkpoint": [t_ck, float(c["time"])],
-                }
-                r.stop_step = int(c["step"])
-                man = dict(c.get("checkpoint") or {})
-                t_v = time.time()
-                verified_by = "rank 0 (read-back checksum)"
-                path = str(man.get("path", ""))
-                try:  # where the server can read it (a shared file system, an object store)
-                    got: str | None = sha256_of(path)[0] if path else None
-                except ConfigError:
-                    got = None
-                if got is not None:
-                    if got != man.get("sha256"):
-                        self._fail(
-                            r,
-                            now,
-                            f"checkpoint {path} has sha256 {got}, the job wrote "
-                            f"{man.get('sha256')}: not removing the node",
-                        )
-                        return
-                    verified_by = "server (read-back checksum) and rank 0"
-                r.checkpoint = {**man, "verifiedBy": verified_by}
-                r.phases = {**r.phases, "verify": [float(c["time"]), time.time()]}
-                log.info("remediation %s: checkpoint verified in %.3fs", r.id, time.time() - t_v)
-                self._remove(s, r, now)
-            elif now - _start(r, "wait") > self.stop_timeout_s:
-                self._fail(r, now, f"the job did not stop within {self.stop_timeout_s:.0f}s")
-        elif r.state == "removing":
-            on_node = self._ranks_on(r, now)
-            gone = {int(a["rank"]) for a in acks if a.get("event") == "agent_stopping"}
-            started = _start(r, "remove")
-            if (on_node and on_node <= gone) or now - started > self.remove_timeout_s:
-                if not (on_node and on_node <= gone):
-                    r.error = (
-                        f"no answer from the node's workers in {self.remove_timeout_s:.0f}s"
-                        "; restarting without it"
-                    )
-                r.phases = {**r.phases, "remove": [started, now]}
-                self._restart(r, now)
-        elif r.state == "restarting":
-            resumed = [
-                a for a in r.acks if a.get("event") == "resumed" and a.get("jobId") != r.job_id
-            ]
-            if resumed:
-                self._finish(r, resumed[0], now)
-            elif now - _start(r, "rendezvous") > self.resume_timeout_s:
-                self._fail(r, now, f"the job did not resume within {self.resume_timeout_s:.0f}s")
-
-    def _ranks_on(self, r: Remediation, now: float) -> set[int]:
-        with self._plock:
-            rp = self._positions.get((r.tenant, r.run_id))
-            if rp is None:
-                return set()
-            return {
-                p.rank for (job, _), p in rp.ranks.items() if job == r.job_id and p.node == r.node
-            }
-
-    def _finish(self, r: Remediation, a: dict[str, Any], now: float) -> None:
-        t_first = float(a["time"])
-        loaded = float(a.get("loadedAt", t_first))
-        load_s = float(a.get("loadS", 0.0))
-        # Contiguous and in order, whatever the clocks of the hosts say.
-        t0 = _start(r, "rendezvous")
-        t1 = max(t0, loaded - load_s)
-        t2 = max(t1, loaded)
-        r.phases = {
-            **r.phases,
-            "rendezvous": [t0, t1],
-            "reload": [t1, t2],
-            "warmup": [t2, max(t2, t_first)],
-        }
-        r.resume_step = int(a.get("step", -1))
-        r.world_after = int(a.get("world", 0))
-        if r.stop_step < 0 and r.resume_step >= 0:
-            last = self._last_step(r)
-            r.stop_step = last + 1 if last is not None else r.resume_step
-        r.state, r.updated_at = "resumed", now
-        new_job = str(a.get("jobId", ""))
-        for name, (p0, p1) in r.phases.items():
-            if p0 is None or p1 is None or name in ("detection", "approval"):
-                continue  # training went on meanwhile: not a pause
-            job = new_job if name in ("reload", "warmup") else r.job_id
-            self._event(
-                r,
-                "remediation",
-                p0,
-                {
-                    "remediation": r.id,
-                    "phase": name,
-                    "duration": max(0.0, p1 - p0),
-                    "category": "recovery",
-                    "node": r.node,
-                },
-                job,
-            )
-        log.warning(
-            "remediation %s: resumed at step %s, world %s, %.1fs after the decision",
-            r.id,
-            r.resume_step,
-            r.world_after,
-            t_first - r.decided_at,
+        return Observations(
+            job_id=job if ranks else "",
+            world=ranks[0].world if ranks else 0,
+            stopped=stopped,
+            stopped_at=stopped_at,
+            ranks_on_node=on_node,
+            **seen,
         )
 
-    def _last_step(self, r: Remediation) -> int | None:
-        t = self.telemetry.query(
-            f"SELECT max(step) AS s FROM {self.telemetry.database}.steps_by_step WHERE "
-            "tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}",
-            {"tenant": r.tenant, "run": r.run_id, "job": r.job_id},
-        ).to_pylist()
-        v = t[0]["s"] if t else None
-        return int(v) if v is not None else None
+    def _drive(self, a: Action, obs: Observations, now: float) -> Action:
+        """Advance the action, carry out the effects (answering those that ask, in another
+        step of the machine), store it and tell the job."""
+        start = a
+        for _ in range(8):  # each answered effect is one more step; a sequence has at most three
+            a, effects = advance(a, obs, now, self.limits)
+            answers: dict[str, Any] = {}
+            for e in effects:
+                if isinstance(e, Actuate):
+                    why = f"fleetlens #{a.id}: {a.reason}"
+                    done = [x.apply(a.node, why) for x in self.actuators if x.stage == e.stage]
+                    a = replace(a, actuators=(*a.actuators, *(o.to_json() for o in done)))
+                    answers.update(actuated=e.stage, pending=any(o.pending for o in done))
+                elif isinstance(e, Verify):
+                    answers.update(verified=True, server_sha256=self._sha256(e.path))
+                    answers["verified_at"] = time.time()
+                elif isinstance(e, LookUpLastStep):
+                    last = self.repo.last_step(a.tenant, a.run_id, e.job_id)
+                    answers.update(looked_up=True, last_step=last)
+                elif isinstance(e, Emit):
+                    self._emit(a, e)
+                elif isinstance(e, ForgetStops):
+                    self.positions.forget_stops(a.id)
+            if not any(asks(e) for e in effects):
+                break
+            obs = replace(obs, verb="", answer=None, **answers)
+        if a != start:
+            self.repo.save(a)
+        self._publish(a)
+        if a.state is not start.state:
+            self._log(a)
+        return a
 
-    def _fail(self, r: Remediation, now: float, why: str) -> None:
-        r.state, r.error, r.updated_at = "failed", why[:1000], now
-        with self._plock:
-            self._stopped.pop(r.id, None)
-        log.error("remediation %s failed: %s", r.id, why)
-        self._event(
-            r, "remediation", now, {"remediation": r.id, "phase": "failed", "error": why[:500]}
-        )
-
-    def _event(
-        self, r: Remediation, kind: str, at: float, attrs: dict[str, Any], job: str | None = None
-    ) -> None:
+    @staticmethod
+    def _sha256(path: str) -> str | None:
+        """The checkpoint's digest where the server can read it (a shared file system, an
+        object store); None where it cannot."""
         try:
-            table = pa.table(
-                {
-                    "time": pa.array([at]),
-                    "kind": pa.array([kind]),
-                    "step": pa.array([-1], pa.int64()),
-                    "rank": pa.array([-1], pa.int32()),
-                    "node_id": pa.array([r.node]),
-                    "gpu": pa.array([-1], pa.int32()),
-                    "message": pa.array([f"remediation #{r.id} ({r.reason}): {kind}"]),
-                    "attrs": pa.array([json.dumps(attrs)]),
-                }
-            )
-            with self._session() as s:
-                run = s.scalars(
-                    select(Run).where(Run.tenant == r.tenant, Run.run_id == r.run_id)
-                ).first()
-            ctx = {
-                "tenant": r.tenant,
-                "project": run.project if run else "",
-                "run_id": r.run_id,
-                "job_id": job if job is not None else r.job_id,
-            }
-            self.telemetry.insert(
-                "event",
-                table,
-                {k: v for k, v in ctx.items() if v},
-                f"remediation-{r.id}-{kind}-{attrs.get('phase', '')}",
-            )
+            return sha256_of(path)[0] if path else None
+        except ConfigError:
+            return None
+
+    def _emit(self, a: Action, e: Emit) -> None:
+        try:
+            self.repo.write_event(a, e.kind, e.at, e.attrs, e.job_id)
         except Exception:
             self.errors += 1
             log.exception("writing remediation event failed")
 
-    # -- what the ranks are told ------------------------------------------------------------------
+    def _publish(self, a: Action) -> None:
+        self.positions.publish(a.tenant, a.run_id, a.id, instruction(a))
 
-    def _publish(self, r: Remediation) -> None:
-        key = (r.tenant, r.run_id)
-        with self._plock:
-            if r.state in ACTIVE:
-                self._control[key] = {
-                    "id": r.id,
-                    "phase": _CONTROL_PHASE[r.state],
-                    "node": r.node,
-                    "jobId": r.job_id,
-                    "force": r.reason == "hang",
-                    "world": r.world_before,
-                }
-            elif self._control.get(key, {}).get("id") == r.id:
-                del self._control[key]
-
-    def _load_active(self) -> None:
-        with self._session() as s:
-            for r in s.scalars(select(Remediation).where(Remediation.state.in_(ACTIVE))).all():
-                self._publish(r)
+    @staticmethod
+    def _log(a: Action) -> None:
+        if a.state is State.FAILED:
+            log.error("remediation %s failed: %s", a.id, a.error)
+        elif a.state is State.RESUMED:
+            log.warning("remediation %s: resumed at step %s, world %s, %.1fs after the decision",
+                        a.id, a.resume_step, a.world_after, a.recovery_s or 0.0)  # fmt: skip
+        else:
+            log.info("remediation %s: %s", a.id, a.state.value)
 
     def state_counts(self) -> dict[tuple[str, str], int]:
         """(tenant, state) -> how many actions, for /metrics."""
-        with self._session() as s:
-            rows = s.execute(
-                select(Remediation.tenant, Remediation.state, func.count()).group_by(
-                    Remediation.tenant, Remediation.state
-                )
-            ).all()
-            return {(str(t), str(st)): int(n) for t, st, n in rows}
+        return self.repo.state_counts()

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from ..errors import FleetlensError
+
 __all__ = ["Drill"]
 
 RDZV_CONF = "last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
@@ -128,7 +130,7 @@ class Drill:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                                  env=self.env(node))  # fmt: skip
             if out.returncode != 0:
-                raise RuntimeError(f"fleetlens agent failed: {out.stderr[-2000:]}")
+                raise FleetlensError(f"fleetlens agent failed: {out.stderr[-2000:]}")
         finally:
             http.shutdown()
             http.server_close()

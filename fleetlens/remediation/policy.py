@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..store.findings import FindingRow
 
-__all__ = ["MODES", "Decision", "RemediationPolicy", "RunContext", "decide"]
+__all__ = ["MODES", "Decision", "RemediationPolicy", "RunContext", "choose", "decide"]
 
 MODES = ("off", "recommend", "approve", "automatic")
 _STEP_KEYS = ("total_steps", "max_steps", "train_steps", "steps")
@@ -85,19 +86,19 @@ class Decision:
         return rank, float(self.cost.get("expectedLossS", 0.0))
 
 
-def decide(policy: RemediationPolicy, finding: dict[str, Any], run: RunContext) -> Decision | None:
+def decide(policy: RemediationPolicy, finding: FindingRow, run: RunContext) -> Decision | None:
     """The action a finding justifies, or None."""
-    diag = str(finding.get("diagnosis", ""))
-    nodes = [str(n) for n in finding.get("nodes") or [] if n]
+    diag = finding.diagnosis
+    nodes = [str(n) for n in finding.nodes if n]
     if len(nodes) != 1:  # no node, or a rack / switch-level problem: not one node's removal
         return None
-    node, ranks = nodes[0], [int(r) for r in finding.get("ranks") or []]
+    node, ranks = nodes[0], [int(r) for r in finding.ranks]
     if diag in policy.fatal:
         return Decision(
             node,
             ranks,
             diag,
-            f"fatal hardware fault on {node}: {finding.get('summary', '')}",
+            f"fatal hardware fault on {node}: {finding.summary}",
             {"rule": "fatal hardware fault"},
         )
     if diag == "hang":
@@ -105,15 +106,15 @@ def decide(policy: RemediationPolicy, finding: dict[str, Any], run: RunContext) 
             node,
             ranks,
             diag,
-            f"rank(s) {ranks} on {node} hung: {finding.get('summary', '')}",
+            f"rank(s) {ranks} on {node} hung: {finding.summary}",
             {"rule": "hung node"},
         )
     if diag not in policy.stragglers:
         return None
-    if run.now - float(finding.get("firstSeen") or run.now) < policy.persist_s:
+    if run.now - (finding.first_seen or run.now) < policy.persist_s:
         return None  # not yet shown to persist: an episode may end by itself
     wait = 0.0
-    for ev in finding.get("evidence") or []:
+    for ev in finding.evidence:
         if isinstance(ev, dict) and isinstance(ev.get("waitPerStepS"), (int, float)):
             wait = float(ev["waitPerStepS"])
     left, basis = run.remaining_steps(policy.horizon_s)
@@ -140,3 +141,36 @@ def decide(policy: RemediationPolicy, finding: dict[str, Any], run: RunContext) 
         f"{expected:.0f} s, more than a restart ({restart:.0f} s)",
         cost,
     )
+
+
+def choose(
+    policy: RemediationPolicy,
+    findings: list[FindingRow],
+    run: RunContext,
+    *,
+    live_nodes: set[str],
+    taken_nodes: set[str],
+    taken_keys: set[str],
+) -> tuple[FindingRow, Decision] | None:
+    """Of a run's findings, the one to act on now and its decision: faults first, then hangs,
+    then the costliest straggler. None when no finding justifies an action, when each is acted
+    on already (``taken_keys``, or its node in ``taken_nodes``), or when taking a node out of
+    the running job (``live_nodes``) would leave it below its ``min_nodes`` (config)."""
+    min_nodes = run.config.get("min_nodes")
+    floor = int(min_nodes) if isinstance(min_nodes, (int, float)) else 1
+    if live_nodes and len(live_nodes) - 1 < max(1, floor):
+        return None
+    cands = []
+    for f in findings:
+        if f.key in taken_keys or (f.kind == "straggler" and f.end_step is not None):
+            continue  # acted on already, or an episode that ended
+        d = decide(policy, f, run)
+        if d is None or d.node in taken_nodes:
+            continue
+        if live_nodes and d.node not in live_nodes:
+            continue  # the node is no longer in the running job
+        cands.append((d.priority, f, d))
+    if not cands:
+        return None
+    _, f, d = max(cands, key=lambda c: c[0])
+    return f, d

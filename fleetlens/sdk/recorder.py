@@ -13,6 +13,7 @@ import tempfile
 import time
 from typing import Any
 
+from ..errors import ConfigError
 from ..schema import KINDS
 from .buffer import SAMPLE, RecordBuffer
 from .config import SDKConfig
@@ -47,7 +48,7 @@ class Recorder:
         """Queue one record of ``kind`` (column name -> value); never raises."""
         try:
             if kind not in KINDS:
-                raise ValueError(kind)
+                raise ConfigError(f"unknown record kind {kind!r}")
             columns.setdefault("time", time.time())
             self._buffer.put(priority, (SAMPLE, kind, columns))
         except Exception:

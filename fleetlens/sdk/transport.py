@@ -15,7 +15,7 @@ import http.client
 import urllib.parse
 from typing import Protocol
 
-from ..errors import TransportError
+from ..errors import ConfigError, TransportError
 
 __all__ = ["HttpTransport", "Transport"]
 
@@ -44,7 +44,7 @@ class HttpTransport:
     def __init__(self, server: str, token: str | None = None, timeout: float = 5.0) -> None:
         url = urllib.parse.urlsplit(server)
         if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"server {server!r} is not an http(s) URL")
+            raise ConfigError(f"server {server!r} is not an http(s) URL")
         self._https = url.scheme == "https"
         self._host = url.hostname
         self._port = url.port

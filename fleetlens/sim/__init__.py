@@ -8,8 +8,9 @@ Server-side extra: needs numpy and pyyaml, never imported by the SDK.
 
 from __future__ import annotations
 
+from ..errors import SimError
 from .calibration import CALIBRATION, Calibration, derive_calibration
-from .emit import DirSink, HttpSink, MemorySink, SimError
+from .emit import DirSink, HttpSink, MemorySink
 from .library import SimResult, list_scenarios, load_scenario, run_scenario, simulate
 from .model import Scenario
 from .truth import LOSS_CATEGORIES, GroundTruth, Score, score_detections

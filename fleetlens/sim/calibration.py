@@ -2,7 +2,7 @@
 
 The simulator's healthy step is ``compute * (1 + rank_cov * e_rank) * (1 + step_cov * e_step)``
 with independent standard normals per rank-step (``e_rank``) and per step (``e_step``). The two
-coefficients come from public recordings in ``shared/data/real``:
+coefficients come from public recordings in ``tests/data/real``:
 
 - ``rank_cov``: the within-worker CoV of mini-batch time of Alibaba PAI ``job_2`` (the job the
   trace's authors call stable; jobs 3 and 4 contain stragglers), median over its workers.
@@ -58,7 +58,7 @@ CALIBRATION = Calibration(
     bigscience_job_cov=(0.0138, 0.0182),
     megatron_h100_median_step_s=1.435,
 )
-"""Recorded output of ``derive_calibration`` on ``shared/data/real`` (rounded)."""
+"""Recorded output of ``derive_calibration`` on ``tests/data/real`` (rounded)."""
 
 
 def _robust_cov(x: np.ndarray[Any, Any]) -> float:

@@ -8,7 +8,6 @@ Retry-After and raises on any other 4xx, because a batch the server refuses is a
 
 from __future__ import annotations
 
-import http.client
 import os
 import time
 import urllib.parse
@@ -18,17 +17,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import FleetlensError, TransportError
+from ..errors import APIError, SimError, TransportError
 from ..schema import DTYPES, KINDS
 from ..wire import DictColumn, Table, encode_batch
 
 __all__ = ["Batcher", "DirSink", "HttpSink", "MemorySink", "SimError", "Sink", "open_sink"]
 
 Cols = dict[str, Any]
-
-
-class SimError(FleetlensError):
-    """The simulator produced something the collector refused, or could not deliver it."""
 
 
 class Sink(Protocol):
@@ -62,55 +57,53 @@ def encode(ctx: dict[str, str], tables: dict[str, tuple[int, Cols]]) -> bytes:
 
 
 class HttpSink:
-    """POST batches to ``{url}/v1/ingest`` on one keep-alive connection."""
+    """POST batches to ``{url}/v1/ingest`` through :class:`fleetlens.client.Client`.
 
-    def __init__(self, url: str, timeout: float = 120.0, max_retries: int = 200) -> None:
+    ``token`` None takes ``$FLEETLENS_TOKEN``; ``""`` sends none.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 120.0,
+        max_retries: int = 200,
+        token: str | None = None,
+    ) -> None:
+        from ..client import Client
+
         u = urllib.parse.urlparse(url)
-        if u.scheme != "http" or not u.hostname:
+        if u.scheme not in ("http", "https") or not u.hostname:
             raise SimError(f"server URL {url!r} is not valid; use http://host:port")
-        self.host, self.port = u.hostname, u.port or 80
-        self.prefix = u.path.rstrip("/")
+        self.client = Client(url, token, timeout=timeout)
         self.timeout = timeout
         self.max_retries = max_retries
-        self.conn: http.client.HTTPConnection | None = None
         self.batches = 0
 
-    def _post(self, body: bytes) -> tuple[int, str, bytes]:
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        try:
-            self.conn.request(
-                "POST", self.prefix + "/v1/ingest", body, {"Content-Type": "application/msgpack"}
-            )
-            resp = self.conn.getresponse()
-            return resp.status, resp.getheader("Retry-After") or "", resp.read()
-        except (OSError, http.client.HTTPException):
-            self.conn.close()
-            self.conn = None
-            raise
-
     def send(self, ctx: dict[str, str], tables: dict[str, tuple[int, Cols]]) -> None:
+
         body = encode(ctx, tables)
         for attempt in range(self.max_retries):
             try:
-                status, retry_after, text = self._post(body)
-            except (OSError, http.client.HTTPException) as exc:
+                self.client.ingest(body, timeout=self.timeout)
+            except TransportError:
                 if attempt >= 5:
-                    raise TransportError(f"cannot reach {self.host}:{self.port}: {exc}") from exc
+                    raise
                 time.sleep(0.5 * (attempt + 1))
                 continue
-            if status == 200:
-                self.batches += 1
-                return
-            if status in (429, 503) or status >= 500:
-                time.sleep(min(float(retry_after or 0.5), 5.0))
-                continue
-            raise SimError(f"collector refused a simulated batch: HTTP {status}: {text[:500]!r}")
+            except APIError as exc:
+                if exc.status in (429, 503) or exc.status >= 500:
+                    wait = 0.5 if exc.retry_after is None else exc.retry_after
+                    time.sleep(min(wait, 5.0))
+                    continue
+                raise SimError(
+                    f"collector refused a simulated batch: HTTP {exc.status}: {exc.message[:500]}"
+                ) from exc
+            self.batches += 1
+            return
         raise TransportError(f"collector kept refusing a batch after {self.max_retries} tries")
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
+        self.client.close()
 
 
 class DirSink:

@@ -3,7 +3,7 @@
 419 unexpected interruptions in 54 days on 16,384 H100 GPUs, by component. Each component maps
 to the simulator fault that has the same effect on a job (a faulty GPU is a fatal XID, a
 network switch or cable is a link going down, ...). Arrivals are Poisson in time; the test
-checks this table against ``shared/data/real/failure_statistics``.
+checks this table against ``tests/data/real/failure_statistics``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from .model import FaultSpec, Rates, Scenario
 
 __all__ = ["LLAMA3_INTERRUPTIONS", "draw_faults"]
@@ -45,13 +46,13 @@ LLAMA3_INTERRUPTIONS: dict[str, tuple[int, str, dict[str, Any]]] = {
 def draw_faults(scn: Scenario, rates: Rates, rng: np.random.Generator) -> list[FaultSpec]:
     """Poisson arrivals over the run's nominal span, per component."""
     if rates.model != "llama3_405b":
-        raise ValueError(f"unknown failure-rate model {rates.model!r}; known: llama3_405b")
+        raise ConfigError(f"unknown failure-rate model {rates.model!r}; known: llama3_405b")
     span = scn.job.steps * scn.job.step_time
     scale = span / (LLAMA3_DAYS * 86400.0)
     if rates.scale == "per_gpu":
         scale *= scn.world_size / LLAMA3_GPUS
     elif rates.scale != "fleet":
-        raise ValueError(f"rates.scale {rates.scale!r} is not known; use per_gpu or fleet")
+        raise ConfigError(f"rates.scale {rates.scale!r} is not known; use per_gpu or fleet")
     out = []
     for count, kind, params in LLAMA3_INTERRUPTIONS.values():
         n = int(rng.poisson(count * scale * rates.multiplier))

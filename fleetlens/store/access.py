@@ -19,6 +19,7 @@ from ..errors import ConfigError, NotFound
 from .metadata import MetadataStore
 from .models import ApiToken, AuditEntry, Tenant
 from .scope import ROLES, Scope
+from .scoped import all_tenants, scoped
 
 __all__ = ["QUOTA_FIELDS", "AccessStore", "TokenInfo"]
 
@@ -72,7 +73,7 @@ def _info(t: ApiToken) -> TokenInfo:
 
 class AccessStore:
     def __init__(self, metadata: MetadataStore) -> None:
-        self._session = metadata._session  # one database, one session factory
+        self._session = metadata.session  # one database, one session factory
 
     def ensure_tenant(self, name: str) -> None:
         with self._session() as s:
@@ -132,7 +133,9 @@ class AccessStore:
 
     def authenticate(self, plaintext: str, remote: str = "") -> Scope | None:
         with self._session() as s:
-            row = s.scalars(select(ApiToken).where(ApiToken.token_hash == _hash(plaintext))).first()
+            # A token is looked up before anyone knows its tenant: that is what it tells.
+            q = all_tenants(select(ApiToken)).where(ApiToken.token_hash == _hash(plaintext))
+            row = s.scalars(q).first()
             if row is None or row.revoked_at is not None:
                 return None
             return Scope(
@@ -146,16 +149,12 @@ class AccessStore:
 
     def list_tokens(self, scope: Scope) -> list[TokenInfo]:
         with self._session() as s:
-            rows = s.scalars(
-                select(ApiToken).where(ApiToken.tenant == scope.tenant).order_by(ApiToken.id)
-            ).all()
+            rows = s.scalars(scoped(select(ApiToken), scope).order_by(ApiToken.id)).all()
             return [_info(r) for r in rows]
 
     def revoke_token(self, scope: Scope, token_id: int) -> TokenInfo:
         with self._session() as s:
-            row = s.scalars(
-                select(ApiToken).where(ApiToken.id == token_id, ApiToken.tenant == scope.tenant)
-            ).first()
+            row = s.scalars(scoped(select(ApiToken), scope).where(ApiToken.id == token_id)).first()
             if row is None:
                 raise NotFound(f"token {token_id} does not exist")
             if row.revoked_at is None:
@@ -174,9 +173,9 @@ class AccessStore:
     def has_admin_token(self) -> bool:
         with self._session() as s:
             n = s.scalar(
-                select(func.count())
-                .select_from(ApiToken)
-                .where(ApiToken.role == "admin", ApiToken.revoked_at.is_(None))
+                all_tenants(select(func.count()).select_from(ApiToken)).where(
+                    ApiToken.role == "admin", ApiToken.revoked_at.is_(None)
+                )
             )
             return bool(n)
 
@@ -205,8 +204,8 @@ class AccessStore:
     def audit_log(self, scope: Scope, limit: int = 100, since: float = 0.0) -> list[dict[str, Any]]:
         with self._session() as s:
             rows = s.scalars(
-                select(AuditEntry)
-                .where(AuditEntry.tenant == scope.tenant, AuditEntry.at >= since)
+                scoped(select(AuditEntry), scope)
+                .where(AuditEntry.at >= since)
                 .order_by(AuditEntry.id.desc())
                 .limit(limit)
             ).all()

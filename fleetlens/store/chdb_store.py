@@ -38,13 +38,35 @@ def _settings_sql(settings: dict[str, str | int]) -> str:
     return ", ".join(parts)
 
 
+_ESCAPED = {
+    "\\": "\\\\",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\0": "\\0",
+    "\b": "\\b",
+    "\f": "\\f",
+}
+_QUOTED = {**_ESCAPED, "'": "\\'"}
+
+
+def _escape(value: str, table: dict[str, str]) -> str:
+    if not any(ch in value for ch in table):
+        return value
+    return "".join(table.get(ch, ch) for ch in value)
+
+
 def _param(value: Any) -> Any:
-    """chDB binds an Array parameter from its text form: ['a','b']."""
+    """A parameter as the engine parses it: a String from its escaped text form (a tab, a
+    newline or a backslash in it would otherwise break or change the value), an Array from its
+    text form ``['a','b']`` with each string quoted."""
+    if isinstance(value, str):
+        return _escape(value, _ESCAPED)
     if isinstance(value, list | tuple):
         parts = []
         for v in value:
             if isinstance(v, str):
-                parts.append("'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'")
+                parts.append("'" + _escape(v, _QUOTED) + "'")
             else:
                 parts.append(repr(v))
         return "[" + ",".join(parts) + "]"
@@ -88,9 +110,9 @@ class ChdbStore:
         table = KINDS[kind].table
         values = context_for(kind, ctx)
         cols = ", ".join(f"`{c}`" for c in (*values, *data.column_names))
-        params = {f"c{i}": v for i, v in enumerate(values.values())}
+        params = {f"c{i}": _param(v) for i, v in enumerate(values.values())}
         consts = "".join(f"{{c{i}:String}}, " for i in range(len(values)))
-        settings = _settings_sql(insert_settings(batch_id, kind))
+        settings = _settings_sql(insert_settings(batch_id, kind, values))
         _fl_rows = data
         sql = (
             f"INSERT INTO {self.database}.{table} ({cols}) "

@@ -62,13 +62,14 @@ class ClickHouseStore:
 
     def insert(self, kind: str, data: pa.Table, ctx: dict[str, str], batch_id: str) -> None:
         n = data.num_rows
-        for i, (key, value) in enumerate(context_for(kind, ctx).items()):
+        values = context_for(kind, ctx)
+        for i, (key, value) in enumerate(values.items()):
             data = data.add_column(i, key, pa.array([value] * n, pa.string()))
         try:
             self._client.insert_arrow(
                 f"{self.database}.{KINDS[kind].table}",
                 data,
-                settings=insert_settings(batch_id, kind),
+                settings=insert_settings(batch_id, kind, values),
             )
         except Exception as exc:
             raise StoreError(f"insert of {kind} records failed: {exc}") from exc

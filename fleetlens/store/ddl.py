@@ -5,8 +5,11 @@ ReplicatedMergeTree table per shard (``<table>_local``) and a Distributed table 
 sharded by run so that a run's per-step aggregation stays on one shard.
 
 Every table keeps the hashes of its recent inserts (``*_deduplication_window``) and every insert
-carries ``insert_deduplication_token = <batch_id>:<kind>``: a retried batch is stored once even
-when the server died between storing it and acknowledging it.
+carries an ``insert_deduplication_token`` derived from the rows' context (tenant, project, run,
+job), the caller's key and the kind (:func:`dedup_token`): a retried batch is stored once even
+when the server died between storing it and acknowledging it, and the same key used by another
+tenant or run never drops that one's rows. The collector's key holds the batch id and a hash of
+the table's content, so only a true retry of the same batch is dropped.
 
 ``steps_by_step`` is a rollup fed by a materialized view: per run, job attempt and step, the
 ranks seen, tokens, first start, last end, the slowest rank's duration and compute time, the
@@ -16,6 +19,7 @@ it instead of the per-rank table.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -27,6 +31,7 @@ __all__ = [
     "PRESERVED",
     "Layout",
     "create_statements",
+    "dedup_token",
     "insert_settings",
 ]
 
@@ -200,10 +205,21 @@ def create_statements(layout: Layout = Layout()) -> list[str]:
     return stmts
 
 
-def insert_settings(batch_id: str, kind: str) -> dict[str, str | int]:
+def dedup_token(key: str, kind: str, context: dict[str, str]) -> str:
+    """The deduplication token of one insert: a hash of the rows' context identifiers (the
+    kind's ``ctx`` columns: tenant, project, run, job) and ``key``, then the kind."""
+    h = hashlib.sha256()
+    for name in KINDS[kind].ctx:
+        h.update(name.encode() + b"=" + context.get(name, "").encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+    h.update(key.encode("utf-8", "surrogatepass"))
+    return f"{h.hexdigest()[:40]}:{kind}"
+
+
+def insert_settings(key: str, kind: str, context: dict[str, str]) -> dict[str, str | int]:
     """Settings for one insert of one batch: the engine drops a retried copy of it."""
     return {
         "insert_deduplicate": 1,
-        "insert_deduplication_token": f"{batch_id}:{kind}",
+        "insert_deduplication_token": dedup_token(key, kind, context),
         "deduplicate_blocks_in_dependent_materialized_views": 1,
     }

@@ -8,18 +8,26 @@ ClickHouse resolves a bare column name inside an aggregate to a same-named alias
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..analysis.hardware import GpuHealth, NodeHealth
 from .ddl import COMPUTE_SQL
+from .reader import TenantReader
 from .telemetry import TelemetryStore
 
-__all__ = ["DetectQueries", "JobSpan", "Placement", "StepMatrix"]
+__all__ = ["DetectQueries", "JobSpan", "Placement", "StepMatrix", "rank_cap"]
 
 Arr = np.ndarray[Any, Any]
+log = logging.getLogger("fleetlens.analyzer")
+
+
+def rank_cap(world: int, distinct: int) -> int:
+    """How wide a per-rank array of a job may be: its world (ranks reported per step, or
+    declared) or a few times the distinct ranks seen, never what one stray rank number says."""
+    return max(world, 4 * distinct + 1024)
 
 
 @dataclass(frozen=True)
@@ -61,14 +69,11 @@ class DetectQueries:
     def __init__(self, telemetry: TelemetryStore, tenant: str) -> None:
         self.t = telemetry
         self.db = telemetry.database
+        self.r = TenantReader(telemetry, tenant)
         self.tenant = tenant
 
-    def _q(self, sql: str, **params: Any) -> Any:
-        params["tenant"] = self.tenant
-        return self.t.query(sql.replace("{db}", self.db), params)
-
     def jobs(self, run_id: str) -> list[JobSpan]:
-        rows = self._q(
+        rows = self.r.table(
             "SELECT j_job, min(j_step) AS lo, max(j_step) AS hi, min(j_start) AS t0, "
             "max(j_end) AS t1, max(j_ranks) AS w FROM ("
             " SELECT job_id AS j_job, step AS j_step, sum(ranks) AS j_ranks, min(start) AS j_start,"
@@ -86,7 +91,7 @@ class DetectQueries:
 
     def step_matrix(self, run_id: str, job_id: str, lo: int, hi: int, world: int) -> StepMatrix:
         """Per-rank compute, comm and data wait of steps ``lo..hi`` of one attempt."""
-        tab = self._q(
+        tab = self.r.table(
             f"SELECT step, rank, {COMPUTE_SQL} AS m_compute, comm, data_wait, time, duration "
             "FROM {db}.steps WHERE tenant = {tenant:String} AND run_id = {run:String} "
             "AND job_id = {job:String} AND step BETWEEN {lo:Int64} AND {hi:Int64}",
@@ -101,6 +106,22 @@ class DetectQueries:
                               np.empty((0, world)), np.empty((0, world)), e, e)  # fmt: skip
         step = tab.column("step").to_numpy()
         rank = tab.column("rank").to_numpy().astype(np.int64)
+        # Columns are ranks 0..W-1, so W comes from the ranks, but never from one absurd rank:
+        # the matrix is at most the distinct ranks seen (x4, +1024 for sparse reporters) wide.
+        cap = rank_cap(world, len(np.unique(rank)))
+        keep = (rank >= 0) & (rank < cap)
+        cols = {c: tab.column(c).to_numpy() for c in ("m_compute", "comm", "data_wait")}
+        t = tab.column("time").to_numpy()
+        e = t + tab.column("duration").to_numpy()
+        if not keep.all():
+            log.warning(
+                "run %s job %s: %d rows with ranks outside 0..%d left out of the analysis",
+                run_id, job_id, int((~keep).sum()), cap - 1,
+            )  # fmt: skip
+            step, rank, t, e = step[keep], rank[keep], t[keep], e[keep]
+            cols = {c: v[keep] for c, v in cols.items()}
+            if not len(step):
+                return self.step_matrix(run_id, job_id, 1, 0, world)
         steps = np.unique(step)
         w = max(world, int(rank.max()) + 1 if len(rank) else 0)
         si = np.searchsorted(steps, step)
@@ -108,19 +129,29 @@ class DetectQueries:
 
         def grid(name: str) -> Arr:
             m = np.full(shape, np.nan)
-            m[si, rank] = tab.column(name).to_numpy()
+            m[si, rank] = cols[name]
             return m
 
-        t = tab.column("time").to_numpy()
-        e = t + tab.column("duration").to_numpy()
         start = np.full(len(steps), np.inf)
         end = np.full(len(steps), -np.inf)
         np.minimum.at(start, si, t)
         np.maximum.at(end, si, e)
         return StepMatrix(steps, w, grid("m_compute"), grid("comm"), grid("data_wait"), start, end)
 
+    def next_step(self, run_id: str, job_id: str, after: int) -> int | None:
+        """The first step of the attempt after ``after`` (None: none), to skip a gap of steps."""
+        rows = self.r.table(
+            "SELECT min(step) AS n_step, count() AS n_rows FROM {db}.steps_by_step"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " AND step > {after:Int64}",
+            run=run_id,
+            job=job_id,
+            after=after,
+        ).to_pylist()
+        return int(rows[0]["n_step"]) if rows and rows[0]["n_rows"] else None
+
     def placement(self, run_id: str, job_id: str, world: int) -> Placement:
-        rows = self._q(
+        rows = self.r.table(
             "SELECT rank AS p_rank, argMax(node_id, time) AS p_node, argMax(gpu, time) AS p_gpu,"
             " argMax(rack, time) AS p_rack, argMax(switch, time) AS p_switch,"
             " argMax(nvlink_domain, time) AS p_nvl FROM {db}.placement"
@@ -129,6 +160,8 @@ class DetectQueries:
             run=run_id,
             job=job_id,
         ).to_pylist()
+        cap = rank_cap(world, len(rows))
+        rows = [r for r in rows if 0 <= int(r["p_rank"]) < cap]
         n = max([world] + [int(r["p_rank"]) + 1 for r in rows])
         node, rack, sw, nvl = [""] * n, [""] * n, [""] * n, [""] * n
         gpu = np.full(n, -1, dtype=np.int64)
@@ -138,13 +171,12 @@ class DetectQueries:
             sw[i], nvl[i] = r["p_switch"], r["p_nvl"]
         return Placement(node, gpu, rack, sw, nvl)
 
-    def gpu_health(
-        self, nodes: list[str], t0: float, t1: float
-    ) -> dict[tuple[str, int], GpuHealth]:
-        """Per GPU of ``nodes`` over [t0, t1]: the DCGM fields the hardware rules read."""
+    def gpu_health_rows(self, nodes: list[str], t0: float, t1: float) -> list[dict[str, Any]]:
+        """Per GPU of ``nodes`` over [t0, t1]: the DCGM fields the hardware rules read, one row
+        per GPU keyed by the fields of :class:`fleetlens.analysis.hardware.GpuHealth`."""
         if not nodes:
-            return {}
-        rows = self._q(
+            return []
+        rows = self.r.table(
             "SELECT node_id AS g_node, gpu AS g_gpu, count() AS g_n,"
             " maxIf(gpu_temp, isFinite(gpu_temp)) AS g_temp,"
             " minIf(sm_clock / sm_clock_max, sm_clock_max > 0) AS g_clock_min,"
@@ -170,23 +202,33 @@ class DetectQueries:
             t0=t0,
             t1=t1,
         ).to_pylist()
-        out = {}
-        for r in rows:
-            g = GpuHealth(r["g_node"], int(r["g_gpu"]), int(r["g_n"]))
-            g.temp_max, g.clock_ratio_min = _f(r["g_temp"]), _f(r["g_clock_min"])
-            g.clock_ratio_median, g.throttle = _f(r["g_clock_med"]), int(r["g_thr"] or 0)
-            g.power_max, g.sbe_delta = _f(r["g_power"]), _z(r["g_sbe"])
-            g.dbe_delta = max(_z(r["g_dbe"]), _z(r["g_dbe_max"]))
-            g.xids = tuple(sorted(int(x) for x in r["g_xids"] or []))
-            g.nvlink_crc_delta, g.nvlink_bw_min = _z(r["g_crc"]), _f(r["g_bw_min"])
-            g.nvlink_bw_median, g.pcie_replay_delta = _f(r["g_bw_med"]), _z(r["g_pcie"])
-            out[(g.node, g.gpu)] = g
-        return out
+        return [
+            {
+                "node": r["g_node"],
+                "gpu": int(r["g_gpu"]),
+                "samples": int(r["g_n"]),
+                "temp_max": _f(r["g_temp"]),
+                "clock_ratio_min": _f(r["g_clock_min"]),
+                "clock_ratio_median": _f(r["g_clock_med"]),
+                "throttle": int(r["g_thr"] or 0),
+                "power_max": _f(r["g_power"]),
+                "sbe_delta": _z(r["g_sbe"]),
+                "dbe_delta": max(_z(r["g_dbe"]), _z(r["g_dbe_max"])),
+                "xids": tuple(sorted(int(x) for x in r["g_xids"] or [])),
+                "nvlink_crc_delta": _z(r["g_crc"]),
+                "nvlink_bw_min": _f(r["g_bw_min"]),
+                "nvlink_bw_median": _f(r["g_bw_med"]),
+                "pcie_replay_delta": _z(r["g_pcie"]),
+            }
+            for r in rows
+        ]
 
-    def node_health(self, nodes: list[str], t0: float, t1: float) -> dict[str, NodeHealth]:
+    def node_health_rows(self, nodes: list[str], t0: float, t1: float) -> list[dict[str, Any]]:
+        """Per host of ``nodes`` over [t0, t1], keyed by the fields of
+        :class:`fleetlens.analysis.hardware.NodeHealth`."""
         if not nodes:
-            return {}
-        rows = self._q(
+            return []
+        rows = self.r.table(
             "SELECT node_id AS h_node, count() AS h_n,"
             " maxIf(cpu_util, isFinite(cpu_util)) AS h_cpu,"
             " maxIf(mem_used_bytes / mem_total_bytes, mem_total_bytes > 0) AS h_mem,"
@@ -202,16 +244,20 @@ class DetectQueries:
             t0=t0,
             t1=t1,
         ).to_pylist()
-        out = {}
-        for r in rows:
-            n = NodeHealth(r["h_node"], int(r["h_n"]), _f(r["h_cpu"]), _f(r["h_mem"]))
-            n.nic_errors_per_s = _z(r["h_nic"]) if r["h_n"] > 1 else 0.0
-            n.retransmits_per_s = _z(r["h_retx"]) if r["h_n"] > 1 else 0.0
-            out[n.node] = n
-        return out
+        return [
+            {
+                "node": r["h_node"],
+                "samples": int(r["h_n"]),
+                "cpu_max": _f(r["h_cpu"]),
+                "mem_used_frac_max": _f(r["h_mem"]),
+                "nic_errors_per_s": _z(r["h_nic"]) if r["h_n"] > 1 else 0.0,
+                "retransmits_per_s": _z(r["h_retx"]) if r["h_n"] > 1 else 0.0,
+            }
+            for r in rows
+        ]
 
     def events(self, run_id: str, limit: int = 20_000) -> list[dict[str, Any]]:
-        rows = self._q(
+        rows = self.r.table(
             "SELECT time, job_id, kind, step, rank, node_id, gpu, message, attrs FROM {db}.events"
             " WHERE tenant = {tenant:String} AND run_id = {run:String}"
             " ORDER BY time LIMIT {limit:UInt32}",
@@ -228,7 +274,7 @@ class DetectQueries:
     def scalars(
         self, run_id: str, names: list[str], lo: int, hi: int
     ) -> dict[str, tuple[Arr, Arr]]:
-        tab = self._q(
+        tab = self.r.table(
             "SELECT name, step, argMin(value, rank) AS v FROM {db}.scalars"
             " WHERE tenant = {tenant:String} AND run_id = {run:String}"
             " AND name IN {names:Array(String)} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
@@ -250,7 +296,7 @@ class DetectQueries:
         return out
 
     def collectives(self, run_id: str, job_id: str, lo: int, hi: int) -> dict[str, Arr]:
-        tab = self._q(
+        tab = self.r.table(
             "SELECT step, seq, rank, enter, exit FROM {db}.collectives"
             " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
             " AND step BETWEEN {lo:Int64} AND {hi:Int64}",

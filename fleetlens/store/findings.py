@@ -8,16 +8,56 @@ for any tenant (it is the server's own process); every read takes the caller's s
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from sqlalchemy import delete, select
 
-from ..analysis.rootcause import Diagnosis
 from .metadata import MetadataStore
 from .models import AnalysisCursor, Finding, Run, WorkloadBaseline
 from .scope import Scope
+from .scoped import all_tenants, same_tenant, scoped
 
-__all__ = ["FindingsStore", "RunToAnalyze", "finding_json"]
+__all__ = ["FindingInput", "FindingRow", "FindingsStore", "RunToAnalyze"]
+
+
+class FindingInput(Protocol):
+    """What :meth:`FindingsStore.upsert` reads of a finding: the analyses' ``Diagnosis`` has it
+    (the store does not import the analyses; they meet on this shape)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def diagnosis(self) -> str: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def confidence(self) -> float: ...
+    @property
+    def summary(self) -> str: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def time(self) -> float | None: ...
+    @property
+    def start_step(self) -> int: ...
+    @property
+    def end_step(self) -> int: ...
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def rack(self) -> str: ...
+    @property
+    def ranks(self) -> Sequence[int]: ...
+    @property
+    def nodes(self) -> Sequence[str]: ...
+    @property
+    def gpus(self) -> Sequence[str]: ...
+    @property
+    def evidence(self) -> Sequence[Any]: ...
 
 
 class RunToAnalyze:
@@ -27,27 +67,52 @@ class RunToAnalyze:
         self.world, self.config, self.state = world, config, state
 
 
-def finding_json(f: Finding) -> dict[str, Any]:
-    return {
-        "key": f.key,
-        "kind": f.kind,
-        "diagnosis": f.diagnosis,
-        "owner": f.owner,
-        "confidence": f.confidence,
-        "summary": f.summary,
-        "step": f.step,
-        "startStep": f.start_step,
-        "endStep": f.end_step if f.end_step >= 0 else None,
-        "time": f.time,
-        "jobId": f.job_id or None,
-        "ranks": list(f.ranks or []),
-        "nodes": list(f.nodes or []),
-        "gpus": list(f.gpus or []),
-        "rack": f.rack or None,
-        "evidence": list(f.evidence or []),
-        "firstSeen": f.first_seen,
-        "updatedAt": f.updated_at,
-    }
+@dataclass(frozen=True)
+class FindingRow:
+    """A stored finding as the rest of the server reads it (the API, alerting, remediation).
+    ``end_step`` is None while the finding is ongoing; ``time`` is when it was detected."""
+
+    key: str
+    diagnosis: str
+    kind: str
+    owner: str = ""
+    confidence: float = 0.0
+    summary: str = ""
+    step: int = -1
+    start_step: int = -1
+    end_step: int | None = None
+    time: float | None = None
+    job_id: str | None = None
+    ranks: list[int] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    gpus: list[str] = field(default_factory=list)
+    rack: str | None = None
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    first_seen: float = 0.0
+    updated_at: float = 0.0
+
+    @classmethod
+    def of(cls, f: Finding) -> FindingRow:
+        return cls(
+            key=f.key,
+            diagnosis=f.diagnosis,
+            kind=f.kind,
+            owner=f.owner,
+            confidence=f.confidence,
+            summary=f.summary,
+            step=f.step,
+            start_step=f.start_step,
+            end_step=f.end_step if f.end_step >= 0 else None,
+            time=f.time,
+            job_id=f.job_id or None,
+            ranks=list(f.ranks or []),
+            nodes=list(f.nodes or []),
+            gpus=list(f.gpus or []),
+            rack=f.rack or None,
+            evidence=list(f.evidence or []),
+            first_seen=f.first_seen,
+            updated_at=f.updated_at,
+        )
 
 
 class FindingsStore:
@@ -55,17 +120,17 @@ class FindingsStore:
 
     def __init__(self, metadata: MetadataStore) -> None:
         self.metadata = metadata
-        self._session = metadata._session  # one database, one session factory
+        self._session = metadata.session  # one database, one session factory
 
     # ---- the loop's side ------------------------------------------------------------------
     def runs_with_new_data(self, limit: int = 50) -> list[RunToAnalyze]:
         """Runs whose ``last_seen`` moved since the loop's last pass over them (oldest first)."""
         with self._session() as s:
             rows = s.execute(
-                select(Run, AnalysisCursor)
+                all_tenants(select(Run, AnalysisCursor))
                 .outerjoin(
                     AnalysisCursor,
-                    (AnalysisCursor.tenant == Run.tenant) & (AnalysisCursor.run_id == Run.run_id),
+                    same_tenant(AnalysisCursor, Run) & (AnalysisCursor.run_id == Run.run_id),
                 )
                 .where((AnalysisCursor.id.is_(None)) | (Run.last_seen > AnalysisCursor.seen_last))
                 .order_by(Run.last_seen)
@@ -89,9 +154,7 @@ class FindingsStore:
         """Store the loop's state; ``seen_last`` -1 asks for another pass (work left over)."""
         with self._session() as s:
             c = s.scalars(
-                select(AnalysisCursor).where(
-                    AnalysisCursor.tenant == tenant, AnalysisCursor.run_id == run_id
-                )
+                scoped(select(AnalysisCursor), tenant).where(AnalysisCursor.run_id == run_id)
             ).first()
             now = time.time()
             if c is None:
@@ -100,7 +163,7 @@ class FindingsStore:
             else:
                 c.seen_last, c.state, c.updated_at = seen_last, state, now
 
-    def upsert(self, tenant: str, run_id: str, found: list[Diagnosis],
+    def upsert(self, tenant: str, run_id: str, found: Sequence[FindingInput],
                replace_kind: str | None = None) -> list[Finding]:  # fmt: skip
         """Insert or update findings by key; the earliest detection is kept. With
         ``replace_kind``, findings of that kind not in ``found`` are removed (reclassified)."""
@@ -109,9 +172,7 @@ class FindingsStore:
         with self._session() as s:
             existing = {
                 f.key: f
-                for f in s.scalars(
-                    select(Finding).where(Finding.tenant == tenant, Finding.run_id == run_id)
-                )
+                for f in s.scalars(scoped(select(Finding), tenant).where(Finding.run_id == run_id))
             }
             keys = {d.key for d in found}
             if replace_kind:
@@ -142,8 +203,9 @@ class FindingsStore:
                 else:
                     f.end_step = max(d.end_step, f.end_step)
                 f.job_id, f.rack = d.job_id, d.rack
-                f.ranks, f.nodes, f.gpus = d.ranks[:4096], d.nodes[:1024], d.gpus[:1024]
-                f.evidence = d.evidence[:50]
+                f.ranks, f.nodes = list(d.ranks[:4096]), list(d.nodes[:1024])
+                f.gpus = list(d.gpus[:1024])
+                f.evidence = list(d.evidence[:50])
                 f.updated_at = now
                 if f not in out:
                     out.append(f)
@@ -152,10 +214,8 @@ class FindingsStore:
     def baseline(self, tenant: str, signature: str, metric: str) -> dict[str, Any]:
         with self._session() as s:
             b = s.scalars(
-                select(WorkloadBaseline).where(
-                    WorkloadBaseline.tenant == tenant,
-                    WorkloadBaseline.signature == signature,
-                    WorkloadBaseline.metric == metric,
+                scoped(select(WorkloadBaseline), tenant).where(
+                    WorkloadBaseline.signature == signature, WorkloadBaseline.metric == metric
                 )
             ).first()
             return dict(b.values or {}) if b is not None else {}
@@ -165,10 +225,8 @@ class FindingsStore:
     ) -> None:
         with self._session() as s:
             b = s.scalars(
-                select(WorkloadBaseline).where(
-                    WorkloadBaseline.tenant == tenant,
-                    WorkloadBaseline.signature == signature,
-                    WorkloadBaseline.metric == metric,
+                scoped(select(WorkloadBaseline), tenant).where(
+                    WorkloadBaseline.signature == signature, WorkloadBaseline.metric == metric
                 )
             ).first()
             if b is None:
@@ -178,17 +236,17 @@ class FindingsStore:
                 b.values, b.updated_at = values, time.time()
 
     # ---- the API's side -------------------------------------------------------------------
-    def list(
+    def rows(
         self, scope: Scope, run_id: str, kinds: tuple[str, ...] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[FindingRow]:
         """A run's findings (the caller has checked the run against its scope)."""
         with self._session() as s:
-            q = select(Finding).where(Finding.tenant == scope.tenant, Finding.run_id == run_id)
+            q = scoped(select(Finding), scope).where(Finding.run_id == run_id)
             if kinds:
                 q = q.where(Finding.kind.in_(kinds))
             rows = s.scalars(q.order_by(Finding.step, Finding.key)).all()
-            return [finding_json(f) for f in rows]
+            return [FindingRow.of(f) for f in rows]
 
     def clear(self, tenant: str, run_id: str) -> None:
         with self._session() as s:
-            s.execute(delete(Finding).where(Finding.tenant == tenant, Finding.run_id == run_id))
+            s.execute(scoped(delete(Finding), tenant).where(Finding.run_id == run_id))

@@ -2,7 +2,9 @@
 
 Schema changes go through Alembic migrations (``fleetlens/store/migrations``); opening a store
 upgrades its database to the newest revision, so an older data directory keeps working.
-Every method takes the caller's tenant: there is no unscoped read.
+Every method takes the caller's tenant and scopes its statements with :func:`.scoped.scoped`;
+the one read across tenants (:meth:`MetadataStore.active_runs`, the monitoring loop's) says so.
+The other stores of this database open their sessions with :meth:`MetadataStore.session`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ..errors import ConfigError, NotFound, StoreError
 from .models import Job, Run
 from .scope import Scope
+from .scoped import all_tenants, scoped
 
 __all__ = ["MetadataStore", "RunInfo", "run_status"]
 
@@ -91,7 +94,9 @@ class MetadataStore:
             raise StoreError(f"cannot migrate the metadata database: {exc}") from exc
 
     @contextmanager
-    def _session(self) -> Iterator[Session]:
+    def session(self) -> Iterator[Session]:
+        """A unit of work: committed when the block ends, rolled back (StoreError) on a
+        database error."""
         session = self._sessions()
         try:
             yield session
@@ -101,6 +106,8 @@ class MetadataStore:
             raise StoreError(f"metadata store error: {exc}") from exc
         finally:
             session.close()
+
+    _session = session  # the old name, still used by services/monitor.py and two tests
 
     def observe(
         self,
@@ -118,7 +125,7 @@ class MetadataStore:
         """Record that data of a run (and job attempt) covering ``first..last`` arrived."""
         for attempt in range(3):
             try:
-                with self._session() as s:
+                with self.session() as s:
                     self._observe(
                         s,
                         tenant,
@@ -150,7 +157,7 @@ class MetadataStore:
         step: int,
         world_size: int,
     ) -> None:
-        run = s.scalars(select(Run).where(Run.tenant == tenant, Run.run_id == run_id)).first()
+        run = s.scalars(scoped(select(Run), tenant).where(Run.run_id == run_id)).first()
         if run is None:
             run = Run(
                 tenant=tenant,
@@ -177,7 +184,7 @@ class MetadataStore:
         if not job_id:
             return
         job = s.scalars(
-            select(Job).where(Job.tenant == tenant, Job.run_id == run_id, Job.job_id == job_id)
+            scoped(select(Job), tenant).where(Job.run_id == run_id, Job.job_id == job_id)
         ).first()
         if job is None:
             s.add(
@@ -210,8 +217,8 @@ class MetadataStore:
         config: dict[str, Any] | None = None,
     ) -> None:
         """Record a lifecycle status (FINISHED, FAILED, RUNNING) and, if given, the config."""
-        with self._session() as s:
-            run = s.scalars(select(Run).where(Run.tenant == tenant, Run.run_id == run_id)).first()
+        with self.session() as s:
+            run = s.scalars(scoped(select(Run), tenant).where(Run.run_id == run_id)).first()
             if run is None:
                 raise NotFound(f"run {run_id!r} does not exist")
             if at >= run.status_at:
@@ -220,16 +227,14 @@ class MetadataStore:
                 run.config = config
             if job_id:
                 job = s.scalars(
-                    select(Job).where(
-                        Job.tenant == tenant, Job.run_id == run_id, Job.job_id == job_id
-                    )
+                    scoped(select(Job), tenant).where(Job.run_id == run_id, Job.job_id == job_id)
                 ).first()
                 if job is not None:
                     job.status = status
 
     def _info(self, s: Session, run: Run, now: float) -> RunInfo:
         jobs = s.scalars(
-            select(Job.job_id).where(Job.tenant == run.tenant, Job.run_id == run.run_id)
+            scoped(select(Job.job_id), run.tenant).where(Job.run_id == run.run_id)
         ).all()
         return RunInfo(
             tenant=run.tenant,
@@ -245,17 +250,12 @@ class MetadataStore:
             config=dict(run.config or {}),
         )
 
-    @staticmethod
-    def _scoped(q: Any, scope: Scope) -> Any:
-        q = q.where(Run.tenant == scope.tenant)
-        return q.where(Run.project == scope.project) if scope.project else q
-
     def list_runs(
         self, scope: Scope, project: str | None = None, limit: int = 100, offset: int = 0
     ) -> list[RunInfo]:
         now = time.time()
-        with self._session() as s:
-            q = self._scoped(select(Run), scope)
+        with self.session() as s:
+            q = scoped(select(Run), scope, within="project")
             if project:
                 q = q.where(Run.project == project)
             q = q.order_by(Run.last_seen.desc(), Run.run_id).limit(limit).offset(offset)
@@ -263,19 +263,18 @@ class MetadataStore:
 
     def get_run(self, scope: Scope, run_id: str) -> RunInfo:
         """The run, if the caller may see it; NotFound otherwise (whether or not it exists)."""
-        with self._session() as s:
-            run = s.scalars(self._scoped(select(Run), scope).where(Run.run_id == run_id)).first()
+        with self.session() as s:
+            q = scoped(select(Run), scope, within="project").where(Run.run_id == run_id)
+            run = s.scalars(q).first()
             if run is None:
                 raise NotFound(f"run {run_id!r} does not exist")
             return self._info(s, run, time.time())
 
     def jobs(self, scope: Scope, run_id: str) -> list[dict[str, Any]]:
         self.get_run(scope, run_id)
-        with self._session() as s:
+        with self.session() as s:
             rows = s.scalars(
-                select(Job)
-                .where(Job.tenant == scope.tenant, Job.run_id == run_id)
-                .order_by(Job.first_seen)
+                scoped(select(Job), scope).where(Job.run_id == run_id).order_by(Job.first_seen)
             ).all()
             return [
                 {
@@ -288,6 +287,13 @@ class MetadataStore:
                 }
                 for j in rows
             ]
+
+    def active_runs(self, since: float, limit: int) -> list[Run]:
+        """Runs of every tenant with data since ``since``, most recently active first (the
+        monitoring loop's scan; the server's own process, not a caller's read)."""
+        with self.session() as s:
+            q = all_tenants(select(Run)).where(Run.last_seen >= since)
+            return list(s.scalars(q.order_by(Run.last_seen.desc()).limit(limit)).all())
 
     def close(self) -> None:
         self.engine.dispose()

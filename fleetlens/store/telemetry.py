@@ -12,8 +12,9 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from ..collector.decode import DecodedBatch, StringColumn
+from ..errors import ConfigError
 from ..schema import KINDS
+from .batch import DecodedBatch, StringColumn
 
 __all__ = ["TelemetryStore", "batch_tables", "context_for", "open_telemetry"]
 
@@ -24,7 +25,9 @@ class TelemetryStore(Protocol):
     def insert(self, kind: str, data: pa.Table, ctx: dict[str, str], batch_id: str) -> None:
         """Store rows of one record kind durably; ``ctx`` fills the kind's context columns.
 
-        A second insert of the same batch_id and kind is dropped by the engine.
+        ``batch_id`` is the insert's idempotency key: a second insert with the same key, kind
+        and context (tenant, project, run, job) is dropped by the engine
+        (:func:`fleetlens.store.ddl.dedup_token`); the same key in another context is not.
         """
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
@@ -80,7 +83,7 @@ def open_telemetry(
 
         return ClickHouseStore(clickhouse_url, database=database)
     if not data_dir:
-        raise ValueError("the embedded telemetry store needs a data directory")
+        raise ConfigError("the embedded telemetry store needs a data directory")
     from .chdb_store import ChdbStore
 
     return ChdbStore(data_dir, database=database)

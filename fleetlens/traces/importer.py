@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import TraceFormatError
 from ..wire import Table, TableBuilder, encode_batch
 from .breakdown import (
     StepBreakdown,
@@ -30,7 +31,7 @@ from .breakdown import (
     step_breakdown,
 )
 from .collectives import Collectives, extract_collectives
-from .kineto import COMM, MEMORY, KinetoTrace, TraceFormatError, read_trace
+from .kineto import COMM, MEMORY, KinetoTrace, read_trace
 
 __all__ = ["RankTrace", "analyze", "batches", "find_trace_files", "import_traces"]
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from ..errors import FleetlensError
+from ..errors import TraceFormatError
 
 __all__ = [
     "COMM",
@@ -60,10 +60,6 @@ _COMM_OP_PREFIXES = ("c10d::", "nccl:", "gloo:", "record_param_comms")
 _UNIX_US_THRESHOLD = 1e15
 
 _Num = int | float | str | None
-
-
-class TraceFormatError(FleetlensError):
-    """A file is not a Kineto trace, or a field in it has a type the reader cannot use."""
 
 
 class _Args(msgspec.Struct):

@@ -1,0 +1,76 @@
+"""A run's timeline as the goodput breakdown reads it: step executions and lifecycle events.
+
+Plain inputs, no I/O: the store's ``steps_by_step`` rollup becomes :class:`StepArrays`, its event
+rows become :class:`Event`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import ConfigError
+
+__all__ = ["F64", "Event", "StepArrays", "events_from_rows"]
+
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float
+    kind: str
+    job_id: str = ""
+    step: int = -1
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Event:
+        attrs = row.get("attrs") or {}
+        if isinstance(attrs, str):
+            try:
+                attrs = json.loads(attrs) if attrs else {}
+            except ValueError:
+                attrs = {}
+        return cls(
+            float(row["time"]),
+            str(row["kind"]),
+            str(row.get("job_id") or ""),
+            int(row.get("step", -1)),
+            attrs if isinstance(attrs, dict) else {},
+        )
+
+
+@dataclass(frozen=True)
+class StepArrays:
+    """One row per step execution (step x job attempt), as the ``steps_by_step`` rollup has it."""
+
+    step: npt.NDArray[np.int64]
+    job_id: npt.NDArray[Any]
+    start: F64
+    end: F64
+    max_compute: F64
+    mean_compute: F64
+    data_wait: F64 | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.step)
+        for name in ("job_id", "start", "end", "max_compute", "mean_compute"):
+            if len(getattr(self, name)) != n:
+                raise ConfigError(f"StepArrays.{name} has {len(getattr(self, name))} rows, not {n}")
+        if self.data_wait is not None and len(self.data_wait) != n:
+            raise ConfigError("StepArrays.data_wait must have one value per step execution")
+
+    @classmethod
+    def empty(cls) -> StepArrays:
+        z = np.zeros(0)
+        return cls(np.zeros(0, np.int64), np.zeros(0, object), z, z, z, z)
+
+
+def events_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[Event]:
+    return [Event.from_row(r) for r in rows]

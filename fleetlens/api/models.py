@@ -1,0 +1,453 @@
+"""The JSON the read API answers, as pydantic models: one place that owns the wire shapes.
+
+Python names are snake_case; the JSON is camelCase, made here and only here by the base
+model's alias generator (FastAPI serializes a route's ``response_model`` by alias). The models
+forbid keys they do not declare, so a service that grows a key fails the contract tests until
+the key is declared here (and documented in ``/openapi.json``).
+
+A key that a route leaves out in some answers (a run with no steps has no ``window``; a rank
+whose node sent no telemetry has no ``hardware``) has a default here and the routes answer with
+``response_model_exclude_unset``: the JSON carries exactly the keys the route set.
+
+Non-finite floats: the timeline's metric values keep their ``"nan"``/``"inf"`` strings (the
+value that changed *is* the NaN); other figures are finite or null.
+
+A client decodes an answer with ``Model.model_validate(doc, extra="ignore")``, so that it also
+reads a newer server's answer with keys it does not know yet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+if TYPE_CHECKING:  # the client decodes with these models and needs only pydantic
+    from ..analysis.breakdown import Breakdown
+    from ..analysis.goodput import Factors, LossShares
+    from ..analysis.scheduling import SchedulingResult
+    from ..store.metadata import RunInfo
+
+__all__ = [
+    "AdviceOut",
+    "ApiModel",
+    "BreakdownLineOut",
+    "BreakdownOut",
+    "CheckpointAdviceOut",
+    "DiagnosisOut",
+    "FactorsOut",
+    "FindingOut",
+    "FleetGoodputOut",
+    "GpuHoursOut",
+    "LossSharesOut",
+    "PoolGoodputOut",
+    "PoolSharesOut",
+    "ProgramOut",
+    "RankHardwareOut",
+    "RankOut",
+    "RankSort",
+    "RanksOut",
+    "RunDetailOut",
+    "RunGoodputOut",
+    "RunListOut",
+    "RunOut",
+    "StepWindowOut",
+    "StragglersOut",
+    "TimeWindowOut",
+    "TimelineEventOut",
+    "TimelineItem",
+    "TimelineMetricOut",
+    "TimelineOut",
+]
+
+
+class ApiModel(BaseModel):
+    """snake_case in Python, camelCase on the wire; unknown keys refused."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+# ---- runs ---------------------------------------------------------------------------------
+class RunOut(ApiModel):
+    """A run as the runs list shows it."""
+
+    run_id: str
+    project: str
+    experiment_id: str
+    status: str
+    first_seen: float
+    last_seen: float
+    last_step: int
+    world_size: int
+    jobs: int = Field(description="job attempts seen (a restart is a new job)")
+
+    @classmethod
+    def from_info(cls, info: RunInfo) -> RunOut:
+        return cls(
+            run_id=info.run_id,
+            project=info.project,
+            experiment_id=info.experiment_id,
+            status=info.status,
+            first_seen=info.first_seen,
+            last_seen=info.last_seen,
+            last_step=info.last_step,
+            world_size=info.world_size,
+            jobs=info.jobs,
+        )
+
+
+class RunListOut(ApiModel):
+    runs: list[RunOut]
+    limit: int
+    offset: int
+
+
+class StepWindowOut(ApiModel):
+    """The recent steps the speed figures are computed over."""
+
+    from_step: int
+    to_step: int
+    steps: int
+
+
+class RunDetailOut(RunOut):
+    """One run: the list's fields, its config and jobs, progress, speed and latest scalars."""
+
+    config: dict[str, Any]
+    job_ids: list[str]
+    steps: int
+    step: int | None = Field(description="the last step; null before the first")
+    tokens_processed: int
+    window: StepWindowOut | None = Field(default=None, description="absent before the first step")
+    metrics: dict[str, float | None] = Field(
+        description="latest value of every scalar by name, and stepTimeMs, meanRankStepTimeMs "
+        "and tokensPerSecond over the window; null where not finite"
+    )
+
+
+# ---- ranks --------------------------------------------------------------------------------
+RankSort = Literal["compute", "step_time", "max_step_time", "data_wait", "comm", "rank"]
+
+
+class RankHardwareOut(ApiModel):
+    """A rank's GPU and host evidence over the window's time span."""
+
+    gpu_temp_max: float | None
+    sm_clock_ratio_min: float | None
+    throttle_reasons: int | None
+    power_max_w: float | None
+    ecc_correctable: float | None
+    ecc_uncorrectable: float | None
+    xids: list[int]
+    nvlink_crc_errors: float | None
+    pcie_replays: float | None
+    host_cpu_max: float | None
+    nic_errors_per_s: float | None
+    tcp_retransmits_per_s: float | None
+
+
+class RankOut(ApiModel):
+    rank: int
+    node: str | None
+    gpu: int | None
+    gpu_uuid: str | None
+    rack: str | None
+    job_id: str | None
+    steps: int
+    step_time_ms: float | None
+    max_step_time_ms: float | None
+    data_wait_ms: float | None
+    comm_ms: float | None
+    compute_ms: float | None
+    slowdown: float | None = Field(description="step time over the median rank's")
+    compute_slowdown: float | None = Field(description="compute over the median rank's")
+    hardware: RankHardwareOut | None = Field(
+        default=None, description="absent when no rank of the answer has a known node"
+    )
+
+
+class RanksOut(ApiModel):
+    run_id: str
+    from_step: int | None
+    to_step: int | None
+    sort: RankSort | None = Field(default=None, description="absent when the run has no steps")
+    order: Literal["asc", "desc"] | None = Field(default=None, description="absent when no steps")
+    ranks: list[RankOut]
+
+
+# ---- timeline -----------------------------------------------------------------------------
+class TimelineEventOut(ApiModel):
+    """An event a rank, an agent or the scheduler sent."""
+
+    step: int | None
+    time: float
+    source: Literal["event"]
+    kind: str
+    rank: int | None
+    node: str | None
+    gpu: int | None
+    message: str
+    attrs: dict[str, Any]
+
+
+class TimelineMetricOut(ApiModel):
+    """A change found in a scalar series: an LR move, a spike, a non-finite value."""
+
+    step: int
+    time: float
+    source: Literal["metric"]
+    kind: str
+    metric: str
+    value: float | str = Field(description='the value; "nan", "inf" or "-inf" when not finite')
+    previous: float | str
+    message: str
+
+
+TimelineItem = Annotated[TimelineEventOut | TimelineMetricOut, Field(discriminator="source")]
+
+
+class TimelineOut(ApiModel):
+    run_id: str
+    from_step: int | None
+    to_step: int | None
+    items: list[TimelineItem]
+
+
+# ---- findings -----------------------------------------------------------------------------
+class FindingOut(ApiModel):
+    """A finding of the analysis loop: what, where, who owns it, how sure, and the evidence."""
+
+    key: str
+    kind: str
+    diagnosis: str
+    owner: str
+    confidence: float
+    summary: str
+    step: int
+    start_step: int
+    end_step: int | None = Field(description="null while ongoing")
+    time: float | None
+    job_id: str | None
+    ranks: list[int]
+    nodes: list[str]
+    gpus: list[str]
+    rack: str | None
+    evidence: list[dict[str, Any]]
+    first_seen: float
+    updated_at: float
+
+
+class StragglersOut(ApiModel):
+    run_id: str
+    stragglers: list[FindingOut]
+
+
+class DiagnosisOut(ApiModel):
+    run_id: str
+    findings: list[FindingOut]
+    owners: dict[str, int] = Field(description="findings per owner")
+
+
+# ---- goodput ------------------------------------------------------------------------------
+class TimeWindowOut(ApiModel):
+    """A span of UNIX seconds; ``from`` is a Python keyword, hence ``start``."""
+
+    start: float = Field(alias="from")
+    to: float
+
+    @classmethod
+    def of(cls, t0: float, t1: float) -> TimeWindowOut:
+        return cls.model_validate({"from": t0, "to": t1})
+
+
+class BreakdownLineOut(ApiModel):
+    category: str
+    seconds: float
+    share: float = Field(description="of the wall-clock")
+    unheld_seconds: float
+    factor: str = Field(description="the goodput factor the line belongs to")
+
+
+class BreakdownOut(ApiModel):
+    """Where the wall-clock went: one line per category; the lines sum to ``wallSeconds``."""
+
+    window: TimeWindowOut
+    wall_seconds: float
+    held_seconds: float
+    lines: list[BreakdownLineOut]
+    rework_by_cause: dict[str, float]
+    retained_steps: float
+    reworked_executions: int
+    attempts: int
+    interruptions: dict[str, int]
+    checkpoints: int
+    runtime_goodput: float
+    unaccounted_share: float
+    instrumentation_hole: bool
+    measured_terms: dict[str, float]
+
+    @classmethod
+    def of(cls, bd: Breakdown) -> BreakdownOut:
+        from ..analysis.breakdown import CATEGORIES, FACTOR_OF
+
+        wall = bd.wall_s
+        return cls(
+            window=TimeWindowOut.of(bd.t0, bd.t1),
+            wall_seconds=wall,
+            held_seconds=bd.held_s,
+            lines=[
+                BreakdownLineOut(
+                    category=c,
+                    seconds=bd.seconds[c],
+                    share=bd.seconds[c] / wall if wall > 0 else 0.0,
+                    unheld_seconds=bd.unheld.get(c, 0.0),
+                    factor=FACTOR_OF[c].split(" ")[0],
+                )
+                for c in CATEGORIES
+            ],
+            rework_by_cause=bd.rework_by_cause,
+            retained_steps=bd.retained_steps,
+            reworked_executions=bd.reworked_executions,
+            attempts=bd.attempts,
+            interruptions=bd.interruptions,
+            checkpoints=bd.checkpoints,
+            runtime_goodput=bd.runtime_goodput,
+            unaccounted_share=bd.seconds["unaccounted"] / wall if wall else 0.0,
+            instrumentation_hole=bd.instrumentation_hole,
+            measured_terms=bd.measured_terms(),
+        )
+
+
+class LossSharesOut(ApiModel):
+    scheduling: float
+    runtime: float
+    program: float
+    useful: float
+
+    @classmethod
+    def of(cls, s: LossShares) -> LossSharesOut:
+        return cls(scheduling=s.scheduling, runtime=s.runtime, program=s.program, useful=s.useful)
+
+
+class FactorsOut(ApiModel):
+    scheduling: float
+    runtime: float
+    program: float
+    hfu: float | None
+    mbu: float | None
+    job_product: float
+    mpg: float
+    loss_shares: LossSharesOut
+
+    @classmethod
+    def of(cls, f: Factors) -> FactorsOut:
+        return cls(
+            scheduling=f.scheduling,
+            runtime=f.runtime,
+            program=f.program,
+            hfu=f.hfu,
+            mbu=f.mbu,
+            job_product=f.job_product,
+            mpg=f.mpg,
+            loss_shares=LossSharesOut.of(f.shares),
+        )
+
+
+class ProgramOut(ApiModel):
+    devices: int | None
+    retained_flops: float | None
+    program_basis: str
+
+
+class CheckpointAdviceOut(ApiModel):
+    write_seconds: float
+    mean_time_between_interruptions: float
+    current_interval_seconds: float
+    optimal_interval_seconds: float
+    waste_at_current: float
+    waste_at_optimal: float
+
+
+class AdviceOut(ApiModel):
+    marginal_values: dict[str, float]
+    checkpoint: CheckpointAdviceOut | None = Field(
+        default=None, description="Young-Daly; absent without checkpoints and interruptions"
+    )
+    cost_per_useful_hour: float | None = Field(default=None, description="absent without a price")
+    chargeback_per_useful_hour: float | None = Field(
+        default=None, description="absent without a price"
+    )
+
+
+class RunGoodputOut(ApiModel):
+    run_id: str
+    breakdown: BreakdownOut
+    factors: FactorsOut
+    program: ProgramOut
+    advice: AdviceOut
+
+
+class GpuHoursOut(ApiModel):
+    installed: float
+    in_service: float
+    complete_allocations: float
+    partial_gangs: float
+    stranded_while_queued: float
+    idle_no_demand: float
+    oversubscribed: float
+
+
+class PoolSharesOut(ApiModel):
+    """Shares of in-service GPU-time."""
+
+    complete: float
+    partial: float
+    stranded: float
+    no_demand: float
+
+
+class PoolGoodputOut(ApiModel):
+    pool: str
+    window: TimeWindowOut
+    scheduling_goodput: float
+    availability: float
+    gpu_hours: GpuHoursOut
+    shares: PoolSharesOut
+    queue_wait_seconds: dict[str, float]
+    jobs: int
+    started: int
+    pending: int
+
+    @classmethod
+    def of(cls, pool: str, r: SchedulingResult) -> PoolGoodputOut:
+        ins = r.in_service_gpu_s or float("inf")
+        return cls(
+            pool=pool,
+            window=TimeWindowOut.of(r.t0, r.t1),
+            scheduling_goodput=r.scheduling_goodput,
+            availability=r.availability,
+            gpu_hours=GpuHoursOut(
+                installed=r.installed_gpu_s / 3600,
+                in_service=r.in_service_gpu_s / 3600,
+                complete_allocations=r.complete_gpu_s / 3600,
+                partial_gangs=r.partial_gpu_s / 3600,
+                stranded_while_queued=r.stranded_gpu_s / 3600,
+                idle_no_demand=r.no_demand_gpu_s / 3600,
+                oversubscribed=r.oversubscribed_gpu_s / 3600,
+            ),
+            shares=PoolSharesOut(
+                complete=r.complete_gpu_s / ins,
+                partial=r.partial_gpu_s / ins,
+                stranded=r.stranded_gpu_s / ins,
+                no_demand=r.no_demand_gpu_s / ins,
+            ),
+            queue_wait_seconds=r.queue_wait_s,
+            jobs=r.jobs,
+            started=r.started,
+            pending=r.pending,
+        )
+
+
+class FleetGoodputOut(ApiModel):
+    pools: list[PoolGoodputOut]

@@ -1,0 +1,218 @@
+"""The fleet-wide pages' JSON: on-call (degraded jobs, implicated nodes, drains, alerts and
+remediation actions; for the ``oncall`` role every tenant's nodes and nothing of their runs) and
+capacity (utilization against goodput, losses by cause, cost)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, Query, Request
+
+from ..services.goodput import GoodputQueries, program_spec
+from ..services.portal import PortalQueries
+from ..store.findings import FindingsStore
+from ..store.scope import Scope
+from .auth import ERROR_RESPONSES, require_any
+from .models import PoolGoodputOut
+from .portal import DRAIN_KINDS, FAULT_KINDS, NODE_FAULTS, Reader, _pending
+from .runs import run_json
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["portal"], responses=ERROR_RESPONSES)
+# Infrastructure on-call (read:infra) gets the on-call page's infrastructure view, every tenant's.
+OnCallReader = Annotated[Scope, Depends(require_any("read", "read:infra"))]
+
+
+@router.get(
+    "/portal/oncall",
+    summary="Degraded jobs, implicated nodes, drains, alerts; for on-call, every tenant's nodes",
+)
+async def oncall(
+    request: Request,
+    scope: OnCallReader,
+    window_s: Annotated[float, Query(alias="windowSeconds", gt=0)] = 86_400.0,
+) -> dict[str, Any]:
+    """``view`` says which document it is. ``tenant`` (roles that read): the tenant's jobs by
+    goodput with their per-rank spread, its nodes with faults, drains and firing alerts.
+    ``infra`` (role oncall, ``read:infra``): the nodes, drains, remediation actions and
+    infrastructure alerts of every tenant, each with its tenant, and nothing of the runs but
+    their ids: no jobs, goodput, spread or configs."""
+    svc = request.app.state.services
+    view = _infra_oncall if scope.cross_tenant_infra else _tenant_oncall
+    return await anyio.to_thread.run_sync(view, svc, scope, window_s)
+
+
+def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
+    now = time.time()
+    runs = svc.metadata.list_runs(scope, None, 50, 0)
+    threshold = svc.monitor.policy.rule("GoodputLow").threshold or 0.8
+    gq = GoodputQueries(svc.telemetry, scope)
+    pq = PortalQueries(svc.telemetry, scope)
+    jobs = []
+    since = now - window_s
+    for r in runs:
+        _bd, f, _ = gq.run_goodput(r.run_id, program_spec(r.config or {}))
+        jobs.append(
+            {
+                **run_json(r),
+                "goodput": f.runtime * f.program,
+                "runtimeGoodput": f.runtime,
+                "threshold": threshold,
+                "below": f.runtime * f.program < threshold,
+                "spread": pq.recent_spread(r.run_id),
+            }
+        )
+        since = min(since, r.first_seen)
+    faults = pq.events(FAULT_KINDS, since)
+    nodes: dict[str, dict[str, Any]] = {}
+    for e in faults:
+        if not e["node"]:
+            continue
+        n = nodes.setdefault(
+            e["node"], {"node": e["node"], "fatal": 0, "recoverable": 0, "events": []}
+        )
+        fatal = e["kind"] == "failure" or "fatal" in (e["message"] or "").lower()
+        n["fatal" if fatal else "recoverable"] += 1
+        if len(n["events"]) < 5:
+            n["events"].append(e)
+    alerts = svc.alert_store.list(scope, "firing", None, 200)
+    incidents = []
+    for iid in sorted({a["incidentId"] for a in alerts if a.get("incidentId")}):
+        inc = svc.alert_store.incident(scope, iid)
+        incidents.append({k: v for k, v in inc.items() if k != "alerts"})
+    return {
+        "generatedAt": now,
+        "view": "tenant",
+        "jobs": sorted(jobs, key=lambda j: j["goodput"]),
+        "nodes": sorted(nodes.values(), key=lambda n: (-n["fatal"], -n["recoverable"])),
+        "drains": pq.events(DRAIN_KINDS, since),
+        "remediations": _pending(svc, scope, now - window_s),
+        "alerts": alerts,
+        "incidents": incidents,
+    }
+
+
+def _infra_alert(a: dict[str, Any]) -> dict[str, Any]:
+    """What on-call sees of an alert: the node it names, not the run's labels (rank, project)."""
+    labels = a["labels"]
+    return {
+        "id": a["id"],
+        "alertname": a["alertname"],
+        "severity": a["severity"],
+        "tenant": a["tenant"],
+        "runId": a["runId"],
+        "node": labels.get("node") or None,
+        "gpu": labels.get("gpu") or None,
+        "rack": labels.get("rack") or None,
+        "summary": a["annotations"].get("summary", ""),
+        "startsAt": a["startsAt"],
+        "incidentId": a["incidentId"],
+    }
+
+
+def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
+    now = time.time()
+    alerts = [_infra_alert(a) for a in svc.alert_store.list_infra(scope, "firing", 500)]
+    nodes: dict[str, dict[str, Any]] = {}
+    for a in sorted(alerts, key=lambda a: a["startsAt"], reverse=True):
+        severity = NODE_FAULTS.get(a["alertname"])
+        if severity is None or not a["node"]:
+            continue
+        n = nodes.setdefault(
+            a["node"], {"node": a["node"], "fatal": 0, "recoverable": 0, "runs": [], "events": []}
+        )
+        n[severity] += 1
+        run = {"tenant": a["tenant"], "runId": a["runId"]}
+        if run not in n["runs"]:
+            n["runs"].append(run)
+        if len(n["events"]) < 5:
+            n["events"].append(
+                {"time": a["startsAt"], "kind": a["alertname"], "gpu": a["gpu"],
+                 "message": a["summary"]}
+            )  # fmt: skip
+    incidents: dict[int, dict[str, Any]] = {}
+    for a in alerts:
+        if a["incidentId"]:
+            inc = incidents.setdefault(
+                a["incidentId"],
+                {"id": a["incidentId"], "tenant": a["tenant"], "runId": a["runId"], "alerts": []},
+            )
+            inc["alerts"].append(f"{a['alertname']} on {a['node'] or 'the run'}")
+    actions = _pending(svc, scope, now - window_s)
+    return {
+        "generatedAt": now,
+        "view": "infra",
+        "nodes": sorted(nodes.values(), key=lambda n: (-n["fatal"], -n["recoverable"])),
+        "drains": PortalQueries(svc.telemetry, scope).node_events(DRAIN_KINDS, now - window_s),
+        "remediations": actions,  # trimmed for on-call (api.remediation.INFRA_KEYS)
+        "alerts": alerts,
+        "incidents": [incidents[i] for i in sorted(incidents)],
+    }
+
+
+@router.get("/portal/capacity", summary="Fleet utilization vs goodput, losses by cause, cost")
+async def capacity(
+    request: Request,
+    scope: Reader,
+    price: Annotated[float, Query(gt=0, description="price of one GPU-hour")] = 2.0,
+) -> dict[str, Any]:
+    svc = request.app.state.services
+
+    def work() -> dict[str, Any]:
+        gq = GoodputQueries(svc.telemetry, scope)
+        pools = []
+        for p in gq.pools():
+            span = gq.time_span(p)
+            if span is not None:
+                result = gq.pool_scheduling(p, span[0], span[1])
+                pools.append(PoolGoodputOut.of(p, result).model_dump(by_alias=True))
+        seconds: dict[str, float] = {}
+        interruptions: dict[str, int] = {}
+        held = gpu_held = gpu_useful = 0.0
+        runtime_lost = program_lost = 0.0
+        runs = svc.metadata.list_runs(scope, None, 200, 0)
+        for r in runs:
+            bd, f, meta = gq.run_goodput(r.run_id, program_spec(r.config or {}))
+            gpus = float(meta.get("devices") or r.world_size or 0)
+            for k, v in bd.seconds.items():
+                seconds[k] = seconds.get(k, 0.0) + v * gpus / 3600.0
+            for k, n in bd.interruptions.items():
+                interruptions[k] = interruptions.get(k, 0) + n
+            h = bd.held_s * gpus / 3600.0
+            held += h
+            runtime_lost += h * (1 - f.runtime)
+            program_lost += h * f.runtime * (1 - f.program)
+            gpu_useful += h * f.runtime * f.program
+            gpu_held += h
+        causes: dict[str, int] = {}
+        for r in runs:
+            for fnd in FindingsStore(svc.metadata).rows(scope, r.run_id):
+                causes[fnd.diagnosis] = causes.get(fnd.diagnosis, 0) + 1
+        sched = [p["schedulingGoodput"] for p in pools if p.get("schedulingGoodput") is not None]
+        sched_g = sum(sched) / len(sched) if sched else 1.0
+        installed = sum(p["gpuHours"]["inService"] for p in pools) or gpu_held
+        scheduling_lost = max(0.0, installed - gpu_held) if pools else installed * (1 - sched_g)
+        useful = gpu_useful
+        return {
+            "pools": pools,
+            "utilization": gpu_held / installed if installed else None,
+            "goodput": useful / installed if installed else None,
+            "waterfall": [
+                {"step": "in service", "gpuHours": installed},
+                {"step": "scheduling loss", "gpuHours": -scheduling_lost},
+                {"step": "runtime loss", "gpuHours": -runtime_lost},
+                {"step": "program loss", "gpuHours": -program_lost},
+                {"step": "useful", "gpuHours": useful},
+            ],
+            "lossByCause": {k: v for k, v in seconds.items() if k != "productive"},
+            "interruptions": interruptions,
+            "findingsByCause": causes,
+            "price": price,
+            "costPerUsefulGpuHour": price * installed / useful if useful > 0 else None,
+            "runs": len(runs),
+        }
+
+    return await anyio.to_thread.run_sync(work)

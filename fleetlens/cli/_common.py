@@ -1,0 +1,70 @@
+"""Options shared by the CLI's commands, and the one place a command gets its client."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from ..client import Client
+from ..config import DEFAULT_PORT, ServerConfig
+
+__all__ = ["access_store", "client", "client_opts", "server_config", "server_opts"]
+
+
+def client_opts(sp: argparse.ArgumentParser, json: bool = True) -> None:
+    """``--server`` (and ``--json`` on a read command)."""
+    sp.add_argument("--server", help="server URL (default $FLEETLENS_SERVER or loopback)")
+    if json:
+        sp.add_argument("--json", action="store_true", help="print the API's JSON")
+
+
+def client(args: argparse.Namespace, timeout: float = 60.0) -> Client:
+    """The command's client: ``--server`` or the client's own resolution (environment)."""
+    return Client(getattr(args, "server", None), timeout=timeout)
+
+
+def server_opts(sp: argparse.ArgumentParser) -> None:
+    """The options of a command that works on the server's configuration or data directory."""
+    sp.add_argument("--data", help="data directory (default ~/.local/share/fleetlens)")
+    sp.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    sp.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT})")
+    sp.add_argument("--clickhouse", help="ClickHouse URL instead of the embedded chDB")
+    sp.add_argument("--database-url", help="metadata database URL (default SQLite in --data)")
+    sp.add_argument(
+        "--config",
+        help="TOML config file: [server], [collector], [monitor], [analyzer], [alerts], "
+        "[remediation] tables (fleetlens config show prints one)",
+    )
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig.resolve(
+        {
+            "data_dir": args.data,
+            "host": args.host,
+            "port": args.port,
+            "clickhouse_url": args.clickhouse,
+            "database_url": args.database_url,
+            "auth": getattr(args, "auth", None),
+            "alertmanager_url": getattr(args, "alertmanager_url", None),
+            "webhook_url": getattr(args, "webhook_url", None),
+            "slack_url": getattr(args, "slack_url", None),
+            "alert_policy": getattr(args, "alert_policy", None),
+            "public_url": getattr(args, "public_url", None),
+            "remediation": getattr(args, "remediation", None),
+            "actuators": getattr(args, "actuators", None),
+        },
+        config_file=args.config,
+    )
+
+
+def access_store(args: argparse.Namespace) -> Any:
+    """The access store of a local data directory (the operator's own commands)."""
+    from ..store.access import AccessStore
+    from ..store.metadata import MetadataStore
+
+    cfg = server_config(args)
+    if not cfg.database_url:  # the first command on a fresh install creates its data directory
+        os.makedirs(cfg.data_dir, exist_ok=True)
+    return AccessStore(MetadataStore(cfg.resolved_database_url))

@@ -1,0 +1,75 @@
+"""``fleetlens stragglers RUN`` and ``fleetlens diagnose RUN``: the findings of a run."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._common import client, client_opts
+from ._output import Table, fmt, print_json
+
+__all__ = ["add_parsers", "cmd_diagnose", "cmd_stragglers"]
+
+
+def cmd_stragglers(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        data = c.stragglers(args.run, as_="json")
+    if args.json:
+        print_json(data)
+        return 0
+    rows = data["stragglers"]
+    if not rows:
+        print(f"run {data['runId']}: no stragglers found")
+        return 0
+    t = Table(
+        ("DIAGNOSIS", "<24"),
+        ("RANKS", "<16"),
+        ("NODES", "<24"),
+        ("FROM", ">7"),
+        ("TO", ">7"),
+        ("CONF", ">5"),
+    )
+    print(t.header())
+    for r in rows:
+        ranks = ",".join(map(str, r["ranks"][:4])) + ("..." if len(r["ranks"]) > 4 else "")
+        nodes = ",".join(r["nodes"][:2]) + ("..." if len(r["nodes"]) > 2 else "")
+        conf = fmt(r["confidence"], ".2f")
+        print(t.row(r["diagnosis"], ranks, nodes, r["startStep"], r["endStep"], conf))
+        print(f"  {r['summary']}")
+    return 0
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        data = c.diagnosis(args.run, as_="json")
+    if args.json:
+        print_json(data)
+        return 0
+    rows = data["findings"]
+    if not rows:
+        print(f"run {data['runId']}: nothing to diagnose")
+        return 0
+    for r in rows:
+        print(
+            f"step {fmt(r['step']):>8}  {r['diagnosis']:<22} owner {r['owner']:<15} "
+            f"confidence {fmt(r['confidence'], '.2f')}"
+        )
+        print(f"  {r['summary']}")
+        for e in r["evidence"][:4]:
+            v = e.get("value")
+            base = f" (baseline {fmt(e['baseline'], '.4g')})" if e.get("baseline") else ""
+            shown = fmt(v, ".4g") if isinstance(v, (int, float)) else str(v)
+            print(f"    {e.get('metric') or e.get('signal')}: {shown}{base}")
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``stragglers RUN`` and ``diagnose RUN`` to the CLI's subparsers."""
+    s = sub.add_parser("stragglers", help="a run's slow ranks, classified, with their GPUs")
+    s.add_argument("run")
+    client_opts(s)
+    s.set_defaults(func=cmd_stragglers)
+    d = sub.add_parser("diagnose", help="a run's root causes with evidence, confidence, owner")
+    d.add_argument("run")
+    client_opts(d)
+    d.set_defaults(func=cmd_diagnose)

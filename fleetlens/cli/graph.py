@@ -1,0 +1,154 @@
+"""``fleetlens compare``, ``import``, ``lineage`` and ``models``: the run graph."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import urllib.parse
+from typing import Any
+
+from ..errors import FleetlensError
+from ._common import client, client_opts
+from ._output import fmt, print_json, value
+
+__all__ = ["add_parsers", "cmd_compare", "cmd_import", "cmd_lineage", "cmd_models_register"]
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        data = c.get("/v1/runs/compare", runs=",".join(args.runs))
+    if args.json:
+        print_json(data)
+        return 0
+    runs = data["runs"]
+    w = max(14, *(len(r) for r in runs))
+
+    def line(label: str, cells: list[str]) -> str:
+        return f"{label:<28}" + "".join(f"{cell:>{w + 2}}" for cell in cells)
+
+    print(line("", runs))
+    for d in data["config"]:
+        mark = "  <- changed" if d["status"] == "changed" else f"  ({d['status']})"
+        print(line(d["key"], [value(x) for x in d["values"]]) + mark)
+    for key in ("dataset", "code"):
+        if data[key]["changed"]:
+            print(line(key, [value(x) for x in data[key]["values"]]))
+    for key, label, spec in (
+        ("stepTimeMedianSeconds", "step time (s)", ".4g"),
+        ("tokensPerSecond", "tokens/s", ".4g"),
+        ("mfu", "MFU", ".1%"),
+        ("goodput", "goodput (productive share)", ".1%"),
+        ("stragglerSpread", "straggler spread", ".1%"),
+    ):
+        print(line(label, [fmt(s[key], spec) for s in data["side"]]))
+    for metric, m in data["matchedSteps"].items():
+        tail = m["tail"]
+        print(line(metric + " (last tenth)", [fmt(tail.get(r), ".4g") for r in runs]))
+    health = [(", ".join(s["health"]["issues"]) or "healthy")[:w] for s in data["side"]]
+    print(line("health", health))
+    for c in data["conclusions"]:
+        print(f"\n{c['run']} vs {c['baseline']}: likely cause: {c['cause']}")
+        for text in c["lines"]:
+            print(f"  {text}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from ..importers.runlog import batches
+
+    if args.format == "megatron":
+        from ..importers.megatron import read_megatron as read
+    elif args.format == "lightning":
+        from ..importers.lightning import read_lightning as read
+    else:
+        from ..importers.hf_trainer import read_hf_trainer as read
+    out: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        c = None if args.dry_run else stack.enter_context(client(args, timeout=120.0))
+        for log in args.logs:
+            run = read(log, start=args.start)
+            summary = run.summary()
+            rid = args.run if len(args.logs) == 1 else f"{args.run}-{len(out)}"
+            summary["runId"] = rid
+            if c is not None:
+                for _, body in batches(run, rid, args.project or ""):
+                    c.ingest(body, gzip=True)
+            out.append(summary)
+    print_json(out if len(out) > 1 else out[0])
+    return 0
+
+
+def _model_version(text: str) -> tuple[str, str]:
+    model, _, version = text.partition(":")
+    if not version:
+        raise FleetlensError(f"name the model version as MODEL:VERSION, not {text!r}")
+    return model, version
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    q = urllib.parse.quote
+    with client(args) as c:
+        if args.what == "run":
+            data = c.get(f"/v1/lineage/runs/{q(args.id, safe='')}")
+        else:
+            model, version = _model_version(args.id)
+            data = c.get(
+                f"/v1/lineage/models/{q(model, safe='')}/{q(version, safe='')}",
+                verify="true" if args.verify else None,
+            )
+    print_json(data)
+    return 0
+
+
+def cmd_models_register(args: argparse.Namespace) -> int:
+    model, version = _model_version(args.model)
+    body: dict[str, Any] = {"modelId": model, "version": version, "runId": args.run}
+    if args.checkpoint:
+        body["checkpointId"] = args.checkpoint
+    if args.step is not None:
+        body["step"] = args.step
+    if args.evaluation:
+        body["evaluationId"] = args.evaluation
+    with client(args) as c:
+        print_json(c.post("/v1/models", body))
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``compare``, ``import``, ``lineage`` and ``models`` to the CLI's subparsers."""
+    c = sub.add_parser("compare", help="compare runs: config diff, speed, health, a conclusion")
+    c.add_argument(
+        "runs", nargs="+", metavar="RUN", help="two or more runs; the first is the baseline"
+    )
+    client_opts(c)
+    c.set_defaults(func=cmd_compare)
+
+    imp = sub.add_parser("import", help="import a training log as a run")
+    imp.add_argument("format", choices=("megatron", "lightning", "hf"))
+    imp.add_argument("logs", nargs="+", metavar="LOG")
+    imp.add_argument("--run", required=True, help="run id to store it under")
+    imp.add_argument("--project", default="")
+    imp.add_argument(
+        "--start", type=float, default=1.7e9, help="UNIX start time for logs without a clock"
+    )
+    imp.add_argument("--dry-run", action="store_true", help="parse and summarise only")
+    client_opts(imp, json=False)
+    imp.set_defaults(func=cmd_import)
+
+    ln = sub.add_parser("lineage", help="lineage of a run or a model version")
+    ln.add_argument("what", choices=("run", "model"))
+    ln.add_argument("id", help="RUN, or MODEL:VERSION")
+    ln.add_argument("--verify", action="store_true", help="re-checksum checkpoint and dataset")
+    client_opts(ln)  # --json is accepted for uniformity: lineage always prints the JSON
+    ln.set_defaults(func=cmd_lineage)
+
+    m = sub.add_parser("models", help="model versions")
+    msub = m.add_subparsers(dest="models_command", required=True)
+    reg = msub.add_parser("register", help="register MODEL:VERSION from a run's checkpoint")
+    reg.add_argument("model", metavar="MODEL:VERSION")
+    reg.add_argument("--run", required=True)
+    reg.add_argument("--checkpoint", help="checkpoint id")
+    reg.add_argument("--step", type=int, help="or the checkpoint's step")
+    reg.add_argument("--evaluation", help="evaluation id, once evaluated")
+    client_opts(reg, json=False)
+    reg.set_defaults(func=cmd_models_register)

@@ -1,0 +1,105 @@
+"""``fleetlens runs`` and ``fleetlens run show RUN``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ._common import client, client_opts
+from ._output import Table, fmt, print_json
+
+__all__ = ["add_parsers", "cmd_run_show", "cmd_runs"]
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        data = c.runs(project=args.project, limit=args.limit, as_="json")
+    if args.json:
+        print_json(data)
+        return 0
+    rows = data["runs"]
+    t = Table(
+        ("RUN", "<32"),
+        ("PROJECT", "<16"),
+        ("STATUS", "<9"),
+        ("STEP", ">9"),
+        ("RANKS", ">6"),
+        ("JOBS", ">5"),
+    )
+    print(t.header())
+    for r in rows:
+        print(
+            t.row(
+                r["runId"],
+                r["project"] or "-",
+                r["status"],
+                r["lastStep"],
+                r["worldSize"],
+                r["jobs"],
+            )
+        )
+    if not rows:
+        print("(no runs yet)")
+    return 0
+
+
+def cmd_run_show(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        run = c.run(args.run)
+        ranks = c.ranks(args.run, limit=args.top, sort="compute", as_="json")
+    if args.json:
+        print_json({"run": run, "ranks": ranks})
+        return 0
+    m = run.get("metrics", {})
+    print(f"run {run['runId']}  project {run['project'] or '-'}  status {run['status']}")
+    print(
+        f"  step {fmt(run.get('step'))}  tokens {fmt(run.get('tokensProcessed'), ',')}  "
+        f"ranks {run.get('worldSize')}  jobs {run.get('jobs')}"
+    )
+    print(
+        f"  step time {fmt(m.get('stepTimeMs'), '.1f')} ms (slowest rank, median of last "
+        f"{run.get('window', {}).get('steps', 0)} steps)  tokens/s "
+        f"{fmt(m.get('tokensPerSecond'), ',.0f')}  loss {fmt(m.get('loss'), '.4g')}"
+    )
+    if ranks["ranks"]:
+        print(f"  slowest ranks by compute time, steps {ranks['fromStep']}-{ranks['toStep']}:")
+        t = Table(
+            ("RANK", ">6"),
+            ("NODE", "<20"),
+            ("GPU", ">4"),
+            ("COMPUTE ms", ">11"),
+            ("x MEDIAN", ">9"),
+            ("WAIT ms", ">8"),
+            ("STEP ms", ">8"),
+            indent="    ",
+        )
+        print(t.header())
+        for r in ranks["ranks"]:
+            print(
+                t.row(
+                    r["rank"],
+                    r["node"] or "-",
+                    r["gpu"],
+                    fmt(r["computeMs"], ".1f"),
+                    fmt(r["computeSlowdown"], ".3f"),
+                    fmt(r["commMs"], ".1f"),
+                    fmt(r["stepTimeMs"], ".1f"),
+                )
+            )
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``runs`` and ``run show`` to the CLI's subparsers."""
+    sp = sub.add_parser("runs", help="list runs")
+    client_opts(sp)
+    sp.add_argument("--project")
+    sp.add_argument("--limit", type=int, default=50)
+    sp.set_defaults(func=cmd_runs)
+    sp = sub.add_parser("run", help="one run")
+    rsub = sp.add_subparsers(dest="run_command", required=True)
+    show = rsub.add_parser("show", help="status, speed and slowest ranks of a run")
+    show.add_argument("run")
+    show.add_argument("--top", type=int, default=5, help="slowest ranks to show")
+    client_opts(show)
+    show.set_defaults(func=cmd_run_show)

@@ -1,0 +1,95 @@
+"""``fleetlens traces import PATH... --run RUN``: parse traces here, send the tables to a server.
+
+Traces can be large, so they are parsed on the machine that has them and only the per-step and
+per-collective tables travel (one gzip batch per rank, to ``{server}/v1/ingest``, with
+``Authorization: Bearer $FLEETLENS_TOKEN`` when that is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Any
+
+from ._common import client
+from ._output import Table, fmt, print_json
+
+__all__ = ["add_parser", "cmd_traces_import"]
+
+_TABLE = Table(
+    ("RANK", ">5"),
+    ("STEPS", ">11"),
+    ("STEP_MS", ">9"),
+    ("COMPUTE%", ">8"),
+    ("COMM%", ">6"),
+    ("EXPOSED%", ">8"),
+    ("OVERLAP%", ">8"),
+    ("IDLE%", ">6"),
+    ("KERNELS", ">8"),
+    ("COLLS", ">6"),
+    (" FILE", ""),
+)
+
+
+def _row(s: dict[str, Any]) -> str:
+    steps = f"{s['fromStep']}-{s['toStep']}" if s["steps"] else "-"
+    return _TABLE.row(
+        s["rank"],
+        steps,
+        fmt(s["meanStepMs"], ".1f"),
+        fmt(s["computePct"], ".1f"),
+        fmt(s["commPct"], ".1f"),
+        fmt(s["exposedCommPct"], ".1f"),
+        fmt(s["overlapPct"], ".1f"),
+        fmt(s["idlePct"], ".1f"),
+        s["kernels"],
+        s["collectives"],
+        f" {s['file']}",
+    )
+
+
+def cmd_traces_import(args: argparse.Namespace) -> int:
+    from ..traces.importer import RankTrace, batches, import_traces
+
+    print(_TABLE.header())
+    summaries: list[dict[str, Any]] = []
+    rt: RankTrace
+    with contextlib.ExitStack() as stack:
+        c = None if args.dry_run else stack.enter_context(client(args, timeout=120.0))
+        for rt in import_traces(args.paths):
+            s = rt.summary()
+            if s["clock"] == "trace":
+                print(
+                    f"fleetlens: {s['file']}: no UNIX time base in the trace; times are the "
+                    "profiler's own clock in seconds",
+                    file=sys.stderr,
+                )
+            if c is not None:
+                _, body = batches(rt, args.run, args.job or "")
+                c.ingest(body, gzip=True)
+            print(_row(s))
+            summaries.append(s)
+        where = f"imported into {c.server}" if c is not None else ""
+    if args.json:
+        print_json({"run": args.run, "ranks": summaries})
+    what = where or "parsed (dry run, nothing sent)"
+    print(f"{len(summaries)} rank trace(s) {what}, run {args.run}", file=sys.stderr)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``traces import`` to the CLI's subcommands."""
+    sp = sub.add_parser("traces", help="PyTorch profiler (Kineto) traces")
+    tsub = sp.add_subparsers(dest="traces_command", required=True)
+    imp = tsub.add_parser(
+        "import",
+        help="per-step compute / communication / idle per rank, and collectives, from traces",
+    )
+    imp.add_argument("paths", nargs="+", metavar="PATH", help="trace files or directories")
+    imp.add_argument("--run", required=True, help="run id the traces belong to")
+    imp.add_argument("--job", default=None, help="job (attempt) id")
+    imp.add_argument("--server", default=None, help="server URL (env FLEETLENS_SERVER)")
+    imp.add_argument("--dry-run", action="store_true", help="parse and summarise, send nothing")
+    imp.add_argument("--json", action="store_true", help="also print the summary as JSON")
+    imp.set_defaults(func=cmd_traces_import)

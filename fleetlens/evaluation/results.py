@@ -1,0 +1,180 @@
+"""Reading evaluations and their results: per-example scores (on the shard rows and in the
+telemetry store's ``eval_examples`` table) and the aggregation once every shard is settled."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from ..store.graph_models import ModelVersion
+from ..store.reader import TenantReader
+from ..store.scope import Scope
+from ..store.scoped import scoped
+from ..store.telemetry import TelemetryStore
+from . import benchmarks as bm
+from .models import EvalShard, Evaluation
+from .rows import TERMINAL, SessionFactory, evaluation_json, find_evaluation, shards_of
+
+EXAMPLES_DDL = """
+CREATE TABLE IF NOT EXISTS {db}.eval_examples (
+    tenant LowCardinality(String),
+    evaluation_id String,
+    benchmark LowCardinality(String),
+    shard_index UInt32,
+    example_id String,
+    metric LowCardinality(String),
+    value Float64,
+    detail String DEFAULT '',
+    at DateTime64(3) DEFAULT now64(3)
+) ENGINE = ReplacingMergeTree
+ORDER BY (tenant, evaluation_id, benchmark, example_id, metric)
+"""
+
+
+class Results:
+    """Evaluations as read back, their per-example scores, and their final metrics."""
+
+    def __init__(self, session: SessionFactory, telemetry: TelemetryStore | None = None) -> None:
+        self._session = session
+        self._telemetry = telemetry
+        if telemetry is not None:
+            telemetry.command(EXAMPLES_DDL.format(db=telemetry.database))
+
+    def get(self, scope: Scope, evaluation_id: str) -> dict[str, Any]:
+        with self._session() as s:
+            row = find_evaluation(s, scope, evaluation_id)
+            return evaluation_json(row, shards_of(s, scope.tenant, evaluation_id))
+
+    def evaluations(
+        self, scope: Scope, model_id: str = "", limit: int = 100
+    ) -> list[dict[str, Any]]:
+        with self._session() as s:
+            q = scoped(select(Evaluation), scope, within="project")
+            if model_id:
+                q = q.where(Evaluation.model_id == model_id)
+            rows = s.scalars(q.order_by(Evaluation.id.desc()).limit(limit)).all()
+            return [evaluation_json(r, None) for r in rows]
+
+    def scores(self, scope: Scope, evaluation_id: str) -> dict[str, dict[str, dict[str, float]]]:
+        """Per-example scores by benchmark (a cache hit's come from the evaluation it reused)."""
+        with self._session() as s:
+            row = find_evaluation(s, scope, evaluation_id)
+            source = row.cached_from or row.evaluation_id
+            out: dict[str, dict[str, dict[str, float]]] = {}
+            for sh in shards_of(s, scope.tenant, source):
+                if sh.state == "done":
+                    out.setdefault(sh.benchmark, {}).update(sh.scores or {})  # type: ignore[arg-type]
+            return out
+
+    def example_rows(
+        self, scope: Scope, evaluation_id: str, limit: int = 10000
+    ) -> list[dict[str, Any]]:
+        """Per-example scores as the telemetry store holds them."""
+        with self._session() as s:
+            row = find_evaluation(s, scope, evaluation_id)
+            source = row.cached_from or row.evaluation_id
+        if self._telemetry is None:
+            return []
+        t = TenantReader(self._telemetry, scope).table(
+            "SELECT benchmark, shard_index, example_id, metric, value, detail "
+            "FROM {db}.eval_examples FINAL "
+            "WHERE tenant = {tenant:String} AND evaluation_id = {eid:String} "
+            "ORDER BY benchmark, example_id, metric LIMIT {lim:UInt32}",
+            eid=source,
+            lim=int(limit),
+        )
+        return [
+            {
+                "benchmark": b,
+                "shardIndex": i,
+                "exampleId": e,
+                "metric": m,
+                "value": v,
+                **({"rationale": d} if d else {}),
+            }
+            for b, i, e, m, v, d in zip(
+                *(t.column(c).to_pylist() for c in t.column_names), strict=True
+            )
+        ]
+
+    def write_examples(
+        self, tenant: str, eid: str, bench: str, index: int, scores: dict[str, dict[str, Any]]
+    ) -> None:
+        if self._telemetry is None or not scores:
+            return
+        ex, met, val, det = [], [], [], []
+        for example_id, per in scores.items():
+            notes = {k: v for k, v in per.items() if isinstance(v, str)}
+            for metric, value in per.items():
+                if isinstance(value, str):
+                    continue  # a note (a judge's rationale) rides with its score
+                ex.append(example_id)
+                met.append(metric)
+                val.append(float(value))
+                det.append(notes.get(metric.removesuffix("_score") + "_rationale", ""))
+        self._telemetry.command_params(
+            f"INSERT INTO {self._telemetry.database}.eval_examples "
+            "(tenant, evaluation_id, benchmark, shard_index, example_id, metric, value, detail) "
+            "SELECT {t:String}, {e:String}, {b:String}, {i:UInt32}, z.1, z.2, z.3, z.4 "
+            "FROM (SELECT arrayJoin(arrayZip({ex:Array(String)}, {met:Array(String)}, "
+            "{val:Array(Float64)}, {det:Array(String)})) AS z)",
+            {
+                "t": tenant,
+                "e": eid,
+                "b": bench,
+                "i": index,
+                "ex": ex,
+                "met": met,
+                "val": val,
+                "det": det,
+            },
+        )
+
+    def finalize(self, tenant: str, evaluation_id: str) -> str:
+        """Aggregate once every shard is done or failed; failed shards leave the rest intact."""
+        with self._session() as s:
+            open_shards = s.scalar(
+                scoped(select(func.count()).select_from(EvalShard), tenant, EvalShard).where(
+                    EvalShard.evaluation_id == evaluation_id,
+                    EvalShard.state.not_in(("done", "failed")),
+                )
+            )
+            if open_shards:
+                return "RUNNING"
+            ev = s.scalars(
+                scoped(select(Evaluation), tenant).where(Evaluation.evaluation_id == evaluation_id)
+            ).one()
+            if ev.state in TERMINAL:
+                return ev.state
+            shards = shards_of(s, tenant, evaluation_id)
+            per_bench: dict[str, dict[str, dict[str, float]]] = {}
+            for sh in shards:
+                if sh.state == "done":
+                    per_bench.setdefault(sh.benchmark, {}).update(sh.scores or {})  # type: ignore[arg-type]
+            metrics: dict[str, Any] = {b: bm.aggregate(v) for b, v in per_bench.items()}
+            failed = [sh for sh in shards if sh.state == "failed"]
+            state = "FAILED" if failed else "COMPLETED"
+            error = "; ".join(
+                f"shard {sh.shard_index} ({sh.benchmark} {sh.start}-{sh.stop}) failed after "
+                f"{sh.attempts} attempts: {sh.error}"
+                for sh in failed
+            )
+            res = s.execute(
+                scoped(update(Evaluation), tenant)
+                .where(Evaluation.id == ev.id, Evaluation.state.not_in(TERMINAL))
+                .values(state=state, metrics=metrics, error=error[:4000], completed_at=time.time())
+            )
+            if res.rowcount == 1 and state == "COMPLETED" and ev.model_id:  # type: ignore[attr-defined]
+                mv = s.scalars(
+                    scoped(select(ModelVersion), tenant).where(
+                        ModelVersion.model_id == ev.model_id,
+                        ModelVersion.version == ev.model_version,
+                    )
+                ).first()
+                if mv is not None:
+                    mv.evaluation_id = evaluation_id
+                    flat = {f"{b}/{k}": v["mean"] for b, d in metrics.items() for k, v in d.items()}
+                    mv.metrics = {**(mv.metrics or {}), **flat}
+            return state

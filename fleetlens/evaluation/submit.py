@@ -1,0 +1,184 @@
+"""Submitting an evaluation: validate the request, record its provenance, reuse a cached result
+or queue its shards."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..errors import ConfigError, NotFound
+from ..store.graph_models import Checkpoint, ModelVersion
+from ..store.scope import Scope
+from ..store.scoped import scoped
+from . import benchmarks as bm
+from .adapters import Decoding, validate_spec
+from .cache import EVALUATOR_VERSION, cache_key, canonical_hash
+from .judge import JudgeConfig
+from .models import EvalShard, Evaluation
+from .rows import ExampleCache, SessionFactory, evaluation_json
+from .scheduler import NO_DEADLINE, parse_priority, plan_shards
+
+
+def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, str]:
+    """The model being judged and its content hash (the checkpoint's checksum)."""
+    out = {"modelId": "", "modelVersion": "", "runId": "", "checkpointId": "", "hash": ""}
+    if req.get("modelId") and req.get("modelVersion"):
+        q = scoped(select(ModelVersion), scope, within="project").where(
+            ModelVersion.model_id == req["modelId"], ModelVersion.version == req["modelVersion"]
+        )
+        mv = s.scalars(q).first()
+        if mv is None:
+            raise NotFound(f"model version {req['modelId']}:{req['modelVersion']} does not exist")
+        out.update(modelId=mv.model_id, modelVersion=mv.version, runId=mv.run_id)
+        out["checkpointId"] = mv.checkpoint_id
+    elif req.get("runId") and req.get("checkpointId"):
+        out.update(runId=req["runId"], checkpointId=req["checkpointId"])
+    if out["checkpointId"]:
+        ck = s.scalars(
+            scoped(select(Checkpoint), scope).where(
+                Checkpoint.run_id == out["runId"],
+                Checkpoint.checkpoint_id == out["checkpointId"],
+            )
+        ).first()
+        if ck is None:
+            raise NotFound(
+                f"checkpoint {out['checkpointId']} of run {out['runId']!r} does not exist"
+            )
+        out["hash"] = ck.checksum
+    # A caller-declared hash (a served model's weights digest) wins; without any, the
+    # adapter spec itself identifies the model.
+    out["hash"] = str(
+        req.get("modelHash") or out["hash"] or "spec:" + canonical_hash(req["adapter"])
+    )
+    return out
+
+
+class Submissions:
+    """Takes evaluation requests; one per store."""
+
+    def __init__(self, session: SessionFactory, examples: ExampleCache) -> None:
+        self._session = session
+        self._examples = examples
+
+    def submit(self, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
+        """Queue an evaluation (or reuse a cached result); returns at once."""
+        adapter = dict(req.get("adapter") or {})
+        validate_spec(adapter)
+        req = {**req, "adapter": adapter}
+        suite = dict(req.get("suite") or {})
+        specs = [dict(b) for b in suite.get("benchmarks") or []]
+        if not specs:
+            raise ConfigError("suite.benchmarks is empty; name at least one benchmark")
+        names = [str(b.get("name", "")) for b in specs]
+        if "" in names or len(set(names)) != len(names):
+            raise ConfigError(f"benchmark names {names} must be non-empty and unique in a suite")
+        decoding = Decoding.from_json(req.get("decoding")).as_json()
+        priority = parse_priority(req.get("priority", "P2"))
+        shard_size = int(req.get("shardSize") or 50)
+        max_attempts = int(req.get("maxAttempts") or 3)
+        if max_attempts < 1:
+            raise ConfigError(f"maxAttempts {max_attempts} must be >= 1")
+        sizes: list[tuple[str, int]] = []
+        bench_prov = []
+        for spec in specs:
+            for metric in spec.get("metrics") or ["exact_match"]:
+                if metric not in bm.METRICS:
+                    raise ConfigError(f"metric {metric!r} is unknown; use one of {bm.METRICS}")
+            if "pass@k" in (spec.get("metrics") or []):
+                ks = [int(k) for k in spec.get("k") or [1]]
+                if max(ks) > decoding["n"]:
+                    raise ConfigError(f"pass@{max(ks)} needs decoding.n >= {max(ks)}")
+            rows = self._examples.load(spec)
+            sizes.append((spec["name"], len(rows)))
+            bench_prov.append(
+                {
+                    "name": spec["name"],
+                    "version": str(spec.get("version", "")),
+                    "datasetHash": bm.dataset_hash(rows),
+                    "promptTemplateVersion": str(
+                        (spec.get("promptTemplate") or {}).get("version", "")
+                    ),
+                    "metrics": list(spec.get("metrics") or ["exact_match"]),
+                    "k": list(spec.get("k") or []),
+                    "examples": len(rows),
+                    **(
+                        {"judge": JudgeConfig.from_spec(spec).provenance()}
+                        if "judge" in (spec.get("metrics") or [])
+                        else {}
+                    ),
+                }
+            )
+        plans = plan_shards(sizes, shard_size)
+        now = time.time()
+        eid = "ev-" + uuid.uuid4().hex[:16]
+        with self._session() as s:
+            model = model_identity(s, scope, req)
+            provenance = {
+                "modelHash": model["hash"],
+                "benchmarks": bench_prov,
+                "evaluatorVersion": str(req.get("evaluatorVersion") or EVALUATOR_VERSION),
+                "decoding": decoding,
+                "codeCommit": str(req.get("codeCommit", "")),
+                "adapter": {k: v for k, v in adapter.items() if k != "apiKeyEnv"},
+            }
+            key = cache_key(provenance)
+            provenance["cacheKey"] = key
+            hit = None
+            if not req.get("noCache"):
+                # A result is reused across the tenant's projects: same inputs, same scores.
+                hit = s.scalars(
+                    scoped(select(Evaluation), scope)
+                    .where(
+                        Evaluation.cache_key == key,
+                        Evaluation.state == "COMPLETED",
+                    )
+                    .order_by(Evaluation.id)
+                ).first()
+            row = Evaluation(
+                tenant=scope.tenant, project=scope.project, evaluation_id=eid,
+                model_id=model["modelId"], model_version=model["modelVersion"],
+                run_id=model["runId"], checkpoint_id=model["checkpointId"], adapter=adapter,
+                suite={**suite, "benchmarks": specs}, priority=priority,
+                deadline=float(req["deadline"]) if req.get("deadline") else None,
+                state="QUEUED", cache_key=key, cached_from="", provenance=provenance,
+                metrics={}, error="", created_at=now, completed_at=None, created_by=scope.actor,
+            )  # fmt: skip
+            if hit is not None:
+                row.state, row.metrics, row.completed_at = "COMPLETED", dict(hit.metrics), now
+                row.cached_from = hit.cached_from or hit.evaluation_id
+                s.add(row)
+                return evaluation_json(row, [])
+            s.add(row)
+            locality = model["hash"]
+            deadline = row.deadline if row.deadline is not None else NO_DEADLINE
+            for p in plans:
+                s.add(
+                    EvalShard(
+                        tenant=scope.tenant,
+                        project=scope.project,
+                        evaluation_id=eid,
+                        shard_index=p.index,
+                        benchmark=p.benchmark,
+                        start=p.start,
+                        stop=p.stop,
+                        priority=priority,
+                        deadline=deadline,
+                        locality=locality,
+                        state="queued",
+                        lease_token="",
+                        worker_id="",
+                        lease_expires=0.0,
+                        attempts=0,
+                        max_attempts=max_attempts,
+                        done=0,
+                        scores={},
+                        error="",
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+            return evaluation_json(row, [])

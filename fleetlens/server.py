@@ -1,0 +1,22 @@
+"""The server process as ``fleetlens serve`` runs it: the API app with the portal's pages on top.
+
+The portal (``fleetlens.ui``) is a client of the API layer (its pages use the API's
+authentication), so the two are assembled here, above both, rather than the API importing the UI.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from .api.app import Services, create_api
+from .config import ServerConfig
+from .ui.pages import router as pages_router
+
+__all__ = ["Services", "create_app"]
+
+
+def create_app(config: ServerConfig, services: Services | None = None) -> FastAPI:
+    """The whole server: every API route, ``/metrics``, the OpenAPI document and the portal."""
+    app = create_api(config, services)
+    app.include_router(pages_router)
+    return app

@@ -1,0 +1,463 @@
+"""The server-side analysis loop body: find runs with new data, analyse the new windows, store
+the findings.
+
+``analyze_once`` is cheap when nothing is new (one indexed query on the metadata store) and
+bounded when much is: at most ``max_runs`` runs and ``max_rank_steps`` rank-steps per run per
+pass; a run with work left over is marked so the next pass continues it. State carried between
+passes (per-rank CUSUM, baselines, how far each attempt was analysed) lives in the run's
+analysis cursor, so the loop survives restarts and holds no module state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..analysis.baseline import Baseline, GroupShift, localize, shift_threshold, workload_signature
+from ..analysis.collectives import analyze_collectives, transfer_times
+from ..analysis.hangs import HangRule, find_stalls, recent_step_time
+from ..analysis.hardware import (
+    GpuHealth,
+    Signal,
+    gpu_health,
+    gpu_signals,
+    node_health,
+    node_signals,
+)
+from ..analysis.ranks import RankState, classify_episodes, open_episodes, scan_stragglers
+from ..analysis.rootcause import (
+    Diagnosis,
+    diagnose_events,
+    diagnose_instability,
+    diagnose_slow_checkpoints,
+    diagnose_straggler,
+    xid_diagnosis,
+)
+from ..config import AnalyzerConfig
+from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
+from ..store.findings import FindingsStore, RunToAnalyze
+from ..store.models import Finding
+from ..store.telemetry import TelemetryStore
+
+__all__ = ["analyze_once", "analyze_run"]
+
+log = logging.getLogger("fleetlens.analyzer")
+
+_TERMINAL = {"hardware_fault", "oom", "nan", "exception", "preemption", "drain", "maintenance",
+             "failure", "finish", "signal"}  # fmt: skip
+
+
+DEFAULTS = AnalyzerConfig()
+
+
+def analyze_once(
+    telemetry: TelemetryStore, store: FindingsStore, now: float,
+    config: AnalyzerConfig = DEFAULTS,
+) -> list[Finding]:  # fmt: skip
+    """One pass of the loop over every run with new data; returns the findings it wrote."""
+    out: list[Finding] = []
+    for run in store.runs_with_new_data(config.max_runs):
+        try:
+            found, stragglers, state, pending = analyze_run(telemetry, store, run, now, config)
+        except Exception:  # one bad run must not stop the loop; the next pass retries it
+            log.exception("analysis of run %s failed", run.run_id)
+            continue
+        out += store.upsert(run.tenant, run.run_id, found)
+        out += store.upsert(run.tenant, run.run_id, stragglers, replace_kind="straggler")
+        store.save_cursor(run.tenant, run.run_id, -1.0 if pending else run.last_seen, state)
+    return out
+
+
+@dataclass
+class _Ctx:
+    q: DetectQueries
+    run: RunToAnalyze
+    cfg: AnalyzerConfig
+    now: float
+    found: list[Diagnosis] = field(default_factory=list)
+    signature: str = ""
+
+
+def analyze_run(
+    telemetry: TelemetryStore, store: FindingsStore, run: RunToAnalyze, now: float,
+    cfg: AnalyzerConfig = DEFAULTS,
+) -> tuple[list[Diagnosis], list[Diagnosis], dict[str, Any], bool]:  # fmt: skip
+    """Analyse a run's new windows: (findings, the run's straggler findings, state, pending)."""
+    q = DetectQueries(telemetry, run.tenant)
+    ctx = _Ctx(q, run, cfg, now)
+    state = dict(run.state)
+    jobs = q.jobs(run.run_id)
+    if not jobs:
+        return [], [], state, False
+    events = q.events(run.run_id)
+    world = max(j.world for j in jobs)
+    ctx.signature = workload_signature(run.config, world)
+    bl = {
+        m: Baseline.from_json(state.get(f"bl_{m}") or store.baseline(run.tenant, ctx.signature, m))
+        for m in ("compute", "transfer")
+    }
+    jstate: dict[str, Any] = state.setdefault("jobs", {})
+    pending = False
+    for i, job in enumerate(jobs):
+        js = jstate.setdefault(job.job_id, {"done": job.first_step - 1})
+        if job.last_step <= js["done"]:
+            continue
+        lo = int(js["done"]) + 1
+        per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
+        hi = min(job.last_step, lo + per - 1)
+        m = q.step_matrix(run.run_id, job.job_id, lo, hi, job.world)
+        if not len(m.steps) and hi < job.last_step:
+            # A gap of steps (a stray step number far ahead): jump to the next step stored
+            # instead of walking the gap one window per pass.
+            ahead = q.next_step(run.run_id, job.job_id, hi)
+            js["done"] = (ahead - 1) if ahead is not None else job.last_step
+            pending = True
+            break
+        place = q.placement(run.run_id, job.job_id, m.world)
+        rs = RankState.from_json(js.get("cusum", {}), m.world)
+        js["cusum"] = scan_stragglers(m.steps, m.compute, rs).to_json()
+        _blocks(ctx, job, m, place, bl, js)
+        nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
+        _hardware(ctx, job, m, place, last=hi == job.last_step, next_start=nxt)
+        _instability(ctx, job, lo, hi)
+        if hi == job.last_step:
+            _hangs(ctx, job, m, place, events, nxt)
+        js["done"] = hi
+        js["t"] = [float(m.start.min()), float(m.end.max())] if len(m.steps) else js.get("t")
+        js["steps"] = [job.first_step, hi]
+        pending = pending or hi < job.last_step
+        if pending:
+            break
+    ctx.found += diagnose_events(events)
+    ckpt = [e for e in events if e["kind"] == "checkpoint_end" and "duration" in e["attrs"]]
+    ctx.found += diagnose_slow_checkpoints(
+        [e["step"] for e in ckpt], [float(e["attrs"]["duration"]) for e in ckpt],
+        [e["time"] for e in ckpt],
+    )  # fmt: skip
+    stragglers = _stragglers(ctx, jobs, jstate)
+    for metric, b in bl.items():
+        state[f"bl_{metric}"] = b.to_json()
+        if b.ready:
+            store.save_baseline(run.tenant, ctx.signature, metric, b.to_json())
+    return ctx.found, stragglers, state, pending
+
+
+def _topology(place: Placement) -> dict[str, list[str]]:
+    return {"rack": place.rack, "switch": place.switch, "nvlink_domain": place.nvlink_domain,
+            "node": place.node}  # fmt: skip
+
+
+def _blocks(
+    ctx: _Ctx, job: JobSpan, m: StepMatrix, place: Placement, bl: dict[str, Baseline],
+    js: dict[str, Any],
+) -> None:  # fmt: skip
+    """Absolute (baseline) checks of compute and transfer, and data stalls, per block of steps."""
+    cfg = ctx.cfg
+    n = len(m.steps)
+    b = cfg.block_steps
+    with np.errstate(all="ignore"):
+        med = np.nanmedian(m.compute, axis=1)
+        transfer = transfer_times(m.comm)
+    step_time = m.end - m.start
+    for a in range(0, n, b):
+        z = min(n, a + b)
+        if z - a < min(10, n):
+            continue
+        s0, s1 = int(m.steps[a]), int(m.steps[z - 1])
+        t0, t1 = float(m.start[a]), float(m.end[z - 1])
+        healthy = True
+        with np.errstate(all="ignore"):
+            rank_vals = np.nanmedian(m.compute[a:z], axis=0)
+        for sh in localize(rank_vals, bl["compute"], _topology(place), cfg.compute_min_shift):
+            healthy = False
+            ctx.found.append(_shift_diagnosis(ctx, job, sh, place, bl["compute"], s0, s1, t0, t1))
+        tb = bl["transfer"]
+        tr = float(np.nanmedian(transfer[a:z]))
+        if tb.ready and tr / tb.median - 1.0 >= shift_threshold(tb, cfg.network_min_shift):
+            healthy = False
+            ctx.found.append(_network_diagnosis(ctx, job, place, tr, tb, s0, s1, t0, t1))
+        stall = _data_stall(ctx, job, m, place, a, z, float(np.nanmedian(step_time[a:z])))
+        if stall is not None:
+            healthy = False
+            ctx.found.append(stall)
+        if healthy:
+            bl["compute"].add(med[a:z])
+            bl["transfer"].add(transfer[a:z])
+
+
+def _shift_diagnosis(
+    ctx: _Ctx, job: JobSpan, sh: GroupShift, place: Placement, b: Baseline,
+    s0: int, s1: int, t0: float, t1: float,
+) -> Diagnosis:  # fmt: skip
+    nodes = sorted({place.node[r] for r in sh.ranks if place.node[r]})
+    gh = gpu_health(ctx.q.gpu_health_rows(nodes, t0, t1))
+    thermal = sum(1 for g in gh.values() if any(s.name == "thermal" for s in gpu_signals(g)))
+    frac = thermal / max(len(gh), 1)
+    if sh.level == "rack" or (sh.level == "job" and frac >= 0.5):
+        diag = "rack_cooling"
+    elif sh.level == "switch":
+        diag = "network"
+    elif sh.level == "nvlink_domain":
+        diag = "nvlink"
+    elif sh.level == "node":
+        diag = "thermal" if frac > 0 else "host"
+    else:
+        diag = "inefficient_compute"
+    ev = [{"metric": "median rank compute / workload baseline", "value": sh.ratio,
+           "baseline": 1.0, "baselineMedianS": b.median, "threshold": 1 + shift_threshold(b, 0.03),
+           "othersRatio": sh.others_ratio if np.isfinite(sh.others_ratio) else None,
+           "window": {"fromStep": s0, "toStep": s1}, "signature": ctx.signature},
+          {"metric": "GPUs with thermal throttle reasons", "value": thermal,
+           "of": len(gh)}]  # fmt: skip
+    racks = {place.rack[r] for r in sh.ranks}
+    return Diagnosis(
+        f"shift:{sh.level}:{sh.group}", diag, "slowdown", 0.85 if thermal else 0.6,
+        f"{sh.level} {sh.group}: {len(sh.ranks)} ranks {sh.ratio - 1:.1%} slower than the "
+        f"workload baseline while the others are not (absolute check)",
+        step=s1, start_step=s0, end_step=s1, time=t1, ranks=list(sh.ranks), nodes=nodes,
+        rack=racks.pop() if len(racks) == 1 else "", job_id=job.job_id, evidence=ev,
+    )  # fmt: skip
+
+
+def _network_diagnosis(
+    ctx: _Ctx, job: JobSpan, place: Placement, tr: float, tb: Baseline,
+    s0: int, s1: int, t0: float, t1: float,
+) -> Diagnosis:  # fmt: skip
+    nodes = sorted({n for n in place.node if n})
+    gh = gpu_health(
+        ctx.q.gpu_health_rows(nodes, min(t0, job.start), t1)
+    )  # counters move slowly: whole attempt
+    nh = node_health(ctx.q.node_health_rows(nodes, t0, t1))
+    nv = sorted(
+        {g.node for g in gh.values() if any(s.name == "nvlink_errors" for s in gpu_signals(g))}
+    )
+    net = [
+        s for h in nh.values() for s in node_signals(h) if s.name in ("retransmits", "nic_errors")
+    ]
+    ev: list[dict[str, Any]] = [
+        {"metric": "collective transfer time (least wait of any rank)", "value": tr,
+         "baseline": tb.median, "window": {"fromStep": s0, "toStep": s1},
+         "verdict": "slow_network: every rank on time, the transfer itself longer"}
+    ]  # fmt: skip
+    if nv:
+        ev += [s.to_dict() for g in gh.values() if g.node in nv for s in gpu_signals(g)
+               if s.name == "nvlink_errors"][:8]  # fmt: skip
+        ranks = [r for r, n in enumerate(place.node) if n in nv]
+        return Diagnosis(f"nvlink:{','.join(nv)}", "nvlink", "slowdown", 0.85,
+                         f"NVLink errors on {', '.join(nv)}; collectives "
+                         f"{tr / tb.median:.2f}x slower",
+                         step=s1, start_step=s0, end_step=s1, time=t1, ranks=ranks, nodes=nv,
+                         job_id=job.job_id, evidence=ev)  # fmt: skip
+    ev += [s.to_dict() | {"node": h} for h in sorted(nh) for s in node_signals(nh[h])
+           if s.name in ("retransmits", "nic_errors")][:8]  # fmt: skip
+    return Diagnosis("network", "network", "slowdown", 0.85 if net else 0.6,
+                     f"collectives {tr / tb.median:.2f}x slower with every rank on time"
+                     + (" ; TCP retransmits / NIC errors up" if net else ""),
+                     step=s1, start_step=s0, end_step=s1, time=t1, job_id=job.job_id,
+                     evidence=ev)  # fmt: skip
+
+
+def _data_stall(
+    ctx: _Ctx, job: JobSpan, m: StepMatrix, place: Placement, a: int, z: int, step_time: float
+) -> Diagnosis | None:
+    dw = m.data_wait[a:z]
+    if not np.isfinite(dw).any():
+        return None
+    with np.errstate(all="ignore"):
+        typical = float(np.nanmedian(dw))
+    thr = max(0.1 * step_time, 10.0 * typical)
+    hits = (np.nan_to_num(dw, nan=0.0) > thr).sum(axis=0)
+    ranks = np.flatnonzero(hits >= 3)
+    if not len(ranks) or len(ranks) > 0.5 * m.world:
+        return None
+    nodes = sorted({place.node[r] for r in ranks if place.node[r]})
+    t0, t1 = float(m.start[a]), float(m.end[z - 1])
+    nh = node_health(ctx.q.node_health_rows(nodes, t0, t1))
+    cpu = [s.to_dict() | {"node": n} for n in sorted(nh) for s in node_signals(nh[n])
+           if s.name == "host_cpu"]  # fmt: skip
+    first = int(m.steps[a + int(np.argmax((np.nan_to_num(dw[:, ranks]) > thr).any(axis=1)))])
+    val = float(np.nanmean(dw[:, ranks]))
+    return Diagnosis(
+        f"data_stall:{','.join(nodes)}", "data_stall", "slowdown", 0.9,
+        f"input pipeline: {len(ranks)} ranks on {', '.join(nodes)} wait {val:.2f}s per step for "
+        f"data (typical {typical * 1000:.1f} ms)",
+        step=first, start_step=first, end_step=int(m.steps[z - 1]), time=float(m.start[a]),
+        ranks=[int(r) for r in ranks], nodes=nodes, job_id=job.job_id,
+        evidence=[{"metric": "data_wait", "value": val, "baseline": typical, "threshold": thr,
+                   "window": {"fromStep": int(m.steps[a]), "toStep": int(m.steps[z - 1])}},
+                  *cpu],
+    )  # fmt: skip
+
+
+def _hardware(
+    ctx: _Ctx, job: JobSpan, m: StepMatrix, place: Placement, last: bool,
+    next_start: float | None,
+) -> None:  # fmt: skip
+    """XIDs and climbing ECC on any GPU of the job over the window."""
+    if not len(m.steps):
+        return
+    t0 = float(m.start.min())
+    t1 = float(m.end.max()) + (600.0 if last else 0.0)
+    if last and next_start is not None:
+        t1 = min(t1, next_start)
+    nodes = sorted({n for n in place.node if n})
+    rank_of = {(place.node[r], int(place.gpu[r])): r for r in range(len(place.node))}
+    for (node, gpu), g in gpu_health(ctx.q.gpu_health_rows(nodes, t0, t1)).items():
+        rank = rank_of.get((node, gpu), -1)
+        for s in gpu_signals(g):
+            if s.name == "xid":
+                d = xid_diagnosis(int(s.value), node, gpu, rank, int(m.steps[-1]), None)
+                d.job_id = job.job_id
+                ctx.found.append(d)
+            elif s.name in ("ecc_rising", "ecc_uncorrectable"):
+                ctx.found.append(Diagnosis(
+                    f"gpu:{node}:{gpu}:ecc", "ecc_xid", "event", 0.6,
+                    f"correctable ECC errors climbing on {node} GPU {gpu} (+{g.sbe_delta:.0f}): "
+                    "a double-bit error (Xid 48) may follow; drain it",
+                    step=int(m.steps[-1]), start_step=int(m.steps[0]), end_step=-1,
+                    time=float(m.end.max()),
+                    ranks=[rank] if rank >= 0 else [], nodes=[node], gpus=[f"{node}:{gpu}"],
+                    job_id=job.job_id, evidence=[s.to_dict()]))  # fmt: skip
+
+
+def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:
+    sc = ctx.q.scalars(ctx.run.run_id, ["loss", "grad_norm", "lr"], max(0, lo - 200), hi)
+    if "loss" not in sc and "grad_norm" not in sc:
+        return
+    steps = np.unique(np.concatenate([v[0] for v in sc.values()]))
+
+    def col(name: str) -> Any:
+        out = np.full(len(steps), np.nan)
+        if name in sc:
+            out[np.searchsorted(steps, sc[name][0])] = sc[name][1]
+        return out
+
+    d = diagnose_instability(steps, col("loss"), col("grad_norm"), col("lr"))
+    if d is not None and d.step >= lo - 200:
+        d.job_id = job.job_id
+        ctx.found.append(d)
+
+
+def _hangs(
+    ctx: _Ctx,
+    job: JobSpan,
+    m: StepMatrix,
+    place: Placement,
+    events: list[dict[str, Any]],
+    next_start: float | None,
+) -> None:
+    mine = [e for e in events if e["job_id"] == job.job_id]
+    first = float(m.start.min()) if len(m.start) else 0.0
+    marks = [float(x) for x in np.concatenate((m.start, m.end)) if np.isfinite(x)]
+    marks += [
+        e["time"]
+        for e in mine
+        if e["kind"] in ("checkpoint_begin", "checkpoint_end") and e["time"] >= first
+    ]
+    if not marks:
+        return
+    ended = [e["time"] for e in mine if e["kind"] in _TERMINAL]
+    if next_start is not None:
+        end = next_start
+    elif any(e["kind"] in ("finish", "failure", "preemption") for e in mine):
+        end = max(e["time"] for e in mine)
+    else:
+        end = ctx.now
+    rule = HangRule(ctx.cfg.hang_k, ctx.cfg.hang_floor_s)
+    thr = rule.threshold(recent_step_time(m.end - m.start))
+    for st in find_stalls(np.asarray(marks), end, thr, np.asarray(ended)):
+        after = m.steps[m.end <= st.since + 1e-6]
+        step = int(after.max()) + 1 if len(after) else int(m.steps[0])
+        col = ctx.q.collectives(ctx.run.run_id, job.job_id, step, step)
+        entered = set(col["rank"].tolist())
+        missing = sorted(set(range(m.world)) - entered) if entered else []
+        ctx.found.append(Diagnosis(
+            f"hang:{job.job_id}:{step}", "hang", "hang", 0.9 if missing else 0.7,
+            f"no progress for {st.until - st.since:.0f}s (threshold {thr:.0f}s) at step {step}"
+            + (f"; ranks {missing[:16]} never entered the collective" if missing else ""),
+            step=step, start_step=step, end_step=step, time=st.detected_at, ranks=missing,
+            nodes=sorted({place.node[r] for r in missing if r < len(place.node) and place.node[r]}),
+            job_id=job.job_id,
+            evidence=[{"metric": "seconds without progress", "value": st.until - st.since,
+                       "threshold": thr, "since": st.since},
+                      {"metric": "ranks missing from the collective", "value": missing[:64],
+                       "entered": len(entered), "world": m.world}],
+        ))  # fmt: skip
+
+
+def _stragglers(ctx: _Ctx, jobs: list[JobSpan], jstate: dict[str, Any]) -> list[Diagnosis]:
+    episodes = []
+    places: dict[int, tuple[str, int, str]] = {}
+    for job in jobs:
+        js = jstate.get(job.job_id)
+        if not js or "cusum" not in js:
+            continue
+        rs = RankState.from_json(js["cusum"], int(js["cusum"].get("world", 0)))
+        still = open_episodes(rs)
+        if job is not jobs[-1]:  # a later attempt exists: this one's episodes ended with it
+            for e in still:
+                e.end = int(js.get("done", job.last_step))
+        eps = rs.episodes + still
+        if eps:
+            place = ctx.q.placement(ctx.run.run_id, job.job_id, rs.c.shape[0])
+            for e in eps:
+                places[e.rank] = place.of(e.rank)
+        episodes += eps
+    out = []
+    span = {j.job_id: j for j in jobs}
+
+    def t_of(step: int) -> float:
+        for j in span.values():
+            if j.first_step <= step <= j.last_step and j.last_step > j.first_step:
+                return j.start + (step - j.first_step) / (j.last_step - j.first_step) * (
+                    j.end - j.start
+                )
+        return jobs[-1].end
+
+    for c in classify_episodes(episodes):
+        t0, t1 = t_of(c.start), t_of(c.end if c.end >= 0 else jobs[-1].last_step)
+        sigs: dict[int, list[Signal]] = {}
+        if c.diagnosis != "straggler.moving":
+            nodes = [places[r][0] for r in c.ranks if r in places]
+            gh: dict[tuple[str, int], GpuHealth] = gpu_health(ctx.q.gpu_health_rows(nodes, t0, t1))
+            for r in c.ranks:
+                g = gh.get(places.get(r, ("", -1, ""))[:2])
+                sigs[r] = [s for s in gpu_signals(g) if s.name != "xid"] if g else []
+        step_time = float(np.median([(j.end - j.start) / max(j.last_step - j.first_step + 1, 1)
+                                     for j in jobs]))  # fmt: skip
+        d = diagnose_straggler(c, sigs, places, step_time, {c.detected: t_of(c.detected)})
+        d.evidence.extend(_last_arrivals(ctx, jobs, c.ranks, c.start, c.end))
+        out.append(d)
+    return out
+
+
+def _last_arrivals(
+    ctx: _Ctx, jobs: list[JobSpan], ranks: Sequence[int], start: int, end: int
+) -> list[dict[str, Any]]:
+    """The clock-free collective evidence: how often the straggler arrived last."""
+    job = jobs[-1]
+    hi = end if end >= 0 else job.last_step
+    lo = max(start, hi - 200)  # bounded: the recent part of the episode says enough
+    col = ctx.q.collectives(ctx.run.run_id, job.job_id, lo, hi)
+    if not len(col["step"]):
+        return []
+    rep = analyze_collectives(col["step"], col["seq"], col["rank"], col["enter"], col["exit"])
+    counts = rep.last_rank_counts()
+    total = len(rep.verdict)
+    return [
+        {
+            "signal": "last_arriver",
+            "metric": "collectives where this rank arrived last",
+            "rank": r,
+            "value": counts.get(r, 0) / total,
+            "collectives": total,
+            "waitedForMedianS": float(np.median(rep.lateness_s[rep.last_rank == r]))
+            if counts.get(r)
+            else 0.0,
+        }
+        for r in ranks[:4]
+    ]

@@ -1,0 +1,353 @@
+"""Comparison and infrastructure-lineage reads over one tenant's telemetry (chDB/ClickHouse).
+
+Everything per step is aggregated in SQL from the ``steps_by_step`` rollup and the scalars
+table; what comes back is a row per run (speed, health) or per run, metric and tenth of the
+matched step range (loss curves), so comparing twenty 100,000-step runs moves kilobytes.
+Aliases differ from the column names used inside aggregates (ClickHouse resolves an alias that
+shadows a column inside another aggregate to the alias).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..analysis.compare import (
+    INFRA_FAULTS,
+    QUALITY_METRICS,
+    RunFigures,
+    conclude,
+    config_diff,
+    slow_episodes,
+)
+from ..errors import ConfigError
+from ..store.graph import GraphStore
+from ..store.metadata import MetadataStore
+from ..store.reader import TenantReader
+from ..store.scope import Scope
+from ..store.telemetry import TelemetryStore
+from .goodput import program_spec
+
+__all__ = ["FAULT_KINDS", "CompareQueries", "compare_runs"]
+
+FAULT_KINDS = (
+    "hardware_fault", "hang", "failure", "restart", "preemption", "drain", "nan", "oom",
+    "exception", "signal",
+)  # fmt: skip
+BUCKETS = 10
+
+
+_PER_STEP = (
+    # one row per (run, step): its last execution's duration, tokens and rank spread
+    "SELECT run_id, step, argMax(x_dur, x_start) AS s_dur, argMax(x_tok, x_start) AS s_tok,"
+    " argMax(x_spread, x_start) AS s_spread, argMax(x_ranks, x_start) AS s_ranks,"
+    " min(x_start) AS s_start, max(x_end) AS s_end, count() AS s_exec FROM ("
+    "  SELECT run_id, step, job_id, max(max_duration) AS x_dur, sum(tokens) AS x_tok,"
+    "  if(sum(sum_compute) > 0, max(max_compute) * sum(ranks) / sum(sum_compute) - 1, nan)"
+    "  AS x_spread, sum(ranks) AS x_ranks, min(start) AS x_start, max(`end`) AS x_end"
+    "  FROM {db}.steps_by_step WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
+    "  GROUP BY run_id, step, job_id"
+    ") GROUP BY run_id, step"
+)
+
+
+class CompareQueries:
+    def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
+        self.t = telemetry
+        self.db = telemetry.database
+        self.r = TenantReader(telemetry, scope)
+        self.tenant = scope.tenant
+
+    def speed(self, runs: list[str]) -> dict[str, dict[str, Any]]:
+        """Per run: steps, median/mean step time, tokens/s, rank spread, slow-step share and
+        the productive share of wall-clock (last execution of each step over first start to
+        last end)."""
+        table = self.r.table(
+            f"WITH per AS ({_PER_STEP}), med AS (SELECT run_id, median(s_dur) AS m_dur FROM per"
+            " GROUP BY run_id) SELECT per.run_id AS run_id, count() AS n_steps,"
+            " max(per.step) AS last_step, any(med.m_dur) AS median_step_s,"
+            " avg(per.s_dur) AS mean_step_s, sum(per.s_tok) / sum(per.s_dur) AS tokens_per_s,"
+            " avgIf(per.s_spread, isFinite(per.s_spread)) AS spread, max(per.s_ranks) AS ranks,"
+            " countIf(per.s_dur > 2 * med.m_dur) / count() AS slow_share,"
+            " sum(per.s_dur) / (max(per.s_end) - min(per.s_start)) AS productive_share,"
+            " sum(per.s_exec) - count() AS replayed_steps,"
+            " min(per.s_start) AS t_first, max(per.s_end) AS t_last"
+            " FROM per INNER JOIN med ON per.run_id = med.run_id GROUP BY per.run_id",
+            runs=runs,
+        )
+        out = {}
+        for r in table.to_pylist():
+            out[str(r.pop("run_id"))] = {k: _clean(v) for k, v in r.items()}
+        return out
+
+    def matched_scalars(self, runs: list[str], names: list[str]) -> dict[str, Any]:
+        """Scalars at the steps every run logged: per metric the matched range and, per run,
+        the mean over each tenth of it (the last tenth is what the conclusion reads)."""
+        # One pass with window functions: a CTE used three times would be computed three times.
+        table = self.r.table(
+            "SELECT run_id, name AS metric, bucket, avg(v) AS x_mean, min(step) AS x_from,"
+            " max(step) AS x_to, any(lo) AS x_lo, any(hi) AS x_hi, any(cnt) AS x_cnt FROM ("
+            f" SELECT run_id, name, step, v, lo, hi, cnt, intDiv((step - lo) * {BUCKETS},"
+            " (hi - lo + 1)) AS bucket FROM ("
+            "  SELECT run_id, name, step, v, min(step) OVER (PARTITION BY name) AS lo,"
+            "  max(step) OVER (PARTITION BY name) AS hi,"
+            "  intDiv(count() OVER (PARTITION BY name), {n:UInt32}) AS cnt FROM ("
+            "   SELECT run_id, name, step, v, count() OVER (PARTITION BY name, step) AS nruns"
+            "   FROM (SELECT run_id, name, step, avg(value) AS v FROM {db}.scalars"
+            "    WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
+            "    AND name IN {names:Array(String)} AND isFinite(value)"
+            "    GROUP BY run_id, name, step)"
+            "  ) WHERE nruns = {n:UInt32}))"
+            " GROUP BY run_id, metric, bucket ORDER BY metric, bucket, run_id",
+            runs=runs,
+            names=names,
+            n=len(runs),
+        )
+        out: dict[str, Any] = {}
+        for r in table.to_pylist():
+            m = out.setdefault(
+                r["metric"],
+                {"fromStep": r["x_lo"], "toStep": r["x_hi"], "matchedSteps": r["x_cnt"],
+                 "buckets": {}},
+            )  # fmt: skip
+            b = m["buckets"].setdefault(
+                r["bucket"], {"fromStep": r["x_from"], "toStep": r["x_to"], "values": {}}
+            )
+            b["fromStep"], b["toStep"] = (
+                min(b["fromStep"], r["x_from"]),
+                max(b["toStep"], r["x_to"]),
+            )
+            b["values"][r["run_id"]] = _clean(r["x_mean"])
+        for m in out.values():
+            m["buckets"] = [m["buckets"][k] for k in sorted(m["buckets"])]
+            m["tail"] = m["buckets"][-1]["values"] if m["buckets"] else {}
+        return out
+
+    def health(self, runs: list[str]) -> dict[str, dict[str, Any]]:
+        """Per run: fault and lifecycle events by kind, nodes named by them, nodes and GPUs used."""
+        ev = self.r.table(
+            "SELECT run_id, kind, count() AS n, groupUniqArray(node_id) AS nodes FROM {db}.events"
+            " WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
+            " AND kind IN {kinds:Array(String)} GROUP BY run_id, kind",
+            runs=runs,
+            kinds=list(FAULT_KINDS),
+        )
+        pl = self.r.table(
+            "SELECT run_id, uniqExact(node_id) AS n_nodes, uniqExact(node_id, gpu) AS n_gpus"
+            " FROM {db}.placement WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
+            " GROUP BY run_id",
+            runs=runs,
+        )
+        out: dict[str, dict[str, Any]] = {
+            r: {"faults": {}, "faultNodes": [], "nodes": 0, "gpus": 0} for r in runs
+        }
+        for r in ev.to_pylist():
+            h = out[r["run_id"]]
+            h["faults"][r["kind"]] = int(r["n"])
+            h["faultNodes"] = sorted(set(h["faultNodes"]) | {n for n in r["nodes"] if n})
+        for r in pl.to_pylist():
+            out[r["run_id"]].update(nodes=int(r["n_nodes"]), gpus=int(r["n_gpus"]))
+        return out
+
+    def step_times(self, run_id: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        t = self.r.table(
+            f"SELECT step, s_dur FROM ({_PER_STEP}) ORDER BY step",
+            runs=[run_id],
+        )
+        if t.num_rows == 0:
+            return np.zeros(0, np.int64), np.zeros(0)
+        return (
+            t.column("step").to_numpy().astype(np.int64),
+            t.column("s_dur").to_numpy(zero_copy_only=False).astype(np.float64),
+        )
+
+    def infrastructure(self, run_id: str) -> dict[str, Any]:
+        """Run -> the nodes and GPUs it used -> their faults during the run; its slow episodes
+        and how each job attempt ended."""
+        span = self.speed([run_id]).get(run_id, {})
+        used = self.r.table(
+            "SELECT node_id, gpu, any(gpu_uuid) AS uuid, any(rack) AS rk, groupUniqArray(job_id)"
+            " AS jobs, min(rank) AS first_rank FROM {db}.placement WHERE tenant = {tenant:String}"
+            " AND run_id = {run:String} GROUP BY node_id, gpu ORDER BY node_id, gpu",
+            run=run_id,
+        ).to_pylist()
+        nodes = sorted({r["node_id"] for r in used})
+        t0, t1 = span.get("t_first"), span.get("t_last")
+        ev_rows = self.r.table(
+            "SELECT time, kind, run_id AS of_run, job_id, step, node_id, gpu, message, attrs"
+            " FROM {db}.events WHERE tenant = {tenant:String} AND kind IN {kinds:Array(String)}"
+            " AND (run_id = {run:String} OR (node_id IN {nodes:Array(String)}"
+            " AND time BETWEEN {t0:Float64} AND {t1:Float64})) ORDER BY time",
+            run=run_id,
+            kinds=list(FAULT_KINDS),
+            nodes=nodes or [""],
+            t0=float(t0) if t0 is not None else 0.0,
+            t1=float(t1) if t1 is not None else 0.0,
+        ).to_pylist()
+        xid: list[dict[str, Any]] = []
+        if nodes and t0 is not None:
+            xid = self.r.table(
+                "SELECT node_id, gpu, min(time) AS first, max(xid) AS max_xid, count() AS n"
+                " FROM {db}.gpu_samples WHERE tenant = {tenant:String}"
+                " AND node_id IN {nodes:Array(String)} AND time BETWEEN {t0:Float64}"
+                " AND {t1:Float64} AND xid > 0 GROUP BY node_id, gpu ORDER BY node_id, gpu",
+                nodes=nodes,
+                t0=float(t0),
+                t1=float(t1 or t0),
+            ).to_pylist()
+        steps, durs = self.step_times(run_id)
+        ends = [
+            {"time": e["time"], "kind": e["kind"], "jobId": e["job_id"] or None,
+             "message": e["message"], "attrs": e["attrs"]}
+            for e in ev_rows if e["kind"] in ("failure", "preemption") and e["of_run"] == run_id
+        ]  # fmt: skip
+        return {
+            "runId": run_id,
+            "nodes": [
+                {
+                    "node": r["node_id"],
+                    "gpu": r["gpu"],
+                    "gpuUuid": r["uuid"] or None,
+                    "rack": r["rk"] or None,
+                    "jobs": sorted(r["jobs"]),
+                }
+                for r in used
+            ],
+            "faults": [
+                {
+                    "time": e["time"],
+                    "kind": e["kind"],
+                    "node": e["node_id"] or None,
+                    "gpu": e["gpu"] if e["gpu"] >= 0 else None,
+                    "step": e["step"],
+                    "message": e["message"],
+                    "sameRun": e["of_run"] == run_id,
+                }
+                for e in ev_rows
+            ],
+            "xidErrors": [
+                {
+                    "node": r["node_id"],
+                    "gpu": r["gpu"],
+                    "first": r["first"],
+                    "maxXid": _clean(r["max_xid"]),
+                    "samples": r["n"],
+                }
+                for r in xid
+            ],
+            "jobEnds": ends,
+            "slowEpisodes": slow_episodes(steps, durs),
+            "speed": span,
+        }
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not np.isfinite(v):
+        return None
+    return v
+
+
+def _figures(
+    run_id: str,
+    speed: dict[str, Any],
+    health: dict[str, Any],
+    quality: dict[str, Any],
+    lineage: dict[str, Any],
+) -> RunFigures:
+    ds = lineage.get("dataset") or {}
+    code = lineage.get("code") or {}
+    faults = {k: v for k, v in health.get("faults", {}).items() if k in INFRA_FAULTS}
+    return RunFigures(
+        run_id=run_id,
+        step_time_s=speed.get("median_step_s"),
+        tokens_per_s=speed.get("tokens_per_s"),
+        straggler_spread=speed.get("spread"),
+        slow_step_share=speed.get("slow_share"),
+        faults=faults,
+        quality={m: v["tail"][run_id] for m, v in quality.items() if run_id in v["tail"]},
+        dataset=f"{ds['name']}:{ds['version']}" if ds.get("name") else None,
+        code=str(code.get("commit") or "") or None,
+    )
+
+
+def _mfu(config: dict[str, Any], speed: dict[str, Any]) -> float | None:
+    spec = program_spec(config)
+    tps = speed.get("tokens_per_s")
+    devices = spec.devices or speed.get("ranks")
+    if spec.peak_flops and devices and tps:
+        if spec.flops_per_token:
+            return float(spec.flops_per_token * tps / (devices * spec.peak_flops))
+        if spec.flops_per_step and speed.get("median_step_s"):
+            return float(spec.flops_per_step / speed["median_step_s"] / (devices * spec.peak_flops))
+    return None
+
+
+def compare_runs(
+    telemetry: TelemetryStore, metadata: MetadataStore, scope: Scope, runs: list[str]
+) -> dict[str, Any]:
+    """Runs side by side, the first as the baseline (see docs/run_graph.md)."""
+    if len(runs) < 2:
+        raise ConfigError("compare needs at least two runs")
+    if len(set(runs)) != len(runs):
+        raise ConfigError(f"a run is named twice in {runs}")
+    graph = GraphStore(metadata)
+    lineages = [graph.run_lineage(scope, r) for r in runs]  # NotFound for another tenant's run
+    q = CompareQueries(telemetry, scope)
+    speed = q.speed(runs)
+    health = q.health(runs)
+    names = [*QUALITY_METRICS, "lr", "grad_norm"]
+    quality = q.matched_scalars(runs, names)
+    diff = config_diff([ln["config"] for ln in lineages])
+    figures = [
+        _figures(r, speed.get(r, {}), health[r], quality, ln)
+        for r, ln in zip(runs, lineages, strict=True)
+    ]
+    side = []
+    for r, ln, f in zip(runs, lineages, figures, strict=True):
+        sp = speed.get(r, {})
+        side.append(
+            {
+                "runId": r,
+                "steps": sp.get("n_steps"),
+                "lastStep": sp.get("last_step"),
+                "stepTimeMedianSeconds": sp.get("median_step_s"),
+                "tokensPerSecond": sp.get("tokens_per_s"),
+                "mfu": _mfu(ln["config"], sp),
+                "goodput": sp.get("productive_share"),
+                "stragglerSpread": sp.get("spread"),
+                "slowStepShare": sp.get("slow_share"),
+                "replayedSteps": sp.get("replayed_steps"),
+                "health": {**health[r], "issues": f.infra_issues()},
+                "dataset": f.dataset,
+                "code": f.code,
+            }
+        )
+    return {
+        "runs": runs,
+        "baseline": runs[0],
+        "config": diff,
+        "dataset": {
+            "values": [f.dataset for f in figures],
+            "changed": len({f.dataset for f in figures}) > 1,
+        },
+        "code": {
+            "values": [f.code for f in figures],
+            "changed": len({f.code for f in figures}) > 1,
+        },
+        "side": side,
+        "matchedSteps": quality,
+        "evaluations": None,
+        "conclusions": [
+            conclude(figures[0], f, config_diff([lineages[0]["config"], ln["config"]]))
+            for f, ln in zip(figures[1:], lineages[1:], strict=True)
+        ],
+        "basis": {
+            "stepTime": "median over steps of the slowest rank's duration (last execution)",
+            "goodput": "sum of retained steps' durations over first start to last end "
+            "(see /v1/runs/{run_id}/goodput for the full breakdown)",
+            "matchedSteps": "mean of each tenth of the steps every run logged; the "
+            "conclusion reads the last tenth",
+            "evaluations": "not yet recorded (evaluations are another issue)",
+        },
+    }

@@ -1,0 +1,250 @@
+"""Goodput reads over one tenant's telemetry: a run's breakdown and factors, a pool's schedule.
+
+The rank -> step aggregation is the store's (the ``steps_by_step`` rollup, merged per step and
+attempt by one GROUP BY); what comes back is one row per step execution, which the pure
+functions in :mod:`fleetlens.analysis` turn into the breakdown and the factors. Per execution
+it reads the slowest and the mean rank's compute (the straggler line is their difference) and
+the longest input wait of any rank (the data-stall line): the definitions the simulator's
+ground truth shares (docs/goodput.md).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..analysis.breakdown import Breakdown, Event, StepArrays, breakdown
+from ..analysis.flops import accelerator, dense_flops_per_token
+from ..analysis.goodput import Factors, factors_from_breakdown
+from ..analysis.scheduling import PoolCapacity, SchedulingResult, scheduling_goodput
+from ..errors import ConfigError
+from ..store.reader import TenantReader
+from ..store.scope import Scope
+from ..store.telemetry import TelemetryStore
+
+__all__ = ["GoodputQueries", "ProgramSpec", "goodput_window", "program_spec"]
+
+
+class ProgramSpec:
+    """What program goodput needs: model FLOPs per token (or per step), devices, peak rate."""
+
+    def __init__(
+        self,
+        flops_per_token: float | None = None,
+        flops_per_step: float | None = None,
+        peak_flops: float | None = None,
+        devices: int | None = None,
+        hardware_ratio: float | None = None,
+    ) -> None:
+        self.flops_per_token = flops_per_token
+        self.flops_per_step = flops_per_step
+        self.peak_flops = peak_flops
+        self.devices = devices
+        self.hardware_ratio = hardware_ratio
+
+
+def program_spec(config: dict[str, Any]) -> ProgramSpec:
+    """Read a run's config: ``flops_per_step`` or ``flops_per_token`` or ``n_params`` (with
+    optional ``n_layers``, ``d_model``, ``seq_len``), ``accelerator`` and ``dtype`` (or
+    ``peak_flops``), ``devices`` (else the ranks seen), ``recompute`` (for HFU)."""
+
+    def num(key: str) -> float | None:
+        v = config.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    fpt = num("flops_per_token")
+    if fpt is None and num("n_params"):
+        fpt = dense_flops_per_token(
+            num("n_params") or 0.0,
+            int(num("n_layers") or 0),
+            int(num("d_model") or 0),
+            int(num("seq_len") or 0),
+        )
+    peak = num("peak_flops")
+    if peak is None and isinstance(config.get("accelerator"), str):
+        try:
+            peak = accelerator(config["accelerator"]).peak_flops(str(config.get("dtype", "bf16")))
+        except ConfigError:  # an accelerator or dtype the table does not know: no MFU
+            peak = None
+    ratio = None
+    rc = config.get("recompute")
+    if rc == "full":
+        ratio = 4.0 / 3.0
+    dev = num("devices")
+    return ProgramSpec(fpt, num("flops_per_step"), peak, int(dev) if dev else None, ratio)
+
+
+class GoodputQueries:
+    def __init__(self, telemetry: TelemetryStore, tenant: str | Scope) -> None:
+        self.t = telemetry
+        self.db = telemetry.database
+        self.r = TenantReader(telemetry, tenant)
+        self.tenant = tenant if isinstance(tenant, str) else tenant.tenant
+
+    def step_executions(
+        self, run_id: str, t0: float | None = None, t1: float | None = None
+    ) -> tuple[StepArrays, dict[str, float]]:
+        """One row per (step, attempt), merged from the rollup, with the steps' input wait."""
+        where = ""
+        params: dict[str, Any] = {"run": run_id}
+        if t0 is not None and t1 is not None:
+            where = " AND `end` >= {t0:Float64} AND `start` <= {t1:Float64}"
+            params.update(t0=t0, t1=t1)
+        # FINAL merges the rollup's partial rows per (step, attempt) in the engine -- what a
+        # GROUP BY step, job_id would do, several times cheaper; the window applies after it.
+        table = self.r.table(
+            "SELECT step, job_id, start AS x_start, `end` AS x_end, max_compute AS x_max,"
+            " sum_compute / ranks AS x_mean, max_data_wait AS x_wait, tokens AS x_tokens,"
+            " ranks AS x_ranks FROM {db}.steps_by_step FINAL"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}" + where,
+            **params,
+        )
+        n = table.num_rows
+        if n == 0:
+            return StepArrays.empty(), {"tokens": 0.0, "ranks": 0.0}
+        col = {
+            name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names
+        }
+        arrays = StepArrays(
+            step=col["step"].astype(np.int64),
+            job_id=np.asarray(col["job_id"], dtype=object),
+            start=col["x_start"].astype(np.float64),
+            end=col["x_end"].astype(np.float64),
+            max_compute=col["x_max"].astype(np.float64),
+            mean_compute=col["x_mean"].astype(np.float64),
+            data_wait=np.nan_to_num(col["x_wait"].astype(np.float64), nan=0.0),
+        )
+        extra = {
+            "tokens_per_step": float(np.mean(col["x_tokens"])),
+            "ranks": float(col["x_ranks"][np.argmax(col["x_start"])]),
+        }
+        return arrays, extra
+
+    def events(self, run_id: str) -> list[Event]:
+        rows = self.r.table(
+            "SELECT time, kind, job_id, step, attrs FROM {db}.events"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} ORDER BY time",
+            run=run_id,
+        ).to_pylist()
+        return [Event.from_row(r) for r in rows]
+
+    def run_goodput(
+        self,
+        run_id: str,
+        spec: ProgramSpec | None = None,
+        window: tuple[float, float] | None = None,
+        scheduling: float = 1.0,
+        executions: tuple[StepArrays, dict[str, float]] | None = None,
+    ) -> tuple[Breakdown, Factors, dict[str, Any]]:
+        """The run's breakdown and factors (program goodput = MFU over retained steps).
+
+        ``executions`` are the whole run's step executions when the caller has read them
+        already (the run page reads the rollup once for several figures)."""
+        if executions is not None and window is None:
+            steps, extra = executions
+        else:
+            pad = None if window is None else (window[0], window[1])
+            steps, extra = self.step_executions(run_id, *(pad or (None, None)))
+        bd = breakdown(steps, self.events(run_id), window=window)
+        spec = spec or ProgramSpec()
+        devices = spec.devices or int(extra.get("ranks", 0)) or None
+        flops = None
+        if spec.flops_per_step is not None:
+            flops = spec.flops_per_step * bd.retained_steps
+        elif spec.flops_per_token is not None:
+            flops = spec.flops_per_token * extra.get("tokens_per_step", 0.0) * bd.retained_steps
+        hw = flops * spec.hardware_ratio if flops is not None and spec.hardware_ratio else None
+        f = factors_from_breakdown(
+            bd,
+            flops=flops,
+            devices=devices,
+            peak_flops=spec.peak_flops,
+            hardware_flops=hw,
+            scheduling=scheduling,
+        )
+        program_basis = (
+            "mfu_retained_steps" if flops is not None and spec.peak_flops else ("straggler_bound")
+        )
+        return bd, f, {"devices": devices, "retainedFlops": flops, "programBasis": program_basis}
+
+    def pool_scheduling(self, pool: str, t0: float, t1: float) -> SchedulingResult:
+        """Scheduling goodput of ``pool`` over [t0, t1] from ``sched_alloc`` and ``sched_pool``."""
+        alloc = self.r.table(
+            "SELECT gpus, submit, start, gang_complete, `end` FROM {db}.sched_allocations FINAL"
+            " WHERE tenant = {tenant:String} AND pool = {pool:String}"
+            " AND submit <= {t1:Float64} AND (isNaN(`end`) OR `end` >= {t0:Float64})",
+            pool=pool,
+            t0=t0,
+            t1=t1,
+        )
+        cap = self.r.table(
+            "SELECT time, capacity_gpus, in_service_gpus FROM {db}.sched_pool"
+            " WHERE tenant = {tenant:String} AND pool = {pool:String} ORDER BY time",
+            pool=pool,
+        )
+
+        def arr(table: Any, name: str) -> np.ndarray[Any, Any]:
+            return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+        if cap.num_rows:
+            capacity = PoolCapacity(
+                arr(cap, "time"), arr(cap, "capacity_gpus"), arr(cap, "in_service_gpus")
+            )
+        else:
+            capacity = PoolCapacity.constant(0.0)
+        return scheduling_goodput(
+            arr(alloc, "gpus"),
+            arr(alloc, "submit"),
+            arr(alloc, "start"),
+            arr(alloc, "gang_complete"),
+            arr(alloc, "end"),
+            capacity,
+            window=(t0, t1),
+        )
+
+    def pools(self) -> list[str]:
+        rows = self.r.table(
+            "SELECT DISTINCT pool FROM {db}.sched_pool WHERE tenant = {tenant:String} ORDER BY pool"
+        ).to_pylist()
+        return [r["pool"] for r in rows]
+
+    def time_span(self, pool: str | None) -> tuple[float, float] | None:
+        rows = self.r.table(
+            "SELECT min(submit) AS lo, max(greatest(submit, if(isNaN(`end`), start, `end`)))"
+            " AS hi, count() AS n FROM {db}.sched_allocations FINAL"
+            " WHERE tenant = {tenant:String}" + (" AND pool = {pool:String}" if pool else ""),
+            pool=pool or "",
+        ).to_pylist()[0]
+        if not rows["n"]:
+            return None
+        return float(rows["lo"]), float(rows["hi"])
+
+
+def goodput_window(
+    telemetry: TelemetryStore, tenant: str | Scope, run_id: str, window_s: float, now: float
+) -> dict[str, Any]:
+    """A run's goodput over the last ``window_s`` seconds before ``now``, for alerts and series.
+
+    Runtime goodput over the window's held time; program goodput's straggler-only bound (MFU
+    needs the run's FLOPs, which the caller may add). Steps after the window's last checkpoint
+    count as retained until a later attempt replays them.
+    """
+    if window_s <= 0:
+        raise ConfigError(f"window_s is {window_s}; a window has a positive length")
+    bd, f, _meta = GoodputQueries(telemetry, tenant).run_goodput(
+        run_id, window=(now - window_s, now)
+    )
+    return {
+        "runId": run_id,
+        "from": now - window_s,
+        "to": now,
+        "windowSeconds": window_s,
+        "runtimeGoodput": bd.runtime_goodput,
+        "programGoodputBound": f.program,
+        "jobProduct": f.job_product,
+        "unaccountedShare": bd.seconds["unaccounted"] / bd.wall_s if bd.wall_s > 0 else math.nan,
+        "instrumentationHole": bd.instrumentation_hole,
+        "seconds": bd.seconds,
+    }

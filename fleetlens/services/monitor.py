@@ -1,0 +1,317 @@
+"""The server's monitoring pass: analyse, evaluate the alert policy, notify, remediate, export.
+
+One pass, run every ``analysis_interval_s`` by the server (off the event loop): the analysis
+loop writes findings for runs with new data; for every active run the pass reads its signals
+(progress, step time, goodput over the policy's window, findings, drains), evaluates the policy,
+reconciles the alert store, hands notifications to the delivery thread, lets the remediation
+controller decide and move its actions on (fleetlens.remediation), stores the run's
+sliding-window goodput as a scalar series (``goodput``), refreshes the Prometheus snapshot and
+copies due failure windows. A failure in one run is logged and the pass goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import yaml
+
+from ..alerts.engine import RESOLVE_STEPS, RunSignals, evaluate
+from ..alerts.metrics import JobMetrics, RunMetrics
+from ..alerts.notifiers import (
+    AlertmanagerNotifier,
+    Delivery,
+    Notifier,
+    SlackNotifier,
+    WebhookNotifier,
+)
+from ..alerts.policy import DEFAULT_POLICY, Policy
+from ..alerts.preserve import preserve_window
+from ..alerts.store import AlertStore
+from ..analysis.hangs import HangRule
+from ..config import AnalyzerConfig, MonitorConfig, ServerConfig
+from ..errors import ConfigError
+from ..remediation.actuators import build_actuators
+from ..remediation.controller import Controller
+from ..remediation.policy import RemediationPolicy
+from ..store.access import AccessStore
+from ..store.findings import FindingsStore
+from ..store.metadata import MetadataStore, run_status
+from ..store.models import Run
+from ..store.reader import TenantReader
+from ..store.scope import Scope
+from ..store.telemetry import TelemetryStore
+from .analyzer import analyze_once
+from .goodput import goodput_window
+from .runs import RunQueries
+
+__all__ = ["Monitor"]
+
+log = logging.getLogger("fleetlens.monitor")
+
+
+@dataclass
+class Monitor:
+    telemetry: TelemetryStore
+    metadata: MetadataStore
+    findings: FindingsStore
+    alerts: AlertStore
+    delivery: Delivery
+    metrics: JobMetrics
+    policy: Policy
+    project_overrides: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    config: MonitorConfig = field(default_factory=MonitorConfig)
+    analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
+    remediation: Controller | None = None
+    _goodput: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
+    passes: int = 0
+    errors: int = 0
+
+    @classmethod
+    def build(
+        cls,
+        cfg: ServerConfig,
+        telemetry: TelemetryStore,
+        metadata: MetadataStore,
+        access: AccessStore,
+        metrics: JobMetrics,
+    ) -> Monitor:
+        """The monitor a server config asks for: notifiers, policy overrides, stores."""
+        notifiers: list[Notifier] = []
+        alerts, remediation = cfg.alerts, cfg.remediation
+        if alerts.alertmanager_url:
+            notifiers.append(AlertmanagerNotifier(alerts.alertmanager_url))
+        if alerts.webhook_url:
+            notifiers.append(WebhookNotifier(alerts.webhook_url))
+        if alerts.slack_url:
+            notifiers.append(SlackNotifier(alerts.slack_url))
+        policy, projects = DEFAULT_POLICY, {}
+        if alerts.policy:
+            try:
+                with open(alerts.policy) as fh:
+                    doc = yaml.safe_load(fh) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise ConfigError(f"cannot read alert policy {alerts.policy}: {exc}") from exc
+            policy = policy.merged(doc.get("rules", {}))
+            projects = dict(doc.get("projects", {}))
+            for overrides in projects.values():
+                policy.merged(overrides)  # validate now, not at the first alert
+        findings = FindingsStore(metadata)
+        controller = Controller(
+            metadata,
+            telemetry,
+            findings,
+            access,
+            RemediationPolicy(
+                mode=remediation.mode,
+                restart_cost_s=remediation.restart_cost_s,
+                persist_s=remediation.straggler_persist_s,
+            ),
+            build_actuators(remediation.actuators),
+            hang_rule=HangRule(cfg.analyzer.hang_k, cfg.analyzer.hang_floor_s),
+        )
+        return cls(
+            telemetry,
+            metadata,
+            findings,
+            AlertStore(metadata, access, alerts.public_url),
+            Delivery(notifiers),
+            metrics,
+            policy,
+            projects,
+            remediation=controller,
+            config=cfg.monitor,
+            analyzer=cfg.analyzer,
+        )
+
+    def close(self) -> None:
+        self.delivery.close()
+
+    def policy_for(self, project: str, run_config: dict[str, Any]) -> Policy:
+        """The default policy, then the project's overrides, then the run's own."""
+        p = self.policy
+        if project in self.project_overrides:
+            p = p.merged(self.project_overrides[project])
+        own = run_config.get("fleetlens_alerts") if isinstance(run_config, dict) else None
+        if isinstance(own, dict):
+            try:
+                p = p.merged(own)
+            except Exception:  # a bad override in a run's config must not stop alerting
+                log.warning("ignoring invalid fleetlens_alerts in a run's config")
+        return p
+
+    def run_once(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        try:
+            analyze_once(self.telemetry, self.findings, now, self.analyzer)
+        except Exception:
+            self.errors += 1
+            log.exception("analysis pass failed")
+        runs = self._active_runs(now)
+        snapshot: list[RunMetrics] = []
+        by_tenant: dict[str, tuple[list[str], list[Any]]] = {}
+        for run in runs:
+            try:
+                signals, metrics = self._signals(run, now)
+            except Exception:
+                self.errors += 1
+                log.exception("monitoring run %s failed", run.run_id)
+                continue
+            snapshot.append(metrics)
+            policy = self.policy_for(run.project, dict(run.config or {}))
+            ids, cands = by_tenant.setdefault(run.tenant, ([], []))
+            ids.append(run.run_id)
+            cands.extend(evaluate(policy, signals))
+        for tenant, (ids, cands) in by_tenant.items():
+            try:
+                self.delivery.submit(self.alerts.apply(tenant, ids, cands, now))
+            except Exception:
+                self.errors += 1
+                log.exception("alert reconciliation failed for tenant %s", tenant)
+        try:
+            if self.remediation is not None:
+                self.remediation.tick(runs, now)
+        except Exception:
+            self.errors += 1
+            log.exception("remediation pass failed")
+        self._export(snapshot)
+        self._preserve(now)
+        self.passes += 1
+
+    def _active_runs(self, now: float) -> list[Run]:
+        return self.metadata.active_runs(now - self.config.active_s, self.config.max_runs)
+
+    def _signals(self, run: Run, now: float) -> tuple[RunSignals, RunMetrics]:
+        scope = Scope(tenant=run.tenant, role="viewer", actor="monitor")
+        q = RunQueries(self.telemetry, scope)
+        summary = q.summary(run.run_id, window=50)
+        reader = TenantReader(self.telemetry, scope)
+        last = reader.rows(
+            "SELECT max(`end`) AS t FROM {db}.steps_by_step "
+            "WHERE tenant = {tenant:String} AND run_id = {run:String}",
+            run=run.run_id,
+        )[0]["t"]
+        last_end = float(last) if last else None
+        step_ms = summary.get("metrics", {}).get("stepTimeMs")
+        findings = self.findings.rows(scope, run.run_id)
+        stops = reader.rows(
+            "SELECT time, node_id, kind FROM {db}.events WHERE tenant = "
+            "{tenant:String} AND run_id = {run:String} AND kind IN ('drain', 'maintenance', "
+            "'failure', 'preemption', 'finish', 'restart', 'checkpoint_begin', 'checkpoint_end')",
+            run=run.run_id,
+        )
+        drains = [(float(r["time"]), str(r["node_id"])) for r in stops
+                  if r["kind"] in ("drain", "maintenance")]  # fmt: skip
+        # A checkpoint is progress (the one hang rule counts it so), not a stop.
+        progress = [float(r["time"]) for r in stops if r["kind"].startswith("checkpoint_")]
+        stopped = [
+            float(r["time"])
+            for r in stops
+            if r["kind"] != "restart" and not r["kind"].startswith("checkpoint_")
+        ]
+        status = run_status(run.status, run.status_at, run.last_seen, now)
+        series = self._goodput_series(run, now, status)
+        open_findings: dict[str, int] = {}
+        for f in findings:
+            end = f.end_step
+            if end is None or summary.get("step") is None or summary["step"] - end <= RESOLVE_STEPS:
+                open_findings[f.diagnosis] = open_findings.get(f.diagnosis, 0) + 1
+        signals = RunSignals(
+            tenant=run.tenant,
+            run_id=run.run_id,
+            project=run.project,
+            now=now,
+            status=status,
+            last_step=int(summary.get("step") or -1),
+            last_step_end=last_end,
+            step_time=step_ms / 1000.0 if step_ms else None,
+            goodput=list(series),
+            findings=findings,
+            drains=drains,
+            stopped_at=max(stopped) if stopped else None,
+            progress_at=max(progress) if progress else None,
+        )
+        m = summary.get("metrics", {})
+        metrics = RunMetrics(
+            tenant=run.tenant,
+            project=run.project,
+            run_id=run.run_id,
+            goodput=series[-1][1] if series else None,
+            step_time_max=step_ms / 1000.0 if step_ms else None,
+            step_time_median=(m.get("meanRankStepTimeMs") or 0) / 1000.0 or None,
+            tokens_per_s=m.get("tokensPerSecond"),
+            mfu=m.get("mfu"),
+            last_step_age_s=(now - last_end) if last_end else None,
+            findings=open_findings,
+        )
+        return signals, metrics
+
+    def _goodput_series(self, run: Run, now: float, status: str) -> deque[tuple[float, float]]:
+        key = (run.tenant, run.run_id)
+        series = self._goodput.setdefault(key, deque(maxlen=512))
+        if status not in ("RUNNING", "STALLED"):
+            return series
+        if series and now - series[-1][0] < self.config.goodput_every_s:
+            return series
+        w = goodput_window(
+            self.telemetry, run.tenant, run.run_id, self.config.goodput_window_s, now
+        )
+        g = w.get("jobProduct")
+        if g is None or not math.isfinite(g):
+            return series
+        series.append((now, float(g)))
+        # Stored beside the run's scalars, so dashboards read goodput over time too.
+        table = pa.table(
+            {
+                "step": pa.array([max(run.last_step, 0)], pa.int64()),
+                "rank": pa.array([0], pa.int32()),
+                "time": pa.array([now]),
+                "name": pa.array(["goodput"]),
+                "value": pa.array([float(g)]),
+            }
+        )
+        self.telemetry.insert(
+            "scalar",
+            table,
+            {"tenant": run.tenant, "project": run.project, "run_id": run.run_id},
+            f"goodput-{run.run_id}-{int(now)}",
+        )
+        return series
+
+    def _export(self, runs: list[RunMetrics]) -> None:
+        firing: dict[tuple[str, str], int] = {}
+        faults: dict[tuple[str, str, str], int] = {}
+        for tenant in {r.tenant for r in runs}:
+            scope = Scope(tenant=tenant, role="viewer", actor="monitor")
+            for a in self.alerts.list(scope, state="firing", limit=10_000):
+                key = (a["alertname"], a["severity"])
+                firing[key] = firing.get(key, 0) + 1
+                node = a["labels"].get("node")
+                if node and a["alertname"] in ("FatalHardwareFault", "RecoverableHardwareFault"):
+                    cls = "fatal" if a["severity"] == "page" else "recoverable"
+                    faults[(tenant, node, cls)] = faults.get((tenant, node, cls), 0) + 1
+        states = self.remediation.state_counts() if self.remediation is not None else {}
+        self.metrics.update(runs, firing, faults, states)
+
+    def _preserve(self, now: float) -> None:
+        for p in self.alerts.pending_preservations(now):
+            until = min(p.t1, now)
+            try:
+                preserve_window(
+                    self.telemetry,
+                    p.tenant,
+                    p.run_id,
+                    list(p.nodes),
+                    p.copied_until,
+                    until,
+                    f"preserve-{p.id}-{p.copied_until:.3f}",
+                )
+                self.alerts.mark_preserved(p.id, until)
+            except Exception:
+                self.errors += 1
+                log.exception("preserving failure window %s failed", p.id)

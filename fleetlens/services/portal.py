@@ -1,0 +1,468 @@
+"""Reads the web portal draws: step-time bands and the rank x step heatmap, downsampled here.
+
+A chart is a few hundred pixels wide, so nothing here returns more points than that: the step
+series comes from the per-step rollup ``steps_by_step`` bucketed to ``points`` step buckets, and
+the heatmap from the per-rank ``steps`` table bucketed to rank buckets x step buckets with the
+maximum compute time per cell (a max keeps one slow rank visible in a bucket of many). Every
+query is bound to the caller's tenant given at construction, as in :mod:`.runs`, but
+one: :meth:`PortalQueries.node_events` reads every tenant's node events for infrastructure
+on-call (``Scope.cross_tenant_infra``), and nothing of their runs but the run id. Aliases are
+prefixed (``b_``, ``h_``...): ClickHouse resolves a bare column name inside an aggregate to a
+same-named alias.
+
+The run page's first paint reads the rollup once: :meth:`PortalQueries.executions` returns every
+step execution (``FINAL`` merges the rollup's partial rows in the engine, far cheaper than a
+GROUP BY over 100,000 steps), and pure functions here derive the step-time series
+(:func:`step_buckets`) and the summary (:func:`run_summary`) from it while the goodput breakdown
+reads the same rows (:meth:`PortalQueries.run_goodput`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..analysis.breakdown import Breakdown, StepArrays
+from ..analysis.goodput import Factors
+from ..store.ddl import COMPUTE_SQL
+from ..store.reader import TenantReader
+from ..store.scope import Scope
+from ..store.telemetry import TelemetryStore
+from .goodput import GoodputQueries, ProgramSpec
+from .runs import RecentSteps, summarize
+
+__all__ = [
+    "HEATMAP_ROWS_BUDGET",
+    "Executions",
+    "PortalQueries",
+    "run_summary",
+    "step_buckets",
+]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+HEATMAP_ROWS_BUDGET = 2_000_000
+"""Rank-step rows the default heatmap window reads: ~2,000 steps at 1,024 ranks, ~120 at 16k."""
+
+
+def _f(x: Any) -> float | None:
+    if x is None:
+        return None
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+def _r(x: Any, digits: int = 4) -> float | None:
+    v = _f(x)
+    return None if v is None else round(v, digits)
+
+
+def _col(x: F64, digits: int = 4) -> list[float | None]:
+    """An array rounded for JSON, non-finite values as None."""
+    return [v if math.isfinite(v) else None for v in np.round(x, digits).tolist()]
+
+
+def _g(x: Any, digits: int = 6) -> float | str | None:
+    """A chart value to ``digits`` significant digits; NaN and Inf as strings (they are signals)."""
+    if x is None:
+        return None
+    v = float(x)
+    return float(f"{v:.{digits}g}") if math.isfinite(v) else str(v)
+
+
+@dataclass(frozen=True)
+class Executions:
+    """A run's step executions, one per step and job attempt (a restart replays steps), as the
+    rollup has them: start, end, the slowest rank's duration and compute, the mean rank's
+    duration and compute, ranks, tokens and the longest input wait."""
+
+    step: I64
+    job_id: npt.NDArray[Any]
+    start: F64
+    end: F64
+    max_duration: F64
+    mean_duration: F64
+    max_compute: F64
+    mean_compute: F64
+    ranks: I64
+    tokens: I64
+    data_wait: F64
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def take(self, idx: npt.NDArray[np.intp]) -> Executions:
+        return Executions(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def latest(self) -> Executions:
+        """One row per step, its latest attempt (the one that counts), in step order."""
+        if not len(self) or bool(np.all(np.diff(self.step) > 0)):
+            return self  # the usual case: no step was replayed, and the rows are in order
+        by_start = np.argsort(self.start, kind="stable")
+        order = by_start[np.argsort(self.step[by_start], kind="stable")]
+        s = self.step[order]
+        return self.take(order[np.r_[s[1:] != s[:-1], True]])
+
+    def goodput_input(self) -> tuple[StepArrays, dict[str, float]]:
+        """What :meth:`GoodputQueries.step_executions` answers, from these rows."""
+        if not len(self):
+            return StepArrays.empty(), {"tokens": 0.0, "ranks": 0.0}
+        arrays = StepArrays(
+            step=self.step,
+            job_id=self.job_id,
+            start=self.start,
+            end=self.end,
+            max_compute=self.max_compute,
+            mean_compute=self.mean_compute,
+            data_wait=np.nan_to_num(self.data_wait, nan=0.0),
+        )
+        extra = {
+            "tokens_per_step": float(np.mean(self.tokens)),
+            "ranks": float(self.ranks[np.argmax(self.start)]),
+        }
+        return arrays, extra
+
+
+_BUCKET_KEYS = ("step", "steps", "t", "p50", "max", "min", "computeMax", "computeMean", "tokens",
+                "tokensPerSecond")  # fmt: skip
+
+
+def step_buckets(per_step: Executions, lo: int, hi: int, points: int) -> list[dict[str, Any]]:
+    """Per bucket of steps in [lo, hi] (``points`` buckets at most), from one row per step (see
+    :meth:`Executions.latest`): the job's step time (median, min and max over the bucket's
+    steps), the slowest and the mean rank's compute (bucket means), tokens and tokens/s."""
+    width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
+    sel = (per_step.step >= lo) & (per_step.step <= hi)
+    step = per_step.step[sel]
+    if not len(step):
+        return []
+    dur, start, end = per_step.max_duration[sel], per_step.start[sel], per_step.end[sel]
+    tokens = per_step.tokens[sel]
+    b = (step - lo) // width
+    first = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    count = np.diff(np.r_[first, len(step)])
+    med = np.empty(len(first))
+    for k, (i, n) in enumerate(zip(first.tolist(), count.tolist(), strict=True)):
+        d = np.sort(dur[i : i + n])
+        med[k] = (d[(n - 1) // 2] + d[n // 2]) / 2.0
+    tok = np.add.reduceat(tokens, first)
+    busy = np.add.reduceat(end - start, first)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tps = np.where(busy > 0, tok / busy, np.nan)
+    cols = zip(
+        step[first].tolist(),
+        count.tolist(),
+        _col(np.minimum.reduceat(start, first), 1),
+        _col(med),
+        _col(np.maximum.reduceat(dur, first)),
+        _col(np.minimum.reduceat(dur, first)),
+        _col(np.add.reduceat(per_step.max_compute[sel], first) / count),
+        _col(np.add.reduceat(per_step.mean_compute[sel], first) / count),
+        tok.tolist(),
+        _col(tps, 1),
+        strict=True,
+    )
+    return [dict(zip(_BUCKET_KEYS, c, strict=True)) for c in cols]
+
+
+def run_summary(
+    per_step: Executions, latest: dict[str, float | None], window: int = 100
+) -> dict[str, Any]:
+    """:func:`fleetlens.services.runs.summarize` from one row per step (see
+    :meth:`Executions.latest`): the run page's summary is the API's."""
+    if not len(per_step):
+        return summarize(0, 0, 0, RecentSteps.empty(), latest)
+    rec = per_step.step > int(per_step.step[-1]) - window
+    recent = RecentSteps(
+        per_step.step[rec],
+        per_step.start[rec],
+        per_step.end[rec],
+        per_step.max_duration[rec],
+        per_step.mean_duration[rec],
+        per_step.tokens[rec],
+        per_step.ranks[rec],
+    )
+    return summarize(
+        len(per_step), int(per_step.step[-1]), int(np.sum(per_step.tokens)), recent, latest
+    )
+
+
+class PortalQueries:
+    def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
+        self.t = telemetry
+        self.db = telemetry.database
+        self.r = TenantReader(telemetry, scope)
+        self.tenant = scope.tenant
+        self.cross_tenant = scope.cross_tenant_infra
+
+    def step_range(self, run_id: str) -> tuple[int, int, int] | None:
+        """First step, last step and the latest step's rank count (from the rollup)."""
+        row = self.r.table(
+            "SELECT min(step) AS r_lo, max(step) AS r_hi, argMax(ranks, step) AS r_world,"
+            " count() AS r_n FROM {db}.steps_by_step"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}",
+            run=run_id,
+        ).to_pylist()[0]
+        if not row["r_n"]:
+            return None
+        return int(row["r_lo"]), int(row["r_hi"]), int(row["r_world"])
+
+    def executions(self, run_id: str, lo: int | None = None, hi: int | None = None) -> Executions:
+        """Every step execution of the run, or of its steps in [lo, hi] (one scan of the rollup;
+        ``FINAL`` merges its partial rows per step and attempt, as a GROUP BY step, job_id
+        would)."""
+        window, bounds = "", {}
+        if lo is not None and hi is not None:
+            window, bounds = " AND step BETWEEN {lo:Int64} AND {hi:Int64}", {"lo": lo, "hi": hi}
+        table = self.r.table(
+            "SELECT step, job_id, start AS e_start, `end` AS e_end, max_duration AS e_dur,"
+            " sum_duration / ranks AS e_dmean, max_compute AS e_cmax,"
+            " sum_compute / ranks AS e_cmean, ranks AS e_ranks, tokens AS e_tokens,"
+            " max_data_wait AS e_wait FROM {db}.steps_by_step FINAL"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}" + window,
+            run=run_id,
+            **bounds,
+        )
+
+        def num(name: str, dtype: type) -> Any:
+            if not table.num_rows:
+                return np.zeros(0, dtype)
+            return table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
+
+        if table.num_rows:
+            # Decode the job ids once per distinct id, not once per row.
+            jobs = pc.dictionary_encode(table.column("job_id").cast(pa.string())).combine_chunks()
+            names = np.asarray(jobs.dictionary.to_pylist(), dtype=object)
+            job_id = names[jobs.indices.to_numpy(zero_copy_only=False)]
+        else:
+            job_id = np.zeros(0, object)
+        return Executions(
+            step=num("step", np.int64),
+            job_id=job_id,
+            start=num("e_start", np.float64),
+            end=num("e_end", np.float64),
+            max_duration=num("e_dur", np.float64),
+            mean_duration=num("e_dmean", np.float64),
+            max_compute=num("e_cmax", np.float64),
+            mean_compute=num("e_cmean", np.float64),
+            ranks=num("e_ranks", np.int64),
+            tokens=num("e_tokens", np.int64),
+            data_wait=num("e_wait", np.float64),
+        )
+
+    def run_goodput(
+        self, run_id: str, rows: Executions, spec: ProgramSpec
+    ) -> tuple[Breakdown, Factors, dict[str, Any]]:
+        """:meth:`GoodputQueries.run_goodput` of the whole run over ``rows``, read already."""
+        return GoodputQueries(self.t, self.tenant).run_goodput(
+            run_id, spec, executions=rows.goodput_input()
+        )
+
+    def latest_scalars(self, run_id: str, limit: int = 200) -> dict[str, float | None]:
+        """Each scalar's latest value (highest step, then time), by name."""
+        rows = self.r.table(
+            "SELECT name, value FROM {db}.scalars"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            " ORDER BY name, step DESC, time DESC LIMIT 1 BY name LIMIT {limit:UInt32}",
+            run=run_id,
+            limit=limit,
+        ).to_pylist()
+        return {r["name"]: _f(r["value"]) for r in rows}
+
+    def scalar_series(
+        self, run_id: str, names: list[str], lo: int, hi: int, points: int
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Several scalars in one scan, as :meth:`SeriesQueries.series` shapes one: per bucket
+        of steps, the first, min, max and mean of the lowest rank's value at each step (six
+        significant digits), and how many were not finite (kept as strings: "nan", "inf")."""
+        if not names:
+            return {}
+        width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
+        rows = self.r.table(
+            "SELECT name, intDiv(step - {lo:Int64}, {w:Int64}) AS b, min(step) AS v_step,"
+            " argMin(v, step) AS v_first, min(v) AS v_min, max(v) AS v_max, avg(v) AS v_mean,"
+            " countIf(NOT isFinite(v)) AS v_bad FROM ("
+            "  SELECT name, step, value AS v FROM {db}.scalars"
+            "  WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            "  AND name IN {names:Array(String)} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
+            "  ORDER BY name, step, rank LIMIT 1 BY name, step)"
+            " GROUP BY name, b ORDER BY name, b",
+            run=run_id,
+            names=names,
+            lo=lo,
+            hi=hi,
+            w=width,
+        ).to_pylist()
+        out: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        for r in rows:
+            out[r["name"]].append(
+                {
+                    "step": int(r["v_step"]),
+                    "value": _g(r["v_first"]),
+                    "min": _g(r["v_min"]),
+                    "max": _g(r["v_max"]),
+                    "mean": _g(r["v_mean"]),
+                    "nonFinite": int(r["v_bad"]),
+                }
+            )
+        return out
+
+    def step_series(self, run_id: str, lo: int, hi: int, points: int) -> list[dict[str, Any]]:
+        """:func:`step_buckets` over the steps in [lo, hi] (a replayed step counts once, at its
+        latest attempt)."""
+        return step_buckets(self.executions(run_id, lo, hi).latest(), lo, hi, points)
+
+    def heatmap(
+        self, run_id: str, lo: int, hi: int, world: int, rank_buckets: int, step_buckets: int
+    ) -> dict[str, Any]:
+        """Rank buckets x step buckets of the maximum compute time (ms) per cell, the hot row
+        (highest median ratio to its column's median) and the slowest rank inside it."""
+        rw = max(1, math.ceil(max(world, 1) / max(1, rank_buckets)))
+        sw = max(1, math.ceil((hi - lo + 1) / max(1, step_buckets)))
+        table = self.r.table(
+            f"SELECT intDiv(rank, {{rw:Int64}}) AS h_rb, intDiv(step - {{lo:Int64}}, {{sw:Int64}})"
+            f" AS h_sb, max({COMPUTE_SQL}) AS h_max FROM {{db}}.steps"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            " AND step BETWEEN {lo:Int64} AND {hi:Int64} GROUP BY h_rb, h_sb",
+            run=run_id,
+            lo=lo,
+            hi=hi,
+            rw=rw,
+            sw=sw,
+        )
+        n_rows = max(1, math.ceil(max(world, 1) / rw))
+        n_cols = max(1, math.ceil((hi - lo + 1) / sw))
+        grid = np.full((n_rows, n_cols), np.nan)
+        if table.num_rows:
+            rb = table.column("h_rb").to_numpy().astype(np.int64)
+            sb = table.column("h_sb").to_numpy().astype(np.int64)
+            v = table.column("h_max").to_numpy(zero_copy_only=False).astype(np.float64)
+            ok = (rb >= 0) & (rb < n_rows) & (sb >= 0) & (sb < n_cols)
+            grid[rb[ok], sb[ok]] = v[ok] * 1000.0
+        hot: dict[str, Any] | None = None
+        with np.errstate(all="ignore"):
+            col_med = np.nanmedian(np.where(np.isfinite(grid), grid, np.nan), axis=0)
+            ratio = grid / col_med
+            row_score = np.nanmedian(np.where(np.isfinite(ratio), ratio, np.nan), axis=1)
+        if np.isfinite(row_score).any():
+            row = int(np.nanargmax(row_score))
+            hot = {
+                "row": row,
+                "rankFrom": row * rw,
+                "rankTo": min(world, (row + 1) * rw) - 1,
+                "ratio": _r(row_score[row]),
+                "rank": self._slowest_rank(run_id, lo, hi, row * rw, (row + 1) * rw - 1),
+            }
+        cells = [[None if not math.isfinite(x) else round(float(x), 1) for x in r] for r in grid]
+        return {
+            "fromStep": lo,
+            "toStep": hi,
+            "ranksPerRow": rw,
+            "stepsPerColumn": sw,
+            "rows": n_rows,
+            "columns": n_cols,
+            "unit": "ms",
+            "signal": "compute",
+            "cells": cells,
+            "hot": hot,
+        }
+
+    def _slowest_rank(self, run_id: str, lo: int, hi: int, r0: int, r1: int) -> int | None:
+        rows = self.r.table(
+            f"SELECT rank, quantile(0.5)({COMPUTE_SQL}) AS k_c FROM {{db}}.steps"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            " AND step BETWEEN {lo:Int64} AND {hi:Int64} AND rank BETWEEN {r0:Int64} AND {r1:Int64}"
+            " GROUP BY rank ORDER BY k_c DESC, rank LIMIT 1",
+            run=run_id,
+            lo=lo,
+            hi=hi,
+            r0=r0,
+            r1=r1,
+        ).to_pylist()
+        return int(rows[0]["rank"]) if rows else None
+
+    def recent_spread(self, run_id: str, window: int = 100) -> dict[str, Any] | None:
+        """Per-rank spread over the last ``window`` steps: (slowest - mean compute) / mean."""
+        rows = self.r.table(
+            "SELECT avg(s_cmax) AS x_max, avg(s_cmean) AS x_mean, count() AS x_n FROM ("
+            " SELECT step, max(max_compute) AS s_cmax, sum(sum_compute) / sum(ranks) AS s_cmean"
+            " FROM {db}.steps_by_step WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            " AND step > (SELECT max(step) FROM {db}.steps_by_step WHERE tenant ="
+            " {tenant:String} AND run_id = {run:String}) - {window:Int64} GROUP BY step)",
+            run=run_id,
+            window=window,
+        ).to_pylist()[0]
+        if not rows["x_n"]:
+            return None
+        mx, mean = _f(rows["x_max"]), _f(rows["x_mean"])
+        return {
+            "steps": int(rows["x_n"]),
+            "computeMaxMs": None if mx is None else round(mx * 1000, 2),
+            "computeMeanMs": None if mean is None else round(mean * 1000, 2),
+            "spread": (mx - mean) / mean if mx is not None and mean else None,
+        }
+
+    def events(
+        self, kinds: tuple[str, ...], since: float, run_id: str | None = None, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        """Events of the given kinds after ``since`` (all the tenant's runs, or one)."""
+        rows = self.r.table(
+            "SELECT time, run_id, job_id, step, rank, kind, node_id, gpu, message FROM {db}.events"
+            " WHERE tenant = {tenant:String} AND kind IN {kinds:Array(String)}"
+            " AND time >= {since:Float64}"
+            + (" AND run_id = {run:String}" if run_id else "")
+            + " ORDER BY time DESC LIMIT {limit:UInt32}",
+            kinds=list(kinds),
+            since=since,
+            run=run_id or "",
+            limit=limit,
+        ).to_pylist()
+        return [
+            {
+                "time": r["time"],
+                "runId": r["run_id"],
+                "jobId": r["job_id"],
+                "step": int(r["step"]) if r["step"] >= 0 else None,
+                "rank": int(r["rank"]) if r["rank"] >= 0 else None,
+                "kind": r["kind"],
+                "node": r["node_id"] or None,
+                "gpu": int(r["gpu"]) if r["gpu"] >= 0 else None,
+                "message": r["message"],
+            }
+            for r in rows
+        ]
+
+    def node_events(
+        self, kinds: tuple[str, ...], since: float, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        """Events of the given kinds on a node after ``since``, each with its tenant, for
+        infrastructure on-call: every tenant's for a cross-tenant scope (role oncall), else the
+        caller's tenant's. Only where, when and what happened to the node: no rank or step."""
+        rows = self.r.infra_table(
+            "SELECT time, tenant AS n_tenant, run_id, kind, node_id, gpu, message FROM {db}.events"
+            " WHERE kind IN {kinds:Array(String)} AND time >= {since:Float64} AND node_id != ''"
+            + ("" if self.cross_tenant else " AND tenant = {tenant:String}")
+            + " ORDER BY time DESC LIMIT {limit:UInt32}",
+            kinds=list(kinds),
+            since=since,
+            limit=limit,
+        ).to_pylist()
+        return [
+            {
+                "time": r["time"],
+                "tenant": r["n_tenant"],
+                "runId": r["run_id"],
+                "kind": r["kind"],
+                "node": r["node_id"],
+                "gpu": int(r["gpu"]) if r["gpu"] >= 0 else None,
+                "message": r["message"],
+            }
+            for r in rows
+        ]

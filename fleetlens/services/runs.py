@@ -1,0 +1,393 @@
+"""Read queries over one tenant's telemetry: run summaries, per-rank windows, timelines.
+
+Every query here is bound to the caller's scope given at construction: an endpoint cannot forget
+to scope a query because it never writes one. The run itself is checked against the scope's
+project by the metadata store before any of these run (the API does that first).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..analysis.changes import metric_changes
+from ..analysis.hardware import gpu_health, node_health
+from ..errors import StoreError
+from ..store.ddl import COMPUTE_SQL
+from ..store.detect_queries import DetectQueries
+from ..store.reader import TenantReader
+from ..store.scope import Scope
+from ..store.telemetry import TelemetryStore
+
+__all__ = ["RANK_SORT_KEYS", "RecentSteps", "RunQueries", "summarize"]
+
+RANK_SORT_KEYS = {
+    "compute": "r_compute",
+    "step_time": "r_step_time",
+    "max_step_time": "r_max_step_time",
+    "data_wait": "r_data_wait",
+    "comm": "r_comm",
+    "rank": "rank",
+}
+MAX_TIMELINE_STEPS = 1_000_000
+
+
+def _f(x: Any) -> float | None:
+    if x is None:
+        return None
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+@dataclass(frozen=True)
+class RecentSteps:
+    """The last steps of a run, one row per step (its latest attempt), in step order."""
+
+    step: npt.NDArray[np.int64]
+    start: npt.NDArray[np.float64]
+    end: npt.NDArray[np.float64]
+    max_duration: npt.NDArray[np.float64]  # the slowest rank's
+    mean_duration: npt.NDArray[np.float64]  # the mean rank's
+    tokens: npt.NDArray[np.int64]
+    ranks: npt.NDArray[np.int64]
+
+    @classmethod
+    def empty(cls) -> RecentSteps:
+        return cls.from_rows([])
+
+    @classmethod
+    def from_rows(cls, rows: list[dict[str, Any]]) -> RecentSteps:
+        def col(name: str, dtype: type) -> Any:
+            return np.asarray([r[name] for r in rows], dtype=dtype)
+
+        return cls(
+            col("step", np.int64),
+            col("start", np.float64),
+            col("end", np.float64),
+            col("max_duration", np.float64),
+            col("mean_duration", np.float64),
+            col("tokens", np.int64),
+            col("ranks", np.int64),
+        )
+
+
+def summarize(
+    steps: int, last_step: int, tokens: int, recent: RecentSteps, latest: dict[str, float | None]
+) -> dict[str, Any]:
+    """A run's progress and speed, the one definition the API, the monitor and the run page
+    share: its step count, last step and tokens, and over the recent steps the median step time
+    (slowest rank) and mean rank's step time, tokens/s over the time they were busy, and the
+    world size at the last step. ``latest`` is each scalar's latest value."""
+    if not steps or not len(recent.step):
+        return {"steps": 0, "step": None, "tokensProcessed": 0, "metrics": {}}
+    busy = float(np.sum(recent.end - recent.start))
+    metrics: dict[str, Any] = dict(latest)
+    metrics.update(
+        {
+            "stepTimeMs": _f(np.median(recent.max_duration) * 1000.0),
+            "meanRankStepTimeMs": _f(np.median(recent.mean_duration) * 1000.0),
+            "tokensPerSecond": _f(np.sum(recent.tokens) / busy) if busy > 0 else None,
+        }
+    )
+    return {
+        "steps": steps,
+        "step": last_step,
+        "tokensProcessed": tokens,
+        "worldSize": int(recent.ranks[-1]),
+        "window": {
+            "fromStep": int(recent.step[0]),
+            "toStep": int(recent.step[-1]),
+            "steps": len(recent.step),
+        },
+        "metrics": metrics,
+    }
+
+
+class RunQueries:
+    def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
+        self.t = telemetry
+        self.db = telemetry.database
+        self.r = TenantReader(telemetry, scope)
+        self.tenant = scope.tenant
+
+    def _q(self, sql: str, **params: Any) -> list[dict[str, Any]]:
+        # SQL here is written as format strings ({{name:Type}} placeholders, {db}), some built
+        # with f-strings; normalise both to ClickHouse's {name:Type} binding syntax.
+        return self.r.rows(sql.replace("{{", "{").replace("}}", "}"), **params)
+
+    def per_step_sql(self) -> str:
+        """Per step, the latest attempt's figures (a restart replays steps; the replay counts)."""
+        return (
+            "SELECT step, argMax(s_tokens, s_start) AS tokens, max(s_start) AS start, "
+            "argMax(s_end, s_start) AS end, argMax(s_max, s_start) AS max_duration, "
+            "argMax(s_ranks, s_start) AS ranks, argMax(s_sum, s_start) AS sum_duration, "
+            "argMax(job_id, s_start) AS job_id FROM ("
+            " SELECT step, job_id, sum(ranks) AS s_ranks, sum(tokens) AS s_tokens, "
+            " min(start) AS s_start, max(end) AS s_end, max(max_duration) AS s_max, "
+            " sum(sum_duration) AS s_sum FROM {db}.steps_by_step"
+            " WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
+            " GROUP BY step, job_id) GROUP BY step"
+        )
+
+    def summary(self, run_id: str, window: int = 100) -> dict[str, Any]:
+        """Progress and speed: last step, tokens, and step time / tokens/s over recent steps
+        (:func:`summarize` over the run's totals and its last ``window`` steps)."""
+        per_step = self.per_step_sql()
+        total = self._q(
+            f"SELECT count() AS steps, max(step) AS last_step, sum(tokens) AS total_tokens "
+            f"FROM ({per_step})",
+            run=run_id,
+        )[0]
+        if not total["steps"]:
+            return summarize(0, 0, 0, RecentSteps.empty(), {})
+        recent = self._q(
+            f"SELECT step, start, end, max_duration, sum_duration / ranks AS mean_duration, "
+            f"tokens, ranks FROM ({per_step}) WHERE step > {{last:Int64}} - {{window:Int64}} "
+            f"ORDER BY step",
+            run=run_id,
+            last=total["last_step"],
+            window=window,
+        )
+        latest = self._q(
+            "SELECT name, argMax(value, (step, time)) AS latest, max(step) AS latest_step "
+            "FROM {db}.scalars WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} "
+            "GROUP BY name ORDER BY name LIMIT 200",
+            run=run_id,
+        )
+        return summarize(
+            int(total["steps"]),
+            int(total["last_step"]),
+            int(total["total_tokens"]),
+            RecentSteps.from_rows(recent),
+            {r["name"]: _f(r["latest"]) for r in latest},
+        )
+
+    def step_window(
+        self, run_id: str, from_step: int | None, to_step: int | None, default: int = 100
+    ) -> tuple[int, int] | None:
+        if from_step is not None and to_step is not None:
+            return from_step, to_step
+        last = self._q(
+            "SELECT max(step) AS s, count() AS n FROM {db}.steps_by_step "
+            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}",
+            run=run_id,
+        )[0]
+        if not last["n"]:
+            return None
+        hi = to_step if to_step is not None else int(last["s"])
+        lo = from_step if from_step is not None else max(0, hi - default + 1)
+        return lo, hi
+
+    def ranks(
+        self, run_id: str, from_step: int, to_step: int, sort: str, descending: bool, limit: int
+    ) -> list[dict[str, Any]]:
+        """Per rank over a step window: compute (median), step time, data wait, communication."""
+        if sort not in RANK_SORT_KEYS:
+            raise StoreError(f"unknown sort key {sort!r}")
+        order = f"{RANK_SORT_KEYS[sort]} {'DESC' if descending else 'ASC'}, rank ASC"
+        # The window's latest job attempt places the ranks (a restart may move them).
+        job = (
+            self._q(
+                "SELECT argMax(job_id, start) AS j FROM {db}.steps_by_step WHERE tenant = "
+                "{{tenant:String}} AND run_id = {{run:String}} AND step BETWEEN {{lo:Int64}} "
+                "AND {{hi:Int64}}",
+                run=run_id,
+                lo=from_step,
+                hi=to_step,
+            )[0]["j"]
+            or ""
+        )
+        # Aliases are prefixed: ClickHouse resolves a bare column name to a same-named alias.
+        # Step time is the window's mean (in a synchronous job every rank's is the job's);
+        # compute, where ranks differ, is the median.
+        rows = self._q(
+            "WITH per_rank AS ("
+            " SELECT rank, count() AS r_steps, avg(duration) AS r_step_time,"
+            " max(duration) AS r_max_step_time,"
+            " avgIf(data_wait, isFinite(data_wait)) AS r_data_wait,"
+            " avgIf(comm, isFinite(comm)) AS r_comm,"
+            f" quantile(0.5)({COMPUTE_SQL}) AS r_compute"
+            " FROM {db}.steps WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
+            " AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}} GROUP BY rank),"
+            " place AS ("
+            " SELECT rank AS p_rank, argMax(node_id, time) AS p_node,"
+            " argMax(gpu, time) AS p_gpu, argMax(gpu_uuid, time) AS p_uuid,"
+            " argMax(rack, time) AS p_rack"
+            " FROM {db}.placement WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
+            " AND job_id = {{job:String}} GROUP BY rank)"
+            # Window functions, not subqueries: a CTE is inlined, and would run once per use.
+            " SELECT * FROM (SELECT per_rank.*, median(r_step_time) OVER () AS median_all,"
+            " median(r_compute) OVER () AS median_compute FROM per_rank"
+            f" ORDER BY {order} LIMIT {{limit:UInt32}}) AS top"
+            " LEFT JOIN place ON p_rank = rank"
+            f" ORDER BY {order}",
+            run=run_id,
+            lo=from_step,
+            hi=to_step,
+            limit=limit,
+            job=job,
+        )
+        out = []
+        for r in rows:
+            med, med_c = _f(r["median_all"]), _f(r["median_compute"])
+            out.append(
+                {
+                    "rank": int(r["rank"]),
+                    "node": r["p_node"] or None,
+                    "gpu": int(r["p_gpu"]) if r["p_node"] and r["p_gpu"] is not None else None,
+                    "gpuUuid": r["p_uuid"] or None,
+                    "rack": r["p_rack"] or None,
+                    "jobId": job or None,
+                    "steps": int(r["r_steps"]),
+                    "stepTimeMs": _ms(r["r_step_time"]),
+                    "maxStepTimeMs": _ms(r["r_max_step_time"]),
+                    "dataWaitMs": _ms(r["r_data_wait"]),
+                    "commMs": _ms(r["r_comm"]),
+                    "computeMs": _ms(r["r_compute"]),
+                    "slowdown": (_f(r["r_step_time"]) or 0.0) / med if med else None,
+                    "computeSlowdown": (_f(r["r_compute"]) or 0.0) / med_c if med_c else None,
+                }
+            )
+        self.hardware(run_id, out, from_step, to_step)
+        return out
+
+    def hardware(
+        self, run_id: str, ranks: list[dict[str, Any]], from_step: int, to_step: int
+    ) -> None:
+        """Each listed rank's GPU and host evidence over the window's time span."""
+        nodes = sorted({r["node"] for r in ranks if r["node"]})
+        if not nodes:
+            return
+        span = self._q(
+            "SELECT min(start) AS t0, max(end) AS t1 FROM {db}.steps_by_step WHERE tenant = "
+            "{{tenant:String}} AND run_id IN (SELECT run_id FROM {db}.placement WHERE tenant = "
+            "{{tenant:String}} AND node_id = {{node:String}} LIMIT 1) "
+            "AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}}",
+            node=nodes[0],
+            lo=from_step,
+            hi=to_step,
+        )[0]
+        if span["t0"] is None:
+            return
+        dq = DetectQueries(self.t, self.tenant)
+        gpus = gpu_health(dq.gpu_health_rows(nodes, float(span["t0"]) - 60, float(span["t1"]) + 60))
+        hosts = node_health(
+            dq.node_health_rows(nodes, float(span["t0"]) - 60, float(span["t1"]) + 60)
+        )
+        for r in ranks:
+            g = gpus.get((r["node"], r["gpu"])) if r["gpu"] is not None else None
+            h = hosts.get(r["node"]) if r["node"] else None
+            r["hardware"] = (
+                None
+                if g is None and h is None
+                else {
+                    "gpuTempMax": _f(g.temp_max) if g else None,
+                    "smClockRatioMin": _f(g.clock_ratio_min) if g else None,
+                    "throttleReasons": g.throttle if g else None,
+                    "powerMaxW": _f(g.power_max) if g else None,
+                    "eccCorrectable": _f(g.sbe_delta) if g else None,
+                    "eccUncorrectable": _f(g.dbe_delta) if g else None,
+                    "xids": list(g.xids) if g else [],
+                    "nvlinkCrcErrors": _f(g.nvlink_crc_delta) if g else None,
+                    "pcieReplays": _f(g.pcie_replay_delta) if g else None,
+                    "hostCpuMax": _f(h.cpu_max) if h else None,
+                    "nicErrorsPerS": _f(h.nic_errors_per_s) if h else None,
+                    "tcpRetransmitsPerS": _f(h.retransmits_per_s) if h else None,
+                }
+            )
+
+    def timeline(self, run_id: str, from_step: int, to_step: int) -> list[dict[str, Any]]:
+        """Events and metric changes in a step window, in order."""
+        if to_step - from_step > MAX_TIMELINE_STEPS:
+            raise StoreError(f"a timeline covers at most {MAX_TIMELINE_STEPS} steps")
+        span = self._q(
+            "SELECT min(start) AS t0, max(end) AS t1 FROM {db}.steps_by_step "
+            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} "
+            "AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}}",
+            run=run_id,
+            lo=from_step,
+            hi=to_step,
+        )[0]
+        t0, t1 = _f(span["t0"]), _f(span["t1"])
+        events = self._q(
+            "SELECT time, step, rank, kind, node_id, gpu, message, attrs FROM {db}.events "
+            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} AND ("
+            " (step BETWEEN {{lo:Int64}} AND {{hi:Int64}})"
+            " OR (step < 0 AND time BETWEEN {{t0:Float64}} AND {{t1:Float64}})) "
+            "ORDER BY time, step LIMIT 10000",
+            run=run_id,
+            lo=from_step,
+            hi=to_step,
+            t0=t0 if t0 is not None else 0.0,
+            t1=t1 if t1 is not None else -1.0,
+        )
+        items: list[dict[str, Any]] = [
+            {
+                "step": int(e["step"]) if e["step"] >= 0 else None,
+                "time": e["time"],
+                "source": "event",
+                "kind": e["kind"],
+                "rank": int(e["rank"]) if e["rank"] >= 0 else None,
+                "node": e["node_id"] or None,
+                "gpu": int(e["gpu"]) if e["gpu"] >= 0 else None,
+                "message": e["message"],
+                "attrs": json.loads(e["attrs"] or "{}"),
+            }
+            for e in events
+        ]
+        series = self.r.table(
+            "SELECT name, step, argMin(value, rank) AS v, min(time) AS t "
+            "FROM {db}.scalars WHERE tenant = {tenant:String} AND run_id = {run:String} "
+            "AND step BETWEEN {lo:Int64} AND {hi:Int64} GROUP BY name, step "
+            "ORDER BY name, step",
+            run=run_id,
+            lo=max(0, from_step - 20),
+            hi=to_step,
+        )
+        if series.num_rows:
+            names = np.asarray(series.column("name").to_pylist(), dtype=object)
+            steps = series.column("step").to_numpy()
+            values = series.column("v").to_numpy()
+            times = series.column("t").to_numpy()
+            for name in dict.fromkeys(names.tolist()):
+                sel = names == name
+                s, v, t = steps[sel], values[sel], times[sel]
+                for ch in metric_changes(name, s, v):
+                    if ch.step < from_step:
+                        continue
+                    items.append(
+                        {
+                            "step": ch.step,
+                            "time": float(t[np.searchsorted(s, ch.step)]),
+                            "source": "metric",
+                            "kind": ch.what,
+                            "metric": ch.name,
+                            "value": _json_num(ch.value),
+                            "previous": _json_num(ch.previous),
+                            "message": _describe(ch.name, ch.what, ch.value, ch.previous),
+                        }
+                    )
+        items.sort(key=lambda i: (i["time"], i["step"] if i["step"] is not None else -1))
+        return items
+
+
+def _ms(x: Any) -> float | None:
+    v = _f(x)
+    return None if v is None else v * 1000.0
+
+
+def _json_num(v: float) -> float | str:
+    return v if math.isfinite(v) else str(v)
+
+
+def _describe(name: str, what: str, value: float, prev: float) -> str:
+    if what == "nonfinite":
+        return f"{name} {value}"
+    if what == "changed":
+        return f"{name} changed {prev:g} -> {value:g}"
+    return f"{name} spiked to {value:g}"

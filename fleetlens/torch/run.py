@@ -1,0 +1,75 @@
+"""``TorchRun``: a fleetlens Run with PyTorch-aware timing, draining and training signals."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..sdk.run import Run
+from .drain import Drain
+from .timing import StepTiming
+
+
+def _item(x: Any) -> float:
+    if isinstance(x, torch.Tensor):
+        return float(x.detach().float().item())
+    return float(x)
+
+
+class TorchRun(StepTiming, Drain):
+    """A fleetlens Run with PyTorch-aware timing. Never raises into the training loop."""
+
+    def __init__(
+        self, run: Run, device: torch.device | str | None = None, event_factory: Any = None
+    ) -> None:
+        self.errors = 0
+        self._init_timing(run, device, event_factory)
+        self._init_drain()
+
+    # -- training signals -----------------------------------------------------------------------
+
+    def log(
+        self,
+        step: int,
+        *,
+        loss: Any = None,
+        optimizer: Any = None,
+        scaler: Any = None,
+        model: Any = None,
+        memory: bool = False,
+        **scalars: Any,
+    ) -> None:
+        """Loss, learning rate, loss scale, grad norm, NaN/Inf and device memory for ``step``.
+
+        Reading a device tensor synchronizes with the device; call this at your log interval.
+        ``model`` computes the gradient norm (after backward, before zero_grad).
+        """
+        try:
+            out: dict[str, float] = {k: _item(v) for k, v in scalars.items()}
+            if loss is not None:
+                out["loss"] = _item(loss)
+            if optimizer is not None:
+                out["lr"] = float(optimizer.param_groups[0]["lr"])
+            if scaler is not None and scaler.is_enabled():
+                out["loss_scale"] = float(scaler.get_scale())
+            if model is not None:
+                grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+                if grads:
+                    norm = torch.linalg.vector_norm(
+                        torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
+                    )
+                    out["grad_norm"] = _item(norm)
+            if memory and self.cuda:
+                out["mem_allocated_bytes"] = float(torch.cuda.memory_allocated(self.device))
+                out["mem_max_allocated_bytes"] = float(torch.cuda.max_memory_allocated(self.device))
+                out["mem_reserved_bytes"] = float(torch.cuda.memory_reserved(self.device))
+            bad = [k for k, v in out.items() if not math.isfinite(v)]
+            self.run.log(step, **out)
+            if bad:
+                self.run.event(
+                    "nan", step=step, message=f"non-finite {', '.join(bad)}", metrics=bad
+                )
+        except Exception:
+            self.errors += 1

@@ -1,0 +1,52 @@
+"""The package's shape, as docs/architecture.md states it: small modules, and a repository that
+reads nothing outside itself. (The import layers are checked by `lint-imports` in scripts/check.)"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 600
+
+
+def _python_files(*dirs: str) -> list[Path]:
+    return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py"))
+
+
+def _imported_modules(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+    return out
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in _python_files("fleetlens")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"split by concept (CONVENTIONS.md): {long}"
+
+
+def test_the_package_and_the_benchmarks_never_import_tests() -> None:
+    bad = {}
+    for p in _python_files("fleetlens", "bench", "examples"):
+        mods = sorted(m for m in _imported_modules(p) if m == "tests" or m.startswith("tests."))
+        if mods:
+            bad[str(p.relative_to(ROOT))] = mods
+    assert not bad, bad
+
+
+def test_nothing_outside_the_checkout_is_read() -> None:
+    """A clone with nothing beside it must pass: no test, bench or module reads ../shared."""
+    bad = [
+        str(p.relative_to(ROOT))
+        for p in _python_files("fleetlens", "bench", "tests", "examples")
+        if p.name != "test_layout.py" and ("../shared" in (t := p.read_text()) or "/work/" in t)
+    ]
+    assert not bad, bad
