@@ -40,8 +40,7 @@ class CollectorConfig:
     the monitoring pass's memory is bounded by it); ``max_decoded_bytes`` the decompressed body
     (JSON: a quarter of it); ``decode_slots`` how many batches are decoded and inserted at once;
     ``max_future_s`` how far ahead of the server's clock a record's time may be (after skew
-    correction; a day, as the simulator played at full speed runs ahead of its nominal end by
-    the time its faults add); ``skew_tolerance_s`` the clock skew above which a batch's times are corrected
+    correction); ``skew_tolerance_s`` the clock skew above which a batch's times are corrected
     (when the skew is certain) or flagged."""
 
     max_body_bytes: int = 64 << 20
@@ -52,7 +51,7 @@ class CollectorConfig:
     max_decoded_bytes: int = 256 << 20
     max_world_size: int = 131_072
     decode_slots: int = 2
-    max_future_s: float = 86_400.0
+    max_future_s: float = 300.0
     skew_tolerance_s: float = 5.0
 
 

@@ -16,7 +16,7 @@ from fastapi import HTTPException, Request
 
 from ..store.scope import Scope
 
-__all__ = ["ERROR_RESPONSES", "caller", "require", "require_any"]
+__all__ = ["ERROR_RESPONSES", "caller", "require"]
 
 _ERROR = {
     "application/json": {
