@@ -51,7 +51,7 @@ class CollectorConfig:
     max_decoded_bytes: int = 256 << 20
     max_world_size: int = 131_072
     decode_slots: int = 2
-    max_future_s: float = 300.0
+    max_future_s: float = 86_400.0
     skew_tolerance_s: float = 5.0
 
 

@@ -40,7 +40,7 @@ class DecodeLimits:
     max_rows: int = 4_000_000
     max_world_size: int = 131_072
     max_step: int = 1 << 40
-    max_future_s: float = 300.0
+    max_future_s: float = 86_400.0
     skew_tolerance_s: float = 5.0
 
     @property
