@@ -50,7 +50,7 @@ def _check(server: Server, tmp_path: Path) -> None:
             "--slow-rank",
             str(slow),
             "--slow-ms",
-            "40",
+            "100",
             "--from-step",
             str(start),
             "--stats-dir",
@@ -101,7 +101,7 @@ def _check(server: Server, tmp_path: Path) -> None:
     (last,) = [e for e in stragglers[0]["evidence"] if e.get("signal") == "last_arriver"]
     # Most of the time (four processes share two cores here, so not always).
     assert last["rank"] == slow and last["value"] >= 0.6, last
-    assert last["waitedForMedianS"] > 0.02  # the others waited ~40 ms for it
+    assert last["waitedForMedianS"] > 0.05  # the others waited ~100 ms for it
 
     timeline = server.get("/v1/runs/ddp-slow/timeline?fromStep=0&toStep=29")["items"]
     ckpts = [i for i in timeline if i["kind"] == "checkpoint_end"]
