@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from fleetlens.importers.hf_trainer import parse_trainer_state
 from fleetlens.importers.lightning import read_lightning
 from fleetlens.importers.megatron import read_megatron
 
-from .helpers import Server
+from .helpers import Server, step_batch, wait_until
 
 REAL = Path(__file__).resolve().parent / "data" / "real" / "training_logs"
 BIG = REAL / "bigscience_megatron_deepspeed"
@@ -177,3 +178,35 @@ def test_cli_import_dry_run(gserver: Server) -> None:
     )
     assert s["steps"] == 200 and s["events"][-1]["kind"] == "failure"
     assert gserver.get("/v1/runs/bs-base")["steps"] == 200
+
+
+def test_an_imported_log_is_history_not_a_hung_run(tmp_path: Path) -> None:
+    """Logs that end without an end line (the DeepSpeed runs, the golden values) were called
+    hung from their last line until now ("no progress for 96,017,582 s") and STALLED."""
+    from fleetlens.importers.runlog import batches
+
+    srv = Server(
+        str(tmp_path / "data"),
+        env={"FLEETLENS_ANALYSIS_INTERVAL_S": "1", "FLEETLENS_HANG_S": "5"},
+    ).start()
+    try:
+        imported = {
+            "ds-off": read_megatron(BIG / "meg_ds_3d_gpt2_perf_n16-ds-off.out"),
+            "ds-on": read_megatron(BIG / "meg_ds_3d_gpt2_perf_n16-ds-on.out"),
+        }
+        for run_id, run in imported.items():
+            for _, body in batches(run, run_id):
+                assert srv.post(body, encoding="gzip")[0] == 200
+        # A live run that stopped a minute ago: the analysis calls it hung (the control).
+        _, body = step_batch("live", range(0, 20), 2, t0=time.time() - 70)
+        assert srv.post(body)[0] == 200
+
+        def kinds(run_id: str) -> set[str]:
+            return {f["diagnosis"] for f in srv.get(f"/v1/runs/{run_id}/diagnosis")["findings"]}
+
+        wait_until(lambda: "hang" in kinds("live"), timeout=60, what="the live run's hang")
+        for run_id in imported:
+            assert "hang" not in kinds(run_id), srv.get(f"/v1/runs/{run_id}/diagnosis")
+            assert srv.get(f"/v1/runs/{run_id}")["status"] == "FINISHED"
+    finally:
+        srv.stop()

@@ -22,6 +22,8 @@ from ..wire import Table, TableBuilder, encode_batch
 __all__ = ["Attempt", "ImportedRun", "batches"]
 
 _MAX_ROWS = 200_000
+# What ends an attempt for the analysis (its hang check runs to the last of these, not to now).
+_ENDS = ("finish", "failure", "preemption")
 
 
 @dataclass
@@ -95,7 +97,7 @@ class ImportedRun:
         }
 
 
-def _tables(a: Attempt, run: ImportedRun, first: bool) -> list[dict[str, Table]]:
+def _tables(a: Attempt, run: ImportedRun, first: bool, last: bool) -> list[dict[str, Table]]:
     out: list[dict[str, Table]] = []
     n = len(a.steps)
     for lo in range(0, n, _MAX_ROWS):
@@ -122,6 +124,13 @@ def _tables(a: Attempt, run: ImportedRun, first: bool) -> list[dict[str, Table]]
         sc.add_packed("value", np.asarray(values[lo:hi], dtype="<f8").tobytes())
         out.append({"scalar": sc.build()})
     events = list(a.events)
+    if last and a.steps and not any(e["kind"] in _ENDS for e in events):
+        # A log is history: it ends where the file ends. Without this the run would look live
+        # and hung from its last line until now, and stay STALLED.
+        events.append({
+            "time": a.times[-1] + a.durations[-1], "kind": "finish", "step": a.steps[-1],
+            "message": "the imported log ends here", "attrs": {"inferred": "end of log"},
+        })  # fmt: skip
     for e in events:
         if e["kind"] == "job_start":
             e["attrs"] = {
@@ -141,17 +150,22 @@ def _tables(a: Attempt, run: ImportedRun, first: bool) -> list[dict[str, Table]]
 
 
 def batches(run: ImportedRun, run_id: str, project: str = "") -> list[tuple[str, bytes]]:
-    """Wire batches (id, gzip body) of the run: per attempt, steps and scalars before events,
-    so a job's end is stored after its last step."""
-    out = []
+    """Wire batches (id, gzip body) of the run: every attempt's events, then the steps and
+    scalars."""
+    out: list[tuple[str, bytes]] = []
+    events: list[tuple[str, bytes]] = []
     for k, a in enumerate(run.attempts):
         ctx = {"run_id": run_id, "job_id": a.job_id}
         if project:
             ctx["project"] = project
-        for i, tables in enumerate(_tables(a, run, k == 0)):
+        for i, tables in enumerate(_tables(a, run, k == 0, k == len(run.attempts) - 1)):
             key = f"{run_id}\0{a.job_id}\0{run.path}\0{run.source}\0{i}"
             digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-            out.append(
+            # Every attempt's events (its start and end) go first: an analysis pass that runs
+            # between two of these batches already knows where each attempt ends, and never
+            # calls the history in the log a live job that stopped (their times are the log's,
+            # so the registry's status is not misled by the order).
+            (events if "event" in tables else out).append(
                 encode_batch(
                     tables,
                     ctx,
@@ -160,4 +174,4 @@ def batches(run: ImportedRun, run_id: str, project: str = "") -> list[tuple[str,
                     compress=True,
                 )
             )
-    return out
+    return events + out
