@@ -40,8 +40,9 @@ class CollectorConfig:
     the monitoring pass's memory is bounded by it); ``max_decoded_bytes`` the decompressed body
     (JSON: a quarter of it); ``decode_slots`` how many batches are decoded and inserted at once;
     ``max_future_s`` how far ahead of the server's clock a record's time may be (after skew
-    correction); ``skew_tolerance_s`` the clock skew above which a batch's times are corrected
-    (when the skew is certain) or flagged."""
+    correction; a day, as the simulator played at full speed runs ahead of its nominal end by
+    the time its faults add); ``skew_tolerance_s`` the clock skew above which a batch's times
+    are corrected (when the skew is certain) or flagged."""
 
     max_body_bytes: int = 64 << 20
     max_rows: int = 4_000_000
