@@ -154,15 +154,30 @@ class JobMetrics(Collector):
 
 
 class TenantView:
-    """A registry's metrics with every sample of another tenant left out (label ``tenant``)."""
+    """A registry's metrics as one caller may see them.
 
-    def __init__(self, registry: Any, tenant: str) -> None:
+    A tenant's caller sees only samples labelled with its tenant, and a project-scoped one only
+    those labelled with its project too: a sample without the label (the server's own counters,
+    alerts counted over every tenant) or with another tenant's is left out. ``infra_only`` (the
+    on-call role) sees every tenant's samples that name no run: nodes, remediations, alerts.
+    """
+
+    def __init__(
+        self, registry: Any, tenant: str, project: str = "", *, infra_only: bool = False
+    ) -> None:
         self.registry = registry
         self.tenant = tenant
+        self.project = project
+        self.infra_only = infra_only
+
+    def _visible(self, labels: dict[str, str]) -> bool:
+        if self.infra_only:
+            return "run_id" not in labels and "project" not in labels
+        if labels.get("tenant") != self.tenant:
+            return False
+        return not self.project or labels.get("project") == self.project
 
     def collect(self) -> Iterator[Metric]:
         for family in self.registry.collect():
-            family.samples = [
-                s for s in family.samples if s.labels.get("tenant", self.tenant) == self.tenant
-            ]
+            family.samples = [s for s in family.samples if self._visible(s.labels)]
             yield family

@@ -5,7 +5,8 @@ method (httpx's ``BaseTransport`` is one method too). ``HttpTransport`` uses ``h
 the standard library: the SDK is installed into every training image and must stay tiny.
 
 Server contract: 200/201/202 means the batch is durable. 429 or 503 means "later", with
-``Retry-After`` in seconds. Any other 4xx means the batch itself is bad and retrying cannot help
+``Retry-After`` in seconds, and so does 408 (the body took too long to arrive: a slow link, not a
+bad batch). Any other 4xx means the batch itself is bad and retrying cannot help
 (``permanent=True``). 5xx, connection errors and timeouts are retryable.
 """
 
@@ -20,7 +21,7 @@ from ..errors import ConfigError, TransportError
 __all__ = ["HttpTransport", "Transport"]
 
 _ACK = frozenset({200, 201, 202})
-_LATER = frozenset({429, 503})
+_LATER = frozenset({408, 429, 503})
 
 
 class Transport(Protocol):
