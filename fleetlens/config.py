@@ -176,6 +176,9 @@ class ServerConfig:
     database_url: str = ""
     log_level: str = "warning"
     auth: str = "auto"  # auto: tokens required unless bound to loopback; required; off
+    # Directories (os.pathsep-separated) besides DATA/artifacts whose files the server may read
+    # to checksum an artifact or verify a drained job's checkpoint (a shared file system).
+    readable_paths: str = ""
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
@@ -198,6 +201,12 @@ class ServerConfig:
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or "sqlite:///" + os.path.join(self.data_dir, "metadata.db")
+
+    @property
+    def readable_roots(self) -> tuple[str, ...]:
+        """Where the server may open local files: DATA/artifacts and ``readable_paths``."""
+        extra = [p for p in self.readable_paths.split(os.pathsep) if p.strip()]
+        return (os.path.join(self.data_dir, "artifacts"), *extra)
 
     @property
     def telemetry_dir(self) -> str:

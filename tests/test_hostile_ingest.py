@@ -274,3 +274,29 @@ def test_clock_skew_is_corrected_or_flagged(server: Server) -> None:
     status, ack, _ = server.post(msgspec.msgpack.encode(raw))
     assert status == 200 and ack["timeShiftS"] < -year + 60
     assert _runs(server)["ahead"]["lastSeen"] < time.time() + 60
+
+
+def test_an_sdk_run_keeps_its_good_rows_and_counts_the_one_refused(
+    server: Server, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # run.log(-1, loss=1.0) once cost the whole batch; now the server refuses that row alone
+    # and the job's own stats say so.
+    import fleetlens
+
+    run = fleetlens.init(
+        project="p",
+        run_id="sdk-alone",
+        server=server.url,
+        spool_dir=str(tmp_path / "spool"),
+        flush_interval=0.05,
+        install_signal_handler=False,
+    )
+    run.log(-1, loss=1.0)
+    for step in range(50):
+        run.log(step, loss=1.0 / (step + 1))
+    run.finish()
+    stats = run.stats()
+    assert stats["refused_rows"] == 1 and stats["rejected_batches"] == 0, stats
+    assert stats["records_sent"] == stats["records"] and stats["spool_files"] == 0, stats
+    got = server.get("/v1/runs/sdk-alone/metrics?name=loss")["points"]
+    assert [p["step"] for p in got] == list(range(50))

@@ -115,6 +115,10 @@ async def evaluation_examples(
 # -- the worker protocol --------------------------------------------------------------------
 
 
+# One example's scores: numbers by metric, and notes beside them (a judge's ``judge_rationale``).
+Scores = dict[str, dict[str, float | Annotated[str, Field(max_length=16_384)]]]
+
+
 class LeaseBody(BaseModel):
     model_config = STRICT
 
@@ -128,14 +132,14 @@ class HeartbeatBody(BaseModel):
 
     leaseToken: str
     leaseS: float = Field(30.0, gt=0, le=3600)
-    partial: dict[str, dict[str, float]] | None = None
+    partial: Scores | None = None
 
 
 class CompleteBody(BaseModel):
     model_config = STRICT
 
     leaseToken: str
-    scores: dict[str, dict[str, float]]
+    scores: Scores
 
 
 class FailBody(BaseModel):

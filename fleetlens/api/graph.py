@@ -7,9 +7,6 @@ named ``compare``.
 
 from __future__ import annotations
 
-import os
-import stat
-import urllib.parse
 from typing import Annotated, Any
 
 import anyio
@@ -19,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import ConfigError, StoreError
 from ..services.compare import CompareQueries, compare_runs
 from ..store.graph import ARTIFACT_KINDS, GraphStore
+from ..store.graph_files import server_read_refusal
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
 
@@ -44,52 +42,10 @@ async def _run(fn: Any) -> Any:
 # Object stores the server may read with its own credentials. Anything else is refused: http(s)
 # would let a caller make the server fetch internal addresses, ``memory:`` reads the process,
 # and fsspec's chained URLs (``simplecache::file:///...``) wrap a local path in a remote scheme.
-REMOTE_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
-_LOCAL_SCHEMES = frozenset({"", "file", "local"})
-# A checksum reads the whole object; past these the server refuses instead of reading.
-MAX_CHECKSUM_BYTES = 64 << 30
 CHECKSUM_TIMEOUT_S = 120.0
 # Checksums run on their own threads, so slow objects cannot take the threads every request's
 # authentication needs; one waiting past the timeout for a thread answers 503 with Retry-After.
 CHECKSUM_THREADS = 4
-
-
-def server_read_refusal(uri: str, data_dir: str) -> str | None:
-    """Why the server may not read ``uri`` to checksum it, or None when it may.
-
-    Local files (bare paths, ``file:``, ``local:``) only under DATA/artifacts, after symlinks
-    are resolved, and only regular files (no FIFO or device: ``/dev/zero`` never ends) of at
-    most MAX_CHECKSUM_BYTES; remote objects only in REMOTE_SCHEMES; no chained URLs.
-    """
-    if "::" in uri:
-        return "chained fsspec URLs (`::`) are not read by the server"
-    if "\0" in uri:
-        return "the URI contains a NUL character"
-    parts = urllib.parse.urlsplit(uri)
-    scheme = parts.scheme.lower()
-    if scheme in REMOTE_SCHEMES:
-        return None
-    if scheme not in _LOCAL_SCHEMES:
-        return (
-            f"the server reads only files under DATA/artifacts and objects in "
-            f"{', '.join(sorted(REMOTE_SCHEMES))}, not {scheme}: URIs"
-        )
-    if scheme and parts.netloc not in ("", "localhost"):
-        return f"{uri!r} names another host"
-    raw = urllib.parse.unquote(parts.path) if scheme else uri
-    path = os.path.realpath(raw)
-    root = os.path.realpath(os.path.join(data_dir, "artifacts"))
-    if not path.startswith(root + os.sep):
-        return "the server reads local files under DATA/artifacts only"
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        return f"cannot read {uri!r}: {exc.strerror}"
-    if not stat.S_ISREG(st.st_mode):
-        return f"{uri!r} is not a regular file"
-    if st.st_size > MAX_CHECKSUM_BYTES:
-        return f"{uri!r} is {st.st_size} bytes; the server checksums at most {MAX_CHECKSUM_BYTES}"
-    return None
 
 
 async def _checksum_run(request: Request, fn: Any) -> Any:
@@ -164,11 +120,11 @@ async def model_lineage(
         g = GraphStore(svc.metadata)
         out = g.model_lineage(scope, model_id, version)
         if verify:
-            data_dir = svc.config.data_dir
+            roots = svc.config.readable_roots
             uris = [out["checkpoint"].get("uri") or ""] + [
                 str(s.get("uri", "")) for s in (out["run"].get("dataset") or {}).get("shards", [])
             ]
-            refused = [r for u in uris if u and (r := server_read_refusal(u, data_dir))]
+            refused = [r for u in uris if u and (r := server_read_refusal(u, roots))]
             if not refused:
                 out = g.model_lineage(scope, model_id, version, verify=True)
             else:
@@ -338,7 +294,7 @@ async def add_artifact(
     request: Request, run_id: str, body: ArtifactBody, scope: Writer
 ) -> dict[str, Any]:
     svc = _svc(request)
-    refused = None if body.sha256 else server_read_refusal(body.uri, svc.config.data_dir)
+    refused = None if body.sha256 else server_read_refusal(body.uri, svc.config.readable_roots)
     if refused:
         raise HTTPException(400, f"send the artifact's sha256: {refused}")
     return dict(

@@ -14,6 +14,8 @@ One bad batch must not hold the spool hostage. When a spooled batch fails (a ser
 first one is the problem. A batch that fails ``_POISON_STRIKES`` times in a row while others are
 acknowledged is moved to the spool's ``quarantine/`` folder and counted (``quarantined_batches``);
 a batch the server refuses outright (4xx other than 408/429) is dropped and counted as rejected.
+Rows the server refused alone (one value broke a rule; the rest of the batch was stored) are
+counted as ``refused_rows`` from its acknowledgement.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Exporter:
                 "send_failures",
                 "rejected_batches",
                 "rejected_records",
+                "refused_rows",
                 "spooled_batches",
                 "replayed_batches",
                 "quarantined_batches",
@@ -223,11 +226,17 @@ class Exporter:
 
     def _send(self, prio: int, bid: str, body: bytes, records: int, spooled: Any) -> bool:
         """Send one batch; on a retryable failure spool it (unless it already is) and back off."""
-        headers = {"Content-Type": "application/msgpack", "X-Fleetlens-Batch-Id": bid}
+        # Sent-At is stamped on every attempt: with the body's sent_at (stamped when the batch
+        # was encoded) the collector measures this host's clock skew in both directions.
+        headers = {
+            "Content-Type": "application/msgpack",
+            "X-Fleetlens-Batch-Id": bid,
+            "X-Fleetlens-Sent-At": f"{time.time():.3f}",
+        }
         if body[:2] == _GZIP_MAGIC:
             headers["Content-Encoding"] = "gzip"
         try:
-            self.transport.send(body, headers)
+            refused = self.transport.send(body, headers) or 0
         except TransportError as exc:
             if exc.permanent:
                 self.counts["rejected_batches"] += 1
@@ -253,6 +262,7 @@ class Exporter:
         self._retry_at = 0.0
         self.counts["batches_sent"] += 1
         self.counts["records_sent"] += records
+        self.counts["refused_rows"] += refused
         if spooled is not None:
             self.spool.delete(spooled)
             self.counts["replayed_batches"] += 1

@@ -13,6 +13,7 @@ bad batch). Any other 4xx means the batch itself is bad and retrying cannot help
 from __future__ import annotations
 
 import http.client
+import json
 import urllib.parse
 from typing import Protocol
 
@@ -25,8 +26,18 @@ _LATER = frozenset({408, 429, 503})
 
 
 class Transport(Protocol):
-    def send(self, body: bytes, headers: dict[str, str]) -> None:
-        """Deliver one batch or raise :class:`~fleetlens.errors.TransportError`."""
+    def send(self, body: bytes, headers: dict[str, str]) -> int | None:
+        """Deliver one batch or raise :class:`~fleetlens.errors.TransportError`; the rows the
+        collector refused alone (a rule broken by one value; the rest was stored), if known."""
+
+
+def _refused_rows(answer: bytes) -> int:
+    """The rows an acknowledgement says were refused alone (``{"rejected": {field: n}}``)."""
+    try:
+        doc = json.loads(answer)
+        return sum(int(n) for n in dict(doc.get("rejected") or {}).values())
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -64,7 +75,7 @@ class HttpTransport:
             self._conn.close()
             self._conn = None
 
-    def send(self, body: bytes, headers: dict[str, str]) -> None:
+    def send(self, body: bytes, headers: dict[str, str]) -> int | None:
         hdrs = dict(headers)
         if self._auth:
             hdrs["Authorization"] = self._auth
@@ -73,31 +84,31 @@ class HttpTransport:
         # id makes the retry harmless if the first attempt did arrive.
         reused = self._conn is not None
         try:
-            status, reason, retry_after = self._post(body, hdrs)
+            status, reason, retry_after, answer = self._post(body, hdrs)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             if not reused or isinstance(exc, TimeoutError):
                 raise TransportError(f"cannot reach collector: {exc!r}") from exc
             try:
-                status, reason, retry_after = self._post(body, hdrs)
+                status, reason, retry_after, answer = self._post(body, hdrs)
             except (OSError, http.client.HTTPException) as exc2:
                 self.close()
                 raise TransportError(f"cannot reach collector: {exc2!r}") from exc2
         if status in _ACK:
-            return
+            return _refused_rows(answer)
         if status in _LATER:
             raise TransportError(f"collector busy: {status} {reason}", retry_after=retry_after)
         if 400 <= status < 500:
             raise TransportError(f"collector refused the batch: {status} {reason}", permanent=True)
         raise TransportError(f"collector error: {status} {reason}")
 
-    def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None]:
+    def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None, bytes]:
         if self._conn is None:
             self._conn = self._connect()
         conn = self._conn
         conn.request("POST", self._path, body=body, headers=headers)
         resp = conn.getresponse()
-        resp.read()  # the connection can only be reused once the body is consumed
+        answer = resp.read()  # the connection can only be reused once the body is consumed
         if resp.will_close:
             self.close()
-        return resp.status, resp.reason, _retry_after(resp.getheader("Retry-After"))
+        return resp.status, resp.reason, _retry_after(resp.getheader("Retry-After")), answer
