@@ -122,6 +122,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "database_url": ("", "database_url"),
     "log_level": ("", "log_level"),
     "auth": ("", "auth"),
+    "readable_paths": ("", "readable_paths"),
     "max_body_bytes": ("collector", "max_body_bytes"),
     "max_rows": ("collector", "max_rows"),
     "max_inflight": ("collector", "max_inflight"),
