@@ -44,6 +44,7 @@ def trial(root: Path, k: int) -> dict[str, Any]:
             "FLEETLENS_ANALYSIS_INTERVAL_S": "1",
             # The Xid is the fault measured; a rank starved of CPU on this machine is not.
             "FLEETLENS_STRAGGLER_PERSIST_S": "3600",
+            "FLEETLENS_READABLE_PATHS": str(root),  # the job's checkpoints: a shared file system
         },
     )
     run = f"bench-cordon-{k}"

@@ -40,8 +40,9 @@ class CollectorConfig:
     the monitoring pass's memory is bounded by it); ``max_decoded_bytes`` the decompressed body
     (JSON: a quarter of it); ``decode_slots`` how many batches are decoded and inserted at once;
     ``max_future_s`` how far ahead of the server's clock a record's time may be (after skew
-    correction); ``skew_tolerance_s`` the clock skew above which a batch's times are corrected
-    (when the skew is certain) or flagged."""
+    correction; a day, as the simulator played at full speed runs ahead of its nominal end by
+    the time its faults add); ``skew_tolerance_s`` the clock skew above which a batch's times
+    are corrected (when the skew is certain) or flagged."""
 
     max_body_bytes: int = 64 << 20
     max_rows: int = 4_000_000
@@ -121,6 +122,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "database_url": ("", "database_url"),
     "log_level": ("", "log_level"),
     "auth": ("", "auth"),
+    "readable_paths": ("", "readable_paths"),
     "max_body_bytes": ("collector", "max_body_bytes"),
     "max_rows": ("collector", "max_rows"),
     "max_inflight": ("collector", "max_inflight"),
@@ -175,6 +177,9 @@ class ServerConfig:
     database_url: str = ""
     log_level: str = "warning"
     auth: str = "auto"  # auto: tokens required unless bound to loopback; required; off
+    # Directories (os.pathsep-separated) besides DATA/artifacts whose files the server may read
+    # to checksum an artifact or verify a drained job's checkpoint (a shared file system).
+    readable_paths: str = ""
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
@@ -197,6 +202,12 @@ class ServerConfig:
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or "sqlite:///" + os.path.join(self.data_dir, "metadata.db")
+
+    @property
+    def readable_roots(self) -> tuple[str, ...]:
+        """Where the server may open local files: DATA/artifacts and ``readable_paths``."""
+        extra = [p for p in self.readable_paths.split(os.pathsep) if p.strip()]
+        return (os.path.join(self.data_dir, "artifacts"), *extra)
 
     @property
     def telemetry_dir(self) -> str:

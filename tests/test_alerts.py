@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fleetlens.alerts.engine import RunSignals, evaluate
-from fleetlens.alerts.metrics import JobMetrics
+from fleetlens.alerts.metrics import JobMetrics, TenantView
 from fleetlens.alerts.notifiers import AlertPayload, Delivery
 from fleetlens.alerts.policy import DEFAULT_POLICY
 from fleetlens.alerts.store import AlertStore
@@ -254,3 +254,20 @@ def test_lifecycle_dedup_resolution_incident_and_ack(metadata_url: str) -> None:
         assert audit[0]["action"] == "alert.ack" and audit[0]["remote"] == "10.0.0.1"
     finally:
         meta.close()
+
+
+def test_firing_alerts_are_counted_per_tenant_and_each_tenant_sees_its_own() -> None:
+    """/metrics shows a tenant's caller its firing alerts, never another tenant's (issue 22)."""
+    jm = JobMetrics()
+    jm.update([], {("a", "JobHang", "page"): 2, ("b", "JobHang", "page"): 5}, {})
+
+    def firing(view: Any) -> dict[tuple[str, ...], float]:
+        (fam,) = [f for f in view.collect() if f.name == "fleetlens_alerts_firing"]
+        return {tuple(s.labels.values()): s.value for s in fam.samples}
+
+    assert firing(TenantView(jm, "a")) == {("a", "JobHang", "page"): 2.0}
+    assert firing(TenantView(jm, "b")) == {("b", "JobHang", "page"): 5.0}
+    assert firing(TenantView(jm, "a", infra_only=True)) == {  # on-call: every tenant's alerts
+        ("a", "JobHang", "page"): 2.0,
+        ("b", "JobHang", "page"): 5.0,
+    }

@@ -37,6 +37,8 @@ def _server(tmp_path: Path, mode: str, straggler_persist_s: float = 3600.0) -> S
             "FLEETLENS_ANALYSIS_INTERVAL_S": "1",
             "FLEETLENS_HANG_S": "5",
             "FLEETLENS_STRAGGLER_PERSIST_S": str(straggler_persist_s),
+            # The drills' checkpoints are on a file system the server shares.
+            "FLEETLENS_READABLE_PATHS": str(tmp_path),
         },
     ).start()
 

@@ -17,7 +17,8 @@ from fleetlens.evaluation.store import EvalStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
 
-from .test_eval_support import toy_suite
+from .helpers import Server
+from .test_eval_support import start_worker, toy_suite, wait_for
 
 
 @pytest.fixture
@@ -109,3 +110,35 @@ def test_judge_configuration_is_versioned_and_part_of_the_cache_key(
             evals.submit(scope, req(rubricVersion=""))
     finally:
         meta.engine.dispose()
+
+
+def test_a_judged_evaluation_completes_through_the_api_and_a_real_worker(
+    judge_url: str, tmp_path: Any
+) -> None:
+    """A worker's results carry the judge's rationale as text beside its score: the API took
+    them as numbers only and answered every completion with 422 (issue 20)."""
+    srv = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "3600"}).start()
+    worker = None
+    try:
+        examples = toy_suite(4)["benchmarks"][0]["examples"]
+        bench = {**_spec(judge_url), "version": "1", "source": "inline", "examples": examples}
+        status, ev = srv.request(
+            "POST",
+            "/v1/evaluations",
+            {
+                "adapter": {"kind": "callable", "target": "tests.test_eval_support:echo_answer"},
+                "suite": {"name": "judged", "version": "1", "benchmarks": [bench]},
+            },
+        )
+        assert status == 202, ev
+        worker = start_worker(srv, "--idle-exit", "3")
+        done = wait_for(srv, ev["evaluationId"], 120)
+        assert done["state"] == "COMPLETED", done["error"]
+        assert done["metrics"]["judged"]["judge_score"]["mean"] == 1.0
+        rows = srv.get(f"/v1/evaluations/{ev['evaluationId']}/examples")["examples"]
+        assert len(rows) == 4 and all("states the reference" in r["rationale"] for r in rows)
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.terminate()
+            worker.wait(10)
+        srv.stop()

@@ -129,6 +129,7 @@ def ctl(tmp_path: Path) -> Iterator[Controller]:
         hang_rule=HangRule(floor_s=5.0),
         stale_s=60.0,
         stop_timeout_s=30.0,
+        readable_roots=(str(tmp_path),),  # the job's checkpoints are on a file system it shares
     )
     try:
         yield c
@@ -212,9 +213,14 @@ def test_a_restarted_server_carries_on_with_the_actions_under_way(ctl: Controlle
     assert msg is not None and (msg.id, msg.phase) == (a.id, "stop")
 
 
+@pytest.mark.parametrize("readable", [True, False])
 def test_a_checkpoint_that_does_not_match_its_checksum_stops_the_sequence(
-    ctl: Controller, tmp_path: Path
+    ctl: Controller, tmp_path: Path, readable: bool
 ) -> None:
+    """Where the server may read the job's files it checks rank 0's checksum; a path outside its
+    readable paths (the job names it: it could be /etc/shadow or a FIFO) is never opened."""
+    if not readable:
+        ctl.readable_roots = (str(tmp_path / "shared-fs"),)
     _positions(ctl)
     _xid(ctl)
     ctl.tick([_run(ctl)])
@@ -250,8 +256,14 @@ def test_a_checkpoint_that_does_not_match_its_checksum_stops_the_sequence(
             "checkpoint": {"path": str(path), "sha256": "0" * 64},
         },
     )
-    assert out.state is State.FAILED
     got = ctl.get(ADMIN, a.id)
+    if not readable:  # rank 0's word alone: the server did not read the file
+        assert (
+            out.state is State.REMOVING
+            and got.checkpoint["verifiedBy"] == "rank 0 (read-back checksum)"
+        )
+        return
+    assert out.state is State.FAILED
     assert "not removing the node" in got.error and not got.actuators
     # The job is told nothing more: the ranks waiting in drain() train on.
     assert ctl.report("default", "r1", Position("r1-a0", 0, 3, "n0", 501, 0, 0, 0)) is None

@@ -38,6 +38,7 @@ class Collector:
         self.requests: list[dict[str, Any]] = []
         self.answers: list[tuple[int, dict[str, str]]] = []  # consumed first, then `default`
         self.default: tuple[int, dict[str, str]] = (200, {})
+        self.poisoned: set[str] = set()  # batch ids answered 500, every time
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
         self.port = port
@@ -57,6 +58,8 @@ class Collector:
                     status, headers = (
                         collector.answers.pop(0) if collector.answers else collector.default
                     )
+                    if self.headers.get("X-Fleetlens-Batch-Id") in collector.poisoned:
+                        status, headers = 500, {}
                     collector.requests.append(
                         {
                             "t": time.monotonic(),
@@ -220,7 +223,8 @@ def test_slurm_environment() -> None:
     cfg = SDKConfig.resolve({}, env)
     assert (cfg.rank, cfg.local_rank, cfg.world_size, cfg.gpu) == (5, 1, 16, -1)
     assert (cfg.run_id, cfg.job_id, cfg.launcher) == ("998877", "998877-a1", "slurm")
-    assert cfg.spool_dir.endswith(os.path.join("fleetlens-spool", "998877-5"))
+    # One spool root per user: another user can neither read it nor plant batches in it.
+    assert cfg.spool_dir.endswith(os.path.join(f"fleetlens-spool-{os.geteuid()}", "998877-5"))
 
 
 def test_precedence_explicit_then_fleetlens_env_then_launcher_then_default() -> None:
@@ -578,6 +582,98 @@ def test_spool_left_by_a_killed_process_is_replayed(tmp_path: Path, collector: C
     old = [b for b in collector.acked() if b.ctx == {"run_id": "old"}]
     assert [r["value"] for r in rows(old, "scalar")] == [1.0, 2.0]
     assert not list(spool_dir.iterdir())
+
+
+def _spooled(spool: Spool, run_id: str, steps: range) -> list[str]:
+    ids = []
+    for step in steps:
+        table = TableBuilder("scalar").add("step", [step]).add("name", ["loss"])
+        table.add("time", [1.0]).add("value", [float(step)]).add("rank", [0])
+        bid, body = encode_batch({"scalar": table.build()}, {"run_id": run_id}, compress=True)
+        assert spool.put(2, bid, body, records=1)
+        ids.append(bid)
+    return ids
+
+
+def test_a_batch_the_server_keeps_failing_is_quarantined_not_blocking(
+    tmp_path: Path, collector: Collector
+) -> None:
+    # Issue 22 item 3: the oldest spooled batch answers 500 every time. Replay used to stop at it
+    # for good, so the batches behind it (and every new one spooled meanwhile) never left.
+    spool_dir = tmp_path / "spool"
+    poisoned, *good = _spooled(Spool(str(spool_dir), max_bytes=10_000_000), "old", range(4))
+    collector.poisoned.add(poisoned)
+    run = make_run(tmp_path, collector.url, spool_dir=str(spool_dir))
+    run.log(1, loss=0.25)
+    wait_for(lambda: run.stats()["quarantined_batches"] == 1, timeout=10.0)
+    wait_for(lambda: run.stats()["spool_files"] == 0)
+    assert run.flush(3.0) is True
+    run.finish()
+    acked = [b.batch_id for b in collector.acked()]
+    assert [i for i in acked if i in good] == good and poisoned not in acked
+    assert [r["value"] for b in collector.acked() for r in rows([b], "scalar")].count(0.25) == 1
+    tries = [r for r in collector.requests if r["headers"]["X-Fleetlens-Batch-Id"] == poisoned]
+    assert len(tries) == 3  # _POISON_STRIKES, then moved aside
+    (kept,) = (spool_dir / "quarantine").iterdir()
+    assert kept.name.endswith(f"-{poisoned}.batch")
+    assert run.stats()["quarantined_batches"] == 1 and run.stats()["replayed_batches"] >= 3
+
+
+def test_a_server_failing_every_batch_quarantines_nothing(
+    tmp_path: Path, collector: Collector
+) -> None:
+    # A 500 for everything is the server's fault, not a batch's: keep them all, in order.
+    spool_dir = tmp_path / "spool"
+    ids = _spooled(Spool(str(spool_dir), max_bytes=10_000_000), "old", range(3))
+    collector.default = (500, {})
+    run = make_run(tmp_path, collector.url, spool_dir=str(spool_dir))
+    wait_for(lambda: len(collector.requests) >= 8, timeout=10.0)
+    collector.default = (200, {})
+    wait_for(lambda: run.stats()["spool_files"] == 0, timeout=10.0)
+    run.finish()
+    assert run.stats()["quarantined_batches"] == 0
+    acked = [b.batch_id for b in collector.acked()]
+    # Each once; the probe past a failure may deliver a batch before the one ahead of it.
+    assert sorted(i for i in acked if i in ids) == sorted(ids)
+
+
+def test_spool_is_private_and_ignores_files_it_did_not_write(tmp_path: Path) -> None:
+    # Issue 22 item 10: the spool was 0755/0644 (the job's config readable by anyone on the
+    # node), and a batch planted in it was replayed with the job's token.
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir(mode=0o777)
+    os.chmod(spool_dir, 0o777)
+    run = make_run(tmp_path, f"http://127.0.0.1:{closed_port()}", spool_dir=str(spool_dir))
+    run.log(1, loss=1.0)
+    run.finish()
+    files = list(spool_dir.glob("*.batch"))
+    assert files
+    assert spool_dir.stat().st_mode & 0o777 == 0o700
+    assert {f.stat().st_mode & 0o777 for f in files} == {0o600}
+    # A planted batch: a symlink to a batch elsewhere, and (as root) another user's file.
+    elsewhere = tmp_path / "planted"
+    elsewhere.mkdir()
+    (planted,) = _spooled(Spool(str(elsewhere), max_bytes=10_000_000), "evil", range(1))
+    (src,) = elsewhere.glob("*.batch")
+    (spool_dir / ("p0-00000000000000000001-000000-1-" + planted + ".batch")).symlink_to(src)
+    foreign = 1
+    if os.geteuid() == 0:
+        other = spool_dir / src.name.replace(planted, "other")
+        other.write_bytes(src.read_bytes())
+        os.chown(other, 65534, 65534)
+        foreign = 2
+    reopened = Spool(str(spool_dir), max_bytes=10_000_000)
+    assert len(reopened) == len(files) and reopened.foreign_files == foreign
+    assert all(planted not in e.name for e in reopened._entries)
+    if os.geteuid() == 0:  # a spool directory of another user is not used at all
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        _spooled(Spool(str(theirs), max_bytes=10_000_000), "x", range(1))
+        os.chown(theirs, 65534, 65534)
+        taken = Spool(str(theirs), max_bytes=10_000_000)
+        assert len(taken) == 0 and taken.foreign_files == 1
+        with pytest.raises(OSError, match="belongs to uid 65534"):
+            taken.put(0, "b", b"x", records=1)
 
 
 def test_finish_flushes_stops_the_thread_and_is_idempotent(

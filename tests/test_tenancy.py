@@ -18,7 +18,7 @@ from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch
+from .helpers import Server, step_batch, wait_until
 
 
 @dataclass
@@ -427,3 +427,66 @@ def test_loopback_without_tokens_serves_the_local_user(server: Server) -> None:
     _, body = step_batch("local-run", range(0, 2), 1)
     assert server.post(body)[0] == 200
     assert server.get("/v1/runs/local-run")["steps"] == 2
+
+
+def test_a_tenant_admin_grants_only_its_tenants_roles(tenants: Tenants) -> None:
+    # Issue 22 item 6: any tenant's admin minted an `oncall` token, which reads every tenant's
+    # nodes and approves or rejects every tenant's remediations.
+    t = tenants
+    status, err = t.server.request(
+        "POST", "/v1/tokens", {"role": "oncall", "name": "sneaky"}, token=t.tokens["a-admin"]
+    )
+    assert status == 403 and "fleetlens tokens create" in err["detail"], err
+    listed = t.server.get("/v1/tokens", token=t.tokens["a-admin"])["tokens"]
+    assert not any(x["role"] == "oncall" or x["name"] == "sneaky" for x in listed)
+    status, _ = t.server.request(
+        "POST", "/v1/tokens", {"role": "root", "name": "x"}, token=t.tokens["a-admin"]
+    )
+    assert status == 400
+    status, made = t.server.request(
+        "POST", "/v1/tokens", {"role": "editor", "name": "ci"}, token=t.tokens["a-admin"]
+    )
+    assert status == 201 and made["role"] == "editor"
+    # The platform operator's CLI on the server's data directory still makes one.
+    out = subprocess.run(
+        [sys.executable, "-m", "fleetlens", "tokens", "create", "--data", t.server.data_dir,
+         "--tenant", "ops", "--role", "oncall", "--name", "pager"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    token = re.search(r"fl_\S+", out.stdout)
+    assert token is not None, out.stdout
+    assert t.server.request("GET", "/v1/remediations", token=token.group(0))[0] == 200
+
+
+def test_metrics_answer_the_callers_projects_only(tenants: Tenants) -> None:
+    # Issue 22 item 10: /metrics answered any token, an ingest token included, and a
+    # project-scoped viewer saw every project's runs and goodput.
+    t = tenants
+    for run, project, token in (
+        ("nlp-run", "nlp", "a-admin"),
+        ("vision-run", "vision", "a-vision"),
+        ("bolt-run", "bolt-proj", "b-admin"),
+    ):
+        _, body = step_batch(run, range(0, 20), 2, t0=time.time() - 30, ctx={"project": project})
+        assert t.server.post(body, token=t.tokens[token])[0] == 200
+
+    def text(token: str) -> str:
+        status, out = t.server.request("GET", "/metrics", token=t.tokens[token])
+        assert status == 200, (token, status, out)
+        return str(out)
+
+    def runs_in(body: str) -> set[str]:
+        return set(re.findall(r'run_id="([^"]+)"', body))
+
+    wait_until(lambda: {"nlp-run", "vision-run", "bolt-run"} <= runs_in(text("b-admin"))
+               | runs_in(text("a-admin")), timeout=60, what="run metrics")  # fmt: skip
+    assert t.server.request("GET", "/metrics", token=t.tokens["a-ingest"])[0] == 403
+    assert t.server.request("GET", "/metrics", token=t.tokens["b-ingest"])[0] == 403
+    assert runs_in(text("a-admin")) == {"nlp-run", "vision-run"}
+    assert runs_in(text("a-viewer")) == {"nlp-run", "vision-run"}
+    vision = text("a-vision")
+    assert runs_in(vision) == {"vision-run"} and 'project="nlp"' not in vision
+    assert runs_in(text("b-admin")) == {"bolt-run"}
+    # Server-wide counters say how busy the other tenants are: not for a tenant's caller.
+    assert "fleetlens_ingest_batches_total{" not in text("a-admin")
+    assert not runs_in(text("ops-oncall"))  # on-call sees hardware, not runs

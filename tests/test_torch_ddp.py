@@ -108,3 +108,10 @@ def _check(server: Server, tmp_path: Path) -> None:
     assert [c["step"] for c in ckpts] == [10, 20] and all(
         c["attrs"]["size_bytes"] > 0 for c in ckpts
     )
+    # The run graph carries each checkpoint's own sha256, as its manifest says (issue 20: the
+    # collector read another attribute, and a model version's provenance lost the hash).
+    graph = server.get("/v1/runs/ddp-slow/checkpoints")["checkpoints"]
+    for step in (10, 20):
+        man = json.loads((stats / f"ckpt-{step:08d}.json").read_text())
+        (row,) = [c for c in graph if c["step"] == step]
+        assert row["checksum"] == f"sha256:{man['sha256']}", row

@@ -43,14 +43,14 @@ class JobMetrics(Collector):
         self.refused = 0
         self._lock = threading.Lock()
         self._runs: list[RunMetrics] = []
-        self._alerts: dict[tuple[str, str], int] = {}
+        self._alerts: dict[tuple[str, str, str], int] = {}
         self._node_faults: dict[tuple[str, str, str], int] = {}
         self._remediations: dict[tuple[str, str], int] = {}
 
     def update(
         self,
         runs: list[RunMetrics],
-        alerts: dict[tuple[str, str], int],
+        alerts: dict[tuple[str, str, str], int],
         node_faults: dict[tuple[str, str, str], int],
         remediations: dict[tuple[str, str], int] | None = None,
     ) -> None:
@@ -117,11 +117,11 @@ class JobMetrics(Collector):
         yield fi
         al = GaugeMetricFamily(
             "fleetlens_alerts_firing",
-            "Firing alerts by name and severity",
-            labels=["alertname", "severity"],
+            "Firing alerts by tenant, name and severity",
+            labels=["tenant", "alertname", "severity"],
         )
-        for (name, sev), n in sorted(alerts.items()):
-            al.add_metric([name, sev], float(n))
+        for (tenant, name, sev), n in sorted(alerts.items()):
+            al.add_metric([tenant, name, sev], float(n))
         yield al
         nf = GaugeMetricFamily(
             "fleetlens_node_gpu_faults",
@@ -154,15 +154,30 @@ class JobMetrics(Collector):
 
 
 class TenantView:
-    """A registry's metrics with every sample of another tenant left out (label ``tenant``)."""
+    """A registry's metrics as one caller may see them.
 
-    def __init__(self, registry: Any, tenant: str) -> None:
+    A tenant's caller sees only samples labelled with its tenant, and a project-scoped one only
+    those labelled with its project too: a sample without the label (the server's own counters) or
+    with another tenant's is left out. ``infra_only`` (the
+    on-call role) sees every tenant's samples that name no run: nodes, remediations, alerts.
+    """
+
+    def __init__(
+        self, registry: Any, tenant: str, project: str = "", *, infra_only: bool = False
+    ) -> None:
         self.registry = registry
         self.tenant = tenant
+        self.project = project
+        self.infra_only = infra_only
+
+    def _visible(self, labels: dict[str, str]) -> bool:
+        if self.infra_only:
+            return "run_id" not in labels and "project" not in labels
+        if labels.get("tenant") != self.tenant:
+            return False
+        return not self.project or labels.get("project") == self.project
 
     def collect(self) -> Iterator[Metric]:
         for family in self.registry.collect():
-            family.samples = [
-                s for s in family.samples if s.labels.get("tenant", self.tenant) == self.tenant
-            ]
+            family.samples = [s for s in family.samples if self._visible(s.labels)]
             yield family

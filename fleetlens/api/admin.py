@@ -1,7 +1,9 @@
 """Administration: API tokens, the audit log and the tenant's quotas (role admin).
 
 Quotas are read here but set by the platform's operator (``fleetlens tenants quota``), not by
-the tenant's own admins.
+the tenant's own admins. For the same reason a tenant's admin grants only its tenant's roles:
+``oncall`` spans every tenant's hardware and remediations, so only the operator mints it, with
+``fleetlens tokens create --role oncall`` on the server's data directory.
 """
 
 from __future__ import annotations
@@ -10,13 +12,16 @@ from typing import Annotated, Any, Literal, get_args
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import FleetlensError
 from ..store.scope import ROLES, Scope
 from .auth import ERROR_RESPONSES, require
 
 __all__ = ["router"]
+
+# Request bodies take JSON as it is: no 0 for false, no false for 0, no "1" for 1.
+STRICT = ConfigDict(strict=True)
 
 router = APIRouter(prefix="/v1", tags=["admin"], responses=ERROR_RESPONSES)
 
@@ -26,10 +31,19 @@ Admin = Annotated[Scope, Depends(require("admin"))]
 Role = Literal["ingest", "viewer", "editor", "admin", "oncall"]
 if set(ROLES) != set(get_args(Role)):  # keep the schema's enum and the roles table one list
     raise FleetlensError("Role literal out of date with fleetlens.store.scope.ROLES")
+# What a tenant's admin may grant: roles confined to its own tenant (not ``oncall``).
+TenantRole = Literal["ingest", "viewer", "editor", "admin"]
+OPERATOR_ROLES = frozenset(get_args(Role)) - frozenset(get_args(TenantRole))
 
 
 class TokenRequest(BaseModel):
-    role: Role = Field(description="what the token may do")
+    model_config = STRICT
+
+    role: str = Field(
+        description="what the token may do: ingest, viewer, editor or admin (`oncall` spans "
+        "tenants and is created by the platform operator's CLI only)",
+        json_schema_extra={"enum": list(get_args(TenantRole))},
+    )
     project: str = Field(
         "", max_length=256, description="limit the token to one project; empty: all"
     )
@@ -42,6 +56,16 @@ def _access(request: Request) -> Any:
 
 @router.post("/tokens", status_code=201, summary="Create an API token in the caller's tenant")
 async def create_token(request: Request, body: TokenRequest, scope: Admin) -> dict[str, Any]:
+    if body.role in OPERATOR_ROLES:
+        raise HTTPException(
+            403,
+            f"role {body.role!r} spans every tenant; the platform operator creates it with "
+            f"`fleetlens tokens create --data DIR --tenant {scope.tenant} --role {body.role}`",
+        )
+    if body.role not in get_args(TenantRole):
+        raise HTTPException(
+            400, f"role {body.role!r} is unknown; use one of {', '.join(get_args(TenantRole))}"
+        )
     if scope.project and body.project != scope.project:
         raise HTTPException(403, "a project-scoped admin creates tokens for its project only")
     plaintext, info = await anyio.to_thread.run_sync(
@@ -71,7 +95,7 @@ async def audit(
     request: Request,
     scope: Admin,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-    since: Annotated[float, Query(ge=0)] = 0.0,
+    since: Annotated[float, Query(ge=0, le=1e12, allow_inf_nan=False)] = 0.0,
 ) -> dict[str, Any]:
     entries = await anyio.to_thread.run_sync(_access(request).audit_log, scope, limit, since)
     return {"entries": entries}

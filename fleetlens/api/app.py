@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -43,7 +45,8 @@ from ..store.telemetry import TelemetryStore, open_telemetry
 from ..wire import Batch
 from .admin import router as admin_router
 from .alerts import router as alerts_router
-from .auth import ERROR_RESPONSES, caller, require
+from .auth import ERROR_RESPONSES, require, require_any
+from .bodies import BodyBudget, BodyRefused, drain, read_body
 from .evaluations import router as evaluations_router
 from .findings import router as findings_router
 from .goodput import router as goodput_router
@@ -111,12 +114,19 @@ class Services:
         except Exception:
             telemetry.close()
             raise
+        c = config.collector
         ingestor = Ingestor(
             telemetry,
             metadata,
             DecodeLimits(
-                max_body_bytes=config.collector.max_body_bytes, max_rows=config.collector.max_rows
+                max_body_bytes=c.max_body_bytes,
+                max_decoded_bytes=c.max_decoded_bytes,
+                max_rows=c.max_rows,
+                max_world_size=c.max_world_size,
+                max_future_s=c.max_future_s,
+                skew_tolerance_s=c.skew_tolerance_s,
             ),
+            decode_slots=c.decode_slots,
         )
         registry = CollectorRegistry()
         batches = Counter(
@@ -167,7 +177,7 @@ class Services:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self.ingestor.flush_registry()
+            self.ingestor.close()
         self.monitor.close()
         self.metadata.close()
         self.telemetry.close()
@@ -194,10 +204,18 @@ def _batch_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
 BATCH_JSON_SCHEMA, BATCH_COMPONENTS = _batch_json_schema()
 
 
+def _sent_at_header(value: str | None) -> float | None:
+    """``X-Fleetlens-Sent-At``: the sender's UNIX time when it sent this attempt."""
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
 async def _drain(request: Request) -> None:
-    """Read and discard the body, so the client sees our answer instead of a reset."""
-    async for _chunk in request.stream():
-        pass
+    """Read and discard the body for a few seconds, so the client sees our answer instead of a
+    reset (a sender slower than that is cut off: fleetlens/api/bodies.py)."""
+    await drain(request)
 
 
 def create_api(config: ServerConfig, services: Services | None = None) -> FastAPI:
@@ -207,6 +225,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc = services or Services.open(config)
         app.state.services = svc
+        app.state.body_budget = BodyBudget(svc.config.collector.max_queue_bytes)
 
         await anyio.to_thread.run_sync(svc.refresh_quotas)
 
@@ -282,8 +301,15 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         },
         responses={
             **ERROR_RESPONSES,
-            200: {"description": "Stored durably (or already stored: batches are idempotent)"},
-            400: {"description": "Malformed batch; the error names the field; nothing stored"},
+            200: {
+                "description": "Stored durably (or already stored: batches are idempotent); "
+                "rows that broke a rule were refused alone: `rejected` counts them by field, "
+                "`errors` says why"
+            },
+            400: {
+                "description": "Malformed batch, or every row broke a rule; the error names "
+                "the field; nothing stored"
+            },
             413: {"description": "Batch over the size or row limit; nothing stored"},
             429: {"description": "Queue full or tenant over its rate; retry after Retry-After"},
             503: {"description": "Store unavailable; nothing acknowledged; retry"},
@@ -293,13 +319,17 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         request: Request, scope: Annotated[Scope, Depends(require("ingest"))]
     ) -> Response:
         svc: Services = request.app.state.services
+        received_at = time.time()
         limit = svc.config.collector.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             svc.batches.labels("too_large").inc()
             await _drain(request)
             return _error(413, f"body is {declared} bytes; the limit is {limit}", None)
-        nbytes = int(declared) if declared is not None and declared.isdigit() else limit
+        # -- body reading and the queue slot ------------------------------------------------
+        # A chunked body (no Content-Length) is charged to the rate, the memory budget and the
+        # queue by what actually arrives, after it arrived (fleetlens/api/bodies.py).
+        known = int(declared) if declared is not None and declared.isdigit() else None
         if scope.tenant not in svc.quotas:
             await anyio.to_thread.run_sync(svc.load_quota, scope.tenant)
         left = svc.storage_left(scope.tenant)
@@ -311,7 +341,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
                 f"tenant {scope.tenant!r} has used its stored-bytes quota; "
                 "ask the platform operator to raise it (fleetlens tenants quota)",
             )
-        wait = svc.limiter.take(scope.tenant, nbytes)
+        wait = svc.limiter.take(scope.tenant, known or 0)
         if wait > 0:
             svc.batches.labels("over_quota").inc()
             await _drain(request)
@@ -320,29 +350,39 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
                 f"tenant {scope.tenant!r} is over its ingest rate; retry later",
                 retry_after=max(1, math.ceil(wait)),
             )
-        if not await svc.queue.admit(nbytes, svc.config.collector.queue_wait_s):
-            svc.batches.labels("throttled").inc()
-            await _drain(request)
-            return _error(429, "ingest queue is full; retry later", None, retry_after=1)
+        budget: BodyBudget = request.app.state.body_budget
         try:
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    svc.batches.labels("too_large").inc()
-                    await _drain(request)
-                    return _error(413, f"body is over the limit of {limit} bytes")
-                chunks.append(chunk)
-            body = b"".join(chunks)
+            body = await read_body(request, limit, budget)
+        except BodyRefused as refused:
+            svc.batches.labels(refused.outcome).inc()
+            if refused.status != 408:  # a slow sender is not waited for twice
+                await drain(request)
+            refusal = _error(refused.status, refused.message, retry_after=refused.retry_after)
+            if refused.status == 408:
+                refusal.headers["Connection"] = "close"
+            return refusal
+        nbytes = len(body)
+        if known is None:
+            svc.limiter.take(scope.tenant, nbytes)
+        if not await svc.queue.admit(nbytes, svc.config.collector.queue_wait_s):
+            budget.give(nbytes)
+            svc.batches.labels("throttled").inc()
+            return _error(429, "ingest queue is full; retry later", None, retry_after=1)
+        # -- end of body reading and the queue slot (released in the finally below) ----------
+        try:
             try:
-                result = await anyio.to_thread.run_sync(
-                    svc.ingestor.ingest,
-                    body,
-                    request.headers.get("content-type", "application/msgpack"),
-                    request.headers.get("content-encoding", ""),
-                    scope.tenant,
-                    scope.project or None,
+                result = await asyncio.get_running_loop().run_in_executor(
+                    svc.ingestor.pool,
+                    functools.partial(
+                        svc.ingestor.ingest,
+                        body,
+                        request.headers.get("content-type", "application/msgpack"),
+                        request.headers.get("content-encoding", ""),
+                        scope.tenant,
+                        scope.project or None,
+                        received_at=received_at,
+                        transmitted_at=_sent_at_header(request.headers.get("x-fleetlens-sent-at")),
+                    ),
                 )
             except WireError as exc:
                 too_large = isinstance(exc, BatchTooLarge)
@@ -350,11 +390,21 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
                 return _error(http_status(exc), str(exc), exc.field)
         finally:
             await svc.queue.release(nbytes)
+            budget.give(nbytes)
         svc.batches.labels("stored").inc()
         svc.ingested_bytes[scope.tenant] = svc.ingested_bytes.get(scope.tenant, 0) + len(body)
         for kind, n in result.rows.items():
             svc.rows.labels(kind).inc(n)
-        return JSONResponse({"batchId": result.batch_id, "rows": result.rows, "status": "stored"})
+        answer: dict[str, Any] = {
+            "batchId": result.batch_id,
+            "rows": result.rows,
+            "status": "stored",
+        }
+        if result.rejected:  # the rows that broke a rule were refused alone, the rest stored
+            answer.update(rejected=result.rejected, errors=result.errors)
+        if result.skew_s:
+            answer.update(clockSkewS=round(result.skew_s, 3), timeShiftS=round(result.shift_s, 3))
+        return JSONResponse(answer)
 
     @app.get("/healthz", summary="Liveness")
     async def healthz() -> dict[str, str]:
@@ -362,13 +412,22 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
 
     @app.get(
         "/metrics",
-        summary="Prometheus metrics: the caller's tenant, or every tenant for the oncall role",
+        summary="Prometheus metrics: the caller's tenant (and project), or every tenant's "
+        "infrastructure for the oncall role",
         response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
     )
-    async def metrics(request: Request, scope: Annotated[Scope, Depends(caller)]) -> Response:
+    async def metrics(
+        request: Request, scope: Annotated[Scope, Depends(require_any("read", "read:infra"))]
+    ) -> Response:
         svc: Services = request.app.state.services
-        everything = scope.cross_tenant_infra or (not svc.auth_required and scope.actor == "local")
-        registry: Any = svc.registry if everything else TenantView(svc.registry, scope.tenant)
+        registry: Any
+        if scope.token_id is None and not svc.auth_required:
+            registry = svc.registry  # the single local user of a loopback server
+        elif scope.cross_tenant_infra:
+            registry = TenantView(svc.registry, scope.tenant, infra_only=True)
+        else:
+            registry = TenantView(svc.registry, scope.tenant, scope.project)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(graph_router)  # before runs: /v1/runs/compare is not a run id

@@ -16,7 +16,7 @@ from fastapi import HTTPException, Request
 
 from ..store.scope import Scope
 
-__all__ = ["ERROR_RESPONSES", "caller", "require"]
+__all__ = ["ERROR_RESPONSES", "caller", "require", "require_any"]
 
 _ERROR = {
     "application/json": {

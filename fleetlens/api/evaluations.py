@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..evaluation.registry import Registry
 from ..evaluation.store import EvalStore
@@ -21,10 +21,14 @@ from .auth import ERROR_RESPONSES, require
 
 __all__ = ["router"]
 
+# Request bodies take JSON as it is: no 0 for false, no false for 0, no "1" for 1.
+STRICT = ConfigDict(strict=True)
+
 router = APIRouter(prefix="/v1", tags=["evaluation"], responses=ERROR_RESPONSES)
 
 Reader = Annotated[Scope, Depends(require("read"))]
 Writer = Annotated[Scope, Depends(require("write"))]
+ShardId = Annotated[int, Path(ge=1, le=2**62)]
 _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"description": "The lease is no longer held, or a promotion was refused"}
 }
@@ -51,6 +55,8 @@ async def _run(fn: Any) -> Any:
 
 
 class EvaluationBody(BaseModel):
+    model_config = STRICT
+
     modelId: str = ""
     modelVersion: str = ""
     runId: str = ""
@@ -60,7 +66,7 @@ class EvaluationBody(BaseModel):
     suite: dict[str, Any] = Field(description="{name, version, benchmarks: [...]}")
     decoding: dict[str, Any] = Field(default_factory=dict)
     priority: str = Field("P2", description="P0 safety .. P3 exploratory")
-    deadline: float | None = None
+    deadline: float | None = Field(None, ge=0, le=1e12, allow_inf_nan=False)
     shardSize: int = Field(50, ge=1, le=100_000)
     maxAttempts: int = Field(3, ge=1, le=20)
     codeCommit: str = ""
@@ -109,24 +115,36 @@ async def evaluation_examples(
 # -- the worker protocol --------------------------------------------------------------------
 
 
+# One example's scores: numbers by metric, and notes beside them (a judge's ``judge_rationale``).
+Scores = dict[str, dict[str, float | Annotated[str, Field(max_length=16_384)]]]
+
+
 class LeaseBody(BaseModel):
+    model_config = STRICT
+
     workerId: str = Field(min_length=1, max_length=256)
     preferLocality: str = ""
     leaseS: float = Field(30.0, gt=0, le=3600)
 
 
 class HeartbeatBody(BaseModel):
+    model_config = STRICT
+
     leaseToken: str
     leaseS: float = Field(30.0, gt=0, le=3600)
-    partial: dict[str, dict[str, float]] | None = None
+    partial: Scores | None = None
 
 
 class CompleteBody(BaseModel):
+    model_config = STRICT
+
     leaseToken: str
-    scores: dict[str, dict[str, float]]
+    scores: Scores
 
 
 class FailBody(BaseModel):
+    model_config = STRICT
+
     leaseToken: str
     error: str = ""
 
@@ -148,7 +166,7 @@ async def lease(request: Request, body: LeaseBody, scope: Writer) -> Any:
     responses=_CONFLICT,
 )
 async def heartbeat(
-    request: Request, shard_id: int, body: HeartbeatBody, scope: Writer
+    request: Request, shard_id: ShardId, body: HeartbeatBody, scope: Writer
 ) -> dict[str, Any]:
     evals, _ = _stores(request)
     return dict(
@@ -162,14 +180,16 @@ async def heartbeat(
     "/eval-shards/{shard_id}/complete", summary="Report a shard's results", responses=_CONFLICT
 )
 async def complete(
-    request: Request, shard_id: int, body: CompleteBody, scope: Writer
+    request: Request, shard_id: ShardId, body: CompleteBody, scope: Writer
 ) -> dict[str, Any]:
     evals, _ = _stores(request)
     return dict(await _run(lambda: evals.complete(scope, shard_id, body.leaseToken, body.scores)))
 
 
 @router.post("/eval-shards/{shard_id}/fail", summary="Report a failed attempt", responses=_CONFLICT)
-async def fail(request: Request, shard_id: int, body: FailBody, scope: Writer) -> dict[str, Any]:
+async def fail(
+    request: Request, shard_id: ShardId, body: FailBody, scope: Writer
+) -> dict[str, Any]:
     evals, _ = _stores(request)
     return dict(await _run(lambda: evals.fail(scope, shard_id, body.leaseToken, body.error)))
 
@@ -178,6 +198,8 @@ async def fail(request: Request, shard_id: int, body: FailBody, scope: Writer) -
 
 
 class GateBody(BaseModel):
+    model_config = STRICT
+
     modelId: str = Field(min_length=1)
     version: str = Field(min_length=1)
     policies: list[dict[str, Any]] = Field(
@@ -227,6 +249,8 @@ async def aliases(request: Request, model_id: str, scope: Reader) -> dict[str, A
 
 
 class AliasBody(BaseModel):
+    model_config = STRICT
+
     version: str = Field(min_length=1)
     decisionId: str = ""
     overrideReason: str = Field("", description="admin only: move a guarded alias without a gate")

@@ -80,10 +80,10 @@ async def get_run_goodput(
     request: Request,
     run_id: str,
     scope: Reader,
-    from_: Annotated[float | None, Query(alias="from")] = None,
-    to: float | None = None,
+    from_: Annotated[float | None, Query(alias="from", ge=0, le=1e12, allow_inf_nan=False)] = None,
+    to: Annotated[float | None, Query(ge=0, le=1e12, allow_inf_nan=False)] = None,
     scheduling: Annotated[float, Query(ge=0.0, le=1.0)] = 1.0,
-    price: Annotated[float | None, Query(gt=0)] = None,
+    price: Annotated[float | None, Query(gt=0, le=1e9, allow_inf_nan=False)] = None,
 ) -> RunGoodputOut:
     svc = request.app.state.services
     if (from_ is None) != (to is None):
@@ -118,8 +118,8 @@ async def get_fleet_goodput(
     request: Request,
     scope: Reader,
     pool: str | None = None,
-    from_: Annotated[float | None, Query(alias="from")] = None,
-    to: float | None = None,
+    from_: Annotated[float | None, Query(alias="from", ge=0, le=1e12, allow_inf_nan=False)] = None,
+    to: Annotated[float | None, Query(ge=0, le=1e12, allow_inf_nan=False)] = None,
 ) -> FleetGoodputOut:
     svc = request.app.state.services
 

@@ -7,20 +7,23 @@ named ``compare``.
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreError
 from ..services.compare import CompareQueries, compare_runs
 from ..store.graph import ARTIFACT_KINDS, GraphStore
+from ..store.graph_files import server_read_refusal
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
 
 __all__ = ["router"]
+
+# Request bodies take JSON as it is: no 0 for false, no false for 0, no "1" for 1.
+STRICT = ConfigDict(strict=True)
 
 router = APIRouter(prefix="/v1", tags=["run graph"], responses=ERROR_RESPONSES)
 
@@ -36,14 +39,29 @@ async def _run(fn: Any) -> Any:
     return await anyio.to_thread.run_sync(fn)  # ConfigError -> 400 by the app's error table
 
 
-def _server_may_read(uri: str, data_dir: str) -> bool:
-    """The server reads (to checksum) remote objects and files under DATA/artifacts only, so a
-    caller cannot make it read its own local files."""
-    if "://" in uri and not uri.startswith("file://"):
-        return True
-    path = os.path.realpath(uri[len("file://") :] if uri.startswith("file://") else uri)
-    root = os.path.realpath(os.path.join(data_dir, "artifacts"))
-    return path.startswith(root + os.sep)
+# Object stores the server may read with its own credentials. Anything else is refused: http(s)
+# would let a caller make the server fetch internal addresses, ``memory:`` reads the process,
+# and fsspec's chained URLs (``simplecache::file:///...``) wrap a local path in a remote scheme.
+CHECKSUM_TIMEOUT_S = 120.0
+# Checksums run on their own threads, so slow objects cannot take the threads every request's
+# authentication needs; one waiting past the timeout for a thread answers 503 with Retry-After.
+CHECKSUM_THREADS = 4
+
+
+async def _checksum_run(request: Request, fn: Any) -> Any:
+    """Run ``fn`` (which reads files to checksum them) on the checksum threads, in bounded time."""
+    state = request.app.state
+    limiter = getattr(state, "checksum_threads", None)
+    if limiter is None:
+        limiter = state.checksum_threads = anyio.CapacityLimiter(CHECKSUM_THREADS)
+    try:
+        with anyio.fail_after(CHECKSUM_TIMEOUT_S):
+            return await anyio.to_thread.run_sync(fn, limiter=limiter, abandon_on_cancel=True)
+    except TimeoutError:
+        raise StoreError(
+            f"checksumming took over {CHECKSUM_TIMEOUT_S:.0f} s or waited too long for a "
+            "checksum thread; retry later, or send the sha256"
+        ) from None
 
 
 # -- comparison -----------------------------------------------------------------------------
@@ -102,21 +120,22 @@ async def model_lineage(
         g = GraphStore(svc.metadata)
         out = g.model_lineage(scope, model_id, version)
         if verify:
-            data_dir = svc.config.data_dir
+            roots = svc.config.readable_roots
             uris = [out["checkpoint"].get("uri") or ""] + [
                 str(s.get("uri", "")) for s in (out["run"].get("dataset") or {}).get("shards", [])
             ]
-            if all(not u or _server_may_read(u, data_dir) for u in uris):
+            refused = [r for u in uris if u and (r := server_read_refusal(u, roots))]
+            if not refused:
                 out = g.model_lineage(scope, model_id, version, verify=True)
             else:
                 out["verification"] = {
                     "ok": None,
-                    "reason": "the server checksums objects under DATA/artifacts or remote "
-                    "URIs only; verify local files with `fleetlens lineage model --verify`",
+                    "reason": f"{refused[0]}; verify local files with "
+                    "`fleetlens lineage model --verify`",
                 }
         return out
 
-    return dict(await _run(work))
+    return dict(await (_checksum_run(request, work) if verify else _run(work)))
 
 
 @router.get(
@@ -176,6 +195,8 @@ async def model_drilldown(
 
 
 class DescribeBody(BaseModel):
+    model_config = STRICT
+
     config: dict[str, Any] | None = None
     code: dict[str, Any] | str | None = Field(None, description="commit, or {repo, commit, dirty}")
     dataset: dict[str, Any] | str | None = Field(None, description="'name:version' or an object")
@@ -206,16 +227,18 @@ async def describe_run(
 
 
 class CheckpointBody(BaseModel):
-    step: int = Field(ge=0)
+    model_config = STRICT
+
+    step: int = Field(ge=0, le=2**62, strict=True)
     uri: str = ""
     checkpointId: str = ""
     jobId: str = ""
-    sizeBytes: int | None = Field(None, ge=0)
+    sizeBytes: int | None = Field(None, ge=0, le=2**62, strict=True)
     checksum: str = Field("", description="sha256:<hex>")
-    durationSeconds: float | None = Field(None, ge=0)
+    durationSeconds: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False, strict=True)
     sync: bool = True
     ok: bool = True
-    time: float | None = None
+    time: float | None = Field(None, ge=0, le=1e12, allow_inf_nan=False, strict=True)
 
 
 @router.get("/runs/{run_id}/checkpoints", summary="A run's checkpoints")
@@ -251,6 +274,8 @@ async def add_checkpoint(
 
 
 class ArtifactBody(BaseModel):
+    model_config = STRICT
+
     name: str = Field(min_length=1)
     uri: str = Field(min_length=1)
     kind: str = Field("other", description=", ".join(ARTIFACT_KINDS))
@@ -269,13 +294,12 @@ async def add_artifact(
     request: Request, run_id: str, body: ArtifactBody, scope: Writer
 ) -> dict[str, Any]:
     svc = _svc(request)
-    readable = _server_may_read(body.uri, svc.config.data_dir)
-    if not body.sha256 and not readable:
-        raise HTTPException(
-            400, "send the artifact's sha256: the server reads only DATA/artifacts or remote URIs"
-        )
+    refused = None if body.sha256 else server_read_refusal(body.uri, svc.config.readable_roots)
+    if refused:
+        raise HTTPException(400, f"send the artifact's sha256: {refused}")
     return dict(
-        await _run(
+        await _checksum_run(
+            request,
             lambda: GraphStore(svc.metadata).register_artifact(
                 scope,
                 run_id,
@@ -284,19 +308,21 @@ async def add_artifact(
                 kind=body.kind,
                 sha256=body.sha256,
                 compute_checksum=not body.sha256,
-            )
+            ),
         )
     )
 
 
 class ModelBody(BaseModel):
+    model_config = STRICT
+
     modelId: str = Field(min_length=1)
     version: str = Field(min_length=1)
     runId: str = Field(min_length=1)
     checkpointId: str = ""
-    step: int | None = Field(None, ge=0)
+    step: int | None = Field(None, ge=0, le=2**62, strict=True)
     evaluationId: str | None = None
-    metrics: dict[str, float] | None = None
+    metrics: dict[str, Annotated[float, Field(strict=True)]] | None = None
 
 
 @router.get("/models", summary="Registered model versions")
@@ -337,6 +363,8 @@ async def register_model(request: Request, body: ModelBody, scope: Writer) -> di
 
 
 class DatasetBody(BaseModel):
+    model_config = STRICT
+
     name: str = Field(min_length=1)
     version: str = ""
     contentHash: str = ""

@@ -192,8 +192,8 @@ async def heatmap(
     request: Request,
     run_id: str,
     scope: Reader,
-    from_step: Annotated[int | None, Query(alias="fromStep", ge=0)] = None,
-    to_step: Annotated[int | None, Query(alias="toStep", ge=0)] = None,
+    from_step: Annotated[int | None, Query(alias="fromStep", ge=0, le=2**62)] = None,
+    to_step: Annotated[int | None, Query(alias="toStep", ge=0, le=2**62)] = None,
     ranks: Annotated[int, Query(ge=1, le=1024)] = 128,
     steps: Annotated[int, Query(ge=1, le=1024)] = 160,
     slowest: Annotated[

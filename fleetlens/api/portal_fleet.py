@@ -33,7 +33,9 @@ OnCallReader = Annotated[Scope, Depends(require_any("read", "read:infra"))]
 async def oncall(
     request: Request,
     scope: OnCallReader,
-    window_s: Annotated[float, Query(alias="windowSeconds", gt=0)] = 86_400.0,
+    window_s: Annotated[
+        float, Query(alias="windowSeconds", gt=0, le=1e9, allow_inf_nan=False)
+    ] = 86_400.0,
 ) -> dict[str, Any]:
     """``view`` says which document it is. ``tenant`` (roles that read): the tenant's jobs by
     goodput with their per-rank spread, its nodes with faults, drains and firing alerts.
@@ -157,7 +159,9 @@ def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
 async def capacity(
     request: Request,
     scope: Reader,
-    price: Annotated[float, Query(gt=0, description="price of one GPU-hour")] = 2.0,
+    price: Annotated[
+        float, Query(gt=0, le=1e9, allow_inf_nan=False, description="price of one GPU-hour")
+    ] = 2.0,
 ) -> dict[str, Any]:
     svc = request.app.state.services
 

@@ -97,15 +97,15 @@ RunId = Annotated[str, Path(max_length=256)]
 class ControlAck(BaseModel):
     """A rank's answer to an instruction (what the SDK's control channel sends)."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
 
-    id: int = Field(ge=0, le=2**62, description="the action answered; 0 for 'resumed'")
+    id: int = Field(ge=0, le=2**62, strict=True, description="the action answered; 0 for 'resumed'")
     event: Literal["stopped", "checkpointed", "checkpoint_failed", "agent_stopping", "resumed"]
-    rank: int = Field(ge=0)
+    rank: int = Field(ge=0, le=2**31, strict=True)
     node: str = Field(default="", max_length=256)
     job_id: str = Field(default="", alias="jobId", max_length=256)
-    time: float
-    step: int | None = None
+    time: float = Field(ge=0, le=1e12, allow_inf_nan=False, strict=True)
+    step: int | None = Field(None, ge=-1, le=2**62, strict=True)
 
 
 def _controller(request: Request) -> Controller:
@@ -135,15 +135,17 @@ async def control_poll(
     request: Request,
     run_id: RunId,
     scope: Job,
-    rank: Annotated[int, Query(ge=0)] = 0,
+    rank: Annotated[int, Query(ge=0, le=2**31)] = 0,
     job_id: Annotated[str, Query(alias="jobId", max_length=256)] = "",
-    world: Annotated[int, Query(ge=1)] = 1,
+    world: Annotated[int, Query(ge=1, le=2**31)] = 1,
     node: Annotated[str, Query(max_length=256)] = "",
-    step: int = -1,
-    seq: int = 0,
-    progress_at: Annotated[float | None, Query(alias="progressAt")] = None,
-    pid: int = 0,
-    agent_pid: Annotated[int, Query(alias="agentPid")] = 0,
+    step: Annotated[int, Query(ge=-1, le=2**62)] = -1,
+    seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    progress_at: Annotated[
+        float | None, Query(alias="progressAt", ge=0, le=1e12, allow_inf_nan=False)
+    ] = None,
+    pid: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    agent_pid: Annotated[int, Query(alias="agentPid", ge=0, le=2**31)] = 0,
 ) -> dict[str, Any]:
     ctl = _controller(request)
     await _check_run(request, scope, run_id)

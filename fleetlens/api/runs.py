@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
-from ..services.runs import RunQueries
+from ..errors import ConfigError
+from ..services.runs import MAX_TIMELINE_STEPS, RunQueries
 from ..store.metadata import RunInfo
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
@@ -43,7 +44,7 @@ async def list_runs(
     scope: Reader,
     project: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> RunListOut:
     svc = _services(request)
     runs = await anyio.to_thread.run_sync(
@@ -89,8 +90,8 @@ async def get_ranks(
     scope: Reader,
     sort: RankSort = "compute",
     order: Literal["asc", "desc"] = "desc",
-    from_step: Annotated[int | None, Query(alias="fromStep", ge=0)] = None,
-    to_step: Annotated[int | None, Query(alias="toStep", ge=0)] = None,
+    from_step: Annotated[int | None, Query(alias="fromStep", ge=0, le=2**62)] = None,
+    to_step: Annotated[int | None, Query(alias="toStep", ge=0, le=2**62)] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 100,
 ) -> RanksOut:
     svc = _services(request)
@@ -128,8 +129,8 @@ async def get_timeline(
     request: Request,
     run_id: str,
     scope: Reader,
-    from_step: Annotated[int | None, Query(alias="fromStep", ge=0)] = None,
-    to_step: Annotated[int | None, Query(alias="toStep", ge=0)] = None,
+    from_step: Annotated[int | None, Query(alias="fromStep", ge=0, le=2**62)] = None,
+    to_step: Annotated[int | None, Query(alias="toStep", ge=0, le=2**62)] = None,
 ) -> TimelineOut:
     svc = _services(request)
     if from_step is not None and to_step is not None and from_step > to_step:
@@ -141,6 +142,11 @@ async def get_timeline(
         window = q.step_window(run_id, from_step, to_step, default=1_000)
         if window is None:
             return TimelineOut(run_id=run_id, from_step=from_step, to_step=to_step, items=[])
+        if window[1] - window[0] >= MAX_TIMELINE_STEPS:  # the caller's range, not the store
+            raise ConfigError(
+                f"fromStep {window[0]} to toStep {window[1]} is over {MAX_TIMELINE_STEPS} "
+                "steps; ask for a shorter window"
+            )
         return TimelineOut.model_validate(
             {
                 "runId": run_id,

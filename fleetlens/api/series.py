@@ -23,8 +23,8 @@ async def metrics(
     run_id: str,
     scope: Reader,
     name: Annotated[str | None, Query(max_length=256)] = None,
-    from_step: Annotated[int, Query(alias="fromStep", ge=0)] = 0,
-    to_step: Annotated[int, Query(alias="toStep", ge=0)] = 2**62,
+    from_step: Annotated[int, Query(alias="fromStep", ge=0, le=2**62)] = 0,
+    to_step: Annotated[int, Query(alias="toStep", ge=0, le=2**62)] = 2**62,
     points: Annotated[int, Query(ge=1, le=100_000)] = 1000,
 ) -> dict[str, Any]:
     if from_step > to_step:

@@ -31,8 +31,8 @@ async def get_traces(
     request: Request,
     run_id: str,
     scope: Reader,
-    from_step: Annotated[int | None, Query(alias="fromStep", ge=0)] = None,
-    to_step: Annotated[int | None, Query(alias="toStep", ge=0)] = None,
+    from_step: Annotated[int | None, Query(alias="fromStep", ge=0, le=2**62)] = None,
+    to_step: Annotated[int | None, Query(alias="toStep", ge=0, le=2**62)] = None,
     limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
 ) -> dict[str, Any]:
     svc = request.app.state.services

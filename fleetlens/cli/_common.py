@@ -47,6 +47,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             "clickhouse_url": args.clickhouse,
             "database_url": args.database_url,
             "auth": getattr(args, "auth", None),
+            "readable_paths": getattr(args, "readable_paths", None),
             "alertmanager_url": getattr(args, "alertmanager_url", None),
             "webhook_url": getattr(args, "webhook_url", None),
             "slack_url": getattr(args, "slack_url", None),

@@ -65,6 +65,11 @@ def add_serve(sub: Any) -> None:
         choices=("auto", "required", "off"),
         help="tokens: auto = required unless bound to loopback (default)",
     )
+    sp.add_argument(
+        "--readable-paths",
+        help="directories (':'-separated) besides DATA/artifacts whose files the server may "
+        "read to checksum artifacts and drained jobs' checkpoints (a shared file system)",
+    )
     sp.add_argument("--alertmanager-url", help="send alerts to this Alertmanager (API v2)")
     sp.add_argument("--webhook-url", help="send alerts to this JSON webhook")
     sp.add_argument("--slack-url", help="send alerts to this Slack-compatible webhook")

@@ -356,7 +356,7 @@ class Ingestor:
                 graph.record_checkpoint(
                     scope, run_id, int(a.get("step", step)), uri=str(a.get("path") or ""),
                     job_id=job_id, size_bytes=int(size) if isinstance(size, (int, float)) else None,
-                    checksum=str(a.get("checksum") or ""),
+                    checksum=_checksum(a),
                     duration_s=float(dur) if isinstance(dur, (int, float)) else None,
                     sync=bool(a.get("sync", True)), ok=bool(a.get("ok", True)), at=at,
                     checkpoint_id=str(a.get("checkpoint_id") or ""),
@@ -403,3 +403,12 @@ class Ingestor:
             step=s.step,
             world_size=s.world_size,
         )
+
+
+def _checksum(attrs: dict[str, Any]) -> str:
+    """A checkpoint event's digest as ``sha256:HEX``: ``fleetlens.torch`` sends ``sha256``, an
+    explicit ``checksum`` (any algorithm, prefixed) wins."""
+    if attrs.get("checksum"):
+        return str(attrs["checksum"])
+    digest = attrs.get("sha256")
+    return f"sha256:{digest}" if isinstance(digest, str) and digest else ""

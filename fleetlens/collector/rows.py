@@ -78,6 +78,7 @@ def _attrs_problem(kind: str, a: dict[str, Any], max_step: int) -> str | None:
             number("duration_s", 1e9),
             typed("path", (str,), "a string"),
             typed("checksum", (str,), "a string"),
+            typed("sha256", (str,), "a string"),
             typed("checkpoint_id", (str,), "a string"),
             typed("sync", (bool,), "true or false"),
             typed("ok", (bool,), "true or false"),

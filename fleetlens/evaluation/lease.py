@@ -154,7 +154,7 @@ class Leases:
         shard_id: int,
         token: str,
         lease_s: float = 30.0,
-        partial: dict[str, dict[str, float]] | None = None,
+        partial: dict[str, dict[str, float | str]] | None = None,
     ) -> dict[str, Any]:
         """Extend the lease; record partial per-example results (keyed by example id)."""
         now = time.time()
@@ -178,7 +178,7 @@ class Leases:
         return {"shardId": shard_id, "leaseExpires": now + lease_s}
 
     def complete(
-        self, scope: Scope, shard_id: int, token: str, scores: dict[str, dict[str, float]]
+        self, scope: Scope, shard_id: int, token: str, scores: dict[str, dict[str, float | str]]
     ) -> dict[str, Any]:
         now = time.time()
         with self._session() as s:
@@ -186,7 +186,7 @@ class Leases:
             if sh.lease_token != token or sh.state != "leased":
                 raise LeaseLost(f"shard {shard_id}: this lease is no longer held; result dropped")
             spec_ids = {str(e["id"]) for e in self._shard_examples(s, sh)}
-            merged: dict[str, dict[str, float]] = {**(sh.scores or {}), **scores}  # type: ignore[dict-item]
+            merged: dict[str, dict[str, float | str]] = {**(sh.scores or {}), **scores}  # type: ignore[dict-item]
             if set(merged) != spec_ids:
                 missing = sorted(spec_ids - set(merged))[:5]
                 extra = sorted(set(merged) - spec_ids)[:5]

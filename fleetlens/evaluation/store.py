@@ -78,13 +78,13 @@ class EvalStore:
         shard_id: int,
         token: str,
         lease_s: float = 30.0,
-        partial: dict[str, dict[str, float]] | None = None,
+        partial: dict[str, dict[str, float | str]] | None = None,
     ) -> dict[str, Any]:
         """Extend the lease; record partial per-example results (keyed by example id)."""
         return self._leases.heartbeat(scope, shard_id, token, lease_s, partial)
 
     def complete(
-        self, scope: Scope, shard_id: int, token: str, scores: dict[str, dict[str, float]]
+        self, scope: Scope, shard_id: int, token: str, scores: dict[str, dict[str, float | str]]
     ) -> dict[str, Any]:
         return self._leases.complete(scope, shard_id, token, scores)
 

@@ -102,7 +102,7 @@ class Worker:
 
     def run_shard(self, shard: dict[str, Any]) -> None:
         sid, token = shard["shardId"], shard["leaseToken"]
-        scores: dict[str, dict[str, float]] = {}
+        scores: dict[str, dict[str, float | str]] = {}
         lock = threading.Lock()
         stop = threading.Event()
         lost = threading.Event()

@@ -39,6 +39,7 @@ import logging
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,7 +47,7 @@ from ..analysis.hangs import RECENT_STEPS, HangRule, live_hang, recent_step_time
 from ..errors import ConfigError, NotFound
 from ..store.access import AccessStore
 from ..store.findings import FindingsStore
-from ..store.graph import sha256_of
+from ..store.graph_files import server_read_refusal, sha256_of
 from ..store.metadata import MetadataStore
 from ..store.models import Run
 from ..store.scope import Scope
@@ -107,6 +108,7 @@ class Controller:
         stop_timeout_s: float = 300.0,
         remove_timeout_s: float = 15.0,
         resume_timeout_s: float = 900.0,
+        readable_roots: Sequence[str] = (),
     ) -> None:
         self.repo = Repository(metadata, telemetry)
         self.telemetry = telemetry
@@ -116,6 +118,7 @@ class Controller:
         self.actuators = actuators
         self.hang_rule = hang_rule or HangRule()
         self.limits = Limits(stop_timeout_s, remove_timeout_s, resume_timeout_s)
+        self.readable_roots = tuple(readable_roots)  # where the server may open a job's files
         # _lock serializes the actions' state changes (database work, actuators); the positions
         # have their own lock, so a rank's poll, answered on the event loop, never waits here.
         self._lock = threading.RLock()
@@ -327,7 +330,8 @@ class Controller:
                     a = replace(a, actuators=(*a.actuators, *(o.to_json() for o in done)))
                     answers.update(actuated=e.stage, pending=any(o.pending for o in done))
                 elif isinstance(e, Verify):
-                    answers.update(verified=True, server_sha256=self._sha256(e.path))
+                    digest = self._sha256(e.path, self.readable_roots)
+                    answers.update(verified=True, server_sha256=digest)
                     answers["verified_at"] = time.time()
                 elif isinstance(e, LookUpLastStep):
                     last = self.repo.last_step(a.tenant, a.run_id, e.job_id)
@@ -347,11 +351,14 @@ class Controller:
         return a
 
     @staticmethod
-    def _sha256(path: str) -> str | None:
-        """The checkpoint's digest where the server can read it (a shared file system, an
-        object store); None where it cannot."""
+    def _sha256(path: str, roots: Sequence[str]) -> str | None:
+        """The checkpoint's digest where the server may and can read it (DATA/artifacts on a
+        shared file system, an object store: the API's rule for URIs); None where it cannot.
+        The path comes from the job, so the server never opens one outside that rule."""
+        if not path or server_read_refusal(path, roots) is not None:
+            return None
         try:
-            return sha256_of(path)[0] if path else None
+            return sha256_of(path)[0]
         except ConfigError:
             return None
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import tempfile
 import time
 import urllib.parse
 import uuid
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from .spool import default_spool_root
 
 __all__ = ["SDKConfig"]
 
@@ -177,9 +177,7 @@ class _Resolver:
             values["node_id"] = socket.gethostname()
         if "spool_dir" not in values:
             values["spool_dir"] = os.path.join(
-                tempfile.gettempdir(),
-                "fleetlens-spool",
-                f"{_safe(values['run_id'])}-{values['rank']}",
+                default_spool_root(), f"{_safe(values['run_id'])}-{values['rank']}"
             )
         if "launcher_env" in self.explicit:
             raise ConfigError("launcher_env is read from the environment; it cannot be passed")

@@ -8,6 +8,14 @@ server's ``Retry-After``, else exponential with jitter) and writes new batches s
 spool, so a dead collector costs one connection attempt per backoff period, not one per batch.
 Once a send succeeds, spooled batches are replayed oldest first and deleted only after their
 acknowledgement. Every failure of one item is counted and the loop goes on.
+
+One bad batch must not hold the spool hostage. When a spooled batch fails (a server error, not
+"busy"), the next one is tried at once: if that one goes through, the server is up and the
+first one is the problem. A batch that fails ``_POISON_STRIKES`` times in a row while others are
+acknowledged is moved to the spool's ``quarantine/`` folder and counted (``quarantined_batches``);
+a batch the server refuses outright (4xx other than 408/429) is dropped and counted as rejected.
+Rows the server refused alone (one value broke a rule; the rest of the batch was stored) are
+counted as ``refused_rows`` from its acknowledgement.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _SOURCE = "sdk/0.1.0"
 # Replaying a large spool must not starve the buffer, whose caps would then drop new records.
 _REPLAY_BUDGET_S = 2.0
+# Failures in a row, with other batches acknowledged meanwhile, before a batch is quarantined.
+_POISON_STRIKES = 3
 
 
 @dataclass
@@ -67,8 +77,10 @@ class Exporter:
                 "send_failures",
                 "rejected_batches",
                 "rejected_records",
+                "refused_rows",
                 "spooled_batches",
                 "replayed_batches",
+                "quarantined_batches",
                 "encode_errors",
                 "internal_errors",
             ),
@@ -77,6 +89,9 @@ class Exporter:
         self._q: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._retry_at = 0.0
         self._failures = 0
+        # Spooled batch name -> (failures in a row, batches acknowledged at its first failure).
+        self._strikes: dict[str, tuple[int, int]] = {}
+        self._last_failure_busy = False
         self._reported = [0, 0, 0, 0]
         self._encode_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="fleetlens-exporter", daemon=True)
@@ -211,11 +226,17 @@ class Exporter:
 
     def _send(self, prio: int, bid: str, body: bytes, records: int, spooled: Any) -> bool:
         """Send one batch; on a retryable failure spool it (unless it already is) and back off."""
-        headers = {"Content-Type": "application/msgpack", "X-Fleetlens-Batch-Id": bid}
+        # Sent-At is stamped on every attempt: with the body's sent_at (stamped when the batch
+        # was encoded) the collector measures this host's clock skew in both directions.
+        headers = {
+            "Content-Type": "application/msgpack",
+            "X-Fleetlens-Batch-Id": bid,
+            "X-Fleetlens-Sent-At": f"{time.time():.3f}",
+        }
         if body[:2] == _GZIP_MAGIC:
             headers["Content-Encoding"] = "gzip"
         try:
-            self.transport.send(body, headers)
+            refused = self.transport.send(body, headers) or 0
         except TransportError as exc:
             if exc.permanent:
                 self.counts["rejected_batches"] += 1
@@ -224,6 +245,7 @@ class Exporter:
                     self.spool.delete(spooled)
                 return False
             self.counts["send_failures"] += 1
+            self._last_failure_busy = exc.retry_after is not None
             self._back_off(exc.retry_after)
             if spooled is None:
                 self._to_spool(prio, bid, body, records)
@@ -231,6 +253,7 @@ class Exporter:
         except Exception:
             # A transport that breaks its contract: treat as retryable rather than lose data.
             self.counts["send_failures"] += 1
+            self._last_failure_busy = False
             self._back_off(None)
             if spooled is None:
                 self._to_spool(prio, bid, body, records)
@@ -239,6 +262,7 @@ class Exporter:
         self._retry_at = 0.0
         self.counts["batches_sent"] += 1
         self.counts["records_sent"] += records
+        self.counts["refused_rows"] += refused
         if spooled is not None:
             self.spool.delete(spooled)
             self.counts["replayed_batches"] += 1
@@ -263,11 +287,32 @@ class Exporter:
 
     def _replay(self) -> None:
         deadline = time.monotonic() + _REPLAY_BUDGET_S
-        while time.monotonic() >= self._retry_at and time.monotonic() < deadline:
-            got = self.spool.oldest()
+        failed: set[str] = set()  # batches that failed this round: try the ones behind them
+        probe = False  # one try past a failure's backoff, to tell a bad batch from a bad server
+        while (probe or time.monotonic() >= self._retry_at) and time.monotonic() < deadline:
+            got = self.spool.oldest(frozenset(failed))
             if got is None:
                 return
             entry, body = got
+            sent_before = self.counts["batches_sent"]
             ok = self._send(entry.priority, entry.batch_id, body, entry.records, spooled=entry)
-            if not ok and time.monotonic() < self._retry_at:
-                return
+            if ok:
+                self._strikes.pop(entry.name, None)
+                if probe:  # the server is fine: back to the oldest, so order is kept
+                    probe = False
+                    failed.clear()
+                continue
+            if self._last_failure_busy or entry not in self.spool:
+                return  # the server asked us to wait, or the batch was refused and dropped
+            strikes, acked_at = self._strikes.get(entry.name, (0, sent_before))
+            strikes += 1
+            if strikes >= _POISON_STRIKES and self.counts["batches_sent"] > acked_at:
+                self._strikes.pop(entry.name, None)
+                self.spool.quarantine(entry)
+                self.counts["quarantined_batches"] += 1
+            else:
+                self._strikes[entry.name] = (strikes, acked_at)
+            if probe:
+                return  # two batches in a row failed: the server, not the batch; back off
+            failed.add(entry.name)
+            probe = True

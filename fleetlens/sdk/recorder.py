@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -18,7 +17,7 @@ from ..schema import KINDS
 from .buffer import SAMPLE, RecordBuffer
 from .config import SDKConfig
 from .exporter import Exporter
-from .spool import Spool
+from .spool import Spool, default_spool_root
 from .tables import Identity
 from .transport import HttpTransport, Transport
 
@@ -27,9 +26,7 @@ __all__ = ["Recorder"]
 
 class Recorder:
     def __init__(self, cfg: SDKConfig, transport: Transport | None = None) -> None:
-        spool = cfg.spool_dir or os.path.join(
-            tempfile.gettempdir(), "fleetlens-spool", f"agent-{cfg.node_id}"
-        )
+        spool = cfg.spool_dir or os.path.join(default_spool_root(), f"agent-{cfg.node_id}")
         self.config = dataclasses.replace(cfg, run_id="", job_id="", spool_dir=spool)
         self._buffer = RecordBuffer(self.config.buffer_caps)
         self._spool = Spool(spool, self.config.spool_max_bytes)
@@ -58,6 +55,7 @@ class Recorder:
         out: dict[str, Any] = dict(self._exporter.counts)
         out["dropped"] = sum(self._exporter.dropped())
         out["spool_bytes"] = self._spool.total_bytes
+        out["spool_foreign_files"] = self._spool.foreign_files
         out["internal_errors"] += self.errors
         return out
 

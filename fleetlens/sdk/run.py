@@ -214,6 +214,7 @@ class Run:
             out["spool_bytes"] = self._spool.total_bytes
             out["spool_files"] = len(self._spool)
             out["spool_dropped_batches"] = self._spool.dropped_batches
+            out["spool_foreign_files"] = self._spool.foreign_files
             out["internal_errors"] += self._errors
             out["exporter_alive"] = self._exporter.alive
             return out

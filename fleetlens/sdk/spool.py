@@ -12,20 +12,62 @@ a new batch evicts the oldest batches of the lowest priority class below its own
 dropped when nothing below it is left (so P0 is only ever dropped when the spool is full of P0).
 A lock guards the index because a signal handler or ``finish`` may spool from the training
 thread while the exporter thread replays.
+
+The spool is private: its directory is made 0700 and its files 0600 (they carry the job's
+config), and a batch is replayed with the job's token, so a file another user could have
+planted must never be sent. A directory not owned by this process's user is not used at all, and
+a file that is not a regular file owned by it (a symlink, another user's file) is ignored and
+counted in ``foreign_files``. A batch the collector keeps failing on while others go through is
+moved aside to ``quarantine/`` (:meth:`Spool.quarantine`), so it never blocks the ones behind it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["Spool", "SpoolEntry"]
+__all__ = ["Spool", "SpoolEntry", "default_spool_root", "private_dir"]
 
 _SUFFIX = ".batch"
 _TMP = ".tmp"
+QUARANTINE = "quarantine"
+# Quarantined batches kept for a person to look at; past this the oldest are deleted.
+_QUARANTINE_KEEP = 64
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def private_dir(path: str) -> None:
+    """Make ``path`` (and missing parents) and make sure only this user can use it.
+
+    Raises OSError when it is a symlink or belongs to another user: planted batches would be
+    replayed with our token, and ours would be readable.
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"spool directory {path} is not a directory (a symlink?)")
+    if st.st_uid != os.geteuid():
+        raise OSError(
+            f"spool directory {path} belongs to uid {st.st_uid}, not to this user "
+            f"({os.geteuid()}); set FLEETLENS_SPOOL_DIR to a directory of your own"
+        )
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+
+
+def default_spool_root() -> str:
+    """Where spools go unless configured: one directory per user, so that no user shares (or can
+    pre-create) another's."""
+    return os.path.join(tempfile.gettempdir(), f"fleetlens-spool-{os.geteuid()}")
+
+
+def _own_file(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
 @dataclass(frozen=True, order=True)
@@ -69,25 +111,42 @@ class Spool:
         # Records of evicted or refused batches, by priority; the owner folds them into its drops.
         self.dropped = [0, 0, 0, 0]
         self.dropped_batches = 0
+        # Files in the spool that are not ours to send (another user's, symlinks): ignored.
+        self.foreign_files = 0
+        self.quarantined = 0
         self._scanned = False
 
     def _scan(self) -> None:
-        """Index what an earlier process left; tolerant of a missing or unreadable directory."""
+        """Index what an earlier process left; tolerant of a missing or unreadable directory,
+        and of nothing in a directory that is not privately ours."""
         self._scanned = True
+        try:
+            st = os.lstat(self.dir)
+        except OSError:
+            return
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            self.foreign_files += 1
+            return
         try:
             names = os.listdir(self.dir)
         except OSError:
             return
         for name in names:
             path = os.path.join(self.dir, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if name == QUARANTINE and stat.S_ISDIR(st.st_mode):
+                continue
+            if not _own_file(st):
+                self.foreign_files += 1
+                continue
             if name.endswith(_TMP):
                 with contextlib.suppress(OSError):
                     os.unlink(path)  # the half-written batch of a process that died mid-write
                 continue
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                continue
+            size = st.st_size
             entry = _parse(name, size)
             if entry is not None:
                 self._entries.append(entry)
@@ -104,6 +163,10 @@ class Spool:
         with self._lock:
             self._ensure()
             return len(self._entries)
+
+    def __contains__(self, entry: object) -> bool:
+        with self._lock:
+            return entry in self._entries
 
     @property
     def total_bytes(self) -> int:
@@ -134,11 +197,12 @@ class Spool:
                 f"p{priority}-{ns:020d}-{self._counter:06d}-{records}-{batch_id}" + _SUFFIX,
             )
             self._counter += 1
-            os.makedirs(self.dir, exist_ok=True)
+            private_dir(self.dir)
             final = os.path.join(self.dir, entry.name)
             tmp = final + _TMP
             try:
-                with open(tmp, "wb") as f:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+                with open(fd, "wb") as f:
                     f.write(body)
                 os.replace(tmp, final)
             except OSError:
@@ -163,19 +227,52 @@ class Spool:
         self._entries.remove(entry)
         self._bytes -= entry.size
 
-    def oldest(self) -> tuple[SpoolEntry, bytes] | None:
-        """The oldest batch and its bytes, skipping files that vanished or cannot be read."""
+    def oldest(self, skip: frozenset[str] = frozenset()) -> tuple[SpoolEntry, bytes] | None:
+        """The oldest batch (by name, not in ``skip``) and its bytes, forgetting files that
+        vanished, cannot be read or are no longer a regular file of ours."""
         with self._lock:
             self._ensure()
-            while self._entries:
-                entry = self._entries[0]
+            i = 0
+            while i < len(self._entries):
+                entry = self._entries[i]
+                if entry.name in skip:
+                    i += 1
+                    continue
                 try:
-                    with open(os.path.join(self.dir, entry.name), "rb") as f:
-                        return entry, f.read()
+                    fd = os.open(os.path.join(self.dir, entry.name), os.O_RDONLY | _NOFOLLOW)
+                    with open(fd, "rb") as f:
+                        if _own_file(os.fstat(f.fileno())):
+                            return entry, f.read()
+                        self.foreign_files += 1
                 except OSError:
-                    self._entries.pop(0)
-                    self._bytes -= entry.size
+                    pass
+                self._entries.pop(i)
+                self._bytes -= entry.size
             return None
+
+    def quarantine(self, entry: SpoolEntry) -> None:
+        """Move a batch the collector keeps failing on to ``quarantine/``, out of the replay
+        order; the newest ``_QUARANTINE_KEEP`` are kept for a person to look at."""
+        with self._lock:
+            if entry not in self._entries:
+                return
+            qdir = os.path.join(self.dir, QUARANTINE)
+            try:
+                private_dir(qdir)
+                os.replace(os.path.join(self.dir, entry.name), os.path.join(qdir, entry.name))
+            except OSError:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, entry.name))
+            self._entries.remove(entry)
+            self._bytes -= entry.size
+            self.quarantined += 1
+            with contextlib.suppress(OSError):
+                kept = sorted(
+                    (n for n in os.listdir(qdir) if n.endswith(_SUFFIX)),
+                    key=lambda n: n.split("-")[1:3],  # by time and counter, not priority
+                )
+                for name in kept[: max(0, len(kept) - _QUARANTINE_KEEP)]:
+                    os.unlink(os.path.join(qdir, name))
 
     def delete(self, entry: SpoolEntry) -> None:
         """Forget a batch once the collector has acknowledged (or permanently refused) it."""

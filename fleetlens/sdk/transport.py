@@ -5,13 +5,15 @@ method (httpx's ``BaseTransport`` is one method too). ``HttpTransport`` uses ``h
 the standard library: the SDK is installed into every training image and must stay tiny.
 
 Server contract: 200/201/202 means the batch is durable. 429 or 503 means "later", with
-``Retry-After`` in seconds. Any other 4xx means the batch itself is bad and retrying cannot help
+``Retry-After`` in seconds, and so does 408 (the body took too long to arrive: a slow link, not a
+bad batch). Any other 4xx means the batch itself is bad and retrying cannot help
 (``permanent=True``). 5xx, connection errors and timeouts are retryable.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import urllib.parse
 from typing import Protocol
 
@@ -20,12 +22,22 @@ from ..errors import ConfigError, TransportError
 __all__ = ["HttpTransport", "Transport"]
 
 _ACK = frozenset({200, 201, 202})
-_LATER = frozenset({429, 503})
+_LATER = frozenset({408, 429, 503})
 
 
 class Transport(Protocol):
-    def send(self, body: bytes, headers: dict[str, str]) -> None:
-        """Deliver one batch or raise :class:`~fleetlens.errors.TransportError`."""
+    def send(self, body: bytes, headers: dict[str, str]) -> int | None:
+        """Deliver one batch or raise :class:`~fleetlens.errors.TransportError`; the rows the
+        collector refused alone (a rule broken by one value; the rest was stored), if known."""
+
+
+def _refused_rows(answer: bytes) -> int:
+    """The rows an acknowledgement says were refused alone (``{"rejected": {field: n}}``)."""
+    try:
+        doc = json.loads(answer)
+        return sum(int(n) for n in dict(doc.get("rejected") or {}).values())
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -63,7 +75,7 @@ class HttpTransport:
             self._conn.close()
             self._conn = None
 
-    def send(self, body: bytes, headers: dict[str, str]) -> None:
+    def send(self, body: bytes, headers: dict[str, str]) -> int | None:
         hdrs = dict(headers)
         if self._auth:
             hdrs["Authorization"] = self._auth
@@ -72,31 +84,31 @@ class HttpTransport:
         # id makes the retry harmless if the first attempt did arrive.
         reused = self._conn is not None
         try:
-            status, reason, retry_after = self._post(body, hdrs)
+            status, reason, retry_after, answer = self._post(body, hdrs)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             if not reused or isinstance(exc, TimeoutError):
                 raise TransportError(f"cannot reach collector: {exc!r}") from exc
             try:
-                status, reason, retry_after = self._post(body, hdrs)
+                status, reason, retry_after, answer = self._post(body, hdrs)
             except (OSError, http.client.HTTPException) as exc2:
                 self.close()
                 raise TransportError(f"cannot reach collector: {exc2!r}") from exc2
         if status in _ACK:
-            return
+            return _refused_rows(answer)
         if status in _LATER:
             raise TransportError(f"collector busy: {status} {reason}", retry_after=retry_after)
         if 400 <= status < 500:
             raise TransportError(f"collector refused the batch: {status} {reason}", permanent=True)
         raise TransportError(f"collector error: {status} {reason}")
 
-    def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None]:
+    def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None, bytes]:
         if self._conn is None:
             self._conn = self._connect()
         conn = self._conn
         conn.request("POST", self._path, body=body, headers=headers)
         resp = conn.getresponse()
-        resp.read()  # the connection can only be reused once the body is consumed
+        answer = resp.read()  # the connection can only be reused once the body is consumed
         if resp.will_close:
             self.close()
-        return resp.status, resp.reason, _retry_after(resp.getheader("Retry-After"))
+        return resp.status, resp.reason, _retry_after(resp.getheader("Retry-After")), answer

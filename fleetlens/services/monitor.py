@@ -114,6 +114,7 @@ class Monitor:
             ),
             build_actuators(remediation.actuators),
             hang_rule=HangRule(cfg.analyzer.hang_k, cfg.analyzer.hang_floor_s),
+            readable_roots=cfg.readable_roots,
         )
         return cls(
             telemetry,
@@ -284,12 +285,12 @@ class Monitor:
         return series
 
     def _export(self, runs: list[RunMetrics]) -> None:
-        firing: dict[tuple[str, str], int] = {}
+        firing: dict[tuple[str, str, str], int] = {}
         faults: dict[tuple[str, str, str], int] = {}
         for tenant in {r.tenant for r in runs}:
             scope = Scope(tenant=tenant, role="viewer", actor="monitor")
             for a in self.alerts.list(scope, state="firing", limit=10_000):
-                key = (a["alertname"], a["severity"])
+                key = (tenant, a["alertname"], a["severity"])
                 firing[key] = firing.get(key, 0) + 1
                 node = a["labels"].get("node")
                 if node and a["alertname"] in ("FatalHardwareFault", "RecoverableHardwareFault"):

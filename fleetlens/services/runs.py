@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from ..analysis.changes import metric_changes
 from ..analysis.hardware import gpu_health, node_health
-from ..errors import StoreError
+from ..errors import ConfigError
 from ..store.ddl import COMPUTE_SQL
 from ..store.detect_queries import DetectQueries
 from ..store.reader import TenantReader
@@ -188,7 +188,7 @@ class RunQueries:
     ) -> list[dict[str, Any]]:
         """Per rank over a step window: compute (median), step time, data wait, communication."""
         if sort not in RANK_SORT_KEYS:
-            raise StoreError(f"unknown sort key {sort!r}")
+            raise ConfigError(f"unknown sort key {sort!r}")
         order = f"{RANK_SORT_KEYS[sort]} {'DESC' if descending else 'ASC'}, rank ASC"
         # The window's latest job attempt places the ranks (a restart may move them).
         job = (
@@ -304,7 +304,7 @@ class RunQueries:
     def timeline(self, run_id: str, from_step: int, to_step: int) -> list[dict[str, Any]]:
         """Events and metric changes in a step window, in order."""
         if to_step - from_step > MAX_TIMELINE_STEPS:
-            raise StoreError(f"a timeline covers at most {MAX_TIMELINE_STEPS} steps")
+            raise ConfigError(f"a timeline covers at most {MAX_TIMELINE_STEPS} steps")
         span = self._q(
             "SELECT min(start) AS t0, max(end) AS t1 FROM {db}.steps_by_step "
             "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} "

@@ -1,0 +1,127 @@
+"""Reading an ingest body without letting slow or huge senders hold the server.
+
+Three rules, each against a probe that once blocked every other client:
+
+- **A deadline.** The body must arrive within ``BODY_GRACE_S`` plus one second per
+  ``BODY_MIN_BYTES_PER_S`` received: a 64 MiB batch on a 1 MiB/s link has 94 s, a sender
+  trickling a byte a second is cut off after 30 s with 408 (the SDK retries it later).
+- **No slot while reading.** The ingest queue's slot is taken after the body is in, so senders
+  that are still sending hold nothing but the bytes they have sent.
+- **Bytes charged as they arrive.** Bodies being read and queued share one memory budget
+  (``collector.max_queue_bytes``), charged chunk by chunk, never a guess: a chunked body is not
+  assumed to be 64 MiB. A body that finds the budget spent gets 429 with Retry-After.
+
+The budget lives on the event loop (one per app), like the ingest queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from starlette.requests import ClientDisconnect, Request
+
+__all__ = [
+    "BODY_GRACE_S",
+    "BODY_MIN_BYTES_PER_S",
+    "BodyBudget",
+    "BodyRefused",
+    "drain",
+    "read_body",
+]
+
+BODY_GRACE_S = 30.0
+BODY_MIN_BYTES_PER_S = 1 << 20
+# How long a refused request's body is read and discarded, so the client sees the answer.
+_DRAIN_S = 5.0
+
+
+class BodyBudget:
+    """Bytes of ingest bodies held in memory, read or being read, at most ``max_bytes``.
+
+    The first body is always admitted (one large batch is never starved), like the queue.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+
+    def take(self, nbytes: int, held: int) -> bool:
+        """Charge ``nbytes`` more to a request that holds ``held`` already."""
+        if self.bytes - held > 0 and self.bytes + nbytes > self.max_bytes:
+            return False
+        self.bytes += nbytes
+        return True
+
+    def give(self, nbytes: int) -> None:
+        self.bytes -= nbytes
+
+
+@dataclass
+class BodyRefused(Exception):
+    """The body was not read: ``status`` (408, 413, 429, 400), why, and the outcome counted."""
+
+    status: int
+    message: str
+    outcome: str
+    retry_after: int | None = None
+
+
+async def read_body(
+    request: Request,
+    limit: int,
+    budget: BodyBudget,
+    grace_s: float = BODY_GRACE_S,
+    min_rate: float = BODY_MIN_BYTES_PER_S,
+) -> bytes:
+    """The whole body, charged to ``budget`` as it arrives; the caller gives back ``len(body)``
+    when done with it. Raises :class:`BodyRefused` (having given its bytes back)."""
+    start = time.monotonic()
+    chunks: list[bytes] = []
+    size = 0
+    stream = request.stream().__aiter__()
+    try:
+        while True:
+            left = start + grace_s + size / min_rate - time.monotonic()
+            try:
+                chunk = await asyncio.wait_for(stream.__anext__(), max(left, 0.001))
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise BodyRefused(
+                    408,
+                    f"the body did not arrive in time ({size} bytes in "
+                    f"{time.monotonic() - start:.0f} s; allowed: {grace_s:.0f} s plus 1 s per "
+                    f"{min_rate / (1 << 20):.0f} MiB); retry later",
+                    "too_slow",
+                    retry_after=1,
+                ) from None
+            except ClientDisconnect:
+                raise BodyRefused(400, "the client went away mid-body", "rejected") from None
+            if not chunk:
+                continue
+            if size + len(chunk) > limit:
+                raise BodyRefused(413, f"body is over the limit of {limit} bytes", "too_large")
+            if not budget.take(len(chunk), size):
+                raise BodyRefused(
+                    429, "ingest queue is full; retry later", "throttled", retry_after=1
+                )
+            size += len(chunk)
+            chunks.append(chunk)
+    except BaseException:
+        budget.give(size)
+        raise
+    return b"".join(chunks)
+
+
+async def drain(request: Request, seconds: float = _DRAIN_S) -> None:
+    """Read and discard what is left of the body for a few seconds, so the client sees our
+    answer instead of a reset; a sender slower than that is cut off (the connection closes)."""
+    deadline = time.monotonic() + seconds
+    stream = request.stream().__aiter__()
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait_for(stream.__anext__(), left)
+    except (StopAsyncIteration, TimeoutError, ClientDisconnect, RuntimeError):
+        pass
