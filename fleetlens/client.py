@@ -25,6 +25,7 @@ httpx is imported when the first client is made, so ``import fleetlens`` stays s
 
 from __future__ import annotations
 
+import base64
 import json as _json
 import os
 import urllib.parse
@@ -300,6 +301,30 @@ class Client:
     def diagnosis(self, run_id: str, *, as_: As = "records") -> Any:
         """The run's findings: root cause, owner, confidence, evidence."""
         return self._rows(self.get(f"/v1/runs/{_quote(run_id)}/diagnosis"), "findings", as_)
+
+    def flight_recorder(
+        self,
+        run_id: str,
+        files: Iterable[str | os.PathLike[str] | tuple[str, bytes]],
+        *,
+        job_id: str | None = None,
+        timeout: float = 300.0,
+    ) -> dict[str, Any]:
+        """Send a job's NCCL Flight Recorder dumps (paths, or ``(name, bytes)``) as PyTorch wrote
+        them; the answer names the stuck collectives and the missing ranks, stored as findings.
+        A file's rank is the number that ends its name (``nccl_trace_rank_12``)."""
+        sent = []
+        for f in files:
+            if isinstance(f, tuple):
+                name, data = f
+            else:
+                with open(f, "rb") as fh:
+                    data = fh.read()
+                name = os.path.basename(os.fspath(f))
+            sent.append({"name": name, "data": base64.b64encode(data).decode("ascii")})
+        body = {"files": sent, **({"jobId": job_id} if job_id else {})}
+        path = f"/v1/runs/{_quote(run_id)}/flight-recorder"
+        return dict(self.request("POST", path, json=body, timeout=timeout).json())
 
     def metrics(
         self,

@@ -32,6 +32,7 @@ EXPECTED = {
     "runs": [("GET", "/v1/runs"), ("GET", "/v1/runs/{run_id}"), ("GET", "/v1/runs/{run_id}/ranks")],
     "series": [("GET", "/v1/runs/{run_id}/metrics")],
     "findings": [("GET", "/v1/runs/{run_id}/stragglers"), ("GET", "/v1/runs/{run_id}/diagnosis")],
+    "flight_recorder": [("POST", "/v1/runs/{run_id}/flight-recorder")],
     "alerts": [("GET", "/v1/alerts"), ("POST", "/v1/alerts/{alert_id}/ack")],
     "traces": [("GET", "/v1/runs/{run_id}/traces")],
     "goodput": [("GET", "/v1/runs/{run_id}/goodput"), ("GET", "/v1/fleet/goodput")],

@@ -194,6 +194,10 @@ BODIES = {
     },
     ("post", "/v1/models/{model_id}/aliases/{alias}"): {"version": "1"},
     ("post", "/v1/runs/{run_id}/control"): {"id": 0, "event": "resumed", "rank": 0, "time": 1.0},
+    # A Flight Recorder dump: base64 of the JSON {"entries": []}.
+    ("post", "/v1/runs/{run_id}/flight-recorder"): {
+        "files": [{"name": "nccl_trace_rank_0", "data": "eyJlbnRyaWVzIjogW119"}]
+    },
     ("post", "/v1/remediations/{remediation_id}/approve"): {},
     ("post", "/v1/remediations/{remediation_id}/reject"): {},
 }

@@ -100,7 +100,12 @@ def main(args: argparse.Namespace) -> int:
         return selftest()
     node = args.node or socket.gethostname()
     cfg = SDKConfig.resolve(
-        {"server": args.server, "node_id": node, "install_signal_handler": False},
+        {
+            "server": args.server,
+            "token": args.token,
+            "node_id": node,
+            "install_signal_handler": False,
+        },
         os.environ,
     )
     nvml = None
@@ -127,6 +132,7 @@ def main(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("agent", help="the node agent: GPU (NVML or dcgm-exporter) and host samples")
     p.add_argument("--server", help="collector URL (default $FLEETLENS_SERVER or loopback)")
+    p.add_argument("--token", help="API token, role ingest (default $FLEETLENS_TOKEN)")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between samples")
     p.add_argument(
         "--dcgm-url",

@@ -49,6 +49,7 @@ from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import BodyBudget, BodyRefused, drain, read_body
 from .evaluations import router as evaluations_router
 from .findings import router as findings_router
+from .flight_recorder import router as flight_recorder_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
 from .portal import router as portal_router
@@ -434,6 +435,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(runs_router)
     app.include_router(series_router)
     app.include_router(findings_router)
+    app.include_router(flight_recorder_router)
     app.include_router(alerts_router)
     app.include_router(traces_router)
     app.include_router(goodput_router)

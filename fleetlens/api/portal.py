@@ -248,6 +248,17 @@ async def failure(request: Request, run_id: str, scope: Reader) -> dict[str, Any
         top = max(findings, key=lambda f: (f["kind"] == "failure", f["confidence"]), default=None)
         at = (failed or {}).get("step") or (top or {}).get("step")
         out: dict[str, Any] = {"run": run_json(info), "failure": failed, "cause": None}
+        # Findings imported without telemetry (Flight Recorder dumps) show without steps too.
+        if top is not None:
+            out["cause"] = {
+                "diagnosis": top["diagnosis"],
+                "owner": top["owner"],
+                "confidence": top["confidence"],
+                "summary": top["summary"],
+                "evidence": top["evidence"],
+                "recommendation": _recommend(top["diagnosis"]),
+            }
+        out["findings"] = findings
         if rng is None:
             return out
         at = int(at) if at is not None else rng[1]
@@ -270,16 +281,6 @@ async def failure(request: Request, run_id: str, scope: Reader) -> dict[str, Any
                 rq.hardware(run_id, mine, lo, at)
             ranks = mine + [r for r in ranks if r["rank"] != failed["rank"]]
         out["infrastructure"] = ranks[:4]
-        if top is not None:
-            out["cause"] = {
-                "diagnosis": top["diagnosis"],
-                "owner": top["owner"],
-                "confidence": top["confidence"],
-                "summary": top["summary"],
-                "evidence": top["evidence"],
-                "recommendation": _recommend(top["diagnosis"]),
-            }
-        out["findings"] = findings
         out["related"] = rq.timeline(run_id, max(rng[0], at - 100), min(rng[1], at + 100))[:200]
         out["atStep"] = at
         return out

@@ -26,6 +26,7 @@ COMMANDS = (
     "sim",
     "agent",
     "traces",
+    "fr",
     "alerts",
     "remediations",
     "stragglers",
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         alerts,
         detect,
         evaluation,
+        flight_recorder,
         goodput,
         graph,
         remediations,
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_parser(sub)
     agent.add_parser(sub)
     traces.add_parser(sub)
+    flight_recorder.add_parser(sub)
     alerts.add_parser(sub)
     remediations.add_parser(sub)
     detect.add_parsers(sub)

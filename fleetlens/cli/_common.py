@@ -13,15 +13,18 @@ __all__ = ["access_store", "client", "client_opts", "server_config", "server_opt
 
 
 def client_opts(sp: argparse.ArgumentParser, json: bool = True) -> None:
-    """``--server`` (and ``--json`` on a read command)."""
+    """``--server`` and ``--token`` (and ``--json`` on a read command): every command that
+    talks to a server takes them here, and :func:`client` hands them to the one client."""
     sp.add_argument("--server", help="server URL (default $FLEETLENS_SERVER or loopback)")
+    sp.add_argument("--token", help="API token (default $FLEETLENS_TOKEN)")
     if json:
         sp.add_argument("--json", action="store_true", help="print the API's JSON")
 
 
 def client(args: argparse.Namespace, timeout: float = 60.0) -> Client:
-    """The command's client: ``--server`` or the client's own resolution (environment)."""
-    return Client(getattr(args, "server", None), timeout=timeout)
+    """The command's client: ``--server`` / ``--token``, else the client's own resolution
+    (``$FLEETLENS_SERVER`` / ``$FLEETLENS_TOKEN``)."""
+    return Client(getattr(args, "server", None), getattr(args, "token", None), timeout=timeout)
 
 
 def server_opts(sp: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """``fleetlens eval worker | submit | status | gate | promote``.
 
-The server is ``--server`` or ``$FLEETLENS_SERVER``; the token is ``$FLEETLENS_TOKEN``.
+The server is ``--server`` or ``$FLEETLENS_SERVER``; the token ``--token`` or ``$FLEETLENS_TOKEN``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def _worker(args: argparse.Namespace) -> int:
     worker = Worker(
         WorkerConfig(
             server=resolve_server(args.server),
+            token=args.token,
             worker_id=args.worker_id or "",
             lease_s=args.lease_s,
             poll_s=args.poll_s,

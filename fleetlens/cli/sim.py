@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from ._common import client_opts
 from ._output import print_json
 
 __all__ = ["add_parser", "cmd_sim"]
@@ -19,7 +20,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="sim_command", required=True)
     run = sub.add_parser("run", help="run a scenario (a shipped name or a YAML path)")
     run.add_argument("scenario")
-    run.add_argument("--server", default=None, help="collector URL, e.g. http://127.0.0.1:8000")
+    client_opts(run, json=False)
     run.add_argument("--speed", type=float, default=None,
                      help="simulated seconds per wall second; 0 = as fast as possible")  # fmt: skip
     run.add_argument("--out", default=None, help="directory for batch files and ground truth")
@@ -45,7 +46,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print("sim run: give --server URL and/or --out DIR", file=sys.stderr)
         return 2
     res = run_scenario(args.scenario, server=args.server, out_dir=args.out, speed=args.speed,
-                       seed=args.seed)  # fmt: skip
+                       seed=args.seed, token=args.token)  # fmt: skip
     t = res.truth
     print(
         f"{t.run_id}: {sum(res.records.values()):,} records in {res.elapsed_s:.1f}s, "

@@ -2,7 +2,7 @@
 
 Traces can be large, so they are parsed on the machine that has them and only the per-step and
 per-collective tables travel (one gzip batch per rank, to ``{server}/v1/ingest``, with
-``Authorization: Bearer $FLEETLENS_TOKEN`` when that is set).
+``Authorization: Bearer`` ``--token`` or ``$FLEETLENS_TOKEN`` when one is given).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import contextlib
 import sys
 from typing import Any
 
-from ._common import client
+from ._common import client, client_opts
 from ._output import Table, fmt, print_json
 
 __all__ = ["add_parser", "cmd_traces_import"]
@@ -89,7 +89,7 @@ def add_parser(sub: Any) -> None:
     imp.add_argument("paths", nargs="+", metavar="PATH", help="trace files or directories")
     imp.add_argument("--run", required=True, help="run id the traces belong to")
     imp.add_argument("--job", default=None, help="job (attempt) id")
-    imp.add_argument("--server", default=None, help="server URL (env FLEETLENS_SERVER)")
     imp.add_argument("--dry-run", action="store_true", help="parse and summarise, send nothing")
     imp.add_argument("--json", action="store_true", help="also print the summary as JSON")
+    client_opts(imp, json=False)
     imp.set_defaults(func=cmd_traces_import)

@@ -167,9 +167,11 @@ class NullSink:
         pass
 
 
-def open_sink(server: str | None, out_dir: str | os.PathLike[str] | None) -> Sink:
+def open_sink(
+    server: str | None, out_dir: str | os.PathLike[str] | None, token: str | None = None
+) -> Sink:
     if server:
-        return HttpSink(server)
+        return HttpSink(server, token=token)
     if out_dir:
         return DirSink(Path(out_dir) / "batches")
     return NullSink()

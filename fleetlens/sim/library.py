@@ -169,9 +169,11 @@ def run_scenario(
     speed: float | None = None,
     seed: int | None = None,
     sink: Sink | None = None,
+    token: str | None = None,
     **overrides: Any,
 ) -> SimResult:
-    """Run a scenario into ``server`` (HTTP), ``out_dir`` (batch files) or ``sink``.
+    """Run a scenario into ``server`` (HTTP, with ``token``, else ``$FLEETLENS_TOKEN``),
+    ``out_dir`` (batch files) or ``sink``.
 
     Ground truth goes to ``out_dir/ground_truth.json`` when ``out_dir`` is given.
     ``overrides`` replace top-level scenario fields (e.g. ``job=replace(scn.job, steps=100)``).
@@ -179,7 +181,7 @@ def run_scenario(
     scn = name_or_path if isinstance(name_or_path, Scenario) else load_scenario(name_or_path)
     if overrides:
         scn = replace(scn, **overrides)
-    use = sink or open_sink(server, out_dir)
+    use = sink or open_sink(server, out_dir, token)
     t0 = time.perf_counter()
     try:
         truth = simulate(scn, use, seed=seed, speed=speed)

@@ -1,0 +1,118 @@
+"""``POST /v1/runs/{run_id}/flight-recorder``: a job's PyTorch Flight Recorder dumps, as written.
+
+The body is JSON: ``{"jobId": "j1", "files": [{"name": "nccl_trace_rank_12", "data": BASE64}]}``
+(``rank`` beside ``name`` when the file name does not end in the rank). ``data`` is the file
+exactly as PyTorch wrote it: a pickle (read with an unpickler that refuses every global) or
+JSON. The body is bounded (:data:`MAX_BODY_BYTES`, :data:`MAX_FILES`); a bad file is a 400 that
+names it, and nothing is stored unless every file was read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any
+
+import anyio
+import msgspec
+from fastapi import APIRouter, Depends, Request
+
+from ..errors import BatchTooLarge, TraceFormatError
+from ..services.flight_recorder import DumpFile, import_flight_recorder
+from ..store.scope import Scope
+from .auth import ERROR_RESPONSES, require_any
+
+__all__ = ["MAX_BODY_BYTES", "MAX_FILES", "router"]
+
+router = APIRouter(prefix="/v1", tags=["findings"], responses=ERROR_RESPONSES)
+
+MAX_BODY_BYTES = 256 << 20
+"""The largest upload: a dump is ~1-2 MB per rank with the default 2,000-entry buffer."""
+MAX_FILES = 8192
+"""The most dumps in one upload (one per rank)."""
+
+
+class UploadedFile(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    data: str  # base64 of the file's bytes
+    rank: int | None = None
+
+
+class Upload(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    files: list[UploadedFile] = []
+    job_id: str | None = None
+
+
+(_SCHEMA,), _DEFS = msgspec.json.schema_components([Upload], ref_template="#/$defs/{name}")
+
+
+async def _drain(request: Request) -> None:
+    """Read and discard the rest of the body, so the client sees our answer, not a reset."""
+    async for _chunk in request.stream():
+        pass
+
+
+async def _body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        await _drain(request)
+        raise BatchTooLarge(f"body is {declared} bytes; the limit is {MAX_BODY_BYTES}; "
+                            "send the dumps of fewer ranks per request")  # fmt: skip
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            await _drain(request)
+            raise BatchTooLarge(f"body is over the limit of {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
+    try:
+        up = msgspec.json.decode(body, type=Upload)
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(f"body: {exc}") from exc
+    if len(up.files) > MAX_FILES:
+        raise BatchTooLarge(f"{len(up.files)} files; the limit is {MAX_FILES} per request")
+    out = []
+    for f in up.files:
+        try:
+            data = base64.b64decode(f.data, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise TraceFormatError(f"{f.name}: `data` is not base64 ({exc})") from exc
+        out.append(DumpFile(f.name, data, f.rank))
+    return out, up.job_id
+
+
+@router.post(
+    "/runs/{run_id}/flight-recorder",
+    summary="Import a job's NCCL Flight Recorder dumps: stuck collectives and missing ranks",
+    description="Each file is a dump as PyTorch wrote it (pickle or JSON), base64 in `data`; "
+    "its rank is the number that ends its name, or `rank`. The answer names the stuck "
+    "collectives, the ranks missing from them with their nodes and GPUs (from the job's "
+    "placement), and the last collective each rank completed per process group; each stuck "
+    "collective is stored as a `hang` finding of the run (`GET /v1/runs/{run_id}/diagnosis`).",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {**_SCHEMA, "$defs": _DEFS}}},
+        }
+    },
+    responses={
+        400: {"description": "A file is not a dump (the error names it); nothing stored"},
+        413: {"description": f"Over {MAX_BODY_BYTES} bytes or {MAX_FILES} files; nothing stored"},
+    },
+)
+async def post_flight_recorder(
+    request: Request, run_id: str, scope: Annotated[Scope, Depends(require_any("write", "ingest"))]
+) -> dict[str, Any]:
+    svc = request.app.state.services
+    body = await _body(request)
+
+    def work() -> dict[str, Any]:
+        svc.metadata.get_run(scope, run_id)  # an unknown run is a 404 whatever the body
+        files, job_id = _files(body)
+        return import_flight_recorder(svc.telemetry, svc.metadata, scope, run_id, files, job_id)
+
+    return await anyio.to_thread.run_sync(work)

@@ -1,0 +1,129 @@
+"""Import a job's Flight Recorder dumps: read every file, analyse, store the findings at once.
+
+Every file is read and checked before anything is written, so a bad file refuses the whole
+import (TraceFormatError naming it, a 400) and the run's findings are left as they were; the
+findings are written in one transaction. The missing ranks are placed on their nodes and GPUs
+from the job's placement when the server has it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..analysis.flight_recorder import (
+    FlightRecorderReport,
+    analyze_dumps,
+    diagnoses,
+    group_summary,
+    load_dump,
+    rank_from_name,
+)
+from ..errors import TraceFormatError
+from ..store.detect_queries import DetectQueries
+from ..store.findings import FindingsStore
+from ..store.metadata import MetadataStore
+from ..store.scope import Scope
+from ..store.telemetry import TelemetryStore
+
+__all__ = ["DumpFile", "import_flight_recorder", "read_dumps"]
+
+
+@dataclass(frozen=True)
+class DumpFile:
+    """One uploaded dump: its file name, the rank when the name does not carry it, its bytes."""
+
+    name: str
+    data: bytes
+    rank: int | None = None
+
+
+def read_dumps(files: Sequence[DumpFile]) -> dict[int, dict[str, Any]]:
+    """rank -> dump; refuses a file without a rank, two files of one rank, or a bad dump."""
+    dumps: dict[int, dict[str, Any]] = {}
+    names: dict[int, str] = {}
+    for f in files:
+        rank = f.rank if f.rank is not None else rank_from_name(f.name)
+        if rank is None or rank < 0:
+            raise TraceFormatError(
+                f"{f.name}: no rank in the file name (PyTorch writes "
+                "$TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>); rename it or give its rank"
+            )
+        if rank in dumps:
+            raise TraceFormatError(f"{f.name}: rank {rank} was already given by {names[rank]}")
+        dumps[rank], names[rank] = load_dump(f.data, f.name), f.name
+    if not dumps:
+        raise TraceFormatError("no dumps: send at least one Flight Recorder file")
+    return dumps
+
+
+def _report_json(rep: FlightRecorderReport) -> dict[str, Any]:
+    summary = group_summary(rep, len(rep.progress))
+    stuck = [
+        {
+            "group": s.group,
+            "desc": s.desc,
+            "op": s.op,
+            "seq": s.seq,
+            "members": list(s.members),
+            "missing": list(s.missing),
+            "sizes": s.sizes,
+            "dtypes": s.dtypes,
+        }
+        for s in rep.stuck
+    ]
+    groups = [
+        {
+            "group": p.group,
+            **summary[p.group],
+            "lastCompleted": {str(r): n for r, n in p.last_completed.items()},
+        }
+        for p in rep.progress
+    ]
+    return {
+        "world": rep.world,
+        "ranksWithDump": list(rep.ranks),
+        "missingRanks": rep.missing,
+        "stuck": stuck,
+        "groups": groups,
+    }
+
+
+def _home(rank: int, node: str, gpu: int, rack: str) -> dict[str, Any]:
+    return {"rank": rank, "node": node or None, "gpu": gpu if gpu >= 0 else None,
+            "rack": rack or None}  # fmt: skip
+
+
+def import_flight_recorder(
+    telemetry: TelemetryStore,
+    metadata: MetadataStore,
+    scope: Scope,
+    run_id: str,
+    files: Sequence[DumpFile],
+    job_id: str | None = None,
+) -> dict[str, Any]:
+    """Analyse the dumps of one job of ``run_id`` and store a ``hang`` finding per stuck
+    collective; the answer is the analysis and the findings' keys."""
+    run = metadata.get_run(scope, run_id)  # 404 unless the caller may see the run
+    dumps = read_dumps(files)
+    q = DetectQueries(telemetry, scope.tenant)
+    if not job_id:
+        jobs = metadata.jobs(scope, run_id)
+        job_id = jobs[-1]["jobId"] if jobs else ""
+    rep = analyze_dumps(dumps, run.world_size)
+    place = q.placement(run_id, job_id, rep.world) if job_id else None
+
+    def where(rank: int) -> tuple[str, int, str]:
+        return place.of(rank) if place is not None else ("", -1, "")
+
+    found = diagnoses(rep, where, job_id, step=run.last_step, time=time.time())
+    stored = FindingsStore(metadata).upsert(scope.tenant, run_id, found)
+    return {
+        "runId": run_id,
+        "jobId": job_id or None,
+        **_report_json(rep),
+        "missing": [_home(r, *where(r)) for r in rep.missing],
+        "findings": [f.key for f in stored],
+    }

@@ -1,0 +1,167 @@
+"""Every CLI command that talks to a server takes its token the same way: ``--token``, else
+``$FLEETLENS_TOKEN`` (``fleetlens.cli._common.client_opts`` and ``client``).
+
+The commands run (in this process, through ``fleetlens.cli.main``) against a real server that
+requires tokens: without one each is refused with HTTP 401; with ``--token`` or with
+``$FLEETLENS_TOKEN`` it gets past authentication (whatever the command then answers: a 404 for
+an id that does not exist is fine, a 401 is not). The list of commands is checked against the
+parser, so a new command that talks to a server has to be added here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetlens import cli
+from fleetlens.store.access import AccessStore
+from fleetlens.store.metadata import MetadataStore
+
+from .helpers import Server
+
+REAL = Path(__file__).resolve().parent / "data" / "real"
+TRACE = REAL / "kineto_traces" / "hta" / "amd_rocm" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+LOG = REAL / "training_logs" / "bigscience_megatron_deepspeed" / "meg_ds_3d_gpt2_perf_n16-ds-on.out"
+FR = REAL / "nccl_flight_recorder" / "nvidia_resiliency_ext_16rank" / "gpu_error_1st"
+
+# Group commands that only print a usage error without a subcommand (they contact nothing).
+NO_CONTACT = {"eval"}
+
+
+def invocations(tmp: Path) -> dict[str, list[str]]:
+    request, policies = tmp / "request.json", tmp / "policies.json"
+    request.write_text("{}")
+    policies.write_text("[]")
+    run = "tok-run"
+    return {
+        "runs": ["runs"],
+        "run show": ["run", "show", run],
+        "goodput": ["goodput", run],
+        "fleet goodput": ["fleet", "goodput"],
+        "sim run": ["sim", "run", "hang"],
+        "agent": ["agent", "--once", "--no-gpu", "--node", "tok-node"],
+        "traces import": ["traces", "import", str(TRACE), "--run", run],
+        "fr import": ["fr", "import", str(FR), "--run", run],
+        "alerts": ["alerts"],
+        "alerts list": ["alerts", "list"],
+        "alerts ack": ["alerts", "ack", "987654"],
+        "alerts resolve": ["alerts", "resolve", "987654"],
+        "alerts incident": ["alerts", "incident", "987654"],
+        "remediations": ["remediations"],
+        "remediations list": ["remediations", "list"],
+        "remediations show": ["remediations", "show", "987654"],
+        "remediations approve": ["remediations", "approve", "987654"],
+        "remediations reject": ["remediations", "reject", "987654"],
+        "stragglers": ["stragglers", run],
+        "diagnose": ["diagnose", run],
+        "compare": ["compare", run, "tok-other"],
+        "import": ["import", "megatron", str(LOG), "--run", "tok-imported"],
+        "lineage": ["lineage", "run", run],
+        "models register": ["models", "register", "tok-model:1", "--run", run],
+        "eval worker": ["eval", "worker", "--idle-exit", "0", "--max-shards", "1"],
+        "eval submit": ["eval", "submit", str(request)],
+        "eval status": ["eval", "status", "tok-eval"],
+        "eval gate": ["eval", "gate", "tok-model", "1", "--policies", str(policies)],
+        "eval promote": ["eval", "promote", "tok-model", "staging", "1"],
+    }
+
+
+def _server_commands() -> dict[str, set[str]]:
+    """Every (sub)command path of the CLI that takes --server, with its options."""
+    out: dict[str, set[str]] = {}
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]) -> None:
+        opts = {o for a in parser._actions for o in a.option_strings}
+        if "--server" in opts:
+            out[" ".join(path)] = opts
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    walk(sp, [*path, name])
+
+    walk(cli.build_parser(), [])
+    return out
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    data = tmp_path_factory.mktemp("tokens") / "data"
+    data.mkdir()
+    meta = MetadataStore(f"sqlite:///{data}/metadata.db")
+    access = AccessStore(meta)
+    access.create_token("acme", "admin", name="admin")
+    token, _ = access.create_token("acme", "editor", name="cli")
+    meta.close()
+    srv = Server(str(data), extra_args=("--auth", "required")).start()
+    try:
+        yield srv, token
+    finally:
+        srv.stop()
+
+
+def _node_rows(srv: Server, token: str) -> int:
+    req = urllib.request.Request(srv.url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        text = r.read().decode()
+    m = re.search(r'^fleetlens_ingest_rows_total\{kind="node"\} ([0-9.e+]+)$', text, re.M)
+    return int(float(m.group(1))) if m else 0
+
+
+def test_every_server_command_takes_token(tmp_path: Path) -> None:
+    found = _server_commands()
+    assert set(found) - NO_CONTACT == set(invocations(tmp_path)), "add the new command here"
+    assert all("--token" in opts for opts in found.values()), found
+
+
+def test_every_server_command_uses_the_token(
+    secured: tuple[Server, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    srv, token = secured
+    monkeypatch.delenv("FLEETLENS_TOKEN", raising=False)
+    monkeypatch.setenv("FLEETLENS_SPOOL_DIR", str(tmp_path / "spool"))
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        code = cli.main([*argv, "--server", srv.url])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    wrong = []
+    sims = []
+    for name, argv in invocations(tmp_path).items():
+        if name == "agent":
+            continue
+        code, out, err = run(argv)
+        if code == 0 or "HTTP 401" not in err:
+            wrong.append(f"{name} without a token: exit {code}: {err[-300:]}")
+        code, out, err = run([*argv, "--token", token])
+        if "HTTP 401" in err:
+            wrong.append(f"{name} --token: {err[-300:]}")
+        sims += [json.loads(out)["run_id"]] if name == "sim run" and code == 0 else []
+        monkeypatch.setenv("FLEETLENS_TOKEN", token)
+        try:
+            code, out, err = run(argv)
+        finally:
+            monkeypatch.delenv("FLEETLENS_TOKEN")
+        if "HTTP 401" in err:
+            wrong.append(f"{name} $FLEETLENS_TOKEN: {err[-300:]}")
+    assert wrong == [], "\n".join(wrong)
+    # The simulated run sent with --token was stored, under the token's tenant.
+    assert sims and sims[0] in {r["runId"] for r in srv.get("/v1/runs", token)["runs"]}
+
+    # The agent never fails on a refused batch (it counts it): the server's rows tell.
+    agent = invocations(tmp_path)["agent"]
+    before = _node_rows(srv, token)
+    assert run(agent)[0] == 0 and _node_rows(srv, token) == before
+    assert run([*agent, "--token", token])[0] == 0
+    assert _node_rows(srv, token) == before + 1
+    monkeypatch.setenv("FLEETLENS_TOKEN", token)
+    assert run(agent)[0] == 0 and _node_rows(srv, token) == before + 2
