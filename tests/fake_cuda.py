@@ -86,10 +86,12 @@ class Event:
     def __init__(self, gpu: Gpu) -> None:
         self.gpu = gpu
         self.op: Op | None = None
+        self.broken = False
 
     def record(self, stream: Stream | None = None) -> None:
         self.op = (stream or self.gpu.current).enqueue()
         self.gpu.records += 1
+        self.broken, self.gpu.break_next = self.gpu.break_next, False
 
     def time(self) -> float | None:
         return None if self.op is None else self.op.end()
@@ -103,6 +105,8 @@ class Event:
             raise RuntimeError("elapsed_time on an event that was not recorded")
         if not (self.query() and end.query()):
             raise RuntimeError("CUDA error: device not ready")
+        if self.broken or end.broken:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return (end.time() - self.time()) * 1000.0  # type: ignore[operator]
 
 
@@ -119,6 +123,7 @@ class Gpu:
         self.syncs = 0
         self.records = 0
         self.side_stream_fails = False
+        self.break_next = False  # the next event recorded fails in elapsed_time
 
     # -- CudaApi --
     def event(self) -> Event:

@@ -234,6 +234,20 @@ def test_a_host_far_ahead_of_the_device_keeps_a_bounded_backlog(
     assert tr.errors == 0
 
 
+def test_a_step_that_cannot_be_read_back_is_dropped_and_counted_not_stuck() -> None:
+    gpu = Gpu(0)
+    run = RecordingRun()
+    tr = TorchRun(run, "cuda", cuda_api=gpu)  # type: ignore[arg-type]
+    for n in range(4):
+        with tr.step(n):
+            gpu.break_next = n == 1  # the driver fails on an event of step 1
+            with tr.phase("forward"):
+                gpu.kernel(0.010)
+        gpu.host_wait(gpu.default.tail)
+    tr.flush()
+    assert [s["step"] for s in run.steps] == [0, 2, 3] and tr.errors == 1
+
+
 @pytest.mark.parametrize("anchor", ["missing", "delayed"])
 def test_device_times_stay_exact_without_a_prompt_anchor(
     monkeypatch: pytest.MonkeyPatch, anchor: str

@@ -211,21 +211,36 @@ class DeviceTimer:
     # -- read-back (the training thread, at step boundaries; never waits) -----------------------
 
     def resolve(self) -> None:
-        """Record what the device has finished, oldest first; bounded, and never waits."""
+        """Record what the device has finished, oldest first; bounded, and never waits.
+
+        An item that cannot be read back (an error from the driver) is dropped and counted, so
+        that it never holds up the ones behind it."""
         for _ in range(_RESOLVE_STEPS):
-            if not self._steps or not self._resolve_step(self._steps[0]):
+            if not self._steps:
                 break
+            try:
+                if not self._resolve_step(self._steps[0]):
+                    break
+            except Exception:
+                self._steps[0].clock.final = True
+                self._on_error()
             self._steps.popleft()
         for _ in range(_RESOLVE_COLLECTIVES):
             with self._lock:
                 c = self._colls[0] if self._colls else None
-            if c is None or not _done(c.enter[0], c.exit[0]):
+            if c is None:
                 break
-            if c.clock is not None and not c.clock.final:
-                break  # after its step, whose events put the anchor on the host's clock
+            try:
+                if not _done(c.enter[0], c.exit[0]):
+                    break
+                if c.clock is not None and not c.clock.final:
+                    break  # after its step, whose events put the anchor on the host's clock
+                self._record_collective(c)
+            except Exception:
+                self._on_error()
             with self._lock:
-                self._colls.popleft()
-            self._record_collective(c)
+                if self._colls and self._colls[0] is c:
+                    self._colls.popleft()
 
     def _resolve_step(self, st: _Step) -> bool:
         marks = st.marks["step"]
