@@ -13,17 +13,21 @@
             with tr.phase("optimizer"): opt.step()
         tr.log(i, loss=loss, optimizer=opt)
 
-Each concept has its module: ``timing`` (steps, phases, CUDA events, DDP collectives),
-``drain`` (the stop vote, drain, resume), ``checkpoint`` (verified checkpoints and their
-manifests); ``run`` puts them together as ``TorchRun``.
+Each concept has its module: ``timing`` (steps, phases, the loader's wait, DDP collectives),
+``cuda`` (the same on the device: CUDA events read back later), ``drain`` (the stop vote, drain,
+resume), ``checkpoint`` (verified checkpoints and their manifests); ``run`` puts them together
+as ``TorchRun``.
 
-Timing never synchronizes the device on the hot path. On CUDA, a step and its phases are timed
-with CUDA events that are read back later, when the device has passed them (``query()``), and
-recorded then; on CPU, host timers are exact. In DDP the backward pass blocks until every rank's
-gradients are reduced, so its time is split at the moment the last local bucket was ready:
-before it is this rank's compute, after it is waiting for the others (``comm``). A slow rank
-therefore shows as the longest compute and the shortest wait, and each collective records when
-this rank entered and left it, so the last arriver is found without synchronized clocks.
+Timing never synchronizes the device on the hot path. On CPU, host timers are exact. On CUDA,
+steps, phases and collectives are events on the streams that ran the work, read back once the
+device has passed them (``query()``), and put on the host's clock through a per-step anchor
+event. In DDP the backward pass ends waiting until every rank's gradients are reduced, so its
+time is split at the moment the last local bucket was ready (a host timer on CPU, an event on
+the computing stream on CUDA): before it is this rank's compute, after it is waiting for the
+others (``comm``). A slow rank therefore shows as the longest compute and the shortest wait, and
+each collective records when this rank (on CUDA, its device) entered and left it, so the last
+arriver is found without synchronized clocks. ``flush()`` at the end of training records what
+the device has not yet been seen to finish.
 
 Draining for the server's remediation controller (docs/remediation.md)::
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..sdk.run import Run
+from .cuda import CudaApi
 from .drain import Drain
 from .timing import StepTiming
 
@@ -22,10 +23,20 @@ class TorchRun(StepTiming, Drain):
     """A fleetlens Run with PyTorch-aware timing. Never raises into the training loop."""
 
     def __init__(
-        self, run: Run, device: torch.device | str | None = None, event_factory: Any = None
+        self,
+        run: Run,
+        device: torch.device | str | None = None,
+        event_factory: Any = None,
+        *,
+        cuda_api: CudaApi | None = None,
     ) -> None:
+        """``device``: where the model runs; on ``cuda`` the timing is device events.
+
+        ``event_factory`` replaces ``torch.cuda.Event``; ``cuda_api`` replaces all of what the
+        device timing uses of CUDA and the host clock (``fleetlens.torch.cuda.CudaApi``): tests
+        pass a model of a GPU here. Leave both unset on a GPU host."""
         self.errors = 0
-        self._init_timing(run, device, event_factory)
+        self._init_timing(run, device, event_factory, cuda_api)
         self._init_drain()
 
     # -- training signals -----------------------------------------------------------------------

@@ -1,18 +1,20 @@
 """Step and phase timing on the device, data wait, and DDP collectives with the compute/wait split.
 
-Timing never synchronizes the device on the hot path. On CUDA, a step and its phases are timed
-with CUDA events that are read back later, when the device has passed them (``query()``), and
-recorded then; on CPU, host timers are exact. In DDP the backward pass blocks until every rank's
-gradients are reduced, so its time is split at the moment the last local bucket was ready:
-before it is this rank's compute, after it is waiting for the others (``comm``). A slow rank
-therefore shows as the longest compute and the shortest wait, and each collective records when
-this rank entered and left it, so the last arriver is found without synchronized clocks.
+Timing never synchronizes the device on the hot path. On CPU, host timers are exact. On CUDA,
+steps, phases and collectives are events on the streams that ran the work, read back once the
+device has passed them (``fleetlens/torch/cuda.py`` says how, and how device times are put on the
+host's clock). In DDP the backward pass ends waiting until every rank's gradients are reduced
+(on CPU the host blocks; on NCCL the default stream waits for the communication stream), so its
+time is split at the moment the last local bucket was ready, a host timer on CPU and an event
+on the computing stream on CUDA: before it is this rank's compute, after it is waiting for the
+others (``comm``). A slow rank therefore shows as the longest compute and the shortest wait, and
+each collective records when this rank entered and left it (on CUDA, when its device did), so
+the last arriver is found without synchronized clocks.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any
@@ -21,18 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..sdk.run import Run
-
-_MAX_PENDING = 64  # CUDA steps awaiting read-back; older ones are dropped (and counted)
-
-
-class _CudaStep:
-    """Events of one step on the device, read back once the device has passed them."""
-
-    __slots__ = ("events", "n", "tokens", "wall")
-
-    def __init__(self, n: int, tokens: int, wall: float) -> None:
-        self.n, self.tokens, self.wall = n, tokens, wall
-        self.events: dict[str, list[Any]] = {}
+from .cuda import CudaApi, DeviceTimer, Mark, TorchCuda
 
 
 class _Span:
@@ -52,25 +43,42 @@ class _Span:
 
 
 class StepTiming:
-    """TorchRun's timing half: steps, phases, the loader's wait, CUDA read-back, collectives."""
+    """TorchRun's timing half: steps, phases, the loader's wait, device read-back, collectives."""
 
     run: Run
     errors: int
 
-    def _init_timing(self, run: Run, device: torch.device | str | None, event_factory: Any) -> None:
+    def _init_timing(
+        self,
+        run: Run,
+        device: torch.device | str | None,
+        event_factory: Any,
+        cuda_api: CudaApi | None = None,
+    ) -> None:
         self.run = run
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.cuda = self.device.type == "cuda"
-        # A test can pass a stand-in for torch.cuda.Event; on a GPU host it is the real one.
-        self._event = event_factory or (torch.cuda.Event if self.cuda else None)
-        self._pending: deque[_CudaStep] = deque()
-        self._current: _CudaStep | None = None
+        # On a GPU host the real torch.cuda; a test passes a model of one (tests/fake_cuda.py).
+        self._dev: DeviceTimer | None = None
+        if self.cuda:
+            api = cuda_api or TorchCuda(self.device, event_factory)
+            self._dev = DeviceTimer(run, api, self._count_error)
         self._sdk_step: Any = None
         self._data_wait = 0.0
         self._step_n = -1
         self._seq = 0
         self._last_bucket = 0.0
-        self.dropped_steps = 0
+        self._buckets = 0  # bucket marks so far, and the latest one (CUDA)
+        self._bucket: Mark | None = None
+
+    @property
+    def dropped_steps(self) -> int:
+        """CUDA steps dropped because the device had not passed them in time (bounded read-back)."""
+        return self._dev.dropped_steps if self._dev is not None else 0
+
+    @property
+    def dropped_collectives(self) -> int:
+        return self._dev.dropped_collectives if self._dev is not None else 0
 
     # -- steps and phases ---------------------------------------------------------------------
 
@@ -79,12 +87,9 @@ class StepTiming:
             self._step_n = n
             self._seq = 0
             wait, self._data_wait = self._data_wait, 0.0
-            if self.cuda:
+            if self._dev is not None:
                 self._resolve()
-                self._current = _CudaStep(n, tokens, time.time())
-                self._mark("step")
-                if wait:
-                    self._current.events.setdefault("host_data", []).append(wait)
+                self._dev.begin_step(n, tokens, wait)
             else:
                 self._sdk_step = self.run.step(n, tokens=tokens)
                 self._sdk_step.__enter__()
@@ -93,14 +98,8 @@ class StepTiming:
 
         def exit_(ev: BaseException | None) -> None:
             try:
-                if self.cuda:
-                    self._mark("step")
-                    if self._current is not None:
-                        if len(self._pending) >= _MAX_PENDING:
-                            self._pending.popleft()
-                            self.dropped_steps += 1
-                        self._pending.append(self._current)
-                        self._current = None
+                if self._dev is not None:
+                    self._dev.end_step()
                 elif self._sdk_step is not None:
                     s, self._sdk_step = self._sdk_step, None
                     s.__exit__(type(ev) if ev else None, ev, None)
@@ -111,17 +110,21 @@ class StepTiming:
 
     def phase(self, name: str) -> _Span:
         state = {"t0": 0.0, "bucket0": 0.0}
+        marks: list[Mark] = []
 
         def enter() -> None:
-            if self.cuda:
-                self._mark(name)
+            if self._dev is not None:
+                if self._dev.current is not None:
+                    marks.append(self._dev.mark())
+                state["bucket0"] = self._buckets
+                return
             state["t0"] = time.perf_counter()
             state["bucket0"] = self._last_bucket
 
         def exit_(ev: BaseException | None) -> None:
             try:
-                if self.cuda:
-                    self._mark(name)
+                if self._dev is not None:
+                    self._device_phase(name, marks, int(state["bucket0"]))
                     return
                 t1 = time.perf_counter()
                 spent = t1 - state["t0"]
@@ -137,6 +140,19 @@ class StepTiming:
 
         return _Span(self._guard(enter), exit_)
 
+    def _device_phase(self, name: str, marks: list[Mark], buckets0: int) -> None:
+        dev = self._dev
+        if dev is None or not marks or dev.current is None:
+            return
+        start, end = marks[0], dev.mark()
+        bucket = self._bucket
+        if name == "backward" and self._buckets > buckets0 and bucket is not None:
+            # DDP: after the last local bucket's gradients, the stream only waited for the others.
+            dev.add("backward", start, bucket)
+            dev.add("comm", bucket, end)
+        else:
+            dev.add(name, start, end)
+
     def loader(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """Yield from a DataLoader, charging the time spent waiting to the next step's data."""
         it = iter(iterable)
@@ -147,52 +163,26 @@ class StepTiming:
             except StopIteration:
                 return
             wait = time.perf_counter() - t0
-            if self._sdk_step is not None or self._current is not None:
-                self.run.add_phase("data", wait)  # fetched inside a step
+            if self._dev is not None and self._dev.current is not None:
+                self._dev.add_data(wait)  # fetched inside a step
+            elif self._sdk_step is not None:
+                self.run.add_phase("data", wait)
             else:
                 self._data_wait += wait
             yield batch
 
-    # -- CUDA event read-back -------------------------------------------------------------------
-
-    def _mark(self, name: str) -> None:
-        if self._current is None or self._event is None:
-            return
-        ev = self._event(enable_timing=True)
-        ev.record()
-        self._current.events.setdefault(name, []).append(ev)
+    # -- device read-back -----------------------------------------------------------------------
 
     def _resolve(self) -> None:
-        """Record every pending step the device has finished; never waits for one."""
-        while self._pending:
-            st = self._pending[0]
-            marks = st.events.get("step", [])
-            if len(marks) < 2 or not marks[1].query():
-                return
-            self._pending.popleft()
-            phases: dict[str, float] = {}
-            for name, evs in st.events.items():
-                if name in ("step", "host_data"):
-                    continue
-                phases[name] = sum(
-                    evs[i].elapsed_time(evs[i + 1]) / 1000.0 for i in range(0, len(evs) - 1, 2)
-                )
-            if "host_data" in st.events:
-                phases["data"] = float(sum(st.events["host_data"]))
-            self.run.record_step(
-                st.n,
-                time=st.wall,
-                duration=marks[0].elapsed_time(marks[1]) / 1000.0,
-                phases=phases,
-                tokens=st.tokens,
-            )
+        """Record what the device has finished (steps, collectives); never waits for it."""
+        if self._dev is not None:
+            self._dev.resolve()
 
     def flush(self) -> None:
-        """At the end of training: wait for the device once and record the remaining steps."""
+        """At the end of training: wait for the device once and record what is left."""
         try:
-            if self.cuda and self._pending:
-                torch.cuda.synchronize(self.device)
-            self._resolve()
+            if self._dev is not None:
+                self._dev.flush()
         except Exception:
             self.errors += 1
 
@@ -204,7 +194,11 @@ class StepTiming:
         group: Any = None,
         name: str = "default",
     ) -> None:
-        """Replace DDP's all-reduce with one that records each bucket's enter and exit."""
+        """Replace DDP's all-reduce with one that records each bucket's enter and exit.
+
+        On CUDA, enter is an event on the stream that computed the bucket (when this rank's
+        device arrived) and exit one recorded in the future's callback, which CUDA orders after
+        the collective: device times, read back later, never host enqueue times."""
         world = dist.get_world_size(group)
 
         def hook(_state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
@@ -214,18 +208,22 @@ class StepTiming:
             seq, step = self._seq, self._step_n
             self._seq += 1
             nbytes = tensor.numel() * tensor.element_size()
+            mark = self._bucket_mark()
             fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
             def done(f: torch.futures.Future[Any]) -> torch.Tensor:
-                self.run.collective(
-                    step=step,
-                    seq=seq,
-                    op="all_reduce",
-                    group=name,
-                    enter=enter,
-                    exit=time.time(),
-                    bytes=nbytes,
-                )
+                if self._dev is None:
+                    self.run.collective(
+                        step=step,
+                        seq=seq,
+                        op="all_reduce",
+                        group=name,
+                        enter=enter,
+                        exit=time.time(),
+                        bytes=nbytes,
+                    )
+                elif mark is not None:
+                    self._device_collective(step, seq, name, nbytes, mark)
                 result: torch.Tensor = f.value()[0].div_(world)
                 return result
 
@@ -242,20 +240,56 @@ class StepTiming:
     def all_reduce(
         self, tensor: torch.Tensor, group: Any = None, name: str = "default", op: Any = None
     ) -> None:
-        """An explicit all-reduce, recorded like DDP's (blocking, as dist.all_reduce is)."""
+        """An explicit all-reduce, recorded like DDP's (blocking, as dist.all_reduce is).
+
+        On CUDA it is bracketed by events on the current stream, which waits for the collective:
+        when this rank's device arrived, and when the result was there."""
         enter = time.time()
         seq = self._seq
         self._seq += 1
+        mark = self._try_mark()
         dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM, group=group)
-        self.run.collective(
-            step=self._step_n,
-            seq=seq,
-            op="all_reduce",
-            group=name,
-            enter=enter,
-            exit=time.time(),
-            bytes=tensor.numel() * tensor.element_size(),
-        )
+        nbytes = tensor.numel() * tensor.element_size()
+        if self._dev is None:
+            self.run.collective(
+                step=self._step_n,
+                seq=seq,
+                op="all_reduce",
+                group=name,
+                enter=enter,
+                exit=time.time(),
+                bytes=nbytes,
+            )
+        elif mark is not None:
+            self._device_collective(self._step_n, seq, name, nbytes, mark)
+
+    def _try_mark(self) -> Mark | None:
+        if self._dev is None:
+            return None
+        try:
+            return self._dev.mark()
+        except Exception:
+            self.errors += 1
+            return None
+
+    def _bucket_mark(self) -> Mark | None:
+        """CUDA: an event where the stream finished this bucket's gradients (DDP's hook thread)."""
+        mark = self._try_mark()
+        if mark is not None:
+            self._bucket = mark
+            self._buckets += 1
+        return mark
+
+    def _device_collective(self, step: int, seq: int, name: str, nbytes: int, enter: Mark) -> None:
+        """CUDA: the exit event on the current stream, which is ordered after the collective."""
+        try:
+            if self._dev is not None:
+                self._dev.collective(step, seq, "all_reduce", name, nbytes, enter, self._dev.mark())
+        except Exception:
+            self.errors += 1
+
+    def _count_error(self) -> None:
+        self.errors += 1
 
     def _guard(self, fn: Any) -> Any:
         def safe() -> None:
