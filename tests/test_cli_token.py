@@ -90,17 +90,19 @@ def _server_commands() -> dict[str, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str, str]]:
     data = tmp_path_factory.mktemp("tokens") / "data"
     data.mkdir()
     meta = MetadataStore(f"sqlite:///{data}/metadata.db")
     access = AccessStore(meta)
     access.create_token("acme", "admin", name="admin")
     token, _ = access.create_token("acme", "editor", name="cli")
+    # The server's own counters (rows stored, by kind) are the on-call role's to read.
+    oncall, _ = access.create_token("ops", "oncall", name="oncall")
     meta.close()
     srv = Server(str(data), extra_args=("--auth", "required")).start()
     try:
-        yield srv, token
+        yield srv, token, oncall
     finally:
         srv.stop()
 
@@ -120,12 +122,12 @@ def test_every_server_command_takes_token(tmp_path: Path) -> None:
 
 
 def test_every_server_command_uses_the_token(
-    secured: tuple[Server, str],
+    secured: tuple[Server, str, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    srv, token = secured
+    srv, token, oncall = secured
     monkeypatch.delenv("FLEETLENS_TOKEN", raising=False)
     monkeypatch.setenv("FLEETLENS_SPOOL_DIR", str(tmp_path / "spool"))
 
@@ -159,9 +161,9 @@ def test_every_server_command_uses_the_token(
 
     # The agent never fails on a refused batch (it counts it): the server's rows tell.
     agent = invocations(tmp_path)["agent"]
-    before = _node_rows(srv, token)
-    assert run(agent)[0] == 0 and _node_rows(srv, token) == before
+    before = _node_rows(srv, oncall)
+    assert run(agent)[0] == 0 and _node_rows(srv, oncall) == before
     assert run([*agent, "--token", token])[0] == 0
-    assert _node_rows(srv, token) == before + 1
+    assert _node_rows(srv, oncall) == before + 1
     monkeypatch.setenv("FLEETLENS_TOKEN", token)
-    assert run(agent)[0] == 0 and _node_rows(srv, token) == before + 2
+    assert run(agent)[0] == 0 and _node_rows(srv, oncall) == before + 2

@@ -15,12 +15,13 @@ from typing import Annotated, Any
 
 import anyio
 import msgspec
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 
 from ..errors import BatchTooLarge, TraceFormatError
 from ..services.flight_recorder import DumpFile, import_flight_recorder
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require_any
+from .bodies import BodyBudget, BodyRefused, drain, read_body
 
 __all__ = ["MAX_BODY_BYTES", "MAX_FILES", "router"]
 
@@ -46,26 +47,21 @@ class Upload(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
 (_SCHEMA,), _DEFS = msgspec.json.schema_components([Upload], ref_template="#/$defs/{name}")
 
 
-async def _drain(request: Request) -> None:
-    """Read and discard the rest of the body, so the client sees our answer, not a reset."""
-    async for _chunk in request.stream():
-        pass
-
-
 async def _body(request: Request) -> bytes:
+    """The upload, read the one way every body is (deadline, shared memory budget:
+    fleetlens/api/bodies.py); the caller gives ``len(body)`` back to the budget."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        await _drain(request)
+        await drain(request)
         raise BatchTooLarge(f"body is {declared} bytes; the limit is {MAX_BODY_BYTES}; "
                             "send the dumps of fewer ranks per request")  # fmt: skip
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            await _drain(request)
-            raise BatchTooLarge(f"body is over the limit of {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_body(request, MAX_BODY_BYTES, request.app.state.body_budget)
+    except BodyRefused as refused:
+        if refused.status != 408:
+            await drain(request)
+        headers = {"Retry-After": str(refused.retry_after)} if refused.retry_after else None
+        raise HTTPException(refused.status, refused.message, headers) from None
 
 
 def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
@@ -101,7 +97,9 @@ def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
     },
     responses={
         400: {"description": "A file is not a dump (the error names it); nothing stored"},
+        408: {"description": "The body did not arrive in time; retry later"},
         413: {"description": f"Over {MAX_BODY_BYTES} bytes or {MAX_FILES} files; nothing stored"},
+        429: {"description": "The server holds as many bodies as it may; retry after Retry-After"},
     },
 )
 async def post_flight_recorder(
@@ -109,10 +107,14 @@ async def post_flight_recorder(
 ) -> dict[str, Any]:
     svc = request.app.state.services
     body = await _body(request)
+    budget: BodyBudget = request.app.state.body_budget
 
     def work() -> dict[str, Any]:
         svc.metadata.get_run(scope, run_id)  # an unknown run is a 404 whatever the body
         files, job_id = _files(body)
         return import_flight_recorder(svc.telemetry, svc.metadata, scope, run_id, files, job_id)
 
-    return await anyio.to_thread.run_sync(work)
+    try:
+        return await anyio.to_thread.run_sync(work)
+    finally:
+        budget.give(len(body))
