@@ -49,6 +49,7 @@ from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import BodyBudget, BodyRefused, drain, read_body
 from .evaluations import router as evaluations_router
 from .findings import router as findings_router
+from .flight_recorder import UPLOAD_COMPONENTS
 from .flight_recorder import router as flight_recorder_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
@@ -450,7 +451,9 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = build_openapi()
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(BATCH_COMPONENTS)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(BATCH_COMPONENTS)
+            components.update(UPLOAD_COMPONENTS)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -23,7 +23,7 @@ from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require_any
 from .bodies import BodyBudget, BodyRefused, drain, read_body
 
-__all__ = ["MAX_BODY_BYTES", "MAX_FILES", "router"]
+__all__ = ["MAX_BODY_BYTES", "MAX_FILES", "UPLOAD_COMPONENTS", "router"]
 
 router = APIRouter(prefix="/v1", tags=["findings"], responses=ERROR_RESPONSES)
 
@@ -33,18 +33,20 @@ MAX_FILES = 8192
 """The most dumps in one upload (one per rank)."""
 
 
-class UploadedFile(msgspec.Struct, forbid_unknown_fields=True):
+class FlightRecorderFile(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     data: str  # base64 of the file's bytes
     rank: int | None = None
 
 
-class Upload(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
-    files: list[UploadedFile] = []
+class FlightRecorderUpload(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    files: list[FlightRecorderFile] = []
     job_id: str | None = None
 
 
-(_SCHEMA,), _DEFS = msgspec.json.schema_components([Upload], ref_template="#/$defs/{name}")
+(_SCHEMA,), UPLOAD_COMPONENTS = msgspec.json.schema_components(
+    [FlightRecorderUpload], ref_template="#/components/schemas/{name}"
+)  # the components go into the OpenAPI document's (fleetlens/api/app.py)
 
 
 async def _body(request: Request) -> bytes:
@@ -66,7 +68,7 @@ async def _body(request: Request) -> bytes:
 
 def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
     try:
-        up = msgspec.json.decode(body, type=Upload)
+        up = msgspec.json.decode(body, type=FlightRecorderUpload)
     except msgspec.DecodeError as exc:
         raise TraceFormatError(f"body: {exc}") from exc
     if len(up.files) > MAX_FILES:
@@ -92,7 +94,7 @@ def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": {**_SCHEMA, "$defs": _DEFS}}},
+            "content": {"application/json": {"schema": _SCHEMA}},
         }
     },
     responses={
