@@ -13,7 +13,7 @@ from fleetlens.analysis.compare import RunFigures, conclude, config_diff
 from fleetlens.sim.library import load_scenario, run_scenario
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server
+from .helpers import Server, wait_until
 
 CONFIG = {
     "model": "8b",
@@ -102,6 +102,34 @@ def test_compare_lr_vs_straggler(gserver: Server) -> None:
     assert s["cause"] == "infrastructure" and s["speedRegressed"] and s["infrastructureChanged"]
     assert "slowest rank" in s["lines"][0]
     assert by_run["sim-lr"]["cause"] == "configuration"
+    # Once the analysis has diagnosed the straggler, the conclusion names the finding too.
+    wait_until(
+        lambda: gserver.get("/v1/runs/sim-straggler/stragglers")["stragglers"],
+        timeout=90,
+        what="the straggler finding",
+    )
+    cmp = gserver.get("/v1/runs/compare?left=sim-base&right=sim-straggler")
+    (s,) = cmp["conclusions"]
+    assert "straggler.persistent finding(s)" in s["lines"][0] and s["cause"] == "infrastructure"
+    issues = [i for side in cmp["side"] for i in side["health"]["issues"]]
+    assert any("straggler.persistent finding(s)" in i for i in issues), issues
+
+
+def test_diagnosed_infrastructure_findings_count_before_the_config_is_blamed() -> None:
+    """`fleetlens compare` said "infrastructure appears healthy" for runs with diagnosed
+    network and rack faults, and blamed the config (issue 18)."""
+    base = RunFigures("a", step_time_s=1.0)
+    slow = RunFigures("b", step_time_s=1.3, findings={"network": 1, "rack_cooling": 1})
+    lr = [{"key": "optim.lr", "values": [3e-4, 6e-4], "status": "changed"}]
+    c = conclude(base, slow, lr)
+    assert c["infrastructureChanged"] and c["cause"] == "configuration and infrastructure"
+    assert "1 network finding(s)" in c["lines"][0] and "1 rack_cooling finding(s)" in c["lines"][0]
+    assert conclude(base, slow, [])["cause"] == "infrastructure"
+    # The same findings in both runs did not change: the config is what changed.
+    assert (
+        conclude(slow, RunFigures("c", step_time_s=1.7, findings=slow.findings), lr)["cause"]
+        == "configuration"
+    )
 
 
 def test_conclusion_rules() -> None:

@@ -153,12 +153,16 @@ class RunFigures:
     straggler_spread: float | None = None
     slow_step_share: float | None = None
     faults: dict[str, int] = field(default_factory=dict)
+    # The analysis's findings whose owner is not the training code (network, rack, straggler,
+    # GPU, storage, host), by diagnosis: what fleetlens itself diagnosed in the run.
+    findings: dict[str, int] = field(default_factory=dict)
     quality: dict[str, float] = field(default_factory=dict)  # metric -> value at matched steps
     dataset: str | None = None
     code: str | None = None
 
     def infra_issues(self) -> list[str]:
         issues = [f"{n} {k} event(s)" for k, n in sorted(self.faults.items()) if n]
+        issues += [f"{n} {k} finding(s)" for k, n in sorted(self.findings.items()) if n]
         if self.straggler_spread is not None and self.straggler_spread > STRAGGLER_SPREAD:
             issues.append(f"slowest rank {100 * self.straggler_spread:.0f}% over the mean rank")
         if self.slow_step_share is not None and self.slow_step_share > SLOW_STEP_SHARE:
@@ -184,8 +188,9 @@ def conclude(
     """A likely conclusion for ``other`` against ``base`` (section 23 of the requirements).
 
     - regression (loss at matched steps >1% worse, or median step >5% slower)
-    - infrastructure changed: ``other`` has fault events, a straggler spread over 5% or over
-      2% of its steps slower than twice its median, and ``base`` has less of it
+    - infrastructure changed: ``other`` has fault events, findings the analysis owns to the
+      infrastructure (network, rack, stragglers, GPUs, storage, host), a straggler spread over
+      5% or over 2% of its steps slower than twice its median, and ``base`` has less of it
     - configuration changed: any config key differs (derived keys alone do not count)
     Cause: configuration if only the config changed, infrastructure if only the
     infrastructure did, both if both; else data or code if those changed; else unexplained.
@@ -196,6 +201,7 @@ def conclude(
         len(other_issues) > len(base_issues)
         or (other.straggler_spread or 0) > (base.straggler_spread or 0) + 0.03
         or sum(other.faults.values()) > sum(base.faults.values())
+        or any(n > base.findings.get(k, 0) for k, n in other.findings.items())
     )
     if not base_issues and not other_issues:
         lines.append("Infrastructure appears healthy.")

@@ -21,7 +21,9 @@ from ..analysis.compare import (
     config_diff,
     slow_episodes,
 )
+from ..analysis.rootcause import owner_of
 from ..errors import ConfigError
+from ..store.findings import FindingsStore
 from ..store.graph import GraphStore
 from ..store.metadata import MetadataStore
 from ..store.reader import TenantReader
@@ -254,6 +256,7 @@ def _figures(
     health: dict[str, Any],
     quality: dict[str, Any],
     lineage: dict[str, Any],
+    findings: dict[str, int],
 ) -> RunFigures:
     ds = lineage.get("dataset") or {}
     code = lineage.get("code") or {}
@@ -265,10 +268,21 @@ def _figures(
         straggler_spread=speed.get("spread"),
         slow_step_share=speed.get("slow_share"),
         faults=faults,
+        findings=findings,
         quality={m: v["tail"][run_id] for m, v in quality.items() if run_id in v["tail"]},
         dataset=f"{ds['name']}:{ds['version']}" if ds.get("name") else None,
         code=str(code.get("commit") or "") or None,
     )
+
+
+def _infra_findings(store: FindingsStore, scope: Scope, run_id: str) -> dict[str, int]:
+    """The run's findings the fleet owns (GPUs, racks, stragglers, network, hosts, storage), by
+    diagnosis; training-code, data-pipeline and scheduler findings are not the fleet's."""
+    out: dict[str, int] = {}
+    for f in store.rows(scope, run_id):
+        if owner_of(f.diagnosis) in ("infrastructure", "network", "host", "storage"):
+            out[f.diagnosis] = out.get(f.diagnosis, 0) + 1
+    return out
 
 
 def _mfu(config: dict[str, Any], speed: dict[str, Any]) -> float | None:
@@ -299,8 +313,9 @@ def compare_runs(
     names = [*QUALITY_METRICS, "lr", "grad_norm"]
     quality = q.matched_scalars(runs, names)
     diff = config_diff([ln["config"] for ln in lineages])
+    store = FindingsStore(metadata)
     figures = [
-        _figures(r, speed.get(r, {}), health[r], quality, ln)
+        _figures(r, speed.get(r, {}), health[r], quality, ln, _infra_findings(store, scope, r))
         for r, ln in zip(runs, lineages, strict=True)
     ]
     side = []
