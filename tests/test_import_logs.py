@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import json
 import subprocess
 import sys
@@ -24,6 +25,11 @@ BIG = REAL / "bigscience_megatron_deepspeed"
 GOLDEN = (
     REAL / "megatron_lm_ci_golden_values" / "gpt3_15b_8t_release__golden_values_dev_dgx_h100.json"
 )
+# Constructed from Megatron-LM's documented line format (see the README beside it), not a real run.
+STAMPED = (
+    Path(__file__).resolve().parent
+    / "data" / "constructed" / "megatron_lm_timestamped" / "megatron_lm_timestamped.log"
+)  # fmt: skip
 
 
 @pytest.fixture
@@ -177,7 +183,10 @@ def test_cli_import_dry_run(gserver: Server) -> None:
         "bs-base",
     )
     assert s["steps"] == 200 and s["events"][-1]["kind"] == "failure"
-    assert gserver.get("/v1/runs/bs-base")["steps"] == 200
+    assert s["worldSize"] == 32  # world_size in the log's arguments: 8 nodes x 4 GPUs
+    run = gserver.get("/v1/runs/bs-base")
+    assert run["steps"] == 200 and run["worldSize"] == 32
+    assert run["config"]["devices"] == 32 and run["config"]["dtype"] == "fp16"
 
 
 def test_an_imported_log_is_history_not_a_hung_run(tmp_path: Path) -> None:
@@ -208,5 +217,108 @@ def test_an_imported_log_is_history_not_a_hung_run(tmp_path: Path) -> None:
         for run_id in imported:
             assert "hang" not in kinds(run_id), srv.get(f"/v1/runs/{run_id}/diagnosis")
             assert srv.get(f"/v1/runs/{run_id}")["status"] == "FINISHED"
+    finally:
+        srv.stop()
+
+
+def test_timestamped_megatron_lm_lines_and_what_their_numbers_say() -> None:
+    """Megatron-LM's ``[YYYY-mm-dd HH:MM:SS.ffffff] iteration ...`` lines, their clock, and the
+    restarts, start-up, slow period and NaN values the numbers show."""
+    run = read_megatron(STAMPED)
+    a0, r1, r2 = run.attempts
+    assert [a.job_id for a in run.attempts] == ["a0", "a0.r1", "a0.r2"]
+    # The stamp ends the iteration: iteration 2 (2 s) was printed at 12:00:37.5 UTC.
+    assert a0.times[1] == pytest.approx(1704110435.5) and a0.durations[1] == 2.0
+    # Iteration 1 took 30 s, 15 x the median: 28 s of it is start-up, not a step.
+    assert a0.times[0] == pytest.approx(1704110433.5) and a0.durations[0] == 2.0
+    # Relaunched from the iteration-30 checkpoint (the counter goes back): 31..35 are redone.
+    assert r1.steps[0] == 31 and any(e["kind"] == "restart" for e in r1.events)
+    # 15 minutes without a line and no save or evaluation: a restart.
+    assert r2.steps == [41, 42, 43, 44] and any(e["kind"] == "restart" for e in r2.events)
+    ck = [e for e in a0.events if e["kind"] == "checkpoint_end"]
+    assert len(ck) == 1 and ck[0]["attrs"]["duration"] == pytest.approx(40.0)
+    s = run.summary()
+    assert s["nonFinite"] == {"iteration_time": 1, "loss": 1}  # iteration 45: nan time and loss
+    assert s["toStep"] == 44 and r2.scalars["loss"][0][-1] == 45
+    assert [(p["fromStep"], p["toStep"]) for p in s["slowPeriods"]] == [(21, 26)]
+    assert s["worldSize"] == 64 and s["restarts"] == 2
+    c = run.config
+    assert (c["tensor_model_parallel_size"], c["pipeline_model_parallel_size"]) == (8, 2)
+    assert c["data_parallel_size"] == 4 and c["devices"] == 64 and c["dtype"] == "bf16"
+    # 32 x (4 h^2 + 3 h ffn) + vocab x h, h = 4096, ffn = 11008, vocab 32000 (SwiGLU).
+    assert c["n_params"] == 32 * (4 * 4096**2 + 3 * 4096 * 11008) + 32000 * 4096
+
+
+def test_launcher_prefixed_stamped_line_and_nan_elapsed_time() -> None:
+    from fleetlens.importers.megatron import parse_megatron_log
+
+    line = (
+        "[default0]: [2025-02-28 16:25:{s:02d}] iteration {i:8d}/  119209 | consumed samples: "
+        "{c} | elapsed time per iteration (ms): {ms} | learning rate: 3.000000E-06 | global "
+        "batch size:  2048 | lm loss: {loss} | loss scale: 1.0 | grad norm: 5.334 | number of "
+        "skipped iterations:   0 | number of nan iterations:   0 |"
+    )
+    rows = [(1, "46298.6", "1.233673E+01"), (2, "nan", "1.2E+01"), (3, "1000.0", "inf")]
+    text = "\n".join(
+        line.format(s=10 * i, i=i, c=2048 * i, ms=ms, loss=loss) for i, ms, loss in rows
+    )
+    run = parse_megatron_log(text)
+    a = run.attempts[0]
+    assert a.steps == [1, 3]  # iteration 2's time is nan: not a step, but counted
+    assert run.nonfinite == {"iteration_time": 1, "loss": 1}
+    # The clock is the stamps: iteration 3 ends when its line was printed, 16:25:30 UTC.
+    assert a.times[1] + a.durations[1] == calendar.timegm((2025, 2, 28, 16, 25, 30, 0, 0, 0))
+    nan = [e for e in a.events if e["kind"] == "nan"]
+    assert len(nan) == 1 and nan[0]["step"] == 3 and nan[0]["attrs"]["metric"] == "loss"
+
+
+def test_golden_values_nan_is_a_gap_unless_other_metrics_were_recorded() -> None:
+    from fleetlens.importers.megatron import parse_golden_values
+
+    run = read_megatron(GOLDEN)
+    assert run.nonfinite == {} and "nothing recorded after step 50860" in run.notes[-1]
+    vals = {"1": 1.0, "2": 1.0, "3": 1.0, "4": 12.0, "5": 1.0, "6": 1.0, "7": 1.0, "8": 1.0}
+    data = {
+        "iteration-time": {"start_step": 1, "end_step": 8, "step_interval": 1, "values": vals},
+        "lm loss": {"values": {str(k): ("nan" if k >= 7 else 2.0) for k in range(1, 9)}},
+        "num-zeros": {"values": {str(k): (0.0 if k == 7 else "nan") for k in range(1, 9)}},
+    }
+    g = parse_golden_values(data)
+    # Step 4 took 12 x the median with no mark in the record: a restart.
+    assert [a.steps[0] for a in g.attempts] == [1, 4] and g.summary()["restarts"] == 1
+    assert g.attempts[1].times[0] - (g.attempts[0].times[-1] + 1.0) == pytest.approx(11.0)
+    # Step 7's loss is nan where num-zeros was recorded: a NaN loss; step 8's is not recorded.
+    assert g.nonfinite == {"loss": 1}
+    assert [e["step"] for e in g.attempts[1].events if e["kind"] == "nan"] == [7]
+
+
+def test_imported_history_through_the_cli_is_a_real_run(tmp_path: Path) -> None:
+    """Through the CLI into a server: the NaN is a finding, restarts and start-up are not
+    productive time, the world size and MFU come from the log's arguments."""
+    srv = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "1"}).start()
+    try:
+        s = _cli(srv, "import", "megatron", str(STAMPED), "--run", "stamped",
+                 "--accelerator", "H100-SXM")  # fmt: skip
+        assert s["nonFinite"] == {"iteration_time": 1, "loss": 1} and s["restarts"] == 2
+        run = srv.get("/v1/runs/stamped")
+        assert run["worldSize"] == 64 and run["steps"] == 44
+        gp = srv.get("/v1/runs/stamped/goodput")
+        lines = {x["category"]: x["seconds"] for x in gp["breakdown"]["lines"]}
+        wall = gp["breakdown"]["wallSeconds"]
+        assert lines["productive"] < 0.5 * wall  # 15 min lost to a restart, 20 to a relaunch
+        assert lines["rework"] == pytest.approx(5 * 2.0)  # iterations 31..35, redone
+        assert lines["recovery"] > 900.0 and lines["startup"] >= 28.0
+        assert lines["checkpoint"] == pytest.approx(40.0)
+        assert gp["breakdown"]["attempts"] == 3
+        assert gp["program"]["devices"] == 64
+        assert gp["program"]["programBasis"] == "mfu_retained_steps"
+        assert 0.0 < gp["factors"]["program"] < 1.0
+
+        def instability() -> list[dict]:
+            f = srv.get("/v1/runs/stamped/diagnosis")["findings"]
+            return [x for x in f if x["diagnosis"] == "instability"]
+
+        found = wait_until(instability, timeout=90, what="the NaN loss's finding")
+        assert found[0]["step"] == 45
     finally:
         srv.stop()

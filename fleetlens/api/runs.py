@@ -65,9 +65,14 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
     def work() -> RunDetailOut:
         info = svc.metadata.get_run(scope, run_id)
         summary = RunQueries(svc.telemetry, scope).summary(run_id)
-        job_ids = [j["jobId"] for j in svc.metadata.jobs(scope, run_id)]
+        jobs = svc.metadata.jobs(scope, run_id)
+        job_ids = [j["jobId"] for j in jobs]
         # The telemetry's world size (ranks of the latest steps) once there are steps; the
-        # metadata's before.
+        # metadata's before. A job that declared more ranks than report steps (an imported
+        # log: one rank's rows stand for the job) has its declared size.
+        declared = int(jobs[-1]["worldSize"]) if jobs else 0
+        if summary.get("worldSize") and declared > summary["worldSize"]:
+            summary["worldSize"] = declared
         return RunDetailOut.model_validate(
             {**run_json(info), "config": info.config, "jobIds": job_ids, **summary}
         )

@@ -62,11 +62,17 @@ def cmd_import(args: argparse.Namespace) -> int:
         from ..importers.lightning import read_lightning as read
     else:
         from ..importers.hf_trainer import read_hf_trainer as read
+    if args.accelerator:
+        from ..analysis.flops import accelerator
+
+        accelerator(args.accelerator)  # an unknown name fails here, listing the known ones
     out: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         c = None if args.dry_run else stack.enter_context(client(args, timeout=120.0))
         for log in args.logs:
             run = read(log, start=args.start)
+            if args.accelerator:
+                run.config["accelerator"] = args.accelerator
             summary = run.summary()
             rid = args.run if len(args.logs) == 1 else f"{args.run}-{len(out)}"
             summary["runId"] = rid
@@ -124,12 +130,18 @@ def add_parsers(sub: Any) -> None:
     c.set_defaults(func=cmd_compare)
 
     imp = sub.add_parser("import", help="import a training log as a run")
-    imp.add_argument("format", choices=("megatron", "lightning", "hf"))
+    imp.add_argument("format", choices=("megatron", "lightning", "hf", "hf-trainer"))
     imp.add_argument("logs", nargs="+", metavar="LOG")
     imp.add_argument("--run", required=True, help="run id to store it under")
     imp.add_argument("--project", default="")
     imp.add_argument(
         "--start", type=float, default=1.7e9, help="UNIX start time for logs without a clock"
+    )
+    imp.add_argument(
+        "--accelerator",
+        default="",
+        help="the GPU the job ran on (e.g. H100-SXM, V100-SXM2): with the model size and world "
+        "size from the log's arguments it gives the run's MFU",
     )
     imp.add_argument("--dry-run", action="store_true", help="parse and summarise only")
     client_opts(imp, json=False)

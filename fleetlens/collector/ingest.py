@@ -279,6 +279,8 @@ class Ingestor:
             w = cols.get("world_size")
             if kind == "placement" and isinstance(w, np.ndarray):
                 declared = max(declared, int(w.max()))
+            if kind == "event":
+                declared = max(declared, _started_world(cols, self.limits.max_world_size))
         if not times:
             return  # nothing of the run itself in this batch (e.g. only device samples)
         key = (tenant, run_id, job_id)
@@ -403,6 +405,27 @@ class Ingestor:
             step=s.step,
             world_size=s.world_size,
         )
+
+
+def _started_world(cols: dict[str, Any], limit: int) -> int:
+    """The world size a ``job_start`` event states (the SDK's and the log importers' attrs),
+    for a job whose steps one rank reports for all (an imported log)."""
+    kinds, attrs = cols.get("kind"), cols.get("attrs")
+    if not isinstance(kinds, StringColumn) or not isinstance(attrs, StringColumn):
+        return 0
+    world = 0
+    values = None
+    for i, kind in enumerate(kinds.values()):
+        if kind != "job_start":
+            continue
+        values = values if values is not None else attrs.values()
+        try:
+            w = json.loads(values[i]).get("world_size")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(w, int) and not isinstance(w, bool) and 0 < w <= limit:
+            world = max(world, w)
+    return world
 
 
 def _checksum(attrs: dict[str, Any]) -> str:

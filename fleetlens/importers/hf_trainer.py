@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .episodes import settle
 from .runlog import Attempt, ImportedRun
 
 __all__ = ["parse_trainer_state", "read_hf_trainer"]
@@ -65,7 +66,7 @@ def parse_trainer_state(
         a.event(start + last * dur, "finish", last, "train_runtime logged")
     a.event(start, "job_start", 0, "imported from Hugging Face Trainer")
     run.attempts.append(a)
-    return run
+    return settle(run)
 
 
 def read_hf_trainer(path: str | Path, *, start: float = 1.7e9, job_id: str = "a0") -> ImportedRun:

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from ..errors import ConfigError
+from .episodes import settle
 from .runlog import Attempt, ImportedRun
 
 __all__ = ["metric_name", "read_lightning"]
@@ -79,4 +80,4 @@ def read_lightning(path: str | Path, *, start: float = 1.7e9, job_id: str = "a0"
     if ep and not math.isnan(max(ep)):
         run.config["epochs_seen"] = int(max(ep)) + 1
     run.attempts.append(a)
-    return run
+    return settle(run)

@@ -25,11 +25,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .episodes import settle
 from .runlog import Attempt, ImportedRun
 
 __all__ = ["parse_golden_values", "parse_megatron_log", "read_megatron"]
 
-_ITER = re.compile(r"^\s*iteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
+# An iteration line, as Megatron-LM and Megatron-DeepSpeed print it: optionally behind a
+# launcher's ``[default0]:`` prefix and Megatron-LM's ``[YYYY-mm-dd HH:MM:SS(.ffffff)]`` stamp (the
+# time the line was printed: the end of the iterations it reports).
+_ITER = re.compile(
+    r"^(?:\[[\w.-]+\]:)?\s*(?:\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]\s*)?"
+    r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$"
+)
+_PADDED_VOCAB = re.compile(r"padded vocab \(size: \d+\).*\(new size: (\d+)\)")
 _STAMP = re.compile(r"datetime:\s*(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 _DS_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.]\d+\]")
 _INIT = "[after megatron is initialized]"
@@ -82,6 +90,45 @@ def _fields(rest: str) -> dict[str, float]:
     return out
 
 
+def _utc_stamp(stamp: str) -> float:
+    whole, _, frac = stamp.partition(".")
+    return _utc(whole) + (float("0." + frac) if frac else 0.0)
+
+
+def _model(run: ImportedRun, padded_vocab: int) -> None:
+    """World size, parallelism and what MFU needs (``fleetlens.services.goodput.program_spec``'s
+    keys), from the arguments block."""
+    c = run.config
+
+    def num(key: str) -> int:
+        v = c.get(key)
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+    tp, pp = num("tensor_model_parallel_size") or 1, num("pipeline_model_parallel_size") or 1
+    world = num("world_size") or (tp * pp * num("data_parallel_size"))
+    if world > 0:
+        run.world_size = world
+        c.setdefault("devices", world)
+        if not num("data_parallel_size") and world % (tp * pp) == 0:
+            c["data_parallel_size"] = world // (tp * pp)
+    layers, hidden = num("num_layers"), num("hidden_size")
+    seq = num("seq_length") or num("encoder_seq_length")
+    if layers and hidden:
+        ffn = num("ffn_hidden_size") or 4 * hidden
+        mlp = (3 if c.get("swiglu") is True else 2) * hidden * ffn
+        n_params = layers * (4 * hidden * hidden + mlp) + padded_vocab * hidden
+        c.update(n_layers=layers, d_model=hidden, seq_len=seq, n_params=float(n_params))
+        run.notes.append(
+            f"n_params {n_params:.4g} estimated from num_layers, hidden_size, ffn_hidden_size"
+            + (f" and the padded vocabulary ({padded_vocab})" if padded_vocab else
+               " (vocabulary size not in the log: embeddings not counted)")
+        )  # fmt: skip
+    if "dtype" not in c:
+        c["dtype"] = "bf16" if c.get("bf16") is True else "fp16" if c.get("fp16") is True else ""
+        if not c["dtype"]:
+            del c["dtype"]
+
+
 def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedRun:
     """Parse the text of a Megatron(-DeepSpeed) log (see the module docstring)."""
     run = ImportedRun(source="megatron", path=path)
@@ -94,6 +141,8 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
     last_iter = 0
     seen_iter = False
     log_interval = 1
+    padded_vocab = 0
+    between = ""  # what the log said since the previous iteration line (saves, evaluations)
     end: tuple[str, float, str] | None = None
     for line in lines:
         if "----- arguments -----" in line:
@@ -110,6 +159,9 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
             continue
         if not run.launch_command and "pretrain_" in line and ".py" in line and "CMD=" in line:
             run.launch_command = " ".join(line.split("CMD=", 1)[1].strip(" '").split())
+        pv = _PADDED_VOCAB.search(line)
+        if pv:
+            padded_vocab = int(pv.group(1))
         sm = _STAMP.search(line) or _DS_STAMP.match(line)
         if sm:
             clock = _utc(sm.group(1))
@@ -123,36 +175,66 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
             continue
         im = _ITER.match(line)
         if not im:
+            if "saving checkpoint" in line:
+                between += " checkpoint"
+            elif "validation loss at" in line:
+                between += " evaluation"
             continue
-        it, total = int(im.group(1)), int(im.group(2))
-        f = _fields(im.group(3))
+        stamp = _utc_stamp(im.group(1)) if im.group(1) else None
+        it, total = int(im.group(2)), int(im.group(3))
+        f = _fields(im.group(4))
+        ms = f.get("elapsed time per iteration (ms)")
+        dur = ms / 1000.0 if ms is not None else math.nan
         if attempt is not None and it <= last_iter:
             attempt = None  # the counter went back: a fresh start from a checkpoint
+        if attempt is not None and stamp is not None and attempt.steps and math.isfinite(dur):
+            prev_end = attempt.times[-1] + attempt.durations[-1]
+            gap = stamp - (it - last_iter) * dur - prev_end
+            med = sorted(attempt.durations)[len(attempt.durations) // 2]
+            if gap > 0 and "checkpoint" in between:
+                attempt.event(prev_end + gap, "checkpoint_end", last_iter,
+                              "checkpoint saved between iteration lines", duration=gap)  # fmt: skip
+            elif gap > 0 and "evaluation" in between:
+                attempt.event(prev_end, "custom", last_iter, "evaluation between iteration lines",
+                              category="evaluation", duration=gap)  # fmt: skip
+            elif gap >= max(60.0, 10.0 * med):
+                attempt = None  # a wall-clock gap no save or evaluation explains: a restart
+        between = ""
         if attempt is None:
             k = len(run.attempts)
+            prev = max(0, it - log_interval)
             start = clock if clock is not None else 0.0
+            if stamp is not None and math.isfinite(dur):
+                # From the last stamp before it (Megatron's init), else its first iterations.
+                first = stamp - max(1, it - prev) * dur
+                start = clock if clock is not None and clock <= first else first
             attempt = Attempt(job_id=base_job if k == 0 else f"{base_job}.r{k}", start=start)
-            attempt.event(start, "job_start", max(0, it - log_interval), f"attempt {k}")
+            attempt.event(start, "job_start", prev, f"attempt {k}")
             if k:
-                attempt.event(start, "restart", max(0, it - log_interval), f"fresh start {k}")
+                attempt.event(start, "restart", prev, f"fresh start {k}")
             run.attempts.append(attempt)
-            prev = max(0, it - log_interval) if not seen_iter or it > log_interval else 0
-            if not seen_iter and it <= log_interval:
-                prev = 0
             last_iter = prev
         seen_iter = True
-        ms = f.get("elapsed time per iteration (ms)")
         n = max(1, it - last_iter)
-        dur = ms / 1000.0 if ms is not None else math.nan
         gbs = f.get("global batch size") or float(run.config.get("global_batch_size") or 0)
         seq = float(run.config.get("seq_length") or 0)
-        t = attempt.times[-1] + attempt.durations[-1] if attempt.steps else attempt.start
+        if attempt.steps:
+            t = attempt.times[-1] + (attempt.durations[-1] if math.isfinite(attempt.durations[-1])
+                                     else 0.0)  # fmt: skip
+        else:
+            t = attempt.start
+        if stamp is not None:
+            # The stamp is when the line was printed: the reported iterations end there.
+            t = max(t, stamp - n * dur) if math.isfinite(dur) else max(t, stamp)
         for s in range(it - n + 1, it + 1):
             attempt.steps.append(s)
             attempt.times.append(t)
             attempt.durations.append(dur)
             attempt.tokens.append(int(gbs * seq))
             t += dur if math.isfinite(dur) else 0.0
+        attempt.reported.add(it)
+        if stamp is not None:
+            clock = stamp
         for key, name in _SCALARS.items():
             if key in f and name != "global_batch_size":
                 attempt.scalar(name, it, f[key])
@@ -165,12 +247,12 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
             end = ("finished", t, f"iteration {it}/{total}")
     if not run.attempts:
         raise ConfigError(f"{path or 'log'}: no Megatron iteration lines found")
+    _model(run, padded_vocab)
     last = run.attempts[-1]
     if end is not None:
         reason, at, message = end
-        at = max(
-            at, last.times[-1] + (last.durations[-1] if math.isfinite(last.durations[-1]) else 0.0)
-        )
+        fin = [x + d for x, d in zip(last.times, last.durations, strict=True) if math.isfinite(d)]
+        at = max([at, *fin[-1:]])
         if reason == "finished":
             last.event(at, "finish", last.steps[-1], message)
         else:
@@ -179,7 +261,7 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
         run.notes.append(
             f"log interval {log_interval}: each iteration of an interval has the interval's mean"
         )
-    return run
+    return settle(run)
 
 
 def parse_golden_values(
@@ -191,17 +273,28 @@ def parse_golden_values(
     if not isinstance(it, dict) or "values" not in it:
         raise ConfigError(f"{path}: no iteration-time metric in the golden values")
 
-    def series(metric: str) -> list[tuple[int, float]]:
-        vals = (data.get(metric) or {}).get("values") or {}
-        out = []
-        for k, v in vals.items():
+    def raw(metric: str) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for k, v in ((data.get(metric) or {}).get("values") or {}).items():
             try:
-                x = float(v)
+                out[int(k)] = float(v)
             except (TypeError, ValueError):
                 continue
-            if math.isfinite(x):
-                out.append((int(k), x))
-        return sorted(out)
+        return out
+
+    metrics = {m: raw(m) for m in data if m != "iteration-time"}
+
+    def recorded(step: int) -> bool:
+        """Some metric has a value at ``step``: a "nan" there is a value, not a gap."""
+        return any(math.isfinite(v.get(step, math.nan)) for v in metrics.values())
+
+    def series(metric: str) -> list[tuple[int, float]]:
+        vals = raw(metric) if metric == "iteration-time" else metrics.get(metric, {})
+        # CI writes "nan" where nothing was recorded (between log intervals, after the run
+        # stopped). A non-finite loss where other metrics were recorded is a NaN loss.
+        keep = metric == "lm loss"
+        return sorted((k, x) for k, x in vals.items()
+                      if math.isfinite(x) or (keep and recorded(k)))  # fmt: skip
 
     times = series("iteration-time")
     if not times:
@@ -216,6 +309,7 @@ def parse_golden_values(
             a.durations.append(dur)
             a.tokens.append(0)
             t += dur
+        a.reported.add(step)
         prev = step
     for metric, name in (
         ("lm loss", "loss"),
@@ -232,7 +326,11 @@ def parse_golden_values(
         f"iteration-time recorded every {times[1][0] - times[0][0] if len(times) > 1 else 1} "
         "steps; each step of an interval has the interval's value"
     )
-    return run
+    last = max((k for v in metrics.values() for k, x in v.items() if math.isfinite(x)), default=0)
+    end_step = int(it.get("end_step", last))
+    if last < end_step:
+        run.notes.append(f"nothing recorded after step {last} (end_step {end_step})")
+    return settle(run)
 
 
 def read_megatron(path: str | Path, *, start: float = 1.7e9, job_id: str = "") -> ImportedRun:

@@ -38,6 +38,9 @@ class Attempt:
     tokens: list[int] = field(default_factory=list)
     scalars: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)  # time, kind, step, message, attrs
+    # Steps at which the log reported (each ends an interval whose steps share its mean time);
+    # empty: every step was reported on its own or the importer does not say.
+    reported: set[int] = field(default_factory=set)
 
     def scalar(self, name: str, step: int, value: float) -> None:
         s, v = self.scalars.setdefault(name, ([], []))
@@ -70,6 +73,12 @@ class ImportedRun:
     attempts: list[Attempt] = field(default_factory=list)
     clock: str = "log"  # "log": times from the log; "synthetic": from --start and step times
     notes: list[str] = field(default_factory=list)
+    world_size: int = 0  # the job's ranks, from the log's arguments (0: not stated)
+    # What episodes.settle read out of the numbers: non-finite values by metric, the start-up
+    # time taken out of slow first iterations, the slow periods.
+    nonfinite: dict[str, int] = field(default_factory=dict)
+    startup_seconds: float = 0.0
+    slow_periods: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -93,6 +102,11 @@ class ImportedRun:
                 if e["kind"] not in ("job_start",)
             ],
             "clock": self.clock,
+            "worldSize": self.world_size or None,
+            "nonFinite": dict(self.nonfinite),
+            "restarts": sum(1 for a in self.attempts for e in a.events if e["kind"] == "restart"),
+            "startupSeconds": self.startup_seconds,
+            "slowPeriods": self.slow_periods,
             "notes": self.notes,
         }
 
@@ -139,6 +153,8 @@ def _tables(a: Attempt, run: ImportedRun, first: bool, last: bool) -> list[dict[
                 "launch_command": run.launch_command,
                 "imported_from": run.source,
             }
+            if run.world_size:
+                e["attrs"]["world_size"] = run.world_size  # as the SDK's job_start states it
     if events:
         ev = TableBuilder("event")
         ev.add("time", [e["time"] for e in events]).add("kind", [e["kind"] for e in events])

@@ -123,7 +123,9 @@ def analyze_run(
         _blocks(ctx, job, m, place, bl, js)
         nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
         _hardware(ctx, job, m, place, last=hi == job.last_step, next_start=nxt)
-        _instability(ctx, job, lo, hi)
+        # A NaN logged after the run's last step row (a step whose time was not finite, or
+        # that never completed) still belongs to the last job.
+        _instability(ctx, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62)
         if hi == job.last_step:
             _hangs(ctx, job, m, place, events, nxt)
         js["done"] = hi
