@@ -60,8 +60,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     meta = MetadataStore(f"sqlite:///{data}/metadata.db")
     access = AccessStore(meta)
     tokens = {
-        name: access.create_token(tenant, "admin", name=name)[0]
-        for name, tenant in (("acme", "acme"), ("bolt", "bolt"))
+        name: access.create_token(tenant, role, project=project, name=name)[0]
+        for name, tenant, role, project in (
+            ("acme", "acme", "admin", ""),
+            ("bolt", "bolt", "admin", ""),
+            ("acme-vision", "acme", "viewer", "vision"),  # another project of acme's
+        )
     }
     meta.close()
     server = Server(
@@ -227,6 +231,14 @@ def test_another_tenant_sees_none_of_it(world: World) -> None:
     assert out.returncode == 0 and FAILED not in out.stdout and CRASHED not in out.stdout
     out = _cli("failure-window", FAILED, token=tok, server=w.server)
     assert out.returncode == 2 and "404" in out.stderr and NODE not in out.stdout + out.stderr
+
+
+def test_a_project_scoped_token_sees_its_projects_runs_only(world: World) -> None:
+    w = world
+    wait_until(lambda: _incidents(w), timeout=90, what="acme's incidents")
+    assert _incidents(w, token="acme-vision") == []
+    path = f"/v1/runs/{FAILED}/preserved"
+    assert w.server.request("GET", path, token=w.tokens["acme-vision"])[0] == 404
 
 
 def test_since_takes_a_unix_time_or_an_age() -> None:
