@@ -108,6 +108,13 @@ def _print_windows(doc: dict[str, Any]) -> None:
         )
 
 
+def _cell(v: Any) -> str:
+    """Times (UNIX seconds) to the millisecond, other floats to 6 significant digits."""
+    if isinstance(v, float):
+        return fmt(v, ".3f" if abs(v) >= 1e8 else ".6g")
+    return fmt(v)
+
+
 def _print_rows(doc: dict[str, Any]) -> None:
     rows = doc["rows"]
     end = doc["offset"] + len(rows)
@@ -118,8 +125,7 @@ def _print_rows(doc: dict[str, Any]) -> None:
     if not rows:
         return
     cols = [k for k in rows[0] if k not in ("project", "run_id")]
-    cells = [[fmt(r.get(k), ".6g") if isinstance(r.get(k), float) else fmt(r.get(k))
-              for k in cols] for r in rows]  # fmt: skip
+    cells = [[_cell(r.get(k)) for k in cols] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(cols)]
     t = Table(*((k, f"<{min(w, 40)}") for k, w in zip(cols, widths, strict=True)))
     print(t.header())
