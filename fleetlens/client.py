@@ -361,3 +361,42 @@ class Client:
         """Alerts on job impact, newest first (``state``: firing or resolved)."""
         doc = self.get("/v1/alerts", state=state, runId=run_id, limit=limit)
         return self._rows(doc, "alerts", as_)
+
+    def incidents(
+        self,
+        *,
+        state: str | None = None,
+        since: float | None = None,
+        run_id: str | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        as_: As = "records",
+    ) -> Any:
+        """Incidents, newest first: alerts grouped per run and failures no alert raised, with
+        diagnosis, owner, nodes and ranks (``state``: open, closed or unalerted)."""
+        doc = self.get(
+            "/v1/incidents", state=state, since=since, runId=run_id, limit=limit, offset=offset
+        )
+        return self._rows(doc, "incidents", as_)
+
+    def preserved(
+        self, run_id: str, *, limit: int | None = None, offset: int | None = None
+    ) -> dict[str, Any]:
+        """A run's preserved failure windows: when, why, bounds, rows kept per table."""
+        path = f"/v1/runs/{_quote(run_id)}/preserved"
+        return dict(self.get(path, limit=limit, offset=offset))
+
+    def preserved_rows(
+        self,
+        run_id: str,
+        window_id: int,
+        table: str = "steps",
+        *,
+        limit: int | None = None,
+        offset: int | None = None,
+        as_: As = "records",
+    ) -> Any:
+        """The rows of ``table`` kept in one failure window, in time order, a page at a time."""
+        path = f"/v1/runs/{_quote(run_id)}/preserved/{int(window_id)}"
+        doc = self.get(path, table=table, limit=limit, offset=offset)
+        return self._rows(doc, "rows", as_)

@@ -34,6 +34,11 @@ EXPECTED = {
     "findings": [("GET", "/v1/runs/{run_id}/stragglers"), ("GET", "/v1/runs/{run_id}/diagnosis")],
     "flight_recorder": [("POST", "/v1/runs/{run_id}/flight-recorder")],
     "alerts": [("GET", "/v1/alerts"), ("POST", "/v1/alerts/{alert_id}/ack")],
+    "incidents": [
+        ("GET", "/v1/incidents"),
+        ("GET", "/v1/runs/{run_id}/preserved"),
+        ("GET", "/v1/runs/{run_id}/preserved/{window_id}"),
+    ],
     "traces": [("GET", "/v1/runs/{run_id}/traces")],
     "goodput": [("GET", "/v1/runs/{run_id}/goodput"), ("GET", "/v1/fleet/goodput")],
     "admin": [("GET", "/v1/tokens"), ("POST", "/v1/tokens"), ("GET", "/v1/audit")],

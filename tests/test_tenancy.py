@@ -147,6 +147,14 @@ def _b_alert(t: Tenants) -> dict[str, Any]:
     raise AssertionError("bolt's fatal Xid raised no alert")
 
 
+def _b_window(t: Tenants) -> str:
+    """The failure window kept for bolt's fatal Xid (scheduled with its page)."""
+    path = "/v1/runs/bolt-secret-run/preserved"
+    windows = t.server.get(path, token=t.tokens["b-admin"])["windows"]
+    assert windows and windows[0]["alert"]["alertname"] == "FatalHardwareFault", windows
+    return str(windows[0]["id"])
+
+
 def _b_remediation(t: Tenants) -> str:
     """The action the controller recommends for bolt's fatal Xid (it recommends by default)."""
     deadline = time.monotonic() + 60
@@ -218,6 +226,7 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
         "name": "bolt-private-dataset",
         "alert_id": str(b_alert["id"]),
         "incident_id": str(b_alert["incidentId"]),
+        "window_id": _b_window(t),
         "remediation_id": _b_remediation(t),
         **b_eval,
     }

@@ -53,6 +53,7 @@ from .flight_recorder import UPLOAD_COMPONENTS
 from .flight_recorder import router as flight_recorder_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
+from .incidents import router as incidents_router
 from .portal import router as portal_router
 from .portal_fleet import router as portal_fleet_router
 from .remediation import router as remediation_router
@@ -438,6 +439,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(findings_router)
     app.include_router(flight_recorder_router)
     app.include_router(alerts_router)
+    app.include_router(incidents_router)
     app.include_router(traces_router)
     app.include_router(goodput_router)
     app.include_router(admin_router)

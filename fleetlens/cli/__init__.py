@@ -28,6 +28,8 @@ COMMANDS = (
     "traces",
     "fr",
     "alerts",
+    "incidents",
+    "failure-window",
     "remediations",
     "stragglers",
     "diagnose",
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         flight_recorder,
         goodput,
         graph,
+        incidents,
         remediations,
         runs,
         serve,
@@ -70,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     traces.add_parser(sub)
     flight_recorder.add_parser(sub)
     alerts.add_parser(sub)
+    incidents.add_parsers(sub)
     remediations.add_parser(sub)
     detect.add_parsers(sub)
     graph.add_parsers(sub)
