@@ -23,6 +23,10 @@ from .errors import FleetlensError
 
 __all__ = ["real_ddp", "run_demo", "summary"]
 
+# The real DDP run's slowed rank sleeps this long per step (about twice a step of the tiny model
+# on a CPU core): plain to see, and still the last to arrive when four processes share two cores.
+_SLOW_MS = 80
+
 
 def _wait_up(client: Client, thread: threading.Thread, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
@@ -129,7 +133,7 @@ def real_ddp(client: Client, run_id: str, steps: int = 40, slow_rank: int = 2) -
     }
     print(
         f"training a tiny transformer with DDP on 4 CPU processes (rank {slow_rank} slowed "
-        "by 40 ms from step 10)...",
+        f"by {_SLOW_MS} ms from step 10)...",
         file=sys.stderr,
     )
     out = subprocess.run(
@@ -147,7 +151,7 @@ def real_ddp(client: Client, run_id: str, steps: int = 40, slow_rank: int = 2) -
             "--slow-rank",
             str(slow_rank),
             "--slow-ms",
-            "40",
+            str(_SLOW_MS),
             "--from-step",
             "10",
         ],
@@ -158,7 +162,7 @@ def real_ddp(client: Client, run_id: str, steps: int = 40, slow_rank: int = 2) -
     )
     if out.returncode != 0:
         return f"the DDP example failed:\n{out.stderr[-2000:]}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # a pass over the simulated run may take a while
     found: list[dict[str, Any]] = []
     while time.monotonic() < deadline and not found:
         with contextlib.suppress(FleetlensError):  # not registered yet: 404 until the next flush

@@ -48,6 +48,8 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "agent": ["agent", "--once", "--no-gpu", "--node", "tok-node"],
         "traces import": ["traces", "import", str(TRACE), "--run", run],
         "fr import": ["fr", "import", str(FR), "--run", run],
+        "incidents": ["incidents"],
+        "failure-window": ["failure-window", run],
         "alerts": ["alerts"],
         "alerts list": ["alerts", "list"],
         "alerts ack": ["alerts", "ack", "987654"],

@@ -20,31 +20,16 @@ from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.orm import Session
 
 from ..alerts.models import Alert, Incident, Preservation
+from ..store.findings import FindingRow
 from ..store.metadata import MetadataStore
 from ..store.models import Finding, Run
 from ..store.scope import Scope
 from ..store.scoped import same_tenant, scoped
+from .preserved import finding_brief
 
 __all__ = ["INCIDENT_STATES", "list_incidents"]
 
 INCIDENT_STATES = ("open", "closed", "unalerted")
-
-
-def _finding(f: Finding) -> dict[str, Any]:
-    return {
-        "key": f.key,
-        "kind": f.kind,
-        "diagnosis": f.diagnosis,
-        "owner": f.owner,
-        "confidence": f.confidence,
-        "summary": f.summary,
-        "step": f.step if f.step >= 0 else None,
-        "time": f.time,
-        "jobId": f.job_id or None,
-        "ranks": list(f.ranks or []),
-        "nodes": list(f.nodes or []),
-        "gpus": list(f.gpus or []),
-    }
 
 
 def _alert(a: Alert, now: float) -> dict[str, Any]:
@@ -87,7 +72,7 @@ def _entry(
     alerts: list[Alert],
     windows: list[Preservation],
 ) -> dict[str, Any]:
-    fs = [_finding(f) for f in findings]
+    fs = [finding_brief(FindingRow.of(f)) for f in findings]
     als = [_alert(a, now) for a in alerts]
     # What failed: the failure the analysis is surest of, else the loudest alert's diagnosis.
     top = max(fs, key=lambda f: (f["kind"] == "failure", f["confidence"]), default=None)

@@ -46,9 +46,8 @@ def _cell(v: Any) -> Any:
     return v
 
 
-def _finding_json(f: FindingRow | None) -> dict[str, Any] | None:
-    if f is None:
-        return None
+def finding_brief(f: FindingRow) -> dict[str, Any]:
+    """A finding in a window's or an incident's answer: what, who owns it, where, when."""
     return {
         "key": f.key,
         "kind": f.kind,
@@ -132,7 +131,7 @@ class PreservedWindows:
                 "summary": a.annotations.get("summary", ""),
                 "incidentId": a.incident_id,
             },
-            "failure": _finding_json(finding),
+            "failure": finding_brief(finding) if finding is not None else None,
             "kept": {kind.table: self._count(kind, p) for kind in preserved_kinds()},
         }
 
