@@ -212,18 +212,7 @@ class StepTiming:
             fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
             def done(f: torch.futures.Future[Any]) -> torch.Tensor:
-                if self._dev is None:
-                    self.run.collective(
-                        step=step,
-                        seq=seq,
-                        op="all_reduce",
-                        group=name,
-                        enter=enter,
-                        exit=time.time(),
-                        bytes=nbytes,
-                    )
-                elif mark is not None:
-                    self._device_collective(step, seq, name, nbytes, mark)
+                self._record_collective(step, seq, name, nbytes, enter, mark)
                 result: torch.Tensor = f.value()[0].div_(world)
                 return result
 
@@ -250,18 +239,7 @@ class StepTiming:
         mark = self._try_mark()
         dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM, group=group)
         nbytes = tensor.numel() * tensor.element_size()
-        if self._dev is None:
-            self.run.collective(
-                step=self._step_n,
-                seq=seq,
-                op="all_reduce",
-                group=name,
-                enter=enter,
-                exit=time.time(),
-                bytes=nbytes,
-            )
-        elif mark is not None:
-            self._device_collective(self._step_n, seq, name, nbytes, mark)
+        self._record_collective(self._step_n, seq, name, nbytes, enter, mark)
 
     def _try_mark(self) -> Mark | None:
         if self._dev is None:
@@ -290,6 +268,16 @@ class StepTiming:
 
     def _count_error(self) -> None:
         self.errors += 1
+
+    def _record_collective(
+        self, step: int, seq: int, name: str, nbytes: int, enter: float, mark: Any
+    ) -> None:
+        """One all-reduce: host times on CPU, device events (when marked) on CUDA."""
+        if self._dev is None:
+            self.run.collective(step=step, seq=seq, op="all_reduce", group=name, enter=enter,
+                                exit=time.time(), bytes=nbytes)  # fmt: skip
+        elif mark is not None:
+            self._device_collective(step, seq, name, nbytes, mark)
 
     def _guard(self, fn: Any) -> Any:
         def safe() -> None:
