@@ -42,11 +42,12 @@ class CollectorConfig:
     ``max_future_s`` how far ahead of the server's clock a record's time may be (after skew
     correction; a day, as the simulator played at full speed runs ahead of its nominal end by
     the time its faults add); ``skew_tolerance_s`` the clock skew above which a batch's times
-    are corrected (when the skew is certain) or flagged."""
+    are corrected (when the skew is certain) or flagged; ``max_request_rate`` the ingest requests a
+    second the server paces its senders to (:mod:`fleetlens.collector.pacing`)."""
 
     max_body_bytes: int = 64 << 20
     max_rows: int = 4_000_000
-    max_inflight: int = 64
+    max_inflight: int = 256
     max_queue_bytes: int = 512 << 20
     queue_wait_s: float = 2.0
     max_decoded_bytes: int = 256 << 20
@@ -54,6 +55,7 @@ class CollectorConfig:
     decode_slots: int = 2
     max_future_s: float = 86_400.0
     skew_tolerance_s: float = 5.0
+    max_request_rate: float = 400.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "max_decoded_bytes": ("collector", "max_decoded_bytes"),
     "max_world_size": ("collector", "max_world_size"),
     "decode_slots": ("collector", "decode_slots"),
+    "max_request_rate": ("collector", "max_request_rate"),
     "max_future_s": ("collector", "max_future_s"),
     "analysis_interval_s": ("monitor", "interval_s"),
     "hang_s": ("analyzer", "hang_floor_s"),

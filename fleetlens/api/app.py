@@ -32,8 +32,10 @@ from .. import __version__
 from ..alerts.metrics import JobMetrics, TenantView
 from ..alerts.notifiers import Delivery
 from ..alerts.store import AlertStore
+from ..collector.commit import CommitMetrics
 from ..collector.decode import DecodeLimits
 from ..collector.ingest import Ingestor, IngestQueue
+from ..collector.pacing import Pacer
 from ..collector.quota import TenantLimiter
 from ..config import ServerConfig
 from ..errors import BatchTooLarge, ConfigError, FleetlensError, WireError, http_status
@@ -84,6 +86,10 @@ class Services:
     quotas: dict[str, dict[str, int]] = field(default_factory=dict)
     # (tenant, project, run) a job's control poll was checked against, so it is checked once
     control_runs: set[tuple[str, str, str]] = field(default_factory=set)
+    pacer: Pacer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pacer = Pacer(self.config.collector.max_request_rate)
 
     def refresh_quotas(self) -> None:
         """Reload quotas into the limiter and persist the bytes ingested since the last call."""
@@ -154,6 +160,8 @@ class Services:
             )
         job_metrics = JobMetrics()
         registry.register(job_metrics)
+        if ingestor.committer is not None:
+            registry.register(CommitMetrics(ingestor.committer))
         monitor = Monitor.build(config, telemetry, metadata, access, job_metrics)
         return cls(
             config,
@@ -207,8 +215,9 @@ def _batch_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
 BATCH_JSON_SCHEMA, BATCH_COMPONENTS = _batch_json_schema()
 
 
-def _sent_at_header(value: str | None) -> float | None:
-    """``X-Fleetlens-Sent-At``: the sender's UNIX time when it sent this attempt."""
+def _float_header(value: str | None) -> float | None:
+    """A number a sender states in a header (``X-Fleetlens-Sent-At``: its UNIX time when it
+    sent this attempt; ``X-Fleetlens-Flush-S``: its flush interval); None if absent or bad."""
     try:
         return float(value) if value else None
     except ValueError:
@@ -372,36 +381,45 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
             svc.batches.labels("throttled").inc()
             return _error(429, "ingest queue is full; retry later", None, retry_after=1)
         # -- end of body reading and the queue slot (released in the finally below) ----------
+        loop = asyncio.get_running_loop()
         try:
             try:
-                result = await asyncio.get_running_loop().run_in_executor(
+                prepared = await loop.run_in_executor(
                     svc.ingestor.pool,
                     functools.partial(
-                        svc.ingestor.ingest,
+                        svc.ingestor.prepare,
                         body,
                         request.headers.get("content-type", "application/msgpack"),
                         request.headers.get("content-encoding", ""),
                         scope.tenant,
                         scope.project or None,
                         received_at=received_at,
-                        transmitted_at=_sent_at_header(request.headers.get("x-fleetlens-sent-at")),
+                        transmitted_at=_float_header(request.headers.get("x-fleetlens-sent-at")),
                     ),
                 )
             except WireError as exc:
                 too_large = isinstance(exc, BatchTooLarge)
                 svc.batches.labels("too_large" if too_large else "rejected").inc()
                 return _error(http_status(exc), str(exc), exc.field)
+            # Durable once the group insert holding it returned (fleetlens/collector/commit.py).
+            await asyncio.wrap_future(svc.ingestor.store(prepared))
         finally:
             await svc.queue.release(nbytes)
             budget.give(nbytes)
+        result = await loop.run_in_executor(svc.ingestor.pool, svc.ingestor.finish, prepared)
         svc.batches.labels("stored").inc()
         svc.ingested_bytes[scope.tenant] = svc.ingested_bytes.get(scope.tenant, 0) + len(body)
         for kind, n in result.rows.items():
             svc.rows.labels(kind).inc(n)
+        svc.pacer.observe()
         answer: dict[str, Any] = {
             "batchId": result.batch_id,
             "rows": result.rows,
             "status": "stored",
+            "flushS": svc.pacer.advise(
+                _float_header(request.headers.get("x-fleetlens-flush-s")),
+                svc.queue.requests / svc.queue.max_requests,
+            ),
         }
         if result.rejected:  # the rows that broke a rule were refused alone, the rest stored
             answer.update(rejected=result.rejected, errors=result.errors)

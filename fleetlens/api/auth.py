@@ -52,9 +52,10 @@ async def caller(request: Request) -> Scope:
         raise HTTPException(
             401, "use Authorization: Bearer <token>", headers={"WWW-Authenticate": "Bearer"}
         )
-    scope: Scope | None = await anyio.to_thread.run_sync(
-        svc.access.authenticate, token.strip(), remote
-    )
+    scope: Scope | None
+    known, scope = svc.access.cached_scope(token.strip(), remote)  # no thread hop when cached
+    if not known:
+        scope = await anyio.to_thread.run_sync(svc.access.authenticate, token.strip(), remote)
     if scope is None:
         raise HTTPException(
             401,

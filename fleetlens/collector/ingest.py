@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from sqlalchemy import select
@@ -36,16 +37,32 @@ from ..schema import KINDS
 from ..store.metadata import MetadataStore
 from ..store.models import Job
 from ..store.scoped import all_tenants
-from ..store.telemetry import TelemetryStore, batch_tables
+from ..store.telemetry import TelemetryStore, batch_tables, with_context
+from .commit import GroupCommitter
 from .decode import DecodedBatch, DecodeLimits, StringColumn, decode_batch
+from .ledger import Ledger, batch_key
 
 log = logging.getLogger("fleetlens.collector")
 
-__all__ = ["IngestQueue", "IngestResult", "Ingestor"]
+__all__ = ["IngestQueue", "IngestResult", "Ingestor", "Prepared"]
 
 _OBSERVE_EVERY_S = 2.0
 _GRAPH_EVENTS = frozenset({"checkpoint_end", "job_start", "config_change"})
 _STATUS_BY_EVENT = {"finish": "FINISHED", "failure": "FAILED", "job_start": "RUNNING"}
+
+
+@runtime_checkable
+class GroupStore(Protocol):
+    """A store group commit can write to: the embedded engine in a local directory. A ClickHouse
+    server keeps one insert per batch with its dedup token: a retry may reach another server,
+    whose ledger would not know the batch."""
+
+    path: str
+    atomic_rows: int
+
+    def insert_rows(self, kind: str, data: Any) -> None: ...
+
+    def settle(self, pieces: list[tuple[str, int, int]]) -> set[int]: ...
 
 
 class IngestQueue:
@@ -107,6 +124,15 @@ class IngestResult:
     shift_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A decoded, validated batch and the context it is stored under."""
+
+    batch: DecodedBatch
+    ctx: dict[str, str]
+    t0: float
+
+
 @dataclass
 class _Seen:
     project: str
@@ -128,6 +154,7 @@ class Ingestor:
         limits: DecodeLimits = DecodeLimits(),  # noqa: B008 - frozen
         decode_slots: int = 2,
         recover: bool = True,
+        group_commit: bool = True,
     ) -> None:
         self.telemetry = telemetry
         self.metadata = metadata
@@ -142,6 +169,18 @@ class Ingestor:
         self.rows_rejected: dict[str, int] = {}
         self.skewed_batches = 0
         self.corrected_batches = 0
+        self.committer: GroupCommitter | None = None
+        if group_commit and isinstance(telemetry, GroupStore):
+            # Settling an insert a crash interrupted reads the tables: a store that cannot
+            # answer fails the start rather than guess (a retry could be stored twice).
+            ledger = Ledger(os.path.join(telemetry.path, "ingest.ledger"), telemetry.settle)
+            if ledger.recovered:
+                log.warning(
+                    "ingest ledger: %d batch table(s) of an interrupted insert were "
+                    "stored whole; their retries will be acknowledged",
+                    ledger.recovered,
+                )
+            self.committer = GroupCommitter(telemetry, ledger, telemetry.atomic_rows)
         if recover:
             try:
                 self.recover_registry()
@@ -159,7 +198,29 @@ class Ingestor:
         received_at: float | None = None,
         transmitted_at: float | None = None,
     ) -> IngestResult:
-        """Store a batch for ``tenant``; a project-scoped caller writes into its project only.
+        """Store a batch for ``tenant`` and wait until it is durable (:meth:`prepare`,
+        :meth:`store`, :meth:`finish` in one call, for callers off the event loop)."""
+        prepared = self.prepare(
+            body, content_type, content_encoding, tenant, project,
+            received_at=received_at, transmitted_at=transmitted_at,
+        )  # fmt: skip
+        self.store(prepared).result()
+        return self.finish(prepared)
+
+    def prepare(
+        self,
+        body: bytes,
+        content_type: str,
+        content_encoding: str,
+        tenant: str,
+        project: str | None = None,
+        *,
+        received_at: float | None = None,
+        transmitted_at: float | None = None,
+    ) -> Prepared:
+        """Decode and validate a batch for ``tenant``; a project-scoped caller writes into its
+        project only. Raises :class:`~fleetlens.errors.WireError` naming the field; nothing is
+        stored until :meth:`store`.
 
         ``received_at`` is when the request arrived (the skew is measured against it);
         ``transmitted_at`` the sender's clock when it sent this attempt, if it said.
@@ -175,14 +236,43 @@ class Ingestor:
                 transmitted_at=transmitted_at,
                 declared_world=lambda c: self._declared(tenant, c),
             )
-            ctx = dict(batch.ctx)
-            ctx["tenant"] = tenant  # the caller's tenant, never what the batch claims
-            if project is not None:
-                ctx["project"] = project
-            for kind, table in batch_tables(batch).items():
-                if table.num_rows:
-                    key = f"{batch.batch_id}#{batch.digests[kind]}"
-                    self.telemetry.insert(kind, table, ctx, key)
+        ctx = dict(batch.ctx)
+        ctx["tenant"] = tenant  # the caller's tenant, never what the batch claims
+        if project is not None:
+            ctx["project"] = project
+        return Prepared(batch, ctx, t0)
+
+    def store(self, prepared: Prepared) -> Future[None]:
+        """Store a prepared batch; the future resolves once every row of it is durable."""
+        batch, ctx = prepared.batch, prepared.ctx
+        tables = {k: t for k, t in batch_tables(batch).items() if t.num_rows}
+        if self.committer is not None:
+            pieces = []
+            size = self.committer.max_rows
+            for kind, table in tables.items():
+                full = with_context(kind, table, ctx, dictionary=True)
+                # A table larger than one atomic insert goes in fixed slices, each its own key:
+                # the slicing is the same on a retry, so each slice is stored once.
+                for i, start in enumerate(range(0, full.num_rows, size)):
+                    digest = batch.digests[kind] + (f"#{i}" if i else "")
+                    key = batch_key(ctx, batch.batch_id, kind, digest)
+                    pieces.append((kind, key, full.slice(start, size)))
+            return self.committer.submit(pieces)
+        done: Future[None] = Future()
+        try:
+            with self._slots:
+                for kind, table in tables.items():
+                    token = f"{batch.batch_id}#{batch.digests[kind]}"
+                    self.telemetry.insert(kind, table, ctx, token)
+        except Exception as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        return done
+
+    def finish(self, prepared: Prepared) -> IngestResult:
+        """After the batch is durable: the run registry, the counters, the answer."""
+        batch, ctx = prepared.batch, prepared.ctx
         self._register(batch, ctx)
         for prio, count in batch.dropped.items():
             self.sdk_dropped[prio] = self.sdk_dropped.get(prio, 0) + int(count)
@@ -194,14 +284,14 @@ class Ingestor:
             self.corrected_batches += 1 if batch.shift_s else 0
             log.warning(
                 "clock skew: batch %s of %s/%s is %.1fs %s the server's clock (%s)",
-                batch.batch_id, tenant, ctx.get("run_id", ""), abs(batch.skew_s),
+                batch.batch_id, ctx["tenant"], ctx.get("run_id", ""), abs(batch.skew_s),
                 "behind" if batch.skew_s > 0 else "ahead of",
                 "times corrected" if batch.shift_s else "flagged, not corrected",
             )  # fmt: skip
         return IngestResult(
             batch.batch_id,
             {kind: n for kind, (n, _) in batch.tables.items()},
-            time.perf_counter() - t0,
+            time.perf_counter() - prepared.t0,
             dict(batch.rejected),
             list(batch.errors),
             batch.skew_s if skewed else 0.0,
@@ -380,6 +470,9 @@ class Ingestor:
             pass  # a malformed hint from a training job never fails its batch
 
     def close(self) -> None:
+        if self.committer is not None:
+            self.committer.close()
+            self.committer.ledger.close()
         self.pool.shutdown(wait=True)
         self.flush_registry()
 

@@ -1,9 +1,14 @@
 """The background exporter: drains the buffer, encodes batches, sends them, spools what fails.
 
-One daemon thread does all the work the hot path avoided. It wakes every ``flush_interval`` or
-when a flush or the stop sentinel arrives on its queue, drains each priority class into its own
-batches (so a class can be spooled, evicted or refused on its own), and hands them to the
-transport. While the collector is failing it does not retry per batch: it backs off (the
+One daemon thread does all the work the hot path avoided. It wakes every flush interval, when a
+P0 record (a failure) is recorded, or when a flush or the stop sentinel arrives on its queue,
+drains every priority class into one batch (P0 first; the batch is spooled and evicted as its
+most important class), and hands it to the transport: one request per flush whatever the
+classes, so a job's request rate is its ranks over the flush interval. The interval starts at
+``flush_interval`` and follows what the collector asks in each acknowledgement (``flushS``,
+:mod:`fleetlens.collector.pacing`), never below ``flush_interval`` nor above 60 s.
+
+While the collector is failing it does not retry per batch: it backs off (the
 server's ``Retry-After``, else exponential with jitter) and writes new batches straight to the
 spool, so a dead collector costs one connection attempt per backoff period, not one per batch.
 Once a send succeeds, spooled batches are replayed oldest first and deleted only after their
@@ -33,11 +38,13 @@ from .buffer import Entry, RecordBuffer, records_in
 from .config import SDKConfig
 from .spool import Spool
 from .tables import Identity, build_tables
-from .transport import Transport
+from .transport import Ack, Transport
 
 __all__ = ["Exporter"]
 
 _STOP = object()
+_WAKE = object()
+_MAX_FLUSH_S = 60.0
 _GZIP_MAGIC = b"\x1f\x8b"
 _SOURCE = "sdk/0.1.0"
 # Replaying a large spool must not starve the buffer, whose caps would then drop new records.
@@ -94,6 +101,7 @@ class Exporter:
         self._last_failure_busy = False
         self._reported = [0, 0, 0, 0]
         self._encode_lock = threading.Lock()
+        self.interval = cfg.flush_interval  # what the collector last asked for, within bounds
         self._thread = threading.Thread(target=self._loop, name="fleetlens-exporter", daemon=True)
 
     # -- control, from any thread -------------------------------------------------------------
@@ -125,6 +133,10 @@ class Exporter:
             time.sleep(pause)
         return False
 
+    def wake(self) -> None:
+        """Send what is buffered now (a P0 record must not wait for the paced interval)."""
+        self._q.put(_WAKE)
+
     def stop(self, timeout: float) -> None:
         self._q.put(_STOP)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
@@ -132,11 +144,29 @@ class Exporter:
 
     def spill(self) -> None:
         """Encode whatever is still buffered straight to the spool (exit paths, any thread)."""
-        for prio in range(4):
-            while entries := self.buffer.drain(prio, self.cfg.max_batch_rows):
-                encoded = self._encode(prio, entries)
-                if encoded is not None:
-                    self._to_spool(prio, *encoded)
+        while True:
+            prio, entries = self._drain_all()
+            if not entries:
+                return
+            encoded = self._encode(prio, entries)
+            if encoded is not None:
+                self._to_spool(prio, *encoded)
+
+    def _drain_all(self) -> tuple[int, list[Entry]]:
+        """Up to ``max_batch_rows`` records from every class, P0 first; the batch's class is
+        its most important record's."""
+        entries: list[Entry] = []
+        prio = -1
+        left = self.cfg.max_batch_rows
+        for p in range(4):
+            if left <= 0:
+                break
+            got = self.buffer.drain(p, left)
+            if got:
+                prio = p if prio < 0 else prio
+                entries += got
+                left -= sum(records_in(e) for e in got)
+        return max(prio, 0), entries
 
     def dropped(self) -> list[int]:
         return [b + s for b, s in zip(self.buffer.dropped, self.spool.dropped, strict=True)]
@@ -144,12 +174,11 @@ class Exporter:
     # -- the thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        interval = self.cfg.flush_interval
         while True:
             waiters: list[_Waiter] = []
             stop = False
             try:
-                item: Any = self._q.get(timeout=interval)
+                item: Any = self._q.get(timeout=self.interval)
                 while True:
                     if item is _STOP:
                         stop = True
@@ -171,18 +200,17 @@ class Exporter:
 
     def _cycle(self) -> bool:
         clean = True
-        for prio in range(4):
-            # Drain what is there now, not what the training thread keeps adding meanwhile.
-            rounds = len(self.buffer.queues[prio]) // self.cfg.max_batch_rows + 1
-            for _ in range(rounds):
-                entries = self.buffer.drain(prio, self.cfg.max_batch_rows)
-                if not entries:
-                    break
-                try:
-                    clean &= self._ship(prio, entries)
-                except Exception:
-                    self.counts["internal_errors"] += 1
-                    clean = False
+        # Drain what is there now, not what the training thread keeps adding meanwhile.
+        rounds = self.buffer.pending() // self.cfg.max_batch_rows + 1
+        for _ in range(rounds):
+            prio, entries = self._drain_all()
+            if not entries:
+                break
+            try:
+                clean &= self._ship(prio, entries)
+            except Exception:
+                self.counts["internal_errors"] += 1
+                clean = False
         if len(self.spool):
             try:
                 self._replay()
@@ -232,11 +260,12 @@ class Exporter:
             "Content-Type": "application/msgpack",
             "X-Fleetlens-Batch-Id": bid,
             "X-Fleetlens-Sent-At": f"{time.time():.3f}",
+            "X-Fleetlens-Flush-S": f"{self.interval:.3f}",
         }
         if body[:2] == _GZIP_MAGIC:
             headers["Content-Encoding"] = "gzip"
         try:
-            refused = self.transport.send(body, headers) or 0
+            ack = self.transport.send(body, headers)
         except TransportError as exc:
             if exc.permanent:
                 self.counts["rejected_batches"] += 1
@@ -262,7 +291,10 @@ class Exporter:
         self._retry_at = 0.0
         self.counts["batches_sent"] += 1
         self.counts["records_sent"] += records
-        self.counts["refused_rows"] += refused
+        if isinstance(ack, Ack):
+            self.counts["refused_rows"] += ack.refused_rows
+            if ack.flush_s is not None:
+                self.interval = min(_MAX_FLUSH_S, max(self.cfg.flush_interval, ack.flush_s))
         if spooled is not None:
             self.spool.delete(spooled)
             self.counts["replayed_batches"] += 1

@@ -257,6 +257,8 @@ class Run:
                 q, cap, prio = self._q1, self._cap1, 1
             if len(q) < cap:
                 q.append((EVENT, t, kind, step, message, attrs))
+                if prio == 0:
+                    self._exporter.wake()  # a failure goes out now, not at the paced interval
             else:
                 self._dropped[prio] += 1
         except Exception:

@@ -14,30 +14,50 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import urllib.parse
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ConfigError, TransportError
 
-__all__ = ["HttpTransport", "Transport"]
+__all__ = ["Ack", "HttpTransport", "Transport"]
 
 _ACK = frozenset({200, 201, 202})
 _LATER = frozenset({408, 429, 503})
 
 
+@dataclass(frozen=True)
+class Ack:
+    """What an acknowledgement said: the rows refused alone (a rule broken by one value; the
+    rest was stored) and the flush interval the server asks for (``flushS``), when given."""
+
+    refused_rows: int = 0
+    flush_s: float | None = None
+
+
 class Transport(Protocol):
-    def send(self, body: bytes, headers: dict[str, str]) -> int | None:
-        """Deliver one batch or raise :class:`~fleetlens.errors.TransportError`; the rows the
-        collector refused alone (a rule broken by one value; the rest was stored), if known."""
+    def send(self, body: bytes, headers: dict[str, str]) -> Ack | None:
+        """Deliver one batch or raise :class:`~fleetlens.errors.TransportError`; what the
+        collector's acknowledgement said, if known."""
 
 
-def _refused_rows(answer: bytes) -> int:
-    """The rows an acknowledgement says were refused alone (``{"rejected": {field: n}}``)."""
+def _ack(answer: bytes) -> Ack:
+    """Read an acknowledgement (``{"rejected": {field: n}, "flushS": s}``); never raises."""
     try:
         doc = json.loads(answer)
-        return sum(int(n) for n in dict(doc.get("rejected") or {}).values())
-    except (ValueError, TypeError, AttributeError):
-        return 0
+    except ValueError:
+        return Ack()
+    if not isinstance(doc, dict):
+        return Ack()
+    try:
+        refused = sum(int(n) for n in dict(doc.get("rejected") or {}).values())
+    except (ValueError, TypeError):
+        refused = 0
+    flush = doc.get("flushS")
+    if isinstance(flush, bool) or not isinstance(flush, int | float):
+        return Ack(refused)
+    return Ack(refused, float(flush) if math.isfinite(flush) and flush > 0 else None)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -75,7 +95,7 @@ class HttpTransport:
             self._conn.close()
             self._conn = None
 
-    def send(self, body: bytes, headers: dict[str, str]) -> int | None:
+    def send(self, body: bytes, headers: dict[str, str]) -> Ack | None:
         hdrs = dict(headers)
         if self._auth:
             hdrs["Authorization"] = self._auth
@@ -95,7 +115,7 @@ class HttpTransport:
                 self.close()
                 raise TransportError(f"cannot reach collector: {exc2!r}") from exc2
         if status in _ACK:
-            return _refused_rows(answer)
+            return _ack(answer)
         if status in _LATER:
             raise TransportError(f"collector busy: {status} {reason}", retry_after=retry_after)
         if 400 <= status < 500:

@@ -1,14 +1,18 @@
 """Tenants, API tokens, quotas and the audit log, in the metadata database.
 
-Tokens are random, shown once, and stored only as their SHA-256; a revoked token stops working
-on the next request (nothing caches a token's validity). The audit log is append-only: this
-module has no update or delete for it.
+Tokens are random, shown once, and stored only as their SHA-256. What a token maps to (or that it
+maps to nothing) is cached for :data:`TOKEN_TTL_S` (one second): every request of a thousand-rank
+job would otherwise be a database read, and a revoked token still stops working within a second,
+on every server sharing the database (at once on the server that revoked it). The audit log is
+append-only: this module has no update or delete for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +28,8 @@ from .scoped import all_tenants, scoped
 __all__ = ["QUOTA_FIELDS", "AccessStore", "TokenInfo"]
 
 TOKEN_PREFIX = "fl_"
+TOKEN_TTL_S = 1.0
+_CACHE_MAX = 10_000  # tokens remembered at once (a flood of made-up ones cannot grow it)
 QUOTA_FIELDS = ("ingest_bytes_per_s", "stored_bytes", "eval_shards_in_flight")
 
 
@@ -74,6 +80,30 @@ def _info(t: ApiToken) -> TokenInfo:
 class AccessStore:
     def __init__(self, metadata: MetadataStore) -> None:
         self._session = metadata.session  # one database, one session factory
+        self._tokens: dict[str, tuple[float, Scope | None]] = {}
+        self._tokens_lock = threading.Lock()
+
+    def cached_scope(self, plaintext: str, remote: str = "") -> tuple[bool, Scope | None]:
+        """(known, scope) from the last second's lookups, without touching the database."""
+        hit = self._tokens.get(_hash(plaintext))
+        if hit is None or hit[0] < time.monotonic():
+            return False, None
+        scope = hit[1]
+        return True, dataclasses.replace(scope, remote=remote) if scope is not None else None
+
+    def _remember(self, digest: str, scope: Scope | None) -> None:
+        with self._tokens_lock:
+            if len(self._tokens) >= _CACHE_MAX:
+                now = time.monotonic()
+                self._tokens = {k: v for k, v in self._tokens.items() if v[0] >= now}
+                if len(self._tokens) >= _CACHE_MAX:
+                    self._tokens.clear()
+            self._tokens[digest] = (time.monotonic() + TOKEN_TTL_S, scope)
+
+    def forget_tokens(self) -> None:
+        """Drop the cache (a token was revoked here: it stops working at once)."""
+        with self._tokens_lock:
+            self._tokens.clear()
 
     def ensure_tenant(self, name: str) -> None:
         with self._session() as s:
@@ -132,20 +162,25 @@ class AccessStore:
         return plaintext, info
 
     def authenticate(self, plaintext: str, remote: str = "") -> Scope | None:
+        known, cached = self.cached_scope(plaintext, remote)
+        if known:
+            return cached
+        digest = _hash(plaintext)
         with self._session() as s:
             # A token is looked up before anyone knows its tenant: that is what it tells.
-            q = all_tenants(select(ApiToken)).where(ApiToken.token_hash == _hash(plaintext))
+            q = all_tenants(select(ApiToken)).where(ApiToken.token_hash == digest)
             row = s.scalars(q).first()
-            if row is None or row.revoked_at is not None:
-                return None
-            return Scope(
-                tenant=row.tenant,
-                role=row.role,
-                project=row.project,
-                actor=row.name or row.prefix,
-                token_id=row.id,
-                remote=remote,
-            )
+            scope = None
+            if row is not None and row.revoked_at is None:
+                scope = Scope(
+                    tenant=row.tenant,
+                    role=row.role,
+                    project=row.project,
+                    actor=row.name or row.prefix,
+                    token_id=row.id,
+                )
+        self._remember(digest, scope)
+        return dataclasses.replace(scope, remote=remote) if scope is not None else None
 
     def list_tokens(self, scope: Scope) -> list[TokenInfo]:
         with self._session() as s:
@@ -160,6 +195,7 @@ class AccessStore:
             if row.revoked_at is None:
                 row.revoked_at = time.time()
             info = _info(row)
+        self.forget_tokens()
         self.audit(
             scope.tenant,
             scope.actor,

@@ -21,8 +21,10 @@ from ..schema import KINDS
 from .ddl import Layout, create_statements, insert_settings
 from .telemetry import context_for
 
-__all__ = ["ChdbStore"]
+__all__ = ["ATOMIC_ROWS", "ChdbStore"]
 
+ATOMIC_ROWS = 500_000
+"""Rows an insert may hold and still be one part (half the engine's squashing threshold)."""
 _SETTING_RE = re.compile(r"^[A-Za-z0-9_:.@/+=-]*$")
 
 
@@ -80,6 +82,7 @@ def _params(params: dict[str, Any] | None) -> dict[str, Any]:
 class ChdbStore:
     """Telemetry in chDB under ``data_dir``. One per process at a time (an engine limit)."""
 
+    atomic_rows: ClassVar[int] = ATOMIC_ROWS
     _open_path: ClassVar[str | None] = None
     _class_lock: ClassVar[threading.Lock] = threading.Lock()
 
@@ -123,6 +126,54 @@ class ChdbStore:
                 self._conn.query(sql, params=params)
             except Exception as exc:
                 raise StoreError(f"insert into {table} failed: {exc}") from exc
+
+    def insert_rows(self, kind: str, data: pa.Table) -> None:
+        """Insert rows that carry their context columns and ``_batch`` keys (group commit).
+
+        An insert of fewer rows than the engine squashes into one block
+        (``min_insert_block_size_rows``, ~1M) is one part: a crash leaves all of it or none. The
+        collector keeps its inserts under :data:`ATOMIC_ROWS`."""
+        table = KINDS[kind].table
+        cols = ", ".join(f"`{c}`" for c in data.column_names)
+        _fl_rows = data
+        sql = (
+            f"INSERT INTO {self.database}.{table} ({cols}) SELECT * FROM Python(_fl_rows) "
+            "SETTINGS insert_allow_materialized_columns = 1, insert_deduplicate = 0"
+        )
+        with self._lock:
+            try:
+                self._conn.query(sql)
+            except Exception as exc:
+                raise StoreError(f"insert into {table} failed: {exc}") from exc
+
+    def settle(self, pieces: list[tuple[str, int, int]]) -> set[int]:
+        """Of (kind, key, rows) pieces an interrupted insert held, the keys stored whole; rows
+        of a piece stored in part are deleted, so that its retry stores it whole."""
+        by_kind: dict[str, dict[int, int]] = {}
+        for kind, key, rows in pieces:
+            if kind in KINDS:
+                by_kind.setdefault(kind, {})[key] = rows
+        whole: set[int] = set()
+        for kind, want in by_kind.items():
+            table = f"{self.database}.{KINDS[kind].table}"
+            keys = ", ".join(str(int(k)) for k in want)
+            got = self.query(
+                f"SELECT _batch AS k, count() AS n FROM {table} WHERE _batch IN ({keys}) "
+                "GROUP BY _batch"
+            )
+            partial = []
+            for row in got.to_pylist() if got.num_rows else []:
+                key, n = int(row["k"]), int(row["n"])
+                if n >= want.get(key, 0):
+                    whole.add(key)
+                else:
+                    partial.append(key)
+            if partial:
+                self.command(
+                    f"ALTER TABLE {table} DELETE WHERE _batch IN "
+                    f"({', '.join(map(str, partial))}) SETTINGS mutations_sync = 1"
+                )
+        return whole
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         with self._lock:

@@ -16,7 +16,7 @@ import pyarrow as pa
 from ..errors import ConfigError, StoreError
 from ..schema import KINDS
 from .ddl import Layout, create_statements, insert_settings
-from .telemetry import context_for
+from .telemetry import context_for, with_context
 
 __all__ = ["ClickHouseStore", "parse_clickhouse_url"]
 
@@ -61,14 +61,11 @@ class ClickHouseStore:
             self.command(stmt)
 
     def insert(self, kind: str, data: pa.Table, ctx: dict[str, str], batch_id: str) -> None:
-        n = data.num_rows
         values = context_for(kind, ctx)
-        for i, (key, value) in enumerate(values.items()):
-            data = data.add_column(i, key, pa.array([value] * n, pa.string()))
         try:
             self._client.insert_arrow(
                 f"{self.database}.{KINDS[kind].table}",
-                data,
+                with_context(kind, data, ctx),
                 settings=insert_settings(batch_id, kind, values),
             )
         except Exception as exc:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from ..schema import DTYPES, KINDS, Column, RecordKind
 
 __all__ = [
+    "BATCH_COLUMN",
     "COMPUTE_SQL",
     "DEDUP_WINDOW",
     "PRESERVED",
@@ -44,6 +45,11 @@ COMPUTE_SQL = (
 In a synchronous job every rank's step lasts as long as the slowest's, so the slow rank shows
 in compute (and in the shortest wait), not in duration.
 """
+
+BATCH_COLUMN = "`_batch` UInt64 MATERIALIZED 0"
+"""The key of the batch a row came in (:func:`fleetlens.collector.ledger.batch_key`), written by
+group commit with ``insert_allow_materialized_columns``; hidden from ``SELECT *`` so copies and
+reads of the rows do not see it. 0 for rows inserted one batch per insert (tokens dedup those)."""
 
 DEDUP_WINDOW = 100_000
 """Inserts remembered per table for deduplication (each batch is one insert per kind)."""
@@ -106,8 +112,10 @@ def _table(kind: RecordKind, layout: Layout) -> list[str]:
     db = layout.database
     local = f"{kind.table}_local" if layout.cluster else kind.table
     stmts = [
-        f"CREATE TABLE IF NOT EXISTS {db}.{local}{layout.on_cluster} (\n  {_columns_sql(kind)}\n)\n"
-        + _engine(kind, layout, local)
+        f"CREATE TABLE IF NOT EXISTS {db}.{local}{layout.on_cluster} (\n  {_columns_sql(kind)},"
+        f"\n  {BATCH_COLUMN}\n)\n" + _engine(kind, layout, local),
+        # Tables made before the column existed get it (idempotent).
+        f"ALTER TABLE {db}.{local}{layout.on_cluster} ADD COLUMN IF NOT EXISTS {BATCH_COLUMN}",
     ]
     if layout.cluster:
         shard_key = "cityHash64(`run_id`)" if "run_id" in kind.ctx else "rand()"

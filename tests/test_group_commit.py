@@ -1,0 +1,253 @@
+"""Real traffic on the collector: group commit, its ledger across SIGKILL, pacing, token cache.
+
+The server is ``fleetlens serve`` on loopback with the embedded engine; the crash windows of the
+ledger are played against the real engine in-process (an insert that returned, one that never
+ran, one stored in part) and across a real SIGKILL under many concurrent senders.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from fleetlens.collector.commit import GroupCommitter
+from fleetlens.collector.ledger import Ledger, batch_key
+from fleetlens.collector.pacing import Pacer
+from fleetlens.store.chdb_store import ChdbStore
+from fleetlens.store.telemetry import with_context
+
+from .helpers import Server, step_batch
+
+
+def _metric(server: Server, name: str) -> float:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not on /metrics")
+
+
+def test_concurrent_small_batches_share_inserts_and_each_is_stored_once(
+    server: Server,
+) -> None:
+    # 48 senders at once, SDK-sized batches (one step of 8 ranks): every one acknowledged and
+    # stored, in far fewer inserts than requests.
+    bodies = [step_batch(f"gc-{i % 4}", range(i, i + 1), 8)[1] for i in range(240)]
+    with concurrent.futures.ThreadPoolExecutor(48) as pool:
+        results = list(pool.map(server.post, bodies))
+    assert [r[0] for r in results] == [200] * 240
+    assert all(r[1]["rows"] == {"step": 8} and r[1]["flushS"] > 0 for r in results)
+    commits = _metric(server, "fleetlens_ingest_commits_total")
+    requests = _metric(server, "fleetlens_ingest_committed_requests_total")
+    assert requests == 240 and commits < requests * 0.8, (commits, requests)
+    for run in range(4):
+        assert server.get(f"/v1/runs/gc-{run}")["steps"] == 60
+    # The same batches again (retries): acknowledged, not stored twice.
+    with concurrent.futures.ThreadPoolExecutor(48) as pool:
+        again = list(pool.map(server.post, bodies[:96]))
+    assert [r[0] for r in again] == [200] * 96
+    assert _metric(server, "fleetlens_ingest_deduplicated_tables_total") >= 96
+    ranks = server.get("/v1/runs/gc-0/ranks?fromStep=0&toStep=300")["ranks"]
+    assert {r["steps"] for r in ranks} == {60}
+
+
+def test_a_bad_batch_in_a_crowd_is_refused_alone(server: Server) -> None:
+    good = [step_batch("crowd", range(i, i + 1), 4)[1] for i in range(30)]
+    bad = b"\x92\x01\x02"  # msgpack, but not a batch
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(server.post, [*good[:15], bad, *good[15:]]))
+    codes = [r[0] for r in results]
+    assert codes.count(200) == 30 and codes[15] == 400
+    assert server.get("/v1/runs/crowd")["steps"] == 30
+
+
+def _count(store: ChdbStore, run: str) -> int:
+    t = store.query(f"SELECT count() AS n FROM fleetlens.steps WHERE run_id = '{run}'")
+    return int(t.column("n")[0].as_py())
+
+
+def _piece(run: str, batch: str, rows: int) -> tuple[str, int, pa.Table]:
+    ctx = {"tenant": "default", "run_id": run, "job_id": "j"}
+    table = pa.table(
+        {
+            "step": pa.array(np.arange(rows, dtype=np.int64)),
+            "rank": pa.array(np.zeros(rows, dtype=np.int32)),
+            "time": pa.array(np.full(rows, 1.7e9)),
+            "duration": pa.array(np.full(rows, 0.5)),
+        }
+    )
+    key = batch_key(ctx, batch, "step", "d")
+    return "step", key, with_context("step", table, ctx, dictionary=True)
+
+
+def test_ledger_settles_every_crash_window_against_the_engine(tmp_path: Path) -> None:
+    store = ChdbStore(str(tmp_path / "t"))
+    path = str(tmp_path / "t" / "ingest.ledger")
+    try:
+        ledger = Ledger(path, store.settle)
+        stored, never, partial = _piece("r", "a", 10), _piece("r", "b", 10), _piece("r", "c", 10)
+        # Crash after the insert returned, before the commit line: stored whole.
+        ledger.intend([(stored[0], stored[1], 10)])
+        store.insert_rows("step", stored[2].append_column(
+            "_batch", pa.array(np.full(10, stored[1], np.uint64))))  # fmt: skip
+        ledger.close()
+        ledger = Ledger(path, store.settle)
+        assert ledger.recovered == 1 and ledger.stored(stored[1])
+        # Crash before the insert ran: not stored, its retry must be stored.
+        ledger.intend([(never[0], never[1], 10)])
+        ledger.close()
+        ledger = Ledger(path, store.settle)
+        assert ledger.recovered == 0 and not ledger.stored(never[1])
+        assert ledger.stored(stored[1])  # what was settled before is still known
+        # Crash with part of an insert stored: the part is deleted, the retry stores it whole.
+        ledger.intend([(partial[0], partial[1], 10)])
+        store.insert_rows("step", partial[2].slice(0, 4).append_column(
+            "_batch", pa.array(np.full(4, partial[1], np.uint64))))  # fmt: skip
+        ledger.close()
+        ledger = Ledger(path, store.settle)
+        assert not ledger.stored(partial[1]) and _count(store, "r") == 10
+        # The retries through group commit: the stored one dropped, the others stored once.
+        committer = GroupCommitter(store, ledger)
+        committer.submit([stored, never, partial]).result(30)
+        committer.close()
+        assert _count(store, "r") == 30
+        assert committer.stats.retried_pieces == 1
+    finally:
+        store.close()
+
+
+def test_sigkill_under_concurrent_senders_loses_no_ack_and_stores_none_twice(
+    tmp_path: Path,
+) -> None:
+    data = str(tmp_path / "d")
+    server = Server(data).start()
+    port = server.port
+    senders, per_sender, ranks = 12, 40, 16
+    bodies = {
+        (s, i): step_batch(f"kill-{s}", range(i, i + 1), ranks, batch_id=f"k-{s}-{i}",
+                           t0=1.7e9 + i)[1]
+        for s in range(senders)
+        for i in range(per_sender)
+    }  # fmt: skip
+    acked: set[tuple[int, int]] = set()
+    lock = threading.Lock()
+
+    def sender(s: int) -> None:
+        for i in range(per_sender):
+            try:
+                status, _, _ = server.post(bodies[(s, i)])
+            except OSError:
+                return
+            if status == 200:
+                with lock:
+                    acked.add((s, i))
+
+    threads = [threading.Thread(target=sender, args=(s,)) for s in range(senders)]
+    for t in threads:
+        t.start()
+    while len(acked) < senders * per_sender // 3:
+        time.sleep(0.005)
+    server.kill()
+    for t in threads:
+        t.join()
+    assert len(acked) < senders * per_sender
+    server = Server(data, port=port).start()
+    try:
+        for s in range(senders):  # every acknowledged batch survived
+            steps = server.get(f"/v1/runs/kill-{s}/ranks?fromStep=0&toStep={per_sender}")
+            have = {r["steps"] for r in steps["ranks"]} or {0}
+            assert min(have) >= sum(1 for (x, _) in acked if x == s)
+        # Every batch is retried (the acknowledged ones too): each stored exactly once.
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            codes = list(pool.map(server.post, bodies.values()))
+        assert {c[0] for c in codes} == {200}
+        for s in range(senders):
+            ranks_seen = server.get(f"/v1/runs/kill-{s}/ranks?fromStep=0&toStep={per_sender}")
+            assert {r["steps"] for r in ranks_seen["ranks"]} == {per_sender}, s
+            run = server.get(f"/v1/runs/kill-{s}")
+            assert run["tokensProcessed"] == per_sender * ranks * 1000
+    finally:
+        server.stop()
+
+
+def test_pacing_stretches_the_interval_under_load_and_gives_it_back() -> None:
+    pacer = Pacer(max_request_rate=100)
+    for sec in range(10):
+        for _ in range(400):  # four times what the server holds
+            pacer.observe(now=1000 + sec + 0.5)
+    slower = pacer.advise(1.0, now=1010.1)
+    assert 1.8 <= slower <= 2.2  # the square root of the overload: a damped step
+    assert pacer.advise(slower, now=1010.1) > slower  # still over: longer again
+    for sec in range(10, 20):
+        for _ in range(10):
+            pacer.observe(now=1000 + sec + 0.5)
+    assert pacer.advise(4.0, now=1020.1) < 4.0  # the load fell: senders speed back up
+    assert pacer.advise(1.0, backlog=0.9, now=1020.1) > 1.0  # a full queue is overload too
+
+
+def test_the_server_paces_real_sdk_runs(tmp_path: Path) -> None:
+    import fleetlens
+
+    server = Server(str(tmp_path / "d"), env={"FLEETLENS_MAX_REQUEST_RATE": "5"}).start()
+    try:
+        runs = [
+            fleetlens.init(
+                project="p",
+                run_id=f"paced-{r}",
+                server=server.url,
+                rank=r,
+                world_size=8,
+                flush_interval=0.2,
+                spool_dir=str(tmp_path / f"s{r}"),
+            )
+            for r in range(8)
+        ]
+        for step in range(80):
+            for run in runs:
+                with run.step(step):
+                    pass
+            time.sleep(0.1)
+        intervals = [run._exporter.interval for run in runs]  # type: ignore[attr-defined]
+        for run in runs:
+            run.finish()
+        # 8 ranks flushing every 0.2 s would be 40 requests/s against a server holding 5:
+        # in 8 s they settle towards 8 / 5 = 1.6 s.
+        assert min(intervals) > 0.8, intervals
+        assert server.get("/v1/runs/paced-0")["steps"] == 80
+    finally:
+        server.stop()
+
+
+def test_a_token_revoked_from_another_process_stops_working_within_a_second(
+    tmp_path: Path,
+) -> None:
+    data = str(tmp_path / "d")
+    env = {**os.environ}
+
+    def cli(*args: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "fleetlens", *args, "--data", data],
+            check=True, capture_output=True, text=True, env=env,
+        ).stdout  # fmt: skip
+
+    token = cli("tokens", "create", "--tenant", "acme", "--role", "admin").split()[0]
+    server = Server(data, extra_args=("--auth", "required")).start()
+    try:
+        body = step_batch("tok", range(0, 1), 2)[1]
+        assert server.post(body, token=token)[0] == 200
+        assert server.post(body, token=token)[0] == 200  # now from the cache
+        cli("tokens", "revoke", "--tenant", "acme", "1")  # another process, the same database
+        time.sleep(1.2)
+        assert server.post(body, token=token)[0] == 401
+    finally:
+        server.stop()
