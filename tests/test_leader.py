@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +17,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from fleetlens.config import ServerConfig
+from fleetlens.errors import ConfigError
+from fleetlens.store.leader import open_election
 from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch, wait_until
@@ -66,6 +70,44 @@ def test_a_sqlite_server_leads(server: Server) -> None:
     assert _gauge(server) == 1.0
 
 
+def test_a_leader_whose_connection_dies_loses_the_lead(pg_url: str) -> None:
+    engine = sa.create_engine(_database(pg_url, "lead_conn"))
+    first = open_election(engine, "http://10.0.0.1:8000")
+    second = open_election(engine, "http://10.0.0.2:8000")
+    try:
+        assert (first.check(), second.check()) == (True, False)
+        assert second.leader_url == "http://10.0.0.1:8000"
+        with engine.connect() as conn:  # the leader's session ends under it
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = 'http://10.0.0.1:8000'"
+                )
+            )
+        assert (first.check(), second.check()) == (False, True)
+        assert first.check() is False and first.leader_url == "http://10.0.0.2:8000"
+        second.close()  # giving up the lead frees it at once
+        assert first.check() is True
+    finally:
+        first.close()
+        second.close()
+        engine.dispose()
+
+
+def test_the_advertised_url() -> None:
+    def url(**cli: Any) -> str:
+        return ServerConfig.resolve(cli, environ={}).advertised_url
+
+    assert url(port=9000) == "http://127.0.0.1:9000"
+    assert url(host="::1", port=9000) == "http://[::1]:9000"
+    assert url(advertise_url="http://fl-2.internal:8000/") == "http://fl-2.internal:8000"
+    with pytest.raises(ConfigError, match="advertise_url"):
+        url(advertise_url="fl-2:8000")
+    long = "http://" + "a" * 60 + ":8000"
+    with pytest.raises(ConfigError, match="63 bytes"):
+        open_election(sa.create_engine("postgresql+psycopg://x@127.0.0.1:1/x"), long)
+
+
 def test_one_leader_and_another_takes_over_when_it_is_killed(tmp_path: Path, pg_url: str) -> None:
     url = _database(pg_url, "lead_takeover")
     a, b = _servers(tmp_path, url, 2)
@@ -77,6 +119,19 @@ def test_one_leader_and_another_takes_over_when_it_is_killed(tmp_path: Path, pg_
         for srv in (a, b):
             status, answer, by = _control(srv, "ctl-run")
             assert status == 200 and answer["action"] is None and by == a.url
+        # A rank's answer too; a request a follower already passed on is never passed again.
+        ack = {"id": 0, "event": "resumed", "rank": 0, "jobId": "a0", "time": time.time()}
+        assert b.request("POST", "/v1/runs/ctl-run/control", ack) == (
+            200,
+            {"id": None, "state": None},
+        )
+        looped = urllib.request.Request(
+            f"{b.url}/v1/runs/ctl-run/control?rank=0", headers={"X-Fleetlens-Forwarded": "1"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(looped, timeout=10)
+        refused.value.close()
+        assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "1"
         a.kill()  # SIGKILL: no goodbye; PostgreSQL ends its session and frees the lock
         killed = time.monotonic()
         wait_until(lambda: _healthz(b)["leader"], timeout=30, what="the follower to lead")
