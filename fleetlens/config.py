@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -125,6 +126,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "log_level": ("", "log_level"),
     "auth": ("", "auth"),
     "readable_paths": ("", "readable_paths"),
+    "advertise_url": ("", "advertise_url"),
     "max_body_bytes": ("collector", "max_body_bytes"),
     "max_rows": ("collector", "max_rows"),
     "max_inflight": ("collector", "max_inflight"),
@@ -183,6 +185,9 @@ class ServerConfig:
     # Directories (os.pathsep-separated) besides DATA/artifacts whose files the server may read
     # to checksum an artifact or verify a drained job's checkpoint (a shared file system).
     readable_paths: str = ""
+    # How the other servers reach this one (they forward a job's control polls to the leader);
+    # default http://HOST:PORT, or the machine's hostname when bound to every address.
+    advertise_url: str = ""
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
@@ -211,6 +216,18 @@ class ServerConfig:
         """Where the server may open local files: DATA/artifacts and ``readable_paths``."""
         extra = [p for p in self.readable_paths.split(os.pathsep) if p.strip()]
         return (os.path.join(self.data_dir, "artifacts"), *extra)
+
+    @property
+    def advertised_url(self) -> str:
+        """The URL the other servers of a deployment reach this one at."""
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = self.host
+        if host in ("", "0.0.0.0", "::"):
+            host = socket.gethostname()
+        elif ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
 
     @property
     def telemetry_dir(self) -> str:
@@ -264,6 +281,11 @@ class ServerConfig:
                 f"refusing --auth off on {self.host}: without tokens anyone who can reach it "
                 "reads and writes everything; bind to 127.0.0.1, or create tokens "
                 "(fleetlens tokens create) and terminate TLS in front (docs/security.md)"
+            )
+        if self.advertise_url and not self.advertise_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"advertise_url is {self.advertise_url!r}; use http://HOST:PORT (how the other "
+                "servers reach this one)"
             )
         if self.monitor.interval_s <= 0:
             raise ConfigError(f"monitor.interval_s is {self.monitor.interval_s}; it must be > 0")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import anyio
+import httpx
 import msgspec
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -41,6 +42,7 @@ from ..config import ServerConfig
 from ..errors import BatchTooLarge, ConfigError, FleetlensError, WireError, http_status
 from ..services.monitor import Monitor
 from ..store.access import AccessStore
+from ..store.leader import open_election
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore, open_telemetry
@@ -56,6 +58,7 @@ from .flight_recorder import router as flight_recorder_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
 from .incidents import router as incidents_router
+from .leader import LeaderGauge, keep_electing, leader_of
 from .portal import router as portal_router
 from .portal_fleet import router as portal_fleet_router
 from .remediation import router as remediation_router
@@ -250,20 +253,38 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
                 except Exception:  # keep serving; the next round retries
                     log.exception("run registry flush failed")
 
+        # Several servers may share a PostgreSQL metadata database: only the leader monitors,
+        # alerts and remediates (fleetlens/store/leader.py, fleetlens/api/leader.py).
+        election = open_election(svc.metadata.engine, svc.config.advertised_url)
+        app.state.leader = election
+        app.state.leader_client = httpx.AsyncClient(timeout=10.0)
+        leader_gauge = LeaderGauge(election)
+        svc.registry.register(leader_gauge)
+        await anyio.to_thread.run_sync(election.check)
+
         async def monitoring() -> None:
             while True:
                 await asyncio.sleep(svc.config.monitor.interval_s)
+                if not election.is_leader:
+                    continue
                 try:
                     await anyio.to_thread.run_sync(svc.monitor.run_once)
                 except Exception:  # keep serving; the next pass retries
                     log.exception("monitoring pass failed")
 
-        tasks = [asyncio.create_task(registry_flusher()), asyncio.create_task(monitoring())]
+        tasks = [
+            asyncio.create_task(registry_flusher()),
+            asyncio.create_task(monitoring()),
+            asyncio.create_task(keep_electing(election, svc.monitor.take_over)),
+        ]
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
+            svc.registry.unregister(leader_gauge)
+            await app.state.leader_client.aclose()
+            await anyio.to_thread.run_sync(election.close)
             svc.close()
 
     app = FastAPI(
@@ -427,9 +448,14 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
             answer.update(clockSkewS=round(result.skew_s, 3), timeShiftS=round(result.shift_s, 3))
         return JSONResponse(answer)
 
-    @app.get("/healthz", summary="Liveness")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok", "version": __version__}
+    @app.get("/healthz", summary="Liveness, and whether this server leads (several servers)")
+    async def healthz(request: Request) -> dict[str, Any]:
+        leader = leader_of(request)
+        return {
+            "status": "ok",
+            "version": __version__,
+            "leader": leader is None or leader.is_leader,
+        }
 
     @app.get(
         "/metrics",

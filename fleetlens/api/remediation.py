@@ -11,7 +11,7 @@ import time
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..remediation.controller import Controller
@@ -19,6 +19,7 @@ from ..remediation.machine import PHASES, Action
 from ..remediation.positions import Instruction, Position
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require, require_any
+from .leader import LEADER_HEADER, forward_to_leader, leader_of
 
 __all__ = ["INFRA_KEYS", "action_json", "action_view", "instruction_json", "router"]
 
@@ -127,12 +128,29 @@ async def _check_run(request: Request, scope: Scope, run_id: str) -> None:
         known.add(key)
 
 
+def _stamp(request: Request, response: Response) -> None:
+    """Say which server answered a job's control request (followers pass them to it)."""
+    election = leader_of(request)
+    if election is not None:
+        response.headers[LEADER_HEADER] = election.leader_url
+
+
+# A follower forwards the control channel and people's decisions to the leader, whose memory
+# holds the ranks' positions and whose controller carries actions out (fleetlens/api/leader.py).
+_FORWARDED: dict[int | str, dict[str, Any]] = {
+    503: {"description": "No leader is reachable right now (several servers); retry"}
+}
+
+
 @router.get(
     "/runs/{run_id}/control",
     summary="A rank's control poll: report where it is, get the instruction for its job",
+    response_model=None,
+    responses=_FORWARDED,
 )
 async def control_poll(
     request: Request,
+    response: Response,
     run_id: RunId,
     scope: Job,
     rank: Annotated[int, Query(ge=0, le=2**31)] = 0,
@@ -146,7 +164,10 @@ async def control_poll(
     ] = None,
     pid: Annotated[int, Query(ge=0, le=2**31)] = 0,
     agent_pid: Annotated[int, Query(alias="agentPid", ge=0, le=2**31)] = 0,
-) -> dict[str, Any]:
+) -> dict[str, Any] | Response:
+    if (forwarded := await forward_to_leader(request)) is not None:
+        return forwarded
+    _stamp(request, response)
     ctl = _controller(request)
     await _check_run(request, scope, run_id)
     now = time.time()
@@ -156,10 +177,18 @@ async def control_poll(
     return {"action": told, "minIntervalS": world / 2000.0}
 
 
-@router.post("/runs/{run_id}/control", summary="A rank's answer to an instruction")
+@router.post(
+    "/runs/{run_id}/control",
+    summary="A rank's answer to an instruction",
+    response_model=None,
+    responses=_FORWARDED,
+)
 async def control_ack(
-    request: Request, run_id: RunId, body: ControlAck, scope: Job
-) -> dict[str, Any]:
+    request: Request, response: Response, run_id: RunId, body: ControlAck, scope: Job
+) -> dict[str, Any] | Response:
+    if (forwarded := await forward_to_leader(request)) is not None:
+        return forwarded
+    _stamp(request, response)
     ctl = _controller(request)
     await _check_run(request, scope, run_id)
     doc = body.model_dump(by_alias=True)
@@ -188,7 +217,9 @@ async def get_remediation(request: Request, remediation_id: Id, scope: Reader) -
 
 async def _decide(
     request: Request, remediation_id: int, scope: Scope, approve: bool
-) -> dict[str, Any]:
+) -> dict[str, Any] | Response:
+    if (forwarded := await forward_to_leader(request)) is not None:
+        return forwarded
     ctl = _controller(request)
     fn = ctl.approve if approve else ctl.reject
     # Refused -> 409 by the app's error table
@@ -198,16 +229,18 @@ async def _decide(
 @router.post(
     "/remediations/{remediation_id}/approve",
     summary="Carry out an action awaiting approval (audited)",
-    responses={409: {"description": "The action is not awaiting approval"}},
+    response_model=None,
+    responses={409: {"description": "The action is not awaiting approval"}, **_FORWARDED},
 )
-async def approve(request: Request, remediation_id: Id, scope: Writer) -> dict[str, Any]:
+async def approve(request: Request, remediation_id: Id, scope: Writer) -> dict[str, Any] | Response:
     return await _decide(request, remediation_id, scope, True)
 
 
 @router.post(
     "/remediations/{remediation_id}/reject",
     summary="Decline an action awaiting approval (audited)",
-    responses={409: {"description": "The action is not awaiting approval"}},
+    response_model=None,
+    responses={409: {"description": "The action is not awaiting approval"}, **_FORWARDED},
 )
-async def reject(request: Request, remediation_id: Id, scope: Writer) -> dict[str, Any]:
+async def reject(request: Request, remediation_id: Id, scope: Writer) -> dict[str, Any] | Response:
     return await _decide(request, remediation_id, scope, False)

@@ -51,6 +51,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             "database_url": args.database_url,
             "auth": getattr(args, "auth", None),
             "readable_paths": getattr(args, "readable_paths", None),
+            "advertise_url": getattr(args, "advertise_url", None),
             "alertmanager_url": getattr(args, "alertmanager_url", None),
             "webhook_url": getattr(args, "webhook_url", None),
             "slack_url": getattr(args, "slack_url", None),

@@ -70,6 +70,11 @@ def add_serve(sub: Any) -> None:
         help="directories (':'-separated) besides DATA/artifacts whose files the server may "
         "read to checksum artifacts and drained jobs' checkpoints (a shared file system)",
     )
+    sp.add_argument(
+        "--advertise-url",
+        help="how the other servers sharing this PostgreSQL reach this one (default "
+        "http://HOST:PORT); followers forward a job's control polls to the leader there",
+    )
     sp.add_argument("--alertmanager-url", help="send alerts to this Alertmanager (API v2)")
     sp.add_argument("--webhook-url", help="send alerts to this JSON webhook")
     sp.add_argument("--slack-url", help="send alerts to this Slack-compatible webhook")

@@ -127,6 +127,15 @@ class Controller:
         for a in self.repo.active():
             self._publish(a)
 
+    def take_over(self) -> None:
+        """This server has become the leader (fleetlens.store.leader): what it told jobs when
+        it led before is stale, so it starts again from the actions under way in the database.
+        Stopped ranks counted by the old leader are lost; the ranks' polls rebuild positions."""
+        with self._lock:
+            self.positions = Positions(self.positions.stale_s)
+            for a in self.repo.active():
+                self._publish(a)
+
     # -- the job's side: polls and answers --------------------------------------------------------
 
     def report(self, tenant: str, run_id: str, pos: Position) -> Instruction | None:

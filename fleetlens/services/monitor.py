@@ -133,6 +133,12 @@ class Monitor:
     def close(self) -> None:
         self.delivery.close()
 
+    def take_over(self) -> None:
+        """This server now leads: the goodput windows it kept when it led before are stale."""
+        self._goodput.clear()
+        if self.remediation is not None:
+            self.remediation.take_over()
+
     def policy_for(self, project: str, run_config: dict[str, Any]) -> Policy:
         """The default policy, then the project's overrides, then the run's own."""
         p = self.policy

@@ -18,7 +18,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -33,6 +33,7 @@ STALE_AFTER_S = 300.0
 """A run with no data for this long is reported STALLED rather than RUNNING."""
 
 _MIGRATIONS = os.path.join(os.path.dirname(__file__), "migrations")
+_MIGRATE_KEY = 0x466C4D67  # "FlMg": the advisory lock the servers of one database migrate under
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class MetadataStore:
         cfg.set_main_option("script_location", _MIGRATIONS)
         try:
             with self.engine.begin() as conn:
+                if conn.dialect.name == "postgresql":  # servers starting together migrate once
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATE_KEY})
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, "head")
         except SQLAlchemyError as exc:
