@@ -1,0 +1,267 @@
+"""A real job's traffic: N ranks, each a real SDK ``Run``, against ``fleetlens serve``.
+
+Each rank is ``fleetlens.init`` with its default settings (its own buffer, exporter thread,
+encoder, HTTP transport and spool; many ranks in this one process), stepping once a second with
+4 phases and 10 scalars per step, its placement and lifecycle events. The server is ``fleetlens
+serve`` on the embedded default, started fresh for each N, with its monitoring, alerting and
+remediation running; everything shares this machine's cores. Partway through, one rank is
+slowed by 15% (its compute; the others wait for it in their all-reduce, as in a synchronous job).
+
+For each N, in increasing order, until one does not hold:
+- ``ack_p99_s``: for the records of every 16th rank, the time from recording a step to the
+  acknowledgement of the request that carried it (read from the acknowledged bodies);
+- ``lost`` / ``duplicates``: from the stored rows after the run (steps and scalars per rank
+  and step), against what was recorded;
+- ``server_cpu_us_per_rank_step``: the server process's CPU over the stepping, per rank-step;
+- ``server_rss_mb``: its peak resident memory; ``rss_flat``: the second half's peak within 15%
+  of the first's;
+- ``straggler_found_steps``: steps from the slowdown until the run's stragglers name the rank.
+N holds when ack p99 <= 2 s, nothing is lost or stored twice, RSS is flat and the straggler is
+found within 5 steps. ``max_ranks_relay`` is null: the node relay is not built yet.
+
+    python bench/fleet_load.py [--quick] [--ranks 64,128,...] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import msgspec
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import fleetlens
+from bench._common import emit, start_server, stop_server
+from fleetlens.sdk.transport import Ack, HttpTransport
+from fleetlens.wire import Batch
+
+SCALARS = {f"metric_{k}": 0.1 * k for k in range(10)}
+SAMPLE_EVERY = 16
+GOAL_ACK_P99_S = 2.0
+GOAL_FOUND_STEPS = 5
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class SampledTransport(HttpTransport):
+    """The SDK's transport, noting when each step record it carried was acknowledged."""
+
+    latencies: list[float]
+
+    def send(self, body: bytes, headers: dict[str, str]) -> Ack | None:
+        ack = super().send(body, headers)
+        now = time.time()
+        raw = gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body
+        table = msgspec.msgpack.decode(raw, type=Batch).tables.get("step")
+        if table is not None:
+            t = table.cols.get("time")
+            d = table.cols.get("duration")
+            if isinstance(t, bytes) and isinstance(d, bytes):
+                ends = np.frombuffer(t, "<f8") + np.frombuffer(d, "<f8")
+                self.latencies.extend((now - ends).tolist())
+        return ack
+
+
+def _proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _stragglers(url: str, run_id: str) -> list[dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"{url}/v1/runs/{run_id}/stragglers", timeout=5) as r:
+            return list(json.load(r).get("stragglers", []))
+    except OSError:
+        return []
+
+
+def _stored(data_dir: str, run_id: str) -> tuple[int, int, int, int]:
+    """(step rows, distinct (rank, step), scalar rows, distinct (rank, step, name))."""
+    from fleetlens.store.chdb_store import ChdbStore
+
+    store = ChdbStore(os.path.join(data_dir, "telemetry"))
+    try:
+        s = store.query(
+            "SELECT count() AS n, uniqExact(rank, step) AS u FROM fleetlens.steps "
+            f"WHERE run_id = '{run_id}'"
+        ).to_pylist()[0]
+        c = store.query(
+            "SELECT count() AS n, uniqExact(rank, step, name) AS u FROM fleetlens.scalars "
+            f"WHERE run_id = '{run_id}'"
+        ).to_pylist()[0]
+    finally:
+        store.close()
+    return int(s["n"]), int(s["u"]), int(c["n"]), int(c["u"])
+
+
+def play(ranks: int, seconds: int, workdir: str) -> dict[str, Any]:
+    """One level: ``ranks`` SDK runs stepping once a second for ``seconds`` against a fresh
+    server; its figures."""
+    data = os.path.join(workdir, f"data-{ranks}")
+    proc, url = start_server(data)
+    run_id = f"load-{ranks}"
+    slow_rank, slow_at = ranks // 3, seconds // 2
+    latencies: list[float] = []
+    runs = []
+    try:
+        for r in range(ranks):
+            transport = None
+            if r % SAMPLE_EVERY == 0:
+                transport = SampledTransport(url)
+                transport.latencies = latencies
+            runs.append(
+                fleetlens.init(
+                    project="load", run_id=run_id, job_id="a0", server=url, rank=r,
+                    local_rank=r % 8, world_size=ranks, node_id=f"node-{r // 8:05d}", gpu=r % 8,
+                    spool_dir=os.path.join(workdir, f"spool-{ranks}", str(r)),
+                    install_signal_handler=False, transport=transport,
+                )  # fmt: skip
+            )
+        found: list[int] = []
+        step_now = [0]
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(1.0):
+                if step_now[0] < slow_at:
+                    continue
+                for f in _stragglers(url, run_id):
+                    if slow_rank in f.get("ranks", []):
+                        found.append(step_now[0] - slow_at)
+                        return
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        cpu0, rss, lags = _proc_cpu_s(proc.pid), [], []
+        t0 = time.time() + 1.0
+        for k in range(seconds):
+            target = t0 + k
+            time.sleep(max(0.0, target - time.time()))
+            step_now[0] = k
+            for r, run in enumerate(runs):
+                slow = 1.15 if (r == slow_rank and k >= slow_at) else 1.0
+                fwd, bwd, opt = 0.3 * slow, 0.45 * slow, 0.05 * slow
+                comm = 0.22 - (fwd + bwd + opt - 0.8) if k >= slow_at else 0.1
+                dur = 0.02 + fwd + bwd + opt + comm
+                now = time.time()
+                run.record_step(
+                    k, time=now - dur, duration=dur, tokens=4096,
+                    phases={"data": 0.02, "forward": fwd, "backward": bwd, "optimizer": opt,
+                            "comm": comm},
+                )  # fmt: skip
+                run.log(k, **SCALARS)
+            lags.append(time.time() - target)
+            if k % 5 == 0:
+                rss.append(_rss_mb(proc.pid))
+        cpu = _proc_cpu_s(proc.pid) - cpu0
+        t_finish = time.monotonic()
+        for run in runs:
+            run.finish()
+        finish_s = time.monotonic() - t_finish
+        time.sleep(max(0.0, 6.0 - (time.monotonic() - t_finish)))  # a last monitoring pass
+        for f in _stragglers(url, run_id) if not found else []:
+            if slow_rank in f.get("ranks", []):
+                found.append(seconds - slow_at)
+        stop.set()
+        stats = [run.stats() for run in runs]
+    finally:
+        stop_server(proc)
+    n_steps, u_steps, n_scalars, u_scalars = _stored(data, run_id)
+    expected = ranks * seconds
+    latencies.sort()
+    half = len(rss) // 2
+    flat = not rss or max(rss[half:] or rss) <= 1.15 * max(rss[: max(1, half)])
+    out = {
+        "ranks": ranks,
+        "seconds": seconds,
+        "ack_p50_s": round(latencies[len(latencies) // 2], 3) if latencies else None,
+        "ack_p99_s": round(latencies[int(len(latencies) * 0.99)], 3) if latencies else None,
+        "lost": (expected - u_steps) + (expected * len(SCALARS) - u_scalars),
+        "duplicates": (n_steps - u_steps) + (n_scalars - u_scalars),
+        "server_cpu_us_per_rank_step": round(cpu * 1e6 / expected, 1),
+        "server_cpu_cores": round(cpu / seconds, 2),
+        "server_rss_mb": round(max(rss or [0.0]), 1),
+        "rss_flat": flat,
+        "straggler_found_steps": found[0] if found else None,
+        "driver_lag_p99_s": round(sorted(lags)[int(len(lags) * 0.99)], 3),
+        "finish_s": round(finish_s, 2),
+        "send_failures": sum(s.get("send_failures", 0) for s in stats),
+        "spooled_batches": sum(s.get("spooled_batches", 0) for s in stats),
+        "requests": sum(s.get("batches_sent", 0) for s in stats),
+    }
+    out["held"] = bool(
+        out["ack_p99_s"] is not None
+        and out["ack_p99_s"] <= GOAL_ACK_P99_S
+        and out["lost"] == 0
+        and out["duplicates"] == 0
+        and flat
+        and out["straggler_found_steps"] is not None
+        and out["straggler_found_steps"] <= GOAL_FOUND_STEPS
+    )
+    shutil.rmtree(data, ignore_errors=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="two small levels, 30 s each (CI)")
+    ap.add_argument("--ranks", default="", help="levels to try, e.g. 64,256,1024")
+    ap.add_argument("--seconds", type=int, default=0, help="stepping time per level")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.ranks.split(",") if x] or (
+        [32, 128] if args.quick else [128, 256, 512, 1024, 2048, 4096]
+    )
+    seconds = args.seconds or (30 if args.quick else 300)
+    workdir = tempfile.mkdtemp(prefix="fl-fleet-load-")
+    results = []
+    try:
+        for n in levels:
+            res = play(n, seconds, workdir)
+            print(json.dumps(res), file=sys.stderr, flush=True)
+            results.append(res)
+            if not res["held"]:
+                break
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    held = [r for r in results if r["held"]]
+    best = held[-1] if held else results[-1]
+    emit(
+        {
+            "bench": "fleet_load",
+            "quick": args.quick,
+            "levels": results,
+            "max_ranks_direct": held[-1]["ranks"] if held else 0,
+            "max_ranks_relay": None,
+            "ack_p99_s": best["ack_p99_s"],
+            "lost": sum(r["lost"] for r in results),
+            "duplicates": sum(r["duplicates"] for r in results),
+            "server_cpu_us_per_rank_step": best["server_cpu_us_per_rank_step"],
+            "server_rss_mb": best["server_rss_mb"],
+            "straggler_found_steps": best["straggler_found_steps"],
+            "goal_max_ranks_direct": 2048,
+            "ok": bool(held) and all(r["lost"] == 0 and r["duplicates"] == 0 for r in results),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
