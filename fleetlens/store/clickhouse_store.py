@@ -8,6 +8,7 @@ acknowledgement means the same thing as with chDB.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -15,7 +16,8 @@ import pyarrow as pa
 
 from ..errors import ConfigError, StoreError
 from ..schema import KINDS
-from .ddl import Layout, create_statements, insert_settings
+from .ddl import Layout, insert_settings
+from .retention import ensure_schema
 from .telemetry import context_for
 
 __all__ = ["ClickHouseStore", "parse_clickhouse_url"]
@@ -42,12 +44,18 @@ def parse_clickhouse_url(url: str) -> tuple[dict[str, Any], Layout]:
 
 
 class ClickHouseStore:
-    def __init__(self, url: str, database: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        database: str | None = None,
+        retention: tuple[tuple[str, int], ...] = (),
+    ) -> None:
         import clickhouse_connect
 
         client_args, layout = parse_clickhouse_url(url)
         if database and not urlparse(url).path.strip("/"):
             layout = Layout(database=database, cluster=layout.cluster)
+        layout = dataclasses.replace(layout, retention=retention)
         self.database = layout.database
         try:
             self._client = clickhouse_connect.get_client(
@@ -57,8 +65,7 @@ class ClickHouseStore:
             raise StoreError(
                 f"cannot connect to ClickHouse at {client_args['host']}: {exc}"
             ) from exc
-        for stmt in create_statements(layout):
-            self.command(stmt)
+        ensure_schema(self, layout)
 
     def insert(self, kind: str, data: pa.Table, ctx: dict[str, str], batch_id: str) -> None:
         n = data.num_rows

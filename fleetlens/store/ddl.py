@@ -29,10 +29,13 @@ __all__ = [
     "COMPUTE_SQL",
     "DEDUP_WINDOW",
     "PRESERVED",
+    "STORED",
     "Layout",
     "create_statements",
     "dedup_token",
     "insert_settings",
+    "time_column",
+    "ttl_sql",
 ]
 
 COMPUTE_SQL = (
@@ -55,11 +58,32 @@ class Layout:
 
     database: str = "fleetlens"
     cluster: str | None = None
-    ttl_days: int | None = None
+    # table -> days its rows are kept (fleetlens.store.retention builds it); absent or 0: forever
+    retention: tuple[tuple[str, int], ...] = ()
 
     @property
     def on_cluster(self) -> str:
         return f" ON CLUSTER {self.cluster}" if self.cluster else ""
+
+    def ttl_days(self, table: str) -> int:
+        return dict(self.retention).get(table, 0)
+
+
+STORED = "_stored"
+"""When a row was stored: a column of every telemetry table, filled by the engine. Retention
+counts from it or from the row's own time, whichever is later, so a run imported from last
+year is kept as long as one recorded today."""
+
+
+def time_column(kind: RecordKind) -> str:
+    """The column that says when a row happened: ``time``, a collective's ``enter``, an
+    allocation's ``submit``."""
+    return next(c for c in ("time", "enter", "submit") if c in kind.by_name)
+
+
+def ttl_sql(time_expr: str, days: int) -> str:
+    """A TTL clause: rows expire ``days`` after the later of their time and their storing."""
+    return f"TTL greatest(toDateTime({time_expr}), `{STORED}`) + INTERVAL {int(days)} DAY"
 
 
 def _ch_type(col: Column) -> str:
@@ -82,6 +106,7 @@ def _ch_type(col: Column) -> str:
 def _columns_sql(kind: RecordKind) -> str:
     parts = [f"`{name}` LowCardinality(String)" for name in kind.ctx]
     parts += [f"`{c.name}` {_ch_type(c)}" for c in kind.columns]
+    parts.append(f"`{STORED}` DateTime DEFAULT now()")
     return ",\n  ".join(parts)
 
 
@@ -96,8 +121,8 @@ def _engine(kind: RecordKind, layout: Layout, local: str) -> str:
     else:
         window = "non_replicated_deduplication_window"
     ttl = ""
-    if layout.ttl_days and "time" in kind.by_name:
-        ttl = f"\nTTL toDateTime(`time`) + INTERVAL {layout.ttl_days} DAY"
+    if days := layout.ttl_days(kind.table):
+        ttl = "\n" + ttl_sql(f"`{time_column(kind)}`", days)
     order = ", ".join(f"`{c}`" for c in kind.order_by)
     return f"ENGINE = {engine}\nORDER BY ({order}){ttl}\nSETTINGS {window} = {DEDUP_WINDOW}"
 
@@ -202,6 +227,9 @@ def create_statements(layout: Layout = Layout()) -> list[str]:
         stmts += _table(kind, layout)
     stmts += _rollup(layout)
     stmts += _preserved(layout)
+    from .rollups import rollup_statements  # it builds on this module's Layout
+
+    stmts += rollup_statements(layout)
     return stmts
 
 
