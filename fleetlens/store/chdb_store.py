@@ -88,7 +88,7 @@ class ChdbStore:
         self,
         data_dir: str,
         database: str = "fleetlens",
-        retention: tuple[tuple[str, int], ...] = (),
+        retention: tuple[tuple[str, int], ...] | None = None,
     ) -> None:
         path = os.path.abspath(data_dir)
         with ChdbStore._class_lock:
@@ -106,7 +106,7 @@ class ChdbStore:
         self.path = path
         self.database = database
         self._lock = threading.Lock()
-        ensure_schema(self, Layout(database=database, retention=retention))
+        ensure_schema(self, Layout(database=database), retention)
         # The engine's first Arrow result costs ~150 ms once per process: pay it at startup,
         # not in the first user's request.
         self.query("SELECT 1 AS one")

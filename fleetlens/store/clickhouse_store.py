@@ -8,7 +8,6 @@ acknowledgement means the same thing as with chDB.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -48,14 +47,13 @@ class ClickHouseStore:
         self,
         url: str,
         database: str | None = None,
-        retention: tuple[tuple[str, int], ...] = (),
+        retention: tuple[tuple[str, int], ...] | None = None,
     ) -> None:
         import clickhouse_connect
 
         client_args, layout = parse_clickhouse_url(url)
         if database and not urlparse(url).path.strip("/"):
             layout = Layout(database=database, cluster=layout.cluster)
-        layout = dataclasses.replace(layout, retention=retention)
         self.database = layout.database
         try:
             self._client = clickhouse_connect.get_client(
@@ -65,7 +63,7 @@ class ClickHouseStore:
             raise StoreError(
                 f"cannot connect to ClickHouse at {client_args['host']}: {exc}"
             ) from exc
-        ensure_schema(self, layout)
+        ensure_schema(self, layout, retention)
 
     def insert(self, kind: str, data: pa.Table, ctx: dict[str, str], batch_id: str) -> None:
         n = data.num_rows

@@ -14,6 +14,7 @@ alike; a table made before ``_stored`` existed gains it first, valued at the upg
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -116,12 +117,18 @@ def apply_retention(store: Any, layout: Layout) -> dict[str, int]:
     return changed
 
 
-def ensure_schema(store: Any, layout: Layout) -> dict[str, int]:
-    """Create what is missing, migrate what is old, and set every table's retention."""
+def ensure_schema(
+    store: Any, layout: Layout, retention: tuple[tuple[str, int], ...] | None
+) -> dict[str, int]:
+    """Create what is missing and migrate what is old; with ``retention`` (table -> days, from
+    :func:`retention_days`) set every table's TTL to it. Without, new tables get none and
+    existing ones keep theirs: a tool that opens the store does not undo the server's."""
+    if retention is not None:
+        layout = dataclasses.replace(layout, retention=retention)
     _add_stored(store, layout)
     for stmt in create_statements(layout):
         store.command(stmt)
-    return apply_retention(store, layout)
+    return apply_retention(store, layout) if retention is not None else {}
 
 
 def stored_bytes(store: Any) -> dict[str, int]:

@@ -78,11 +78,12 @@ def open_telemetry(
     data_dir: str | None = None,
     clickhouse_url: str | None = None,
     database: str = "fleetlens",
-    retention: tuple[tuple[str, int], ...] = (),
+    retention: tuple[tuple[str, int], ...] | None = None,
 ) -> TelemetryStore:
     """The configured store: a ClickHouse server when a URL is given, else chDB in ``data_dir``;
     ``retention`` (table -> days, :func:`fleetlens.store.retention.retention_days`) is applied
-    to new and existing tables."""
+    to new and existing tables (None: tables are made without TTLs and existing ones left as
+    they are, for tools that open a store they do not own)."""
     if clickhouse_url:
         from .clickhouse_store import ClickHouseStore
 
