@@ -109,7 +109,7 @@ class RemediationConfig:
 @dataclass(frozen=True)
 class RetentionConfig:
     """``[retention]``: how long telemetry is kept, in days after a row is stored or its own
-    time, whichever is later (docs/operations.md). 0 keeps it forever.
+    time, whichever is later (docs/architecture.md). 0 keeps it forever.
 
     ``raw_days`` applies to the per-rank tables (steps, scalars, collectives, GPU, node and
     trace samples), ``rollup_days`` to the 10 s / 1 min rollups; ``tables`` overrides either

@@ -14,7 +14,9 @@ the table's content, so only a true retry of the same batch is dropped.
 ``steps_by_step`` is a rollup fed by a materialized view: per run, job attempt and step, the
 ranks seen, tokens, first start, last end, the slowest rank's duration and compute time, the
 sums of durations and compute times, and the longest data wait. Run summaries and goodput read
-it instead of the per-rank table.
+it instead of the per-rank table. The time rollups (10 s, 1 min) are in
+:mod:`fleetlens.store.rollups`; which table keeps its rows how long (``TTL``, counted from the
+later of a row's time and ``_stored``) in :mod:`fleetlens.store.retention`.
 """
 
 from __future__ import annotations
