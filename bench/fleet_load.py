@@ -130,11 +130,19 @@ def play(ranks: int, seconds: int, workdir: str) -> dict[str, Any]:
                 transport.latencies = latencies
             runs.append(
                 fleetlens.init(
-                    project="load", run_id=run_id, job_id="a0", server=url, rank=r,
-                    local_rank=r % 8, world_size=ranks, node_id=f"node-{r // 8:05d}", gpu=r % 8,
+                    project="load",
+                    run_id=run_id,
+                    job_id="a0",
+                    server=url,
+                    rank=r,
+                    local_rank=r % 8,
+                    world_size=ranks,
+                    node_id=f"node-{r // 8:05d}",
+                    gpu=r % 8,
                     spool_dir=os.path.join(workdir, f"spool-{ranks}", str(r)),
-                    install_signal_handler=False, transport=transport,
-                )  # fmt: skip
+                    install_signal_handler=False,
+                    transport=transport,
+                )
             )
         found: list[int] = []
         step_now = [0]
@@ -164,10 +172,18 @@ def play(ranks: int, seconds: int, workdir: str) -> dict[str, Any]:
                 dur = 0.02 + fwd + bwd + opt + comm
                 now = time.time()
                 run.record_step(
-                    k, time=now - dur, duration=dur, tokens=4096,
-                    phases={"data": 0.02, "forward": fwd, "backward": bwd, "optimizer": opt,
-                            "comm": comm},
-                )  # fmt: skip
+                    k,
+                    time=now - dur,
+                    duration=dur,
+                    tokens=4096,
+                    phases={
+                        "data": 0.02,
+                        "forward": fwd,
+                        "backward": bwd,
+                        "optimizer": opt,
+                        "comm": comm,
+                    },
+                )
                 run.log(k, **SCALARS)
             lags.append(time.time() - target)
             if k % 5 == 0:

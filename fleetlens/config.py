@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from .errors import ConfigError
+from .schema import KINDS
 
 __all__ = [
     "DEFAULT_PORT",
@@ -27,6 +28,7 @@ __all__ = [
     "CollectorConfig",
     "MonitorConfig",
     "RemediationConfig",
+    "RetentionConfig",
     "ServerConfig",
 ]
 
@@ -107,12 +109,56 @@ class RemediationConfig:
     straggler_persist_s: float = 300.0  # a straggler is acted on once flagged this long
 
 
+@dataclass(frozen=True)
+class RetentionConfig:
+    """``[retention]``: how long telemetry is kept, in days after a row is stored or its own
+    time, whichever is later (docs/architecture.md). 0 keeps it forever.
+
+    ``raw_days`` applies to the per-rank tables (steps, scalars, collectives, GPU, node and
+    trace samples), ``rollup_days`` to the 10 s / 1 min rollups; ``tables`` overrides either
+    per table: ``"steps=14,gpu_samples=7,events=90,rollups=730"`` (a table or kind name, or
+    ``raw`` / ``rollups``). Events, placement and scheduler tables are kept forever unless named
+    there; preserved failure windows are never expired."""
+
+    raw_days: int = 30
+    rollup_days: int = 365
+    tables: str = ""
+
+    def overrides(self) -> dict[str, int]:
+        """``tables`` parsed: name -> days, the names as given (validated by the store)."""
+        out: dict[str, int] = {}
+        for item in self.tables.replace(";", ",").split(","):
+            if not item.strip():
+                continue
+            name, sep, days = item.partition("=")
+            try:
+                n = int(days.strip()) if sep else -1
+            except ValueError:
+                n = -1
+            if n < 0 or not name.strip():
+                raise ConfigError(
+                    f"retention.tables item {item.strip()!r} is not NAME=DAYS; write e.g. "
+                    "steps=14,gpu_samples=7,rollups=730 (0 keeps a table forever)"
+                )
+            name = name.strip()
+            known = {k.name for k in KINDS.values()} | {k.table for k in KINDS.values()}
+            if name not in known | {"raw", "rollups"}:
+                raise ConfigError(
+                    f"retention.tables names {name!r}; use a table or kind ("
+                    f"{', '.join(sorted(k.table for k in KINDS.values()))}), raw or rollups "
+                    "(preserved failure windows are never expired)"
+                )
+            out[name] = n
+        return out
+
+
 SECTIONS: dict[str, type] = {
     "collector": CollectorConfig,
     "monitor": MonitorConfig,
     "analyzer": AnalyzerConfig,
     "alerts": AlertsConfig,
     "remediation": RemediationConfig,
+    "retention": RetentionConfig,
 }
 
 # Each setting a flag or a variable can set: its name (the CLI's and the environment's) ->
@@ -148,6 +194,9 @@ _FLAT: dict[str, tuple[str, str]] = {
     "actuators": ("remediation", "actuators"),
     "restart_cost_s": ("remediation", "restart_cost_s"),
     "straggler_persist_s": ("remediation", "straggler_persist_s"),
+    "retention": ("retention", "tables"),
+    "retention_days": ("retention", "raw_days"),
+    "rollup_retention_days": ("retention", "rollup_days"),
 }
 _ENV = {name: "FLEETLENS_" + name.upper() for name in _FLAT}
 _ENV.update(data_dir="FLEETLENS_DATA", clickhouse_url="FLEETLENS_CLICKHOUSE")
@@ -193,6 +242,7 @@ class ServerConfig:
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     @property
     def loopback(self) -> bool:
@@ -310,6 +360,14 @@ class ServerConfig:
                 f"collector.max_world_size is {c.max_world_size} (use 1..{1 << 24}) and "
                 f"collector.max_future_s {c.max_future_s} (use >= 0)"
             )
+
+        t = self.retention
+        if t.raw_days < 0 or t.rollup_days < 0:
+            raise ConfigError(
+                f"retention.raw_days is {t.raw_days} and retention.rollup_days {t.rollup_days}; "
+                "use >= 0 (0 keeps rows forever)"
+            )
+        t.overrides()  # refuses a malformed list; names are checked where the tables are known
 
     def as_dict(self) -> dict[str, Any]:
         """The resolved configuration, by section (``fleetlens config show``)."""

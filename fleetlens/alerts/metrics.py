@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["JobMetrics", "RunMetrics", "TenantView"]
+__all__ = ["JobMetrics", "RunMetrics", "StorageMetrics", "TenantView"]
 
 _RUN = ["tenant", "project", "run_id"]
 
@@ -151,6 +151,24 @@ class JobMetrics(Collector):
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {"runs": len(self._runs), "refused": self.refused}
+
+
+class StorageMetrics:
+    """``fleetlens_stored_bytes{table=...}``: the telemetry store's bytes on disk per table
+    (active parts), read at scrape time. The operator's alone: it names no tenant."""
+
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self.sizes = sizes
+
+    def collect(self) -> Iterator[Metric]:
+        fam = GaugeMetricFamily(
+            "fleetlens_stored_bytes",
+            "Telemetry bytes on disk per table (raw, rollups, preserved windows)",
+            labels=["table"],
+        )
+        for table, n in sorted(self.sizes.items()):
+            fam.add_metric([table], float(n))
+        yield fam
 
 
 class TenantView:

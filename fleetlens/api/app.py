@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from .. import __version__
-from ..alerts.metrics import JobMetrics, TenantView
+from ..alerts.metrics import JobMetrics, StorageMetrics, TenantView
 from ..alerts.notifiers import Delivery
 from ..alerts.store import AlertStore
 from ..collector.commit import CommitMetrics
@@ -44,6 +44,7 @@ from ..services.monitor import Monitor
 from ..store.access import AccessStore
 from ..store.leader import open_election
 from ..store.metadata import MetadataStore
+from ..store.retention import retention_days, stored_bytes
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore, open_telemetry
 from ..wire import Batch
@@ -120,7 +121,11 @@ class Services:
     @classmethod
     def open(cls, config: ServerConfig) -> Services:
         os.makedirs(config.data_dir, exist_ok=True)
-        telemetry = open_telemetry(config.telemetry_dir, config.clickhouse_url or None)
+        telemetry = open_telemetry(
+            config.telemetry_dir,
+            config.clickhouse_url or None,
+            retention=retention_days(config.retention),
+        )
         try:
             metadata = MetadataStore(config.resolved_database_url)
         except Exception:
@@ -469,13 +474,19 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     ) -> Response:
         svc: Services = request.app.state.services
         registry: Any
+        operator = True
         if scope.token_id is None and not svc.auth_required:
             registry = svc.registry  # the single local user of a loopback server
         elif scope.cross_tenant_infra:
             registry = TenantView(svc.registry, scope.tenant, infra_only=True)
         else:
             registry = TenantView(svc.registry, scope.tenant, scope.project)
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+            operator = False
+        body = generate_latest(registry)
+        if operator:  # the store's size is every tenant's: the operator's and on-call's only
+            sizes = await anyio.to_thread.run_sync(stored_bytes, svc.telemetry)
+            body += generate_latest(StorageMetrics(sizes))
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(graph_router)  # before runs: /v1/runs/compare is not a run id
     app.include_router(runs_router)

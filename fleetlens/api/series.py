@@ -37,14 +37,8 @@ async def metrics(
         if name is None:
             return {"runId": run_id, "metrics": q.names(run_id)}
         # Buckets over the steps stored in the window, not up to the run registry's last step:
-        # the registry is written every few seconds and may lag what was acknowledged.
-        lo, hi = q.step_span(run_id, name, from_step, to_step)
-        return {
-            "runId": run_id,
-            "name": name,
-            "fromStep": from_step,
-            "toStep": max(hi, from_step) if hi >= lo else from_step,
-            "points": q.series(run_id, name, lo, hi, points),
-        }
+        # the registry is written every few seconds and may lag what was acknowledged. A long
+        # window (or one whose raw rows expired) is read from the rollups.
+        return q.read(run_id, name, from_step, to_step, points)
 
     return await anyio.to_thread.run_sync(work)

@@ -35,9 +35,15 @@ def server_opts(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--clickhouse", help="ClickHouse URL instead of the embedded chDB")
     sp.add_argument("--database-url", help="metadata database URL (default SQLite in --data)")
     sp.add_argument(
+        "--retention",
+        metavar="TABLE=DAYS,...",
+        help="days telemetry is kept, per table or kind, raw (per-rank tables, default 30) or "
+        "rollups (default 365); 0 keeps forever: e.g. raw=14,gpu_samples=7,events=90",
+    )
+    sp.add_argument(
         "--config",
         help="TOML config file: [server], [collector], [monitor], [analyzer], [alerts], "
-        "[remediation] tables (fleetlens config show prints one)",
+        "[remediation], [retention] tables (fleetlens config show prints one)",
     )
 
 
@@ -59,6 +65,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             "public_url": getattr(args, "public_url", None),
             "remediation": getattr(args, "remediation", None),
             "actuators": getattr(args, "actuators", None),
+            "retention": getattr(args, "retention", None),
         },
         config_file=args.config,
     )

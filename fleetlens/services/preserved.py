@@ -184,5 +184,9 @@ class PreservedWindows:
             "total": total,
             "limit": limit,
             "offset": offset,
-            "rows": [{k: _cell(v) for k, v in r.items() if k != "tenant"} for r in got],
+            # the tenant is the caller's; `_`-columns are the store's bookkeeping (``_stored``)
+            "rows": [
+                {k: _cell(v) for k, v in r.items() if k != "tenant" and not k.startswith("_")}
+                for r in got
+            ],
         }

@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from ..errors import StoreError
 from ..schema import KINDS
-from .ddl import Layout, create_statements, insert_settings
+from .ddl import Layout, insert_settings
+from .retention import ensure_schema
 from .telemetry import context_for
 
 __all__ = ["ATOMIC_ROWS", "ChdbStore"]
@@ -86,7 +87,12 @@ class ChdbStore:
     _open_path: ClassVar[str | None] = None
     _class_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, data_dir: str, database: str = "fleetlens") -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        database: str = "fleetlens",
+        retention: tuple[tuple[str, int], ...] | None = None,
+    ) -> None:
         path = os.path.abspath(data_dir)
         with ChdbStore._class_lock:
             if ChdbStore._open_path is not None:
@@ -103,8 +109,7 @@ class ChdbStore:
         self.path = path
         self.database = database
         self._lock = threading.Lock()
-        for stmt in create_statements(Layout(database=database)):
-            self.command(stmt)
+        ensure_schema(self, Layout(database=database), retention)
         # The engine's first Arrow result costs ~150 ms once per process: pay it at startup,
         # not in the first user's request.
         self.query("SELECT 1 AS one")

@@ -15,7 +15,8 @@ import pyarrow as pa
 
 from ..errors import ConfigError, StoreError
 from ..schema import KINDS
-from .ddl import Layout, create_statements, insert_settings
+from .ddl import Layout, insert_settings
+from .retention import ensure_schema
 from .telemetry import context_for, with_context
 
 __all__ = ["ClickHouseStore", "parse_clickhouse_url"]
@@ -42,7 +43,12 @@ def parse_clickhouse_url(url: str) -> tuple[dict[str, Any], Layout]:
 
 
 class ClickHouseStore:
-    def __init__(self, url: str, database: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        database: str | None = None,
+        retention: tuple[tuple[str, int], ...] | None = None,
+    ) -> None:
         import clickhouse_connect
 
         client_args, layout = parse_clickhouse_url(url)
@@ -57,8 +63,7 @@ class ClickHouseStore:
             raise StoreError(
                 f"cannot connect to ClickHouse at {client_args['host']}: {exc}"
             ) from exc
-        for stmt in create_statements(layout):
-            self.command(stmt)
+        ensure_schema(self, layout, retention)
 
     def insert(self, kind: str, data: pa.Table, ctx: dict[str, str], batch_id: str) -> None:
         values = context_for(kind, ctx)

@@ -14,7 +14,9 @@ the table's content, so only a true retry of the same batch is dropped.
 ``steps_by_step`` is a rollup fed by a materialized view: per run, job attempt and step, the
 ranks seen, tokens, first start, last end, the slowest rank's duration and compute time, the
 sums of durations and compute times, and the longest data wait. Run summaries and goodput read
-it instead of the per-rank table.
+it instead of the per-rank table. The time rollups (10 s, 1 min) are in
+:mod:`fleetlens.store.rollups`; which table keeps its rows how long (``TTL``, counted from the
+later of a row's time and ``_stored``) in :mod:`fleetlens.store.retention`.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ __all__ = [
     "COMPUTE_SQL",
     "DEDUP_WINDOW",
     "PRESERVED",
+    "STORED",
     "Layout",
     "create_statements",
     "dedup_token",
     "insert_settings",
+    "time_column",
+    "ttl_sql",
 ]
 
 COMPUTE_SQL = (
@@ -61,11 +66,32 @@ class Layout:
 
     database: str = "fleetlens"
     cluster: str | None = None
-    ttl_days: int | None = None
+    # table -> days its rows are kept (fleetlens.store.retention builds it); absent or 0: forever
+    retention: tuple[tuple[str, int], ...] = ()
 
     @property
     def on_cluster(self) -> str:
         return f" ON CLUSTER {self.cluster}" if self.cluster else ""
+
+    def ttl_days(self, table: str) -> int:
+        return dict(self.retention).get(table, 0)
+
+
+STORED = "_stored"
+"""When a row was stored: a column of every telemetry table, filled by the engine. Retention
+counts from it or from the row's own time, whichever is later, so a run imported from last
+year is kept as long as one recorded today."""
+
+
+def time_column(kind: RecordKind) -> str:
+    """The column that says when a row happened: ``time``, a collective's ``enter``, an
+    allocation's ``submit``."""
+    return next(c for c in ("time", "enter", "submit") if c in kind.by_name)
+
+
+def ttl_sql(time_expr: str, days: int) -> str:
+    """A TTL clause: rows expire ``days`` after the later of their time and their storing."""
+    return f"TTL greatest(toDateTime({time_expr}), `{STORED}`) + INTERVAL {int(days)} DAY"
 
 
 def _ch_type(col: Column) -> str:
@@ -88,6 +114,7 @@ def _ch_type(col: Column) -> str:
 def _columns_sql(kind: RecordKind) -> str:
     parts = [f"`{name}` LowCardinality(String)" for name in kind.ctx]
     parts += [f"`{c.name}` {_ch_type(c)}" for c in kind.columns]
+    parts.append(f"`{STORED}` DateTime DEFAULT now()")
     return ",\n  ".join(parts)
 
 
@@ -102,8 +129,8 @@ def _engine(kind: RecordKind, layout: Layout, local: str) -> str:
     else:
         window = "non_replicated_deduplication_window"
     ttl = ""
-    if layout.ttl_days and "time" in kind.by_name:
-        ttl = f"\nTTL toDateTime(`time`) + INTERVAL {layout.ttl_days} DAY"
+    if days := layout.ttl_days(kind.table):
+        ttl = "\n" + ttl_sql(f"`{time_column(kind)}`", days)
     order = ", ".join(f"`{c}`" for c in kind.order_by)
     return f"ENGINE = {engine}\nORDER BY ({order}){ttl}\nSETTINGS {window} = {DEDUP_WINDOW}"
 
@@ -210,6 +237,9 @@ def create_statements(layout: Layout = Layout()) -> list[str]:
         stmts += _table(kind, layout)
     stmts += _rollup(layout)
     stmts += _preserved(layout)
+    from .rollups import rollup_statements  # it builds on this module's Layout
+
+    stmts += rollup_statements(layout)
     return stmts
 
 

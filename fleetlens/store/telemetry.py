@@ -92,15 +92,21 @@ def with_context(
 
 
 def open_telemetry(
-    data_dir: str | None = None, clickhouse_url: str | None = None, database: str = "fleetlens"
+    data_dir: str | None = None,
+    clickhouse_url: str | None = None,
+    database: str = "fleetlens",
+    retention: tuple[tuple[str, int], ...] | None = None,
 ) -> TelemetryStore:
-    """The configured store: a ClickHouse server when a URL is given, else chDB in ``data_dir``."""
+    """The configured store: a ClickHouse server when a URL is given, else chDB in ``data_dir``;
+    ``retention`` (table -> days, :func:`fleetlens.store.retention.retention_days`) is applied
+    to new and existing tables (None: tables are made without TTLs and existing ones left as
+    they are, for tools that open a store they do not own)."""
     if clickhouse_url:
         from .clickhouse_store import ClickHouseStore
 
-        return ClickHouseStore(clickhouse_url, database=database)
+        return ClickHouseStore(clickhouse_url, database=database, retention=retention)
     if not data_dir:
         raise ConfigError("the embedded telemetry store needs a data directory")
     from .chdb_store import ChdbStore
 
-    return ChdbStore(data_dir, database=database)
+    return ChdbStore(data_dir, database=database, retention=retention)
