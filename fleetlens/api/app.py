@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import math
 import os
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -39,7 +36,7 @@ from ..collector.ingest import Ingestor, IngestQueue
 from ..collector.pacing import Pacer
 from ..collector.quota import TenantLimiter
 from ..config import ServerConfig
-from ..errors import BatchTooLarge, ConfigError, FleetlensError, WireError, http_status
+from ..errors import ConfigError, FleetlensError, http_status
 from ..services.monitor import Monitor
 from ..store.access import AccessStore
 from ..store.leader import open_election
@@ -51,7 +48,7 @@ from ..wire import Batch
 from .admin import router as admin_router
 from .alerts import router as alerts_router
 from .auth import ERROR_RESPONSES, require, require_any
-from .bodies import BodyBudget, BodyRefused, drain, read_body
+from .bodies import BodyBudget
 from .evaluations import router as evaluations_router
 from .findings import router as findings_router
 from .flight_recorder import UPLOAD_COMPONENTS
@@ -59,6 +56,7 @@ from .flight_recorder import router as flight_recorder_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
 from .incidents import router as incidents_router
+from .ingest import IngestFastPath, error_response, ingest_batch
 from .leader import LeaderGauge, keep_electing, leader_of
 from .portal import router as portal_router
 from .portal_fleet import router as portal_fleet_router
@@ -202,16 +200,6 @@ class Services:
         self.telemetry.close()
 
 
-def _error(
-    status: int, message: str, field: str | None = None, retry_after: int | None = None
-) -> JSONResponse:
-    """An error answer. ``detail`` is FastAPI's key (its own 4xx use it), ``error`` the key the
-    collector has always answered with; both carry the message, ``field`` the bad field."""
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    body = {"detail": message, "error": message, "field": field}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 def _batch_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     """The JSON form of a wire batch (and its component schemas), from the decoder's types."""
     (schema,), defs = msgspec.json.schema_components(
@@ -221,21 +209,6 @@ def _batch_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 BATCH_JSON_SCHEMA, BATCH_COMPONENTS = _batch_json_schema()
-
-
-def _float_header(value: str | None) -> float | None:
-    """A number a sender states in a header (``X-Fleetlens-Sent-At``: its UNIX time when it
-    sent this attempt; ``X-Fleetlens-Flush-S``: its flush interval); None if absent or bad."""
-    try:
-        return float(value) if value else None
-    except ValueError:
-        return None
-
-
-async def _drain(request: Request) -> None:
-    """Read and discard the body for a few seconds, so the client sees our answer instead of a
-    reset (a sender slower than that is cut off: fleetlens/api/bodies.py)."""
-    await drain(request)
 
 
 def create_api(config: ServerConfig, services: Services | None = None) -> FastAPI:
@@ -298,6 +271,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         description="Where your GPUs' time went, and why.",
         lifespan=lifespan,
     )
+    app.add_middleware(IngestFastPath)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -319,11 +293,11 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         status = http_status(exc)
         if status == 503:
             log.error("store error: %s", exc)
-            return _error(503, f"store unavailable: {exc}", retry_after=1)
+            return error_response(503, f"store unavailable: {exc}", retry_after=1)
         if status == 500:
             log.error("unexpected %s: %s", type(exc).__name__, exc)
-            return _error(500, f"{type(exc).__name__}: {exc}")
-        return _error(status, str(exc), getattr(exc, "field", None))
+            return error_response(500, f"{type(exc).__name__}: {exc}")
+        return error_response(status, str(exc), getattr(exc, "field", None))
 
     @app.post(
         "/v1/ingest",
@@ -356,102 +330,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     async def ingest(
         request: Request, scope: Annotated[Scope, Depends(require("ingest"))]
     ) -> Response:
-        svc: Services = request.app.state.services
-        received_at = time.time()
-        limit = svc.config.collector.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            svc.batches.labels("too_large").inc()
-            await _drain(request)
-            return _error(413, f"body is {declared} bytes; the limit is {limit}", None)
-        # -- body reading and the queue slot ------------------------------------------------
-        # A chunked body (no Content-Length) is charged to the rate, the memory budget and the
-        # queue by what actually arrives, after it arrived (fleetlens/api/bodies.py).
-        known = int(declared) if declared is not None and declared.isdigit() else None
-        if scope.tenant not in svc.quotas:
-            await anyio.to_thread.run_sync(svc.load_quota, scope.tenant)
-        left = svc.storage_left(scope.tenant)
-        if left is not None and left <= 0:
-            svc.batches.labels("over_quota").inc()
-            await _drain(request)
-            return _error(
-                403,
-                f"tenant {scope.tenant!r} has used its stored-bytes quota; "
-                "ask the platform operator to raise it (fleetlens tenants quota)",
-            )
-        wait = svc.limiter.take(scope.tenant, known or 0)
-        if wait > 0:
-            svc.batches.labels("over_quota").inc()
-            await _drain(request)
-            return _error(
-                429,
-                f"tenant {scope.tenant!r} is over its ingest rate; retry later",
-                retry_after=max(1, math.ceil(wait)),
-            )
-        budget: BodyBudget = request.app.state.body_budget
-        try:
-            body = await read_body(request, limit, budget)
-        except BodyRefused as refused:
-            svc.batches.labels(refused.outcome).inc()
-            if refused.status != 408:  # a slow sender is not waited for twice
-                await drain(request)
-            refusal = _error(refused.status, refused.message, retry_after=refused.retry_after)
-            if refused.status == 408:
-                refusal.headers["Connection"] = "close"
-            return refusal
-        nbytes = len(body)
-        if known is None:
-            svc.limiter.take(scope.tenant, nbytes)
-        if not await svc.queue.admit(nbytes, svc.config.collector.queue_wait_s):
-            budget.give(nbytes)
-            svc.batches.labels("throttled").inc()
-            return _error(429, "ingest queue is full; retry later", None, retry_after=1)
-        # -- end of body reading and the queue slot (released in the finally below) ----------
-        loop = asyncio.get_running_loop()
-        try:
-            try:
-                prepared = await loop.run_in_executor(
-                    svc.ingestor.pool,
-                    functools.partial(
-                        svc.ingestor.prepare,
-                        body,
-                        request.headers.get("content-type", "application/msgpack"),
-                        request.headers.get("content-encoding", ""),
-                        scope.tenant,
-                        scope.project or None,
-                        received_at=received_at,
-                        transmitted_at=_float_header(request.headers.get("x-fleetlens-sent-at")),
-                    ),
-                )
-            except WireError as exc:
-                too_large = isinstance(exc, BatchTooLarge)
-                svc.batches.labels("too_large" if too_large else "rejected").inc()
-                return _error(http_status(exc), str(exc), exc.field)
-            # Durable once the group insert holding it returned (fleetlens/collector/commit.py).
-            await asyncio.wrap_future(svc.ingestor.store(prepared))
-        finally:
-            await svc.queue.release(nbytes)
-            budget.give(nbytes)
-        result = await loop.run_in_executor(svc.ingestor.pool, svc.ingestor.finish, prepared)
-        svc.batches.labels("stored").inc()
-        svc.ingested_bytes[scope.tenant] = svc.ingested_bytes.get(scope.tenant, 0) + len(body)
-        for kind, n in result.rows.items():
-            svc.rows.labels(kind).inc(n)
-        svc.pacer.observe()
-        answer: dict[str, Any] = {
-            "batchId": result.batch_id,
-            "rows": result.rows,
-            "status": "stored",
-            "flushS": svc.pacer.advise(
-                _float_header(request.headers.get("x-fleetlens-flush-s")),
-                svc.queue.requests / svc.queue.max_requests,
-            ),
-        }
-        if result.rejected:  # the rows that broke a rule were refused alone, the rest stored
-            answer.update(rejected=result.rejected, errors=result.errors)
-        if result.skew_s:
-            answer.update(clockSkewS=round(result.skew_s, 3), timeShiftS=round(result.shift_s, 3))
-        return JSONResponse(answer)
+        return await ingest_batch(request, scope)  # served by IngestFastPath in front of this
 
     @app.get("/healthz", summary="Liveness, and whether this server leads (several servers)")
     async def healthz(request: Request) -> dict[str, Any]:

@@ -22,11 +22,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
 import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .ledger import Ledger, Piece
+from ..store.telemetry import Part, merged_table, part_shape
+from .ledger import Ledger
+from .ledger import Piece as LedgerPiece
 
 __all__ = ["CommitMetrics", "GroupCommitter", "RowWriter"]
 
@@ -36,14 +37,18 @@ class RowWriter(Protocol):
         """Insert rows whose context columns and ``_batch`` keys are columns of ``data``."""
 
 
+Piece = tuple[str, Part]
+"""(kind, part): one table of one batch, its key inside the part."""
+
+
 @dataclass
 class _Request:
-    pieces: list[tuple[str, int, pa.Table]]
+    pieces: list[Piece]
     future: Future[None] = field(default_factory=Future)
 
     @property
     def rows(self) -> int:
-        return sum(t.num_rows for _, _, t in self.pieces)
+        return sum(part[2] for _, part in self.pieces)
 
 
 @dataclass
@@ -71,7 +76,7 @@ class GroupCommitter:
         self._thread = threading.Thread(target=self._loop, name="fl-commit", daemon=True)
         self._thread.start()
 
-    def submit(self, pieces: list[tuple[str, int, pa.Table]]) -> Future[None]:
+    def submit(self, pieces: list[Piece]) -> Future[None]:
         """Queue one request's pieces; the future resolves once they are durable."""
         req = _Request(pieces)
         if not pieces:
@@ -117,11 +122,12 @@ class GroupCommitter:
             self.stats.busy_s += time.perf_counter() - t0
 
     def _commit(self, group: list[_Request]) -> None:
-        by_table: dict[tuple[str, tuple[tuple[str, str], ...]], list[list[tuple[int, pa.Table]]]]
-        by_table = {}
+        by_table: dict[tuple[str, tuple[tuple[str, str], ...]], list[list[Part]]] = {}
+        rows: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
         holders: dict[int, list[_Request]] = {}
         for req in group:
-            for kind, key, table in req.pieces:
+            for kind, part in req.pieces:
+                key = part[3]
                 if key in holders:  # the same batch twice in one group: one copy
                     holders[key].append(req)
                     self.stats.retried_pieces += 1
@@ -130,28 +136,25 @@ class GroupCommitter:
                 if self.ledger.stored(key):
                     self.stats.retried_pieces += 1
                     continue
-                shape = tuple((f.name, str(f.type)) for f in table.schema)
-                inserts = by_table.setdefault((kind, shape), [[]])
-                if sum(t.num_rows for _, t in inserts[-1]) + table.num_rows > self.max_rows:
+                target = (kind, part_shape(part[1]))
+                inserts = by_table.setdefault(target, [[]])
+                if rows.get(target, 0) + part[2] > self.max_rows and inserts[-1]:
                     inserts.append([])  # each insert stays under the atomic size
-                inserts[-1].append((key, table))
+                    rows[target] = 0
+                inserts[-1].append(part)
+                rows[target] = rows.get(target, 0) + part[2]
         failed: dict[int, BaseException] = {}
-        for (kind, _), items in (
-            (target, items) for target, chunks in by_table.items() for items in chunks if items
+        for (kind, _), parts in (
+            (target, parts) for target, chunks in by_table.items() for parts in chunks if parts
         ):
-            pieces: list[Piece] = [(kind, key, t.num_rows) for key, t in items]
-            merged = pa.concat_tables(
-                [
-                    t.append_column("_batch", pa.array(np.full(t.num_rows, key, np.uint64)))
-                    for key, t in items
-                ]
-            )
+            pieces: list[LedgerPiece] = [(kind, part[3], part[2]) for part in parts]
             self.ledger.intend(pieces)
             try:
+                merged = merged_table(kind, parts)
                 self.writer.insert_rows(kind, merged)
             except Exception as exc:
                 self.ledger.settle_failed()
-                for key, _ in items:
+                for _, key, _ in pieces:
                     if not self.ledger.stored(key):
                         failed[key] = exc
                 continue

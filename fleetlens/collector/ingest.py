@@ -37,7 +37,7 @@ from ..schema import KINDS
 from ..store.metadata import MetadataStore
 from ..store.models import Job
 from ..store.scoped import all_tenants
-from ..store.telemetry import TelemetryStore, batch_tables, with_context
+from ..store.telemetry import Part, TelemetryStore, batch_tables, slice_columns
 from .commit import GroupCommitter
 from .decode import DecodedBatch, DecodeLimits, StringColumn, decode_batch
 from .ledger import Ledger, batch_key
@@ -245,20 +245,20 @@ class Ingestor:
     def store(self, prepared: Prepared) -> Future[None]:
         """Store a prepared batch; the future resolves once every row of it is durable."""
         batch, ctx = prepared.batch, prepared.ctx
-        tables = {k: t for k, t in batch_tables(batch).items() if t.num_rows}
         if self.committer is not None:
-            pieces = []
+            pieces: list[tuple[str, Part]] = []
             size = self.committer.max_rows
-            for kind, table in tables.items():
-                full = with_context(kind, table, ctx, dictionary=True)
+            for kind, (n, cols) in batch.tables.items():
                 # A table larger than one atomic insert goes in fixed slices, each its own key:
                 # the slicing is the same on a retry, so each slice is stored once.
-                for i, start in enumerate(range(0, full.num_rows, size)):
+                for i, start in enumerate(range(0, n, size)):
                     digest = batch.digests[kind] + (f"#{i}" if i else "")
                     key = batch_key(ctx, batch.batch_id, kind, digest)
-                    pieces.append((kind, key, full.slice(start, size)))
+                    part = cols if n <= size else slice_columns(cols, start, start + size)
+                    pieces.append((kind, (ctx, part, min(size, n - start), key)))
             return self.committer.submit(pieces)
         done: Future[None] = Future()
+        tables = {k: t for k, t in batch_tables(batch).items() if t.num_rows}
         try:
             with self._slots:
                 for kind, table in tables.items():

@@ -8,16 +8,26 @@ clickhouse-connect). Both speak the same SQL; the DDL comes from :mod:`fleetlens
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigError
 from ..schema import KINDS
-from .batch import DecodedBatch, StringColumn
+from .batch import Col, DecodedBatch, StringColumn
 
-__all__ = ["TelemetryStore", "batch_tables", "context_for", "open_telemetry", "with_context"]
+__all__ = [
+    "Part",
+    "TelemetryStore",
+    "batch_tables",
+    "context_for",
+    "merged_table",
+    "open_telemetry",
+    "part_shape",
+    "slice_columns",
+    "with_context",
+]
 
 
 class TelemetryStore(Protocol):
@@ -68,6 +78,68 @@ def batch_tables(batch: DecodedBatch) -> dict[str, pa.Table]:
             names.append(col.name)
         out[kind_name] = pa.Table.from_arrays(arrays, names=names)
     return out
+
+
+Part = tuple[dict[str, str], dict[str, Col], int, int]
+"""One batch's rows of one kind for a merged insert: (context, columns, rows, batch key)."""
+
+
+def part_shape(cols: dict[str, Col]) -> tuple[tuple[str, str], ...]:
+    """What parts must share to be concatenated: their columns and each one's type."""
+    return tuple(
+        (name, "str" if isinstance(v, StringColumn) else v.dtype.str) for name, v in cols.items()
+    )
+
+
+def slice_columns(cols: dict[str, Col], start: int, stop: int) -> dict[str, Col]:
+    """Rows ``start:stop`` of decoded columns (views, no copy)."""
+    return {
+        name: StringColumn(v.dictionary, v.codes[start:stop])
+        if isinstance(v, StringColumn)
+        else v[start:stop]
+        for name, v in cols.items()
+    }
+
+
+def merged_table(kind_name: str, parts: list[Part]) -> pa.Table:
+    """Many batches' rows of one kind (same :func:`part_shape`) as one Arrow table: the context
+    columns and the string columns dictionary-encoded (a code per row, each batch's strings
+    once), numbers concatenated, and ``_batch`` holding each row's batch key."""
+    kind = KINDS[kind_name]
+    counts = np.fromiter((n for _, _, n, _ in parts), np.int64, len(parts))
+    owner = np.repeat(np.arange(len(parts), dtype=np.int32), counts)
+    arrays: list[pa.Array] = []
+    names: list[str] = []
+    for key in kind.ctx:
+        values = [ctx.get(key, "") for ctx, _, _, _ in parts]
+        index = {v: i for i, v in enumerate(dict.fromkeys(values))}
+        codes = np.fromiter((index[v] for v in values), np.int32, len(values))[owner]
+        arrays.append(pa.DictionaryArray.from_arrays(codes, pa.array(list(index), pa.string())))
+        names.append(key)
+    for col in kind.columns:
+        if col.name not in parts[0][1]:
+            continue
+        first = parts[0][1][col.name]
+        arr: pa.Array
+        if isinstance(first, StringColumn):
+            strings = [cast(StringColumn, cols[col.name]) for _, cols, _, _ in parts]
+            offsets = np.cumsum([0] + [len(v.dictionary) for v in strings[:-1]])
+            codes = np.concatenate(
+                [v.codes.astype(np.int32) + off for v, off in zip(strings, offsets, strict=True)]
+            )
+            words = [w for v in strings for w in v.dictionary]
+            arr = pa.DictionaryArray.from_arrays(codes, pa.array(words, pa.string()))
+            if not col.low_cardinality:
+                arr = arr.dictionary_decode()
+        else:
+            numbers = [cast(np.ndarray, cols[col.name]) for _, cols, _, _ in parts]
+            arr = pa.array(np.concatenate(numbers) if len(numbers) > 1 else first)
+        arrays.append(arr)
+        names.append(col.name)
+    keys = np.fromiter((k for _, _, _, k in parts), np.uint64, len(parts))
+    arrays.append(pa.array(keys[owner]))
+    names.append("_batch")
+    return pa.Table.from_arrays(arrays, names=names)
 
 
 def context_for(kind: str, ctx: dict[str, str]) -> dict[str, str]:

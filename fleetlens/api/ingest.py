@@ -1,0 +1,180 @@
+"""``POST /v1/ingest``: the collector's front door, the busiest route of the server.
+
+Every rank of every job calls it once per flush, so it is served by a pure ASGI path
+(:class:`IngestFastPath`, in front of the framework's routing and dependency solving, which cost
+more than the rest of the request together); the FastAPI route of the same path stays for the
+OpenAPI document and calls the same :func:`ingest_batch`. The order is the guarantee: limits and
+quotas before the body is read, the body bounded while it arrives, the batch validated alone
+(a bad one is refused naming its field), then stored by group commit and acknowledged once
+durable, with the flush interval the server asks of its sender (:mod:`fleetlens.collector.pacing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from typing import Any
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Send
+from starlette.types import Scope as AsgiScope
+
+from ..errors import BatchTooLarge, WireError, http_status
+from ..store.scope import Scope
+from .auth import caller
+from .bodies import BodyBudget, BodyRefused, drain, read_body
+
+__all__ = ["IngestFastPath", "error_response", "float_header", "ingest_batch"]
+
+
+def error_response(
+    status: int,
+    message: str,
+    field: str | None = None,
+    retry_after: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """An error answer. ``detail`` is FastAPI's key (its own 4xx use it), ``error`` the key the
+    collector has always answered with; both carry the message, ``field`` the bad field."""
+    hdrs = dict(headers or {})
+    if retry_after is not None:
+        hdrs["Retry-After"] = str(retry_after)
+    body = {"detail": message, "error": message, "field": field}
+    return JSONResponse(body, status_code=status, headers=hdrs or None)
+
+
+def float_header(value: str | None) -> float | None:
+    """A number a sender states in a header (``X-Fleetlens-Sent-At``: its UNIX time when it
+    sent this attempt; ``X-Fleetlens-Flush-S``: its flush interval); None if absent or bad."""
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+async def ingest_batch(request: Request, scope: Scope) -> Response:
+    """Store one batch for the caller's tenant (and project), or say why not."""
+    svc: Any = request.app.state.services
+    received_at = time.time()
+    limit = svc.config.collector.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        svc.batches.labels("too_large").inc()
+        await drain(request)
+        return error_response(413, f"body is {declared} bytes; the limit is {limit}", None)
+    # -- body reading and the queue slot ------------------------------------------------
+    # A chunked body (no Content-Length) is charged to the rate, the memory budget and the
+    # queue by what actually arrives, after it arrived (fleetlens/api/bodies.py).
+    known = int(declared) if declared is not None and declared.isdigit() else None
+    if scope.tenant not in svc.quotas:
+        await anyio.to_thread.run_sync(svc.load_quota, scope.tenant)
+    left = svc.storage_left(scope.tenant)
+    if left is not None and left <= 0:
+        svc.batches.labels("over_quota").inc()
+        await drain(request)
+        return error_response(
+            403,
+            f"tenant {scope.tenant!r} has used its stored-bytes quota; "
+            "ask the platform operator to raise it (fleetlens tenants quota)",
+        )
+    wait = svc.limiter.take(scope.tenant, known or 0)
+    if wait > 0:
+        svc.batches.labels("over_quota").inc()
+        await drain(request)
+        return error_response(
+            429,
+            f"tenant {scope.tenant!r} is over its ingest rate; retry later",
+            retry_after=max(1, math.ceil(wait)),
+        )
+    budget: BodyBudget = request.app.state.body_budget
+    try:
+        body = await read_body(request, limit, budget)
+    except BodyRefused as refused:
+        svc.batches.labels(refused.outcome).inc()
+        if refused.status != 408:  # a slow sender is not waited for twice
+            await drain(request)
+        refusal = error_response(refused.status, refused.message, retry_after=refused.retry_after)
+        if refused.status == 408:
+            refusal.headers["Connection"] = "close"
+        return refusal
+    nbytes = len(body)
+    if known is None:
+        svc.limiter.take(scope.tenant, nbytes)
+    if not await svc.queue.admit(nbytes, svc.config.collector.queue_wait_s):
+        budget.give(nbytes)
+        svc.batches.labels("throttled").inc()
+        return error_response(429, "ingest queue is full; retry later", None, retry_after=1)
+    # -- end of body reading and the queue slot (released in the finally below) ----------
+    loop = asyncio.get_running_loop()
+    try:
+        try:
+            prepared = await loop.run_in_executor(
+                svc.ingestor.pool,
+                functools.partial(
+                    svc.ingestor.prepare,
+                    body,
+                    request.headers.get("content-type", "application/msgpack"),
+                    request.headers.get("content-encoding", ""),
+                    scope.tenant,
+                    scope.project or None,
+                    received_at=received_at,
+                    transmitted_at=float_header(request.headers.get("x-fleetlens-sent-at")),
+                ),
+            )
+        except WireError as exc:
+            too_large = isinstance(exc, BatchTooLarge)
+            svc.batches.labels("too_large" if too_large else "rejected").inc()
+            return error_response(http_status(exc), str(exc), exc.field)
+        # Durable once the group insert holding it returned (fleetlens/collector/commit.py).
+        await asyncio.wrap_future(svc.ingestor.store(prepared))
+    finally:
+        await svc.queue.release(nbytes)
+        budget.give(nbytes)
+    result = await loop.run_in_executor(svc.ingestor.pool, svc.ingestor.finish, prepared)
+    svc.batches.labels("stored").inc()
+    svc.ingested_bytes[scope.tenant] = svc.ingested_bytes.get(scope.tenant, 0) + len(body)
+    for kind, n in result.rows.items():
+        svc.rows.labels(kind).inc(n)
+    svc.pacer.observe(float_header(request.headers.get("x-fleetlens-flush-s")))
+    answer: dict[str, Any] = {
+        "batchId": result.batch_id,
+        "rows": result.rows,
+        "status": "stored",
+        "flushS": svc.pacer.advise(svc.queue.requests / svc.queue.max_requests),
+    }
+    if result.rejected:  # the rows that broke a rule were refused alone, the rest stored
+        answer.update(rejected=result.rejected, errors=result.errors)
+    if result.skew_s:
+        answer.update(clockSkewS=round(result.skew_s, 3), timeShiftS=round(result.shift_s, 3))
+    return JSONResponse(answer)
+
+
+class IngestFastPath:
+    """``POST /v1/ingest`` straight to :func:`ingest_batch`; every other request to the app.
+
+    It sits inside the app's error middleware, so an unexpected error is still a 500 from the
+    app; authentication and its 401/403 answers are the same as the route's dependency."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/ingest" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            who = await caller(request)
+            if not who.can("ingest"):
+                raise HTTPException(403, f"role {who.role!r} may not ingest")
+            response = await ingest_batch(request, who)
+        except HTTPException as exc:
+            response = JSONResponse(
+                {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
+            )
+        await response(scope, receive, send)
