@@ -77,6 +77,16 @@ def _count(store: ChdbStore, run: str) -> int:
     return int(t.column("n")[0].as_py())
 
 
+def _in_views(store: ChdbStore, run: str) -> list[int]:
+    """Rank-steps of ``run`` as each view of the steps table counts them."""
+    counts = []
+    for table, col in (("steps_by_step", "ranks"), ("rollup_steps_10s", "rank_steps"),
+                       ("rollup_steps_1m", "rank_steps")):  # fmt: skip
+        t = store.query(f"SELECT sum({col}) AS n FROM fleetlens.{table} WHERE run_id = '{run}'")
+        counts.append(int(t.column("n")[0].as_py() or 0))
+    return counts
+
+
 def _piece(run: str, batch: str, rows: int) -> tuple[str, Part]:
     ctx = {"tenant": "default", "run_id": run, "job_id": "j"}
     cols: dict[str, Any] = {
@@ -95,12 +105,18 @@ def test_ledger_settles_every_crash_window_against_the_engine(tmp_path: Path) ->
     try:
         ledger = Ledger(path, store.settle)
         stored, never, partial = _piece("r", "a", 10), _piece("r", "b", 10), _piece("r", "c", 10)
-        # Crash after the insert returned, before the commit line: stored whole.
+        # Crash after the table got the rows and before its views did (the engine writes
+        # them one after the other): stored whole, and the views get them from the table.
         ledger.intend([("step", stored[1][3], 10)])
         store.insert_rows("step", merged_table("step", [stored[1]]))
+        for view in ("steps_by_step", "rollup_steps_10s", "rollup_steps_1m"):
+            store.command(f"ALTER TABLE fleetlens.{view} DELETE WHERE run_id = 'r' "
+                          "SETTINGS mutations_sync = 1")  # fmt: skip
+        assert _in_views(store, "r") == [0, 0, 0]
         ledger.close()
         ledger = Ledger(path, store.settle)
         assert ledger.recovered == 1 and ledger.stored(stored[1][3])
+        assert _in_views(store, "r") == [10, 10, 10]
         # Crash before the insert ran: not stored, its retry must be stored.
         ledger.intend([("step", never[1][3], 10)])
         ledger.close()
@@ -114,11 +130,12 @@ def test_ledger_settles_every_crash_window_against_the_engine(tmp_path: Path) ->
         ledger.close()
         ledger = Ledger(path, store.settle)
         assert not ledger.stored(partial[1][3]) and _count(store, "r") == 10
+        assert _in_views(store, "r") == [10, 10, 10]  # the views forgot the part, too
         # The retries through group commit: the stored one dropped, the others stored once.
         committer = GroupCommitter(store, ledger)
         committer.submit([stored, never, partial]).result(30)
         committer.close()
-        assert _count(store, "r") == 30
+        assert _count(store, "r") == 30 and _in_views(store, "r") == [30, 30, 30]
         assert committer.stats.retried_pieces == 1
     finally:
         store.close()

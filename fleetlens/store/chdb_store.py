@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ..errors import StoreError
 from ..schema import KINDS
-from .ddl import Layout, insert_settings
+from .ddl import Layout, insert_settings, views
 from .retention import ensure_schema
 from .telemetry import context_for
 
@@ -76,6 +76,21 @@ def _param(value: Any) -> Any:
     return value
 
 
+_REBUILD_GROUPS = 500
+"""Groups of a view recomputed per statement (keeps each under the engine's query size)."""
+
+
+def _tuples(rows: list[dict[str, Any]]) -> str:
+    """Rows as a list of tuple literals for ``(a, b) IN (...)``: strings quoted, numbers as
+    text; a lone tuple is listed twice, so that it still reads as a list of tuples."""
+
+    def lit(v: Any) -> str:
+        return "'" + _escape(v, _QUOTED) + "'" if isinstance(v, str) else repr(v)
+
+    items = ["tuple(" + ", ".join(lit(v) for v in row.values()) + ")" for row in rows]
+    return ", ".join(items * 2 if len(items) == 1 else items)
+
+
 def _params(params: dict[str, Any] | None) -> dict[str, Any]:
     return {k: _param(v) for k, v in (params or {}).items()}
 
@@ -109,7 +124,9 @@ class ChdbStore:
         self.path = path
         self.database = database
         self._lock = threading.Lock()
-        ensure_schema(self, Layout(database=database), retention)
+        layout = Layout(database=database)
+        self._views = views(layout)
+        ensure_schema(self, layout, retention)
         # The engine's first Arrow result costs ~150 ms once per process: pay it at startup,
         # not in the first user's request.
         self.query("SELECT 1 AS one")
@@ -153,7 +170,11 @@ class ChdbStore:
 
     def settle(self, pieces: list[tuple[str, int, int]]) -> set[int]:
         """Of (kind, key, rows) pieces an interrupted insert held, the keys stored whole; rows
-        of a piece stored in part are deleted, so that its retry stores it whole."""
+        of a piece stored in part are deleted, so that its retry stores it whole.
+
+        The engine writes a table and then its materialized views: a crash between the two
+        leaves rows the views never saw. So every group of every view that the interrupted
+        rows fall in is computed again from the table (:meth:`View.rebuild_sql`)."""
         by_kind: dict[str, dict[int, int]] = {}
         for kind, key, rows in pieces:
             if kind in KINDS:
@@ -166,18 +187,30 @@ class ChdbStore:
                 f"SELECT _batch AS k, count() AS n FROM {table} WHERE _batch IN ({keys}) "
                 "GROUP BY _batch"
             )
+            if not got.num_rows:
+                continue  # none of it reached the table, so none reached its views
             partial = []
-            for row in got.to_pylist() if got.num_rows else []:
+            for row in got.to_pylist():
                 key, n = int(row["k"]), int(row["n"])
                 if n >= want.get(key, 0):
                     whole.add(key)
                 else:
                     partial.append(key)
+            touched = [
+                (view, self.query(view.groups_sql(self.database, keys)).to_pylist())
+                for view in self._views
+                if view.source == KINDS[kind].table
+            ]
             if partial:
                 self.command(
                     f"ALTER TABLE {table} DELETE WHERE _batch IN "
                     f"({', '.join(map(str, partial))}) SETTINGS mutations_sync = 1"
                 )
+            for view, groups in touched:
+                for i in range(0, len(groups), _REBUILD_GROUPS):
+                    literal = _tuples(groups[i : i + _REBUILD_GROUPS])
+                    for stmt in view.rebuild_sql(self.database, literal):
+                        self.command(stmt)
         return whole
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:

@@ -34,11 +34,14 @@ __all__ = [
     "PRESERVED",
     "STORED",
     "Layout",
+    "View",
     "create_statements",
     "dedup_token",
     "insert_settings",
+    "steps_view",
     "time_column",
     "ttl_sql",
+    "views",
 ]
 
 COMPUTE_SQL = (
@@ -153,6 +156,81 @@ def _table(kind: RecordKind, layout: Layout) -> list[str]:
     return stmts
 
 
+@dataclass(frozen=True)
+class View:
+    """A materialized view: ``target`` is fed, per group of ``keys`` ((name, expression)
+    pairs), the aggregates ``select`` of the rows inserted into ``source``.
+
+    Its DDL and its repair come from here: after a crash between the insert into ``source`` and
+    the one into ``target`` (the engine writes them one after the other), :meth:`rebuild_sql`
+    recomputes the groups an interrupted insert touched from ``source``
+    (:meth:`fleetlens.store.chdb_store.ChdbStore.settle`)."""
+
+    target: str
+    source: str
+    keys: tuple[tuple[str, str], ...]
+    select: str
+
+    @property
+    def key_names(self) -> str:
+        return ", ".join(n for n, _ in self.keys)
+
+    @property
+    def key_exprs(self) -> str:
+        return ", ".join(e for _, e in self.keys)
+
+    def _select(self, db: str, where: str = "") -> str:
+        keys = ", ".join(n if e == n else f"{e} AS {n}" for n, e in self.keys)
+        return (
+            f"SELECT {keys}, {self.select} FROM {db}.{self.source}{where} GROUP BY {self.key_names}"
+        )
+
+    def create_sql(self, layout: Layout) -> str:
+        db = layout.database
+        return (
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{self.target}_mv{layout.on_cluster} "
+            f"TO {db}.{self.target} AS {self._select(db)}"
+        )
+
+    def groups_sql(self, db: str, batches: str) -> str:
+        """The groups the rows of the batches ``batches`` (a list of keys) fall in."""
+        keys = ", ".join(f"{e} AS {n}" if e != n else n for n, e in self.keys)
+        return f"SELECT DISTINCT {keys} FROM {db}.{self.source} WHERE _batch IN ({batches})"
+
+    def rebuild_sql(self, db: str, groups: str) -> tuple[str, str]:
+        """Statements that drop the ``groups`` (a list of tuple literals) from the target and
+        compute them again from every source row in them."""
+        return (
+            f"ALTER TABLE {db}.{self.target} DELETE WHERE ({self.key_names}) IN ({groups}) "
+            "SETTINGS mutations_sync = 1",
+            f"INSERT INTO {db}.{self.target} "
+            + self._select(db, f" WHERE ({self.key_exprs}) IN ({groups})"),
+        )
+
+
+def steps_view(layout: Layout) -> View:
+    """``steps_by_step``'s view (see the module's doc)."""
+    return View(
+        target="steps_by_step_local" if layout.cluster else "steps_by_step",
+        source="steps_local" if layout.cluster else "steps",
+        keys=tuple((k, k) for k in ("tenant", "run_id", "job_id", "step")),
+        select=(
+            "count() AS ranks, sum(tokens) AS tokens, min(time) AS start, "
+            "max(time + duration) AS end, max(duration) AS max_duration, "
+            f"sum(duration) AS sum_duration, max({COMPUTE_SQL}) AS max_compute, "
+            f"sum({COMPUTE_SQL}) AS sum_compute, "
+            "max(if(isFinite(data_wait), data_wait, 0)) AS max_data_wait"
+        ),
+    )
+
+
+def views(layout: Layout) -> tuple[View, ...]:
+    """Every materialized view of the schema."""
+    from .rollups import rollup_views  # it builds on this module's Layout
+
+    return (steps_view(layout), *rollup_views(layout))
+
+
 def _rollup(layout: Layout) -> list[str]:
     db = layout.database
     target = "steps_by_step_local" if layout.cluster else "steps_by_step"
@@ -162,7 +240,6 @@ def _rollup(layout: Layout) -> list[str]:
             f"ReplicatedAggregatingMergeTree('/clickhouse/tables/{{shard}}/{db}/{target}', "
             "'{replica}')"
         )
-    source = "steps_local" if layout.cluster else "steps"
     window = (
         "replicated_deduplication_window"
         if layout.cluster
@@ -183,13 +260,7 @@ def _rollup(layout: Layout) -> list[str]:
         "  `max_data_wait` SimpleAggregateFunction(max, Float64)\n"
         f") ENGINE = {engine}\nORDER BY (`tenant`, `run_id`, `step`, `job_id`)\n"
         f"SETTINGS {window} = {DEDUP_WINDOW}",
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{target}_mv{layout.on_cluster} "
-        f"TO {db}.{target} AS SELECT tenant, run_id, job_id, step, count() AS ranks, "
-        "sum(tokens) AS tokens, min(time) AS start, max(time + duration) AS end, "
-        "max(duration) AS max_duration, sum(duration) AS sum_duration, "
-        f"max({COMPUTE_SQL}) AS max_compute, sum({COMPUTE_SQL}) AS sum_compute, "
-        "max(if(isFinite(data_wait), data_wait, 0)) AS max_data_wait "
-        f"FROM {db}.{source} GROUP BY tenant, run_id, job_id, step",
+        steps_view(layout).create_sql(layout),
     ]
     if layout.cluster:
         stmts.append(

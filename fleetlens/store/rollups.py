@@ -22,9 +22,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ddl import COMPUTE_SQL, DEDUP_WINDOW, STORED, Layout, ttl_sql
+from .ddl import COMPUTE_SQL, DEDUP_WINDOW, STORED, Layout, View, ttl_sql
 
-__all__ = ["GPU_FIELDS", "RESOLUTIONS", "ROLLUP_TABLES", "Rollup", "rollup_statements"]
+__all__ = [
+    "GPU_FIELDS",
+    "RESOLUTIONS",
+    "ROLLUP_TABLES",
+    "Rollup",
+    "rollup_statements",
+    "rollup_views",
+]
 
 RESOLUTIONS: dict[str, int] = {"10s": 10, "1m": 60}
 """Rollup name suffix -> bucket width in seconds."""
@@ -122,6 +129,27 @@ def _replicated(layout: Layout, engine: str, target: str) -> str:
     return f"Replicated{engine}({zk})"
 
 
+def _view(r: Rollup, seconds: int, target: str, source: str) -> View:
+    bucket = f"toInt64(floor(`{r.time}` / {seconds})) * {seconds}"
+    select = ", ".join(f"{expr} AS `{n}`" for n, _, expr in r.columns)
+    return View(
+        target=target,
+        source=source,
+        keys=(*((n, n) for n, _ in (("tenant", ""), *r.keys)), ("bucket", bucket)),
+        select=f"{select}, max(`{STORED}`) AS `{STORED}`",
+    )
+
+
+def rollup_views(layout: Layout) -> list[View]:
+    """The views that feed the rollups."""
+    suffix = "_local" if layout.cluster else ""
+    return [
+        _view(r, seconds, f"{r.name}_{res}{suffix}", f"{r.source}{suffix}")
+        for r in ROLLUPS
+        for res, seconds in RESOLUTIONS.items()
+    ]
+
+
 def _one(r: Rollup, res: str, seconds: int, layout: Layout) -> list[str]:
     db = layout.database
     table = f"{r.name}_{res}"
@@ -140,17 +168,12 @@ def _one(r: Rollup, res: str, seconds: int, layout: Layout) -> list[str]:
     if days := layout.ttl_days(table):
         ttl = "\n" + ttl_sql("`bucket`", days)
     order = ", ".join(f"`{n}`" for n, _ in keys)
-    key_names = ", ".join(n for n, _ in keys)
-    select = ", ".join(f"{expr} AS `{n}`" for n, _, expr in r.columns)
     stmts = [
         f"CREATE TABLE IF NOT EXISTS {db}.{target}{layout.on_cluster} (\n  "
         + ",\n  ".join(cols)
         + f"\n) ENGINE = {_replicated(layout, 'AggregatingMergeTree', target)}\n"
         f"ORDER BY ({order}){ttl}\nSETTINGS {window} = {DEDUP_WINDOW}",
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{target}_mv{layout.on_cluster} "
-        f"TO {db}.{target} AS SELECT {', '.join(n for n, _ in keys[:-1])}, "
-        f"toInt64(floor(`{r.time}` / {seconds})) * {seconds} AS bucket, {select}, "
-        f"max(`{STORED}`) AS `{STORED}` FROM {db}.{source} GROUP BY {key_names}",
+        _view(r, seconds, target, source).create_sql(layout),
     ]
     if layout.cluster:
         shard = "cityHash64(`run_id`)" if any(n == "run_id" for n, _ in r.keys) else "rand()"
