@@ -1,8 +1,14 @@
 """End-to-end ingest rate: batches -> HTTP -> durable in the embedded store.
 
-Compared, in the same run and on the same machine, with a direct bulk insert of the same rows
-into the same engine (no HTTP, no decoding). Keys: rows_per_s, direct_rows_per_s, ratio.
-Goal: at least 1,000,000 rows/s end to end and at least a quarter of the direct rate.
+Bulk: batches of 200k rank-step rows, compared in the same run and on the same machine with a
+direct bulk insert of the same rows into the same engine (no HTTP, no decoding). Keys:
+rows_per_s, direct_rows_per_s, ratio. Goal: at least 1,000,000 rows/s end to end and at least a
+quarter of the direct rate.
+
+SDK-shaped: what real ranks send, one request per flush: the bodies are made by real SDK runs
+(their own encoder, gzip and headers; one step with 4 phases and 10 scalars per flush, one run per
+rank) and posted over ``--sdk-connections`` concurrent connections, as many ranks do. Keys:
+sdk_shaped_rows_per_s, sdk_shaped_requests_per_s; the bulk rate is the ceiling beside it.
 """
 
 from __future__ import annotations
@@ -21,8 +27,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, start_server, stop_server
 
+import fleetlens
 from fleetlens.collector.decode import decode_batch
+from fleetlens.sdk.transport import Ack
 from fleetlens.wire import TableBuilder, encode_batch
+
+Body = tuple[bytes, dict[str, str]]
 
 
 def make_batches(total_rows: int, rows_per_batch: int, ranks: int) -> list[bytes]:
@@ -47,7 +57,43 @@ def make_batches(total_rows: int, rows_per_batch: int, ranks: int) -> list[bytes
     return bodies
 
 
-def post_all(url: str, bodies: list[bytes], connections: int) -> float:
+class _Capture:
+    """A transport that keeps what the SDK would send: its bodies and headers."""
+
+    def __init__(self) -> None:
+        self.sent: list[Body] = []
+
+    def send(self, body: bytes, headers: dict[str, str]) -> Ack | None:
+        self.sent.append((body, dict(headers)))
+        return Ack()
+
+
+def sdk_bodies(ranks: int, flushes: int, spool: str) -> list[Body]:
+    """Requests as real SDK runs make them: one run per rank, one flush per step."""
+    out: list[Body] = []
+    scalars = {f"metric_{k}": 0.1 * k for k in range(10)}
+    for r in range(ranks):
+        capture = _Capture()
+        run = fleetlens.init(
+            project="bench", run_id="sdk-shaped", job_id="a0", server="http://127.0.0.1:9",
+            rank=r, world_size=ranks, spool_dir=f"{spool}/{r}", install_signal_handler=False,
+            transport=capture,
+        )  # fmt: skip
+        for k in range(flushes):
+            phases = {"data": 0.02, "forward": 0.3, "backward": 0.45, "optimizer": 0.05}
+            run.record_step(k, time=1.7e9 + k, duration=0.9, tokens=4096, phases=phases)
+            run.log(k, **scalars)
+            run.flush(timeout=5)
+        run.finish()
+        out += capture.sent
+    return out
+
+
+def _rows(body: bytes) -> int:
+    return sum(t.n for t in decode_batch(body).tables.values())
+
+
+def post_all(url: str, bodies: list[Body], connections: int) -> float:
     u = urllib.parse.urlparse(url)
     queue = list(range(len(bodies)))
     lock = threading.Lock()
@@ -61,9 +107,7 @@ def post_all(url: str, bodies: list[bytes], connections: int) -> float:
                     break
                 i = queue.pop(0)
             while True:
-                conn.request(
-                    "POST", "/v1/ingest", bodies[i], {"Content-Type": "application/msgpack"}
-                )
+                conn.request("POST", "/v1/ingest", *bodies[i])
                 resp = conn.getresponse()
                 resp.read()
                 if resp.status == 200:
@@ -112,6 +156,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=4_000_000)
     ap.add_argument("--batch-rows", type=int, default=200_000)
     ap.add_argument("--connections", type=int, default=2)
+    ap.add_argument("--sdk-ranks", type=int, default=128)
+    ap.add_argument("--sdk-flushes", type=int, default=16)
+    ap.add_argument("--sdk-connections", type=int, default=32)
     args = ap.parse_args()
     rows = 600_000 if args.quick else args.rows
     ranks = 1024
@@ -120,11 +167,16 @@ def main() -> None:
     rows = len(bodies) * batch_rows
     mb = sum(len(b) for b in bodies) / 1e6
     print(f"{len(bodies)} batches of {batch_rows} rank-step rows, {mb:.0f} MB", file=sys.stderr)
+    sdk_ranks, flushes = (32, 8) if args.quick else (args.sdk_ranks, args.sdk_flushes)
+    headers = {"Content-Type": "application/msgpack"}
     with tempfile.TemporaryDirectory() as tmp:
+        small = sdk_bodies(sdk_ranks, flushes, f"{tmp}/spool")
+        small_rows = sum(_rows(b) for b, _ in small)
         proc, url = start_server(f"{tmp}/server")
         try:
-            post_all(url, bodies[:1], 1)  # warm up: first insert creates parts
-            e2e = post_all(url, bodies[1:], args.connections)
+            post_all(url, [(bodies[0], headers)], 1)  # warm up: first insert creates parts
+            e2e = post_all(url, [(b, headers) for b in bodies[1:]], args.connections)
+            e2e_small = post_all(url, small, args.sdk_connections)
         finally:
             stop_server(proc)
         direct = direct_insert(f"{tmp}/direct", bodies[1:])
@@ -132,7 +184,9 @@ def main() -> None:
     rows_per_s = measured / e2e
     direct_rows_per_s = measured / direct
     print(
-        f"end to end {rows_per_s:,.0f} rows/s; direct insert {direct_rows_per_s:,.0f} rows/s",
+        f"end to end {rows_per_s:,.0f} rows/s; direct insert {direct_rows_per_s:,.0f} rows/s; "
+        f"SDK-shaped {small_rows / e2e_small:,.0f} rows/s in {len(small) / e2e_small:,.0f} "
+        f"requests/s ({len(small)} requests of {small_rows / len(small):.1f} rows)",
         file=sys.stderr,
     )
     emit(
@@ -143,6 +197,10 @@ def main() -> None:
             "rows": measured,
             "batch_rows": batch_rows,
             "connections": args.connections,
+            "sdk_shaped_rows_per_s": round(small_rows / e2e_small),
+            "sdk_shaped_requests_per_s": round(len(small) / e2e_small, 1),
+            "sdk_shaped_rows_per_request": round(small_rows / len(small), 1),
+            "sdk_connections": args.sdk_connections,
             "goal_rows_per_s": 1_000_000,
             "ok": rows_per_s >= 1_000_000 and rows_per_s / direct_rows_per_s >= 0.25,
         }

@@ -111,10 +111,21 @@ class TableBuilder:
             self.cols[name] = _pack(values, DTYPES[col.dtype][0])
         return self
 
-    def add_packed(self, name: str, packed: bytes) -> TableBuilder:
-        """Add a numeric column that is already a packed little-endian array (e.g. numpy)."""
+    def add_dict(self, name: str, values: list[str], codes: bytes) -> TableBuilder:
+        """Add a string column already dictionary-encoded: row ``i`` is ``values[codes[i]]``,
+        ``codes`` packed little-endian uint32."""
+        col = self.kind.by_name.get(name)
+        if col is None or col.dtype != "string":
+            raise WireError(f"record kind {self.kind.name!r} has no string column {name!r}")
+        self.add_packed(name, codes, "I")
+        self.cols[name] = DictColumn(dict=values, codes=codes)
+        return self
+
+    def add_packed(self, name: str, packed: bytes, typecode: str = "") -> TableBuilder:
+        """Add a numeric column that is already a packed little-endian array (e.g. numpy);
+        ``typecode`` when its items are not the column's type (a string column's codes)."""
         col = self.kind.by_name[name]
-        size = array(DTYPES[col.dtype][0]).itemsize
+        size = array(typecode or DTYPES[col.dtype][0]).itemsize
         n = len(packed) // size
         if self.n is None:
             self.n = n

@@ -312,6 +312,30 @@ def test_disabled_run_does_nothing_and_starts_no_thread(
 # -- records on the wire ------------------------------------------------------------------------
 
 
+def test_scalars_keep_each_step_its_names_and_values_as_float_reads_them(
+    tmp_path: Path, collector: Collector
+) -> None:
+    import numpy as np
+
+    run = make_run(tmp_path, collector.url, rank=3, world_size=4)
+    logged = [
+        (0, {"loss": 2.0, "lr": 1e-3}),
+        (1, {"loss": 1.5, "lr": 1e-3}),
+        (2, {"lr": 5e-4, "loss": 1.25, "grad_norm": np.float32(0.5)}),  # other names, order
+        (3, {"loss": "1.0", "tokens_seen": 7}),  # a numeric string and an int
+        (4, {"loss": 0.75}),
+    ]
+    for step, values in logged:
+        run.log(step, **values)
+    assert run.flush(5.0) is True
+    run.finish()
+    got = sorted(
+        (r["step"], r["name"], r["value"], r["rank"]) for r in rows(collector.acked(), "scalar")
+    )
+    want = sorted((s, k, float(v), 3) for s, values in logged for k, v in values.items())
+    assert got == want and run.stats()["encode_errors"] == 0
+
+
 def test_steps_phases_scalars_events_and_collectives_arrive(
     tmp_path: Path, collector: Collector
 ) -> None:

@@ -2,14 +2,17 @@
 
 The order is the guarantee. Every rule is checked by the decoder before the first insert, so a
 client error is a 4xx with nothing written. A batch is acknowledged only after every one of its
-tables has been inserted (an insert that returned is durable). A retried batch is dropped by the
-engine's deduplication, keyed by the tenant, the run, the batch id and a hash of the table's
-content (:func:`fleetlens.store.ddl.dedup_token`), so a collector killed between storing and
-acknowledging never stores anything twice, and another tenant's or run's batch with the same id
-is never mistaken for a retry. The queue is bounded in requests and in bytes: a request that
-finds it full waits briefly for room, then gets a 429 with Retry-After, so overload never becomes
-a growing queue; at most ``decode_slots`` batches are decoded and inserted at once (the embedded
-engine writes one at a time anyway), which bounds the memory of bodies in flight.
+tables has been inserted (an insert that returned is durable). On the embedded engine the inserts
+are shared by the requests that arrive together (:mod:`.commit`) and a retried batch is dropped
+by the ingest ledger (:mod:`.ledger`); on ClickHouse server each batch is one insert per table
+and a retry is dropped by the engine's deduplication (:func:`fleetlens.store.ddl.dedup_token`).
+Both key on the tenant, the run, the batch id and a hash of the table's content, so a collector
+killed between storing and acknowledging never stores anything twice, and another tenant's or
+run's batch with the same id is never mistaken for a retry. The queue is bounded in requests and
+in bytes: a request that finds it full waits briefly for room, then gets a 429 with Retry-After,
+so overload never becomes a growing queue; at most ``decode_slots`` batches are decoded and
+inserted at once (the embedded engine writes one at a time anyway), which bounds the memory of
+bodies in flight.
 
 The run registry is written at once for a run's or job's first batch and for lifecycle events,
 else at most every 2 s; what a SIGKILL lost of it is rebuilt at startup from the per-step rollup
