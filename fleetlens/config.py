@@ -46,7 +46,9 @@ class CollectorConfig:
     correction; a day, as the simulator played at full speed runs ahead of its nominal end by
     the time its faults add); ``skew_tolerance_s`` the clock skew above which a batch's times
     are corrected (when the skew is certain) or flagged; ``max_request_rate`` the ingest requests a
-    second the server paces its senders to (:mod:`fleetlens.collector.pacing`)."""
+    second the server paces its senders to (:mod:`fleetlens.collector.pacing`); ``body_grace_s``
+    how long an upload's body may take, plus a second per MiB received, before it is cut off with
+    408 (:mod:`fleetlens.api.bodies`)."""
 
     max_body_bytes: int = 64 << 20
     max_rows: int = 4_000_000
@@ -59,6 +61,7 @@ class CollectorConfig:
     max_future_s: float = 86_400.0
     skew_tolerance_s: float = 5.0
     max_request_rate: float = 400.0
+    body_grace_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "max_world_size": ("collector", "max_world_size"),
     "decode_slots": ("collector", "decode_slots"),
     "max_request_rate": ("collector", "max_request_rate"),
+    "body_grace_s": ("collector", "body_grace_s"),
     "max_future_s": ("collector", "max_future_s"),
     "analysis_interval_s": ("monitor", "interval_s"),
     "hang_s": ("analyzer", "hang_floor_s"),
@@ -360,6 +364,8 @@ class ServerConfig:
                 f"collector.max_world_size is {c.max_world_size} (use 1..{1 << 24}) and "
                 f"collector.max_future_s {c.max_future_s} (use >= 0)"
             )
+        if not c.body_grace_s > 0:
+            raise ConfigError(f"collector.body_grace_s is {c.body_grace_s}; it must be > 0")
 
         t = self.retention
         if t.raw_days < 0 or t.rollup_days < 0:

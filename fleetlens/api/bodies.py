@@ -2,9 +2,9 @@
 
 Three rules, each against a probe that once blocked every other client:
 
-- **A deadline.** The body must arrive within ``BODY_GRACE_S`` plus one second per
-  ``BODY_MIN_BYTES_PER_S`` received: a 64 MiB batch on a 1 MiB/s link has 94 s, a sender
-  trickling a byte a second is cut off after 30 s with 408 (the SDK retries it later).
+- **A deadline.** The body must arrive within ``BODY_GRACE_S`` (``collector.body_grace_s``) plus
+  one second per ``BODY_MIN_BYTES_PER_S`` received: a 64 MiB batch on a 1 MiB/s link has 94 s,
+  a sender trickling a byte a second is cut off after 30 s with 408 (the SDK retries it later).
 - **No slot while reading.** The ingest queue's slot is taken after the body is in, so senders
   that are still sending hold nothing but the bytes they have sent.
 - **Bytes charged as they arrive.** Bodies being read and queued share one memory budget

@@ -58,7 +58,8 @@ async def _body(request: Request) -> bytes:
         raise BatchTooLarge(f"body is {declared} bytes; the limit is {MAX_BODY_BYTES}; "
                             "send the dumps of fewer ranks per request")  # fmt: skip
     try:
-        return await read_body(request, MAX_BODY_BYTES, request.app.state.body_budget)
+        grace = request.app.state.services.config.collector.body_grace_s
+        return await read_body(request, MAX_BODY_BYTES, request.app.state.body_budget, grace)
     except BodyRefused as refused:
         if refused.status != 408:
             await drain(request)

@@ -93,7 +93,7 @@ async def ingest_batch(request: Request, scope: Scope) -> Response:
         )
     budget: BodyBudget = request.app.state.body_budget
     try:
-        body = await read_body(request, limit, budget)
+        body = await read_body(request, limit, budget, svc.config.collector.body_grace_s)
     except BodyRefused as refused:
         svc.batches.labels(refused.outcome).inc()
         if refused.status != 408:  # a slow sender is not waited for twice

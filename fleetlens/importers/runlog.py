@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,12 +57,17 @@ class Attempt:
 
     def time_at(self, step: int) -> float:
         """Start time of ``step`` (or the attempt's start if it has no step rows yet)."""
+        return float(self.times_at([step])[0])
+
+    def times_at(self, steps: Sequence[int]) -> np.ndarray:
+        """:meth:`time_at` of each of ``steps``, in one pass: the first step row at or after
+        each, or the end of the last one past them."""
         if not self.steps:
-            return self.start
-        i = int(np.searchsorted(np.asarray(self.steps), step))
-        if i < len(self.steps):
-            return self.times[i]
-        return self.times[-1] + self.durations[-1]
+            return np.full(len(steps), self.start, dtype=np.float64)
+        i = np.searchsorted(np.asarray(self.steps), np.asarray(steps, dtype=np.int64))
+        times = np.append(np.asarray(self.times, dtype=np.float64),
+                          self.times[-1] + self.durations[-1])  # fmt: skip
+        return times[i]
 
 
 @dataclass
@@ -132,8 +138,7 @@ def _tables(a: Attempt, run: ImportedRun, first: bool, last: bool) -> list[dict[
         hi = min(len(steps), lo + _MAX_ROWS)
         sc = TableBuilder("scalar")
         sc.add_packed("step", np.asarray(steps[lo:hi], dtype="<i8").tobytes())
-        times = [a.time_at(x) for x in steps[lo:hi]]
-        sc.add_packed("time", np.asarray(times, dtype="<f8").tobytes())
+        sc.add_packed("time", a.times_at(steps[lo:hi]).astype("<f8").tobytes())
         sc.add("name", names[lo:hi])
         sc.add_packed("value", np.asarray(values[lo:hi], dtype="<f8").tobytes())
         out.append({"scalar": sc.build()})
