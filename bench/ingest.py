@@ -14,6 +14,7 @@ sdk_shaped_rows_per_s, sdk_shaped_requests_per_s; the bulk rate is the ceiling b
 from __future__ import annotations
 
 import argparse
+import gzip
 import http.client
 import sys
 import tempfile
@@ -90,7 +91,8 @@ def sdk_bodies(ranks: int, flushes: int, spool: str) -> list[Body]:
 
 
 def _rows(body: bytes) -> int:
-    return sum(t.n for t in decode_batch(body).tables.values())
+    raw = gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body
+    return sum(t.n for t in decode_batch(raw).tables.values())
 
 
 def post_all(url: str, bodies: list[Body], connections: int) -> float:

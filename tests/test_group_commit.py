@@ -23,6 +23,7 @@ import pytest
 from fleetlens.collector.commit import GroupCommitter
 from fleetlens.collector.ledger import Ledger, batch_key
 from fleetlens.collector.pacing import Pacer
+from fleetlens.store.batch import StringColumn
 from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.telemetry import Part, merged_table, slice_columns
 
@@ -97,6 +98,36 @@ def _piece(run: str, batch: str, rows: int) -> tuple[str, Part]:
     }
     key = batch_key(ctx, batch, "step", "d")
     return "step", (ctx, cols, rows, key)
+
+
+def test_string_columns_of_many_batches_share_one_insert(tmp_path: Path) -> None:
+    # Each batch brings its own dictionary of names (one a careless client's, with a word
+    # twice): merged, every word must be in the insert's dictionary once, or the engine refuses
+    # the whole group.
+    store = ChdbStore(str(tmp_path / "t"))
+    try:
+        dictionaries = [["loss", "lr"], ["lr", "grad_norm", "loss"], ["loss", "loss", "mfu"]]
+        parts: list[Part] = []
+        want = []
+        for b, words in enumerate(dictionaries):
+            ctx = {"tenant": "default", "run_id": f"s{b}", "job_id": "j"}
+            codes = np.arange(len(words), dtype=np.int32)[::-1].copy()
+            cols: dict[str, Any] = {
+                "step": np.full(len(words), b, dtype=np.int64),
+                "rank": np.zeros(len(words), dtype=np.int32),
+                "time": np.full(len(words), 1.7e9),
+                "name": StringColumn(words, codes),
+                "value": np.arange(len(words), dtype=np.float64) + 10 * b,
+            }
+            parts.append((ctx, cols, len(words), batch_key(ctx, f"b{b}", "scalar", "d")))
+            want += [(f"s{b}", words[c], float(10 * b + i)) for i, c in enumerate(codes)]
+        store.insert_rows("scalar", merged_table("scalar", parts))
+        got = store.query(
+            "SELECT run_id AS r, name AS n, value AS v FROM fleetlens.scalars"
+        ).to_pylist()
+        assert sorted((g["r"], g["n"], g["v"]) for g in got) == sorted(want)
+    finally:
+        store.close()
 
 
 def test_ledger_settles_every_crash_window_against_the_engine(tmp_path: Path) -> None:
