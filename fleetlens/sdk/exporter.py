@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import TransportError
 from ..wire import encode_batch
-from .buffer import Entry, RecordBuffer, records_in
+from .buffer import Entry, RecordBuffer
 from .config import SDKConfig
 from .spool import Spool
 from .tables import Identity, build_tables
@@ -145,28 +145,28 @@ class Exporter:
     def spill(self) -> None:
         """Encode whatever is still buffered straight to the spool (exit paths, any thread)."""
         while True:
-            prio, entries = self._drain_all()
+            prio, entries, records = self._drain_all()
             if not entries:
                 return
-            encoded = self._encode(prio, entries)
+            encoded = self._encode(entries, records)
             if encoded is not None:
                 self._to_spool(prio, *encoded)
 
-    def _drain_all(self) -> tuple[int, list[Entry]]:
-        """Up to ``max_batch_rows`` records from every class, P0 first; the batch's class is
-        its most important record's."""
+    def _drain_all(self) -> tuple[int, list[Entry], int]:
+        """Up to ``max_batch_rows`` records from every class, P0 first: the batch's class (its
+        most important record's), its entries and the records they hold."""
         entries: list[Entry] = []
         prio = -1
         left = self.cfg.max_batch_rows
         for p in range(4):
             if left <= 0:
                 break
-            got = self.buffer.drain(p, left)
+            got, rows = self.buffer.drain(p, left)
             if got:
                 prio = p if prio < 0 else prio
                 entries += got
-                left -= sum(records_in(e) for e in got)
-        return max(prio, 0), entries
+                left -= rows
+        return max(prio, 0), entries, self.cfg.max_batch_rows - left
 
     def dropped(self) -> list[int]:
         return [b + s for b, s in zip(self.buffer.dropped, self.spool.dropped, strict=True)]
@@ -203,11 +203,11 @@ class Exporter:
         # Drain what is there now, not what the training thread keeps adding meanwhile.
         rounds = self.buffer.pending() // self.cfg.max_batch_rows + 1
         for _ in range(rounds):
-            prio, entries = self._drain_all()
+            prio, entries, records = self._drain_all()
             if not entries:
                 break
             try:
-                clean &= self._ship(prio, entries)
+                clean &= self._ship(prio, entries, records)
             except Exception:
                 self.counts["internal_errors"] += 1
                 clean = False
@@ -218,8 +218,7 @@ class Exporter:
                 self.counts["internal_errors"] += 1
         return clean and not len(self.spool)
 
-    def _encode(self, prio: int, entries: list[Entry]) -> tuple[str, bytes, int] | None:
-        records = sum(records_in(e) for e in entries)
+    def _encode(self, entries: list[Entry], records: int) -> tuple[str, bytes, int] | None:
         with self._encode_lock:
             self.counts["records"] += records
             try:
@@ -242,8 +241,8 @@ class Exporter:
             )
         return bid, body, records - bad
 
-    def _ship(self, prio: int, entries: list[Entry]) -> bool:
-        encoded = self._encode(prio, entries)
+    def _ship(self, prio: int, entries: list[Entry], records: int) -> bool:
+        encoded = self._encode(entries, records)
         if encoded is None:
             return True
         bid, body, records = encoded
