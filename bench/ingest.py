@@ -92,7 +92,7 @@ def sdk_bodies(ranks: int, flushes: int, spool: str) -> list[Body]:
 
 def _rows(body: bytes) -> int:
     raw = gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body
-    return sum(t.n for t in decode_batch(raw).tables.values())
+    return sum(n for n, _ in decode_batch(raw).tables.values())
 
 
 def post_all(url: str, bodies: list[Body], connections: int) -> float:
