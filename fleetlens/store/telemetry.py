@@ -122,13 +122,24 @@ def merged_table(kind_name: str, parts: list[Part]) -> pa.Table:
         first = parts[0][1][col.name]
         arr: pa.Array
         if isinstance(first, StringColumn):
+            # One dictionary for all: the batches' dictionaries share words (every rank's
+            # placement names the same node), and the engine refuses a dictionary with a word
+            # twice in it.
             strings = [cast(StringColumn, cols[col.name]) for _, cols, _, _ in parts]
-            offsets = np.cumsum([0] + [len(v.dictionary) for v in strings[:-1]])
+            words: dict[str, int] = {}
             codes = np.concatenate(
-                [v.codes.astype(np.int32) + off for v, off in zip(strings, offsets, strict=True)]
+                [
+                    np.fromiter(
+                        (words.setdefault(w, len(words)) for w in v.dictionary),
+                        np.int32,
+                        len(v.dictionary),
+                    )[v.codes]
+                    if len(v.dictionary)
+                    else v.codes.astype(np.int32)
+                    for v in strings
+                ]
             )
-            words = [w for v in strings for w in v.dictionary]
-            arr = pa.DictionaryArray.from_arrays(codes, pa.array(words, pa.string()))
+            arr = pa.DictionaryArray.from_arrays(codes, pa.array(list(words), pa.string()))
             if not col.low_cardinality:
                 arr = arr.dictionary_decode()
         else:
