@@ -27,7 +27,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Send
 from starlette.types import Scope as AsgiScope
 
-from ..collector.ingest import Prepared, decode_frames
+from ..collector.decode import decode_frames
+from ..collector.ingest import Prepared
 from ..errors import BatchTooLarge, WireError, http_status
 from ..store.scope import Scope
 from .auth import caller

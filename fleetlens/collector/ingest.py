@@ -29,7 +29,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-import msgspec
 import numpy as np
 from sqlalchemy import select
 
@@ -46,37 +45,11 @@ from .ledger import Ledger, batch_key
 
 log = logging.getLogger("fleetlens.collector")
 
-__all__ = ["MAX_FRAMES", "IngestQueue", "IngestResult", "Ingestor", "Prepared", "decode_frames"]
+__all__ = ["IngestQueue", "IngestResult", "Ingestor", "Prepared"]
 
 _OBSERVE_EVERY_S = 2.0
 _GRAPH_EVENTS = frozenset({"checkpoint_end", "job_start", "config_change"})
 _STATUS_BY_EVENT = {"finish": "FINISHED", "failure": "FAILED", "job_start": "RUNNING"}
-MAX_FRAMES = 4096
-"""Batches in one multi-batch request (a relay sends far fewer: 256 by default)."""
-_FRAMES = msgspec.msgpack.Decoder(list[BatchFrame])
-
-
-def decode_frames(body: bytes, content_encoding: str = "") -> list[BatchFrame]:
-    """The batches of a multi-batch request (:data:`fleetlens.wire.BATCHES_CONTENT_TYPE`).
-
-    Only the envelope is checked here (each frame is decoded and validated on its own by
-    :meth:`Ingestor.prepare_frames`); raises :class:`WireError` naming what is wrong with it.
-    """
-    if content_encoding.strip().lower() not in ("", "identity"):
-        raise WireError(
-            f"Content-Encoding {content_encoding!r} on a multi-batch request; send it "
-            "uncompressed: each batch carries its own encoding",
-            "Content-Encoding",
-        )
-    try:
-        frames = _FRAMES.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise WireError(f"not a MessagePack array of batch frames: {exc}", "frames") from exc
-    if not frames:
-        raise WireError("a multi-batch request holds no batch", "frames")
-    if len(frames) > MAX_FRAMES:
-        raise WireError(f"{len(frames)} batches in one request; at most {MAX_FRAMES}", "frames")
-    return frames
 
 
 @runtime_checkable
