@@ -94,19 +94,21 @@ def _stragglers(url: str, run_id: str) -> list[dict[str, Any]]:
         return []
 
 
-def _stored(data_dir: str, run_id: str) -> tuple[int, int, int, int]:
-    """(step rows, distinct (rank, step), scalar rows, distinct (rank, step, name))."""
+def _stored(data_dir: str, run_id: str, seconds: int) -> tuple[int, int, int, int]:
+    """Of the records the driver made (steps 0..seconds-1, the SCALARS): (step rows, distinct
+    (rank, step), scalar rows, distinct (rank, step, name)), counting those records only."""
     from fleetlens.store.chdb_store import ChdbStore
 
     store = ChdbStore(os.path.join(data_dir, "telemetry"))
     try:
         s = store.query(
             "SELECT count() AS n, uniqExact(rank, step) AS u FROM fleetlens.steps "
-            f"WHERE run_id = '{run_id}'"
+            f"WHERE run_id = '{run_id}' AND step >= 0 AND step < {seconds}"
         ).to_pylist()[0]
+        names = ", ".join(f"'{n}'" for n in SCALARS)
         c = store.query(
             "SELECT count() AS n, uniqExact(rank, step, name) AS u FROM fleetlens.scalars "
-            f"WHERE run_id = '{run_id}'"
+            f"WHERE run_id = '{run_id}' AND step >= 0 AND step < {seconds} AND name IN ({names})"
         ).to_pylist()[0]
     finally:
         store.close()
@@ -201,7 +203,7 @@ def play(ranks: int, seconds: int, workdir: str) -> dict[str, Any]:
         stats = [run.stats() for run in runs]
     finally:
         stop_server(proc)
-    n_steps, u_steps, n_scalars, u_scalars = _stored(data, run_id)
+    n_steps, u_steps, n_scalars, u_scalars = _stored(data, run_id, seconds)
     expected = ranks * seconds
     latencies.sort()
     half = len(rss) // 2
