@@ -50,10 +50,10 @@ class Agent:
         if self.sock:
             args += ["--relay-socket", self.sock]
         self.log = open(self.spool.parent / f"agent-{time.time_ns()}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_until(lambda: route.probe(self.url) or self.proc.poll() is not None, 30,
+        proc = self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_until(lambda: route.probe(self.url) or proc.poll() is not None, 30,
                    what="the relay to answer")  # fmt: skip
-        assert self.proc.poll() is None, self.output()
+        assert proc.poll() is None, self.output()
         return self
 
     def stats(self) -> dict[str, Any]:
@@ -212,6 +212,58 @@ def test_relay_killed_after_acking_loses_nothing_and_replays_store_nothing_twice
     finally:
         agent.stop()
         server.stop()
+
+
+def test_the_relay_forwards_each_rank_with_its_own_token(tmp_path: Path) -> None:
+    from fleetlens.store.access import AccessStore
+    from fleetlens.store.metadata import MetadataStore
+
+    data = tmp_path / "data"
+    data.mkdir()
+    meta = MetadataStore(f"sqlite:///{data}/metadata.db")
+    tokens = {t: AccessStore(meta).create_token(t, "admin", name=t)[0] for t in ("acme", "bolt")}
+    meta.close()
+    server = Server(str(data), extra_args=("--auth", "required")).start()
+    agent = Agent(server.url, tmp_path / "spool", port=free_port())
+    with running(server, agent.start()):
+        runs = {
+            name: fleetlens.init(
+                project="p",
+                run_id=f"run-{name}",
+                server=server.url,
+                relay=agent.url,
+                token=token,
+                spool_dir=str(tmp_path / name),
+                install_signal_handler=False,
+                flush_interval=0.05,
+            )
+            for name, token in {**tokens, "bogus": "not-a-token"}.items()
+        }
+        for step in range(40):
+            for run in runs.values():
+                with run.step(step, tokens=10):
+                    pass
+            time.sleep(0.005)
+        for run in runs.values():
+            run.finish()
+        stats = wait_until(lambda: (s := agent.stats())["spooled_batches"] == 0 and s, 30)
+        # The bogus token's batches were refused by the server, alone; each tenant's run is
+        # stored in its own tenant, never coalesced under another's token.
+        assert stats["refused"] > 0 and stats["forwarded"] > 0, stats
+        for name, token in tokens.items():
+            wait_until(_steps_are(server, f"run-{name}", token, 40), 30)
+            other = tokens["bolt" if name == "acme" else "acme"]
+            assert server.request("GET", f"/v1/runs/run-{name}", token=other)[0] == 404
+            assert _run_as(server, f"run-{name}", token)["tokensProcessed"] == 400
+
+
+def _steps_are(server: Server, run_id: str, token: str, steps: int) -> Any:
+    return lambda: _run_as(server, run_id, token).get("steps") == steps
+
+
+def _run_as(server: Server, run_id: str, token: str) -> dict[str, Any]:
+    status, doc = server.request("GET", f"/v1/runs/{run_id}", token=token)
+    return doc if status == 200 and isinstance(doc, dict) else {}
 
 
 def _post_frames(server: Server, frames: list[BatchFrame]) -> tuple[int, dict[str, Any]]:
