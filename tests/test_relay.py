@@ -350,3 +350,33 @@ def test_the_sdk_finds_a_relay_forwarding_to_its_server_and_only_that(
         assert relay.stats()["bad_batches"] == 1 and len(relay.spool) == 0
     finally:
         relay.stop(0.5)
+
+
+def test_a_full_relay_spool_evicts_less_important_batches_and_turns_the_rest_away(
+    tmp_path: Path,
+) -> None:
+    # The server is away; the spool holds about three batches.
+    body = step_batch("full", range(0, 1), 4)[1]
+    relay = Relay(
+        RelayConfig(
+            server=f"http://127.0.0.1:{free_port()}",
+            spool_dir=str(tmp_path / "s"),
+            listen="",
+            spool_max_bytes=3 * (len(body) + 64),
+        )
+    )
+    try:
+
+        def send(prio: int) -> int:
+            headers = {"content-type": "application/msgpack", "x-fleetlens-priority": str(prio)}
+            return relay.accept(body, headers)[0]
+
+        assert [send(2) for _ in range(3)] == [200, 200, 200]
+        assert send(2) == 503  # as important as all it holds: the rank keeps it, nothing lost
+        assert send(1) == 200  # more important: the oldest P2 batch makes room, counted
+        stats = relay.stats()
+        assert stats["refused_full"] == 1 and stats["evicted_batches"] == 1, stats
+        assert stats["evicted_records"] == 4 and stats["received"] == 4, stats
+        assert stats["spooled_batches"] == 3 and stats["spool_bytes"] <= 3 * (len(body) + 64)
+    finally:
+        relay.stop(0.1)

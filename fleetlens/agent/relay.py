@@ -175,6 +175,7 @@ class Relay:
             0,
         )
         self._lock = threading.Lock()
+        self._turned_away = 0  # records of the batches answered 503 for a full spool
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._retry_at = 0.0
@@ -228,8 +229,9 @@ class Relay:
             spooled_batches=len(self.spool),
             spool_bytes=self.spool.total_bytes,
             spool_max_bytes=self.spool.max_bytes,
-            evicted_batches=self.spool.dropped_batches,
-            evicted_records=sum(self.spool.dropped),
+            # The spool counts the batches it turned away among its drops; those the rank kept.
+            evicted_batches=self.spool.dropped_batches - out["refused_full"],
+            evicted_records=sum(self.spool.dropped) - self._turned_away,
             quarantined=self.spool.quarantined,
             interval_s=self.interval,
             server_down=self._failures > 0,
@@ -265,7 +267,9 @@ class Relay:
             log.warning("relay spool %s: %s", self.cfg.spool_dir, exc)
             return 503, {"error": f"relay spool unavailable: {exc}", "retryAfter": 1}
         if not taken:
-            self._count("refused_full")
+            with self._lock:
+                self.counts["refused_full"] += 1
+                self._turned_away += records
             return 503, {"error": "relay spool is full; retry later", "retryAfter": 1}
         with self._lock:
             self.counts["received"] += 1
