@@ -352,6 +352,26 @@ def test_the_sdk_finds_a_relay_forwarding_to_its_server_and_only_that(
         relay.stop(0.5)
 
 
+def test_a_rank_goes_around_a_relay_it_cannot_reach(server: Server, tmp_path: Path) -> None:
+    # The agent is down (restarting): its port refuses; the batches go to the server directly.
+    gone = f"http://127.0.0.1:{free_port()}"
+    run = fleetlens.init(
+        project="p",
+        run_id="around",
+        server=server.url,
+        relay=gone,
+        spool_dir=str(tmp_path / "s"),
+        install_signal_handler=False,
+        flush_interval=0.05,
+    )
+    _train([run], range(0, 30))
+    run.finish()
+    stats = run.stats()
+    assert stats["relay"] == gone and stats["send_failures"] == 0 and stats["spool_files"] == 0
+    assert run._transport.direct > 0  # type: ignore[attr-defined]
+    assert wait_until(lambda: _run(server, "around").get("steps") == 30, 30)
+
+
 def test_a_full_relay_spool_evicts_less_important_batches_and_turns_the_rest_away(
     tmp_path: Path,
 ) -> None:

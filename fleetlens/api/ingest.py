@@ -229,8 +229,8 @@ async def ingest_batches(request: Request, scope: Scope) -> Response:
     results: list[dict[str, Any]] = []
     for frame, p in zip(frames, prepared, strict=True):
         if isinstance(p, Prepared):
-            results.append({**_stored(svc, scope.tenant, len(frame.body), next(finished)),
-                            "status": 200})  # fmt: skip
+            stored = _stored(svc, scope.tenant, len(frame.body), next(finished))
+            results.append({**stored, "status": 200})
         elif p is None:
             svc.batches.labels("throttled").inc()
             results.append({"status": 429, "error": "over the request's row budget; send again"})
@@ -248,7 +248,8 @@ _FAST_PATHS = {"/v1/ingest": ingest_batch, "/v1/ingest/batches": ingest_batches}
 
 
 class IngestFastPath:
-    """``POST /v1/ingest`` straight to :func:`ingest_batch`; every other request to the app.
+    """``POST /v1/ingest`` straight to :func:`ingest_batch` (``/v1/ingest/batches`` to
+    :func:`ingest_batches`); every other request to the app.
 
     It sits inside the app's error middleware, so an unexpected error is still a 500 from the
     app; authentication and its 401/403 answers are the same as the route's dependency."""

@@ -5,13 +5,16 @@ of its node, acknowledges them once they are durable on the node's disk, and for
 together, so the server sees one request per node and flush instead of one per rank.
 
 - ``FLEETLENS_RELAY`` (or ``relay=``) set to a URL (``http://127.0.0.1:7787``) or a socket
-  (``unix:/run/fleetlens/relay.sock``): the process sends there, whatever happens to it later
-  (its own spool holds what the relay does not take).
+  (``unix:/run/fleetlens/relay.sock``): the process sends there.
 - ``off`` (``0``, ``no``, ``none``): straight to the server.
 - unset: at ``init`` the default socket (:data:`DEFAULT_SOCKET`), then the default port
   (:data:`DEFAULT_URL`) are asked ``GET /v1/relay`` with a short timeout; a relay that answers
   and forwards to the server this process is configured for is used. No relay (the usual case
   off a managed node) costs a refused loopback connection; nothing is logged or raised.
+
+A relay that cannot be reached later (the agent restarting) is gone around, not waited for:
+each batch it does not take goes to the server directly (:class:`RelayTransport`); a relay that
+answers "later" (its spool is full) or refuses a batch is obeyed like the server.
 """
 
 from __future__ import annotations
@@ -21,13 +24,15 @@ import json
 import os
 import urllib.parse
 
+from ..errors import TransportError
 from .config import SDKConfig
-from .transport import HttpTransport, UnixHTTPConnection
+from .transport import Ack, HttpTransport, UnixHTTPConnection
 
 __all__ = [
     "DEFAULT_SOCKET",
     "DEFAULT_URL",
     "OFF",
+    "RelayTransport",
     "open_transport",
     "probe",
     "relay_for",
@@ -91,7 +96,33 @@ def relay_for(cfg: SDKConfig) -> str | None:
     return None
 
 
-def open_transport(cfg: SDKConfig) -> tuple[HttpTransport, str | None]:
+class RelayTransport:
+    """Send through the node's relay, or to the server directly when the relay is unreachable."""
+
+    def __init__(self, relay: HttpTransport, server: HttpTransport) -> None:
+        self.relay = relay
+        self.server = server
+        self.direct = 0  # batches sent around an unreachable relay
+
+    def send(self, body: bytes, headers: dict[str, str]) -> Ack | None:
+        try:
+            return self.relay.send(body, headers)
+        except TransportError as exc:
+            if exc.permanent or exc.retry_after is not None:
+                raise  # the relay answered: the batch is bad, or later
+        ack = self.server.send(body, headers)
+        self.direct += 1
+        return ack
+
+    def close(self) -> None:
+        self.relay.close()
+        self.server.close()
+
+
+def open_transport(cfg: SDKConfig) -> tuple[HttpTransport | RelayTransport, str | None]:
     """The transport for ``cfg`` and the relay it goes through (None: the server directly)."""
+    server = HttpTransport(cfg.server, cfg.token, cfg.send_timeout)
     relay = relay_for(cfg)
-    return HttpTransport(relay or cfg.server, cfg.token, cfg.send_timeout), relay
+    if relay is None:
+        return server, None
+    return RelayTransport(HttpTransport(relay, cfg.token, cfg.send_timeout), server), relay
