@@ -468,6 +468,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _TcpServer(http.server.ThreadingHTTPServer):
     relay: Relay
 
+    def server_bind(self) -> None:
+        # HTTPServer's asks the resolver for the host's name (getfqdn), which can hang on a
+        # node without DNS; the relay has no use for it.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+
 
 class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
