@@ -155,7 +155,9 @@ def main(args: argparse.Namespace) -> int:
         os.environ,
     )
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous: Any = None
+    if not args.once and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # stop cleanly
     relay = None if args.once else start_relay(args, cfg.server)
     recorder: Recorder | None = None
     try:
@@ -184,6 +186,8 @@ def main(args: argparse.Namespace) -> int:
             relay.stop(5.0)
             print(f"fleetlens agent: relay stopped: {json.dumps(relay.stats())}",
                   file=sys.stderr)  # fmt: skip
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 
