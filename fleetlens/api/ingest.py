@@ -31,6 +31,7 @@ from ..collector.decode import decode_frames
 from ..collector.ingest import Prepared
 from ..errors import BatchTooLarge, WireError, http_status
 from ..store.scope import Scope
+from ..wire import BatchFrame
 from .auth import caller
 from .bodies import BodyBudget, BodyRefused, drain, read_body
 
@@ -206,21 +207,21 @@ async def ingest_batches(request: Request, scope: Scope) -> Response:
     ingestor = svc.ingestor
     try:
         try:
-            frames = decode_frames(body, request.headers.get("content-encoding", ""))
+            frames, prepared = await loop.run_in_executor(
+                ingestor.pool,
+                functools.partial(
+                    _prepare_frames,
+                    ingestor,
+                    body,
+                    request.headers.get("content-encoding", ""),
+                    scope,
+                    received_at,
+                    float_header(request.headers.get("x-fleetlens-sent-at")),
+                ),
+            )
         except WireError as exc:
             svc.batches.labels("rejected").inc()
             return error_response(400, str(exc), exc.field)
-        prepared = await loop.run_in_executor(
-            ingestor.pool,
-            functools.partial(
-                ingestor.prepare_frames,
-                frames,
-                scope.tenant,
-                scope.project or None,
-                received_at=received_at,
-                transmitted_at=float_header(request.headers.get("x-fleetlens-sent-at")),
-            ),
-        )
         good = [p for p in prepared if isinstance(p, Prepared)]
         await asyncio.wrap_future(ingestor.store_many(good))
     finally:
@@ -238,6 +239,24 @@ async def ingest_batches(request: Request, scope: Scope) -> Response:
             svc.batches.labels("too_large" if isinstance(p, BatchTooLarge) else "rejected").inc()
             results.append({"status": http_status(p), "error": str(p), "field": p.field})
     return JSONResponse({"results": results, "flushS": _paced(request)})
+
+
+def _prepare_frames(
+    ingestor: Any,
+    body: bytes,
+    encoding: str,
+    scope: Scope,
+    received_at: float,
+    transmitted_at: float | None,
+) -> tuple[list[BatchFrame], list[Any]]:
+    """The envelope's frames and each one prepared (off the event loop: the envelope is copied
+    out frame by frame)."""
+    frames = decode_frames(body, encoding)
+    prepared = ingestor.prepare_frames(
+        frames, scope.tenant, scope.project or None,
+        received_at=received_at, transmitted_at=transmitted_at,
+    )  # fmt: skip
+    return frames, prepared
 
 
 def _finish_all(ingestor: Any, prepared: list[Prepared]) -> list[Any]:
