@@ -10,12 +10,16 @@ delete), and a bad batch among good ones in one multi-batch request (refused alo
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,9 @@ import fleetlens
 from fleetlens.agent.relay import Relay, RelayConfig
 from fleetlens.sdk import route
 from fleetlens.sdk.config import SDKConfig
+from fleetlens.sdk.transport import UnixHTTPConnection
+from fleetlens.store.access import AccessStore
+from fleetlens.store.metadata import MetadataStore
 from fleetlens.wire import BATCHES_CONTENT_TYPE, BatchFrame, encode_frames
 
 from .helpers import Server, free_port, step_batch, wait_until
@@ -57,11 +64,6 @@ class Agent:
         return self
 
     def stats(self) -> dict[str, Any]:
-        import http.client
-        import json
-
-        from fleetlens.sdk.transport import UnixHTTPConnection
-
         conn = (
             UnixHTTPConnection(self.sock, 5)
             if self.sock
@@ -215,9 +217,6 @@ def test_relay_killed_after_acking_loses_nothing_and_replays_store_nothing_twice
 
 
 def test_the_relay_forwards_each_rank_with_its_own_token(tmp_path: Path) -> None:
-    from fleetlens.store.access import AccessStore
-    from fleetlens.store.metadata import MetadataStore
-
     data = tmp_path / "data"
     data.mkdir()
     meta = MetadataStore(f"sqlite:///{data}/metadata.db")
@@ -267,10 +266,6 @@ def _run_as(server: Server, run_id: str, token: str) -> dict[str, Any]:
 
 
 def _post_frames(server: Server, frames: list[BatchFrame]) -> tuple[int, dict[str, Any]]:
-    import json
-    import urllib.error
-    import urllib.request
-
     req = urllib.request.Request(
         server.url + "/v1/ingest/batches", data=encode_frames(frames), method="POST"
     )
@@ -305,9 +300,6 @@ def test_a_bad_batch_among_good_ones_is_refused_alone(server: Server) -> None:
     status, refused = _post_frames(server, [])
     assert status == 400 and refused["field"] == "frames"
     req_body = msgspec.msgpack.encode({"not": "frames"})
-    import urllib.error
-    import urllib.request
-
     req = urllib.request.Request(server.url + "/v1/ingest/batches", data=req_body, method="POST")
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=30)
