@@ -23,6 +23,7 @@ moved aside to ``quarantine/`` (:meth:`Spool.quarantine`), so it never blocks th
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import stat
@@ -212,25 +213,44 @@ class Spool:
             )
             self._counter += 1
             private_dir(self.dir)
-            final = os.path.join(self.dir, entry.name)
-            tmp = final + _TMP
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
-                with open(fd, "wb") as f:
-                    f.write(body)
-                    if self.fsync:
-                        f.flush()
-                        os.fsync(f.fileno())
-                os.replace(tmp, final)
+            self._bytes += size  # held while it is written, so a concurrent put evicts for it
+            if not self.fsync:
+                try:
+                    self._write(entry, body)
+                except OSError:
+                    self._bytes -= size
+                    raise
+                self._entries.append(entry)
+                return True
+        # Durable writes happen outside the lock: concurrent writers' fsyncs then share the
+        # file system's journal commits instead of waiting for each other's.
+        try:
+            self._write(entry, body)
+        except OSError:
+            with self._lock:
+                self._bytes -= size
+            raise
+        with self._lock:
+            bisect.insort(self._entries, entry)
+        return True
+
+    def _write(self, entry: SpoolEntry, body: bytes) -> None:
+        final = os.path.join(self.dir, entry.name)
+        tmp = final + _TMP
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+            with open(fd, "wb") as f:
+                f.write(body)
                 if self.fsync:
-                    _fsync_dir(self.dir)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-            self._entries.append(entry)
-            self._bytes += size
-            return True
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, final)
+            if self.fsync:
+                _fsync_dir(self.dir)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def _victim(self, priority: int) -> SpoolEntry | None:
         """The oldest batch of the lowest class strictly below ``priority``."""
