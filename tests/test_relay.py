@@ -392,3 +392,18 @@ def test_a_full_relay_spool_evicts_less_important_batches_and_turns_the_rest_awa
         assert stats["spooled_batches"] == 3 and stats["spool_bytes"] <= 3 * (len(body) + 64)
     finally:
         relay.stop(0.1)
+
+
+def test_a_spool_file_that_is_not_a_relay_batch_is_set_aside(tmp_path: Path) -> None:
+    spool = tmp_path / "s"
+    relay = Relay(RelayConfig(server=f"http://127.0.0.1:{free_port()}", spool_dir=str(spool)))
+    body = step_batch("aside", range(0, 1), 2)[1]
+    assert relay.accept(body, {"content-type": "application/msgpack"})[0] == 200
+    (spool / "p2-00000000000000000001-000000-1-junk.batch").write_bytes(b"not msgpack \xc1")
+    os.chmod(spool / "p2-00000000000000000001-000000-1-junk.batch", 0o600)
+    relay = Relay(relay.cfg)  # a restarted relay finds both
+    relay.forward()  # the server is away: the good batch stays, the junk is quarantined
+    stats = relay.stats()
+    assert stats["unreadable"] == 1 and stats["quarantined"] == 1, stats
+    assert stats["spooled_batches"] == 1 and stats["send_failures"] == 1, stats
+    assert os.listdir(spool / "quarantine") == ["p2-00000000000000000001-000000-1-junk.batch"]
