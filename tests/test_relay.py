@@ -18,8 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -266,15 +264,9 @@ def _run_as(server: Server, run_id: str, token: str) -> dict[str, Any]:
 
 
 def _post_frames(server: Server, frames: list[BatchFrame]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(
-        server.url + "/v1/ingest/batches", data=encode_frames(frames), method="POST"
-    )
-    req.add_header("Content-Type", BATCHES_CONTENT_TYPE)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    body = encode_frames(frames)
+    status, answer, _ = server.post(body, BATCHES_CONTENT_TYPE, path="/v1/ingest/batches")
+    return status, answer
 
 
 def test_a_bad_batch_among_good_ones_is_refused_alone(server: Server) -> None:
@@ -299,11 +291,9 @@ def test_a_bad_batch_among_good_ones_is_refused_alone(server: Server) -> None:
     # Not an array of batches: the request is refused whole, naming what is wrong.
     status, refused = _post_frames(server, [])
     assert status == 400 and refused["field"] == "frames"
-    req_body = msgspec.msgpack.encode({"not": "frames"})
-    req = urllib.request.Request(server.url + "/v1/ingest/batches", data=req_body, method="POST")
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(req, timeout=30)
-    assert err.value.code == 400
+    not_frames = msgspec.msgpack.encode({"not": "frames"})
+    status, refused, _ = server.post(not_frames, BATCHES_CONTENT_TYPE, path="/v1/ingest/batches")
+    assert status == 400 and refused["field"] == "frames"
     doc = server.get("/openapi.json")
     assert BATCHES_CONTENT_TYPE in str(doc["paths"]["/v1/ingest/batches"]["post"])
 
