@@ -40,6 +40,7 @@ import random
 import re
 import socketserver
 import stat
+import sys
 import threading
 import time
 import zlib
@@ -468,7 +469,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return None  # one line per rank request would drown the agent's log
 
 
-class _TcpServer(http.server.ThreadingHTTPServer):
+class _Quiet:
+    """A rank that hangs up mid-request is ordinary (a job ending); anything else is logged."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):
+            log.exception("relay: request failed")
+
+
+class _TcpServer(_Quiet, http.server.ThreadingHTTPServer):
     relay: Relay
 
     def server_bind(self) -> None:
@@ -478,7 +487,7 @@ class _TcpServer(http.server.ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _UnixServer(_Quiet, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     relay: Relay
 
