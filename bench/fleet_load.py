@@ -290,6 +290,7 @@ def play(ranks: int, seconds: int, workdir: str, relay: bool = False) -> dict[st
         out["relay_send_failures"] = sum(s["send_failures"] for s in relay_stats)
         out["relay_refused"] = sum(s["refused"] + s["refused_full"] for s in relay_stats)
         out["relay_left_spooled"] = sum(s["spooled_batches"] for s in relay_stats)
+        out["relay_interval_s"] = max(s["interval_s"] for s in relay_stats)
     out["held"] = bool(
         out["ack_p99_s"] is not None
         and out["ack_p99_s"] <= GOAL_ACK_P99_S
