@@ -32,12 +32,14 @@ private to the agent's user (0700, files 0600) like every fleetlens spool.
 from __future__ import annotations
 
 import contextlib
+import errno
 import http.server
 import json
 import logging
 import os
 import random
 import re
+import socket
 import socketserver
 import stat
 import sys
@@ -188,15 +190,22 @@ class Relay:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> Relay:
-        """Bind the listeners (raises OSError when taken) and start forwarding."""
-        if self.cfg.listen:
-            host, _, port = self.cfg.listen.rpartition(":")
-            tcp = _TcpServer((host or "127.0.0.1", int(port)), _Handler)
-            tcp.relay = self
-            self.address = cast(tuple[str, int], tcp.server_address[:2])
-            self._servers.append(tcp)
-        if self.cfg.socket_path:
-            self._servers.append(_unix_server(self.cfg.socket_path, self))
+        """Bind the listeners (raises OSError when one is taken, having closed the others) and
+        start forwarding."""
+        try:
+            if self.cfg.listen:
+                host, _, port = self.cfg.listen.rpartition(":")
+                tcp = _TcpServer((host or "127.0.0.1", int(port)), _Handler)
+                tcp.relay = self
+                self.address = cast(tuple[str, int], tcp.server_address[:2])
+                self._servers.append(tcp)
+            if self.cfg.socket_path:
+                self._servers.append(_unix_server(self.cfg.socket_path, self))
+        except (OSError, ValueError):
+            for srv in self._servers:
+                srv.server_close()
+            self._servers.clear()
+            raise
         for srv in self._servers:
             self._spawn(srv.serve_forever, "fl-relay-listen")
         self._spawn(self._loop, "fl-relay-forward")
@@ -222,6 +231,12 @@ class Relay:
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         self.transport.close()
+
+    def where(self) -> str:
+        """Where the ranks reach this relay: its URL and/or ``unix:PATH``."""
+        parts = [f"http://{self.address[0]}:{self.address[1]}"] if self.address else []
+        parts += [f"unix:{self.cfg.socket_path}"] if self.cfg.socket_path else []
+        return " and ".join(parts)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -497,6 +512,9 @@ def _unix_server(path: str, relay: Relay) -> _UnixServer:
     of any user may connect (the server authenticates their tokens)."""
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.lstat(path).st_mode):
+            with socket.socket(socket.AF_UNIX) as probe:
+                if probe.connect_ex(path) == 0:
+                    raise OSError(errno.EADDRINUSE, f"a relay already listens on {path}")
             os.unlink(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     srv = _UnixServer(path, _Handler)

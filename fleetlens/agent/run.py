@@ -125,18 +125,9 @@ def start_relay(args: argparse.Namespace, server: str) -> Relay | None:
         print(f"fleetlens agent: no relay on {where} ({exc}); ranks send directly",
               file=sys.stderr)  # fmt: skip
         return None
-    print(f"fleetlens agent: relay on {where_of(relay, cfg)} -> {server}, spool {spool}",
+    print(f"fleetlens agent: relay on {relay.where()} -> {server}, spool {spool}",
           file=sys.stderr, flush=True)  # fmt: skip
     return relay
-
-
-def where_of(relay: Relay, cfg: RelayConfig) -> str:
-    parts = []
-    if relay.address is not None:
-        parts.append(f"http://{relay.address[0]}:{relay.address[1]}")
-    if cfg.socket_path:
-        parts.append(f"unix:{cfg.socket_path}")
-    return " and ".join(parts)
 
 
 def main(args: argparse.Namespace) -> int:
