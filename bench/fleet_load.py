@@ -17,9 +17,16 @@ For each N, in increasing order, until one does not hold:
   of the first's;
 - ``straggler_found_steps``: steps from the slowdown until the run's stragglers name the rank.
 N holds when ack p99 <= 2 s, nothing is lost or stored twice, RSS is flat and the straggler is
-found within 5 steps. ``max_ranks_relay`` is null: the node relay is not built yet.
+found within 5 steps.
 
-    python bench/fleet_load.py [--quick] [--ranks 64,128,...] [--seconds S]
+``max_ranks_relay``: the same through node relays, one per 8 ranks (a node), each the real relay
+code (:class:`fleetlens.agent.relay.Relay`: loopback HTTP, fsync'd spool, forwarding with
+``/v1/ingest/batches``) running in this process: the ranks send to their node's relay, which
+the SDK would find at init. The ack latency is then end to end: from recording a step to the
+server's acknowledgement of the request that carried it from the relay (every 16th relay).
+
+    python bench/fleet_load.py [--quick] [--ranks 64,128,...] [--relay-ranks 512,...]
+                               [--seconds S] [--mode direct|relay|both]
 """
 
 from __future__ import annotations
@@ -43,14 +50,27 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fleetlens
 from bench._common import emit, start_server, stop_server
+from fleetlens.agent.relay import Relay, RelayConfig
 from fleetlens.sdk.transport import Ack, HttpTransport
-from fleetlens.wire import Batch
+from fleetlens.wire import Batch, BatchFrame
 
 SCALARS = {f"metric_{k}": 0.1 * k for k in range(10)}
 SAMPLE_EVERY = 16
 GOAL_ACK_P99_S = 2.0
 GOAL_FOUND_STEPS = 5
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _step_ends(body: bytes) -> list[float]:
+    """When each step record in a batch's body ended (its time plus duration)."""
+    raw = gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body
+    table = msgspec.msgpack.decode(raw, type=Batch).tables.get("step")
+    if table is not None:
+        t = table.cols.get("time")
+        d = table.cols.get("duration")
+        if isinstance(t, bytes) and isinstance(d, bytes):
+            return (np.frombuffer(t, "<f8") + np.frombuffer(d, "<f8")).tolist()
+    return []
 
 
 class SampledTransport(HttpTransport):
@@ -61,15 +81,42 @@ class SampledTransport(HttpTransport):
     def send(self, body: bytes, headers: dict[str, str]) -> Ack | None:
         ack = super().send(body, headers)
         now = time.time()
-        raw = gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body
-        table = msgspec.msgpack.decode(raw, type=Batch).tables.get("step")
-        if table is not None:
-            t = table.cols.get("time")
-            d = table.cols.get("duration")
-            if isinstance(t, bytes) and isinstance(d, bytes):
-                ends = np.frombuffer(t, "<f8") + np.frombuffer(d, "<f8")
-                self.latencies.extend((now - ends).tolist())
+        self.latencies.extend(now - end for end in _step_ends(body))
         return ack
+
+
+class SampledRelayTransport(HttpTransport):
+    """A relay's transport to the server, noting when the step records of the batches it
+    forwarded were acknowledged (each frame is stored or refused on its own: all are counted,
+    the bench checks for losses separately)."""
+
+    latencies: list[float]
+
+    def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None, bytes]:
+        answer = super().post(body, headers)
+        if answer[0] == 200:
+            now = time.time()
+            for frame in msgspec.msgpack.decode(body, type=list[BatchFrame]):
+                self.latencies.extend(now - end for end in _step_ends(frame.body))
+        return answer
+
+
+def _relays(ranks: int, url: str, workdir: str, latencies: list[float]) -> list[Relay]:
+    """One started relay per node of 8 ranks; every 16th samples its latencies."""
+    relays = []
+    for node in range((ranks + 7) // 8):
+        cfg = RelayConfig(
+            server=url,
+            spool_dir=os.path.join(workdir, f"relay-{ranks}", str(node)),
+            listen="127.0.0.1:0",
+        )
+        relay = Relay(cfg)
+        if node % SAMPLE_EVERY == 0:
+            sampled = SampledRelayTransport(url, None, cfg.timeout, path="/v1/ingest/batches")
+            sampled.latencies = latencies
+            relay.transport = sampled
+        relays.append(relay.start())
+    return relays
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -115,19 +162,25 @@ def _stored(data_dir: str, run_id: str, seconds: int) -> tuple[int, int, int, in
     return int(s["n"]), int(s["u"]), int(c["n"]), int(c["u"])
 
 
-def play(ranks: int, seconds: int, workdir: str) -> dict[str, Any]:
+def play(ranks: int, seconds: int, workdir: str, relay: bool = False) -> dict[str, Any]:
     """One level: ``ranks`` SDK runs stepping once a second for ``seconds`` against a fresh
-    server; its figures."""
+    server (through a relay per 8 ranks with ``relay``); its figures."""
     data = os.path.join(workdir, f"data-{ranks}")
     proc, url = start_server(data)
     run_id = f"load-{ranks}"
     slow_rank, slow_at = ranks // 3, seconds // 2
     latencies: list[float] = []
     runs = []
+    relays: list[Relay] = []
     try:
+        relays = _relays(ranks, url, workdir, latencies) if relay else []
         for r in range(ranks):
             transport = None
-            if r % SAMPLE_EVERY == 0:
+            if relays:
+                addr = relays[r // 8].address
+                assert addr is not None
+                transport = HttpTransport(f"http://{addr[0]}:{addr[1]}")
+            elif r % SAMPLE_EVERY == 0:
                 transport = SampledTransport(url)
                 transport.latencies = latencies
             runs.append(
@@ -194,6 +247,8 @@ def play(ranks: int, seconds: int, workdir: str) -> dict[str, Any]:
         t_finish = time.monotonic()
         for run in runs:
             run.finish()
+        for rel in relays:
+            rel.stop(10.0)  # the relays forward what they hold, then stop
         finish_s = time.monotonic() - t_finish
         time.sleep(max(0.0, 6.0 - (time.monotonic() - t_finish)))  # a last monitoring pass
         for f in _stragglers(url, run_id) if not found else []:
@@ -201,7 +256,10 @@ def play(ranks: int, seconds: int, workdir: str) -> dict[str, Any]:
                 found.append(seconds - slow_at)
         stop.set()
         stats = [run.stats() for run in runs]
+        relay_stats = [rel.stats() for rel in relays]
     finally:
+        for rel in relays:
+            rel.stop(0.0)
         stop_server(proc)
     n_steps, u_steps, n_scalars, u_scalars = _stored(data, run_id, seconds)
     expected = ranks * seconds
@@ -226,6 +284,13 @@ def play(ranks: int, seconds: int, workdir: str) -> dict[str, Any]:
         "spooled_batches": sum(s.get("spooled_batches", 0) for s in stats),
         "requests": sum(s.get("batches_sent", 0) for s in stats),
     }
+    if relay:
+        out["relays"] = len(relay_stats)
+        out["relay_requests"] = sum(s["forward_requests"] for s in relay_stats)
+        out["relay_send_failures"] = sum(s["send_failures"] for s in relay_stats)
+        out["relay_refused"] = sum(s["refused"] + s["refused_full"] for s in relay_stats)
+        out["relay_left_spooled"] = sum(s["spooled_batches"] for s in relay_stats)
+        out["relay_interval_s"] = max(s["interval_s"] for s in relay_stats)
     out["held"] = bool(
         out["ack_p99_s"] is not None
         and out["ack_p99_s"] <= GOAL_ACK_P99_S
@@ -241,42 +306,59 @@ def play(ranks: int, seconds: int, workdir: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one level, 64 ranks for 20 s (CI)")
+    ap.add_argument("--quick", action="store_true", help="64 ranks, 20 s, direct and relayed (CI)")
     ap.add_argument("--ranks", default="", help="levels to try, e.g. 64,256,1024")
+    ap.add_argument("--relay-ranks", default="", help="levels through relays, e.g. 512,2048")
     ap.add_argument("--seconds", type=int, default=0, help="stepping time per level")
+    ap.add_argument("--mode", choices=("direct", "relay", "both"), default="both")
     args = ap.parse_args()
     levels = [int(x) for x in args.ranks.split(",") if x] or (
         [64] if args.quick else [128, 256, 512, 1024, 2048, 4096]
     )
+    relay_levels = [int(x) for x in args.relay_ranks.split(",") if x] or (
+        [64] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
+    )
     seconds = args.seconds or (20 if args.quick else 300)
     workdir = tempfile.mkdtemp(prefix="fl-fleet-load-")
-    results = []
-    try:
-        for n in levels:
-            res = play(n, seconds, workdir)
-            print(json.dumps(res), file=sys.stderr, flush=True)
-            results.append(res)
+
+    def climb(ns: list[int], relay: bool) -> list[dict[str, Any]]:
+        out = []
+        for n in ns:
+            res = play(n, seconds, workdir, relay=relay)
+            print(json.dumps({"relay": relay, **res}), file=sys.stderr, flush=True)
+            out.append(res)
             if not res["held"]:
                 break
+        return out
+
+    try:
+        results = climb(levels, False) if args.mode != "relay" else []
+        relayed = climb(relay_levels, True) if args.mode != "direct" else []
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     held = [r for r in results if r["held"]]
-    best = held[-1] if held else results[-1]
+    held_relay = [r for r in relayed if r["held"]]
+    best = (held or held_relay or results or relayed)[-1]
+    everything = results + relayed
     emit(
         {
             "bench": "fleet_load",
             "quick": args.quick,
             "levels": results,
-            "max_ranks_direct": held[-1]["ranks"] if held else 0,
-            "max_ranks_relay": None,
+            "relay_levels": relayed,
+            "max_ranks_direct": (held[-1]["ranks"] if held else 0) if results else None,
+            "max_ranks_relay": (held_relay[-1]["ranks"] if held_relay else 0) if relayed else None,
             "ack_p99_s": best["ack_p99_s"],
-            "lost": sum(r["lost"] for r in results),
-            "duplicates": sum(r["duplicates"] for r in results),
+            "lost": sum(r["lost"] for r in everything),
+            "duplicates": sum(r["duplicates"] for r in everything),
             "server_cpu_us_per_rank_step": best["server_cpu_us_per_rank_step"],
             "server_rss_mb": best["server_rss_mb"],
             "straggler_found_steps": best["straggler_found_steps"],
             "goal_max_ranks_direct": 2048,
-            "ok": bool(held) and all(r["lost"] == 0 and r["duplicates"] == 0 for r in results),
+            "goal_max_ranks_relay": 16384,
+            "ok": (bool(held) or not results)
+            and (bool(held_relay) or not relayed)
+            and all(r["lost"] == 0 and r["duplicates"] == 0 for r in everything),
         }
     )
 

@@ -32,13 +32,20 @@ from .errors import WireError
 from .schema import DTYPES, KINDS, WIRE_VERSION
 
 __all__ = [
+    "BATCHES_CONTENT_TYPE",
     "Batch",
+    "BatchFrame",
     "DictColumn",
     "Table",
     "TableBuilder",
     "encode_batch",
+    "encode_frames",
     "new_batch_id",
 ]
+
+BATCHES_CONTENT_TYPE = "application/vnd.fleetlens.batches+msgpack"
+"""``POST /v1/ingest/batches``: a MessagePack array of :class:`BatchFrame`, many senders' batches
+in one request (a node relay's), each validated, stored and answered on its own."""
 
 
 class DictColumn(msgspec.Struct, forbid_unknown_fields=True):
@@ -64,6 +71,16 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
     source: str = ""
     sent_at: float = 0.0
     dropped: dict[str, int] = {}
+
+
+class BatchFrame(msgspec.Struct, forbid_unknown_fields=True):
+    """One batch inside a multi-batch request: its body exactly as its sender encoded it, with
+    the body's ``Content-Type`` and ``Content-Encoding``, so that the server decodes (and
+    deduplicates) it as if it had come alone."""
+
+    body: bytes
+    type: str = "application/msgpack"
+    encoding: str = ""
 
 
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -162,3 +179,8 @@ def encode_batch(
     if compress:
         body = gzip.compress(body, compresslevel=1)
     return bid, body
+
+
+def encode_frames(frames: Sequence[BatchFrame]) -> bytes:
+    """The body of a multi-batch request (:data:`BATCHES_CONTENT_TYPE`)."""
+    return _ENCODER.encode(list(frames))

@@ -150,8 +150,9 @@ class Server:
         content_type: str = "application/msgpack",
         encoding: str = "",
         token: str | None = None,
+        path: str = "/v1/ingest",
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
-        req = urllib.request.Request(self.url + "/v1/ingest", data=body, method="POST")
+        req = urllib.request.Request(self.url + path, data=body, method="POST")
         req.add_header("Content-Type", content_type)
         if encoding:
             req.add_header("Content-Encoding", encoding)

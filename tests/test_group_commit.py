@@ -307,3 +307,30 @@ def test_a_token_revoked_from_another_process_stops_working_within_a_second(
         assert server.post(body, token=token)[0] == 401
     finally:
         server.stop()
+
+
+def test_batches_sharing_strings_merge_into_one_insert(tmp_path: Path) -> None:
+    # Every rank logs "loss" and names the same node: the merged dictionary holds each word
+    # once (the engine refuses an insert whose dictionary repeats a word).
+    store = ChdbStore(str(tmp_path / "t"))
+    try:
+        parts: list[Part] = []
+        for rank in range(3):
+            ctx = {"tenant": "default", "run_id": "s", "job_id": "j"}
+            cols: dict[str, Any] = {
+                "step": np.arange(2, dtype=np.int64),
+                "rank": np.full(2, rank, dtype=np.int32),
+                "time": np.full(2, 1.7e9),
+                "name": StringColumn(["loss", f"only-{rank}"], np.array([0, 1], np.int32)),
+                "value": np.full(2, 0.5),
+            }
+            parts.append((ctx, cols, 2, batch_key(ctx, f"b{rank}", "scalar", "d")))
+        merged = merged_table("scalar", parts)
+        names = merged.column("name").combine_chunks()
+        assert sorted(names.dictionary.to_pylist()) == ["loss", "only-0", "only-1", "only-2"]
+        assert names.to_pylist() == [w for r in range(3) for w in ("loss", f"only-{r}")]
+        store.insert_rows("scalar", merged)
+        t = store.query("SELECT count() AS n FROM fleetlens.scalars WHERE name = 'loss'")
+        assert int(t.column("n")[0].as_py()) == 3
+    finally:
+        store.close()

@@ -18,6 +18,7 @@ from .helpers import Server
 EXPECTED = {
     "app (collector, health, metrics)": [
         ("POST", "/v1/ingest"),
+        ("POST", "/v1/ingest/batches"),
         ("GET", "/healthz"),
         ("GET", "/metrics"),
     ],

@@ -16,7 +16,13 @@ import pytest
 
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
-from fleetlens.wire import TableBuilder, encode_batch
+from fleetlens.wire import (
+    BATCHES_CONTENT_TYPE,
+    BatchFrame,
+    TableBuilder,
+    encode_batch,
+    encode_frames,
+)
 
 from .helpers import Server, step_batch, wait_until
 
@@ -243,6 +249,16 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
                 # Claiming bolt's tenant in the batch writes into acme, never into bolt.
                 _, body = step_batch("acme-own-run", range(100, 103), 1, ctx={"tenant": "bolt"})
                 status, answer, _ = t.server.post(body, token=t.tokens["a-admin"])
+            elif (method, path) == ("post", "/v1/ingest/batches"):
+                # The same through a relay's many-batch request.
+                _, body = step_batch("acme-relayed", range(0, 2), 1, ctx={"tenant": "bolt"})
+                status, answer, _ = t.server.post(
+                    encode_frames([BatchFrame(body=body)]),
+                    BATCHES_CONTENT_TYPE,
+                    token=t.tokens["a-admin"],
+                    path=path,
+                )
+                assert [r["status"] for r in answer["results"]] == [200], answer
             else:
                 assert method == "get" or (method, path) in BODIES or method == "delete", (
                     f"{method.upper()} {path}: add an example body to BODIES"
@@ -270,6 +286,8 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
     # Acme's batch that claimed bolt's tenant landed in acme only.
     assert t.server.get("/v1/runs/acme-own-run", token=t.tokens["a-admin"])["step"] == 102
     assert t.server.request("GET", "/v1/runs/acme-own-run", token=t.tokens["b-admin"])[0] == 404
+    assert t.server.get("/v1/runs/acme-relayed", token=t.tokens["a-admin"])["step"] == 1
+    assert t.server.request("GET", "/v1/runs/acme-relayed", token=t.tokens["b-admin"])[0] == 404
 
 
 def test_roles(tenants: Tenants) -> None:

@@ -2,14 +2,18 @@
 
 It sends through the SDK's exporter (:class:`fleetlens.sdk.recorder.Recorder`), so it has the
 same guarantees as a training job's telemetry: a dead server never blocks it, samples spool to
-disk and are replayed, and drops are counted.
+disk and are replayed, and drops are counted. Beside it runs the node relay
+(:mod:`fleetlens.agent.relay`, on ``127.0.0.1:7787`` unless told otherwise), which carries the
+node's ranks' batches to the server.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -19,9 +23,11 @@ from typing import Any
 
 from ..sdk.config import SDKConfig
 from ..sdk.recorder import Recorder
+from ..sdk.spool import default_spool_root
 from .dcgm import parse_exposition
 from .host import HostSampler
 from .nvml import NvmlSampler, load_nvml
+from .relay import DEFAULT_LISTEN, Relay, RelayConfig
 
 __all__ = ["Agent", "add_parser", "main", "selftest"]
 
@@ -95,9 +101,39 @@ def selftest() -> int:
     return 0 if samples else 1
 
 
+def start_relay(args: argparse.Namespace, server: str) -> Relay | None:
+    """The node relay the flags ask for, started; None when off or its address is taken (the
+    agent samples anyway: the ranks then send to the server directly)."""
+    listen = "" if args.relay in ("", "off") else args.relay
+    if not listen and not args.relay_socket:
+        return None
+    if listen and ":" not in listen:
+        listen = f"127.0.0.1:{listen}"
+    spool = args.relay_spool or os.path.join(default_spool_root(), "relay")
+    cfg = RelayConfig(
+        server=server,
+        spool_dir=spool,
+        listen=listen,
+        socket_path=args.relay_socket or "",
+        spool_max_bytes=args.relay_spool_bytes,
+        interval=args.relay_interval,
+    )
+    try:
+        relay = Relay(cfg).start()
+    except (OSError, ValueError) as exc:
+        where = " and ".join(x for x in (listen, args.relay_socket) if x)
+        print(f"fleetlens agent: no relay on {where} ({exc}); ranks send directly",
+              file=sys.stderr)  # fmt: skip
+        return None
+    print(f"fleetlens agent: relay on {relay.where()} -> {server}, spool {spool}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return relay
+
+
 def main(args: argparse.Namespace) -> int:
     if args.selftest:
         return selftest()
+    logging.basicConfig(level=logging.WARNING, format="fleetlens agent: %(message)s")
     node = args.node or socket.gethostname()
     cfg = SDKConfig.resolve(
         {
@@ -105,19 +141,29 @@ def main(args: argparse.Namespace) -> int:
             "token": args.token,
             "node_id": node,
             "install_signal_handler": False,
+            "relay": "off",  # the agent's own samples go straight to the server
         },
         os.environ,
     )
-    nvml = None
-    if not args.dcgm_url and not args.no_gpu:
-        try:
-            nvml = load_nvml()
-        except Exception as exc:
-            print(f"fleetlens agent: no NVML ({exc}); sampling the host only", file=sys.stderr)
-    recorder = Recorder(cfg)
-    agent = Agent(recorder, node, nvml=nvml, dcgm_url=args.dcgm_url)
     stop = threading.Event()
+    previous: Any = None
+    if not args.once and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())  # stop cleanly
+    relay = None if args.once else start_relay(args, cfg.server)
+    recorder: Recorder | None = None
     try:
+        if args.relay_only:
+            stop.wait()
+            return 0
+        nvml = None
+        if not args.dcgm_url and not args.no_gpu:
+            try:
+                nvml = load_nvml()
+            except Exception as exc:
+                print(f"fleetlens agent: no NVML ({exc}); sampling the host only",
+                      file=sys.stderr)  # fmt: skip
+        recorder = Recorder(cfg)
+        agent = Agent(recorder, node, nvml=nvml, dcgm_url=args.dcgm_url)
         if args.once:
             agent.tick()
         else:
@@ -125,7 +171,14 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        recorder.close(5.0)
+        if recorder is not None:
+            recorder.close(5.0)
+        if relay is not None:
+            relay.stop(5.0)
+            print(f"fleetlens agent: relay stopped: {json.dumps(relay.stats())}",
+                  file=sys.stderr)  # fmt: skip
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -141,6 +194,27 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--node", help="node id (default: host name)")
     p.add_argument("--no-gpu", action="store_true", help="host counters only")
     p.add_argument("--once", action="store_true", help="one round of samples, then exit")
+    p.add_argument(
+        "--relay",
+        default=DEFAULT_LISTEN,
+        help="node relay for the ranks: [HOST:]PORT on loopback, or off "
+        f"(default {DEFAULT_LISTEN})",
+    )
+    p.add_argument("--relay-socket", help="also take the ranks' batches on this unix socket")
+    p.add_argument(
+        "--relay-spool",
+        help="the relay's spool directory (default: the user's fleetlens spool root, /relay)",
+    )
+    p.add_argument(
+        "--relay-spool-bytes", type=int, default=1 << 30, help="spool size limit (default 1 GiB)"
+    )
+    p.add_argument(
+        "--relay-interval",
+        type=float,
+        default=0.5,
+        help="shortest interval between forwards to the server, seconds (default 0.5)",
+    )
+    p.add_argument("--relay-only", action="store_true", help="relay only; sample nothing")
     p.add_argument(
         "--selftest",
         action="store_true",

@@ -44,7 +44,7 @@ from ..store.metadata import MetadataStore
 from ..store.retention import retention_days, stored_bytes
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore, open_telemetry
-from ..wire import Batch
+from ..wire import BATCHES_CONTENT_TYPE, Batch
 from .admin import router as admin_router
 from .alerts import router as alerts_router
 from .auth import ERROR_RESPONSES, require, require_any
@@ -56,7 +56,7 @@ from .flight_recorder import router as flight_recorder_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
 from .incidents import router as incidents_router
-from .ingest import IngestFastPath, error_response, ingest_batch
+from .ingest import IngestFastPath, error_response, ingest_batch, ingest_batches
 from .leader import LeaderGauge, keep_electing, leader_of
 from .portal import router as portal_router
 from .portal_fleet import router as portal_fleet_router
@@ -331,6 +331,51 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         request: Request, scope: Annotated[Scope, Depends(require("ingest"))]
     ) -> Response:
         return await ingest_batch(request, scope)  # served by IngestFastPath in front of this
+
+    @app.post(
+        "/v1/ingest/batches",
+        summary="Ingest many batches in one request (a node relay's), each on its own",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    BATCHES_CONTENT_TYPE: {
+                        "schema": {
+                            "type": "array",
+                            "description": "MessagePack array of frames, each one batch as "
+                            "its sender encoded it",
+                            "items": {
+                                "type": "object",
+                                "required": ["body"],
+                                "properties": {
+                                    "body": {"type": "string", "format": "binary"},
+                                    "type": {"type": "string", "default": "application/msgpack"},
+                                    "encoding": {"type": "string", "default": ""},
+                                },
+                            },
+                        }
+                    }
+                },
+            }
+        },
+        responses={
+            **ERROR_RESPONSES,
+            200: {
+                "description": "Every frame answered in `results`, in order: `status` 200 "
+                "(stored durably, or already stored) with `batchId`, `rows`, `rejected`; a 4xx "
+                "with `error` and `field` for a bad batch, refused alone; 429 for frames past "
+                "the request's row budget (send them again). `flushS`: the sender's interval"
+            },
+            400: {"description": "Not an array of batch frames; nothing stored"},
+            413: {"description": "Request over the size limit; nothing stored"},
+            429: {"description": "Queue full or tenant over its rate; retry after Retry-After"},
+            503: {"description": "Store unavailable; nothing acknowledged; retry"},
+        },
+    )
+    async def ingest_many(
+        request: Request, scope: Annotated[Scope, Depends(require("ingest"))]
+    ) -> Response:
+        return await ingest_batches(request, scope)  # served by IngestFastPath in front of this
 
     @app.get("/healthz", summary="Liveness, and whether this server leads (several servers)")
     async def healthz(request: Request) -> dict[str, Any]:

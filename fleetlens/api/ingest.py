@@ -1,4 +1,5 @@
-"""``POST /v1/ingest``: the collector's front door, the busiest route of the server.
+"""``POST /v1/ingest`` (and ``/v1/ingest/batches``): the collector's front door, the busiest
+route of the server.
 
 Every rank of every job calls it once per flush, so it is served by a pure ASGI path
 (:class:`IngestFastPath`, in front of the framework's routing and dependency solving, which cost
@@ -7,6 +8,8 @@ OpenAPI document and calls the same :func:`ingest_batch`. The order is the guara
 quotas before the body is read, the body bounded while it arrives, the batch validated alone
 (a bad one is refused naming its field), then stored by group commit and acknowledged once
 durable, with the flush interval the server asks of its sender (:mod:`fleetlens.collector.pacing`).
+``POST /v1/ingest/batches`` is the same for many batches in one request (a node relay's,
+:mod:`fleetlens.agent.relay`): each validated, refused and acknowledged on its own.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Send
 from starlette.types import Scope as AsgiScope
 
+from ..collector.decode import decode_frames
+from ..collector.ingest import Prepared
 from ..errors import BatchTooLarge, WireError, http_status
 from ..store.scope import Scope
+from ..wire import BatchFrame
 from .auth import caller
 from .bodies import BodyBudget, BodyRefused, drain, read_body
 
-__all__ = ["IngestFastPath", "error_response", "float_header", "ingest_batch"]
+__all__ = ["IngestFastPath", "error_response", "float_header", "ingest_batch", "ingest_batches"]
 
 
 def error_response(
@@ -57,17 +63,20 @@ def float_header(value: str | None) -> float | None:
         return None
 
 
-async def ingest_batch(request: Request, scope: Scope) -> Response:
-    """Store one batch for the caller's tenant (and project), or say why not."""
+async def _receive(request: Request, scope: Scope) -> bytes | Response:
+    """The body of an ingest request, or the refusal to answer instead.
+
+    Limits and quotas come before the body is read and the body is bounded while it arrives;
+    the body returned holds a slot of the ingest queue and its bytes of the memory budget, which
+    the caller gives back with :func:`_release`.
+    """
     svc: Any = request.app.state.services
-    received_at = time.time()
     limit = svc.config.collector.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         svc.batches.labels("too_large").inc()
         await drain(request)
         return error_response(413, f"body is {declared} bytes; the limit is {limit}", None)
-    # -- body reading and the queue slot ------------------------------------------------
     # A chunked body (no Content-Length) is charged to the rate, the memory budget and the
     # queue by what actually arrives, after it arrived (fleetlens/api/bodies.py).
     known = int(declared) if declared is not None and declared.isdigit() else None
@@ -109,7 +118,44 @@ async def ingest_batch(request: Request, scope: Scope) -> Response:
         budget.give(nbytes)
         svc.batches.labels("throttled").inc()
         return error_response(429, "ingest queue is full; retry later", None, retry_after=1)
-    # -- end of body reading and the queue slot (released in the finally below) ----------
+    return body
+
+
+async def _release(request: Request, nbytes: int) -> None:
+    """Give back the queue slot and the memory :func:`_receive` took."""
+    await request.app.state.services.queue.release(nbytes)
+    request.app.state.body_budget.give(nbytes)
+
+
+def _stored(svc: Any, tenant: str, nbytes: int, result: Any) -> dict[str, Any]:
+    """Count a stored batch and say so: ``batchId``, ``rows`` per kind, and the rows refused
+    alone and the clock skew when there were any."""
+    svc.batches.labels("stored").inc()
+    svc.ingested_bytes[tenant] = svc.ingested_bytes.get(tenant, 0) + nbytes
+    for kind, n in result.rows.items():
+        svc.rows.labels(kind).inc(n)
+    answer: dict[str, Any] = {"batchId": result.batch_id, "rows": result.rows, "status": "stored"}
+    if result.rejected:  # the rows that broke a rule were refused alone, the rest stored
+        answer.update(rejected=result.rejected, errors=result.errors)
+    if result.skew_s:
+        answer.update(clockSkewS=round(result.skew_s, 3), timeShiftS=round(result.shift_s, 3))
+    return answer
+
+
+def _paced(request: Request) -> float:
+    """Count this request's sender and answer the flush interval it should use."""
+    svc: Any = request.app.state.services
+    svc.pacer.observe(float_header(request.headers.get("x-fleetlens-flush-s")))
+    return float(svc.pacer.advise(svc.queue.requests / svc.queue.max_requests))
+
+
+async def ingest_batch(request: Request, scope: Scope) -> Response:
+    """Store one batch for the caller's tenant (and project), or say why not."""
+    svc: Any = request.app.state.services
+    received_at = time.time()
+    body = await _receive(request, scope)
+    if isinstance(body, Response):
+        return body
     loop = asyncio.get_running_loop()
     try:
         try:
@@ -133,29 +179,96 @@ async def ingest_batch(request: Request, scope: Scope) -> Response:
         # Durable once the group insert holding it returned (fleetlens/collector/commit.py).
         await asyncio.wrap_future(svc.ingestor.store(prepared))
     finally:
-        await svc.queue.release(nbytes)
-        budget.give(nbytes)
+        await _release(request, len(body))
     result = await loop.run_in_executor(svc.ingestor.pool, svc.ingestor.finish, prepared)
-    svc.batches.labels("stored").inc()
-    svc.ingested_bytes[scope.tenant] = svc.ingested_bytes.get(scope.tenant, 0) + len(body)
-    for kind, n in result.rows.items():
-        svc.rows.labels(kind).inc(n)
-    svc.pacer.observe(float_header(request.headers.get("x-fleetlens-flush-s")))
-    answer: dict[str, Any] = {
-        "batchId": result.batch_id,
-        "rows": result.rows,
-        "status": "stored",
-        "flushS": svc.pacer.advise(svc.queue.requests / svc.queue.max_requests),
-    }
-    if result.rejected:  # the rows that broke a rule were refused alone, the rest stored
-        answer.update(rejected=result.rejected, errors=result.errors)
-    if result.skew_s:
-        answer.update(clockSkewS=round(result.skew_s, 3), timeShiftS=round(result.shift_s, 3))
+    answer = _stored(svc, scope.tenant, len(body), result)
+    answer["flushS"] = _paced(request)
     return JSONResponse(answer)
 
 
+async def ingest_batches(request: Request, scope: Scope) -> Response:
+    """Store many senders' batches sent as one request (a node relay's), each on its own.
+
+    The envelope is refused whole (400) only when it is not an array of batch frames; then every
+    frame is decoded and validated alone and answered in ``results``, in order: ``status`` 200
+    with what :func:`ingest_batch` answers, a 4xx naming the field of a bad batch (the others
+    are stored), or 429 for frames past the request's row budget (send them again). The good
+    ones are stored by one group-commit request and the answer comes once they are durable. A
+    retry of the whole request (the relay crashed before it read the answer) stores nothing
+    twice: every batch is keyed like a batch sent alone (:func:`fleetlens.collector.ledger.
+    batch_key`). The request counts as one sender for pacing: ``flushS`` is the relay's.
+    """
+    svc: Any = request.app.state.services
+    received_at = time.time()
+    body = await _receive(request, scope)
+    if isinstance(body, Response):
+        return body
+    loop = asyncio.get_running_loop()
+    ingestor = svc.ingestor
+    try:
+        try:
+            frames, prepared = await loop.run_in_executor(
+                ingestor.pool,
+                functools.partial(
+                    _prepare_frames,
+                    ingestor,
+                    body,
+                    request.headers.get("content-encoding", ""),
+                    scope,
+                    received_at,
+                    float_header(request.headers.get("x-fleetlens-sent-at")),
+                ),
+            )
+        except WireError as exc:
+            svc.batches.labels("rejected").inc()
+            return error_response(400, str(exc), exc.field)
+        good = [p for p in prepared if isinstance(p, Prepared)]
+        await asyncio.wrap_future(ingestor.store_many(good))
+    finally:
+        await _release(request, len(body))
+    finished = iter(await loop.run_in_executor(ingestor.pool, _finish_all, ingestor, good))
+    results: list[dict[str, Any]] = []
+    for frame, p in zip(frames, prepared, strict=True):
+        if isinstance(p, Prepared):
+            stored = _stored(svc, scope.tenant, len(frame.body), next(finished))
+            results.append({**stored, "status": 200})
+        elif p is None:
+            svc.batches.labels("throttled").inc()
+            results.append({"status": 429, "error": "over the request's row budget; send again"})
+        else:
+            svc.batches.labels("too_large" if isinstance(p, BatchTooLarge) else "rejected").inc()
+            results.append({"status": http_status(p), "error": str(p), "field": p.field})
+    return JSONResponse({"results": results, "flushS": _paced(request)})
+
+
+def _prepare_frames(
+    ingestor: Any,
+    body: bytes,
+    encoding: str,
+    scope: Scope,
+    received_at: float,
+    transmitted_at: float | None,
+) -> tuple[list[BatchFrame], list[Any]]:
+    """The envelope's frames and each one prepared (off the event loop: the envelope is copied
+    out frame by frame)."""
+    frames = decode_frames(body, encoding)
+    prepared = ingestor.prepare_frames(
+        frames, scope.tenant, scope.project or None,
+        received_at=received_at, transmitted_at=transmitted_at,
+    )  # fmt: skip
+    return frames, prepared
+
+
+def _finish_all(ingestor: Any, prepared: list[Prepared]) -> list[Any]:
+    return [ingestor.finish(p) for p in prepared]
+
+
+_FAST_PATHS = {"/v1/ingest": ingest_batch, "/v1/ingest/batches": ingest_batches}
+
+
 class IngestFastPath:
-    """``POST /v1/ingest`` straight to :func:`ingest_batch`; every other request to the app.
+    """``POST /v1/ingest`` straight to :func:`ingest_batch` (``/v1/ingest/batches`` to
+    :func:`ingest_batches`); every other request to the app.
 
     It sits inside the app's error middleware, so an unexpected error is still a 500 from the
     app; authentication and its 401/403 answers are the same as the route's dependency."""
@@ -164,7 +277,8 @@ class IngestFastPath:
         self.app = app
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/ingest" or scope["method"] != "POST":
+        handler = _FAST_PATHS.get(scope["path"]) if scope["type"] == "http" else None
+        if handler is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
@@ -172,7 +286,7 @@ class IngestFastPath:
             who = await caller(request)
             if not who.can("ingest"):
                 raise HTTPException(403, f"role {who.role!r} may not ingest")
-            response = await ingest_batch(request, who)
+            response = await handler(request, who)
         except HTTPException as exc:
             response = JSONResponse(
                 {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers

@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import BatchTooLarge, UnsupportedVersion, WireError
 from ..schema import CTX_KEYS, DTYPES, KINDS, WIRE_VERSION, RecordKind
 from ..store.batch import Col, DecodedBatch, StringColumn
-from ..wire import Batch, DictColumn
+from ..wire import Batch, BatchFrame, DictColumn
 from .rows import NAME_RULE, TIME_COLUMNS, DecodeLimits, Rules
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "DecodedBatch",
     "StringColumn",
     "decode_batch",
+    "decode_frames",
 ]
 
 _BATCH_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/+=-]{0,127}$")
@@ -380,3 +381,32 @@ def _codes(raw: bytes | memoryview | list[int], where: str) -> np.ndarray[Any, n
         return np.asarray(raw, dtype=np.int32)
     except (OverflowError, ValueError, TypeError) as exc:
         raise WireError(f"{where}.codes must be non-negative integers", where) from exc
+
+
+MAX_FRAMES = 4096
+"""Batches in one multi-batch request (a relay sends far fewer: 256 by default)."""
+_FRAMES = msgspec.msgpack.Decoder(list[BatchFrame])
+
+
+def decode_frames(body: bytes, content_encoding: str = "") -> list[BatchFrame]:
+    """The batches of a multi-batch request (:data:`fleetlens.wire.BATCHES_CONTENT_TYPE`).
+
+    Only the envelope is checked here (each frame is decoded and validated on its own by
+    :meth:`fleetlens.collector.ingest.Ingestor.prepare_frames`); raises :class:`WireError`
+    naming what is wrong with it.
+    """
+    if content_encoding.strip().lower() not in ("", "identity"):
+        raise WireError(
+            f"Content-Encoding {content_encoding!r} on a multi-batch request; send it "
+            "uncompressed: each batch carries its own encoding",
+            "Content-Encoding",
+        )
+    try:
+        frames = _FRAMES.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise WireError(f"not a MessagePack array of batch frames: {exc}", "frames") from exc
+    if not frames:
+        raise WireError("a multi-batch request holds no batch", "frames")
+    if len(frames) > MAX_FRAMES:
+        raise WireError(f"{len(frames)} batches in one request; at most {MAX_FRAMES}", "frames")
+    return frames

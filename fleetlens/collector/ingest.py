@@ -35,12 +35,13 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from sqlalchemy import select
 
-from ..errors import FleetlensError
+from ..errors import FleetlensError, WireError
 from ..schema import KINDS
 from ..store.metadata import MetadataStore
 from ..store.models import Job
 from ..store.scoped import all_tenants
 from ..store.telemetry import Part, TelemetryStore, batch_tables, slice_columns
+from ..wire import BatchFrame
 from .commit import GroupCommitter
 from .decode import DecodedBatch, DecodeLimits, StringColumn, decode_batch
 from .ledger import Ledger, batch_key
@@ -245,28 +246,66 @@ class Ingestor:
             ctx["project"] = project
         return Prepared(batch, ctx, t0)
 
+    def prepare_frames(
+        self,
+        frames: list[BatchFrame],
+        tenant: str,
+        project: str | None = None,
+        *,
+        received_at: float | None = None,
+        transmitted_at: float | None = None,
+    ) -> list[Prepared | WireError | None]:
+        """:meth:`prepare` each batch of a multi-batch request on its own: a bad one is its
+        :class:`WireError` in the answer and the others are unaffected. The rows held at once
+        are bounded like one request's (``max_rows``): the frames past it are None, "send again",
+        and are not decoded."""
+        out: list[Prepared | WireError | None] = []
+        rows = 0
+        for frame in frames:
+            if rows >= self.limits.max_rows:
+                out.append(None)
+                continue
+            try:
+                prepared = self.prepare(
+                    frame.body, frame.type, frame.encoding, tenant, project,
+                    received_at=received_at, transmitted_at=transmitted_at,
+                )  # fmt: skip
+            except WireError as exc:
+                out.append(exc)
+                continue
+            rows += prepared.batch.rows
+            out.append(prepared)
+        return out
+
     def store(self, prepared: Prepared) -> Future[None]:
         """Store a prepared batch; the future resolves once every row of it is durable."""
-        batch, ctx = prepared.batch, prepared.ctx
+        return self.store_many([prepared])
+
+    def store_many(self, prepared: list[Prepared]) -> Future[None]:
+        """Store prepared batches together (one group-commit request); the future resolves once
+        every row of every one is durable."""
         if self.committer is not None:
             pieces: list[tuple[str, Part]] = []
             size = self.committer.max_rows
-            for kind, (n, cols) in batch.tables.items():
-                # A table larger than one atomic insert goes in fixed slices, each its own key:
-                # the slicing is the same on a retry, so each slice is stored once.
-                for i, start in enumerate(range(0, n, size)):
-                    digest = batch.digests[kind] + (f"#{i}" if i else "")
-                    key = batch_key(ctx, batch.batch_id, kind, digest)
-                    part = cols if n <= size else slice_columns(cols, start, start + size)
-                    pieces.append((kind, (ctx, part, min(size, n - start), key)))
+            for p in prepared:
+                batch, ctx = p.batch, p.ctx
+                for kind, (n, cols) in batch.tables.items():
+                    # A table larger than one atomic insert goes in fixed slices, each its own
+                    # key: the slicing is the same on a retry, so each slice is stored once.
+                    for i, start in enumerate(range(0, n, size)):
+                        digest = batch.digests[kind] + (f"#{i}" if i else "")
+                        key = batch_key(ctx, batch.batch_id, kind, digest)
+                        part = cols if n <= size else slice_columns(cols, start, start + size)
+                        pieces.append((kind, (ctx, part, min(size, n - start), key)))
             return self.committer.submit(pieces)
         done: Future[None] = Future()
-        tables = {k: t for k, t in batch_tables(batch).items() if t.num_rows}
         try:
             with self._slots:
-                for kind, table in tables.items():
-                    token = f"{batch.batch_id}#{batch.digests[kind]}"
-                    self.telemetry.insert(kind, table, ctx, token)
+                for p in prepared:
+                    tables = {k: t for k, t in batch_tables(p.batch).items() if t.num_rows}
+                    for kind, table in tables.items():
+                        token = f"{p.batch.batch_id}#{p.batch.digests[kind]}"
+                        self.telemetry.insert(kind, table, p.ctx, token)
         except Exception as exc:
             done.set_exception(exc)
         else:

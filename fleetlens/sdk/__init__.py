@@ -2,7 +2,8 @@
 
 Layout: ``config`` resolves settings, ``buffer`` is the bounded hand-off between threads,
 ``spans`` times steps/phases/checkpoints, ``exporter`` batches and sends in the background,
-``tables`` encodes, ``transport`` speaks HTTP, ``spool`` keeps what the collector did not take.
+``tables`` encodes, ``transport`` speaks HTTP, ``route`` picks the node's relay or the server,
+``spool`` keeps what the collector did not take.
 Only the standard library and msgspec are imported, because this goes into every training image.
 """
 

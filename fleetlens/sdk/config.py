@@ -34,6 +34,8 @@ class SDKConfig:
     """Everything the SDK needs; build it with :meth:`resolve` rather than by hand."""
 
     server: str = "http://127.0.0.1:8480"
+    # The node relay: a URL or unix:PATH, "off", or "" to use one found at init (sdk/route.py).
+    relay: str = ""
     token: str | None = None
     tenant: str = "default"
     project: str = "default"
@@ -88,6 +90,7 @@ _FIELDS = {f.name for f in dataclasses.fields(SDKConfig)}
 # FLEETLENS_* variable -> field, for the plain string settings.
 _ENV_STR = {
     "FLEETLENS_SERVER": "server",
+    "FLEETLENS_RELAY": "relay",
     "FLEETLENS_TOKEN": "token",
     "FLEETLENS_TENANT": "tenant",
     "FLEETLENS_PROJECT": "project",
@@ -266,6 +269,16 @@ def _validate(cfg: SDKConfig) -> None:
             f"server={cfg.server!r} is not an http(s) URL; set FLEETLENS_SERVER or server= "
             "to e.g. http://collector:8480"
         )
+    relay = cfg.relay.strip()
+    if relay and relay.lower() not in _FALSE | {"off", "none"}:
+        url = urllib.parse.urlsplit(relay)
+        ok = relay.startswith("unix:/") or (url.scheme in ("http", "https") and url.hostname)
+        if not ok:
+            raise ConfigError(
+                f"relay={cfg.relay!r} is neither an http(s) URL nor unix:/PATH; set "
+                "FLEETLENS_RELAY to e.g. http://127.0.0.1:7787, unix:/run/fleetlens/relay.sock "
+                "or off"
+            )
     positive = {
         "flush_interval": cfg.flush_interval,
         "send_timeout": cfg.send_timeout,

@@ -260,6 +260,7 @@ class Exporter:
             "X-Fleetlens-Batch-Id": bid,
             "X-Fleetlens-Sent-At": f"{time.time():.3f}",
             "X-Fleetlens-Flush-S": f"{self.interval:.3f}",
+            "X-Fleetlens-Priority": str(prio),  # a relay spools and evicts by it
         }
         if body[:2] == _GZIP_MAGIC:
             headers["Content-Encoding"] = "gzip"

@@ -17,9 +17,10 @@ from ..schema import KINDS
 from .buffer import SAMPLE, RecordBuffer
 from .config import SDKConfig
 from .exporter import Exporter
+from .route import open_transport
 from .spool import Spool, default_spool_root
 from .tables import Identity
-from .transport import HttpTransport, Transport
+from .transport import Transport
 
 __all__ = ["Recorder"]
 
@@ -30,7 +31,7 @@ class Recorder:
         self.config = dataclasses.replace(cfg, run_id="", job_id="", spool_dir=spool)
         self._buffer = RecordBuffer(self.config.buffer_caps)
         self._spool = Spool(spool, self.config.spool_max_bytes)
-        self._transport = transport or HttpTransport(cfg.server, cfg.token, cfg.send_timeout)
+        self._transport = transport or open_transport(self.config)[0]
         self._exporter = Exporter(
             self.config,
             self._buffer,

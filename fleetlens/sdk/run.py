@@ -25,10 +25,11 @@ from ..schema import EVENT_KINDS, P0_EVENT_KINDS
 from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, RecordBuffer
 from .config import SDKConfig
 from .exporter import Exporter
+from .route import open_transport
 from .spans import PHASES, Checkpoint, Phase, Step
 from .spool import Spool
 from .tables import Identity
-from .transport import HttpTransport, Transport
+from .transport import Transport
 
 __all__ = ["NullRun", "Run", "init"]
 
@@ -65,7 +66,10 @@ class Run:
         self._finished = False
         self._errors = 0
         self._spool = Spool(cfg.spool_dir, cfg.spool_max_bytes)
-        self._transport = transport or HttpTransport(cfg.server, cfg.token, cfg.send_timeout)
+        self.relay: str | None = None  # the node relay batches go through, if any
+        if transport is None:
+            transport, self.relay = open_transport(cfg)
+        self._transport = transport
         self._exporter = Exporter(
             cfg,
             self._buffer,
@@ -217,6 +221,7 @@ class Run:
             out["spool_foreign_files"] = self._spool.foreign_files
             out["internal_errors"] += self._errors
             out["exporter_alive"] = self._exporter.alive
+            out["relay"] = self.relay or ""
             return out
         except Exception:
             self._internal_error()

@@ -23,6 +23,7 @@ moved aside to ``quarantine/`` (:meth:`Spool.quarantine`), so it never blocks th
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import stat
@@ -66,6 +67,15 @@ def default_spool_root() -> str:
     return os.path.join(tempfile.gettempdir(), f"fleetlens-spool-{os.geteuid()}")
 
 
+def _fsync_dir(path: str) -> None:
+    """Make a rename in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _own_file(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
@@ -99,11 +109,16 @@ def _parse(name: str, size: int) -> SpoolEntry | None:
 
 
 class Spool:
-    """A directory of batches, oldest first, at most ``max_bytes`` in total."""
+    """A directory of batches, oldest first, at most ``max_bytes`` in total.
 
-    def __init__(self, directory: str, max_bytes: int) -> None:
+    With ``fsync`` a batch is on disk when :meth:`put` returns (file and directory entry
+    fsync'd), for an owner that acknowledges it to someone else (a node relay); the SDK's own
+    spool does without, since its batches are not acknowledged to anybody yet."""
+
+    def __init__(self, directory: str, max_bytes: int, *, fsync: bool = False) -> None:
         self.dir = directory
         self.max_bytes = max_bytes
+        self.fsync = fsync
         self._lock = threading.Lock()
         self._entries: list[SpoolEntry] = []
         self._bytes = 0
@@ -198,20 +213,44 @@ class Spool:
             )
             self._counter += 1
             private_dir(self.dir)
-            final = os.path.join(self.dir, entry.name)
-            tmp = final + _TMP
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
-                with open(fd, "wb") as f:
-                    f.write(body)
-                os.replace(tmp, final)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-            self._entries.append(entry)
-            self._bytes += size
-            return True
+            self._bytes += size  # held while it is written, so a concurrent put evicts for it
+            if not self.fsync:
+                try:
+                    self._write(entry, body)
+                except OSError:
+                    self._bytes -= size
+                    raise
+                self._entries.append(entry)
+                return True
+        # Durable writes happen outside the lock: concurrent writers' fsyncs then share the
+        # file system's journal commits instead of waiting for each other's.
+        try:
+            self._write(entry, body)
+        except OSError:
+            with self._lock:
+                self._bytes -= size
+            raise
+        with self._lock:
+            bisect.insort(self._entries, entry)
+        return True
+
+    def _write(self, entry: SpoolEntry, body: bytes) -> None:
+        final = os.path.join(self.dir, entry.name)
+        tmp = final + _TMP
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+            with open(fd, "wb") as f:
+                f.write(body)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, final)
+            if self.fsync:
+                _fsync_dir(self.dir)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def _victim(self, priority: int) -> SpoolEntry | None:
         """The oldest batch of the lowest class strictly below ``priority``."""

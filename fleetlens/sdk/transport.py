@@ -8,6 +8,10 @@ Server contract: 200/201/202 means the batch is durable. 429 or 503 means "later
 ``Retry-After`` in seconds, and so does 408 (the body took too long to arrive: a slow link, not a
 bad batch). Any other 4xx means the batch itself is bad and retrying cannot help
 (``permanent=True``). 5xx, connection errors and timeouts are retryable.
+
+The collector may be the node's relay (``fleetlens agent``, :mod:`fleetlens.agent.relay`), at a
+loopback URL or a unix socket (``unix:/run/fleetlens/relay.sock``): it answers the same way once
+the batch is durable in its spool.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import socket
 import urllib.parse
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..errors import ConfigError, TransportError
 
-__all__ = ["Ack", "HttpTransport", "Transport"]
+__all__ = ["Ack", "HttpTransport", "Transport", "UnixHTTPConnection"]
 
 _ACK = frozenset({200, 201, 202})
 _LATER = frozenset({408, 429, 503})
@@ -70,22 +75,51 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, seconds)
 
 
-class HttpTransport:
-    """POST ``{server}/v1/ingest`` over one keep-alive connection, reopened after any error."""
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix stream socket (a node relay's)."""
 
-    def __init__(self, server: str, token: str | None = None, timeout: float = 5.0) -> None:
-        url = urllib.parse.urlsplit(server)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ConfigError(f"server {server!r} is not an http(s) URL")
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.unix_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class HttpTransport:
+    """POST ``{server}/v1/ingest`` over one keep-alive connection, reopened after any error.
+
+    ``server`` is an http(s) URL or ``unix:PATH`` (a relay's socket); ``path`` the route."""
+
+    def __init__(
+        self,
+        server: str,
+        token: str | None = None,
+        timeout: float = 5.0,
+        path: str = "/v1/ingest",
+    ) -> None:
+        self._unix = server[5:] if server.startswith("unix:") else None
+        url = urllib.parse.urlsplit("http://localhost" if self._unix else server)
+        if self._unix == "" or url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigError(f"server {server!r} is not an http(s) URL nor unix:PATH")
         self._https = url.scheme == "https"
         self._host = url.hostname
         self._port = url.port
-        self._path = url.path.rstrip("/") + "/v1/ingest"
+        self._path = url.path.rstrip("/") + path
         self._timeout = timeout
         self._auth = f"Bearer {token}" if token else None
         self._conn: http.client.HTTPConnection | None = None
 
     def _connect(self) -> http.client.HTTPConnection:
+        if self._unix is not None:
+            return UnixHTTPConnection(self._unix, self._timeout)
         if self._https:
             return http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout)
         return http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
@@ -96,6 +130,18 @@ class HttpTransport:
             self._conn = None
 
     def send(self, body: bytes, headers: dict[str, str]) -> Ack | None:
+        status, reason, retry_after, answer = self.post(body, headers)
+        if status in _ACK:
+            return _ack(answer)
+        if status in _LATER:
+            raise TransportError(f"collector busy: {status} {reason}", retry_after=retry_after)
+        if 400 <= status < 500:
+            raise TransportError(f"collector refused the batch: {status} {reason}", permanent=True)
+        raise TransportError(f"collector error: {status} {reason}")
+
+    def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None, bytes]:
+        """POST ``body``: (status, reason, Retry-After seconds, answer); raises
+        :class:`TransportError` only when the collector cannot be reached."""
         hdrs = dict(headers)
         if self._auth:
             hdrs["Authorization"] = self._auth
@@ -104,23 +150,16 @@ class HttpTransport:
         # id makes the retry harmless if the first attempt did arrive.
         reused = self._conn is not None
         try:
-            status, reason, retry_after, answer = self._post(body, hdrs)
+            return self._post(body, hdrs)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             if not reused or isinstance(exc, TimeoutError):
                 raise TransportError(f"cannot reach collector: {exc!r}") from exc
             try:
-                status, reason, retry_after, answer = self._post(body, hdrs)
+                return self._post(body, hdrs)
             except (OSError, http.client.HTTPException) as exc2:
                 self.close()
                 raise TransportError(f"cannot reach collector: {exc2!r}") from exc2
-        if status in _ACK:
-            return _ack(answer)
-        if status in _LATER:
-            raise TransportError(f"collector busy: {status} {reason}", retry_after=retry_after)
-        if 400 <= status < 500:
-            raise TransportError(f"collector refused the batch: {status} {reason}", permanent=True)
-        raise TransportError(f"collector error: {status} {reason}")
 
     def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None, bytes]:
         if self._conn is None:

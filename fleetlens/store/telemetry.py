@@ -122,25 +122,29 @@ def merged_table(kind_name: str, parts: list[Part]) -> pa.Table:
         first = parts[0][1][col.name]
         arr: pa.Array
         if isinstance(first, StringColumn):
-            # One dictionary for all the parts, each word once (the engine refuses a
-            # dictionary with a word twice, as two batches' dictionaries, or a careless
-            # client's, would give): each part's codes are mapped into it.
+            # One dictionary for all: the batches' dictionaries share words (every rank's
+            # placement names the same node), and the engine refuses a dictionary with a word
+            # twice in it.
             strings = [cast(StringColumn, cols[col.name]) for _, cols, _, _ in parts]
             words: dict[str, int] = {}
-            codes = np.concatenate([
-                np.fromiter((words.setdefault(w, len(words)) for w in v.dictionary), np.int32,
-                            len(v.dictionary))[v.codes]
-                for v in strings
-            ])  # fmt: skip
+            codes = np.concatenate(
+                [
+                    np.fromiter(
+                        (words.setdefault(w, len(words)) for w in v.dictionary),
+                        np.int32,
+                        len(v.dictionary),
+                    )[v.codes]
+                    if len(v.dictionary)
+                    else v.codes.astype(np.int32)
+                    for v in strings
+                ]
+            )
             arr = pa.DictionaryArray.from_arrays(codes, pa.array(list(words), pa.string()))
             if not col.low_cardinality:
                 arr = arr.dictionary_decode()
         else:
             numbers = [cast(np.ndarray, cols[col.name]) for _, cols, _, _ in parts]
-            merged = np.concatenate(numbers) if len(numbers) > 1 else cast(np.ndarray, first)
-            if merged.ctypes.data % merged.dtype.itemsize:  # a view at an odd place in a body
-                merged = merged.copy()
-            arr = pa.array(merged)
+            arr = pa.array(np.concatenate(numbers) if len(numbers) > 1 else first)
         arrays.append(arr)
         names.append(col.name)
     keys = np.fromiter((k for _, _, _, k in parts), np.uint64, len(parts))
