@@ -24,6 +24,37 @@ def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
+def test_a_run_described_by_two_writers_at_once_is_described_once(
+    metadata_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ranks of a job start together and each one's job_start describes the run: the second
+    # writer to create its row lost the race on the unique key, and its batch got a 500.
+    import fleetlens.store.graph_lineage as lineage
+    from fleetlens.store.graph_models import RunExtra
+
+    meta = MetadataStore(metadata_url)
+    try:
+        meta.observe("acme", "r1", job_id="j1", project="llm", first=1.0, last=2.0)
+        original, raced = lineage._extra, []
+
+        def racing(s, tenant, run_id):  # type: ignore[no-untyped-def]
+            extra = original(s, tenant, run_id)
+            if not raced:  # another rank's request creates the row before this one commits
+                raced.append(True)
+                with meta.session() as other:
+                    other.add(RunExtra(tenant=tenant, run_id=run_id, code={},
+                                       environment={"hostname": "n1"}, updated_at=0.0))  # fmt: skip
+            return extra
+
+        monkeypatch.setattr(lineage, "_extra", racing)
+        GraphStore(meta).describe_run(A, "r1", code="abc123", environment={"python": "3.11"})
+        lin = GraphStore(meta).run_lineage(A, "r1")
+        assert raced and lin["code"] == {"commit": "abc123"}
+        assert lin["environment"] == {"hostname": "n1", "python": "3.11"}
+    finally:
+        meta.close()
+
+
 def test_lineage_round_trip_model_to_checkpoint_to_run_to_dataset(
     metadata_url: str, tmp_path: Path
 ) -> None:

@@ -14,6 +14,7 @@ from .graph_files import verify as verify_files
 from .graph_models import Checkpoint, DatasetVersion, ModelVersion, RunExtra
 from .graph_runs import GraphPart, checkpoint_json, checkpoint_row, run_row
 from .graph_versions import model_json, model_version
+from .metadata import retry_conflicts
 from .models import Job
 from .scope import Scope
 from .scoped import scoped
@@ -44,25 +45,29 @@ class Lineage(GraphPart):
     ) -> dict[str, Any]:
         """Record what the run was made of (what the SDK did not see, or an imported run's)."""
         ds = dataset_ref(dataset) if dataset is not None else None
-        with self._session() as s:
-            run = run_row(s, scope, run_id)
-            if config is not None:
-                run.config = dict(config)
-            if experiment_id:
-                run.experiment_id = experiment_id
-                ensure_experiment(s, scope.tenant, run.project, experiment_id)
-            extra = _extra(s, scope.tenant, run_id)
-            if code is not None:
-                extra.code = {"commit": code} if isinstance(code, str) else dict(code)
-            if ds is not None:
-                extra.dataset_name, extra.dataset_version = ds["name"], ds["version"]
-                if ds.get("content_hash") or ds.get("shards"):
-                    upsert_dataset(s, scope.tenant, run.project, ds)
-            if launch_command is not None:
-                extra.launch_command = launch_command
-            if environment is not None:
-                extra.environment = {**(extra.environment or {}), **environment}
-            extra.updated_at = time.time()
+
+        def write() -> None:  # the ranks of a job starting together all describe it
+            with self._session() as s:
+                run = run_row(s, scope, run_id)
+                if config is not None:
+                    run.config = dict(config)
+                if experiment_id:
+                    run.experiment_id = experiment_id
+                    ensure_experiment(s, scope.tenant, run.project, experiment_id)
+                extra = _extra(s, scope.tenant, run_id)
+                if code is not None:
+                    extra.code = {"commit": code} if isinstance(code, str) else dict(code)
+                if ds is not None:
+                    extra.dataset_name, extra.dataset_version = ds["name"], ds["version"]
+                    if ds.get("content_hash") or ds.get("shards"):
+                        upsert_dataset(s, scope.tenant, run.project, ds)
+                if launch_command is not None:
+                    extra.launch_command = launch_command
+                if environment is not None:
+                    extra.environment = {**(extra.environment or {}), **environment}
+                extra.updated_at = time.time()
+
+        retry_conflicts(write)
         return self.run_lineage(scope, run_id)
 
     def run_lineage(self, scope: Scope, run_id: str) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -27,7 +27,9 @@ from .models import Job, Run
 from .scope import Scope
 from .scoped import all_tenants, scoped
 
-__all__ = ["MetadataStore", "RunInfo", "run_status"]
+__all__ = ["MetadataStore", "RunInfo", "retry_conflicts", "run_status"]
+
+T = TypeVar("T")
 
 STALE_AFTER_S = 300.0
 """A run with no data for this long is reported STALLED rather than RUNNING."""
@@ -64,6 +66,19 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA busy_timeout=10000")
     cur.close()
+
+
+def retry_conflicts(work: Callable[[], T], attempts: int = 3) -> T:
+    """Run ``work``, a unit of work that creates a row when it is missing, again when another
+    writer created the same row first (its unique key's IntegrityError): the next try finds the
+    row and updates it. The ranks of a job starting together, or two collectors, race so."""
+    for attempt in range(attempts):
+        try:
+            return work()
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, IntegrityError) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 class MetadataStore:
@@ -126,26 +141,13 @@ class MetadataStore:
         world_size: int = 0,
     ) -> None:
         """Record that data of a run (and job attempt) covering ``first..last`` arrived."""
-        for attempt in range(3):
-            try:
-                with self.session() as s:
-                    self._observe(
-                        s,
-                        tenant,
-                        run_id,
-                        job_id,
-                        project,
-                        experiment_id,
-                        first,
-                        last,
-                        step,
-                        world_size,
-                    )
-                return
-            except StoreError as exc:
-                # Two collectors creating the same run race on the unique key: retry as update.
-                if not isinstance(exc.__cause__, IntegrityError) or attempt == 2:
-                    raise
+
+        def write() -> None:
+            with self.session() as s:
+                self._observe(s, tenant, run_id, job_id, project, experiment_id, first, last,
+                              step, world_size)  # fmt: skip
+
+        retry_conflicts(write)
 
     @staticmethod
     def _observe(

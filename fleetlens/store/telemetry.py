@@ -144,7 +144,10 @@ def merged_table(kind_name: str, parts: list[Part]) -> pa.Table:
                 arr = arr.dictionary_decode()
         else:
             numbers = [cast(np.ndarray, cols[col.name]) for _, cols, _, _ in parts]
-            arr = pa.array(np.concatenate(numbers) if len(numbers) > 1 else first)
+            merged = np.concatenate(numbers) if len(numbers) > 1 else cast(np.ndarray, first)
+            if merged.ctypes.data % merged.dtype.itemsize:  # a view at an odd place in a body
+                merged = merged.copy()
+            arr = pa.array(merged)
         arrays.append(arr)
         names.append(col.name)
     keys = np.fromiter((k for _, _, _, k in parts), np.uint64, len(parts))
