@@ -37,7 +37,6 @@ import http.server
 import json
 import logging
 import os
-import random
 import re
 import socket
 import socketserver
@@ -53,7 +52,7 @@ import msgspec
 
 from ..errors import TransportError
 from ..sdk.spool import Spool, SpoolEntry
-from ..sdk.transport import HttpTransport
+from ..sdk.transport import HttpTransport, backoff_s
 from ..wire import BATCHES_CONTENT_TYPE, BatchFrame, encode_frames
 
 __all__ = ["DEFAULT_LISTEN", "Relay", "RelayConfig"]
@@ -405,11 +404,7 @@ class Relay:
 
     def _back_off(self, retry_after: float | None) -> None:
         self._failures += 1
-        if retry_after is not None:
-            delay = retry_after
-        else:
-            cap = min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** (self._failures - 1))
-            delay = cap * (0.5 + random.random() / 2)  # relays must not retry in lockstep
+        delay = backoff_s(self._failures, self.cfg.backoff_base, self.cfg.backoff_max, retry_after)
         self._retry_at = time.monotonic() + delay
 
     def _recovered(self, flush_s: Any) -> None:

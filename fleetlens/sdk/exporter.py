@@ -26,7 +26,6 @@ counted as ``refused_rows`` from its acknowledgement.
 from __future__ import annotations
 
 import queue
-import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from .buffer import Entry, RecordBuffer
 from .config import SDKConfig
 from .spool import Spool
 from .tables import Identity, build_tables
-from .transport import Ack, Transport
+from .transport import Ack, Transport, backoff_s
 
 __all__ = ["Exporter"]
 
@@ -302,11 +301,7 @@ class Exporter:
 
     def _back_off(self, retry_after: float | None) -> None:
         self._failures += 1
-        if retry_after is not None:
-            delay = retry_after
-        else:
-            cap = min(self.cfg.backoff_max, self.cfg.backoff_base * 2 ** (self._failures - 1))
-            delay = cap * (0.5 + random.random() / 2)  # jitter: ranks must not retry in lockstep
+        delay = backoff_s(self._failures, self.cfg.backoff_base, self.cfg.backoff_max, retry_after)
         self._retry_at = time.monotonic() + delay
 
     def _to_spool(self, prio: int, bid: str, body: bytes, records: int) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import random
 import socket
 import urllib.parse
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Protocol
 
 from ..errors import ConfigError, TransportError
 
-__all__ = ["Ack", "HttpTransport", "Transport", "UnixHTTPConnection"]
+__all__ = ["Ack", "HttpTransport", "Transport", "UnixHTTPConnection", "backoff_s"]
 
 _ACK = frozenset({200, 201, 202})
 _LATER = frozenset({408, 429, 503})
@@ -63,6 +64,15 @@ def _ack(answer: bytes) -> Ack:
     if isinstance(flush, bool) or not isinstance(flush, int | float):
         return Ack(refused)
     return Ack(refused, float(flush) if math.isfinite(flush) and flush > 0 else None)
+
+
+def backoff_s(failures: int, base: float, cap: float, retry_after: float | None = None) -> float:
+    """How long to wait after ``failures`` failures in a row: what the server said
+    (``Retry-After``), else exponential from ``base`` up to ``cap``, with jitter, so that the
+    senders of a job do not all retry in lockstep."""
+    if retry_after is not None:
+        return retry_after
+    return float(min(cap, base * 2 ** (failures - 1)) * (0.5 + random.random() / 2))
 
 
 def _retry_after(value: str | None) -> float | None:

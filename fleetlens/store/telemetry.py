@@ -53,6 +53,12 @@ class TelemetryStore(Protocol):
     def close(self) -> None: ...
 
 
+def _aligned(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``values``, copied when it is a view at an odd place in a body: the engine's Arrow reader
+    warns on every insert of a misaligned buffer, and may read it slowly."""
+    return values.copy() if values.ctypes.data % values.dtype.itemsize else values
+
+
 def batch_tables(batch: DecodedBatch) -> dict[str, pa.Table]:
     """One Arrow table per record kind holding the columns the batch sent.
 
@@ -70,10 +76,10 @@ def batch_tables(batch: DecodedBatch) -> dict[str, pa.Table]:
                 continue
             if isinstance(value, StringColumn):
                 arr = pa.DictionaryArray.from_arrays(
-                    pa.array(value.codes), pa.array(value.dictionary, pa.string())
+                    pa.array(_aligned(value.codes)), pa.array(value.dictionary, pa.string())
                 ).dictionary_decode()
             else:
-                arr = pa.array(value)
+                arr = pa.array(_aligned(value))
             arrays.append(arr)
             names.append(col.name)
         out[kind_name] = pa.Table.from_arrays(arrays, names=names)
@@ -144,10 +150,7 @@ def merged_table(kind_name: str, parts: list[Part]) -> pa.Table:
                 arr = arr.dictionary_decode()
         else:
             numbers = [cast(np.ndarray, cols[col.name]) for _, cols, _, _ in parts]
-            merged = np.concatenate(numbers) if len(numbers) > 1 else cast(np.ndarray, first)
-            if merged.ctypes.data % merged.dtype.itemsize:  # a view at an odd place in a body
-                merged = merged.copy()
-            arr = pa.array(merged)
+            arr = pa.array(_aligned(np.concatenate(numbers) if len(numbers) > 1 else first))
         arrays.append(arr)
         names.append(col.name)
     keys = np.fromiter((k for _, _, _, k in parts), np.uint64, len(parts))
