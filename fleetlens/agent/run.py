@@ -206,12 +206,15 @@ def add_parser(sub: Any) -> None:
         help="the relay's spool directory (default: the user's fleetlens spool root, /relay)",
     )
     p.add_argument(
-        "--relay-spool-bytes", type=int, default=1 << 30, help="spool size limit (default 1 GiB)"
+        "--relay-spool-bytes",
+        type=int,
+        default=RelayConfig.spool_max_bytes,
+        help="spool size limit (default 1 GiB)",
     )
     p.add_argument(
         "--relay-interval",
         type=float,
-        default=0.5,
+        default=RelayConfig.interval,
         help="shortest interval between forwards to the server, seconds (default 0.5)",
     )
     p.add_argument("--relay-only", action="store_true", help="relay only; sample nothing")

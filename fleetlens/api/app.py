@@ -211,6 +211,13 @@ def _batch_json_schema() -> tuple[dict[str, Any], dict[str, Any]]:
 BATCH_JSON_SCHEMA, BATCH_COMPONENTS = _batch_json_schema()
 
 
+_BUSY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    429: {"description": "Queue full or tenant over its rate; retry after Retry-After"},
+    503: {"description": "Store unavailable; nothing acknowledged; retry"},
+}
+"""What both ingest routes answer when the server cannot take a request now."""
+
+
 def create_api(config: ServerConfig, services: Services | None = None) -> FastAPI:
     """The API alone (no portal pages); :func:`fleetlens.server.create_app` is the server."""
 
@@ -323,8 +330,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
                 "the field; nothing stored"
             },
             413: {"description": "Batch over the size or row limit; nothing stored"},
-            429: {"description": "Queue full or tenant over its rate; retry after Retry-After"},
-            503: {"description": "Store unavailable; nothing acknowledged; retry"},
+            **_BUSY_RESPONSES,
         },
     )
     async def ingest(
@@ -368,8 +374,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
             },
             400: {"description": "Not an array of batch frames; nothing stored"},
             413: {"description": "Request over the size limit; nothing stored"},
-            429: {"description": "Queue full or tenant over its rate; retry after Retry-After"},
-            503: {"description": "Store unavailable; nothing acknowledged; retry"},
+            **_BUSY_RESPONSES,
         },
     )
     async def ingest_many(

@@ -179,10 +179,15 @@ class View:
     def key_exprs(self) -> str:
         return ", ".join(e for _, e in self.keys)
 
+    @property
+    def key_select(self) -> str:
+        """The keys as a SELECT list: each expression named by its key."""
+        return ", ".join(n if e == n else f"{e} AS {n}" for n, e in self.keys)
+
     def _select(self, db: str, where: str = "") -> str:
-        keys = ", ".join(n if e == n else f"{e} AS {n}" for n, e in self.keys)
         return (
-            f"SELECT {keys}, {self.select} FROM {db}.{self.source}{where} GROUP BY {self.key_names}"
+            f"SELECT {self.key_select}, {self.select} FROM {db}.{self.source}{where} "
+            f"GROUP BY {self.key_names}"
         )
 
     def create_sql(self, layout: Layout) -> str:
@@ -194,8 +199,9 @@ class View:
 
     def groups_sql(self, db: str, batches: str) -> str:
         """The groups the rows of the batches ``batches`` (a list of keys) fall in."""
-        keys = ", ".join(f"{e} AS {n}" if e != n else n for n, e in self.keys)
-        return f"SELECT DISTINCT {keys} FROM {db}.{self.source} WHERE _batch IN ({batches})"
+        return (
+            f"SELECT DISTINCT {self.key_select} FROM {db}.{self.source} WHERE _batch IN ({batches})"
+        )
 
     def rebuild_sql(self, db: str, groups: str) -> tuple[str, str]:
         """Statements that drop the ``groups`` (a list of tuple literals) from the target and
