@@ -4,19 +4,22 @@ Every record a rank recorded is stored exactly once whatever happens between: th
 while the ranks go on (the relay spools and acknowledges, then replays), the relay SIGKILLed
 after acknowledging (its fsync'd spool is replayed by the next one), the relay replaying
 batches the server had already stored (a crash between the server's answer and the spool's
-delete), and a bad batch among good ones in one multi-batch request (refused alone).
+delete), a bad batch among good ones in one multi-batch request (refused alone), and a server
+from before the multi-batch route (each batch forwarded alone).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import http.server
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -397,3 +400,78 @@ def test_a_spool_file_that_is_not_a_relay_batch_is_set_aside(tmp_path: Path) -> 
     assert stats["unreadable"] == 1 and stats["quarantined"] == 1, stats
     assert stats["spooled_batches"] == 1 and stats["send_failures"] == 1, stats
     assert os.listdir(spool / "quarantine") == ["p2-00000000000000000001-000000-1-junk.batch"]
+
+
+class _OlderServer(http.server.ThreadingHTTPServer):
+    """A server from before ``/v1/ingest/batches``: that route answers 404, every other request
+    goes to the real server behind it as it came."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: Server) -> None:
+        self.upstream = upstream
+        self.batch_posts = 0
+        super().__init__(("127.0.0.1", 0), _OlderHandler)
+
+
+class _OlderHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _OlderServer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _relay(self, method: str) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.startswith("/v1/ingest/batches"):
+            self.server.batch_posts += 1
+            status, headers, answer = (
+                404,
+                {"Content-Type": "application/json"},
+                b'{"detail":"Not Found"}',
+            )
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.server.upstream.port, timeout=30)
+            keep = ("Content-Type", "Content-Encoding", "Authorization", "X-Fleetlens-Priority",
+                    "X-Fleetlens-Sent-At", "X-Fleetlens-Flush-S")  # fmt: skip
+            conn.request(method, self.path, body=body or None,
+                         headers={k: v for k, v in self.headers.items() if k in keep})  # fmt: skip
+            resp = conn.getresponse()
+            status, answer = resp.status, resp.read()
+            headers = {k: v for k, v in resp.getheaders() if k.lower() == "content-type"}
+            conn.close()
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def do_GET(self) -> None:
+        self._relay("GET")
+
+    def do_POST(self) -> None:
+        self._relay("POST")
+
+
+def test_a_relay_in_front_of_an_older_server_forwards_batch_by_batch(tmp_path: Path) -> None:
+    server = Server(str(tmp_path / "data")).start()
+    older = _OlderServer(server)
+    threading.Thread(target=older.serve_forever, daemon=True).start()
+    agent = Agent(f"http://127.0.0.1:{older.server_address[1]}", tmp_path / "spool",
+                  port=free_port())  # fmt: skip
+    try:
+        with running(server, agent.start()):
+            runs = _ranks(agent.url, tmp_path, "older", 2)
+            _train(runs, range(0, 40))
+            for run in runs:
+                run.finish()
+            # Batch by batch, in spool order: one rank's last batch may land after the other's.
+            done = wait_until(lambda: (s := agent.stats())["spooled_batches"] == 0 and s, 30)
+            _stored_once(server, "older", 2, 40)
+            assert done["forwarded"] == done["received"] == done["forwarded_singly"], done
+            assert done["refused"] == 0, done
+            assert older.batch_posts == 1  # tried once, then batch by batch
+    finally:
+        older.shutdown()
+        older.server_close()

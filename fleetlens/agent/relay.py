@@ -20,7 +20,10 @@ ranks, on loopback (``127.0.0.1:7787`` by default) and/or a unix socket:
    busy or failing: the batches stay, the relay backs off (Retry-After, else exponential with
    jitter) and replays them oldest first when it is back. Delivery is at-least-once; a batch the
    server stored but whose answer was lost is sent again and stored once (the collector keys
-   every batch: :func:`fleetlens.collector.ledger.batch_key`).
+   every batch: :func:`fleetlens.collector.ledger.batch_key`). A server from before
+   multi-batch requests answers that route 404: the relay then forwards each batch alone to
+   ``POST /v1/ingest``, as its rank would have, and tries the multi-batch route again every
+   :data:`_SINGLE_RETRY_S` (the server may have been upgraded).
 3. **Pacing**: the relay states its interval to the server (``X-Fleetlens-Flush-S``), follows
    the ``flushS`` it is answered (never below its own floor), and answers the ranks that same
    interval: a rank need not flush more often than its batches leave the node.
@@ -66,6 +69,7 @@ _MSGPACK = ("application/msgpack", "application/x-msgpack", "application/vnd.msg
 _JSON = ("application/json", "text/json")
 _LATER = frozenset({408, 429, 503})
 _MAX_FLUSH_S = 60.0
+_SINGLE_RETRY_S = 600.0  # how long a relay sends batch by batch after a 404 before retrying
 _FORWARD_BUDGET_S = 5.0  # one forwarding round, so a stop or a wake is never kept waiting long
 _SAFE = re.compile(r"[^A-Za-z0-9_.]")
 
@@ -160,6 +164,8 @@ class Relay:
         self.cfg = cfg
         self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, fsync=True)
         self.transport = HttpTransport(cfg.server, None, cfg.timeout, path="/v1/ingest/batches")
+        self.single = HttpTransport(cfg.server, None, cfg.timeout)  # servers without batches
+        self._single_until = 0.0  # batch by batch until then (the server answered 404)
         self.interval = cfg.interval
         self.counts: dict[str, int] = dict.fromkeys(
             (
@@ -169,6 +175,7 @@ class Relay:
                 "refused_full",  # spool full of batches as important: 503, the rank keeps it
                 "spool_errors",  # the disk failed: 503, the rank keeps it
                 "forward_requests",
+                "forwarded_singly",  # batches sent alone to /v1/ingest (an older server)
                 "forwarded",  # batches the server stored
                 "refused",  # batches the server refused as bad (4xx): dropped, counted
                 "send_failures",
@@ -230,6 +237,7 @@ class Relay:
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         self.transport.close()
+        self.single.close()
 
     def where(self) -> str:
         """Where the ranks reach this relay: its URL and/or ``unix:PATH``."""
@@ -347,6 +355,8 @@ class Relay:
 
     def _send(self, auth: str, items: list[tuple[SpoolEntry, BatchFrame]]) -> bool:
         """One request to the server; True when it answered for every batch."""
+        if time.monotonic() < self._single_until:
+            return all(self._send_alone(auth, entry, frame) for entry, frame in items)
         headers = {
             "Content-Type": BATCHES_CONTENT_TYPE,
             "X-Fleetlens-Sent-At": f"{time.time():.3f}",  # the ranks' clock: the same node's
@@ -362,8 +372,12 @@ class Relay:
         except TransportError as exc:
             self._failed(f"cannot reach {self.cfg.server}: {exc}", None)
             return False
-        if status in _LATER or status >= 500 or status in (404, 405):
-            # 404/405: a server from before multi-batch requests; nothing is dropped for it.
+        if status in (404, 405):  # a server from before multi-batch requests
+            log.warning("relay: %s has no multi-batch route (%d); forwarding batch by batch",
+                        self.cfg.server, status)  # fmt: skip
+            self._single_until = time.monotonic() + _SINGLE_RETRY_S
+            return all(self._send_alone(auth, entry, frame) for entry, frame in items)
+        if status in _LATER or status >= 500:
             self._failed(f"server answered {status} {reason}", retry_after)
             return False
         if status != 200:  # the request as a whole was refused (a bad token, too large)
@@ -389,6 +403,34 @@ class Relay:
             else:  # later: it stays spooled, first in line
                 complete = False
         return complete and len(results) >= len(items)
+
+    def _send_alone(self, auth: str, entry: SpoolEntry, frame: BatchFrame) -> bool:
+        """One batch to ``POST /v1/ingest``, as its rank would have sent it; True when the
+        server answered for it (stored, or refused as bad)."""
+        headers = {"Content-Type": frame.type, "X-Fleetlens-Sent-At": f"{time.time():.3f}",
+                   "X-Fleetlens-Flush-S": f"{self.interval:.3f}"}  # fmt: skip
+        if frame.encoding:
+            headers["Content-Encoding"] = frame.encoding
+        if auth:
+            headers["Authorization"] = auth
+        self._count("forward_requests")
+        try:
+            status, reason, retry_after, answer = self.single.post(frame.body, headers)
+        except TransportError as exc:
+            self._failed(f"cannot reach {self.cfg.server}: {exc}", None)
+            return False
+        if status == 200:
+            self.spool.delete(entry)
+            self._count("forwarded")
+            self._count("forwarded_singly")
+            with contextlib.suppress(ValueError, AttributeError):
+                self._recovered(json.loads(answer).get("flushS"))
+            return True
+        if status in _LATER or status >= 500 or status in (404, 405):
+            self._failed(f"server answered {status} {reason}", retry_after)
+            return False
+        self._refused([entry], f"{status} {reason}: {answer[:200]!r}")
+        return True
 
     def _refused(self, entries: list[SpoolEntry], why: str) -> None:
         for entry in entries:
