@@ -3,7 +3,8 @@
 It starts ``fleetlens serve`` on the embedded default (in this process), plays the ``demo``
 scenario of the simulator into it over HTTP (a persistent straggler, a thermal event, a restart
 after a fatal Xid 79, checkpoints, a data stall), then prints where the time went, what fleetlens
-found, what was injected, and where to look. It keeps serving until interrupted (``--once``
+found beside what was injected (matched one to one, with the time each finding took), and where
+to look. It keeps serving until interrupted (``--once``
 exits at the end).
 """
 
@@ -21,7 +22,7 @@ from .client import Client
 from .config import ServerConfig
 from .errors import FleetlensError
 
-__all__ = ["real_ddp", "run_demo", "summary"]
+__all__ = ["found_vs_injected", "real_ddp", "run_demo", "summary"]
 
 # The real DDP run's slowed rank sleeps this long per step (about twice a step of the tiny model
 # on a CPU core): plain to see, and still the last to arrive when four processes share two cores.
@@ -105,12 +106,57 @@ def summary(client: Client, run_id: str, truth: Any) -> str:
             lines.append(f"  step {e['step']}: {e['kind']} {e['message']}".rstrip())
         if ckpts:
             lines.append(f"  {len(ckpts)} checkpoints, last at step {ckpts[-1]['step']}")
-    lines += ["", "injected (ground truth):"]
+    return "\n".join(lines)
+
+
+def _where(ranks: list[int]) -> str:
+    return f"ranks {ranks[:4]}{'...' if len(ranks) > 4 else ''}"
+
+
+def found_vs_injected(
+    client: Client, run_id: str, truth: Any, played_at: float, wait_s: float = 30.0
+) -> str:
+    """What fleetlens found beside what was injected, matched one to one (the simulator's
+    scoring: same diagnosis, overlapping ranks or nodes, inside the fault's window), with how
+    long each finding took: steps after the fault's onset, and wall seconds from the moment the
+    run began to be sent to the finding's first appearance. Waits up to ``wait_s`` for the
+    analysis to find every fault."""
+    from .sim.truth import score_detections
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = client.diagnosis(run_id)
+        score = score_detections(truth, found)
+        if len(score.matched) == len(truth.faults) or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    by_fault = dict(score.matched)
+    lines = ["", "what fleetlens found, against what was injected:"]
     for fault in truth.faults:
         lines.append(
-            f"  {fault.kind:<22} ranks {fault.ranks[:4]}{'...' if len(fault.ranks) > 4 else ''} "
-            f"steps {fault.start_step}-{fault.end_step}  expect {fault.diagnosis} ({fault.owner})"
+            f"  injected {fault.diagnosis:<21} {_where(fault.ranks)} steps "
+            f"{fault.start_step}-{fault.end_step} ({fault.owner})"
         )
+        i = by_fault.get(fault.id)
+        if i is None:
+            lines.append("    NOT FOUND")
+            continue
+        f = found[i]
+        after = max(0, f["step"] - fault.start_step)
+        lines.append(f"    found    {f['summary']}")
+        lines.append(
+            f"             at step {f['step']} ({after} step{'s' if after != 1 else ''} after "
+            f"onset), shown {max(0.0, f['firstSeen'] - played_at):.1f} s after the run began to "
+            f"be sent; owner {f['owner']}"
+        )
+    matched = {i for _, i in score.matched}
+    extra = [f for i, f in enumerate(found) if i not in matched]
+    lines.append(
+        f"  {len(score.matched)} of {len(truth.faults)} injected faults found; "
+        f"{len(extra)} other finding{'s' if len(extra) != 1 else ''}" + (":" if extra else "")
+    )
+    for f in extra:
+        lines.append(f"    {f['diagnosis']}: {f['summary']} (step {f['step']})")
     return "\n".join(lines)
 
 
@@ -216,6 +262,7 @@ def run_demo(
             f"(speed {speed or 'max'})...",
             file=sys.stderr,
         )
+        played_at = time.time()
         result = run_scenario(
             scn,
             sink=HttpSink(url, token=client.token),
@@ -230,6 +277,7 @@ def run_demo(
         time.sleep(2.5)  # the run registry is written every 2 s
         print()
         print(summary(client, run_id, result.truth))
+        print(found_vs_injected(client, run_id, result.truth, played_at))
         print(
             f"\nwhere to look:\n"
             f"  portal      {url}/runs/{run_id}\n"

@@ -35,6 +35,15 @@ def test_demo_once_plays_the_scenario_and_leaves_it_readable(tmp_path) -> None: 
     assert slowest.split()[1] == "37"
     assert "hardware_fault NVRM: Xid 79" in text
     assert "fleetlens run show" in text and "/docs" in text
+    # What was found, matched one to one to what was injected, with when it was found.
+    found = text.split("what fleetlens found, against what was injected:")[1]
+    assert "4 of 4 injected faults found; 0 other findings" in found, found
+    assert "NOT FOUND" not in found
+    injected = [ln for ln in found.splitlines() if ln.strip().startswith("injected ")]
+    assert [ln.split()[1] for ln in injected] == [
+        "straggler.persistent", "thermal", "fatal_xid", "data_stall"]  # fmt: skip
+    assert "found    persistent straggler: rank 37" in found
+    assert "steps after onset), shown" in found or "step after onset), shown" in found
     # The real 4-process DDP run beside the simulation: its slowed rank 2 is found.
     real = text.split("real DDP run")[1]
     first = real.split("ranks by compute time")[1].splitlines()[1]
