@@ -157,13 +157,7 @@ def diagnose_events(events: list[dict[str, Any]]) -> list[Diagnosis]:
             out.append(Diagnosis(f"nic:{node}", "network", "failure", 0.9, f"NIC down on {node}",
                                  ranks=ranks, nodes=nodes, evidence=[ev], **base))  # fmt: skip
         elif kind == "oom":
-            seq = attrs.get("seq_len")
-            ev.update({"seqLen": seq, "step": step, "rank": rank})
-            out.append(Diagnosis(f"oom:{step}:{rank}", "oom", "failure", 0.95,
-                                 f"out of memory at step {step} on rank {rank}"
-                                 + (f" (sequence length {seq})" if seq else ""),
-                                 ranks=ranks, nodes=nodes, gpus=gpus, evidence=[ev],
-                                 **base))  # fmt: skip
+            out.append(_oom(attrs, rank, ev, ranks=ranks, nodes=nodes, gpus=gpus, **base))
         elif kind == "preemption":
             out.append(Diagnosis(f"preemption:{step}", "preemption", "event", 0.95,
                                  "the scheduler preempted the job", evidence=[ev],
@@ -177,6 +171,32 @@ def diagnose_events(events: list[dict[str, Any]]) -> list[Diagnosis]:
                                  f"exception in the training loop on rank {rank}", ranks=ranks,
                                  nodes=nodes, evidence=[ev], **base))  # fmt: skip
     return out
+
+
+def _gib(n: Any) -> str:
+    return f"{float(n) / 2**30:.2f} GiB"
+
+
+def _oom(attrs: dict[str, Any], rank: int, ev: dict[str, Any], **where: Any) -> Diagnosis:
+    """An out-of-memory event (the SDK's, from the real exception): the step, what was asked
+    for on which device, the batch shape when the run's config gave it, the device's memory."""
+    seq, batch, asked = attrs.get("seq_len"), attrs.get("batch_size"), attrs.get("requested_bytes")
+    device, step = attrs.get("device"), where["step"]
+    ev.update({"seqLen": seq, "batchSize": batch, "requestedBytes": asked, "device": device,
+               "step": step, "rank": rank})  # fmt: skip
+    for k in ("memory_stats", "device_free_bytes", "device_total_bytes"):
+        if k in attrs:
+            ev[k] = attrs[k]
+    shape = ", ".join(
+        p for p in (f"batch {batch}" if batch else "", f"sequence length {seq}" if seq else "") if p
+    )
+    detail = " ".join(
+        p for p in (f"asking {_gib(asked)}" if asked else "", f"on {device}" if device else "") if p
+    )
+    summary = f"out of memory at step {step} on rank {rank}" + (f" {detail}" if detail else "")
+    return Diagnosis(f"oom:{step}:{rank}", "oom", "failure", 0.95,
+                     summary + (f" ({shape})" if shape else ""), evidence=[ev],
+                     **where)  # fmt: skip
 
 
 def xid_diagnosis(

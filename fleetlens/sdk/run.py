@@ -25,6 +25,7 @@ from ..schema import EVENT_KINDS, P0_EVENT_KINDS
 from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, RecordBuffer
 from .config import SDKConfig
 from .exporter import Exporter
+from .oom import oom_attrs
 from .route import open_transport
 from .spans import PHASES, Checkpoint, Phase, Step
 from .spool import Spool
@@ -282,6 +283,10 @@ class Run:
             message = f"{type(exc).__name__}: {exc}"
         except Exception:
             message = type(exc).__name__
+        oom = oom_attrs(exc, self.config.config)
+        if oom is not None:  # the seed's OOM: its step, the bytes asked for, the device's state
+            self._emit("oom", step, message, {**oom, "traceback": text})
+            return
         self._emit("exception", step, message, {"type": type(exc).__qualname__, "traceback": text})
 
     def _announce(self) -> None:
