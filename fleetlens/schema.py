@@ -19,6 +19,7 @@ from .errors import ConfigError
 
 __all__ = [
     "CTX_KEYS",
+    "DATA_SCALARS",
     "DTYPES",
     "EVENT_KINDS",
     "IDENTIFIERS",
@@ -271,6 +272,7 @@ EVENT_KINDS: dict[str, str] = {
     "checkpoint_begin": "a checkpoint save began",
     "checkpoint_end": "a checkpoint save ended (attrs: size_bytes, sync, ok)",
     "checkpoint_load": "a checkpoint was loaded (attrs: step, duration)",
+    "data_shard": "a rank began reading a dataset shard (attrs: shard, version)",
     "failure": "the job attempt failed",
     "restart": "the run restarted from a checkpoint",
     "preemption": "the scheduler preempted the job",
@@ -287,6 +289,17 @@ EVENT_KINDS: dict[str, str] = {
     "finish": "the run ended normally",
     "custom": "anything else; put details in attrs",
 }
+
+DATA_SCALARS: dict[str, str] = {
+    "queue_depth": "data/prefetch_queue_depth",
+    "cache_hit_rate": "data/cache_hit_rate",
+    "read_latency_s": "data/storage_read_latency_s",
+    "bytes_read": "data/bytes_read",
+}
+"""The input pipeline's signals (seed 001 s13), as the scalar names ``Run.data`` logs them under
+(per rank and step): the prefetch queue's depth, the cache hit rate (0..1), the storage read
+latency of the step's reads (seconds) and the bytes read. The shard a rank reads is a
+``data_shard`` event, sent when it changes."""
 
 P0_EVENT_KINDS = frozenset(
     {"failure", "hardware_fault", "nan", "oom", "hang", "exception", "signal", "preemption"}

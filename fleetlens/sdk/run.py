@@ -21,7 +21,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
-from ..schema import EVENT_KINDS, P0_EVENT_KINDS
+from ..schema import DATA_SCALARS, EVENT_KINDS, P0_EVENT_KINDS
 from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, RecordBuffer
 from .config import SDKConfig
 from .exporter import Exporter
@@ -64,6 +64,7 @@ class Run:
         self._active: Step | None = None
         self._next_step = 0
         self._first_step = True
+        self._shard: tuple[str | None, str | None] = (None, None)  # what data() last announced
         self._finished = False
         self._errors = 0
         self._spool = Spool(cfg.spool_dir, cfg.spool_max_bytes)
@@ -136,6 +137,36 @@ class Run:
                 q.append((SCALARS, step, _time(), scalars))
             else:
                 self._dropped[2] += len(scalars)
+        except Exception:
+            self._internal_error()
+
+    def data(
+        self,
+        step: int,
+        /,
+        *,
+        shard: str | None = None,
+        version: str | None = None,
+        queue_depth: float | None = None,
+        cache_hit_rate: float | None = None,
+        read_latency_s: float | None = None,
+        bytes_read: float | None = None,
+    ) -> None:
+        """The input pipeline's state at ``step``: the dataset shard (and version) being read,
+        the prefetch queue's depth, the cache hit rate (0..1), the storage read latency of the
+        step's reads in seconds, the bytes read. A data stall is then traced to the shard, the
+        storage or the prefetch. The numbers are scalars (P2, names in
+        :data:`fleetlens.schema.DATA_SCALARS`); the shard is an event sent when it changes."""
+        try:
+            values = {"queue_depth": queue_depth, "cache_hit_rate": cache_hit_rate,
+                      "read_latency_s": read_latency_s, "bytes_read": bytes_read}  # fmt: skip
+            scalars = {DATA_SCALARS[k]: float(v) for k, v in values.items() if v is not None}
+            if scalars:
+                self.log(step, **scalars)
+            if shard is not None and (shard, version) != self._shard:
+                self._shard = (shard, version)
+                attrs = {"shard": str(shard)} | ({"version": str(version)} if version else {})
+                self._emit("data_shard", step, "", attrs)
         except Exception:
             self._internal_error()
 
@@ -398,6 +429,9 @@ class NullRun(Run):
         return None
 
     def log(self, step: int, /, **scalars: float) -> None:
+        return None
+
+    def data(self, step: int, /, **kwargs: Any) -> None:
         return None
 
     def event(self, kind: str, step: int | None = None, message: str = "", **attrs: Any) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..analysis.baseline import Baseline, GroupShift, localize, shift_threshold, workload_signature
 from ..analysis.collectives import analyze_collectives, transfer_times
+from ..analysis.datapipe import data_causes
 from ..analysis.hangs import HangRule, find_stalls, recent_step_time
 from ..analysis.hardware import (
     GpuHealth,
@@ -38,6 +39,7 @@ from ..analysis.rootcause import (
     xid_diagnosis,
 )
 from ..config import AnalyzerConfig
+from ..schema import DATA_SCALARS
 from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
 from ..store.findings import FindingsStore, RunToAnalyze
 from ..store.models import Finding
@@ -283,16 +285,31 @@ def _data_stall(
            if s.name == "host_cpu"]  # fmt: skip
     first = int(m.steps[a + int(np.argmax((np.nan_to_num(dw[:, ranks]) > thr).any(axis=1)))])
     val = float(np.nanmean(dw[:, ranks]))
+    causes, cause_ev = _data_causes(ctx, job, m.steps[a:z], np.nan_to_num(dw, nan=0.0) > thr)
     return Diagnosis(
         f"data_stall:{','.join(nodes)}", "data_stall", "slowdown", 0.9,
         f"input pipeline: {len(ranks)} ranks on {', '.join(nodes)} wait {val:.2f}s per step for "
-        f"data (typical {typical * 1000:.1f} ms)",
+        f"data (typical {typical * 1000:.1f} ms)" + (f"; {', '.join(causes)}" if causes else ""),
         step=first, start_step=first, end_step=int(m.steps[z - 1]), time=float(m.start[a]),
         ranks=[int(r) for r in ranks], nodes=nodes, job_id=job.job_id,
         evidence=[{"metric": "data_wait", "value": val, "baseline": typical, "threshold": thr,
                    "window": {"fromStep": int(m.steps[a]), "toStep": int(m.steps[z - 1])}},
-                  *cpu],
+                  *cause_ev, *cpu],
     )  # fmt: skip
+
+
+def _data_causes(
+    ctx: _Ctx, job: JobSpan, steps: np.ndarray, stalled: np.ndarray
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """The shard, storage, prefetch and cache signals of the job's ranks over a stalled window
+    (``Run.data``), read only once a stall is found."""
+    lo, hi = int(steps[0]), int(steps[-1])
+    shards = [(int(e["rank"]), int(e["step"]), str(e["attrs"].get("shard")))
+              for e in ctx.q.events(ctx.run.run_id)
+              if e["kind"] == "data_shard" and e["job_id"] == job.job_id
+              and e["attrs"].get("shard") is not None and e["step"] <= hi]  # fmt: skip
+    scalars = ctx.q.rank_scalars(ctx.run.run_id, job.job_id, list(DATA_SCALARS.values()), lo, hi)
+    return data_causes(steps, stalled, shards, scalars)
 
 
 def _hardware(

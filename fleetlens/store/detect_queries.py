@@ -295,6 +295,34 @@ class DetectQueries:
                 out[n] = (st[sel], v[sel])
         return out
 
+    def rank_scalars(
+        self, run_id: str, job_id: str, names: list[str], lo: int, hi: int
+    ) -> dict[str, tuple[Arr, Arr, Arr]]:
+        """Per-rank values of ``names`` over steps ``lo..hi`` of one attempt: name -> (steps,
+        ranks, values), ordered by step."""
+        tab = self.r.table(
+            "SELECT name, step, rank, value FROM {db}.scalars"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " AND name IN {names:Array(String)} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
+            " ORDER BY name, step, rank",
+            run=run_id,
+            job=job_id,
+            names=names,
+            lo=lo,
+            hi=hi,
+        )
+        out: dict[str, tuple[Arr, Arr, Arr]] = {}
+        if not tab.num_rows:
+            return out
+        nm = np.asarray(tab.column("name").to_pylist(), dtype=object)
+        st, rk = tab.column("step").to_numpy(), tab.column("rank").to_numpy().astype(np.int64)
+        v = tab.column("value").to_numpy().astype(np.float64)
+        for n in names:
+            sel = nm == n
+            if sel.any():
+                out[n] = (st[sel], rk[sel], v[sel])
+        return out
+
     def collectives(self, run_id: str, job_id: str, lo: int, hi: int) -> dict[str, Arr]:
         tab = self.r.table(
             "SELECT step, seq, rank, enter, exit FROM {db}.collectives"
