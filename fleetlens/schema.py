@@ -222,6 +222,19 @@ DCGM_FIELDS: dict[str, str] = {
     "sm_active": "DCGM_FI_PROF_SM_ACTIVE",
     "tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
     "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+    # DCGM profiling (DCP) fields of seed 001 s5/s7: occupancy, pipes, engine, PCIe and NVLink
+    "sm_occupancy": "DCGM_FI_PROF_SM_OCCUPANCY",
+    "gr_engine_active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "fp16_active": "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+    "fp32_active": "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    "fp64_active": "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+    "pcie_tx_bytes": "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "pcie_rx_bytes": "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "nvlink_tx_bytes": "DCGM_FI_PROF_NVLINK_TX_BYTES",
+    "nvlink_rx_bytes": "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    # memory row remapping (a GPU that needs a reset to remap: seed 001 s12)
+    "row_remap_pending": "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "row_remap_failure": "DCGM_FI_DEV_ROW_REMAP_FAILURE",
 }
 
 GPU = RecordKind(
@@ -244,7 +257,7 @@ GPU = RecordKind(
 NODE = RecordKind(
     name="node",
     table="node_samples",
-    doc="A host sample: CPU, memory, disk and network counters.",
+    doc="A host sample: CPU, memory, disk, network and InfiniBand counters.",
     ctx=("tenant",),
     ctx_required=(),
     columns=(
@@ -260,6 +273,19 @@ NODE = RecordKind(
         _c("net_tx_bytes", "float64", "cumulative bytes sent"),
         _c("nic_errors", "float64", "cumulative NIC errors and drops"),
         _c("tcp_retransmits", "float64", "cumulative TCP retransmitted segments"),
+        _c("ib_tx_bytes", "float64", "cumulative InfiniBand/RoCE bytes sent, all ports"),
+        _c("ib_rx_bytes", "float64", "cumulative InfiniBand/RoCE bytes received, all ports"),
+        _c(
+            "ib_errors",
+            "float64",
+            "cumulative InfiniBand port errors (symbol, receive, link "
+            "recovery, link downed, discards, integrity, overrun)",
+        ),
+        _c(
+            "rdma_retries",
+            "float64",
+            "cumulative RDMA retries (ack timeouts, RNR NAK retries, sequence errors)",
+        ),
     ),
     order_by=("tenant", "node_id", "time"),
     priority=Priority.P2,

@@ -16,6 +16,7 @@ from fleetlens.agent.dcgm import parse_exposition
 from fleetlens.agent.host import HostSampler
 from fleetlens.agent.nvml import NvmlSampler
 from fleetlens.agent.run import Agent
+from fleetlens.analysis.hardware import NodeHealth, node_signals
 from fleetlens.sdk.config import SDKConfig
 from fleetlens.sdk.recorder import Recorder
 from fleetlens.store.chdb_store import ChdbStore
@@ -39,6 +40,8 @@ def test_dcgm_exporter_scrape_of_an_l4_is_parsed_into_our_columns() -> None:
     assert g.values["power_usage"] == pytest.approx(16.365)
     assert g.values["pcie_replay"] == 0 and g.values["fb_used"] >= 0
     assert "tensor_active" in g.values and "dram_active" in g.values  # DCP profiling fields
+    assert g.values["pcie_tx_bytes"] == 112603 and g.values["gr_engine_active"] == 0
+    assert "pcie_rx_bytes" in g.values
 
 
 def test_dcgm_sampled_h100_node_keeps_each_gpu_and_pod_attribution() -> None:
@@ -171,6 +174,37 @@ def test_host_sampler_reads_proc(tmp_path: Path) -> None:
     assert s["tcp_retransmits"] == 42
 
 
+def _infiniband(sys_root: Path, ports: dict[str, dict[str, dict[str, int]]]) -> None:
+    """A /sys/class/infiniband tree as the kernel lays it out (this machine has no HCA)."""
+    for dev, dirs in ports.items():
+        for sub, counters in dirs.items():
+            d = sys_root / "class" / "infiniband" / dev / "ports" / "1" / sub
+            d.mkdir(parents=True, exist_ok=True)
+            for name, value in counters.items():
+                (d / name).write_text(f"{value}\n")
+
+
+def test_host_sampler_reads_infiniband_ports(tmp_path: Path) -> None:
+    _infiniband(tmp_path / "sys", {
+        "mlx5_0": {"counters": {"port_xmit_data": 1000, "port_rcv_data": 2000,
+                                "symbol_error": 3, "link_downed": 1, "port_rcv_errors": 0},
+                   "hw_counters": {"local_ack_timeout_err": 5, "out_of_sequence": 2}},
+        "mlx5_1": {"counters": {"port_xmit_data": 10, "port_rcv_data": 20}},
+    })  # fmt: skip
+    s = HostSampler("n1", str(tmp_path / "proc"), str(tmp_path / "sys")).sample(1.0)
+    # port_*_data count 4-byte words; every port of every device is summed.
+    assert (s["ib_tx_bytes"], s["ib_rx_bytes"]) == (4 * 1010, 4 * 2020)
+    assert (s["ib_errors"], s["rdma_retries"]) == (4, 7)
+    none = HostSampler("n2", str(tmp_path / "proc"), str(tmp_path / "nothing")).sample(1.0)
+    assert math.isnan(none["ib_errors"]) and math.isnan(none["ib_tx_bytes"])  # no HCA: NaN
+
+
+def test_infiniband_errors_are_network_evidence() -> None:
+    sigs = node_signals(NodeHealth("n1", samples=5, ib_errors_per_s=2.0, rdma_retries_per_s=4.0))
+    assert {s.name for s in sigs} == {"ib_errors", "rdma_retries"}
+    assert node_signals(NodeHealth("n1", samples=5, ib_errors_per_s=0.0)) == []
+
+
 def test_agent_scrapes_dcgm_exporter_and_delivers_to_the_server(tmp_path: Path) -> None:
     scrape = (REAL / "h100x8_aicr_dcgm-exporter_sampled_lines.prom").read_bytes()
 
@@ -199,8 +233,13 @@ def test_agent_scrapes_dcgm_exporter_and_delivers_to_the_server(tmp_path: Path) 
             {},
         )
         recorder = Recorder(cfg)
+        _infiniband(tmp_path / "sys", {"mlx5_0": {"counters": {"port_rcv_data": 7,
+                                                               "symbol_error": 2}}})  # fmt: skip
         agent = Agent(
-            recorder, "gpu-node-1", dcgm_url=f"http://127.0.0.1:{httpd.server_port}/metrics"
+            recorder,
+            "gpu-node-1",
+            dcgm_url=f"http://127.0.0.1:{httpd.server_port}/metrics",
+            sys_root=str(tmp_path / "sys"),
         )
         assert agent.tick() == 9  # the host, and 8 GPUs
         assert recorder.flush(30)
@@ -216,7 +255,7 @@ def test_agent_scrapes_dcgm_exporter_and_delivers_to_the_server(tmp_path: Path) 
             "SELECT gpu, gpu_uuid, gpu_temp FROM fleetlens.gpu_samples ORDER BY gpu"
         ).to_pylist()
         host = store.query(
-            "SELECT node_id, mem_total_bytes FROM fleetlens.node_samples"
+            "SELECT node_id, mem_total_bytes, ib_rx_bytes, ib_errors FROM fleetlens.node_samples"
         ).to_pylist()
     finally:
         store.close()
@@ -224,4 +263,5 @@ def test_agent_scrapes_dcgm_exporter_and_delivers_to_the_server(tmp_path: Path) 
     assert rows[0]["gpu_uuid"] == "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005"
     assert rows[0]["gpu_temp"] == 30
     assert host[0]["node_id"] == "gpu-node-1" and host[0]["mem_total_bytes"] > 0
+    assert (host[0]["ib_rx_bytes"], host[0]["ib_errors"]) == (28, 2)
     time.sleep(0)

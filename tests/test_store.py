@@ -100,3 +100,31 @@ def test_run_status_rules() -> None:
     # Data after the failure means a restart is running.
     assert run_status("FAILED", 100.0, 150.0, now=151.0) == "RUNNING"
     assert run_status("RUNNING", 0.0, 150.0, now=1000.0) == "STALLED"
+
+
+def test_a_store_made_before_new_columns_gets_them_on_open(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+
+    path = str(tmp_path / "telemetry")
+    old = ChdbStore(path)
+    try:  # as an earlier version made them: without the InfiniBand and DCP profiling columns
+        old.command(
+            "ALTER TABLE fleetlens.node_samples DROP COLUMN ib_errors, DROP COLUMN ib_rx_bytes"
+        )
+        old.command("ALTER TABLE fleetlens.gpu_samples DROP COLUMN sm_occupancy")
+        old.insert_rows("node", pa.table({"tenant": ["t"], "time": [1.0], "node_id": ["n1"]}))
+    finally:
+        old.close()
+    store = ChdbStore(path)
+    try:
+        new = {"tenant": ["t"], "time": [2.0], "node_id": ["n1"], "ib_errors": [3.0]}
+        store.insert_rows("node", pa.table(new))
+        rows = store.query(
+            "SELECT time, ib_errors FROM fleetlens.node_samples ORDER BY time"
+        ).to_pylist()
+        cols = store.query("SELECT name FROM system.columns WHERE database = 'fleetlens' "
+                           "AND table = 'gpu_samples'").column("name").to_pylist()  # fmt: skip
+    finally:
+        store.close()
+    assert rows[1] == {"time": 2.0, "ib_errors": 3.0} and rows[0]["ib_errors"] != 3.0
+    assert "sm_occupancy" in cols

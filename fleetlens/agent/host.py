@@ -1,7 +1,14 @@
-"""Host counters from /proc: CPU busy fraction, load, memory, disk bytes, NIC bytes and errors.
+"""Host counters from /proc and /sys: CPU busy fraction, load, memory, disk bytes, NIC bytes and
+errors, InfiniBand (and RoCE) port bytes, errors and RDMA retries.
 
 Counters are cumulative as the kernel keeps them; the CPU busy fraction needs two readings, so
-the sampler keeps the previous one. ``root`` lets a test point it at a copy of /proc.
+the sampler keeps the previous one. ``root`` and ``sys_root`` let a test point it at copies of
+/proc and /sys.
+
+InfiniBand, per port of every device under ``/sys/class/infiniband/DEV/ports/N/``: the
+``counters`` directory's ``port_xmit_data`` and ``port_rcv_data`` (in units of 4 bytes, as the IB
+spec counts them) and its error counters; the ``hw_counters`` directory's RDMA retry counters
+(mlx5 and most drivers name them as below). A host without InfiniBand reports NaN.
 """
 
 from __future__ import annotations
@@ -14,12 +21,24 @@ from typing import Any
 __all__ = ["HostSampler"]
 
 _SECTOR = 512
+_IB_ERRORS = (
+    "symbol_error",
+    "port_rcv_errors",
+    "link_error_recovery",
+    "link_downed",
+    "port_xmit_discards",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "port_rcv_remote_physical_errors",
+)
+_RDMA_RETRIES = ("local_ack_timeout_err", "rnr_nak_retry_err", "packet_seq_err", "out_of_sequence")
 
 
 class HostSampler:
-    def __init__(self, node_id: str, root: str = "/proc") -> None:
+    def __init__(self, node_id: str, root: str = "/proc", sys_root: str = "/sys") -> None:
         self.node_id = node_id
         self.root = root
+        self.ib_root = os.path.join(sys_root, "class", "infiniband")
         self._cpu: tuple[int, int] | None = None
 
     def _read(self, name: str) -> str:
@@ -81,6 +100,30 @@ class HostSampler:
             return float(lines[1][lines[0].index("RetransSegs")])
         return math.nan
 
+    def _ib(self) -> tuple[float, float, float, float]:
+        ports = [
+            os.path.join(self.ib_root, dev, "ports", port)
+            for dev in sorted(os.listdir(self.ib_root))
+            for port in sorted(os.listdir(os.path.join(self.ib_root, dev, "ports")))
+        ]
+        if not ports:
+            raise OSError("no InfiniBand ports")
+
+        def total(sub: str, names: tuple[str, ...]) -> float:
+            out = 0.0
+            for port in ports:
+                for name in names:
+                    try:
+                        with open(os.path.join(port, sub, name)) as fh:
+                            out += int(fh.read().split()[0])
+                    except (OSError, ValueError, IndexError):
+                        continue  # a counter this driver does not keep
+            return out
+
+        tx = 4 * total("counters", ("port_xmit_data",))
+        rx = 4 * total("counters", ("port_rcv_data",))
+        return tx, rx, total("counters", _IB_ERRORS), total("hw_counters", _RDMA_RETRIES)
+
     def sample(self, time: float) -> dict[str, Any]:
         """One ``node`` record; a counter the host does not have is NaN."""
         out: dict[str, Any] = {"time": time, "node_id": self.node_id}
@@ -91,6 +134,7 @@ class HostSampler:
             (("disk_read_bytes", "disk_write_bytes"), self._disk),
             (("net_rx_bytes", "net_tx_bytes", "nic_errors"), self._net),
             (("tcp_retransmits",), lambda: (self._retransmits(),)),
+            (("ib_tx_bytes", "ib_rx_bytes", "ib_errors", "rdma_retries"), self._ib),
         ]
         for names, read in readers:
             try:

@@ -41,12 +41,13 @@ class Agent:
         nvml: Any = None,
         dcgm_url: str | None = None,
         proc_root: str = "/proc",
+        sys_root: str = "/sys",
     ) -> None:
         self.recorder = recorder
         self.node_id = node_id
         self.dcgm_url = dcgm_url
         self.gpus = NvmlSampler(nvml, node_id) if nvml is not None else None
-        self.host = HostSampler(node_id, proc_root)
+        self.host = HostSampler(node_id, proc_root, sys_root)
         self.errors = 0
 
     def _dcgm(self, now: float) -> list[dict[str, Any]]:

@@ -71,6 +71,8 @@ class NodeHealth:
     mem_used_frac_max: float = float("nan")
     nic_errors_per_s: float = 0.0
     retransmits_per_s: float = 0.0
+    ib_errors_per_s: float = 0.0
+    rdma_retries_per_s: float = 0.0
 
 
 def gpu_health(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], GpuHealth]:
@@ -163,4 +165,8 @@ def node_signals(n: NodeHealth) -> list[Signal]:
         out.append(Signal("retransmits", "tcp_retransmits", n.retransmits_per_s, 50.0))
     if n.nic_errors_per_s >= 0.5:
         out.append(Signal("nic_errors", "nic_errors", n.nic_errors_per_s, 0.5))
+    if n.ib_errors_per_s >= 0.1:  # a healthy IB link counts no symbol or receive errors
+        out.append(Signal("ib_errors", "ib_errors", n.ib_errors_per_s, 0.1))
+    if n.rdma_retries_per_s >= 1.0:
+        out.append(Signal("rdma_retries", "rdma_retries", n.rdma_retries_per_s, 1.0))
     return out

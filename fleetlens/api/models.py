@@ -145,6 +145,8 @@ class RankHardwareOut(ApiModel):
     host_cpu_max: float | None
     nic_errors_per_s: float | None
     tcp_retransmits_per_s: float | None
+    ib_errors_per_s: float | None = Field(None, description="InfiniBand port errors per second")
+    rdma_retries_per_s: float | None = Field(None, description="RDMA retries per second")
 
 
 class RankOut(ApiModel):

@@ -227,6 +227,11 @@ def _shift_diagnosis(
     )  # fmt: skip
 
 
+# The host signals that put a slow collective on the network, and how a summary names them.
+_NET_SIGNALS = {"retransmits": "TCP retransmits", "nic_errors": "NIC errors",
+                "ib_errors": "InfiniBand port errors", "rdma_retries": "RDMA retries"}  # fmt: skip
+
+
 def _network_diagnosis(
     ctx: _Ctx, job: JobSpan, place: Placement, tr: float, tb: Baseline,
     s0: int, s1: int, t0: float, t1: float,
@@ -239,9 +244,7 @@ def _network_diagnosis(
     nv = sorted(
         {g.node for g in gh.values() if any(s.name == "nvlink_errors" for s in gpu_signals(g))}
     )
-    net = [
-        s for h in nh.values() for s in node_signals(h) if s.name in ("retransmits", "nic_errors")
-    ]
+    net = [s for h in nh.values() for s in node_signals(h) if s.name in _NET_SIGNALS]
     ev: list[dict[str, Any]] = [
         {"metric": "collective transfer time (least wait of any rank)", "value": tr,
          "baseline": tb.median, "window": {"fromStep": s0, "toStep": s1},
@@ -257,10 +260,11 @@ def _network_diagnosis(
                          step=s1, start_step=s0, end_step=s1, time=t1, ranks=ranks, nodes=nv,
                          job_id=job.job_id, evidence=ev)  # fmt: skip
     ev += [s.to_dict() | {"node": h} for h in sorted(nh) for s in node_signals(nh[h])
-           if s.name in ("retransmits", "nic_errors")][:8]  # fmt: skip
+           if s.name in _NET_SIGNALS][:8]  # fmt: skip
     return Diagnosis("network", "network", "slowdown", 0.85 if net else 0.6,
                      f"collectives {tr / tb.median:.2f}x slower with every rank on time"
-                     + (" ; TCP retransmits / NIC errors up" if net else ""),
+                     + (f" ; {', '.join(sorted({_NET_SIGNALS[s.name] for s in net}))} up"
+                        if net else ""),
                      step=s1, start_step=s0, end_step=s1, time=t1, job_id=job.job_id,
                      evidence=ev)  # fmt: skip
 

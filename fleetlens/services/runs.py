@@ -298,6 +298,8 @@ class RunQueries:
                     "hostCpuMax": _f(h.cpu_max) if h else None,
                     "nicErrorsPerS": _f(h.nic_errors_per_s) if h else None,
                     "tcpRetransmitsPerS": _f(h.retransmits_per_s) if h else None,
+                    "ibErrorsPerS": _f(h.ib_errors_per_s) if h else None,
+                    "rdmaRetriesPerS": _f(h.rdma_retries_per_s) if h else None,
                 }
             )
 

@@ -141,11 +141,14 @@ def _engine(kind: RecordKind, layout: Layout, local: str) -> str:
 def _table(kind: RecordKind, layout: Layout) -> list[str]:
     db = layout.database
     local = f"{kind.table}_local" if layout.cluster else kind.table
+    added = ", ".join(f"ADD COLUMN IF NOT EXISTS `{c.name}` {_ch_type(c)}" for c in kind.columns)
     stmts = [
         f"CREATE TABLE IF NOT EXISTS {db}.{local}{layout.on_cluster} (\n  {_columns_sql(kind)},"
         f"\n  {BATCH_COLUMN}\n)\n" + _engine(kind, layout, local),
-        # Tables made before the column existed get it (idempotent).
+        # Tables made before a column existed get it (idempotent): the batch key, and any
+        # column a later version added (new DCGM fields, InfiniBand counters).
         f"ALTER TABLE {db}.{local}{layout.on_cluster} ADD COLUMN IF NOT EXISTS {BATCH_COLUMN}",
+        f"ALTER TABLE {db}.{local}{layout.on_cluster} {added}",
     ]
     if layout.cluster:
         shard_key = "cityHash64(`run_id`)" if "run_id" in kind.ctx else "rand()"
@@ -153,6 +156,7 @@ def _table(kind: RecordKind, layout: Layout) -> list[str]:
             f"CREATE TABLE IF NOT EXISTS {db}.{kind.table}{layout.on_cluster} AS {db}.{local} "
             f"ENGINE = Distributed({layout.cluster}, {db}, {local}, {shard_key})"
         )
+        stmts.append(f"ALTER TABLE {db}.{kind.table}{layout.on_cluster} {added}")
     return stmts
 
 

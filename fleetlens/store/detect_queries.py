@@ -236,7 +236,12 @@ class DetectQueries:
             "  / greatest(max(time) - min(time), 1e-9) AS h_nic,"
             " (maxIf(tcp_retransmits, isFinite(tcp_retransmits))"
             "  - minIf(tcp_retransmits, isFinite(tcp_retransmits)))"
-            "  / greatest(max(time) - min(time), 1e-9) AS h_retx"
+            "  / greatest(max(time) - min(time), 1e-9) AS h_retx,"
+            " (maxIf(ib_errors, isFinite(ib_errors)) - minIf(ib_errors, isFinite(ib_errors)))"
+            "  / greatest(max(time) - min(time), 1e-9) AS h_ib,"
+            " (maxIf(rdma_retries, isFinite(rdma_retries))"
+            "  - minIf(rdma_retries, isFinite(rdma_retries)))"
+            "  / greatest(max(time) - min(time), 1e-9) AS h_rdma"
             " FROM {db}.node_samples WHERE tenant = {tenant:String}"
             " AND node_id IN {nodes:Array(String)} AND time BETWEEN {t0:Float64} AND {t1:Float64}"
             " GROUP BY node_id",
@@ -252,6 +257,8 @@ class DetectQueries:
                 "mem_used_frac_max": _f(r["h_mem"]),
                 "nic_errors_per_s": _z(r["h_nic"]) if r["h_n"] > 1 else 0.0,
                 "retransmits_per_s": _z(r["h_retx"]) if r["h_n"] > 1 else 0.0,
+                "ib_errors_per_s": _z(r["h_ib"]) if r["h_n"] > 1 else 0.0,
+                "rdma_retries_per_s": _z(r["h_rdma"]) if r["h_n"] > 1 else 0.0,
             }
             for r in rows
         ]
