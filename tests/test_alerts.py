@@ -18,6 +18,7 @@ from fleetlens.alerts.policy import DEFAULT_POLICY
 from fleetlens.alerts.store import AlertStore
 from fleetlens.collector.ingest import Ingestor
 from fleetlens.config import MonitorConfig
+from fleetlens.errors import ConfigError
 from fleetlens.services.monitor import Monitor
 from fleetlens.sim import load_scenario
 from fleetlens.sim.emit import encode
@@ -193,6 +194,51 @@ def test_goodput_pages_only_after_the_whole_window_is_under_the_threshold() -> N
     assert evaluate(DEFAULT_POLICY, _signals(goodput=dip)) == []
     lenient = DEFAULT_POLICY.merged({"GoodputLow": {"threshold": 0.6}})
     assert evaluate(lenient, _signals(goodput=series)) == []
+
+
+def _names(policy: Any, **kw: Any) -> list[str]:
+    return [c.rule.name for c in evaluate(policy, _signals(**kw))]
+
+
+def test_the_seeds_per_metric_rules_judge_each_run_against_itself() -> None:
+    minutes = [10_000.0 - 60 * i for i in range(90, -1, -1)]  # 90 minutes, one sample a minute
+    # tokens/s 30% down for the last 15 minutes against the hour before: TokensPerSecondDrop.
+    tps = [(t, 1e6 if t < 10_000 - 900 else 0.7e6) for t in minutes]
+    assert _names(DEFAULT_POLICY, metrics={"tokens_per_s": tps}) == ["TokensPerSecondDrop"]
+    (c,) = evaluate(DEFAULT_POLICY, _signals(metrics={"tokens_per_s": tps}))
+    assert c.labels["metric"] == "tokens_per_s" and c.labels["severity"] == "ticket"
+    assert "-30% against 1e+06 the hour before" in c.annotations["summary"], c.annotations
+    # 20% down is under the 25% of the rule; the same drop on MFU (20% rule) is not over it.
+    mild = [(t, v if v == 1e6 else 0.8e6) for t, v in tps]
+    assert _names(DEFAULT_POLICY, metrics={"tokens_per_s": mild}) == []
+    mfu = [(t, 0.45 if v == 1e6 else 0.3) for t, v in tps]
+    assert _names(DEFAULT_POLICY, metrics={"mfu": mfu}) == ["MFUDrop"]
+    # One sample back up inside the window: the condition did not hold for the whole window.
+    blip = [(t, 1e6 if t == minutes[-5] else v) for t, v in tps]
+    assert _names(DEFAULT_POLICY, metrics={"tokens_per_s": blip}) == []
+    # No hour before the window yet (a run 8 minutes old): no verdict.
+    young = [(t, v) for t, v in tps if t > 10_000 - 480]
+    assert _names(DEFAULT_POLICY, metrics={"tokens_per_s": young}) == []
+    # Absolute thresholds: a hot GPU, collectives over 30% of the step, an empty prefetch queue.
+    hot = {"gpu_temp_max": [(t, 91.0) for t in minutes],
+           "comm_ratio": [(t, 0.42) for t in minutes],
+           "prefetch_empty_share": [(t, 0.9) for t in minutes]}  # fmt: skip
+    assert sorted(_names(DEFAULT_POLICY, metrics=hot)) == [
+        "CommunicationRatioHigh", "GPUTemperatureHigh", "PrefetchQueueEmpty"]  # fmt: skip
+    # Storage p99 doubling against the run's own hour before.
+    lat = [(t, 0.02 if t < 10_000 - 900 else 0.09) for t in minutes]
+    assert _names(DEFAULT_POLICY, metrics={"storage_read_p99_s": lat}) == ["StorageLatencyUp"]
+    # A finished run raises none of them; a team can loosen one per project.
+    assert _names(DEFAULT_POLICY, status="FINISHED", metrics=hot) == []
+    loose = DEFAULT_POLICY.merged({"GPUTemperatureHigh": {"threshold": 95.0}})
+    assert "GPUTemperatureHigh" not in _names(loose, metrics=hot)
+
+
+def test_a_metric_rule_must_name_a_metric_and_an_op() -> None:
+    with pytest.raises(ConfigError, match="metric 'gpu_util'"):
+        DEFAULT_POLICY.merged({"GPUTemperatureHigh": {"metric": "gpu_util"}})
+    with pytest.raises(ConfigError, match="op 'below'"):
+        DEFAULT_POLICY.merged({"MFUDrop": {"op": "below"}})
 
 
 # An Xid 79 on GPU 5 of node n3 (rank 29), as the analysis loop stores it.

@@ -11,6 +11,7 @@ the ranks.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -83,3 +84,54 @@ def test_no_cause_is_named_without_the_signals_or_when_every_shard_stalls() -> N
     name = DATA_SCALARS["cache_hit_rate"]
     phrases, ev = data_causes(steps, stalled, [], {name: (st.ravel(), rk.ravel(), hit.ravel())})
     assert phrases == ["cache hit rate 30% (typical 95%)"] and ev[0]["metric"] == f"{name} median"
+
+
+def test_an_empty_prefetch_queue_raises_the_seeds_alert_and_its_series(tmp_path: Path) -> None:
+    """Seed 001 s36 "prefetch queue empty", end to end: two ranks whose loaders run dry, a real
+    server sampling the run every second with the rule's window shortened to 3 s."""
+    (tmp_path / "server.toml").write_text("[monitor]\ninterval_s = 0.5\ngoodput_every_s = 0.5\n")
+    (tmp_path / "policy.yaml").write_text(
+        "rules:\n  PrefetchQueueEmpty: {for_s: 3}\n  DataloaderWaitHigh: {for_s: 3}\n"
+    )
+    server = Server(str(tmp_path / "data"), extra_args=(
+        "--config", str(tmp_path / "server.toml"),
+        "--alert-policy", str(tmp_path / "policy.yaml"))).start()  # fmt: skip
+    runs = [
+        fleetlens.init(project="p", run_id="dry", rank=r, world_size=2, server=server.url,
+                       spool_dir=str(tmp_path / f"spool-{r}"), install_signal_handler=False,
+                       flush_interval=0.2)
+        for r in range(2)
+    ]  # fmt: skip
+
+    def firing() -> list[str]:
+        alerts = server.get("/v1/alerts")["alerts"]
+        return sorted(a["labels"]["alertname"] for a in alerts if a["state"] == "firing")
+
+    try:
+        deadline, step = time.monotonic() + 60, 0
+        while time.monotonic() < deadline and "PrefetchQueueEmpty" not in firing():
+            for run in runs:  # healthy for 6 s, then the loaders run dry
+                dry = step >= 30
+                with run.step(step, tokens=4096):
+                    run.add_phase("data", 0.05 if dry else 0.001)
+                    run.add_phase("forward", 0.05)
+                run.data(step, queue_depth=0 if dry else 4, read_latency_s=0.01)
+            step += 1
+            time.sleep(0.2)
+        names = firing()
+        assert "PrefetchQueueEmpty" in names and "DataloaderWaitHigh" in names, names
+        alert = next(a for a in server.get("/v1/alerts")["alerts"]
+                     if a["labels"]["alertname"] == "PrefetchQueueEmpty")  # fmt: skip
+        assert alert["labels"]["severity"] == "ticket" and alert["labels"]["run_id"] == "dry"
+        status, metrics = server.request("GET", "/metrics")
+        assert status == 200
+        line = next(
+            ln
+            for ln in metrics.splitlines()
+            if ln.startswith("fleetlens_run_prefetch_empty_ratio{") and 'run_id="dry"' in ln
+        )
+        assert float(line.rsplit(" ", 1)[1]) > 0.5, line  # fmt: skip
+    finally:
+        for run in runs:
+            run.finish()
+        server.stop()

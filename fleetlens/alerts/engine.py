@@ -9,11 +9,12 @@ outputs into the firing -> resolved lifecycle.
 from __future__ import annotations
 
 import hashlib
+import statistics
 from dataclasses import dataclass, field
 
 from ..analysis.hangs import HangRule, live_hang
 from ..store.findings import FindingRow
-from .policy import Policy, Rule
+from .policy import BASELINE_S, Policy, Rule
 
 __all__ = ["RESOLVE_STEPS", "Candidate", "RunSignals", "evaluate", "fingerprint"]
 
@@ -38,6 +39,7 @@ class RunSignals:
     drains: list[tuple[float, str]] = field(default_factory=list)  # (time, node)
     stopped_at: float | None = None  # last failure, preemption, drain or finish of the run
     progress_at: float | None = None  # last progress other than a step end (a checkpoint)
+    metrics: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (time, value)
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,47 @@ def _hang(rule: Rule, s: RunSignals) -> Candidate | None:
     )
 
 
+def _metric(rule: Rule, s: RunSignals) -> Candidate | None:
+    """A run metric against its threshold for the rule's whole window: above it (``above``), or
+    by more than the threshold under (``drop``) or over (``rise``) the median of the run's own
+    values in the hour before the window."""
+    series = s.metrics.get(rule.metric) or []
+    if rule.threshold is None or not series or s.status not in ("RUNNING", "STALLED"):
+        return None
+    start = s.now - rule.for_s
+    window = [v for t, v in series if t >= start]
+    before = [v for t, v in series if start - BASELINE_S <= t < start]
+    if not window or not before:
+        return None  # the window is not covered yet: no verdict
+    thr = rule.threshold
+    if rule.op == "above":
+        limit, ok = thr, all(v > thr for v in window)
+        said = f"{_num(window[-1])} over {_num(thr)}"
+    else:
+        base = statistics.median(before)
+        limit = base * (1 - thr) if rule.op == "drop" else base * (1 + thr)
+        ok = base > 0 and all((v < limit) if rule.op == "drop" else (v > limit) for v in window)
+        change = window[-1] / base - 1 if base else 0.0
+        said = f"{_num(window[-1])}, {change:+.0%} against {_num(base)} the hour before"
+    if not ok:
+        return None
+    return Candidate(
+        rule,
+        _labels(rule, s, metric=rule.metric),
+        {
+            "summary": f"{rule.metric} {said} for {rule.for_s / 60:.0f} min",
+            "description": rule.description,
+            "limit": _num(limit),
+        },
+        start,
+        s.last_step,
+    )
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}"
+
+
 def _matches(rule: Rule, f: FindingRow) -> bool:
     return f.diagnosis in rule.diagnoses and (not rule.kinds or f.kind in rule.kinds)
 
@@ -190,6 +233,8 @@ def evaluate(policy: Policy, s: RunSignals) -> list[Candidate]:
             found = [_goodput(rule, s)]
         elif rule.signal == "hang":
             found = [_hang(rule, s)]
+        elif rule.signal == "metric":
+            found = [_metric(rule, s)]
         else:
             found = []
             for i, f in enumerate(s.findings):

@@ -16,7 +16,9 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["JobMetrics", "RunMetrics", "StorageMetrics", "TenantView"]
+from .policy import METRICS
+
+__all__ = ["SAMPLED_METRICS", "JobMetrics", "RunMetrics", "StorageMetrics", "TenantView"]
 
 _RUN = ["tenant", "project", "run_id"]
 
@@ -33,7 +35,28 @@ class RunMetrics:
     tokens_per_s: float | None = None
     mfu: float | None = None
     last_step_age_s: float | None = None
+    # the seed's per-metric alert inputs (policy.METRICS), recent steps
+    gpu_temp_max: float | None = None
+    comm_ratio: float | None = None
+    data_wait_ratio: float | None = None
+    rank_step_ratio: float | None = None
+    prefetch_empty_share: float | None = None
+    storage_read_p99_s: float | None = None
     findings: dict[str, int] = field(default_factory=dict)  # diagnosis -> open findings
+
+
+_METRIC_DOCS = {
+    "gpu_temp_max": "Hottest GPU the run's latest attempt is placed on, last 2 minutes",
+    "comm_ratio": "Share of the ranks' step time spent in collectives, recent steps",
+    "data_wait_ratio": "Share of the ranks' step time spent waiting for data, recent steps",
+    "rank_step_ratio": "Slowest rank's step time over the mean rank's, recent steps",
+    "prefetch_empty_share": "Share of recent rank-steps whose prefetch queue was empty",
+    "storage_read_p99_s": "p99 of the ranks' storage read latency, recent steps",
+}
+
+SAMPLED_METRICS = frozenset(_METRIC_DOCS)
+"""The RunMetrics fields the monitor fills from its per-metric series (the rest from the run's
+summary and goodput)."""
 
 
 class JobMetrics(Collector):
@@ -89,6 +112,7 @@ class JobMetrics(Collector):
                 "Seconds since the run's last step ended",
             ),
         }
+        gauges.update({m: (METRICS[m], doc) for m, doc in _METRIC_DOCS.items()})
         for attr, (name, doc) in gauges.items():
             fam = GaugeMetricFamily(name, doc, labels=_RUN)
             for r in runs:

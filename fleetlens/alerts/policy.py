@@ -16,11 +16,26 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_POLICY", "Inhibit", "Policy", "Rule"]
+__all__ = ["BASELINE_S", "DEFAULT_POLICY", "METRICS", "Inhibit", "Policy", "Rule"]
 
 SEVERITIES = ("page", "ticket", "never")
 AUDIENCES = ("researcher", "infra_oncall", "ml_platform")
-SIGNALS = ("goodput", "hang", "finding")
+SIGNALS = ("goodput", "hang", "finding", "metric")
+OPS = ("above", "drop", "rise")
+# The run metrics a "metric" rule can read (seed 001 s36), as the monitor samples them per run
+# and /metrics exports them: name -> Prometheus series.
+METRICS: dict[str, str] = {
+    "mfu": "fleetlens_run_mfu",
+    "tokens_per_s": "fleetlens_run_tokens_per_second",
+    "gpu_temp_max": "fleetlens_run_gpu_temperature_max_celsius",
+    "comm_ratio": "fleetlens_run_communication_ratio",
+    "data_wait_ratio": "fleetlens_run_data_wait_ratio",
+    "rank_step_ratio": "fleetlens_run_rank_step_time_ratio",
+    "prefetch_empty_share": "fleetlens_run_prefetch_empty_ratio",
+    "storage_read_p99_s": "fleetlens_run_storage_read_latency_p99_seconds",
+}
+BASELINE_S = 3600.0
+"""A ``drop``/``rise`` rule compares the window with the run's own values of the hour before it."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,9 @@ class Rule:
     floor_s: float = 0.0  # hang: never sooner than this
     diagnoses: tuple[str, ...] = ()  # finding: which diagnoses raise it
     kinds: tuple[str, ...] = ()  # finding: only these kinds (e.g. "failure"); empty: any
+    metric: str = ""  # metric: one of METRICS
+    op: str = ""  # metric: above (the threshold), drop / rise (by the threshold, a fraction,
+    #               against the run's own hour before the window)
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -45,6 +63,13 @@ class Rule:
             raise ConfigError(f"rule {self.name}: signal {self.signal!r}; use {SIGNALS}")
         if self.audience not in AUDIENCES:
             raise ConfigError(f"rule {self.name}: audience {self.audience!r}; use {AUDIENCES}")
+        if self.signal == "metric":
+            if self.metric not in METRICS:
+                raise ConfigError(f"rule {self.name}: metric {self.metric!r}; use {list(METRICS)}")
+            if self.op not in OPS:
+                raise ConfigError(f"rule {self.name}: op {self.op!r}; use {OPS}")
+            if self.threshold is None:
+                raise ConfigError(f"rule {self.name}: a metric rule needs a threshold")
 
 
 @dataclass(frozen=True)
@@ -172,6 +197,103 @@ DEFAULT_POLICY = Policy(
             "researcher",
             "NaN/Inf or out-of-memory in the training code",
             diagnoses=("instability", "oom"),
+        ),
+        Rule(
+            "TensorParallelSplit",
+            "finding",
+            "ticket",
+            "infra_oncall",
+            "tensor-parallel groups placed across NVLink domains or nodes",
+            diagnoses=("topology",),
+        ),
+        # The per-metric alerts of seed 001 s36, each on the run's own series.
+        Rule(
+            "MFUDrop",
+            "metric",
+            "ticket",
+            "researcher",
+            "MFU more than 20% under the run's own previous hour for 10 minutes",
+            threshold=0.2,
+            for_s=600.0,
+            metric="mfu",
+            op="drop",
+        ),
+        Rule(
+            "TokensPerSecondDrop",
+            "metric",
+            "ticket",
+            "researcher",
+            "tokens/s more than 25% under the run's own previous hour for 10 minutes",
+            threshold=0.25,
+            for_s=600.0,
+            metric="tokens_per_s",
+            op="drop",
+        ),
+        Rule(
+            "GPUTemperatureHigh",
+            "metric",
+            "ticket",
+            "infra_oncall",
+            "a GPU the run uses above 87 C (H100 slowdown) for 5 minutes",
+            threshold=87.0,
+            for_s=300.0,
+            metric="gpu_temp_max",
+            op="above",
+        ),
+        Rule(
+            "CommunicationRatioHigh",
+            "metric",
+            "ticket",
+            "ml_platform",
+            "collectives take over 30% of the step for 10 minutes",
+            threshold=0.3,
+            for_s=600.0,
+            metric="comm_ratio",
+            op="above",
+        ),
+        Rule(
+            "RankStepTimeSpread",
+            "metric",
+            "ticket",
+            "researcher",
+            "the slowest rank's step over 2x the mean rank's for 5 minutes",
+            threshold=2.0,
+            for_s=300.0,
+            metric="rank_step_ratio",
+            op="above",
+        ),
+        Rule(
+            "DataloaderWaitHigh",
+            "metric",
+            "ticket",
+            "ml_platform",
+            "ranks wait for data over 10% of the step for 10 minutes",
+            threshold=0.1,
+            for_s=600.0,
+            metric="data_wait_ratio",
+            op="above",
+        ),
+        Rule(
+            "PrefetchQueueEmpty",
+            "metric",
+            "ticket",
+            "ml_platform",
+            "the prefetch queue is empty in most rank-steps for 5 minutes (Run.data)",
+            threshold=0.5,
+            for_s=300.0,
+            metric="prefetch_empty_share",
+            op="above",
+        ),
+        Rule(
+            "StorageLatencyUp",
+            "metric",
+            "ticket",
+            "ml_platform",
+            "storage read latency p99 over 2x the run's own previous hour for 10 minutes",
+            threshold=1.0,
+            for_s=600.0,
+            metric="storage_read_p99_s",
+            op="rise",
         ),
     ),
     inhibit=(

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from .policy import Policy, Rule
+from .policy import BASELINE_S, METRICS, Policy, Rule
 
 __all__ = ["prometheus_rules"]
 
@@ -31,6 +31,15 @@ def _expr(rule: Rule) -> str | None:
         step = 'fleetlens_run_step_time_seconds{stat="max"}'
         limit = f"clamp_min({rule.threshold} * {step}, {rule.floor_s})"
         return f"fleetlens_run_last_step_age_seconds > on (tenant, project, run_id) ({limit})"
+    if rule.signal == "metric":
+        series = METRICS[rule.metric]
+        if rule.op == "above":
+            return f"{series} > {rule.threshold}"
+        # The run's own hour before the window, as the engine's drop / rise rules read it.
+        hour, window = _duration(BASELINE_S), _duration(rule.for_s)
+        before = f"quantile_over_time(0.5, {series}[{hour}] offset {window})"
+        factor = 1 - (rule.threshold or 0) if rule.op == "drop" else 1 + (rule.threshold or 0)
+        return f"{series} {'<' if rule.op == 'drop' else '>'} {factor:g} * {before}"
     if rule.diagnoses:
         pattern = "|".join(d.replace(".", "\\\\.") for d in rule.diagnoses)
         series = f'fleetlens_run_open_findings{{diagnosis=~"{pattern}"}}'

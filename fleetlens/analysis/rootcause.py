@@ -54,6 +54,7 @@ OWNERS: dict[str, str] = {
     "preemption": "scheduler",
     "maintenance": "scheduler",
     "slow_checkpoint": "storage",
+    "topology": "scheduler",
 }
 
 

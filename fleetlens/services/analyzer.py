@@ -38,6 +38,7 @@ from ..analysis.rootcause import (
     diagnose_straggler,
     xid_diagnosis,
 )
+from ..analysis.topology import split_tp_groups, tp_size
 from ..config import AnalyzerConfig
 from ..schema import DATA_SCALARS
 from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
@@ -120,6 +121,7 @@ def analyze_run(
             pending = True
             break
         place = q.placement(run.run_id, job.job_id, m.world)
+        _tp_placement(ctx, job, place, m.world)
         rs = RankState.from_json(js.get("cusum", {}), m.world)
         js["cusum"] = scan_stragglers(m.steps, m.compute, rs).to_json()
         _blocks(ctx, job, m, place, bl, js)
@@ -148,6 +150,32 @@ def analyze_run(
         if b.ready:
             store.save_baseline(run.tenant, ctx.signature, metric, b.to_json())
     return ctx.found, stragglers, state, pending
+
+
+def _tp_placement(ctx: _Ctx, job: JobSpan, place: Placement, world: int) -> None:
+    """Tensor-parallel groups split over NVLink domains (or nodes): one finding per attempt."""
+    tp = tp_size(ctx.run.config)
+    if tp is None or world < tp:
+        return
+    split = split_tp_groups(tp, world, place.node, place.nvlink_domain)
+    if not split:
+        return
+    first = split[0]
+    ranks = sorted({r for g in split for r in g.ranks})
+    ctx.found.append(Diagnosis(
+        f"topology:{job.job_id}", "topology", "slowdown", 0.95,
+        f"{len(split)} of {world // tp} tensor-parallel groups of {tp} ranks span NVLink "
+        f"domains (ranks {first.ranks[0]}-{first.ranks[-1]} on {', '.join(first.domains[:4])}): "
+        "their every-layer all-reduces cross the network; place each group on one node or "
+        "NVLink domain (Slurm --distribution=block, a topology-aware scheduler)",
+        step=job.first_step, start_step=job.first_step, end_step=job.last_step, time=job.start,
+        ranks=ranks[:256], nodes=sorted({d for g in split for d in g.domains})[:64],
+        job_id=job.job_id,
+        evidence=[{"metric": "tensor-parallel groups split", "value": len(split),
+                   "of": world // tp, "tp": tp,
+                   "groups": [{"ranks": list(g.ranks), "domains": list(g.domains)}
+                              for g in split[:8]]}],
+    ))  # fmt: skip
 
 
 def _topology(place: Placement) -> dict[str, list[str]]:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import yaml
 
 from ..alerts.engine import RESOLVE_STEPS, RunSignals, evaluate
-from ..alerts.metrics import JobMetrics, RunMetrics
+from ..alerts.metrics import SAMPLED_METRICS, JobMetrics, RunMetrics
 from ..alerts.notifiers import (
     AlertmanagerNotifier,
     Delivery,
@@ -48,6 +48,7 @@ from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 from .analyzer import analyze_once
 from .goodput import goodput_window
+from .run_signals import metric_samples
 from .runs import RunQueries
 
 __all__ = ["Monitor"]
@@ -69,6 +70,10 @@ class Monitor:
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
     remediation: Controller | None = None
     _goodput: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
+    # per run, each per-metric alert input over time (run_signals.metric_samples)
+    _series: dict[tuple[str, str], dict[str, deque[tuple[float, float]]]] = field(
+        default_factory=dict
+    )
     passes: int = 0
     errors: int = 0
 
@@ -136,6 +141,7 @@ class Monitor:
     def take_over(self) -> None:
         """This server now leads: the goodput windows it kept when it led before are stale."""
         self._goodput.clear()
+        self._series.clear()
         if self.remediation is not None:
             self.remediation.take_over()
 
@@ -160,6 +166,10 @@ class Monitor:
             self.errors += 1
             log.exception("analysis pass failed")
         runs = self._active_runs(now)
+        active = {(r.tenant, r.run_id) for r in runs}
+        for kept in (self._goodput, self._series):  # runs that went quiet leave their series
+            for key in [k for k in kept if k not in active]:
+                del kept[key]
         snapshot: list[RunMetrics] = []
         by_tenant: dict[str, tuple[list[str], list[Any]]] = {}
         for run in runs:
@@ -223,6 +233,7 @@ class Monitor:
         ]
         status = run_status(run.status, run.status_at, run.last_seen, now)
         series = self._goodput_series(run, now, status)
+        sampled = self._metric_series(run, now, status, reader, summary)
         open_findings: dict[str, int] = {}
         for f in findings:
             end = f.end_step
@@ -242,6 +253,7 @@ class Monitor:
             drains=drains,
             stopped_at=max(stopped) if stopped else None,
             progress_at=max(progress) if progress else None,
+            metrics={k: list(v) for k, v in sampled.items()},
         )
         m = summary.get("metrics", {})
         metrics = RunMetrics(
@@ -255,8 +267,24 @@ class Monitor:
             mfu=m.get("mfu"),
             last_step_age_s=(now - last_end) if last_end else None,
             findings=open_findings,
+            **{k: v[-1][1] for k, v in sampled.items() if v and k in SAMPLED_METRICS},
         )
         return signals, metrics
+
+    def _metric_series(
+        self, run: Run, now: float, status: str, reader: TenantReader, summary: dict[str, Any]
+    ) -> dict[str, deque[tuple[float, float]]]:
+        """The run's per-metric alert inputs over time, sampled like its goodput."""
+        series = self._series.setdefault((run.tenant, run.run_id), {})
+        if status not in ("RUNNING", "STALLED"):
+            return series
+        newest = max((d[-1][0] for d in series.values() if d), default=None)
+        if newest is not None and now - newest < self.config.goodput_every_s:
+            return series
+        for name, value in metric_samples(reader, run.run_id, summary, now).items():
+            if value is not None:
+                series.setdefault(name, deque(maxlen=512)).append((now, value))
+        return series
 
     def _goodput_series(self, run: Run, now: float, status: str) -> deque[tuple[float, float]]:
         key = (run.tenant, run.run_id)

@@ -1,0 +1,54 @@
+"""The placement checked against the parallel layout: tensor-parallel groups inside one NVLink
+domain (seed 002: "tensor-parallel groups physically verified to land on NVLink-connected nodes").
+
+A tensor-parallel group all-reduces activations in every layer, forward and backward; split over
+two NVLink domains, those all-reduces cross the network, an order of magnitude slower. The
+layout is Megatron-LM's (and torchtitan's, DeepSpeed's): the TP size comes from the run's config
+(``tp``, ``tensor_model_parallel_size``, ``tensor_parallel_size``) and TP groups are runs of
+consecutive ranks, ``[k * tp, (k + 1) * tp)``. A rank's domain is its placement's NVLink domain
+when the placement names one, else its node. Ranks with no placement yet are not judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TP_KEYS", "SplitGroup", "split_tp_groups", "tp_size"]
+
+TP_KEYS = ("tp", "tensor_model_parallel_size", "tensor_parallel_size", "tp_size")
+
+
+@dataclass(frozen=True)
+class SplitGroup:
+    ranks: tuple[int, ...]
+    domains: tuple[str, ...]  # the distinct domains its ranks are on, sorted
+
+
+def tp_size(config: dict[str, Any]) -> int | None:
+    """The run's tensor-parallel size from its config, or None when it does not say (or 1)."""
+    for key in TP_KEYS:
+        v = config.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and int(v) == v and v > 1:
+            return int(v)
+        if isinstance(v, str) and v.isdigit() and int(v) > 1:
+            return int(v)
+    return None
+
+
+def split_tp_groups(
+    tp: int, world: int, node: Sequence[str], nvlink_domain: Sequence[str]
+) -> list[SplitGroup]:
+    """The TP groups whose placed ranks sit in more than one domain."""
+    out: list[SplitGroup] = []
+    for first in range(0, world - world % tp, tp):
+        ranks = range(first, first + tp)
+        where = {
+            (nvlink_domain[r] if r < len(nvlink_domain) and nvlink_domain[r] else node[r])
+            for r in ranks
+            if r < len(node) and node[r]
+        }
+        if len(where) > 1:
+            out.append(SplitGroup(tuple(ranks), tuple(sorted(where))))
+    return out
