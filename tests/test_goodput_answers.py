@@ -11,6 +11,7 @@ enter, and an unknown one is refused with the known names listed.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from fleetlens.analysis.goodput import Factors, factors_from_breakdown
 from fleetlens.errors import UnknownName
 from fleetlens.sim import MemorySink, load_scenario, readback, run_scenario
 from fleetlens.sim.emit import HttpSink
+from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch, wait_until
 from .test_cli import fleetlens_cmd, ok
@@ -169,6 +171,31 @@ def test_run_summary_says_why_mfu_is_missing(sent: Sent) -> None:
     assert "MFU unknown: the run config has no n_params" in out, out
 
 
+def test_an_unknown_accelerator_from_the_sdk_is_kept_and_explained(sent: Sent) -> None:
+    """The SDK's job_start is never refused (telemetry does not break training); the unknown
+    name is shown with the known ones wherever MFU would be."""
+    run = "answers-sdk"
+    ev = TableBuilder("event")
+    config = {"n_params": N_PARAMS, "accelerator": "h900"}
+    ev.add("time", [time.time() - 120]).add("kind", ["job_start"]).add("step", [0])
+    ev.add("attrs", [json.dumps({"config": config})])
+    ctx = {"run_id": run, "job_id": "j1", "project": "test"}
+    assert sent.server.post(encode_batch({"event": ev.build()}, ctx)[1])[0] == 200
+    _, batch = step_batch(run, range(0, 20), 4)
+    assert sent.server.post(batch)[0] == 200
+    wait_until(lambda: sent.server.get(f"/v1/runs/{run}")["steps"] == 20)
+    detail = sent.server.get(f"/v1/runs/{run}")
+    assert detail["config"]["accelerator"] == "h900"
+    assert detail["mfu"]["value"] is None
+    assert "unknown accelerator 'h900'; known: H100-SXM" in detail["mfu"]["missing"]
+    prog = sent.server.get(f"/v1/runs/{run}/goodput")["program"]
+    assert prog["programBasis"] == "straggler_bound" and prog["mfu"] is None
+    assert "unknown accelerator 'h900'" in prog["missing"]
+    # naming a known one on the request gives the MFU the config could not
+    prog = sent.server.get(f"/v1/runs/{run}/goodput?accelerator=H100")["program"]
+    assert prog["programBasis"] == "mfu_retained_steps" and prog["mfu"] > 0
+
+
 def test_goodput_terms_mfu_and_ceiling_gains_agree_with_the_library(sent: Sent) -> None:
     caps = {"scheduling": 0.8, "runtime": 0.98, "program": 0.65}
     url = (
@@ -294,6 +321,8 @@ def test_bad_what_if_and_bad_accelerator_are_refused(sent: Sent) -> None:
     assert srv.request("POST", f"/v1/runs/{RUN}/whatif", {})[0] == 400
     assert srv.request("POST", "/v1/runs/nope/whatif", {"ratios": {"program": 1.1}})[0] == 404
 
+    status, err = srv.request("GET", f"/v1/runs/{RUN}/goodput?dtype=int3")
+    assert status == 422 and "H100-SXM has no int3 peak" in json.dumps(err), err
     for path, body in (
         (f"/v1/runs/{RUN}/goodput?accelerator=h900", None),
         (f"/v1/runs/{RUN}/describe", {"config": {"accelerator": "h900"}}),

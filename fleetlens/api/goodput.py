@@ -162,14 +162,17 @@ def _measure(
     accelerator: str | None,
     dtype: str | None,
 ) -> tuple[Breakdown, Factors, dict[str, Any], ProgramSpec]:
-    """The run's breakdown and factors; an accelerator or dtype named here must be known."""
+    """The run's breakdown and factors. An accelerator or dtype named in the request must be
+    known (a 422 listing the known ones otherwise), and so must the config's accelerator that a
+    requested dtype applies to; an unknown name in the stored config alone leaves MFU out and
+    says why (``ProgramSpec.missing``)."""
     info = svc.metadata.get_run(scope, run_id)
     spec = program_spec(
-        info.config or {}, accelerator_name=accelerator, dtype=dtype, strict=accelerator is not None
+        info.config or {},
+        accelerator_name=accelerator,
+        dtype=dtype,
+        strict=accelerator is not None or dtype is not None,
     )
-    if dtype is not None and spec.accelerator is not None:
-        # a dtype the accelerator lacks is a 422 even when the name came from the config
-        program_spec(info.config or {}, accelerator_name=spec.accelerator, dtype=dtype, strict=True)
     bd, f, meta = GoodputQueries(svc.telemetry, scope).run_goodput(
         run_id, spec, window=window, scheduling=scheduling
     )
