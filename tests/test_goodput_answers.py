@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -169,6 +170,28 @@ def test_run_summary_says_why_mfu_is_missing(sent: Sent) -> None:
     assert m["missing"] == "the run config has no n_params, flops_per_token or flops_per_step"
     out = ok("run", "show", run, "--server", sent.server.url)
     assert "MFU unknown: the run config has no n_params" in out, out
+
+
+def test_the_run_summarys_mfu_is_the_prometheus_gauge(sent: Sent) -> None:
+    run = "answers-live"
+    _, batch = step_batch(run, range(0, 20), 4, t0=time.time() - 30)
+    assert sent.server.post(batch)[0] == 200
+    config = {"n_params": N_PARAMS, "accelerator": "a100-80g"}
+    assert sent.server.request("POST", f"/v1/runs/{run}/describe", {"config": config})[0] == 200
+    want = sent.server.get(f"/v1/runs/{run}")["mfu"]["value"]
+    assert want == pytest.approx(
+        mfu(dense_flops_per_token(N_PARAMS) * 1000 * 4 / 0.4, 1.0, 4, 312e12), rel=1e-6
+    )
+
+    def gauge() -> float | None:
+        with urllib.request.urlopen(sent.server.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.startswith("fleetlens_run_mfu{") and f'run_id="{run}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    assert wait_until(gauge, what="fleetlens_run_mfu") == pytest.approx(want, rel=1e-6)
 
 
 def test_an_unknown_accelerator_from_the_sdk_is_kept_and_explained(sent: Sent) -> None:

@@ -11,7 +11,7 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from ..errors import ConfigError
-from ..services.goodput import program_spec, window_mfu
+from ..services.goodput import summary_mfu
 from ..services.runs import MAX_TIMELINE_STEPS, RunQueries
 from ..store.metadata import RunInfo
 from ..store.scope import Scope
@@ -44,15 +44,7 @@ def run_json(info: RunInfo) -> dict[str, Any]:
 
 def _summary_mfu(config: dict[str, Any], summary: dict[str, Any]) -> MfuOut:
     """MFU over the summary's window (tokens/s or step time), or why there is none."""
-    spec = program_spec(config)
-    m = summary.get("metrics", {})
-    step_ms = m.get("stepTimeMs")
-    value = window_mfu(
-        spec,
-        m.get("tokensPerSecond"),
-        step_ms / 1000.0 if step_ms else None,
-        summary.get("worldSize"),
-    )
+    value, spec = summary_mfu(config, summary)
     missing = spec.missing
     if value is None and missing is None:
         missing = "no steps with tokens or step time yet"

@@ -25,7 +25,14 @@ from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 
-__all__ = ["GoodputQueries", "ProgramSpec", "goodput_window", "program_spec", "window_mfu"]
+__all__ = [
+    "GoodputQueries",
+    "ProgramSpec",
+    "goodput_window",
+    "program_spec",
+    "summary_mfu",
+    "window_mfu",
+]
 
 
 class ProgramSpec:
@@ -140,6 +147,21 @@ def window_mfu(
     if spec.flops_per_step and step_s:
         return float(mfu(spec.flops_per_step, step_s, int(devices), spec.peak_flops))
     return None
+
+
+def summary_mfu(
+    config: dict[str, Any], summary: dict[str, Any]
+) -> tuple[float | None, ProgramSpec]:
+    """MFU over a run summary's window (:func:`fleetlens.services.runs.summarize`: its
+    tokens/s, median step time and world size), with the spec it was computed from."""
+    spec = program_spec(config)
+    m = summary.get("metrics", {})
+    step_ms = m.get("stepTimeMs")
+    value = window_mfu(
+        spec, m.get("tokensPerSecond"), step_ms / 1000.0 if step_ms else None,
+        summary.get("worldSize"),
+    )  # fmt: skip
+    return value, spec
 
 
 class GoodputQueries:

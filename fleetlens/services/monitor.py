@@ -47,7 +47,7 @@ from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 from .analyzer import analyze_once
-from .goodput import goodput_window
+from .goodput import goodput_window, summary_mfu
 from .runs import RunQueries
 
 __all__ = ["Monitor"]
@@ -252,7 +252,8 @@ class Monitor:
             step_time_max=step_ms / 1000.0 if step_ms else None,
             step_time_median=(m.get("meanRankStepTimeMs") or 0) / 1000.0 or None,
             tokens_per_s=m.get("tokensPerSecond"),
-            mfu=m.get("mfu"),
+            # a scalar the job logs as "mfu" wins; else the config's FLOPs over the window
+            mfu=m["mfu"] if m.get("mfu") is not None else summary_mfu(run.config or {}, summary)[0],
             last_step_age_s=(now - last_end) if last_end else None,
             findings=open_findings,
         )
