@@ -275,12 +275,33 @@ class Client:
         return self._rows(doc, "items", as_)
 
     def goodput(
-        self, run_id: str, *, price: float | None = None, scheduling: float | None = None
+        self,
+        run_id: str,
+        *,
+        price: float | None = None,
+        scheduling: float | None = None,
+        accelerator: str | None = None,
+        dtype: str | None = None,
+        ceilings: dict[str, float] | None = None,
     ) -> dict[str, Any]:
-        """Where the run's time went, its goodput factors, checkpoint and cost advice."""
+        """Where the run's time went, its goodput factors, equation 4 measured and predicted,
+        MFU/HFU/MBU, checkpoint and cost advice, and each lever's gain at its ceiling."""
+        caps = ",".join(f"{k}={v}" for k, v in ceilings.items()) if ceilings else None
         return dict(
-            self.get(f"/v1/runs/{_quote(run_id)}/goodput", price=price, scheduling=scheduling)
+            self.get(
+                f"/v1/runs/{_quote(run_id)}/goodput",
+                price=price,
+                scheduling=scheduling,
+                accelerator=accelerator,
+                dtype=dtype,
+                ceilings=caps,
+            )
         )
+
+    def whatif(self, run_id: str, change: dict[str, Any]) -> dict[str, Any]:
+        """A change (``after``, ``ratios``, ``terms``; optional ``scheduling``, ``from``/``to``,
+        ``accelerator``) judged by the product of its ratios against the run's factors."""
+        return dict(self.post(f"/v1/runs/{_quote(run_id)}/whatif", change))
 
     def fleet_goodput(
         self,

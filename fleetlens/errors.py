@@ -2,6 +2,7 @@
 
     FleetlensError
     ├── ConfigError            a setting or an argument has a bad value (also a ValueError)   400
+    │   └── UnknownName        a name outside a fixed table (an accelerator, a dtype)         422
     ├── WireError              a batch cannot be decoded or fails validation                  400
     │   ├── UnsupportedVersion the batch's wire version is not one we read                    400
     │   └── BatchTooLarge      the batch is over the size or row limit                        413
@@ -43,6 +44,7 @@ __all__ = [
     "StoreError",
     "TraceFormatError",
     "TransportError",
+    "UnknownName",
     "UnsupportedVersion",
     "WireError",
     "http_status",
@@ -56,6 +58,11 @@ class FleetlensError(Exception):
 class ConfigError(FleetlensError, ValueError):
     """A setting or an argument has a value we refuse to guess about. It is a ``ValueError``
     too, as a bad argument is in Python."""
+
+
+class UnknownName(ConfigError):
+    """A name that must be one of a fixed table's (an accelerator, a dtype) is not; the message
+    lists the known ones."""
 
 
 class WireError(FleetlensError):
@@ -150,6 +157,7 @@ STATUS: tuple[tuple[type[FleetlensError], int], ...] = (
     (BatchTooLarge, 413),
     (WireError, 400),
     (TraceFormatError, 400),
+    (UnknownName, 422),
     (ConfigError, 400),
     (Conflict, 409),
     (StoreError, 503),

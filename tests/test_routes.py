@@ -41,7 +41,11 @@ EXPECTED = {
         ("GET", "/v1/runs/{run_id}/preserved/{window_id}"),
     ],
     "traces": [("GET", "/v1/runs/{run_id}/traces")],
-    "goodput": [("GET", "/v1/runs/{run_id}/goodput"), ("GET", "/v1/fleet/goodput")],
+    "goodput": [
+        ("GET", "/v1/runs/{run_id}/goodput"),
+        ("POST", "/v1/runs/{run_id}/whatif"),
+        ("GET", "/v1/fleet/goodput"),
+    ],
     "admin": [("GET", "/v1/tokens"), ("POST", "/v1/tokens"), ("GET", "/v1/audit")],
     "portal": [("GET", "/v1/runs/{run_id}/overview"), ("GET", "/v1/runs/{run_id}/failure")],
     "portal_fleet": [("GET", "/v1/portal/oncall"), ("GET", "/v1/portal/capacity")],

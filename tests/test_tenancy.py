@@ -212,6 +212,7 @@ BODIES = {
     ("post", "/v1/runs/{run_id}/flight-recorder"): {
         "files": [{"name": "nccl_trace_rank_0", "data": "eyJlbnRyaWVzIjogW119"}]
     },
+    ("post", "/v1/runs/{run_id}/whatif"): {"ratios": {"program": 1.1}},
     ("post", "/v1/remediations/{remediation_id}/approve"): {},
     ("post", "/v1/remediations/{remediation_id}/reject"): {},
 }

@@ -106,7 +106,11 @@ class JobMetrics(Collector):
                 "Slowest rank's compute over the mean rank's, minus 1, recent steps",
             ),
             "tokens_per_s": ("fleetlens_run_tokens_per_second", "Tokens per second, recent steps"),
-            "mfu": ("fleetlens_run_mfu", "Model FLOPs utilization over retained steps"),
+            "mfu": (
+                "fleetlens_run_mfu",
+                "Model FLOPs utilization, recent steps (a logged mfu scalar, else the config's "
+                "FLOPs and accelerator)",
+            ),
             "last_step_age_s": (
                 "fleetlens_run_last_step_age_seconds",
                 "Seconds since the run's last step ended",

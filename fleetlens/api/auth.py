@@ -16,7 +16,7 @@ from fastapi import HTTPException, Request
 
 from ..store.scope import Scope
 
-__all__ = ["ERROR_RESPONSES", "caller", "require", "require_any"]
+__all__ = ["ERROR_RESPONSES", "UNKNOWN_NAME_RESPONSE", "caller", "require", "require_any"]
 
 _ERROR = {
     "application/json": {
@@ -32,6 +32,15 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: {"description": "The token's role does not allow this", "content": _ERROR},
     404: {"description": "No such object visible to the caller", "content": _ERROR},
     503: {"description": "A store is unavailable; retry after Retry-After", "content": _ERROR},
+}
+# A route that takes a name from a fixed table (an accelerator): its 422 is either the
+# framework's validation answer or an UnknownName, whose `detail` is the message.
+UNKNOWN_NAME_RESPONSE: dict[int | str, dict[str, Any]] = {
+    422: {
+        "description": "A field fails validation, or a name (an accelerator, a dtype) is not "
+        "in the table; the message lists the known ones",
+        "content": _ERROR,
+    }
 }
 
 

@@ -13,12 +13,13 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..analysis.flops import accelerator
 from ..errors import ConfigError, StoreError
 from ..services.compare import CompareQueries, compare_runs
 from ..store.graph import ARTIFACT_KINDS, GraphStore
 from ..store.graph_files import server_read_refusal
 from ..store.scope import Scope
-from .auth import ERROR_RESPONSES, require
+from .auth import ERROR_RESPONSES, UNKNOWN_NAME_RESPONSE, require
 
 __all__ = ["router"]
 
@@ -205,17 +206,26 @@ class DescribeBody(BaseModel):
     experimentId: str | None = None
 
 
-@router.post("/runs/{run_id}/describe", summary="Record a run's config, code, dataset, command")
+@router.post(
+    "/runs/{run_id}/describe",
+    summary="Record a run's config, code, dataset, command",
+    responses=UNKNOWN_NAME_RESPONSE,
+)
 async def describe_run(
     request: Request, run_id: str, body: DescribeBody, scope: Writer
 ) -> dict[str, Any]:
     svc = _svc(request)
+    config = body.config
+    if config is not None and config.get("accelerator") is not None:
+        # Stored under the table's name ("h100" -> H100-SXM), so MFU and the workload baselines
+        # see one name; an unknown one is a 422 listing the known names.
+        config = {**config, "accelerator": accelerator(str(config["accelerator"])).name}
     return dict(
         await _run(
             lambda: GraphStore(svc.metadata).describe_run(
                 scope,
                 run_id,
-                config=body.config,
+                config=config,
                 code=body.code,
                 dataset=body.dataset,
                 launch_command=body.launchCommand,

@@ -34,6 +34,7 @@ __all__ = [
     "ApiModel",
     "BreakdownLineOut",
     "BreakdownOut",
+    "CeilingGainOut",
     "CheckpointAdviceOut",
     "DiagnosisOut",
     "FactorsOut",
@@ -41,6 +42,7 @@ __all__ = [
     "FleetGoodputOut",
     "GpuHoursOut",
     "LossSharesOut",
+    "MfuOut",
     "PoolGoodputOut",
     "PoolSharesOut",
     "ProgramOut",
@@ -52,6 +54,8 @@ __all__ = [
     "RunGoodputOut",
     "RunListOut",
     "RunOut",
+    "RuntimeModelOut",
+    "RuntimeTermsOut",
     "StepWindowOut",
     "StragglersOut",
     "TimeWindowOut",
@@ -59,6 +63,8 @@ __all__ = [
     "TimelineItem",
     "TimelineMetricOut",
     "TimelineOut",
+    "WhatIfFactorsOut",
+    "WhatIfOut",
 ]
 
 
@@ -111,6 +117,20 @@ class StepWindowOut(ApiModel):
     steps: int
 
 
+class MfuOut(ApiModel):
+    """Model FLOPs utilization over the run summary's window, with what it was computed from."""
+
+    value: float | None = Field(description="null when it cannot be computed: see `missing`")
+    hfu: float | None = Field(description="hardware FLOPs utilization (with recomputation)")
+    accelerator: str | None = Field(description="the table entry the config's name resolved to")
+    dtype: str | None
+    peak_flops_per_device: float | None
+    devices: int | None
+    flops_per_token: float | None
+    flops_per_step: float | None
+    missing: str | None = Field(description="why MFU is not computed; null when it is")
+
+
 class RunDetailOut(RunOut):
     """One run: the list's fields, its config and jobs, progress, speed and latest scalars."""
 
@@ -124,6 +144,7 @@ class RunDetailOut(RunOut):
         description="latest value of every scalar by name, and stepTimeMs, meanRankStepTimeMs "
         "and tokensPerSecond over the window; null where not finite"
     )
+    mfu: MfuOut | None = Field(default=None, description="MFU over the window's steps")
 
 
 # ---- ranks --------------------------------------------------------------------------------
@@ -360,6 +381,47 @@ class ProgramOut(ApiModel):
     devices: int | None
     retained_flops: float | None
     program_basis: str
+    mfu: float | None = Field(
+        default=None, description="program goodput when it is MFU over the retained steps"
+    )
+    hfu: float | None = Field(default=None, description="with recomputation (config recompute)")
+    mbu: float | None = Field(default=None, description="with config bytes_per_step")
+    accelerator: str | None = Field(default=None, description="the table entry used")
+    dtype: str | None = None
+    peak_flops_per_device: float | None = None
+    missing: str | None = Field(default=None, description="why MFU is not computed")
+
+
+class RuntimeModelOut(ApiModel):
+    """Equation 4's model inputs, read off the run's own record."""
+
+    held_seconds: float
+    startup_seconds: float
+    data_stall_ratio: float
+    checkpoint_write_seconds: float
+    checkpoint_interval_seconds: float
+    mtbf_seconds: float | None = Field(description="held time per failure; null without one")
+    recovery_seconds: float = Field(description="recovery and hang time per failure")
+    preemptions_per_second: float
+    preemption_tax_seconds: float
+
+
+class RuntimeTermsOut(ApiModel):
+    """Equation 4's terms as shares of held time: measured on the timeline, predicted from the
+    owners' models (Young-Daly for checkpoints), and measured - predicted."""
+
+    measured: dict[str, float]
+    predicted: dict[str, float] | None
+    residual: dict[str, float] | None = Field(
+        description="measured - predicted per term, and `total` over the five"
+    )
+    model: RuntimeModelOut | None
+
+
+class CeilingGainOut(ApiModel):
+    ceiling: float
+    mpg: float = Field(description="MPG with this factor at its ceiling, the others as measured")
+    gain: float | None = Field(description="relative MPG gain; null when the factor is 0")
 
 
 class CheckpointAdviceOut(ApiModel):
@@ -380,6 +442,9 @@ class AdviceOut(ApiModel):
     chargeback_per_useful_hour: float | None = Field(
         default=None, description="absent without a price"
     )
+    ceiling_gains: dict[str, CeilingGainOut] | None = Field(
+        default=None, description="each lever at its ceiling (1 unless `ceilings` names one)"
+    )
 
 
 class RunGoodputOut(ApiModel):
@@ -387,7 +452,37 @@ class RunGoodputOut(ApiModel):
     breakdown: BreakdownOut
     factors: FactorsOut
     program: ProgramOut
+    runtime_terms: RuntimeTermsOut | None = Field(default=None, description="equation 4")
     advice: AdviceOut
+
+
+class WhatIfFactorsOut(ApiModel):
+    scheduling: float
+    runtime: float
+    program: float
+    job_product: float
+    mpg: float
+
+
+class WhatIfOut(ApiModel):
+    """A proposed change judged by the product of its after/before ratios (003 s9.9.1)."""
+
+    run_id: str
+    window: TimeWindowOut
+    program_basis: str
+    before: WhatIfFactorsOut = Field(description="the run's measured factors")
+    after: WhatIfFactorsOut
+    ratios: dict[str, float] = Field(description="after / before per factor")
+    product: float = Field(description="the product of the ratios: MPG after / MPG before")
+    job_product_ratio: float = Field(description="runtime x program ratio: the job's own lever")
+    improves: bool
+    break_even: dict[str, float] = Field(
+        description="per factor, the ratio at which the product would be exactly 1 with the "
+        "other ratios as proposed (e.g. how much runtime a program gain can spend)"
+    )
+    terms_after: dict[str, float] | None = Field(
+        default=None, description="equation-4 terms after the change, when the change names terms"
+    )
 
 
 class GpuHoursOut(ApiModel):

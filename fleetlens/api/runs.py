@@ -11,11 +11,20 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from ..errors import ConfigError
+from ..services.goodput import summary_mfu
 from ..services.runs import MAX_TIMELINE_STEPS, RunQueries
 from ..store.metadata import RunInfo
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
-from .models import RankSort, RanksOut, RunDetailOut, RunListOut, RunOut, TimelineOut
+from .models import (
+    MfuOut,
+    RankSort,
+    RanksOut,
+    RunDetailOut,
+    RunListOut,
+    RunOut,
+    TimelineOut,
+)
 
 __all__ = ["router", "run_json"]
 
@@ -31,6 +40,26 @@ def _services(request: Request) -> Any:
 def run_json(info: RunInfo) -> dict[str, Any]:
     """A run as the runs list shows it, as a JSON-ready dict (the portal's documents embed it)."""
     return RunOut.from_info(info).model_dump(by_alias=True)
+
+
+def _summary_mfu(config: dict[str, Any], summary: dict[str, Any]) -> MfuOut:
+    """MFU over the summary's window (tokens/s or step time), or why there is none."""
+    value, spec = summary_mfu(config, summary)
+    missing = spec.missing
+    if value is None and missing is None:
+        missing = "no steps with tokens or step time yet"
+    devices = spec.devices or summary.get("worldSize") or None
+    return MfuOut(
+        value=value,
+        hfu=value * spec.hardware_ratio if value is not None and spec.hardware_ratio else None,
+        accelerator=spec.accelerator,
+        dtype=spec.dtype,
+        peak_flops_per_device=spec.peak_flops,
+        devices=int(devices) if devices else None,
+        flops_per_token=spec.flops_per_token,
+        flops_per_step=spec.flops_per_step,
+        missing=missing,
+    )
 
 
 @router.get(
@@ -73,8 +102,9 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
         declared = int(jobs[-1]["worldSize"]) if jobs else 0
         if summary.get("worldSize") and declared > summary["worldSize"]:
             summary["worldSize"] = declared
+        mfu = _summary_mfu(info.config or {}, summary)
         return RunDetailOut.model_validate(
-            {**run_json(info), "config": info.config, "jobIds": job_ids, **summary}
+            {**run_json(info), "config": info.config, "jobIds": job_ids, **summary, "mfu": mfu}
         )
 
     return await anyio.to_thread.run_sync(work)

@@ -7,13 +7,33 @@ from typing import Any
 
 from ._common import client, client_opts
 from ._output import Table, fmt, pct, print_json
+from .goodput_answers import (
+    add_options,
+    parse_ceilings,
+    parse_what_if,
+    print_answers,
+    print_what_if,
+)
 
 __all__ = ["add_parsers", "cmd_fleet_goodput", "cmd_goodput"]
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
+    ceilings = parse_ceilings(args.ceiling)
     with client(args) as c:
-        data = c.goodput(args.run, price=args.price, scheduling=args.scheduling)
+        data = c.goodput(
+            args.run,
+            price=args.price,
+            scheduling=args.scheduling,
+            accelerator=args.accelerator,
+            dtype=args.dtype,
+            ceilings=ceilings or None,
+        )
+        if args.what_if:
+            change = parse_what_if(args.what_if, data["breakdown"]["measuredTerms"])
+            change.update(scheduling=data["factors"]["scheduling"])
+            change.update(accelerator=args.accelerator, dtype=args.dtype)
+            data["whatIf"] = c.whatif(args.run, {k: v for k, v in change.items() if v is not None})
     if args.json:
         print_json(data)
         return 0
@@ -50,6 +70,9 @@ def cmd_goodput(args: argparse.Namespace) -> int:
             f"  cost per useful accelerator-hour {fmt(adv['costPerUsefulHour'], '.2f')}  "
             f"chargeback {fmt(adv['chargebackPerUsefulHour'], '.2f')}"
         )
+    print_answers(data)
+    if "whatIf" in data:
+        print_what_if(data["whatIf"])
     return 0
 
 
@@ -89,6 +112,7 @@ def add_parsers(sub: Any) -> None:
     g.add_argument("run")
     g.add_argument("--price", type=float, help="price per accelerator-hour, for the cost view")
     g.add_argument("--scheduling", type=float, help="the pool's scheduling goodput (default 1)")
+    add_options(g)
     client_opts(g)
     g.set_defaults(func=cmd_goodput)
     fleet = sub.add_parser("fleet", help="fleet-wide views")

@@ -62,17 +62,20 @@ def cmd_import(args: argparse.Namespace) -> int:
         from ..importers.lightning import read_lightning as read
     else:
         from ..importers.hf_trainer import read_hf_trainer as read
+    acc_name = ""
     if args.accelerator:
         from ..analysis.flops import accelerator
 
-        accelerator(args.accelerator)  # an unknown name fails here, listing the known ones
+        # "h100", "NVIDIA H100 80GB HBM3"...: stored under the table's name; an unknown name
+        # fails here, listing the known ones
+        acc_name = accelerator(args.accelerator).name
     out: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         c = None if args.dry_run else stack.enter_context(client(args, timeout=120.0))
         for log in args.logs:
             run = read(log, start=args.start)
-            if args.accelerator:
-                run.config["accelerator"] = args.accelerator
+            if acc_name:
+                run.config["accelerator"] = acc_name
             summary = run.summary()
             rid = args.run if len(args.logs) == 1 else f"{args.run}-{len(out)}"
             summary["runId"] = rid
@@ -140,8 +143,8 @@ def add_parsers(sub: Any) -> None:
     imp.add_argument(
         "--accelerator",
         default="",
-        help="the GPU the job ran on (e.g. H100-SXM, V100-SXM2): with the model size and world "
-        "size from the log's arguments it gives the run's MFU",
+        help="the GPU the job ran on (e.g. h100, 'NVIDIA A100-SXM4-80GB', V100-SXM2): with the "
+        "model size and world size from the log's arguments it gives the run's MFU",
     )
     imp.add_argument("--dry-run", action="store_true", help="parse and summarise only")
     client_opts(imp, json=False)

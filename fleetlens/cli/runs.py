@@ -61,6 +61,16 @@ def cmd_run_show(args: argparse.Namespace) -> int:
         f"{run.get('window', {}).get('steps', 0)} steps)  tokens/s "
         f"{fmt(m.get('tokensPerSecond'), ',.0f')}  loss {fmt(m.get('loss'), '.4g')}"
     )
+    mfu = run.get("mfu") or {}
+    if mfu.get("value") is not None:
+        hfu = f"  HFU {fmt(mfu['hfu'], '.1%')}" if mfu.get("hfu") is not None else ""
+        print(
+            f"  MFU {fmt(mfu['value'], '.1%')}{hfu} ({mfu['devices']} x {mfu['accelerator'] or '-'}"
+            f" at {fmt(mfu['peakFlopsPerDevice'] / 1e12, '.1f')} TFLOP/s {mfu['dtype']}, same "
+            "window)"
+        )
+    elif mfu:
+        print(f"  MFU unknown: {mfu.get('missing')}")
     if ranks["ranks"]:
         print(f"  slowest ranks by compute time, steps {ranks['fromStep']}-{ranks['toStep']}:")
         t = Table(

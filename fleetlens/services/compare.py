@@ -29,7 +29,7 @@ from ..store.metadata import MetadataStore
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
-from .goodput import program_spec
+from .goodput import program_spec, window_mfu
 
 __all__ = ["FAULT_KINDS", "CompareQueries", "compare_runs"]
 
@@ -286,15 +286,12 @@ def _infra_findings(store: FindingsStore, scope: Scope, run_id: str) -> dict[str
 
 
 def _mfu(config: dict[str, Any], speed: dict[str, Any]) -> float | None:
-    spec = program_spec(config)
-    tps = speed.get("tokens_per_s")
-    devices = spec.devices or speed.get("ranks")
-    if spec.peak_flops and devices and tps:
-        if spec.flops_per_token:
-            return float(spec.flops_per_token * tps / (devices * spec.peak_flops))
-        if spec.flops_per_step and speed.get("median_step_s"):
-            return float(spec.flops_per_step / speed["median_step_s"] / (devices * spec.peak_flops))
-    return None
+    return window_mfu(
+        program_spec(config),
+        speed.get("tokens_per_s"),
+        speed.get("median_step_s"),
+        speed.get("ranks"),
+    )
 
 
 def compare_runs(

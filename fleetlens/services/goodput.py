@@ -11,24 +11,33 @@ ground truth shares (docs/goodput.md).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ..analysis.breakdown import Breakdown, Event, StepArrays, breakdown
-from ..analysis.flops import accelerator, dense_flops_per_token
+from ..analysis.flops import accelerator, dense_flops_per_token, dtype_name, mbu, mfu
 from ..analysis.goodput import Factors, factors_from_breakdown
 from ..analysis.scheduling import PoolCapacity, SchedulingResult, scheduling_goodput
-from ..errors import ConfigError
+from ..errors import ConfigError, UnknownName
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 
-__all__ = ["GoodputQueries", "ProgramSpec", "goodput_window", "program_spec"]
+__all__ = [
+    "GoodputQueries",
+    "ProgramSpec",
+    "goodput_window",
+    "program_spec",
+    "summary_mfu",
+    "window_mfu",
+]
 
 
 class ProgramSpec:
-    """What program goodput needs: model FLOPs per token (or per step), devices, peak rate."""
+    """What program goodput needs: model FLOPs per token (or per step), devices, peak rate;
+    ``missing`` says why MFU cannot be computed (None when it can)."""
 
     def __init__(
         self,
@@ -37,18 +46,41 @@ class ProgramSpec:
         peak_flops: float | None = None,
         devices: int | None = None,
         hardware_ratio: float | None = None,
+        *,
+        accelerator: str | None = None,
+        dtype: str | None = None,
+        bytes_per_step: float | None = None,
+        peak_bytes_per_s: float | None = None,
+        missing: str | None = None,
     ) -> None:
         self.flops_per_token = flops_per_token
         self.flops_per_step = flops_per_step
         self.peak_flops = peak_flops
         self.devices = devices
         self.hardware_ratio = hardware_ratio
+        self.accelerator = accelerator
+        self.dtype = dtype
+        self.bytes_per_step = bytes_per_step
+        self.peak_bytes_per_s = peak_bytes_per_s
+        self.missing = missing
 
 
-def program_spec(config: dict[str, Any]) -> ProgramSpec:
+def program_spec(
+    config: dict[str, Any],
+    *,
+    accelerator_name: str | None = None,
+    dtype: str | None = None,
+    strict: bool = False,
+) -> ProgramSpec:
     """Read a run's config: ``flops_per_step`` or ``flops_per_token`` or ``n_params`` (with
     optional ``n_layers``, ``d_model``, ``seq_len``), ``accelerator`` and ``dtype`` (or
-    ``peak_flops``), ``devices`` (else the ranks seen), ``recompute`` (for HFU)."""
+    ``peak_flops``), ``devices`` (else the ranks seen), ``recompute`` (for HFU),
+    ``bytes_per_step`` (weights and KV cache a step must move, for MBU).
+
+    ``accelerator_name`` and ``dtype`` override the config's. The accelerator is resolved by
+    :func:`fleetlens.analysis.flops.accelerator`'s forgiving match; an unknown one (or a dtype
+    the table lacks) raises :class:`UnknownName` when ``strict``, else leaves MFU out with the
+    reason in ``missing``."""
 
     def num(key: str) -> float | None:
         v = config.get(key)
@@ -62,18 +94,74 @@ def program_spec(config: dict[str, Any]) -> ProgramSpec:
             int(num("d_model") or 0),
             int(num("seq_len") or 0),
         )
+    problems = []
+    if fpt is None and num("flops_per_step") is None:
+        problems.append("the run config has no n_params, flops_per_token or flops_per_step")
     peak = num("peak_flops")
-    if peak is None and isinstance(config.get("accelerator"), str):
+    peak_bytes = None
+    acc_name = None
+    name = accelerator_name if accelerator_name is not None else config.get("accelerator")
+    dt = str(dtype if dtype is not None else config.get("dtype", "bf16"))
+    if name is not None and (peak is None or accelerator_name is not None):
         try:
-            peak = accelerator(config["accelerator"]).peak_flops(str(config.get("dtype", "bf16")))
-        except ConfigError:  # an accelerator or dtype the table does not know: no MFU
+            acc = accelerator(str(name))
+            acc_name = acc.name
+            peak = acc.peak_flops(dt)
+            peak_bytes = acc.peak_bytes_per_s
+        except UnknownName as exc:
+            if strict:
+                raise
             peak = None
+            problems.append(str(exc))
+    elif peak is None:
+        problems.append("the run config names no accelerator (or peak_flops)")
     ratio = None
     rc = config.get("recompute")
     if rc == "full":
         ratio = 4.0 / 3.0
     dev = num("devices")
-    return ProgramSpec(fpt, num("flops_per_step"), peak, int(dev) if dev else None, ratio)
+    return ProgramSpec(
+        fpt,
+        num("flops_per_step"),
+        peak,
+        int(dev) if dev else None,
+        ratio,
+        accelerator=acc_name,
+        dtype=dtype_name(dt),
+        bytes_per_step=num("bytes_per_step"),
+        peak_bytes_per_s=peak_bytes,
+        missing="; ".join(problems) or None,
+    )
+
+
+def window_mfu(
+    spec: ProgramSpec, tokens_per_s: float | None, step_s: float | None, ranks: float | None
+) -> float | None:
+    """MFU over a window of steps from its speed: model FLOPs per second over the devices'
+    peak (per token at the window's tokens/s, or per step at its step time)."""
+    devices = spec.devices or ranks
+    if not (spec.peak_flops and devices):
+        return None
+    if spec.flops_per_token and tokens_per_s:
+        return float(mfu(spec.flops_per_token * tokens_per_s, 1.0, int(devices), spec.peak_flops))
+    if spec.flops_per_step and step_s:
+        return float(mfu(spec.flops_per_step, step_s, int(devices), spec.peak_flops))
+    return None
+
+
+def summary_mfu(
+    config: dict[str, Any], summary: dict[str, Any]
+) -> tuple[float | None, ProgramSpec]:
+    """MFU over a run summary's window (:func:`fleetlens.services.runs.summarize`: its
+    tokens/s, median step time and world size), with the spec it was computed from."""
+    spec = program_spec(config)
+    m = summary.get("metrics", {})
+    step_ms = m.get("stepTimeMs")
+    value = window_mfu(
+        spec, m.get("tokensPerSecond"), step_ms / 1000.0 if step_ms else None,
+        summary.get("worldSize"),
+    )  # fmt: skip
+    return value, spec
 
 
 class GoodputQueries:
@@ -164,6 +252,9 @@ class GoodputQueries:
             hardware_flops=hw,
             scheduling=scheduling,
         )
+        if spec.bytes_per_step and spec.peak_bytes_per_s and devices and bd.retained_step_s > 0:
+            moved = spec.bytes_per_step * bd.retained_steps
+            f = replace(f, mbu=mbu(moved, bd.retained_step_s, devices, spec.peak_bytes_per_s))
         program_basis = (
             "mfu_retained_steps" if flops is not None and spec.peak_flops else ("straggler_bound")
         )

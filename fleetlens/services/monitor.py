@@ -47,7 +47,7 @@ from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 from .analyzer import analyze_once
-from .goodput import goodput_window
+from .goodput import goodput_window, summary_mfu
 from .run_signals import metric_samples
 from .runs import RunQueries
 
@@ -264,7 +264,8 @@ class Monitor:
             step_time_max=step_ms / 1000.0 if step_ms else None,
             step_time_median=(m.get("meanRankStepTimeMs") or 0) / 1000.0 or None,
             tokens_per_s=m.get("tokensPerSecond"),
-            mfu=m.get("mfu"),
+            # a scalar the job logs as "mfu" wins; else the config's FLOPs over the window
+            mfu=m["mfu"] if m.get("mfu") is not None else summary_mfu(run.config or {}, summary)[0],
             last_step_age_s=(now - last_end) if last_end else None,
             findings=open_findings,
             **{k: v[-1][1] for k, v in sampled.items() if v and k in SAMPLED_METRICS},
@@ -281,7 +282,8 @@ class Monitor:
         newest = max((d[-1][0] for d in series.values() if d), default=None)
         if newest is not None and now - newest < self.config.goodput_every_s:
             return series
-        for name, value in metric_samples(reader, run.run_id, summary, now).items():
+        samples = metric_samples(reader, run.run_id, dict(run.config or {}), summary, now)
+        for name, value in samples.items():
             if value is not None:
                 series.setdefault(name, deque(maxlen=512)).append((now, value))
         return series

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..schema import DATA_SCALARS
 from ..store.reader import TenantReader
+from .goodput import summary_mfu
 
 __all__ = ["RECENT_STEPS", "metric_samples"]
 
@@ -30,12 +31,14 @@ def _num(v: Any) -> float | None:
 
 
 def metric_samples(
-    reader: TenantReader, run_id: str, summary: dict[str, Any], now: float
+    reader: TenantReader, run_id: str, config: dict[str, Any], summary: dict[str, Any], now: float
 ) -> dict[str, float | None]:
     m = summary.get("metrics", {})
     step_max, step_mean = _num(m.get("stepTimeMs")), _num(m.get("meanRankStepTimeMs"))
+    # the MFU /metrics exports: a scalar the job logs as "mfu" wins, else the config's FLOPs
+    mfu = _num(m["mfu"]) if m.get("mfu") is not None else summary_mfu(config, summary)[0]
     out: dict[str, float | None] = {
-        "mfu": _num(m.get("mfu")),
+        "mfu": mfu,
         "tokens_per_s": _num(m.get("tokensPerSecond")),
         "rank_step_ratio": step_max / step_mean if step_max and step_mean else None,
     }
