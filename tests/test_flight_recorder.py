@@ -185,3 +185,75 @@ def test_cli_refuses_a_path_that_has_no_dumps(tmp_path: Path) -> None:
         "fr", "import", str(tmp_path), "--run", "r", "--server", "http://127.0.0.1:9"
     )
     assert out.returncode == 2 and "no such file or directory" in out.stderr
+
+
+_HUNG_JOB = """
+import os, time
+import torch, torch.distributed as dist
+import fleetlens, fleetlens.torch as fltorch
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+run = fleetlens.init(project="p", install_signal_handler=False)
+tr = fltorch.TorchRun(run)
+x = torch.ones(1024)
+for step in range(1000):
+    if rank == 2 and step == 8:
+        while True:  # a hung GPU: this rank never reaches the next all-reduce
+            time.sleep(1.0)
+    with tr.step(step, tokens=1024):
+        with tr.phase("comm"):
+            dist.all_reduce(x)
+    time.sleep(0.05)
+"""
+
+
+def test_a_hung_job_dumps_and_uploads_its_own_flight_recorder(
+    server: Server, tmp_path: Path
+) -> None:
+    """4 gloo ranks under torchrun with PyTorch's flight recorder on; rank 2 stops before its
+    9th all-reduce. With no step for the hang rule's floor (3 s here), every rank dumps its
+    recorder, rank 0 uploads the four dumps, and the run's findings name rank 2."""
+    import signal
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = tmp_path / "hung.py"
+    script.write_text(_HUNG_JOB)
+    fr_dir = tmp_path / "fr"
+    env = {**os.environ, "FLEETLENS_SERVER": server.url, "FLEETLENS_RUN_ID": "hung-job",
+           "FLEETLENS_SPOOL_DIR": str(tmp_path / "spool"), "TORCH_FR_BUFFER_SIZE": "2000",
+           "FLEETLENS_FR_DIR": str(fr_dir), "FLEETLENS_HANG_FLOOR_S": "3",
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    log = tmp_path / "job.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "4", str(script)],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        found: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not found and proc.poll() is None:
+            found = _fr_findings(server, "hung-job") if _known(server, "hung-job") else []
+            time.sleep(1.0)
+        assert found, "no flight-recorder finding"
+    finally:
+        proc.send_signal(signal.SIGTERM)  # torchrun stops its workers, the hung one too
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        out = log.read_text(errors="replace")
+    assert {f["diagnosis"] for f in found} == {"hang"}, found
+    assert set().union(*(f["ranks"] for f in found)) == {2}, (found, out[-2000:])
+    dumps = sorted(p.name for p in fr_dir.rglob("fleetlens_fr_rank_*"))
+    assert dumps == [f"fleetlens_fr_rank_{r}" for r in range(4)], dumps
+    assert "flight recorder dumped to" in out
+
+
+def _known(server: Server, run_id: str) -> bool:
+    return server.request("GET", f"/v1/runs/{run_id}/diagnosis")[0] == 200

@@ -170,6 +170,7 @@ def flight_recorder_groups(
     last: dict[str, dict[int, int]] = {}
     members: dict[str, tuple[int, ...]] = {}
     ops: dict[str, str] = {}
+    default: set[str] = set()
     for rank in range(world):
         d = dumps.get(rank) or {}
         for cfg in (d.get("pg_config") or {}).values():
@@ -180,10 +181,16 @@ def flight_recorder_groups(
         for e in d.get("entries") or []:
             if e.get("is_p2p"):
                 continue
-            name = str((e.get("process_group") or [""])[0])
+            pg = e.get("process_group") or [""]
+            name = str(pg[0])
+            if len(pg) > 1 and pg[1] == "default_pg":
+                default.add(name)
             seq = int(e.get("collective_seq_id", -1))
             g = last.setdefault(name, {})
             if seq > g.get(rank, -1):
                 g[rank] = seq
                 ops[name] = str(e.get("profiling_name", ""))
+    # The default group is every rank; PyTorch's gloo dumps leave its name empty in pg_config.
+    for name in default - set(members):
+        members[name] = tuple(range(world))
     return last, members, ops

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..sdk.run import Run
+from . import flight_recorder as fr
 from .cuda import CudaApi
 from .drain import Drain
 from .timing import StepTiming
@@ -38,6 +39,21 @@ class TorchRun(StepTiming, Drain):
         self.errors = 0
         self._init_timing(run, device, event_factory, cuda_api)
         self._init_drain()
+        self._watch_hangs()
+
+    def _watch_hangs(self) -> None:
+        """With the flight recorder on, dump and upload it when this job hangs
+        (:mod:`fleetlens.torch.flight_recorder`)."""
+        try:
+            cfg = self.run.config
+            if not cfg.enabled or not fr.enabled():
+                return  # fleetlens disabled, or no recorder buffer to dump
+            if cfg.world_size < 2:
+                return
+            where = fr.dump_dir(cfg.run_id, cfg.job_id)
+            self.hang_dump = fr.HangDump(self.run, cfg.rank, cfg.world_size, where).start()
+        except Exception:
+            self.errors += 1
 
     # -- training signals -----------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ..sdk.run import Run
 from .cuda import CudaApi, DeviceTimer, Mark, TorchCuda
+from .flight_recorder import HangDump
 
 
 class _Span:
@@ -70,6 +71,8 @@ class StepTiming:
         self._last_bucket = 0.0
         self._buckets = 0  # bucket marks so far, and the latest one (CUDA)
         self._bucket: Mark | None = None
+        self.hang_dump: HangDump | None = None  # TorchRun starts it (flight recorder on)
+        self._step_t0 = 0.0
 
     @property
     def dropped_steps(self) -> int:
@@ -86,6 +89,7 @@ class StepTiming:
         def enter() -> None:
             self._step_n = n
             self._seq = 0
+            self._step_t0 = time.perf_counter()
             wait, self._data_wait = self._data_wait, 0.0
             if self._dev is not None:
                 self._resolve()
@@ -103,6 +107,8 @@ class StepTiming:
                 elif self._sdk_step is not None:
                     s, self._sdk_step = self._sdk_step, None
                     s.__exit__(type(ev) if ev else None, ev, None)
+                if self.hang_dump is not None:
+                    self.hang_dump.step_ended(time.perf_counter() - self._step_t0)
             except Exception:
                 self.errors += 1
 
