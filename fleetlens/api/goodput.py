@@ -18,6 +18,7 @@ from ..analysis.advisors import (
 from ..analysis.breakdown import Breakdown
 from ..analysis.goodput import Factors
 from ..services.goodput import GoodputQueries, program_spec
+from ..services.scheduler import scheduling_factor
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
 from .models import (
@@ -29,6 +30,7 @@ from .models import (
     PoolGoodputOut,
     ProgramOut,
     RunGoodputOut,
+    RunSchedulingOut,
 )
 
 __all__ = ["advice", "advice_model", "router"]
@@ -82,7 +84,7 @@ async def get_run_goodput(
     scope: Reader,
     from_: Annotated[float | None, Query(alias="from", ge=0, le=1e12, allow_inf_nan=False)] = None,
     to: Annotated[float | None, Query(ge=0, le=1e12, allow_inf_nan=False)] = None,
-    scheduling: Annotated[float, Query(ge=0.0, le=1.0)] = 1.0,
+    scheduling: Annotated[float | None, Query(ge=0.0, le=1.0)] = None,
     price: Annotated[float | None, Query(gt=0, le=1e9, allow_inf_nan=False)] = None,
 ) -> RunGoodputOut:
     svc = request.app.state.services
@@ -94,8 +96,9 @@ async def get_run_goodput(
     def work() -> RunGoodputOut:
         info = svc.metadata.get_run(scope, run_id)
         window = (from_, to) if from_ is not None and to is not None else None
+        sched = scheduling_factor(svc.telemetry, scope, run_id, scheduling)
         bd, f, meta = GoodputQueries(svc.telemetry, scope).run_goodput(
-            run_id, program_spec(info.config or {}), window=window, scheduling=scheduling
+            run_id, program_spec(info.config or {}), window=window, scheduling=sched["factor"]
         )
         return RunGoodputOut(
             run_id=run_id,
@@ -103,6 +106,7 @@ async def get_run_goodput(
             factors=FactorsOut.of(f),
             program=ProgramOut.model_validate(meta),
             advice=advice_model(bd, f, price),
+            scheduling=RunSchedulingOut.model_validate(sched),
         )
 
     return await anyio.to_thread.run_sync(work)

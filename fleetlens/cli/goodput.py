@@ -34,7 +34,8 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         print(f"  ! unaccounted {pct(bd['unaccountedShare'])} of wall-clock: instrumentation hole")
     print(
         f"  runtime {fmt(f['runtime'], '.3f')}  program {fmt(f['program'], '.3f')} "
-        f"({data['program']['programBasis']})  scheduling {fmt(f['scheduling'], '.3f')}  "
+        f"({data['program']['programBasis']})  scheduling {fmt(f['scheduling'], '.3f')} "
+        f"({data.get('scheduling', {}).get('basis', 'manual')})  "
         f"job {fmt(f['jobProduct'], '.3f')}  MPG {fmt(f['mpg'], '.3f')}"
     )
     adv = data["advice"]
@@ -88,7 +89,12 @@ def add_parsers(sub: Any) -> None:
     g = sub.add_parser("goodput", help="where a run's time went, and its goodput factors")
     g.add_argument("run")
     g.add_argument("--price", type=float, help="price per accelerator-hour, for the cost view")
-    g.add_argument("--scheduling", type=float, help="the pool's scheduling goodput (default 1)")
+    g.add_argument(
+        "--scheduling",
+        type=float,
+        help="the pool's scheduling goodput (default: from the run's imported scheduler "
+        "records, else 1)",
+    )
     client_opts(g)
     g.set_defaults(func=cmd_goodput)
     fleet = sub.add_parser("fleet", help="fleet-wide views")
