@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -39,9 +40,24 @@ def write_conf(
     ctld_port: int,
     slurmd_port: int,
     message_timeout: int = 10,
+    gpus: int = 0,
 ) -> Path:
-    """A minimal slurm.conf: one node on 127.0.0.1 in one default partition."""
+    """A minimal slurm.conf: one node on 127.0.0.1 in one default partition; ``gpus`` gives the
+    node that many (counted, not device-backed) GPUs in a gres.conf beside it."""
     conf = root / "slurm.conf"
+    gres = ""
+    if gpus:
+        # slurmd counts a GPU per device file: character devices with NVIDIA's major number
+        # stand in for /dev/nvidia0.. (nothing opens them: no cgroups, no task plugin).
+        dev = root / "dev"
+        dev.mkdir(exist_ok=True)
+        for i in range(gpus):
+            os.mknod(dev / f"nvidia{i}", stat.S_IFCHR | 0o666, os.makedev(195, i))
+        gres = f" Gres=gpu:h100:{gpus}"
+        (root / "gres.conf").write_text(
+            f"NodeName={node} Name=gpu Type=h100 File={dev}/nvidia[0-{gpus - 1}]\n"
+        )
+        (root / "gres.conf").chmod(0o644)
     conf.write_text(
         "\n".join(
             [
@@ -68,7 +84,8 @@ def write_conf(
                 "ReturnToService=2",
                 f"MessageTimeout={message_timeout}",
                 # Fewer CPUs than the machine has is allowed; more would make the node invalid.
-                f"NodeName={node} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN",
+                *(["GresTypes=gpu"] if gpus else []),
+                f"NodeName={node} NodeAddr=127.0.0.1 CPUs=1{gres} State=UNKNOWN",
                 "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
                 "",
             ]
@@ -151,7 +168,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def slurm_cluster(node: str = "fl-node1", timeout: float = 30.0) -> Iterator[SlurmCluster]:
+def slurm_cluster(
+    node: str = "fl-node1", timeout: float = 30.0, gpus: int = 0
+) -> Iterator[SlurmCluster]:
     """munged + slurmctld + slurmd with one idle node ``node``; yields the cluster."""
     if os.geteuid() != 0:
         raise RuntimeError("the Slurm test cluster runs slurmd, which needs root (CI runs as root)")
@@ -170,8 +189,9 @@ def slurm_cluster(node: str = "fl-node1", timeout: float = 30.0) -> Iterator[Slu
     key.chmod(0o400)
     sock = mdir / "munge.sock"
     conf = write_conf(
-        root, node=node, munge_socket=sock, ctld_port=free_port(), slurmd_port=free_port()
-    )
+        root, node=node, munge_socket=sock, ctld_port=free_port(), slurmd_port=free_port(),
+        gpus=gpus,
+    )  # fmt: skip
     cluster = SlurmCluster(root, conf, node)
     env = cluster.env
     t0 = time.monotonic()

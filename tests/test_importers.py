@@ -128,3 +128,54 @@ def test_alibaba_into_the_store_and_back(store: ChdbStore) -> None:
     assert got.scheduling_goodput == pytest.approx(want.scheduling_goodput)
     assert got.queue_wait_s == pytest.approx(want.queue_wait_s)
     assert GoodputQueries(store, "other").pools() == []
+
+
+def test_sinfo_counts_each_partitions_gpus_and_leaves_out_nodes_out_of_service() -> None:
+    from fleetlens.importers.sinfo import parse_sinfo
+
+    text = """NODELIST|PARTITION|STATE|GRES
+a1|gpu*|mixed|gpu:h100:8(S:0-1)
+a2|gpu*|down*|gpu:h100:8(S:0-1)
+a3|gpu*|drained|gpu:h100:8(S:0-1)
+a4|gpu*|draining|gpu:h100:8(S:0-1)
+a5|gpu*|idle~|gpu:a100:4,gpu:l4:2,shard:8
+a5|long|allocated|gpu:a100:4,gpu:l4:2,shard:8
+c1|cpu|idle|(null)
+"""
+    rows = parse_sinfo(text.splitlines(keepends=True), time=5.0)
+    assert rows.pool.tolist() == ["gpu", "long"]  # the CPU partition has no GPUs
+    assert rows.capacity_gpus.tolist() == [38, 6]
+    assert rows.in_service_gpus.tolist() == [14, 6]  # down*, drained, draining are out
+    assert rows.time.tolist() == [5.0, 5.0]
+    with pytest.raises(FleetlensError, match="--Node"):
+        parse_sinfo(["NODELIST|PARTITION|STATE|GRES\n", "a[1-4]|gpu|idle|gpu:8\n"], time=0)
+    with pytest.raises(FleetlensError, match="GRES"):
+        parse_sinfo(["PARTITION AVAIL TIMELIMIT NODES STATE NODELIST\n"], time=0)
+
+
+def test_k8s_pods_events_groups_gangs_and_reads_their_times() -> None:
+    import json
+
+    from fleetlens.importers.k8s import parse_k8s
+
+    doc = json.loads((Path(__file__).parent / "data" / "k8s" / "pods_events.json").read_text())
+    jobs = parse_k8s(doc)
+    a = jobs.allocations
+    assert a.job_id.tolist() == ["llm/pretrain-7b", "llm/finetune-2n", "llm/eval-sweep"]
+    assert a.gpus.tolist() == [16, 16, 1]
+    assert jobs.pods == {"llm/pretrain-7b": 2, "llm/finetune-2n": 2, "llm/eval-sweep": 1}
+    assert math.isinf(a.gang_complete[1]) and math.isnan(a.start[2])
+    # Without the PodScheduled condition the Scheduled event's time is used.
+    pod = next(i for i in doc["items"] if i["metadata"]["name"] == "pretrain-7b-worker-0")
+    pod["status"]["conditions"] = [c for c in pod["status"]["conditions"]
+                                   if c["type"] != "PodScheduled"]  # fmt: skip
+    pod["spec"]["initContainers"] = [{"name": "warm", "resources": {"limits": {
+        "nvidia.com/gpu": "12"}}}]  # fmt: skip
+    again = parse_k8s(doc).allocations
+    assert again.gang_complete[0] - again.submit[0] == pytest.approx(42.482913)
+    assert again.gpus[0] == 8 + 12  # the init container holds more than the main one
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "two"
+    with pytest.raises(FleetlensError, match=r"items\[1\]\.spec\.containers\[0\].*whole number"):
+        parse_k8s(doc)
+    with pytest.raises(FleetlensError, match="kubectl get pods,events -o json"):
+        parse_k8s([])

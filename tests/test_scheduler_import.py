@@ -12,6 +12,7 @@ of a real one-host Slurm.
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +23,11 @@ import pytest
 from fleetlens.analysis.scheduling import PoolCapacity, scheduling_goodput
 from fleetlens.importers.alibaba import parse_pods
 from fleetlens.importers.sacct import parse_sacct
+from fleetlens.importers.sinfo import COMMAND as SINFO_COMMAND
 from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch
+from .slurmstack import slurm_cluster
 from .test_cli import fleetlens_cmd
 from .test_importers import ALIBABA, SACCT
 
@@ -198,3 +201,30 @@ def test_a_bad_file_names_its_line_and_stores_nothing(server: Server, tmp_path: 
     # --dry-run parses here and stores nothing, server or not.
     dry = fleetlens_cmd("import", "sacct", str(tmp_path / "bad.txt"), "--dry-run")
     assert dry.returncode == 2 and "sacct line 5" in dry.stderr
+
+
+def test_sinfo_of_a_real_slurm_gives_capacity_and_in_service_gpus(
+    server: Server, tmp_path: Path
+) -> None:
+    """sinfo as the documented command prints it on a real slurmctld (one node, four GPUs),
+    before and after the node is drained: its GPUs stay installed and leave service."""
+    with slurm_cluster(gpus=4) as cluster:
+        snapshots = []
+        for when, action in ((T0, None), (T0 + 3600, "drain")):
+            if action:
+                done = cluster.client("scontrol", "update", f"nodename={cluster.node}",
+                                      "state=drain", "reason=xid 79")  # fmt: skip
+                assert done.returncode == 0, done.stderr
+            out = cluster.client(*shlex.split(SINFO_COMMAND))
+            assert out.returncode == 0, out.stderr
+            path = tmp_path / f"sinfo-{len(snapshots)}.txt"
+            path.write_text(out.stdout)
+            snapshots.append(out.stdout)
+            _import(server, "sinfo", path, "--time", str(when))
+    assert snapshots[0].splitlines()[1].startswith(f"{cluster.node}|debug*|idle|gpu:h100:4")
+    assert "|drained|" in snapshots[1]
+    rows = server.get("/v1/scheduler/capacity?pool=debug")["pools"]
+    assert rows == [
+        {"pool": "debug", "time": T0, "capacityGpus": 4, "inServiceGpus": 4},
+        {"pool": "debug", "time": T0 + 3600, "capacityGpus": 4, "inServiceGpus": 0},
+    ]
