@@ -160,6 +160,12 @@ def test_kubernetes_pods_and_events_give_allocation_intervals(server: Server) ->
     assert g["factors"]["scheduling"] == pytest.approx((3600 - 42) / (3600 - 2))
     mine = server.get("/v1/scheduler/allocations?runId=pretrain-7b")
     assert [a["jobId"] for a in mine["allocations"]] == ["llm/pretrain-7b"]
+    cli = fleetlens_cmd("fleet", "allocations", "--run", "pretrain-7b", "--server", server.url)
+    assert cli.returncode == 0, cli.stderr
+    row = cli.stdout.splitlines()[1].split()
+    assert row[:4] == ["k8s", "llm/pretrain-7b", "16", "2024-05-01"]
+    assert row[5:9] == ["2", "40", "1.00", "Succeeded"]  # wait 2 s, gang 40 s later, 1 h held
+    assert "scheduling factor 0.989 (own_allocations)" in cli.stdout
 
 
 def test_run_flag_ties_records_to_a_run(server: Server, tmp_path: Path) -> None:
@@ -223,6 +229,9 @@ def test_sinfo_of_a_real_slurm_gives_capacity_and_in_service_gpus(
             _import(server, "sinfo", path, "--time", str(when))
     assert snapshots[0].splitlines()[1].startswith(f"{cluster.node}|debug*|idle|gpu:h100:4")
     assert "|drained|" in snapshots[1]
+    cli = fleetlens_cmd("fleet", "capacity", "--pool", "debug", "--server", server.url)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.splitlines()[2].split() == ["debug", "2024-05-01", "01:00:00", "4", "0"]
     rows = server.get("/v1/scheduler/capacity?pool=debug")["pools"]
     assert rows == [
         {"pool": "debug", "time": T0, "capacityGpus": 4, "inServiceGpus": 4},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from . import scheduler
 from ._common import client, client_opts
 from ._output import Table, fmt, pct, print_json
 
@@ -105,3 +106,4 @@ def add_parsers(sub: Any) -> None:
     fg.add_argument("--until", type=float, help="window end, UNIX seconds")
     client_opts(fg)
     fg.set_defaults(func=cmd_fleet_goodput)
+    scheduler.add_fleet_parsers(fsub)

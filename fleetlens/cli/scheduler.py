@@ -1,4 +1,5 @@
-"""``fleetlens import sacct|sinfo|k8s|alibaba FILE``: scheduler records into a server.
+"""``fleetlens import sacct|sinfo|k8s|alibaba FILE``: scheduler records into a server;
+``fleetlens fleet allocations|capacity``: what was stored, read back.
 
 The file travels as the scheduler printed it to ``POST /v1/scheduler/import``, which parses all
 of it before storing any (a bad line is refused with its number, and nothing is stored).
@@ -10,13 +11,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigError
-from ._common import client
-from ._output import print_json
+from ._common import client, client_opts
+from ._output import Table, fmt, print_json
 
-__all__ = ["FORMATS", "add_options", "cmd_sched_import"]
+__all__ = [
+    "FORMATS",
+    "add_fleet_parsers",
+    "add_options",
+    "cmd_fleet_allocations",
+    "cmd_fleet_capacity",
+    "cmd_sched_import",
+]
 
 FORMATS = ("sacct", "sinfo", "k8s", "alibaba")
 
@@ -75,3 +84,72 @@ def add_options(imp: argparse.ArgumentParser) -> None:
     )
     imp.add_argument("--nodes", help="alibaba: openb_node_list_gpu_node.csv, the pool's capacity")
     imp.add_argument("--time", type=float, help="sinfo: UNIX time it ran (default now)")
+
+
+def _utc(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cmd_fleet_allocations(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        data = c.get(
+            "/v1/scheduler/allocations", runId=args.run, jobId=args.job, pool=args.pool,
+            limit=args.limit,
+        )  # fmt: skip
+    if args.json:
+        print_json(data)
+        return 0
+    t = Table(
+        ("POOL", "<12"),
+        ("JOB", "<24"),
+        ("GPUS", ">5"),
+        ("SUBMIT (UTC)", "<19"),
+        ("WAIT s", ">8"),
+        ("GANG AFTER s", ">12"),
+        ("HELD h", ">8"),
+        ("STATE", ""),
+    )
+    print(t.header())
+    for a in data["allocations"]:
+        start, end = a["start"], a["end"]
+        gang = "never" if a["gangNeverComplete"] else (
+            fmt(a["gangComplete"] - start, ".0f") if start is not None else None
+        )  # fmt: skip
+        held = (end - start) / 3600 if start is not None and end is not None else None
+        wait = fmt(a["queueWaitSeconds"], ".0f")
+        print(t.row(a["pool"], a["jobId"], a["gpus"], _utc(a["submit"]), wait, gang,
+                    fmt(held, ".2f"), a["state"]))  # fmt: skip
+    s = data.get("scheduling")
+    if s:
+        print(f"run {args.run}: scheduling factor {s['factor']:.3f} ({s['basis']})")
+    return 0
+
+
+def cmd_fleet_capacity(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        data = c.get("/v1/scheduler/capacity", pool=args.pool)
+    if args.json:
+        print_json(data)
+        return 0
+    t = Table(("POOL", "<16"), ("TIME (UTC)", "<19"), ("INSTALLED", ">9"), ("IN SERVICE", ">10"))
+    print(t.header())
+    for p in data["pools"]:
+        print(t.row(p["pool"], _utc(p["time"]), p["capacityGpus"], p["inServiceGpus"]))
+    return 0
+
+
+def add_fleet_parsers(fsub: Any) -> None:
+    """``fleet allocations`` and ``fleet capacity``: the imported records, read back."""
+    al = fsub.add_parser("allocations", help="imported scheduler allocations per job")
+    al.add_argument("--run", help="the run's allocations, and its scheduling factor")
+    al.add_argument("--job", help="one scheduler job id")
+    al.add_argument("--pool")
+    al.add_argument("--limit", type=int, default=1000)
+    client_opts(al)
+    al.set_defaults(func=cmd_fleet_allocations)
+    cp = fsub.add_parser("capacity", help="imported capacity per pool: installed, in service")
+    cp.add_argument("--pool")
+    client_opts(cp)
+    cp.set_defaults(func=cmd_fleet_capacity)
