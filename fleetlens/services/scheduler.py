@@ -299,6 +299,15 @@ def capacity(
     ]  # fmt: skip
 
 
+def _has_capacity(telemetry: TelemetryStore, scope: Scope, pool: str) -> bool:
+    rows = TenantReader(telemetry, scope).rows(
+        "SELECT count() AS n FROM {db}.sched_pool WHERE tenant = {tenant:String}"
+        " AND pool = {pool:String}",
+        pool=pool,
+    )
+    return bool(rows[0]["n"])
+
+
 def run_scheduling(telemetry: TelemetryStore, scope: Scope, run_id: str) -> dict[str, Any] | None:
     """The run's scheduling factor from its own allocations, or None when it has none.
 
@@ -327,7 +336,7 @@ def run_scheduling(telemetry: TelemetryStore, scope: Scope, run_id: str) -> dict
         held = float(np.sum(gpus * np.maximum(end - start, 0.0)))
         if held <= 0:
             continue
-        if capacity(telemetry, scope, pool) and hi > lo:
+        if hi > lo and _has_capacity(telemetry, scope, pool):
             factor = q.pool_scheduling(pool, lo, hi).scheduling_goodput
             basis = "pool"
         else:
