@@ -60,6 +60,24 @@ def test_sacct_jobs_gpus_times_and_states() -> None:
     assert r.queue_wait_s["max"] == 3600.0
 
 
+# Recorded from a real Slurm 22.05.8 with slurmdbd (tests/slurmstack.py, gpus=4, accounting=True;
+# tests/test_scheduler_import.py runs the same jobs), TZ=UTC, 2026-12-01.
+SACCT_REAL = """JobID|JobName|Partition|AllocTRES|Submit|Start|End|State|NNodes
+1|pretrain|debug|billing=1,cpu=1,gres/gpu=4,mem=1M,node=1|2026-12-01T17:27:57|2026-12-01T17:27:59|2026-12-01T17:28:02|COMPLETED|1
+2|eval|debug|billing=1,cpu=1,gres/gpu=2,mem=1M,node=1|2026-12-01T17:27:57|2026-12-01T17:28:03|2026-12-01T17:28:05|COMPLETED|1
+3|sweep|debug||2026-12-01T17:27:57|2026-12-01T17:27:58|2026-12-01T17:27:58|CANCELLED by 0|1
+"""
+
+
+def test_sacct_job_cancelled_while_it_waited_never_started() -> None:
+    a = parse_sacct(SACCT_REAL.splitlines(keepends=True))
+    assert a.gpus.tolist() == [4, 2, 0]
+    assert a.start[1] - a.submit[1] == 6.0  # eval waited for pretrain's GPUs
+    # Slurm gives the cancelled job a Start (its cancel time) but no AllocTRES: no allocation.
+    assert math.isnan(a.start[2]) and a.end[2] - a.submit[2] == 1.0
+    assert a.state.tolist() == ["COMPLETED", "COMPLETED", "CANCELLED"]
+
+
 def test_sacct_refuses_a_wrong_format() -> None:
     with pytest.raises(FleetlensError, match="--parsable2"):
         parse_sacct(["JobID|State\n", "1|COMPLETED\n"])

@@ -3,16 +3,18 @@
 Each file goes through the CLI, in a subprocess, to ``POST /v1/scheduler/import``; the answers
 come back from ``GET /v1/fleet/goodput``, ``GET /v1/scheduler/allocations`` and
 ``GET /v1/runs/{id}/goodput``, and are compared with what the library computes from the same
-file today (tests/test_importers.py). Inputs: the real Alibaba 2023 trace excerpt
-(tests/data/real/cluster_traces), the sacct text of tests/test_importers.py, a Kubernetes
-pod/event list (tests/data/k8s, see its README) and, in tests/test_sinfo_slurm.py, the sinfo
-of a real one-host Slurm.
+file today (tests/test_importers.py). Inputs: sacct and sinfo as a real one-host Slurm with
+accounting prints them (tests/slurmstack.py: slurmctld, slurmd with four GPUs, slurmdbd on a
+private MariaDB), the real Alibaba 2023 trace excerpt (tests/data/real/cluster_traces), the
+sacct text of tests/test_importers.py, and a Kubernetes pod/event list (tests/data/k8s, see its
+README).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,10 +26,11 @@ from fleetlens.analysis.scheduling import PoolCapacity, scheduling_goodput
 from fleetlens.importers.alibaba import parse_pods
 from fleetlens.importers.sacct import parse_sacct
 from fleetlens.importers.sinfo import COMMAND as SINFO_COMMAND
+from fleetlens.importers.sinfo import parse_sinfo
 from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch
-from .slurmstack import slurm_cluster
+from .slurmstack import binary, slurm_cluster
 from .test_cli import fleetlens_cmd
 from .test_importers import ALIBABA, SACCT
 
@@ -237,3 +240,66 @@ def test_sinfo_of_a_real_slurm_gives_capacity_and_in_service_gpus(
         {"pool": "debug", "time": T0, "capacityGpus": 4, "inServiceGpus": 4},
         {"pool": "debug", "time": T0 + 3600, "capacityGpus": 4, "inServiceGpus": 0},
     ]
+
+
+SACCT_COMMAND = (
+    "sacct --allocations --parsable2 "
+    "--format=JobID,JobName,Partition,AllocTRES,Submit,Start,End,State,NNodes"
+)
+
+
+def test_sacct_of_a_real_slurm_gives_the_librarys_figures(server: Server, tmp_path: Path) -> None:
+    """Jobs run on a real slurmctld with accounting (one node, four GPUs, one CPU: they queue);
+    sacct's and sinfo's output, as the documented commands print it, go through the CLI; the
+    pool's figure and the run's scheduling factor are what the library computes from them."""
+    with slurm_cluster(gpus=4, accounting=True) as cluster:
+        env = {**cluster.env, "TZ": "UTC"}  # sacct prints local time: make it UTC
+
+        def slurm(cmd: str) -> str:
+            argv = shlex.split(cmd)
+            out = subprocess.run([binary(argv[0]), *argv[1:]], env=env, capture_output=True,
+                                 text=True, timeout=30)  # fmt: skip
+            assert out.returncode == 0, (cmd, out.stderr)
+            return out.stdout
+
+        t_cap = float(int(time.time()))
+        (tmp_path / "sinfo.txt").write_text(slurm(SINFO_COMMAND))
+        submit = "sbatch --parsable -o /dev/null"
+        pretrain = slurm(f"{submit} -J pretrain --gres=gpu:4 --wrap 'sleep 3'").strip()
+        slurm(f"{submit} -J eval --gres=gpu:2 --wrap 'sleep 2'")
+        # A job given up while it waited (pending behind the others, then cancelled).
+        sweep = slurm(f"{submit} -J sweep --gres=gpu:1 --wrap 'sleep 1'").strip()
+        time.sleep(1)
+        slurm(f"scancel {sweep}")
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t_cap - 60))
+        sacct = f"{SACCT_COMMAND} --starttime={since}"
+        deadline = time.monotonic() + 60
+        while slurm(sacct).count("|COMPLETED|") < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        text = slurm(sacct)
+    (tmp_path / "sacct.txt").write_text(text)
+    assert text.splitlines()[0] == "JobID|JobName|Partition|AllocTRES|Submit|Start|End|State|NNodes"
+    assert f"{pretrain}|pretrain|debug|" in text and "gres/gpu=4" in text
+    assert f"{sweep}|sweep|debug||" in text  # cancelled while it waited: no allocation
+    _import(server, "sinfo", tmp_path / "sinfo.txt", "--time", str(t_cap))
+    got = _import(server, "sacct", tmp_path / "sacct.txt")
+    assert (got["allocations"], got["started"], got["pools"]) == (3, 2, ["debug"])
+    lib = parse_sacct(text.splitlines(keepends=True))
+    cap = parse_sinfo(Path(tmp_path / "sinfo.txt").read_text().splitlines(), time=t_cap)
+    pool = PoolCapacity(cap.time, cap.capacity_gpus.astype(float),
+                        cap.in_service_gpus.astype(float))  # fmt: skip
+    t_end = float(np.nanmax(lib.end))
+    want = scheduling_goodput(lib.gpus.astype(float), lib.submit, lib.start, lib.gang_complete,
+                              lib.end, pool, window=(t_cap, t_end))  # fmt: skip
+    (fleet,) = server.get(f"/v1/fleet/goodput?pool=debug&from={t_cap}&to={t_end}")["pools"]
+    assert fleet["schedulingGoodput"] == pytest.approx(want.scheduling_goodput)
+    assert fleet["queueWaitSeconds"] == pytest.approx(want.queue_wait_s)
+    assert 0 < want.scheduling_goodput < 1 and want.queue_wait_s["max"] >= 1  # eval queued
+    # The run whose ranks saw SLURM_JOB_ID=<pretrain>: the pool's figure while it ran.
+    _run(server, "slurm-real-pretrain", slurm_job=pretrain)
+    i = lib.job_id.tolist().index(pretrain)
+    mine = scheduling_goodput(lib.gpus.astype(float), lib.submit, lib.start, lib.gang_complete,
+                              lib.end, pool, window=(lib.start[i], lib.end[i]))  # fmt: skip
+    g = server.get("/v1/runs/slurm-real-pretrain/goodput")
+    assert g["scheduling"]["basis"] == "pool" and g["scheduling"]["jobs"] == [pretrain]
+    assert g["factors"]["scheduling"] == pytest.approx(mine.scheduling_goodput)

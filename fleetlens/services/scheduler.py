@@ -63,7 +63,8 @@ def _bad_input(fmt: str, exc: FleetlensError) -> FleetlensError:
     """A parser's refusal as a 400 (the parsers raise the base class for a bad file)."""
     if isinstance(exc, (TraceFormatError, ConfigError)):
         return exc
-    return TraceFormatError(f"{fmt}: {exc}")
+    text = str(exc)
+    return TraceFormatError(text if text.startswith(fmt) else f"{fmt}: {text}")
 
 
 def _lines(data: str) -> Iterable[str]:
