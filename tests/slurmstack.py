@@ -3,7 +3,9 @@ tests.
 
 munged on a private socket and key, then slurmctld and slurmd in the foreground, all reading a
 generated slurm.conf (``SLURM_CONF``); nothing under /etc is read or written. The node is idle in
-about a second. The daemons run as root (slurmd must; ``SlurmUser=root``), as in CI."""
+about a second. The daemons run as root (slurmd must; ``SlurmUser=root``), as in CI. With
+``gpus`` the node has GPUs (sinfo and sacct count them); with ``accounting`` slurmdbd keeps job
+records in a private MariaDB, so that ``sacct`` answers (a few seconds more to start)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from .helpers import free_port
 
-INSTALL = "apt-get install slurm-wlm munge (.ci/run does this)"
+INSTALL = "apt-get install slurm-wlm munge slurmdbd mariadb-server (.ci/run does this)"
 
 
 def binary(name: str) -> str:
@@ -39,9 +42,25 @@ def write_conf(
     ctld_port: int,
     slurmd_port: int,
     message_timeout: int = 10,
+    gpus: int = 0,
+    dbd_port: int = 0,
 ) -> Path:
-    """A minimal slurm.conf: one node on 127.0.0.1 in one default partition."""
+    """A minimal slurm.conf: one node on 127.0.0.1 in one default partition; ``gpus`` gives the
+    node that many (counted, not device-backed) GPUs in a gres.conf beside it."""
     conf = root / "slurm.conf"
+    gres = ""
+    if gpus:
+        # slurmd counts a GPU per device file: character devices with NVIDIA's major number
+        # stand in for /dev/nvidia0.. (nothing opens them: no cgroups, no task plugin).
+        dev = root / "dev"
+        dev.mkdir(exist_ok=True)
+        for i in range(gpus):
+            os.mknod(dev / f"nvidia{i}", stat.S_IFCHR | 0o666, os.makedev(195, i))
+        gres = f" Gres=gpu:h100:{gpus}"
+        (root / "gres.conf").write_text(
+            f"NodeName={node} Name=gpu Type=h100 File={dev}/nvidia[0-{gpus - 1}]\n"
+        )
+        (root / "gres.conf").chmod(0o644)
     conf.write_text(
         "\n".join(
             [
@@ -68,7 +87,23 @@ def write_conf(
                 "ReturnToService=2",
                 f"MessageTimeout={message_timeout}",
                 # Fewer CPUs than the machine has is allowed; more would make the node invalid.
-                f"NodeName={node} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN",
+                *(["GresTypes=gpu"] if gpus else []),
+                *(
+                    [
+                        "AccountingStorageType=accounting_storage/slurmdbd",
+                        "AccountingStorageHost=127.0.0.1",
+                        f"AccountingStoragePort={dbd_port}",
+                        # The munge socket of the connection to slurmdbd (AuthInfo is not read).
+                        f"AccountingStoragePass={munge_socket}",
+                        # GPUs in sacct's AllocTRES, as GPU sites configure it.
+                        "AccountingStorageTRES=gres/gpu",
+                        "JobAcctGatherType=jobacct_gather/none",
+                        "SelectType=select/cons_tres",
+                    ]
+                    if dbd_port
+                    else []
+                ),
+                f"NodeName={node} NodeAddr=127.0.0.1 CPUs=1{gres} State=UNKNOWN",
                 "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
                 "",
             ]
@@ -150,9 +185,60 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(10)
 
 
+def _start_accounting(cluster: SlurmCluster, sock: Path, dbd_port: int, timeout: float) -> None:
+    """A private MariaDB, slurmdbd on it (what ``sacct`` reads), and the cluster registered."""
+    root, env = cluster.root, cluster.env
+    db, db_sock, db_port = root / "db", root / "mysqld.sock", free_port()
+    init = subprocess.run(
+        [binary("mariadb-install-db"), "--no-defaults", f"--datadir={db}", "--user=root",
+         "--auth-root-authentication-method=normal", "--skip-test-db"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if init.returncode != 0:
+        raise RuntimeError(f"mariadb-install-db: {init.stderr[-2000:]}")
+    cluster.procs["mariadbd"] = _start(
+        [binary("mariadbd"), "--no-defaults", f"--datadir={db}", f"--socket={db_sock}",
+         f"--port={db_port}", "--bind-address=127.0.0.1", "--user=root",
+         f"--pid-file={root / 'mysqld.pid'}", "--skip-log-bin"],
+        root / "mariadbd.log", env,
+    )  # fmt: skip
+    _wait(cluster, "mariadbd's socket", db_sock.exists, timeout)
+    conf = root / "slurmdbd.conf"
+    conf.write_text(
+        "\n".join(
+            [
+                "AuthType=auth/munge",
+                f"AuthInfo=socket={sock}",
+                "DbdHost=localhost",
+                f"DbdPort={dbd_port}",
+                "SlurmUser=root",
+                f"PidFile={root / 'slurmdbd.pid'}",
+                "StorageType=accounting_storage/mysql",
+                "StorageHost=127.0.0.1",
+                f"StoragePort={db_port}",
+                "StorageUser=root",
+                "StorageLoc=slurm_acct_db",
+                "",
+            ]
+        )
+    )
+    conf.chmod(0o600)  # slurmdbd refuses a config others can read
+    # slurmdbd reads slurmdbd.conf beside slurm.conf (SLURM_CONF's directory).
+    cluster.procs["slurmdbd"] = _start([binary("slurmdbd"), "-D"], root / "slurmdbd.log", env)
+
+    def registered() -> bool:
+        out = cluster.client("sacctmgr", "-i", "add", "cluster", "fleetlens")
+        return out.returncode == 0 or "already exists" in (out.stdout + out.stderr)
+
+    _wait(cluster, "slurmdbd taking the cluster", registered, timeout)
+
+
 @contextlib.contextmanager
-def slurm_cluster(node: str = "fl-node1", timeout: float = 30.0) -> Iterator[SlurmCluster]:
-    """munged + slurmctld + slurmd with one idle node ``node``; yields the cluster."""
+def slurm_cluster(
+    node: str = "fl-node1", timeout: float = 30.0, gpus: int = 0, accounting: bool = False
+) -> Iterator[SlurmCluster]:
+    """munged + slurmctld + slurmd with one idle node ``node``; yields the cluster. ``gpus``
+    gives the node GPUs; ``accounting`` adds slurmdbd on a private MariaDB, for ``sacct``."""
     if os.geteuid() != 0:
         raise RuntimeError("the Slurm test cluster runs slurmd, which needs root (CI runs as root)")
     munged, slurmctld, slurmd = binary("munged"), binary("slurmctld"), binary("slurmd")
@@ -169,9 +255,11 @@ def slurm_cluster(node: str = "fl-node1", timeout: float = 30.0) -> Iterator[Slu
     key.write_bytes(secrets.token_bytes(128))
     key.chmod(0o400)
     sock = mdir / "munge.sock"
+    dbd_port = free_port() if accounting else 0
     conf = write_conf(
-        root, node=node, munge_socket=sock, ctld_port=free_port(), slurmd_port=free_port()
-    )
+        root, node=node, munge_socket=sock, ctld_port=free_port(), slurmd_port=free_port(),
+        gpus=gpus, dbd_port=dbd_port,
+    )  # fmt: skip
     cluster = SlurmCluster(root, conf, node)
     env = cluster.env
     t0 = time.monotonic()
@@ -190,6 +278,8 @@ def slurm_cluster(node: str = "fl-node1", timeout: float = 30.0) -> Iterator[Slu
             env,
         )
         _wait(cluster, "munged's socket", sock.exists, timeout)
+        if accounting:
+            _start_accounting(cluster, sock, dbd_port, timeout)
         # -i: ignore (absent) saved state; -D: stay in the foreground, logging to stderr.
         cluster.procs["slurmctld"] = _start([slurmctld, "-D", "-i"], root / "slurmctld.log", env)
         cluster.procs["slurmd"] = _start([slurmd, "-D", "-N", node], root / "slurmd.log", env)

@@ -44,6 +44,8 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "run show": ["run", "show", run],
         "goodput": ["goodput", run],
         "fleet goodput": ["fleet", "goodput"],
+        "fleet allocations": ["fleet", "allocations", "--run", run],
+        "fleet capacity": ["fleet", "capacity"],
         "sim run": ["sim", "run", "hang"],
         "agent": ["agent", "--once", "--no-gpu", "--node", "tok-node"],
         "traces import": ["traces", "import", str(TRACE), "--run", run],

@@ -257,3 +257,17 @@ def test_a_hung_job_dumps_and_uploads_its_own_flight_recorder(
 
 def _known(server: Server, run_id: str) -> bool:
     return server.request("GET", f"/v1/runs/{run_id}/diagnosis")[0] == 200
+
+
+def test_the_jobs_hang_limit_is_the_servers_hang_rule() -> None:
+    """The training process cannot import the server's rule; its copy must say the same."""
+    from fleetlens.analysis.hangs import HangRule
+    from fleetlens.sdk.run import NullRun
+    from fleetlens.torch.flight_recorder import HangDump
+
+    for k, floor, steps in [(10.0, 60.0, [0.5, 0.7, 9.0]), (10.0, 3.0, [1.0]), (4.0, 5.0, [])]:
+        h = HangDump(NullRun(), 0, 2, "/nonexistent", k=k, floor_s=floor)
+        for s in steps:
+            h.step_ended(s)
+        recent = sorted(steps)[len(steps) // 2] if steps else None
+        assert h.limit() == HangRule(k, floor).threshold(recent)

@@ -60,6 +60,24 @@ def test_sacct_jobs_gpus_times_and_states() -> None:
     assert r.queue_wait_s["max"] == 3600.0
 
 
+# Recorded from a real Slurm 22.05.8 with slurmdbd (tests/slurmstack.py, gpus=4, accounting=True;
+# tests/test_scheduler_import.py runs the same jobs), TZ=UTC, 2026-12-01.
+SACCT_REAL = """JobID|JobName|Partition|AllocTRES|Submit|Start|End|State|NNodes
+1|pretrain|debug|billing=1,cpu=1,gres/gpu=4,mem=1M,node=1|2026-12-01T17:27:57|2026-12-01T17:27:59|2026-12-01T17:28:02|COMPLETED|1
+2|eval|debug|billing=1,cpu=1,gres/gpu=2,mem=1M,node=1|2026-12-01T17:27:57|2026-12-01T17:28:03|2026-12-01T17:28:05|COMPLETED|1
+3|sweep|debug||2026-12-01T17:27:57|2026-12-01T17:27:58|2026-12-01T17:27:58|CANCELLED by 0|1
+"""
+
+
+def test_sacct_job_cancelled_while_it_waited_never_started() -> None:
+    a = parse_sacct(SACCT_REAL.splitlines(keepends=True))
+    assert a.gpus.tolist() == [4, 2, 0]
+    assert a.start[1] - a.submit[1] == 6.0  # eval waited for pretrain's GPUs
+    # Slurm gives the cancelled job a Start (its cancel time) but no AllocTRES: no allocation.
+    assert math.isnan(a.start[2]) and a.end[2] - a.submit[2] == 1.0
+    assert a.state.tolist() == ["COMPLETED", "COMPLETED", "CANCELLED"]
+
+
 def test_sacct_refuses_a_wrong_format() -> None:
     with pytest.raises(FleetlensError, match="--parsable2"):
         parse_sacct(["JobID|State\n", "1|COMPLETED\n"])
@@ -128,3 +146,54 @@ def test_alibaba_into_the_store_and_back(store: ChdbStore) -> None:
     assert got.scheduling_goodput == pytest.approx(want.scheduling_goodput)
     assert got.queue_wait_s == pytest.approx(want.queue_wait_s)
     assert GoodputQueries(store, "other").pools() == []
+
+
+def test_sinfo_counts_each_partitions_gpus_and_leaves_out_nodes_out_of_service() -> None:
+    from fleetlens.importers.sinfo import parse_sinfo
+
+    text = """NODELIST|PARTITION|STATE|GRES
+a1|gpu*|mixed|gpu:h100:8(S:0-1)
+a2|gpu*|down*|gpu:h100:8(S:0-1)
+a3|gpu*|drained|gpu:h100:8(S:0-1)
+a4|gpu*|draining|gpu:h100:8(S:0-1)
+a5|gpu*|idle~|gpu:a100:4,gpu:l4:2,shard:8
+a5|long|allocated|gpu:a100:4,gpu:l4:2,shard:8
+c1|cpu|idle|(null)
+"""
+    rows = parse_sinfo(text.splitlines(keepends=True), time=5.0)
+    assert rows.pool.tolist() == ["gpu", "long"]  # the CPU partition has no GPUs
+    assert rows.capacity_gpus.tolist() == [38, 6]
+    assert rows.in_service_gpus.tolist() == [14, 6]  # down*, drained, draining are out
+    assert rows.time.tolist() == [5.0, 5.0]
+    with pytest.raises(FleetlensError, match="--Node"):
+        parse_sinfo(["NODELIST|PARTITION|STATE|GRES\n", "a[1-4]|gpu|idle|gpu:8\n"], time=0)
+    with pytest.raises(FleetlensError, match="GRES"):
+        parse_sinfo(["PARTITION AVAIL TIMELIMIT NODES STATE NODELIST\n"], time=0)
+
+
+def test_k8s_pods_events_groups_gangs_and_reads_their_times() -> None:
+    import json
+
+    from fleetlens.importers.k8s import parse_k8s
+
+    doc = json.loads((Path(__file__).parent / "data" / "k8s" / "pods_events.json").read_text())
+    jobs = parse_k8s(doc)
+    a = jobs.allocations
+    assert a.job_id.tolist() == ["llm/pretrain-7b", "llm/finetune-2n", "llm/eval-sweep"]
+    assert a.gpus.tolist() == [16, 16, 1]
+    assert jobs.pods == {"llm/pretrain-7b": 2, "llm/finetune-2n": 2, "llm/eval-sweep": 1}
+    assert math.isinf(a.gang_complete[1]) and math.isnan(a.start[2])
+    # Without the PodScheduled condition the Scheduled event's time is used.
+    pod = next(i for i in doc["items"] if i["metadata"]["name"] == "pretrain-7b-worker-0")
+    pod["status"]["conditions"] = [c for c in pod["status"]["conditions"]
+                                   if c["type"] != "PodScheduled"]  # fmt: skip
+    pod["spec"]["initContainers"] = [{"name": "warm", "resources": {"limits": {
+        "nvidia.com/gpu": "12"}}}]  # fmt: skip
+    again = parse_k8s(doc).allocations
+    assert again.gang_complete[0] - again.submit[0] == pytest.approx(42.482913)
+    assert again.gpus[0] == 8 + 12  # the init container holds more than the main one
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "two"
+    with pytest.raises(FleetlensError, match=r"items\[1\]\.spec\.containers\[0\].*whole number"):
+        parse_k8s(doc)
+    with pytest.raises(FleetlensError, match="kubectl get pods,events -o json"):
+        parse_k8s([])

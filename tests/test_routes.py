@@ -34,6 +34,11 @@ EXPECTED = {
     "series": [("GET", "/v1/runs/{run_id}/metrics")],
     "findings": [("GET", "/v1/runs/{run_id}/stragglers"), ("GET", "/v1/runs/{run_id}/diagnosis")],
     "flight_recorder": [("POST", "/v1/runs/{run_id}/flight-recorder")],
+    "scheduler": [
+        ("POST", "/v1/scheduler/import"),
+        ("GET", "/v1/scheduler/allocations"),
+        ("GET", "/v1/scheduler/capacity"),
+    ],
     "alerts": [("GET", "/v1/alerts"), ("POST", "/v1/alerts/{alert_id}/ack")],
     "incidents": [
         ("GET", "/v1/incidents"),

@@ -95,6 +95,20 @@ def _b_data(t: Tenants) -> None:
             ),
         ):
             assert t.server.request("POST", path, body, token=tok)[0] in (200, 201), path
+    if "/v1/scheduler/import" in paths:  # bolt's allocation and its partition's capacity
+        sacct = (
+            "JobID|JobName|Partition|AllocTRES|Submit|Start|End|State\n"
+            "bolt-job|x|bolt-proj|gres/gpu=8|2024-05-01T00:00:00|2024-05-01T01:00:00|Unknown|RUNNING\n"
+        )
+        sinfo = "NODELIST|PARTITION|STATE|GRES\nbolt-node-7|bolt-proj|mixed|gpu:8\n"
+        for body in (
+            {"format": "sacct", "data": sacct, "runId": "bolt-secret-run"},
+            {"format": "sinfo", "data": sinfo},
+        ):
+            status, answer = t.server.request(
+                "POST", "/v1/scheduler/import", body, token=t.tokens["b-ingest"]
+            )
+            assert status == 200 and answer["stored"], answer
 
 
 def _b_evaluation(t: Tenants) -> dict[str, str]:
@@ -213,6 +227,11 @@ BODIES = {
         "files": [{"name": "nccl_trace_rank_0", "data": "eyJlbnRyaWVzIjogW119"}]
     },
     ("post", "/v1/runs/{run_id}/whatif"): {"ratios": {"program": 1.1}},
+    # Scheduler records: a sacct header and no jobs (stored under the caller's tenant).
+    ("post", "/v1/scheduler/import"): {
+        "format": "sacct",
+        "data": "JobID|JobName|Partition|AllocTRES|Submit|Start|End|State\n",
+    },
     ("post", "/v1/remediations/{remediation_id}/approve"): {},
     ("post", "/v1/remediations/{remediation_id}/reject"): {},
 }
@@ -284,6 +303,11 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
     assert run["steps"] == 5 and run["config"] == {"dataset": "bolt-private-dataset"}
     ranks = t.server.get("/v1/runs/bolt-secret-run/ranks", token=t.tokens["b-admin"])
     assert ranks["ranks"][0]["node"] == "bolt-node-7"
+    if "/v1/scheduler/allocations" in spec["paths"]:  # what acme's walk did not see was there
+        mine = t.server.get("/v1/scheduler/allocations", token=t.tokens["b-admin"])
+        assert [a["jobId"] for a in mine["allocations"]] == ["bolt-job"]
+        path = "/v1/scheduler/allocations?runId=bolt-secret-run"
+        assert t.server.request("GET", path, token=t.tokens["a-admin"])[0] == 404
     # Acme's batch that claimed bolt's tenant landed in acme only.
     assert t.server.get("/v1/runs/acme-own-run", token=t.tokens["a-admin"])["step"] == 102
     assert t.server.request("GET", "/v1/runs/acme-own-run", token=t.tokens["b-admin"])[0] == 404

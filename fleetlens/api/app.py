@@ -62,6 +62,8 @@ from .portal import router as portal_router
 from .portal_fleet import router as portal_fleet_router
 from .remediation import router as remediation_router
 from .runs import router as runs_router
+from .scheduler import IMPORT_COMPONENTS
+from .scheduler import router as scheduler_router
 from .series import router as series_router
 from .traces import router as traces_router
 
@@ -422,6 +424,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(series_router)
     app.include_router(findings_router)
     app.include_router(flight_recorder_router)
+    app.include_router(scheduler_router)
     app.include_router(alerts_router)
     app.include_router(incidents_router)
     app.include_router(traces_router)
@@ -440,6 +443,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             components.update(BATCH_COMPONENTS)
             components.update(UPLOAD_COMPONENTS)
+            components.update(IMPORT_COMPONENTS)
             app.openapi_schema = schema
         return app.openapi_schema
 

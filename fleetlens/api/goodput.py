@@ -23,6 +23,7 @@ from ..analysis.advisors import (
 from ..analysis.breakdown import Breakdown
 from ..analysis.goodput import Factors
 from ..services.goodput import GoodputQueries, ProgramSpec, program_spec
+from ..services.scheduler import scheduling_factor
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, UNKNOWN_NAME_RESPONSE, require
 from .models import (
@@ -35,6 +36,7 @@ from .models import (
     PoolGoodputOut,
     ProgramOut,
     RunGoodputOut,
+    RunSchedulingOut,
     RuntimeModelOut,
     RuntimeTermsOut,
     TimeWindowOut,
@@ -199,7 +201,7 @@ async def get_run_goodput(
     scope: Reader,
     from_: Annotated[float | None, Query(alias="from", ge=0, le=1e12, allow_inf_nan=False)] = None,
     to: Annotated[float | None, Query(ge=0, le=1e12, allow_inf_nan=False)] = None,
-    scheduling: Annotated[float, Query(ge=0.0, le=1.0)] = 1.0,
+    scheduling: Annotated[float | None, Query(ge=0.0, le=1.0)] = None,
     price: Annotated[float | None, Query(gt=0, le=1e9, allow_inf_nan=False)] = None,
     accelerator: Annotated[str | None, _ACCELERATOR_Q] = None,
     dtype: Annotated[str | None, Query(max_length=40)] = None,
@@ -213,7 +215,10 @@ async def get_run_goodput(
     caps = _ceilings(ceilings)
 
     def work() -> RunGoodputOut:
-        bd, f, meta, spec = _measure(svc, scope, run_id, window, scheduling, accelerator, dtype)
+        sched = scheduling_factor(svc.telemetry, scope, run_id, scheduling)
+        bd, f, meta, spec = _measure(
+            svc, scope, run_id, window, sched["factor"], accelerator, dtype
+        )
         is_mfu = meta["programBasis"] == "mfu_retained_steps"
         program = ProgramOut(
             devices=meta["devices"],
@@ -234,6 +239,7 @@ async def get_run_goodput(
             program=program,
             runtime_terms=runtime_terms(bd),
             advice=advice_model(bd, f, price, caps),
+            scheduling=RunSchedulingOut.model_validate(sched),
         )
 
     return await anyio.to_thread.run_sync(work)
@@ -255,7 +261,13 @@ class WhatIfBody(BaseModel):
         default_factory=dict,
         description="an equation-4 term's share of the (before) held time after the change",
     )
-    scheduling: float = Field(1.0, ge=0.0, le=1.0, description="the pool's scheduling goodput")
+    scheduling: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="the pool's scheduling goodput (default: from the run's scheduler records, "
+        "else 1)",
+    )
     start: float | None = Field(None, alias="from", ge=0, le=1e12, allow_inf_nan=False)
     to: float | None = Field(None, ge=0, le=1e12, allow_inf_nan=False)
     accelerator: str | None = Field(None, max_length=200)
@@ -303,7 +315,13 @@ async def post_run_whatif(
 
     def work() -> WhatIfOut:
         bd, f, meta, _spec = _measure(
-            svc, scope, run_id, window, body.scheduling, body.accelerator, body.dtype
+            svc,
+            scope,
+            run_id,
+            window,
+            scheduling_factor(svc.telemetry, scope, run_id, body.scheduling)["factor"],
+            body.accelerator,
+            body.dtype,
         )
         return WhatIfOut.model_validate(
             {

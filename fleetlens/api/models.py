@@ -31,9 +31,13 @@ if TYPE_CHECKING:  # the client decodes with these models and needs only pydanti
 
 __all__ = [
     "AdviceOut",
+    "AllocationOut",
+    "AllocationsOut",
     "ApiModel",
     "BreakdownLineOut",
     "BreakdownOut",
+    "CapacityOut",
+    "CapacityRowOut",
     "CeilingGainOut",
     "CheckpointAdviceOut",
     "DiagnosisOut",
@@ -44,6 +48,7 @@ __all__ = [
     "LossSharesOut",
     "MfuOut",
     "PoolGoodputOut",
+    "PoolSchedulingOut",
     "PoolSharesOut",
     "ProgramOut",
     "RankHardwareOut",
@@ -54,8 +59,10 @@ __all__ = [
     "RunGoodputOut",
     "RunListOut",
     "RunOut",
+    "RunSchedulingOut",
     "RuntimeModelOut",
     "RuntimeTermsOut",
+    "SchedulerImportOut",
     "StepWindowOut",
     "StragglersOut",
     "TimeWindowOut",
@@ -454,6 +461,72 @@ class RunGoodputOut(ApiModel):
     program: ProgramOut
     runtime_terms: RuntimeTermsOut | None = Field(default=None, description="equation 4")
     advice: AdviceOut
+    scheduling: RunSchedulingOut | None = None
+
+
+# ---- scheduler records ----------------------------------------------------------------------
+class PoolSchedulingOut(ApiModel):
+    pool: str
+    factor: float
+    basis: Literal["pool", "own_allocations"]
+    from_: float = Field(alias="from")
+    to: float
+    held_gpu_seconds: float
+
+
+class RunSchedulingOut(ApiModel):
+    """Where a run's scheduling factor came from: ``manual`` (the ``scheduling`` parameter),
+    ``default`` (no allocation records: 1), or its own allocations (``pool``: the pool's
+    scheduling goodput while the run held it; ``own_allocations``: its complete-gang share)."""
+
+    factor: float
+    basis: Literal["manual", "default", "pool", "own_allocations", "mixed"]
+    pools: list[PoolSchedulingOut] = []
+    jobs: list[str] = []
+
+
+class AllocationOut(ApiModel):
+    pool: str
+    job_id: str
+    run_id: str | None
+    gpus: int
+    state: str
+    submit: float | None
+    start: float | None
+    gang_complete: float | None
+    gang_never_complete: bool
+    end: float | None
+    queue_wait_seconds: float | None
+
+
+class AllocationsOut(ApiModel):
+    allocations: list[AllocationOut]
+    scheduling: RunSchedulingOut | None = None
+
+
+class CapacityRowOut(ApiModel):
+    pool: str
+    time: float
+    capacity_gpus: int
+    in_service_gpus: int
+
+
+class CapacityOut(ApiModel):
+    pools: list[CapacityRowOut]
+
+
+class SchedulerImportOut(ApiModel):
+    format: str
+    stored: bool
+    allocations: int
+    capacity: list[CapacityRowOut]
+    started: int | None = None
+    pending: int | None = None
+    gpus: int | None = None
+    pools: list[str] | None = None
+    run_ids: list[str] | None = None
+    pods: int | None = None
+    pending_reasons: dict[str, str] | None = None
 
 
 class WhatIfFactorsOut(ApiModel):

@@ -22,6 +22,7 @@ from ..remediation.controller import ACTIVE
 from ..services.goodput import program_spec
 from ..services.portal import HEATMAP_ROWS_BUDGET, PortalQueries, run_summary, step_buckets
 from ..services.runs import RunQueries
+from ..services.scheduler import scheduling_factor
 from ..services.series import SeriesQueries
 from ..store.findings import FindingsStore
 from ..store.scope import Scope
@@ -149,7 +150,10 @@ async def overview(
         names = [n for n in latest if n in SCALARS or len(latest) < 6]
         out["scalars"] = pq.scalar_series(run_id, names, lo, hi, points)
         clock.mark("scalars")
-        bd, f, meta = pq.run_goodput(run_id, executions, program_spec(info.config or {}))
+        sched = scheduling_factor(svc.telemetry, scope, run_id)  # as GET .../goodput has it
+        bd, f, meta = pq.run_goodput(
+            run_id, executions, program_spec(info.config or {}), sched["factor"]
+        )
         out["goodput"] = {
             "breakdown": BreakdownOut.of(bd).model_dump(by_alias=True),
             "factors": FactorsOut.of(f).model_dump(by_alias=True),

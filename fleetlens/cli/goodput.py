@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from . import scheduler
 from ._common import client, client_opts
 from ._output import Table, fmt, pct, print_json
 from .goodput_answers import (
@@ -54,7 +55,8 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         print(f"  ! unaccounted {pct(bd['unaccountedShare'])} of wall-clock: instrumentation hole")
     print(
         f"  runtime {fmt(f['runtime'], '.3f')}  program {fmt(f['program'], '.3f')} "
-        f"({data['program']['programBasis']})  scheduling {fmt(f['scheduling'], '.3f')}  "
+        f"({data['program']['programBasis']})  scheduling {fmt(f['scheduling'], '.3f')} "
+        f"({data.get('scheduling', {}).get('basis', 'manual')})  "
         f"job {fmt(f['jobProduct'], '.3f')}  MPG {fmt(f['mpg'], '.3f')}"
     )
     adv = data["advice"]
@@ -111,7 +113,12 @@ def add_parsers(sub: Any) -> None:
     g = sub.add_parser("goodput", help="where a run's time went, and its goodput factors")
     g.add_argument("run")
     g.add_argument("--price", type=float, help="price per accelerator-hour, for the cost view")
-    g.add_argument("--scheduling", type=float, help="the pool's scheduling goodput (default 1)")
+    g.add_argument(
+        "--scheduling",
+        type=float,
+        help="the pool's scheduling goodput (default: from the run's imported scheduler "
+        "records, else 1)",
+    )
     add_options(g)
     client_opts(g)
     g.set_defaults(func=cmd_goodput)
@@ -123,3 +130,4 @@ def add_parsers(sub: Any) -> None:
     fg.add_argument("--until", type=float, help="window end, UNIX seconds")
     client_opts(fg)
     fg.set_defaults(func=cmd_fleet_goodput)
+    scheduler.add_fleet_parsers(fsub)

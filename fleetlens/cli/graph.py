@@ -8,6 +8,7 @@ import urllib.parse
 from typing import Any
 
 from ..errors import FleetlensError
+from . import scheduler
 from ._common import client, client_opts
 from ._output import fmt, print_json, value
 
@@ -54,8 +55,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    if args.format in scheduler.FORMATS:
+        return scheduler.cmd_sched_import(args)
     from ..importers.runlog import batches
 
+    if not args.run:
+        raise FleetlensError(f"`import {args.format}` needs --run, the run id to store it under")
     if args.format == "megatron":
         from ..importers.megatron import read_megatron as read
     elif args.format == "lightning":
@@ -132,10 +137,19 @@ def add_parsers(sub: Any) -> None:
     client_opts(c)
     c.set_defaults(func=cmd_compare)
 
-    imp = sub.add_parser("import", help="import a training log as a run")
-    imp.add_argument("format", choices=("megatron", "lightning", "hf", "hf-trainer"))
-    imp.add_argument("logs", nargs="+", metavar="LOG")
-    imp.add_argument("--run", required=True, help="run id to store it under")
+    imp = sub.add_parser(
+        "import", help="import a training log as a run, or scheduler records (sacct, sinfo, k8s, "
+        "alibaba)"
+    )  # fmt: skip
+    imp.add_argument(
+        "format", choices=("megatron", "lightning", "hf", "hf-trainer", *scheduler.FORMATS)
+    )
+    imp.add_argument("logs", nargs="+", metavar="FILE", help="training logs, or one scheduler file")
+    imp.add_argument(
+        "--run",
+        help="run id to store a log under (required for logs); for scheduler records, the run "
+        "they belong to (its scheduling factor is computed from them)",
+    )
     imp.add_argument("--project", default="")
     imp.add_argument(
         "--start", type=float, default=1.7e9, help="UNIX start time for logs without a clock"
@@ -147,6 +161,7 @@ def add_parsers(sub: Any) -> None:
         "model size and world size from the log's arguments it gives the run's MFU",
     )
     imp.add_argument("--dry-run", action="store_true", help="parse and summarise only")
+    scheduler.add_options(imp)
     client_opts(imp, json=False)
     imp.set_defaults(func=cmd_import)
 

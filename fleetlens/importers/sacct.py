@@ -8,8 +8,10 @@ Expected command (header line included, ``|``-separated)::
 Job steps (``123.batch``, ``123.0``, ``123.extern``) are skipped: the allocation is the job.
 GPUs come from ``gres/gpu=N`` or ``gres/gpu:<type>=N`` in AllocTRES (0 when absent). Times are
 Slurm's local ISO times without a zone; pass ``tz`` for the cluster's zone (default UTC).
-``Unknown``/``None`` start or end become NaN (never started / still running). Slurm allocates a
-job's nodes atomically, so ``gang_complete`` is the start.
+``Unknown``/``None`` start or end become NaN (never started / still running). A job without
+AllocTRES was never allocated anything: its start is NaN too (Slurm writes the cancel time as
+the Start of a job cancelled while it waited). Slurm allocates a job's nodes atomically, so
+``gang_complete`` is the start.
 """
 
 from __future__ import annotations
@@ -75,13 +77,16 @@ def parse_sacct(lines: Iterable[str], tz: tzinfo = timezone.utc) -> Allocations:
         if "." in job:
             continue
         state = f[col["State"]].split(" ")[0]
+        began = _time(f[col["Start"]], tz, n, "Start")
+        if not f[col["AllocTRES"]].strip():
+            began = math.nan
         rows.append(
             (
                 f[col["Partition"]],
                 job,
                 _gpus(f[col["AllocTRES"]]),
                 _time(f[col["Submit"]], tz, n, "Submit"),
-                _time(f[col["Start"]], tz, n, "Start"),
+                began,
                 _time(f[col["End"]], tz, n, "End"),
                 state,
             )

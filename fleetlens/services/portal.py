@@ -258,11 +258,11 @@ class PortalQueries:
         )
 
     def run_goodput(
-        self, run_id: str, rows: Executions, spec: ProgramSpec
+        self, run_id: str, rows: Executions, spec: ProgramSpec, scheduling: float = 1.0
     ) -> tuple[Breakdown, Factors, dict[str, Any]]:
         """:meth:`GoodputQueries.run_goodput` of the whole run over ``rows``, read already."""
         return GoodputQueries(self.t, self.tenant).run_goodput(
-            run_id, spec, executions=rows.goodput_input()
+            run_id, spec, scheduling=scheduling, executions=rows.goodput_input()
         )
 
     def latest_scalars(self, run_id: str, limit: int = 200) -> dict[str, float | None]:

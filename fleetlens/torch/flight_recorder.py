@@ -3,7 +3,8 @@
 With PyTorch's flight recorder on (``TORCH_NCCL_TRACE_BUFFER_SIZE`` or ``TORCH_FR_BUFFER_SIZE``
 above 0), every rank of a ``TorchRun`` watches its own progress from a daemon thread: when no step
 has ended for the hang rule's ``max(10 x recent step time, floor)`` (the server's rule,
-:class:`fleetlens.analysis.hangs.HangRule`; the floor is ``FLEETLENS_HANG_FLOOR_S``, 60 s), it
+``fleetlens.analysis.hangs.HangRule``, which a training process does not import; the floor is
+``FLEETLENS_HANG_FLOOR_S``, 60 s), it
 writes the recorder's buffer (``torch._C._distributed_c10d._dump_fr_trace``, the pickle PyTorch
 itself writes on a timeout) to ``DIR/fleetlens_fr_rank_<rank>``. Rank 0 then waits up to
 ``gather_s`` for the other ranks' files and sends them all to ``POST /v1/runs/{run}/flight-
@@ -34,7 +35,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..analysis.hangs import HangRule
 from ..sdk.run import Run
 from ..sdk.transport import HttpTransport
 
@@ -85,15 +85,17 @@ class HangDump:
         world: int,
         directory: str,
         *,
-        rule: HangRule | None = None,
+        k: float = 10.0,
+        floor_s: float | None = None,
         gather_s: float = 30.0,
         poll_s: float = 1.0,
         dump: Callable[[], bytes] = _dump_trace,
         upload: Callable[[list[str]], dict[str, Any]] | None = None,
     ) -> None:
-        floor = float(os.environ.get("FLEETLENS_HANG_FLOOR_S", "60") or 60)
+        if floor_s is None:
+            floor_s = float(os.environ.get("FLEETLENS_HANG_FLOOR_S", "60") or 60)
         self.run, self.rank, self.world, self.directory = run, rank, world, directory
-        self.rule = rule or HangRule(10.0, floor)
+        self.k, self.floor_s = k, floor_s
         self.gather_s, self.poll_s = gather_s, poll_s
         self._dump, self._upload = dump, upload or self._post
         self._steps: deque[float] = deque(maxlen=20)  # recent step durations
@@ -118,9 +120,10 @@ class HangDump:
         self._steps.append(seconds)
         self._progress_at = time.monotonic()
 
-    def _limit(self) -> float:
-        recent = statistics.median(self._steps) if self._steps else None
-        return self.rule.threshold(recent)
+    def limit(self) -> float:
+        """Seconds without a step that make a hang: HangRule.threshold of the recent steps."""
+        recent = statistics.median(self._steps) if self._steps else 0.0
+        return max(self.k * recent, self.floor_s)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -128,7 +131,7 @@ class HangDump:
                 at = self._progress_at
                 if at is None:
                     continue  # no step yet: start-up is not a hang
-                if time.monotonic() - at < self._limit():
+                if time.monotonic() - at < self.limit():
                     self._dumped = False
                     continue
                 if not self._dumped:
@@ -146,7 +149,7 @@ class HangDump:
         os.replace(tmp, path)  # a reader never sees half a dump
         self.dumps += 1
         log.warning("fleetlens: no step for %.0fs; flight recorder dumped to %s",
-                    self._limit(), path)  # fmt: skip
+                    self.limit(), path)  # fmt: skip
         if self.rank != 0:
             return
         deadline = time.monotonic() + self.gather_s
