@@ -242,6 +242,7 @@ class Monitor:
             drains=drains,
             stopped_at=max(stopped) if stopped else None,
             progress_at=max(progress) if progress else None,
+            clock=run.last_seen,  # the newest time the run's own records carry
         )
         m = summary.get("metrics", {})
         metrics = RunMetrics(

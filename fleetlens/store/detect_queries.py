@@ -171,6 +171,22 @@ class DetectQueries:
             sw[i], nvl[i] = r["p_switch"], r["p_nvl"]
         return Placement(node, gpu, rack, sw, nvl)
 
+    def heartbeats(self, run_id: str, job_id: str) -> dict[int, tuple[float, int, str, float]]:
+        """The newest heartbeat of each rank of an attempt: rank -> (time, step, phase, since)."""
+        rows = self.r.table(
+            "SELECT rank AS h_rank, max(time) AS h_time, argMax(step, time) AS h_step,"
+            " argMax(phase, time) AS h_phase, argMax(since, time) AS h_since FROM {db}.heartbeats"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " GROUP BY rank",
+            run=run_id,
+            job=job_id,
+        ).to_pylist()
+        return {
+            int(r["h_rank"]): (float(r["h_time"]), int(r["h_step"]), str(r["h_phase"]),
+                               float(r["h_since"]))
+            for r in rows
+        }  # fmt: skip
+
     def gpu_health_rows(self, nodes: list[str], t0: float, t1: float) -> list[dict[str, Any]]:
         """Per GPU of ``nodes`` over [t0, t1]: the DCGM fields the hardware rules read, one row
         per GPU keyed by the fields of :class:`fleetlens.analysis.hardware.GpuHealth`."""
