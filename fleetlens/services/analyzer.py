@@ -126,7 +126,9 @@ def analyze_run(
         js["cusum"] = scan_stragglers(m.steps, m.compute, rs).to_json()
         _blocks(ctx, job, m, place, bl, js)
         nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
-        _hardware(ctx, job, m, place, last=hi == job.last_step, next_start=nxt)
+        _hardware(
+            ctx, job, m, place, last=hi == job.last_step, next_start=_placed_until(events, job, nxt)
+        )
         # A NaN logged after the run's last step row (a step whose time was not finite, or
         # that never completed) still belongs to the last job.
         _instability(ctx, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62)
@@ -297,6 +299,28 @@ def _data_stall(
                    "window": {"fromStep": int(m.steps[a]), "toStep": int(m.steps[z - 1])}},
                   *cpu],
     )  # fmt: skip
+
+
+_DEVICE_LAG_S = 30.0
+"""A device sample of the fault that ended an attempt may be stamped this long after the
+attempt reported its end (DCGM samples every 10-30 s)."""
+
+
+def _placed_until(
+    events: list[dict[str, Any]], job: JobSpan, next_start: float | None
+) -> float | None:
+    """Until when the attempt held its nodes: how it ended (finish, failure, preemption) plus
+    :data:`_DEVICE_LAG_S`, at the latest the next attempt's start; None while it runs. Node and GPU
+    evidence after that belongs to whatever runs there next, not to this run."""
+    ends = [
+        e["time"]
+        for e in events
+        if e["job_id"] == job.job_id and e["kind"] in ("finish", "failure", "preemption")
+    ]
+    if not ends:
+        return next_start
+    until = max(ends) + _DEVICE_LAG_S
+    return until if next_start is None else min(until, next_start)
 
 
 def _hardware(
