@@ -313,7 +313,7 @@ def _placed_until(
     :data:`_DEVICE_LAG_S`, at the latest the next attempt's start; None while it runs. Node and GPU
     evidence after that belongs to whatever runs there next, not to this run."""
     ends = [
-        e["time"]
+        float(e["time"])
         for e in events
         if e["job_id"] == job.job_id and e["kind"] in ("finish", "failure", "preemption")
     ]
