@@ -28,6 +28,7 @@ from fleetlens.services.monitor import Monitor
 from fleetlens.sim import load_scenario
 from fleetlens.sim.emit import encode
 from fleetlens.sim.library import simulate
+from fleetlens.sim.model import Scenario
 from fleetlens.sim.truth import GroundTruth
 from fleetlens.store.access import AccessStore
 from fleetlens.store.chdb_store import ChdbStore
@@ -96,12 +97,13 @@ class LagReplay:
     def close(self) -> None:
         pass
 
-    def play(self, name: str, lag: float, tenant: str | None = None) -> Played:
-        """Play scenario ``name`` with the sender ``lag`` seconds behind its timestamps."""
-        tenant = tenant or f"{name}-{lag:g}"
+    def play(self, scenario: str | Scenario, lag: float, tenant: str | None = None) -> Played:
+        """Play a scenario (a shipped name or one built here) with the sender ``lag`` seconds
+        behind its timestamps."""
+        scn = load_scenario(scenario) if isinstance(scenario, str) else scenario
+        tenant = tenant or f"{scn.name}-{lag:g}"
         self.batches, self.rec.sent = [], []
-        truth = simulate(load_scenario(name), self, speed=0,
-                         start_time=time.time() - 2 * 86400)  # fmt: skip
+        truth = simulate(scn, self, speed=0, start_time=time.time() - 2 * 86400)
         t0 = truth.start_time
         slices: dict[int, list[tuple[dict[str, str], dict[str, Any]]]] = {}
         for ctx, tables in self.batches:
