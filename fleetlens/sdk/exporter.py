@@ -231,10 +231,12 @@ class Exporter:
         rounds = self.buffer.pending() // self.cfg.max_batch_rows + 1
         for _ in range(rounds):
             prio, entries, records = self._drain_all()
-            if beat is not None:
+            # A heartbeat alone is not worth a spool file while the collector is away: it
+            # says "alive now", and is stale by the time the spool is replayed.
+            if beat is not None and (entries or time.monotonic() >= self._retry_at):
                 prio = prio if entries else 1
                 entries.append(beat)
-                beat = None
+            beat = None
             if not entries:
                 break
             try:
