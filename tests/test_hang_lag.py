@@ -42,3 +42,18 @@ def test_a_lagging_healthy_sender_is_not_hung(replay: LagReplay) -> None:
     played = replay.play("straggler_persistent", 300.0)
     assert played.hangs == []
     assert "JobHang" not in [a.labels["alertname"] for a in played.pages]
+
+
+def test_the_ranks_named_are_the_ones_the_others_wait_for() -> None:
+    """From heartbeats (time, step, phase, since): the rank idle after step 11 while the others
+    are inside step 12 is behind; a rank silent for longer than the threshold while the others
+    beat is frozen; everyone at one place names nobody (no one rank to blame)."""
+    from fleetlens.analysis.hangs import behind_ranks
+
+    inside = (100.0, 12, "comm", 30.0)
+    assert behind_ranks({0: inside, 1: (100.0, 11, "idle", 29.0), 2: inside}, 100.0, 60.0) == [1]
+    assert behind_ranks({0: inside, 1: (20.0, 12, "comm", 30.0), 2: inside}, 100.0, 60.0) == [1]
+    assert behind_ranks({0: inside, 1: inside}, 100.0, 60.0) == []
+    # A checkpoint after step 11 is behind the ranks already inside step 12.
+    ckpt = (100.0, 11, "checkpoint", 29.0)
+    assert behind_ranks({0: ckpt, 1: inside}, 100.0, 60.0) == [0]
