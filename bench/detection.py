@@ -3,7 +3,9 @@ steps to flag a 15% straggler among 1,024 ranks (3% noise), one step of 16,384 r
 and the ranks endpoint's window query for 16,384 ranks x 100 steps in chDB.
 
 Keys: ``min_precision``, ``min_recall`` (worst fault type), ``straggler_detect_steps``,
-``step_analysis_ms_16k``, ``ranks_query_ms``. ``--quick`` runs fewer scenarios and repeats.
+``step_analysis_ms_16k``, ``ranks_query_ms``; ``lag_false_hangs`` / ``lag_missed_hangs``
+(scenarios played with the sender up to 5 minutes behind its own timestamps). ``--quick`` runs
+fewer scenarios and repeats.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import emit
 
 from bench._detect_harness import SCENARIOS, Bench
+from bench._lag_replay import LagReplay
 from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers, step_stats
 from fleetlens.services.runs import RunQueries
 from fleetlens.sim.truth import score_detections
@@ -55,6 +58,26 @@ def quality(scenarios: list[str]) -> tuple[dict[str, dict[str, float]], float]:
         finally:
             b.close()
     return per, float(healthy)
+
+
+def lag_false_hangs(scenarios: list[str], lags: list[float]) -> dict[str, int]:
+    """Play scenarios with the sender up to 5 minutes behind its own timestamps through ingest
+    and the monitoring pass: hang findings and JobHang alerts beyond the injected hangs
+    (``lag_false_hangs``), and injected hangs not found (``lag_missed_hangs``)."""
+    false, missed = 0, 0
+    with tempfile.TemporaryDirectory() as d:
+        r = LagReplay(Path(d))
+        try:
+            for lag in lags:
+                for name in scenarios:
+                    p = r.play(name, lag)
+                    false += p.false_hangs()
+                    missed += 0 if p.hang_found() else 1
+                    print(f"lag {lag:>5.0f}s {name:<22} false hangs {p.false_hangs()} "
+                          f"hang found {p.hang_found()}", file=sys.stderr)  # fmt: skip
+        finally:
+            r.shutdown()
+    return {"lag_false_hangs": false, "lag_missed_hangs": missed}
 
 
 def straggler_steps(reps: int) -> int:
@@ -122,6 +145,12 @@ def main() -> None:
         "per_fault": per,
     }
     # chDB: one engine per process; the quality run closed its store above
+    lag_scn = (
+        ["hang", "straggler_persistent"]
+        if args.quick
+        else ["hang", "ecc_xid", "fatal_xid", "straggler_persistent", "preemption", "maintenance"]
+    )
+    result.update(lag_false_hangs(lag_scn, [300.0] if args.quick else [30.0, 120.0, 300.0]))
     result["ranks_query_ms"] = round(ranks_query_ms(3 if args.quick else 10), 1)
     emit(result)
 

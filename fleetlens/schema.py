@@ -22,6 +22,7 @@ __all__ = [
     "DATA_SCALARS",
     "DTYPES",
     "EVENT_KINDS",
+    "HEARTBEAT_PHASES",
     "IDENTIFIERS",
     "KINDS",
     "P0_EVENT_KINDS",
@@ -436,6 +437,43 @@ TRACE_STEP = RecordKind(
     priority=Priority.P3,
 )
 
+HEARTBEAT_PHASES = (
+    "idle",
+    "step",
+    "data",
+    "forward",
+    "backward",
+    "optimizer",
+    "comm",
+    "checkpoint",
+)
+"""Where a rank is: between steps (``idle``, after step ``step``), inside step ``step`` (``step``
+or the phase it is timing), or saving a checkpoint."""
+
+HEARTBEAT = RecordKind(
+    name="heartbeat",
+    table="heartbeats",
+    doc="A live rank's position, sent while the process runs even when no step completes: the "
+    "run's own clock, and who stopped moving. Only the newest per rank is kept.",
+    ctx=_RUN_CTX,
+    ctx_required=("run_id",),
+    columns=(
+        _c("time", "float64", "UNIX time the heartbeat was taken, seconds", required=True),
+        _c("rank", "int32", "global rank", required=True),
+        _c(
+            "step",
+            "int64",
+            "the step the rank is in, or (idle) the last one it finished",
+            default=-1,
+        ),
+        _c("phase", "string", "one of HEARTBEAT_PHASES", default="idle"),
+        _c("since", "float64", "UNIX time the rank reached this step and phase", required=True),
+    ),
+    order_by=("tenant", "run_id", "job_id", "rank"),
+    priority=Priority.P1,
+    engine="ReplacingMergeTree(time)",
+)
+
 KINDS: dict[str, RecordKind] = {
     k.name: k
     for k in (
@@ -449,5 +487,6 @@ KINDS: dict[str, RecordKind] = {
         SCHED_ALLOC,
         SCHED_POOL,
         TRACE_STEP,
+        HEARTBEAT,
     )
 }

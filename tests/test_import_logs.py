@@ -17,6 +17,7 @@ from fleetlens.analysis.compare import slow_episodes
 from fleetlens.importers.hf_trainer import parse_trainer_state
 from fleetlens.importers.lightning import read_lightning
 from fleetlens.importers.megatron import read_megatron
+from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch, wait_until
 
@@ -206,9 +207,14 @@ def test_an_imported_log_is_history_not_a_hung_run(tmp_path: Path) -> None:
         for run_id, run in imported.items():
             for _, body in batches(run, run_id):
                 assert srv.post(body, encoding="gzip")[0] == 200
-        # A live run that stopped a minute ago: the analysis calls it hung (the control).
+        # A live run that stopped a minute ago, its processes still beating: the analysis
+        # calls it hung (the control).
         _, body = step_batch("live", range(0, 20), 2, t0=time.time() - 70)
         assert srv.post(body)[0] == 200
+        hb = TableBuilder("heartbeat").add("time", [time.time() - 1.0] * 2).add("rank", [0, 1])
+        hb.add("step", [19, 19]).add("phase", ["idle"] * 2).add("since", [time.time() - 50] * 2)
+        ctx = {"run_id": "live", "job_id": "j1", "project": "test"}
+        assert srv.post(encode_batch({"heartbeat": hb.build()}, ctx)[1])[0] == 200
 
         def kinds(run_id: str) -> set[str]:
             return {f["diagnosis"] for f in srv.get(f"/v1/runs/{run_id}/diagnosis")["findings"]}

@@ -785,3 +785,27 @@ def test_import_is_light_reads_no_environment_and_starts_nothing(tmp_path: Path)
         cwd=tmp_path,
     )
     assert out.stdout.split() == ["[]", "1"]
+
+
+def test_heartbeats_say_where_a_rank_is_while_no_step_ends(
+    tmp_path: Path, collector: Collector
+) -> None:
+    """A rank stuck inside a step (a collective that never returns) still reports, every
+    heartbeat_s, that it is alive and where it stopped: the server's hang rule depends on it."""
+    run = make_run(tmp_path, collector.url, heartbeat_s=0.05)
+
+    def beats() -> list[dict[str, Any]]:
+        return rows(collector.acked(), "heartbeat")
+
+    with run.step(7), run.phase("backward"):
+        entered = time.time()
+        # No step ends while we wait: the heartbeats come anyway.
+        assert wait_for(lambda: [b for b in beats() if b["phase"] == "backward"])
+    assert wait_for(lambda: [b for b in beats() if b["phase"] == "idle" and b["step"] == 7])
+    run.finish()
+    inside = [b for b in beats() if b["phase"] == "backward"]
+    assert {(b["rank"], b["step"]) for b in inside} == {(0, 7)}
+    assert all(abs(b["since"] - entered) < 0.05 and b["time"] >= b["since"] for b in inside)
+    # Not the user's records: none counted, none dropped, none left unsent.
+    s = run.stats()
+    assert s["records"] == s["records_sent"] and s["dropped"] == 0

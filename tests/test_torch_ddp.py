@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch  # noqa: F401 - the integration needs it installed; CI installs it
 
 from .helpers import Server
@@ -115,3 +119,57 @@ def _check(server: Server, tmp_path: Path) -> None:
         man = json.loads((stats / f"ckpt-{step:08d}.json").read_text())
         (row,) = [c for c in graph if c["step"] == step]
         assert row["checksum"] == f"sha256:{man['sha256']}", row
+
+
+def test_a_hung_rank_is_named_from_its_heartbeats_within_the_hang_threshold(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 stops before step 12 (a hung GPU); the other three wait for it in the step's
+    all-reduce. No step ends any more, but every process is alive and its SDK keeps sending
+    heartbeats: the server names rank 1 (the one behind the others) once the run's own clock
+    is one hang threshold (max(10 x step, 60 s): 60 s for these tiny steps) past the last
+    progress, and not before."""
+    server = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "1"}).start()
+    hung, at = 1, 12
+    env = {
+        **os.environ,
+        "FLEETLENS_SERVER": server.url,
+        "FLEETLENS_RUN_ID": "ddp-hang",
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+         str(EXAMPLE), "--steps", "1000", "--hang-rank", str(hung), "--hang-at-step", str(at)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        hangs: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not hangs:
+            assert proc.poll() is None, "the job ended; it should hang"
+            try:
+                found = server.get("/v1/runs/ddp-hang/diagnosis")["findings"]
+            except urllib.error.HTTPError:  # 404 until the run's first batch
+                found = []
+            # The analysis loop's finding (the remediation controller, which reads the ranks'
+            # control-channel polls, may name the same rank under its own "stuck:" key).
+            hangs = [f for f in found if f["key"].startswith("hang:")]
+            time.sleep(1.0)
+        seen_at = time.time()
+        assert hangs, "no hang found"
+        (h,) = hangs
+        assert h["ranks"] == [hung] and h["step"] == at, h
+        since = h["evidence"][0]["since"]  # the end of step 11, the last progress
+        threshold = h["evidence"][0]["threshold"]
+        assert threshold == 60.0
+        # Judged on the run's clock: called one threshold after the last progress ...
+        assert h["time"] == pytest.approx(since + threshold, abs=1.0)
+        # ... and named on the server within a heartbeat period (10 s) and a pass after that.
+        assert seen_at - since < threshold + 15.0, seen_at - since
+        beats = next(e for e in h["evidence"] if e["metric"].startswith("rank heartbeats"))
+        assert beats["value"][str(hung)][1:3] == [at - 1, "idle"]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        server.stop()

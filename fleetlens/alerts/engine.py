@@ -40,6 +40,9 @@ class RunSignals:
     stopped_at: float | None = None  # last failure, preemption, drain or finish of the run
     progress_at: float | None = None  # last progress other than a step end (a checkpoint)
     metrics: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (time, value)
+    # The run's own clock: the newest time its records carry (heartbeats too). Hangs are
+    # judged against it, never against ``now``, so delivery lag is not a hang. None: ``now``.
+    clock: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,10 @@ def _hang(rule: Rule, s: RunSignals) -> Candidate | None:
     since = max(s.last_step_end, s.progress_at or s.last_step_end)
     limit = HangRule(rule.threshold, rule.floor_s).threshold(s.step_time)
     stops = [] if s.stopped_at is None else [s.stopped_at]
-    if live_hang(since, s.now, limit, stops) is None:
+    clock = s.now if s.clock is None else min(s.now, s.clock)
+    if live_hang(since, clock, limit, stops) is None:
         return None  # progressing, or stopped on purpose or by a failure: recovery, not a hang
-    age = s.now - since
+    age = clock - since
     hung = [f for f in s.findings if f.diagnosis == "hang"]
     ranks = ",".join(str(r) for r in (hung[-1].ranks if hung else [])[:16])
     return Candidate(

@@ -26,6 +26,15 @@ verdict for "now"), so a job is hung by one definition wherever it is looked at:
   For a live verdict, a stop after the last progress also ends the gap: the job is recovering or
   gone, not hung now.
 
+**The run's own clock, never delivery**: "now" for a job is the newest time its own records
+carry (its steps, events and the heartbeats the SDK sends while a process is alive, also when
+no step ends), not the server's clock. A sender that lags behind its own timestamps, or an
+imported log, has a clock that stops where its data stops: no gap, no hang. A hang is ranks
+that are alive and not moving: the clock runs on (heartbeats) while progress stays put.
+:func:`behind_ranks` names, from the heartbeats, the ranks the others wait for: the ones at
+the earliest position (step, and between steps before inside one), or silent for longer than
+the threshold while the others beat.
+
 The ranks to blame are the ones missing from the stuck collective: in a collective group, the
 ranks whose last collective is behind the others' (they never entered the one the others wait
 in). :func:`missing_from_groups` does that for our collectives, for the live positions ranks
@@ -47,6 +56,7 @@ __all__ = [
     "HangRule",
     "Stall",
     "StuckGroup",
+    "behind_ranks",
     "find_stalls",
     "flight_recorder_groups",
     "hang_verdict",
@@ -194,3 +204,25 @@ def flight_recorder_groups(
     for name in default - set(members):
         members[name] = tuple(range(world))
     return last, members, ops
+
+
+def _position(step: int, phase: str) -> int:
+    # Inside step n is further than idle after step n - 1, which is further than inside n - 1.
+    return 2 * step + (1 if phase in ("idle", "checkpoint") else 0)
+
+
+def behind_ranks(
+    beats: dict[int, tuple[float, int, str, float]], clock: float, threshold_s: float
+) -> list[int]:
+    """From each rank's newest heartbeat ``(time, step, phase, since)``: the ranks the others
+    wait for. Ranks silent for more than ``threshold_s`` before ``clock`` while others beat
+    (a frozen process); else the ranks at the earliest position when not all are at one."""
+    if not beats:
+        return []
+    silent = sorted(r for r, b in beats.items() if clock - b[0] > threshold_s)
+    if silent and len(silent) < len(beats):
+        return silent
+    pos = {r: _position(b[1], b[2]) for r, b in beats.items()}
+    low = min(pos.values())
+    behind = sorted(r for r, p in pos.items() if p == low)
+    return behind if len(behind) < len(beats) else []

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import EVENT_KINDS, RecordKind
+from ..schema import EVENT_KINDS, HEARTBEAT_PHASES, RecordKind
 from ..store.batch import Col, StringColumn
 
 __all__ = ["NAME_RULE", "DecodeLimits", "Rules"]
@@ -22,7 +22,7 @@ NAME_RULE = "1-256 printable characters (no tabs, newlines or other control char
 """Scalar names: ``train/loss``, ``eval/acc@1`` are fine."""
 _NAME_MAX = 256
 _STRING_MAX = 65536
-TIME_COLUMNS = ("time", "submit", "enter", "exit", "start", "gang_complete", "end")
+TIME_COLUMNS = ("time", "submit", "enter", "exit", "start", "gang_complete", "end", "since")
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -136,7 +136,7 @@ class Rules:
             if rank is not None:
                 self._rule("rank", (ws > 0) & (rank >= ws), "a rank is < its world_size")
         if (step := self._num("step")) is not None:
-            lo = -1 if event else 0
+            lo = -1 if event or kind.name == "heartbeat" else 0
             self._rule(
                 "step", (step < lo) | (step > lim.max_step), f"steps are {lo}..{lim.max_step}"
             )
@@ -164,6 +164,8 @@ class Rules:
             self._rule("gpus", g <= 0, "an allocation holds at least one GPU")
         if event:
             self._events(cols)
+        if kind.name == "heartbeat":
+            self._strings("phase", HEARTBEAT_PHASES.__contains__, f"phases are {HEARTBEAT_PHASES}")
         if kind.name == "scalar":
             self._strings(
                 "name",

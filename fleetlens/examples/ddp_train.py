@@ -15,7 +15,8 @@ Draining (docs/remediation.md): every step boundary asks ``tr.stop_requested``; 
 re-form the job; a restarted worker resumes from the newest verified checkpoint there. Run it
 under elastic torchrun (``--nnodes=2:3 --max-restarts 3 --rdzv-backend c10d``) for that.
 ``--slow-node N`` / ``--hang-node N --hang-at-step S`` fault the rank on node ``N``
-(``FLEETLENS_NODE_ID``) the way a slow or hung GPU would.
+(``FLEETLENS_NODE_ID``) the way a slow or hung GPU would; ``--hang-rank R --hang-at-step S``
+hangs rank ``R`` before step ``S`` (the others wait for it in that step's all-reduce).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def main() -> None:
     ap.add_argument("--checkpoint-dir", default="", help="default: --stats-dir or .")
     ap.add_argument("--slow-node", default="", help="the rank(s) on this node are slow")
     ap.add_argument("--hang-node", default="", help="the rank(s) on this node hang ...")
+    ap.add_argument("--hang-rank", type=int, default=-1, help="this rank hangs ...")
     ap.add_argument("--hang-at-step", type=int, default=-1, help="... at this step")
     ap.add_argument("--min-nodes", type=int, default=1, help="the launcher's minimum nodes")
     args = ap.parse_args()
@@ -132,7 +134,8 @@ def main() -> None:
         t0 = time.perf_counter()
         if on and tr.stop_requested(step):  # the same answer on every rank
             tr.drain(step, state, ckpt_dir)
-        if node and node == args.hang_node and step == args.hang_at_step:
+        hang = (node and node == args.hang_node) or rank == args.hang_rank
+        if hang and step == args.hang_at_step:
             while True:  # a hung GPU: this rank never reaches the next collective
                 time.sleep(1.0)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]

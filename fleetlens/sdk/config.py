@@ -55,6 +55,9 @@ class SDKConfig:
     # Buffer caps per priority P0..P3, in buffered entries (one run.log call is one entry).
     buffer_caps: tuple[int, int, int, int] = (100_000, 200_000, 500_000, 50_000)
     flush_interval: float = 0.5
+    # A heartbeat (step, phase, since when) every this many seconds, also while no step ends:
+    # the server judges hangs by it (fleetlens.analysis.hangs). 0 turns it off.
+    heartbeat_s: float = 10.0
     max_batch_rows: int = 50_000
     send_timeout: float = 5.0
     compress: bool = True
@@ -173,6 +176,15 @@ class _Resolver:
         )
         if spool_max is not None:
             values["spool_max_bytes"] = spool_max
+        beat = self.env.get("FLEETLENS_HEARTBEAT_S", "").strip()
+        if beat:
+            try:
+                values["heartbeat_s"] = float(beat)
+            except ValueError:
+                raise ConfigError(
+                    f"FLEETLENS_HEARTBEAT_S={beat!r} is not a number; set it to the seconds "
+                    "between heartbeats, e.g. 10, or 0 to send none"
+                ) from None
         values.update(self._placement())
         values.update(self._identity(values))
         values.update(self.explicit)
@@ -295,6 +307,7 @@ def _validate(cfg: SDKConfig) -> None:
             "(or spool_max_bytes=) to a size in bytes, 0 to disable the spool"
         )
     for name, value in (
+        ("heartbeat_s", cfg.heartbeat_s),
         ("exit_flush_timeout", cfg.exit_flush_timeout),
         ("signal_flush_timeout", cfg.signal_flush_timeout),
     ):

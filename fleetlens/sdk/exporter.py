@@ -21,6 +21,12 @@ acknowledged is moved to the spool's ``quarantine/`` folder and counted (``quara
 a batch the server refuses outright (4xx other than 408/429) is dropped and counted as rejected.
 Rows the server refused alone (one value broke a rule; the rest of the batch was stored) are
 counted as ``refused_rows`` from its acknowledgement.
+
+Every ``heartbeat_s`` (at the first cycle after it is due) the thread adds one ``heartbeat`` row
+with where the training thread is (step, phase, since when: :meth:`Run._position`), so a rank
+stuck in a collective or a loader still tells the server that it is alive and where it stopped.
+It costs one row per interval and rides in the batch of that cycle; it is never retried on its
+own and never raises.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TransportError
 from ..wire import encode_batch
-from .buffer import Entry, RecordBuffer
+from .buffer import SAMPLE, Entry, RecordBuffer
 from .config import SDKConfig
 from .spool import Spool
 from .tables import Identity, build_tables
@@ -68,8 +75,11 @@ class Exporter:
         transport: Transport,
         ident: Identity,
         spool: Spool,
+        position: Callable[[], tuple[int, str, float]] | None = None,
     ) -> None:
         self.cfg = cfg
+        self._position = position
+        self._beat_at = 0.0
         self.buffer = buffer
         self.transport = transport
         self.ident = ident
@@ -197,12 +207,36 @@ class Exporter:
             if stop:
                 return
 
+    def _heartbeat(self) -> Entry | None:
+        """The heartbeat entry when one is due. It is not the user's record: it takes no room
+        in the buffer (a full buffer drops records, never it) and is not counted as one."""
+        if self._position is None or self.cfg.heartbeat_s <= 0:
+            return None
+        now = time.time()
+        if now - self._beat_at < self.cfg.heartbeat_s:
+            return None
+        try:
+            step, phase, since = self._position()
+        except Exception:
+            self.counts["internal_errors"] += 1
+            return None
+        self._beat_at = now
+        row = {"time": now, "rank": self.ident.rank, "step": step, "phase": phase, "since": since}
+        return (SAMPLE, "heartbeat", row)
+
     def _cycle(self) -> bool:
         clean = True
+        beat = self._heartbeat()
         # Drain what is there now, not what the training thread keeps adding meanwhile.
         rounds = self.buffer.pending() // self.cfg.max_batch_rows + 1
         for _ in range(rounds):
             prio, entries, records = self._drain_all()
+            # A heartbeat alone is not worth a spool file while the collector is away: it
+            # says "alive now", and is stale by the time the spool is replayed.
+            if beat is not None and (entries or time.monotonic() >= self._retry_at):
+                prio = prio if entries else 1
+                entries.append(beat)
+            beat = None
             if not entries:
                 break
             try:

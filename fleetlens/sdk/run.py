@@ -62,6 +62,9 @@ class Run:
         )
         self._dropped = self._buffer.dropped
         self._active: Step | None = None
+        # (step, phase, since): where the training thread is, for the heartbeat; one tuple
+        # assignment per span boundary (atomic in CPython), read by the exporter thread.
+        self._pos: tuple[int, str, float] = (-1, "idle", _time())
         self._next_step = 0
         self._first_step = True
         self._shard: tuple[str | None, str | None] = (None, None)  # what data() last announced
@@ -78,6 +81,7 @@ class Run:
             self._transport,
             Identity(rank=cfg.rank, node_id=cfg.node_id, gpu=cfg.gpu),
             self._spool,
+            self._position,
         )
         self._prev_sigterm: Any = None
         self._announce()
@@ -271,6 +275,9 @@ class Run:
         self.finish("ok" if ev is None else "error", "" if ev is None else repr(ev))
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _position(self) -> tuple[int, str, float]:
+        return self._pos
 
     def _internal_error(self) -> None:
         self._errors += 1

@@ -28,6 +28,7 @@ PHASES: dict[str, int] = {"data": 0, "forward": 1, "backward": 2, "optimizer": 3
 """Phase name -> slot; the slots are the step columns data_wait, forward, backward, optimizer,
 comm. A phase entered twice in one step is summed."""
 
+_PHASE_NAMES = tuple(PHASES)
 _NAN = math.nan
 _perf = time.perf_counter
 _time = time.time
@@ -60,6 +61,7 @@ class Step:
         except Exception:
             run._internal_error()
         self.wall = _time()
+        run._pos = (self.n if self.n is not None else -1, "step", self.wall)
         self.t0 = _perf()
         return self
 
@@ -72,6 +74,7 @@ class Step:
         dur = _perf() - self.t0
         run = self._run
         try:
+            run._pos = (self.n if self.n is not None else -1, "idle", self.wall + dur)
             run._active = self._prev
             ph = self.ph
             q = run._q1
@@ -111,6 +114,9 @@ class Phase:
         self.t0 = 0.0
 
     def __enter__(self) -> Phase:
+        run = self._run
+        if run._active is not None and 0 <= self.slot < len(_PHASE_NAMES):
+            run._pos = (run._pos[0], _PHASE_NAMES[self.slot], _time())
         self.t0 = _perf()
         return self
 
@@ -121,7 +127,10 @@ class Phase:
         tb: TracebackType | None,
     ) -> None:
         dt = _perf() - self.t0
-        step = self._run._active
+        run = self._run
+        step = run._active
+        if step is not None:
+            run._pos = (run._pos[0], "step", _time())
         if step is not None and self.slot >= 0:
             ph = step.ph
             v = ph[self.slot]
@@ -162,6 +171,7 @@ class Checkpoint:
 
     def __enter__(self) -> Checkpoint:
         self._used = True
+        self._run._pos = (self._run._pos[0], "checkpoint", _time())
         self._run._emit("checkpoint_begin", self.step, "", dict(self.attrs))
         self.t0 = _perf()
         return self
@@ -177,7 +187,9 @@ class Checkpoint:
         attrs["ok"] = ev is None and self.ok
         if ev is not None:
             attrs["error"] = type(ev).__name__
-        self._run._emit("checkpoint_end", self.step, "", attrs)
+        run = self._run
+        run._pos = (run._pos[0], "step" if run._active is not None else "idle", _time())
+        run._emit("checkpoint_end", self.step, "", attrs)
 
     def __call__(self, fn: F) -> F:
         self._used = True

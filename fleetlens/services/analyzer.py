@@ -20,7 +20,7 @@ import numpy as np
 from ..analysis.baseline import Baseline, GroupShift, localize, shift_threshold, workload_signature
 from ..analysis.collectives import analyze_collectives, transfer_times
 from ..analysis.datapipe import data_causes
-from ..analysis.hangs import HangRule, find_stalls, recent_step_time
+from ..analysis.hangs import RECENT_STEPS, HangRule, behind_ranks, find_stalls, recent_step_time
 from ..analysis.hardware import (
     GpuHealth,
     Signal,
@@ -108,6 +108,10 @@ def analyze_run(
     for i, job in enumerate(jobs):
         js = jstate.setdefault(job.job_id, {"done": job.first_step - 1})
         if job.last_step <= js["done"]:
+            if i + 1 == len(jobs):  # no new step: is the newest attempt hung by its own clock?
+                lo = max(job.first_step, job.last_step - RECENT_STEPS)
+                m = q.step_matrix(run.run_id, job.job_id, lo, job.last_step, job.world)
+                _hangs(ctx, job, m, q.placement(run.run_id, job.job_id, m.world), events, None)
             continue
         lo = int(js["done"]) + 1
         per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
@@ -126,7 +130,9 @@ def analyze_run(
         js["cusum"] = scan_stragglers(m.steps, m.compute, rs).to_json()
         _blocks(ctx, job, m, place, bl, js)
         nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
-        _hardware(ctx, job, m, place, last=hi == job.last_step, next_start=nxt)
+        _hardware(
+            ctx, job, m, place, last=hi == job.last_step, next_start=_placed_until(events, job, nxt)
+        )
         # A NaN logged after the run's last step row (a step whose time was not finite, or
         # that never completed) still belongs to the last job.
         _instability(ctx, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62)
@@ -344,6 +350,28 @@ def _data_causes(
     return data_causes(steps, stalled, shards, scalars)
 
 
+_DEVICE_LAG_S = 30.0
+"""A device sample of the fault that ended an attempt may be stamped this long after the
+attempt reported its end (DCGM samples every 10-30 s)."""
+
+
+def _placed_until(
+    events: list[dict[str, Any]], job: JobSpan, next_start: float | None
+) -> float | None:
+    """Until when the attempt held its nodes: how it ended (finish, failure, preemption) plus
+    :data:`_DEVICE_LAG_S`, at the latest the next attempt's start; None while it runs. Node and GPU
+    evidence after that belongs to whatever runs there next, not to this run."""
+    ends = [
+        float(e["time"])
+        for e in events
+        if e["job_id"] == job.job_id and e["kind"] in ("finish", "failure", "preemption")
+    ]
+    if not ends:
+        return next_start
+    until = max(ends) + _DEVICE_LAG_S
+    return until if next_start is None else min(until, next_start)
+
+
 def _hardware(
     ctx: _Ctx, job: JobSpan, m: StepMatrix, place: Placement, last: bool,
     next_start: float | None,
@@ -412,12 +440,16 @@ def _hangs(
     if not marks:
         return
     ended = [e["time"] for e in mine if e["kind"] in _TERMINAL]
+    beats: dict[int, tuple[float, int, str, float]] = {}
     if next_start is not None:
         end = next_start
     elif any(e["kind"] in ("finish", "failure", "preemption") for e in mine):
         end = max(e["time"] for e in mine)
     else:
-        end = ctx.now
+        # The run's own clock (its newest record: steps, events, heartbeats), never the
+        # server's: a sender behind its own timestamps, or an imported log, is not a hang.
+        beats = ctx.q.heartbeats(ctx.run.run_id, job.job_id)
+        end = min(ctx.now, max([ctx.run.last_seen, *marks, *(b[0] for b in beats.values())]))
     rule = HangRule(ctx.cfg.hang_k, ctx.cfg.hang_floor_s)
     thr = rule.threshold(recent_step_time(m.end - m.start))
     for st in find_stalls(np.asarray(marks), end, thr, np.asarray(ended)):
@@ -426,17 +458,24 @@ def _hangs(
         col = ctx.q.collectives(ctx.run.run_id, job.job_id, step, step)
         entered = set(col["rank"].tolist())
         missing = sorted(set(range(m.world)) - entered) if entered else []
+        why = "never entered the collective"
+        behind = behind_ranks(beats, end, thr) if st.until >= end else []
+        if behind:  # hung now: the heartbeats say whom the others wait for
+            missing, why = behind, "stopped behind the others (heartbeats)"
         ctx.found.append(Diagnosis(
             f"hang:{job.job_id}:{step}", "hang", "hang", 0.9 if missing else 0.7,
             f"no progress for {st.until - st.since:.0f}s (threshold {thr:.0f}s) at step {step}"
-            + (f"; ranks {missing[:16]} never entered the collective" if missing else ""),
+            + (f"; ranks {missing[:16]} {why}" if missing else ""),
             step=step, start_step=step, end_step=step, time=st.detected_at, ranks=missing,
             nodes=sorted({place.node[r] for r in missing if r < len(place.node) and place.node[r]}),
             job_id=job.job_id,
             evidence=[{"metric": "seconds without progress", "value": st.until - st.since,
                        "threshold": thr, "since": st.since},
                       {"metric": "ranks missing from the collective", "value": missing[:64],
-                       "entered": len(entered), "world": m.world}],
+                       "entered": len(entered), "world": m.world},
+                      *([{"metric": "rank heartbeats (time, step, phase, since)",
+                          "value": {str(r): list(beats[r]) for r in behind[:64]}}]
+                        if behind else [])],
         ))  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from ..analysis.compare import (
 )
 from ..analysis.rootcause import owner_of
 from ..errors import ConfigError
+from ..store.detect_queries import DetectQueries
 from ..store.findings import FindingsStore
 from ..store.graph import GraphStore
 from ..store.metadata import MetadataStore
@@ -187,17 +188,30 @@ class CompareQueries:
             t0=float(t0) if t0 is not None else 0.0,
             t1=float(t1) if t1 is not None else 0.0,
         ).to_pylist()
+        # Another run's faults count only on a node while this run was placed on it.
+        placed = DetectQueries(self.t, self.tenant).placed(run_id) if nodes else {}
+
+        def here(node: str, t: float) -> bool:
+            return any(a <= t <= b for a, b in placed.get(node, []))
+
+        ev_rows = [e for e in ev_rows if e["of_run"] == run_id or here(e["node_id"], e["time"])]
         xid: list[dict[str, Any]] = []
         if nodes and t0 is not None:
-            xid = self.r.table(
-                "SELECT node_id, gpu, min(time) AS first, max(xid) AS max_xid, count() AS n"
-                " FROM {db}.gpu_samples WHERE tenant = {tenant:String}"
-                " AND node_id IN {nodes:Array(String)} AND time BETWEEN {t0:Float64}"
-                " AND {t1:Float64} AND xid > 0 GROUP BY node_id, gpu ORDER BY node_id, gpu",
+            per: dict[tuple[str, int], dict[str, Any]] = {}
+            for r in self.r.table(
+                "SELECT node_id, gpu, time, xid FROM {db}.gpu_samples WHERE tenant = "
+                "{tenant:String} AND node_id IN {nodes:Array(String)} AND time BETWEEN "
+                "{t0:Float64} AND {t1:Float64} AND xid > 0 ORDER BY time LIMIT 100000",
                 nodes=nodes,
                 t0=float(t0),
                 t1=float(t1 or t0),
-            ).to_pylist()
+            ).to_pylist():
+                if here(r["node_id"], r["time"]):
+                    first = {"node_id": r["node_id"], "gpu": r["gpu"], "first": r["time"],
+                             "max_xid": r["xid"], "n": 0}  # fmt: skip
+                    g = per.setdefault((r["node_id"], r["gpu"]), first)
+                    g["max_xid"], g["n"] = max(g["max_xid"], r["xid"]), g["n"] + 1
+            xid = [per[k] for k in sorted(per)]
         steps, durs = self.step_times(run_id)
         ends = [
             {"time": e["time"], "kind": e["kind"], "jobId": e["job_id"] or None,

@@ -254,6 +254,7 @@ class Monitor:
             stopped_at=max(stopped) if stopped else None,
             progress_at=max(progress) if progress else None,
             metrics={k: list(v) for k, v in sampled.items()},
+            clock=run.last_seen,  # the newest time the run's own records carry
         )
         m = summary.get("metrics", {})
         metrics = RunMetrics(

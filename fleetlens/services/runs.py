@@ -16,10 +16,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ..analysis.changes import metric_changes
-from ..analysis.hardware import gpu_health, node_health
+from ..analysis.hardware import GpuHealth, NodeHealth, gpu_health, node_health
 from ..errors import ConfigError
 from ..store.ddl import COMPUTE_SQL
-from ..store.detect_queries import DetectQueries
+from ..store.detect_queries import DetectQueries, by_placed_span
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
@@ -265,20 +265,23 @@ class RunQueries:
             return
         span = self._q(
             "SELECT min(start) AS t0, max(end) AS t1 FROM {db}.steps_by_step WHERE tenant = "
-            "{{tenant:String}} AND run_id IN (SELECT run_id FROM {db}.placement WHERE tenant = "
-            "{{tenant:String}} AND node_id = {{node:String}} LIMIT 1) "
+            "{{tenant:String}} AND run_id = {{run:String}} "
             "AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}}",
-            node=nodes[0],
+            run=run_id,
             lo=from_step,
             hi=to_step,
         )[0]
         if span["t0"] is None:
             return
         dq = DetectQueries(self.t, self.tenant)
-        gpus = gpu_health(dq.gpu_health_rows(nodes, float(span["t0"]) - 60, float(span["t1"]) + 60))
-        hosts = node_health(
-            dq.node_health_rows(nodes, float(span["t0"]) - 60, float(span["t1"]) + 60)
-        )
+        gpus: dict[tuple[str, int], GpuHealth] = {}
+        hosts: dict[str, NodeHealth] = {}
+        t0, t1 = float(span["t0"]) - 60, float(span["t1"]) + 60
+        # Only while this run was on each node: the same node name in another run's time
+        # (before, after, between this run's attempts) is not this run's evidence.
+        for (a, b), on in by_placed_span(dq.placed(run_id), nodes, t0, t1).items():
+            gpus.update(gpu_health(dq.gpu_health_rows(on, a, b)))
+            hosts.update(node_health(dq.node_health_rows(on, a, b)))
         for r in ranks:
             g = gpus.get((r["node"], r["gpu"])) if r["gpu"] is not None else None
             h = hosts.get(r["node"]) if r["node"] else None

@@ -29,6 +29,8 @@ from .truth import LOSS_CATEGORIES
 __all__ = ["Engine"]
 
 Arr = np.ndarray[Any, Any]
+HEARTBEAT_S = 10.0
+"""The SDK's default heartbeat period (``SDKConfig.heartbeat_s``)."""
 _GAP = {"fatal": "recovery", "hang": "recovery", "preempt": "preemption", "drain": "maintenance"}
 _XID = {"fatal_xid": 79, "ecc_xid": 48}
 
@@ -176,6 +178,29 @@ class Engine:
                 "enter": (starts[:, None] + enter).ravel(),
                 "exit": (starts[:, None] + leave).ravel(),
                 "bytes": np.full(k * w, grad_bytes, dtype=np.int64),
+            },
+        )
+
+    def heartbeats(self, t0: float, t1: float, steps: Arr, phases: list[str], since: Arr) -> None:
+        """What the SDK of every rank sends while its process is alive and no step ends: one
+        heartbeat per rank every ``HEARTBEAT_S`` over [t0, t1) (``steps``, ``phases``, ``since``
+        per rank)."""
+        times = np.arange(t0 + HEARTBEAT_S, t1, HEARTBEAT_S)
+        k, w = len(times), len(steps)
+        if not k or not w:
+            return
+        names = sorted(set(phases))
+        codes = np.asarray([names.index(p) for p in phases], dtype=np.uint32)
+        self.batcher.add(
+            self.ctx,
+            "heartbeat",
+            k * w,
+            {
+                "time": np.repeat(times, w),
+                "rank": np.tile(np.arange(w, dtype=np.int32), k),
+                "step": np.tile(steps.astype(np.int64), k),
+                "phase": (names, np.tile(codes, k)),
+                "since": np.tile(since.astype(np.float64), k),
             },
         )
 

@@ -135,6 +135,13 @@ def _fail(e: Engine, b: _Book, f: Injected, step: int) -> str:
         leave = np.full_like(enter, t_fail - e.t)
         keep = np.array([r for r in range(e.world) if r != stuck])
         e.collectives(np.array([step]), np.array([e.t]), enter[:, keep], leave[:, keep], keep)
+        # Every process stays alive until the watchdog: the stuck rank idle after step - 1, the
+        # others inside the collective of step.
+        hb_steps = np.full(e.world, step)
+        hb_steps[stuck] = step - 1
+        phases = ["comm"] * e.world
+        phases[stuck] = "idle"
+        e.heartbeats(e.t, t_fail, hb_steps, phases, e.t + c.arrive[0])
         e.loss["hang"] += t_fail - e.t
         b.poll(e, e.t)
         b.lose(e)

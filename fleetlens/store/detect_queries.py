@@ -18,7 +18,7 @@ from .ddl import COMPUTE_SQL
 from .reader import TenantReader
 from .telemetry import TelemetryStore
 
-__all__ = ["DetectQueries", "JobSpan", "Placement", "StepMatrix", "rank_cap"]
+__all__ = ["DetectQueries", "JobSpan", "Placement", "StepMatrix", "by_placed_span", "rank_cap"]
 
 Arr = np.ndarray[Any, Any]
 log = logging.getLogger("fleetlens.analyzer")
@@ -28,6 +28,20 @@ def rank_cap(world: int, distinct: int) -> int:
     """How wide a per-rank array of a job may be: its world (ranks reported per step, or
     declared) or a few times the distinct ranks seen, never what one stray rank number says."""
     return max(world, 4 * distinct + 1024)
+
+
+def by_placed_span(
+    placed: dict[str, list[tuple[float, float]]], nodes: list[str], t0: float, t1: float
+) -> dict[tuple[float, float], list[str]]:
+    """``nodes`` grouped by the part of [t0, t1] during which the run was placed on each
+    (:meth:`DetectQueries.placed`); a node the run was not on then is left out."""
+    out: dict[tuple[float, float], list[str]] = {}
+    for n in sorted(set(nodes)):
+        for a, b in placed.get(n, []):
+            lo, hi = max(t0, a), min(t1, b)
+            if lo <= hi:
+                out.setdefault((lo, hi), []).append(n)
+    return out
 
 
 @dataclass(frozen=True)
@@ -170,6 +184,53 @@ class DetectQueries:
             node[i], gpu[i], rack[i] = r["p_node"], int(r["p_gpu"]), r["p_rack"]
             sw[i], nvl[i] = r["p_switch"], r["p_nvl"]
         return Placement(node, gpu, rack, sw, nvl)
+
+    def heartbeats(self, run_id: str, job_id: str) -> dict[int, tuple[float, int, str, float]]:
+        """The newest heartbeat of each rank of an attempt: rank -> (time, step, phase, since)."""
+        rows = self.r.table(
+            "SELECT rank AS h_rank, max(time) AS h_time, argMax(step, time) AS h_step,"
+            " argMax(phase, time) AS h_phase, argMax(since, time) AS h_since FROM {db}.heartbeats"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " GROUP BY rank",
+            run=run_id,
+            job=job_id,
+        ).to_pylist()
+        return {
+            int(r["h_rank"]): (float(r["h_time"]), int(r["h_step"]), str(r["h_phase"]),
+                               float(r["h_since"]))
+            for r in rows
+        }  # fmt: skip
+
+    def placed(self, run_id: str) -> dict[str, list[tuple[float, float]]]:
+        """Node -> when the run was placed on it: per job attempt that put a rank there, from
+        its placement (or first step) to its last step end or how it ended (failure, finish,
+        preemption), whichever is later. Node and GPU evidence applies to the run only then:
+        another run on the same node name at another time is not this run's."""
+        rows = self.r.table(
+            "SELECT job_id AS q_job, node_id AS q_node, min(time) AS q_t0 FROM {db}.placement"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} GROUP BY job_id, node_id",
+            run=run_id,
+        ).to_pylist()
+        spans = {
+            r["q_job"]: (float(r["q_t0"]), float(r["q_t1"]))
+            for r in self.r.table(
+                "SELECT q_job, min(q_t0) AS q_t0, max(q_t1) AS q_t1 FROM ("
+                " SELECT job_id AS q_job, min(start) AS q_t0, max(end) AS q_t1"
+                " FROM {db}.steps_by_step WHERE tenant = {tenant:String} AND run_id = {run:String}"
+                " GROUP BY job_id UNION ALL"
+                " SELECT job_id AS q_job, max(time) AS q_t0, max(time) AS q_t1 FROM {db}.events"
+                " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+                " AND kind IN ('failure', 'finish', 'preemption') GROUP BY job_id)"
+                " GROUP BY q_job",
+                run=run_id,
+            ).to_pylist()
+        }
+        out: dict[str, list[tuple[float, float]]] = {}
+        for r in rows:
+            span = spans.get(r["q_job"])
+            if span is not None and r["q_node"]:
+                out.setdefault(r["q_node"], []).append((min(float(r["q_t0"]), span[0]), span[1]))
+        return out
 
     def gpu_health_rows(self, nodes: list[str], t0: float, t1: float) -> list[dict[str, Any]]:
         """Per GPU of ``nodes`` over [t0, t1]: the DCGM fields the hardware rules read, one row

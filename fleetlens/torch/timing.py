@@ -92,6 +92,7 @@ class StepTiming:
             self._step_t0 = time.perf_counter()
             wait, self._data_wait = self._data_wait, 0.0
             if self._dev is not None:
+                self.run._pos = (n, "step", time.time())  # the heartbeat's position
                 self._resolve()
                 self._dev.begin_step(n, tokens, wait)
             else:
@@ -104,6 +105,7 @@ class StepTiming:
             try:
                 if self._dev is not None:
                     self._dev.end_step()
+                    self.run._pos = (n, "idle", time.time())
                 elif self._sdk_step is not None:
                     s, self._sdk_step = self._sdk_step, None
                     s.__exit__(type(ev) if ev else None, ev, None)

@@ -1,0 +1,84 @@
+"""Placement in time (issue 18, item 3): node and GPU evidence applies to a run only while the
+run was placed on that node. Node names are reused: run ``early`` used n1/n2 in its first
+attempt, failed, and resumed on n3/n4; run ``late`` used n1/n2 in between. A GPU fault on
+n2 during ``late`` is ``late``'s, not ``early``'s; an Xid on n1 while no run held it is
+nobody's. Checked through a real server: the analysis loop's findings, the ranks endpoint's
+hardware column and the run lineage's infrastructure."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from fleetlens.wire import TableBuilder, encode_batch
+
+from .helpers import Server, step_batch
+
+GPUS = {0: ("n1", 0), 1: ("n1", 1), 2: ("n2", 0), 3: ("n2", 1)}
+
+
+def _attempt(server: Server, run: str, job: str, nodes: tuple[str, str], t0: float,
+             steps: range, end: str) -> None:  # fmt: skip
+    ctx = {"run_id": run, "job_id": job, "project": "llm"}
+    pl = TableBuilder("placement")
+    pl.add("time", [t0] * 4).add("rank", [0, 1, 2, 3]).add("world_size", [4] * 4)
+    pl.add("node_id", [nodes[0], nodes[0], nodes[1], nodes[1]]).add("gpu", [0, 1, 0, 1])
+    assert server.post(encode_batch({"placement": pl.build()}, ctx)[1])[0] == 200
+    assert server.post(step_batch(run, steps, 4, job_id=job, t0=t0, base=0.5)[1])[0] == 200
+    ev = TableBuilder("event")
+    ev.add("time", [t0 + 36.0]).add("kind", [end]).add("step", [steps[-1]])
+    assert server.post(encode_batch({"event": ev.build()}, ctx)[1])[0] == 200
+
+
+def _fault(server: Server, t: float, node: str, gpu: int, xid: int, run: str = "") -> None:
+    g = TableBuilder("gpu")
+    g.add("time", [t]).add("node_id", [node]).add("gpu", [gpu]).add("xid", [float(xid)])
+    assert server.post(encode_batch({"gpu": g.build()}, {})[1])[0] == 200
+    if run:  # the run that held the GPU reports the fault too
+        ev = TableBuilder("event")
+        ev.add("time", [t]).add("kind", ["hardware_fault"]).add("node_id", [node])
+        ev.add("gpu", [gpu]).add("attrs", [json.dumps({"xid": xid})])
+        ctx = {"run_id": run, "job_id": f"{run}-a0", "project": "llm"}
+        assert server.post(encode_batch({"event": ev.build()}, ctx)[1])[0] == 200
+
+
+def _xids(server: Server, run: str, lo: int, hi: int) -> dict[int, list[int]]:
+    ranks = server.get(f"/v1/runs/{run}/ranks?fromStep={lo}&toStep={hi}")["ranks"]
+    return {r["rank"]: (r.get("hardware") or {}).get("xids", []) for r in ranks}
+
+
+def test_node_evidence_applies_to_a_run_only_while_it_was_placed_there(tmp_path: Path) -> None:
+    server = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}).start()
+    try:
+        t = time.time() - 3600
+        # Device samples come in as they happen, before the runs' step records are analysed.
+        _fault(server, t + 80, "n1", 1, 79)  # n1 idle between the runs: nobody's
+        _fault(server, t + 120, "n2", 0, 48, run="late")  # during late, on late's rank 2
+        _attempt(server, "early", "early-a0", ("n1", "n2"), t, range(0, 60), "failure")
+        _attempt(server, "late", "late-a0", ("n1", "n2"), t + 100, range(0, 60), "finish")
+        _attempt(server, "early", "early-a1", ("n3", "n4"), t + 200, range(60, 120), "finish")
+
+        def findings(run: str) -> list[dict[str, Any]]:
+            return list(server.get(f"/v1/runs/{run}/diagnosis")["findings"])
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(f["gpus"] for f in findings("late")):
+            time.sleep(0.5)
+        time.sleep(2.0)  # a few more passes
+        late = [f for f in findings("late") if f["gpus"]]
+        assert late and {g for f in late for g in f["gpus"]} == {"n2:0"}, late
+        assert [f for f in findings("early") if f["gpus"] or f["nodes"]] == []
+
+        assert _xids(server, "late", 0, 59) == {0: [], 1: [], 2: [48], 3: []}
+        assert _xids(server, "early", 0, 59) == {0: [], 1: [], 2: [], 3: []}
+
+        infra = server.get("/v1/lineage/runs/early")["infrastructure"]
+        assert infra["xidErrors"] == [] and infra["faults"] == [
+            f for f in infra["faults"] if f["sameRun"]
+        ], infra
+        infra = server.get("/v1/lineage/runs/late")["infrastructure"]
+        assert [(x["node"], x["gpu"], x["maxXid"]) for x in infra["xidErrors"]] == [("n2", 0, 48)]
+    finally:
+        server.stop()
