@@ -3,7 +3,9 @@ steps to flag a 15% straggler among 1,024 ranks (3% noise), one step of 16,384 r
 and the ranks endpoint's window query for 16,384 ranks x 100 steps in chDB.
 
 Keys: ``min_precision``, ``min_recall`` (worst fault type), ``straggler_detect_steps``,
-``step_analysis_ms_16k``, ``ranks_query_ms``. ``--quick`` runs fewer scenarios and repeats.
+``step_analysis_ms_16k``, ``ranks_query_ms``, ``verdict_consistency`` (share of runs whose
+straggler findings are identical live, in bursts, out of order and at once; every finding:
+``verdict_consistency_all_kinds``). ``--quick`` runs fewer scenarios and repeats.
 """
 
 from __future__ import annotations
@@ -106,6 +108,36 @@ def ranks_query_ms(reps: int) -> float:
             store.close()
 
 
+def verdict_consistency(runs: int) -> dict[str, float]:
+    """Share of runs whose findings are the same live, in bursts, out of order and at once
+    (bench/_delivery.py): straggler findings (``verdict_consistency``), and every finding
+    (``verdict_consistency_all_kinds``)."""
+    from bench._delivery import MODES, Player, Way, record, straggler_verdict
+
+    names = ["straggler_persistent", "straggler_intermittent", "straggler_moving"]
+    same = same_all = 0
+    with tempfile.TemporaryDirectory() as d:
+        p = Player(Path(d))
+        try:
+            for i in range(runs):
+                rec = record(names[i % len(names)], 600, seed=100 + i)
+                rng = np.random.default_rng(i)
+                plays = [p.play(rec, Way(m, seed=i, max_lag=int(rng.integers(1, 60)),
+                                         tick=int(rng.integers(3, 25)),
+                                         chunks=int(rng.integers(2, 30))))
+                         for m in MODES]  # fmt: skip
+                verdicts = [straggler_verdict(rows) for rows in plays]
+                every = [sorted((r["kind"], r["diagnosis"], tuple(r["ranks"]), r["start_step"],
+                                 r["end_step"]) for r in rows) for rows in plays]  # fmt: skip
+                same += all(v == verdicts[0] for v in verdicts)
+                same_all += all(v == every[0] for v in every)
+                print(f"verdict {rec.run_id} seed {100 + i}: "
+                      f"{dict(zip(MODES, verdicts, strict=True))}", file=sys.stderr)  # fmt: skip
+        finally:
+            p.close()
+    return {"verdict_consistency": same / runs, "verdict_consistency_all_kinds": same_all / runs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
@@ -123,6 +155,7 @@ def main() -> None:
     }
     # chDB: one engine per process; the quality run closed its store above
     result["ranks_query_ms"] = round(ranks_query_ms(3 if args.quick else 10), 1)
+    result.update(verdict_consistency(3 if args.quick else 12))
     emit(result)
 
 

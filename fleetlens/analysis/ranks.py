@@ -208,7 +208,7 @@ def _step_noise(d: Arr) -> float:
     d = d[np.isfinite(d)]
     if len(d) < 2:
         return float("nan")
-    return 1.4826 * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2.0)
+    return 1.4826 * float(np.median(np.abs(d - np.median(d)))) / 1.4142135623730951
 
 
 def scan_stragglers(
@@ -251,14 +251,14 @@ def scan_stragglers(
             sigma = robust_sigma(xi[None, :], p.sigma_floor)
         prev[ok] = xi[ok]
         xr = np.where(ok, xi - 1.0, 0.0)
-        z = np.where(ok, xr / sigma, 0.0)
-        c += np.minimum(z, p.cap) - p.k
+        # a rank not measured this step keeps its evidence: silence is not health
+        c[ok] += np.minimum(xr[ok] / sigma, p.cap) - p.k
         np.clip(c, 0.0, p.cmax, out=c)
         pos = c > 0
         starting = pos & (since < 0)
         since[starting] = s
-        excess[pos] += xr[pos]
-        count[pos] += 1
+        excess[pos & ok] += xr[pos & ok]
+        count[pos & ok] += 1
         hit = np.flatnonzero((c >= p.h) & (alarm < 0))
         for r in hit.tolist():
             if excess[r] / max(count[r], 1) >= p.min_slowdown:
