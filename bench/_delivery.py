@@ -28,7 +28,7 @@ from fleetlens.store.findings import FindingsStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
 
-__all__ = ["MODES", "Player", "Recorded", "Way", "record", "straggler_verdict"]
+__all__ = ["MODES", "Player", "Recorded", "Way", "findings_verdict", "record", "straggler_verdict"]
 
 MODES = ("live", "bursts", "shuffled", "bulk")
 
@@ -159,4 +159,15 @@ def straggler_verdict(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
         (r["diagnosis"], tuple(r["ranks"]), r["start_step"], r["end_step"], r["step"])
         for r in rows
         if r["kind"] == "straggler"
+    )
+
+
+def findings_verdict(
+    rows: list[dict[str, Any]], skip: tuple[str, ...] = ()
+) -> list[tuple[Any, ...]]:
+    """Every finding but the kinds in ``skip``: kind, diagnosis, ranks, span."""
+    return sorted(
+        (r["kind"], r["diagnosis"], tuple(r["ranks"]), r["start_step"], r["end_step"])
+        for r in rows
+        if r["kind"] not in skip
     )

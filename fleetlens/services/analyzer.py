@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -102,6 +103,8 @@ def analyze_run(
         for m in ("compute", "transfer")
     }
     jstate: dict[str, Any] = state.setdefault("jobs", {})
+    for js in jstate.values():  # a cursor from before blocks had their own: they went with done
+        js.setdefault("blocked", js["done"])
     pending = False
     for i, job in enumerate(jobs):
         js = jstate.setdefault(job.job_id, {"done": job.first_step - 1})
@@ -110,7 +113,7 @@ def analyze_run(
         lo = int(js["done"]) + 1
         per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
         hi = min(job.last_step, lo + per - 1)
-        m = q.step_matrix(run.run_id, job.job_id, lo, hi, job.world)
+        m = q.step_matrix(run.run_id, job.job_id, lo, hi, max(job.world, run.world))
         if not len(m.steps) and hi < job.last_step:
             # A gap of steps (a stray step number far ahead): jump to the next step stored
             # instead of walking the gap one window per pass.
@@ -119,7 +122,6 @@ def analyze_run(
             pending = True
             break
         place = q.placement(run.run_id, job.job_id, m.world)
-        _blocks(ctx, job, m, place, bl, js)
         nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
         _hardware(ctx, job, m, place, last=hi == job.last_step, next_start=nxt)
         # A NaN logged after the run's last step row (a step whose time was not finite, or
@@ -135,8 +137,11 @@ def analyze_run(
             break
     tails: dict[str, RankState] = {}
     for i, job in enumerate(jobs):
-        if _advance_stragglers(ctx, job, jstate, max(job.world, run.world), i + 1 < len(jobs),
-                               tails):  # fmt: skip
+        over = i + 1 < len(jobs)
+        width = max(job.world, run.world)
+        left = _advance_stragglers(ctx, job, jstate, width, over, tails)
+        ended = over or any(e["job_id"] == job.job_id and e["kind"] in _TERMINAL for e in events)
+        if left | _advance_blocks(ctx, job, jstate[job.job_id], width, ended, bl):
             pending = True
             break
     ctx.found += diagnose_events(events)
@@ -174,7 +179,7 @@ def _advance_stragglers(
     per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
     lo = sealed + 1
     hi = min(job.last_step, lo + per - 1)
-    m = q.step_matrix(ctx.run.run_id, job.job_id, lo, hi, job.world)
+    m = q.step_matrix(ctx.run.run_id, job.job_id, lo, hi, max(job.world, expected))
     rs = RankState.from_json(js.get("cusum", {}), m.world)
     if not len(m.steps):
         ahead = q.next_step(ctx.run.run_id, job.job_id, hi) if hi < job.last_step else None
@@ -204,6 +209,32 @@ def _advance_stragglers(
     return hi < job.last_step or idle < _TAIL_PASSES
 
 
+def _advance_blocks(
+    ctx: _Ctx, job: JobSpan, js: dict[str, Any], width: int, ended: bool,
+    bl: dict[str, Baseline],
+) -> bool:  # fmt: skip
+    """The absolute checks (:func:`_blocks`) over whole blocks of committed steps, blocks keyed
+    by step number (``first_step + j * block_steps``), so they are the same whatever the passes;
+    the last, partial block once the attempt is over. Returns whether work is left."""
+    b = ctx.cfg.block_steps
+    blocked = int(js.setdefault("blocked", job.first_step - 1))
+    sealed = int(js.get("sealed", job.first_step - 1))
+    if ended and sealed >= job.last_step:
+        top = job.last_step
+    else:
+        top = job.first_step + (sealed - job.first_step + 1) // b * b - 1
+    if top <= blocked:
+        return False
+    per = min(ctx.cfg.max_steps, max(1, ctx.cfg.max_rank_steps // max(width, 1)))
+    hi = min(top, blocked + max(b, per // b * b))
+    m = ctx.q.step_matrix(ctx.run.run_id, job.job_id, blocked + 1, hi, width)
+    if len(m.steps):
+        place = ctx.q.placement(ctx.run.run_id, job.job_id, m.world)
+        _blocks(ctx, job, m, place, bl, js)
+    js["blocked"] = hi
+    return hi < top
+
+
 def _topology(place: Placement) -> dict[str, list[str]]:
     return {"rack": place.rack, "switch": place.switch, "nvlink_domain": place.nvlink_domain,
             "node": place.node}  # fmt: skip
@@ -221,8 +252,9 @@ def _blocks(
         med = np.nanmedian(m.compute, axis=1)
         transfer = transfer_times(m.comm)
     step_time = m.end - m.start
-    for a in range(0, n, b):
-        z = min(n, a + b)
+    ids = (m.steps - job.first_step) // b  # blocks by step number, not by row of the window
+    cut = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), n]
+    for a, z in pairwise(cut):
         if z - a < min(10, n):
             continue
         s0, s1 = int(m.steps[a]), int(m.steps[z - 1])
