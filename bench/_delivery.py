@@ -28,7 +28,10 @@ from fleetlens.store.findings import FindingsStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
 
-__all__ = ["MODES", "Player", "Recorded", "Way", "findings_verdict", "record", "straggler_verdict"]
+__all__ = [
+    "MODES", "Player", "Recorded", "Way", "findings_verdict", "from_matrix", "record",
+    "straggler_verdict",
+]  # fmt: skip
 
 MODES = ("live", "bursts", "shuffled", "bulk")
 
@@ -74,6 +77,30 @@ def record(name: str, steps: int, seed: int, start_time: float = 1.7e9) -> Recor
         for ctx, parts in per_job.values()
     ]
     return Recorded(scn.job.run_id, other, merged)
+
+
+def from_matrix(run_id: str, steps: np.ndarray, compute: np.ndarray, t0: float) -> Recorded:
+    """A synchronous job from a (steps x ranks) matrix of compute seconds (NaN: no row): each
+    step lasts as long as its slowest rank, the others wait in the collective."""
+    world = compute.shape[1]
+    ctx = {"run_id": run_id, "job_id": f"{run_id}-a0", "project": "real"}
+    dur = np.nanmax(np.where(np.isfinite(compute), compute, np.nan), axis=1)
+    start = t0 + np.concatenate([[0.0], np.cumsum(dur)[:-1]])
+    i, r = np.nonzero(np.isfinite(compute))
+    c = compute[i, r]
+    cols = {
+        "step": steps[i].astype(np.int64), "rank": r.astype(np.int32), "time": start[i],
+        "duration": dur[i], "forward": 0.3 * c, "backward": 0.6 * c, "optimizer": 0.1 * c,
+        "comm": dur[i] - c, "data_wait": np.zeros(len(i)),
+    }  # fmt: skip
+    place = {
+        "time": np.full(world, t0), "rank": np.arange(world, dtype=np.int32),
+        "local_rank": np.zeros(world, dtype=np.int32), "world_size": np.full(world, world),
+        "node_id": [f"node{k}" for k in range(world)], "gpu": np.zeros(world, dtype=np.int32),
+        "gpu_uuid": [f"GPU-{k}" for k in range(world)], "rack": ["r0"] * world,
+        "switch": ["s0"] * world, "nvlink_domain": [f"node{k}" for k in range(world)],
+    }  # fmt: skip
+    return Recorded(run_id, [(ctx, {"placement": (world, place)})], [(ctx, cols)])
 
 
 def _take(cols: dict[str, np.ndarray], idx: np.ndarray) -> tuple[int, dict[str, Any]]:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from bench._delivery import Player, Way, from_matrix, straggler_verdict
 from fleetlens.analysis.ranks import RankState, classify_episodes, open_episodes, scan_stragglers
 
 PAI = (
@@ -94,3 +96,32 @@ def test_the_slow_workers_are_found_with_their_onsets_and_nothing_else(job: str)
         assert (c.end == -1) == (lab["until"] is None), (lab, c)
         if lab["until"] is not None:
             assert lab["until"] <= c.end <= lab["until"] + 4 * tol, (lab, c)
+
+
+@pytest.fixture(scope="module")
+def player(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Player]:
+    p = Player(tmp_path_factory.mktemp("pai"))
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("job", ["2", "3"])
+def test_a_real_job_through_the_server_live_or_at_once_gives_the_labels(
+    player: Player, job: str
+) -> None:
+    """The issue's case: a real 10-worker job's iteration times played into ingest and the
+    analysis loop as the workers send them (each lagging at its own pace) and all at once."""
+    its, x = _job(job)
+    rec = from_matrix(f"pai-job-{job}", its, x / 1000.0, 1.6e9)
+    bulk = straggler_verdict(player.play(rec, Way("bulk")))
+    live = straggler_verdict(player.play(rec, Way("live", seed=7, max_lag=60, tick=20)))
+    assert live == bulk
+    labels = LABELS["jobs"][job]
+    assert [(d, r) for d, r, *_ in bulk] == sorted(
+        (lab["class"], (lab["worker"],)) for lab in labels
+    ), bulk
+    for lab in labels:
+        (start,) = [s for _, r, s, *_ in bulk if r == (lab["worker"],)]
+        assert abs(start - lab["onset"]) <= LABELS["tolerance_iterations"], (lab, bulk)
