@@ -4,8 +4,11 @@ and the ranks endpoint's window query for 16,384 ranks x 100 steps in chDB.
 
 Keys: ``min_precision``, ``min_recall`` (worst fault type), ``straggler_detect_steps``,
 ``step_analysis_ms_16k``, ``ranks_query_ms``; ``lag_false_hangs`` / ``lag_missed_hangs``
-(scenarios played with the sender up to 5 minutes behind its own timestamps). ``--quick`` runs
-fewer scenarios and repeats.
+(scenarios played with the sender up to 5 minutes behind its own timestamps);
+``verdict_consistency`` (share of runs whose straggler findings are identical live, in
+bursts, out of order and at once; every finding: ``verdict_consistency_all_kinds``; all
+but hangs: ``verdict_consistency_but_hangs``). ``--quick`` runs fewer scenarios and
+repeats.
 """
 
 from __future__ import annotations
@@ -129,6 +132,42 @@ def ranks_query_ms(reps: int) -> float:
             store.close()
 
 
+def verdict_consistency(runs: int) -> dict[str, float]:
+    """Share of runs whose findings are the same live, in bursts, out of order and at once
+    (bench/_delivery.py): straggler findings (``verdict_consistency``), every finding
+    (``verdict_consistency_all_kinds``), every finding but hangs (``..._but_hangs``: a hang is
+    judged against the clock, which a lagging sender moves; issue 18 item 2)."""
+    from bench._delivery import MODES, Player, Way, findings_verdict, record, straggler_verdict
+
+    names = ["straggler_persistent", "straggler_intermittent", "straggler_moving"]
+    same = same_all = same_no_hangs = 0
+    with tempfile.TemporaryDirectory() as d:
+        p = Player(Path(d))
+        try:
+            for i in range(runs):
+                rec = record(names[i % len(names)], 600, seed=100 + i)
+                rng = np.random.default_rng(i)
+                plays = [p.play(rec, Way(m, seed=i, max_lag=int(rng.integers(1, 60)),
+                                         tick=int(rng.integers(3, 25)),
+                                         chunks=int(rng.integers(2, 30))))
+                         for m in MODES]  # fmt: skip
+                verdicts = [straggler_verdict(rows) for rows in plays]
+                every = [findings_verdict(rows) for rows in plays]
+                no_hangs = [findings_verdict(rows, skip=("hang",)) for rows in plays]
+                same += all(v == verdicts[0] for v in verdicts)
+                same_all += all(v == every[0] for v in every)
+                same_no_hangs += all(v == no_hangs[0] for v in no_hangs)
+                print(f"verdict {rec.run_id} seed {100 + i}: "
+                      f"{dict(zip(MODES, verdicts, strict=True))}", file=sys.stderr)  # fmt: skip
+        finally:
+            p.close()
+    return {
+        "verdict_consistency": same / runs,
+        "verdict_consistency_all_kinds": same_all / runs,
+        "verdict_consistency_but_hangs": same_no_hangs / runs,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
@@ -152,6 +191,7 @@ def main() -> None:
     )
     result.update(lag_false_hangs(lag_scn, [300.0] if args.quick else [30.0, 120.0, 300.0]))
     result["ranks_query_ms"] = round(ranks_query_ms(3 if args.quick else 10), 1)
+    result.update(verdict_consistency(3 if args.quick else 12))
     emit(result)
 
 

@@ -102,6 +102,16 @@ def _check(server: Server, tmp_path: Path) -> None:
         stragglers = server.get("/v1/runs/ddp-slow/stragglers")["stragglers"]
         time.sleep(0.5)
     assert stragglers and stragglers[0]["ranks"] == [slow], stragglers
+    # Slowed from step 10 to the end: one persistent straggler, once all its steps are in.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and [
+        (s["diagnosis"], s["ranks"], s["endStep"]) for s in stragglers
+    ] != [("straggler.persistent", [slow], None)]:
+        time.sleep(0.5)
+        stragglers = server.get("/v1/runs/ddp-slow/stragglers")["stragglers"]
+    assert [(s["diagnosis"], s["ranks"]) for s in stragglers] == [
+        ("straggler.persistent", [slow])
+    ], stragglers
     (last,) = [e for e in stragglers[0]["evidence"] if e.get("signal") == "last_arriver"]
     # Most of the time (four processes share two cores here, so not always).
     assert last["rank"] == slow and last["value"] >= 0.6, last

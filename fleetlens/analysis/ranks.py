@@ -2,18 +2,31 @@
 
 In a synchronous job every rank's step lasts as long as the slowest's, so a slow rank shows in
 its *compute* time (forward + backward + optimizer), not in its duration. Everything here works
-on a (steps x ranks) matrix of compute times.
+on a (steps x ranks) matrix of compute times, normalized by each step's median (``x``).
 
-Detection is a one-sided CUSUM per rank on the robust z-score of its compute against the step's
-median: ``C = clip(C + min(z, cap) - k, 0, cmax)``; a rank is flagged when ``C >= h``. With
-k = 2.5, h = 6 and cap = 6, one outlier step can never flag a rank, a 5-sigma slowdown is
-flagged on its third step, and a healthy rank (z ~ N(0, 1)) essentially never is. An episode
-runs from the step its evidence began to the step ``C`` falls back to 0; it is kept only if
-the rank was on average at least ``min_slowdown`` slower than the median over it.
+Detection is a one-sided CUSUM per rank: ``C = clip(C + min((x - 1) / sigma, cap) - k, 0,
+cmax)``; a rank is flagged when ``C >= h``. ``sigma`` is the *temporal* noise of the job: the
+robust spread (1.4826 x MAD / sqrt 2) across ranks of each rank's step-to-step change of ``x``,
+the median over the last ``sigma_steps`` steps. Ranks that are always a little faster or slower
+than the median (real jobs have them: the Alibaba PAI traces) do not inflate it. A rank whose
+evidence reaches ``h`` while it is on average less than ``min_slowdown`` slower starts over from
+0, so a rank that is 2% slow for good never piles up evidence that would date a later, real
+slowdown from the run's start. With k = 2.5, h = 6 and
+cap = 6 one outlier step never flags a rank and a 5-sigma slowdown is flagged on its third step.
+An episode runs from the step its evidence began to the step ``C`` falls back to 0; one whose
+mean slowdown falls under ``min_slowdown`` is dropped (the rank starts over).
 
-Classification of the run's episodes: one rank, one episode -> ``straggler.persistent``; one
-rank, several episodes -> ``straggler.intermittent``; the slow rank keeps changing (3 or more
-ranks, none holding most of the flagged steps) -> ``straggler.moving`` (systematic: data skew).
+Everything carried from step to step (C, the previous ``x``, the noise of the last steps) is in
+:class:`RankState`, and a step's result depends only on that step and the state: the same steps
+give the same episodes whatever the windows they were cut into (the analyzer feeds only complete
+steps, in order; see ``services/analyzer.py``).
+
+Classification of the run's episodes (:func:`classify_episodes`), on evidence that holds on real
+data: ranks that are slow mostly *alone*, none holding most of the flagged steps, 3 or more of
+them -> ``straggler.moving`` (the slow rank keeps changing: data skew); otherwise per rank, its
+episodes merged across short gaps: one, or flagged for at least ``persistent_cover`` of the span
+from its first onset to its last episode's end (in steps) -> ``straggler.persistent``; else
+``straggler.intermittent``.
 """
 
 from __future__ import annotations
@@ -107,6 +120,7 @@ class CusumParams:
     cmax: float = 12.0
     min_slowdown: float = 0.05
     sigma_floor: float = 0.003
+    sigma_steps: int = 64  # the noise estimate is the median over this many recent steps
 
 
 @dataclass
@@ -126,7 +140,7 @@ class Episode:
 
 @dataclass
 class RankState:
-    """CUSUM state carried from one window to the next (one job attempt)."""
+    """Everything carried from one step to the next (one job attempt)."""
 
     c: Arr
     since: Arr  # step at which C last left 0, -1 if C is 0
@@ -134,12 +148,17 @@ class RankState:
     excess: Arr  # sum of (x - 1) since ``since``
     count: Arr
     episodes: list[Episode] = field(default_factory=list)
+    prev: Arr = field(default_factory=lambda: np.empty(0))  # last x seen per rank (NaN: none)
+    noise: list[float] = field(default_factory=list)  # per-step temporal spread, newest last
 
     @classmethod
     def fresh(cls, world: int) -> RankState:
         z = np.zeros(world)
         m = np.full(world, -1, dtype=np.int64)
-        return cls(z.copy(), m.copy(), m.copy(), z.copy(), np.zeros(world, dtype=np.int64))
+        return cls(
+            z.copy(), m.copy(), m.copy(), z.copy(), np.zeros(world, dtype=np.int64),
+            prev=np.full(world, np.nan),
+        )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         live = np.flatnonzero(self.c > 0)
@@ -156,6 +175,9 @@ class RankState:
                 for r in live
             },
             "episodes": [e.to_dict() for e in self.episodes[-500:]],
+            # exact floats (JSON keeps them), None for a rank not seen yet
+            "prev": [None if not np.isfinite(v) else float(v) for v in self.prev],
+            "noise": list(self.noise),
         }
 
     @classmethod
@@ -167,6 +189,9 @@ class RankState:
                 continue
             st.c[i], st.since[i], st.alarm[i], st.excess[i], st.count[i] = c, since, alarm, ex, n
         st.episodes = [Episode(**e) for e in d.get("episodes", [])]
+        prev = [np.nan if v is None else float(v) for v in d.get("prev", [])][: len(st.c)]
+        st.prev[: len(prev)] = prev
+        st.noise = [float(v) for v in d.get("noise", [])]
         return st
 
 
@@ -178,45 +203,75 @@ def robust_sigma(x: Arr, floor: float) -> float:
     return max(s, floor)
 
 
+def _step_noise(d: Arr) -> float:
+    """Robust spread across ranks of one step's change of ``x`` (NaN if under 2 ranks)."""
+    d = d[np.isfinite(d)]
+    if len(d) < 2:
+        return float("nan")
+    return 1.4826 * float(np.median(np.abs(d - np.median(d)))) / 1.4142135623730951
+
+
 def scan_stragglers(
     steps: Arr, compute: Arr, state: RankState, params: CusumParams = CusumParams()
 ) -> RankState:
-    """Advance the per-rank CUSUM over a window; closed and open episodes land in the state."""
+    """Advance the per-rank CUSUM over consecutive steps; episodes land in the state.
+
+    Each step's update depends only on that step's row and the state, so cutting the same
+    steps into other windows gives the same state."""
     if compute.size == 0:
         return state
     w = len(state.c)
     if compute.shape[1] > w:  # more ranks than the state knew: grow it
         grown = RankState.fresh(compute.shape[1])
-        for a in ("c", "since", "alarm", "excess", "count"):
+        for a in ("c", "since", "alarm", "excess", "count", "prev"):
             getattr(grown, a)[:w] = getattr(state, a)
-        grown.episodes = state.episodes
+        grown.episodes, grown.noise = state.episodes, state.noise
         state = grown
     elif compute.shape[1] < w:  # ranks the window did not report: not measured
         pad = np.full((compute.shape[0], w - compute.shape[1]), np.nan)
         compute = np.hstack([compute, pad])
-    med = np.nanmedian(compute, axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
+        med = np.nanmedian(compute, axis=1) if np.isfinite(compute).any() else compute[:, 0]
         x = compute / med[:, None]
-    sigma = robust_sigma(x, params.sigma_floor)
-    z = np.nan_to_num((x - 1.0) / sigma, nan=0.0)
-    xr = np.nan_to_num(x - 1.0, nan=0.0)
     p = params
     c, since, alarm, excess, count = state.c, state.since, state.alarm, state.excess, state.count
+    prev, noise = state.prev, state.noise
     for i, s in enumerate(steps.tolist()):
-        c += np.minimum(z[i], p.cap) - p.k
+        xi = x[i]
+        ok = np.isfinite(xi)
+        if not ok.any():
+            continue  # a step no rank measured carries no evidence
+        spread = _step_noise(xi - prev)
+        if np.isfinite(spread):
+            noise.append(spread)
+            del noise[: -p.sigma_steps]
+        if noise:
+            sigma = max(float(np.median(noise)), p.sigma_floor)
+        else:  # the first step: no change to measure yet, its spread across ranks stands in
+            sigma = robust_sigma(xi[None, :], p.sigma_floor)
+        prev[ok] = xi[ok]
+        xr = np.where(ok, xi - 1.0, 0.0)
+        # a rank not measured this step keeps its evidence: silence is not health
+        c[ok] += np.minimum(xr[ok] / sigma, p.cap) - p.k
         np.clip(c, 0.0, p.cmax, out=c)
         pos = c > 0
         starting = pos & (since < 0)
         since[starting] = s
-        excess[pos] += xr[i, pos]
-        count[pos] += 1
+        excess[pos & ok] += xr[pos & ok]
+        count[pos & ok] += 1
         hit = np.flatnonzero((c >= p.h) & (alarm < 0))
         for r in hit.tolist():
             if excess[r] / max(count[r], 1) >= p.min_slowdown:
                 alarm[r] = s
+            else:  # significant but too small to matter: start the evidence over
+                c[r], since[r], excess[r], count[r] = 0.0, -1, 0.0, 0
+        # An episode whose slowdown fell under the minimum was noise on a slightly slow rank.
+        weak = np.flatnonzero((alarm >= 0) & pos & (excess < p.min_slowdown * count))
+        for r in weak.tolist():
+            c[r], since[r], alarm[r], excess[r], count[r] = 0.0, -1, -1, 0.0, 0
         ended = np.flatnonzero(~pos & (since >= 0))
         for r in ended.tolist():
-            if alarm[r] >= 0:
+            if alarm[r] >= 0 and excess[r] >= p.min_slowdown * count[r]:
                 n = int(count[r])
                 state.episodes.append(
                     Episode(r, int(since[r]), int(alarm[r]), s - 1, float(excess[r] / n), n)
@@ -249,8 +304,9 @@ class StragglerClass:
 
 
 def classify_episodes(
-    episodes: list[Episode], merge_gap: int = 5, moving_min_ranks: int = 3
-) -> list[StragglerClass]:
+    episodes: list[Episode], merge_gap: int = 5, moving_min_ranks: int = 3,
+    persistent_cover: float = 0.8,
+) -> list[StragglerClass]:  # fmt: skip
     """Turn a run's episodes into findings (see the module docstring)."""
     if not episodes:
         return []
@@ -260,8 +316,11 @@ def classify_episodes(
     flagged = {r: sum(e.steps for e in es) for r, es in by_rank.items()}
     total = sum(flagged.values())
     out: list[StragglerClass] = []
-    movers = [r for r in by_rank if flagged[r] <= 0.5 * total]
-    if len(by_rank) >= moving_min_ranks and len(movers) >= moving_min_ranks:
+    movers = [
+        r for r in by_rank
+        if flagged[r] <= 0.5 * total and _alone(by_rank, r) >= 0.5
+    ]  # fmt: skip
+    if len(movers) >= moving_min_ranks:
         es = sorted((e for r in movers for e in by_rank[r]), key=lambda e: e.detected)
         third = sorted({e.rank: e.detected for e in reversed(es)}.items(), key=lambda kv: kv[1])
         out.append(
@@ -279,8 +338,10 @@ def classify_episodes(
                 merged[-1].append(e)
             else:
                 merged.append([e])
-        diag = "straggler.persistent" if len(merged) == 1 else "straggler.intermittent"
-        detected = merged[0][0].detected if len(merged) == 1 else merged[1][0].detected
+        covered = sum(_stop(e) - e.start + 1 for e in es)
+        steady = len(merged) == 1 or covered >= persistent_cover * (_last(es) - es[0].start + 1)
+        diag = "straggler.persistent" if steady else "straggler.intermittent"
+        detected = merged[0][0].detected if steady else merged[1][0].detected
         out.append(
             StragglerClass(
                 diag, (r,), es[0].start, detected, _end(es),
@@ -289,6 +350,34 @@ def classify_episodes(
             )
         )  # fmt: skip
     return out
+
+
+def _stop(e: Episode) -> int:
+    return e.end if e.end >= 0 else e.start + max(e.steps, 1) - 1
+
+
+def _last(es: list[Episode]) -> int:
+    return max(_stop(e) for e in es)
+
+
+def _alone(by_rank: dict[int, list[Episode]], r: int) -> float:
+    """Share of rank ``r``'s flagged steps during which no other rank was in an episode."""
+    others = sorted((e.start, _stop(e)) for q, es in by_rank.items() if q != r for e in es)
+    mine = [(e.start, _stop(e)) for e in by_rank[r]]
+    own = sum(b - a + 1 for a, b in mine)
+    shared = 0
+    for a, b in mine:
+        cover = 0  # union of the others' intervals inside [a, b]
+        hi = a - 1
+        for oa, ob in others:
+            if ob < a or oa > b:
+                continue
+            lo_, hi_ = max(oa, a, hi + 1), min(ob, b)
+            if hi_ >= lo_:
+                cover += hi_ - lo_ + 1
+                hi = hi_
+        shared += cover
+    return 1.0 - shared / max(own, 1)
 
 
 def _end(es: list[Episode]) -> int:

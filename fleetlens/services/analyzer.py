@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,7 @@ _TERMINAL = {"hardware_fault", "oom", "nan", "exception", "preemption", "drain",
 
 
 DEFAULTS = AnalyzerConfig()
+_TAIL_PASSES = 10  # passes a run with an incomplete, unchanged step tail is still revisited
 
 
 def analyze_once(
@@ -104,6 +106,8 @@ def analyze_run(
         for m in ("compute", "transfer")
     }
     jstate: dict[str, Any] = state.setdefault("jobs", {})
+    for js in jstate.values():  # a cursor from before blocks had their own: they went with done
+        js.setdefault("blocked", js["done"])
     pending = False
     for i, job in enumerate(jobs):
         js = jstate.setdefault(job.job_id, {"done": job.first_step - 1})
@@ -116,7 +120,7 @@ def analyze_run(
         lo = int(js["done"]) + 1
         per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
         hi = min(job.last_step, lo + per - 1)
-        m = q.step_matrix(run.run_id, job.job_id, lo, hi, job.world)
+        m = q.step_matrix(run.run_id, job.job_id, lo, hi, max(job.world, run.world))
         if not len(m.steps) and hi < job.last_step:
             # A gap of steps (a stray step number far ahead): jump to the next step stored
             # instead of walking the gap one window per pass.
@@ -126,9 +130,6 @@ def analyze_run(
             break
         place = q.placement(run.run_id, job.job_id, m.world)
         _tp_placement(ctx, job, place, m.world)
-        rs = RankState.from_json(js.get("cusum", {}), m.world)
-        js["cusum"] = scan_stragglers(m.steps, m.compute, rs).to_json()
-        _blocks(ctx, job, m, place, bl, js)
         nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
         _hardware(
             ctx, job, m, place, last=hi == job.last_step, next_start=_placed_until(events, job, nxt)
@@ -144,13 +145,22 @@ def analyze_run(
         pending = pending or hi < job.last_step
         if pending:
             break
+    tails: dict[str, RankState] = {}
+    for i, job in enumerate(jobs):
+        over = i + 1 < len(jobs)
+        width = max(job.world, run.world)
+        left = _advance_stragglers(ctx, job, jstate, width, over, tails)
+        ended = over or any(e["job_id"] == job.job_id and e["kind"] in _TERMINAL for e in events)
+        if left | _advance_blocks(ctx, job, jstate[job.job_id], width, ended, bl):
+            pending = True
+            break
     ctx.found += diagnose_events(events)
     ckpt = [e for e in events if e["kind"] == "checkpoint_end" and "duration" in e["attrs"]]
     ctx.found += diagnose_slow_checkpoints(
         [e["step"] for e in ckpt], [float(e["attrs"]["duration"]) for e in ckpt],
         [e["time"] for e in ckpt],
     )  # fmt: skip
-    stragglers = _stragglers(ctx, jobs, jstate)
+    stragglers = _stragglers(ctx, jobs, jstate, tails)
     for metric, b in bl.items():
         state[f"bl_{metric}"] = b.to_json()
         if b.ready:
@@ -184,6 +194,83 @@ def _tp_placement(ctx: _Ctx, job: JobSpan, place: Placement, world: int) -> None
     ))  # fmt: skip
 
 
+def _advance_stragglers(
+    ctx: _Ctx, job: JobSpan, jstate: dict[str, Any], expected: int, superseded: bool,
+    tails: dict[str, RankState],
+) -> bool:  # fmt: skip
+    """Carry one attempt's straggler state over its *complete* steps, in step order.
+
+    The state is committed only through the last step every rank of the world has reported
+    (``sealed``), so what it holds is a function of the data, not of when a pass ran or how the
+    rows were batched. The steps after it are scanned from a copy each pass (``tails``), so the
+    findings still show them. An incomplete step is committed as it is only when the attempt
+    was superseded or it is a whole window (``per`` steps) behind the attempt's newest step:
+    its missing rows are lost, or later than the analysis waits. Returns whether work is left.
+    """
+    js = jstate.setdefault(job.job_id, {"done": job.first_step - 1})
+    sealed = int(js.get("sealed", js["done"] if "cusum" in js else job.first_step - 1))
+    if sealed >= job.last_step:
+        return False
+    cfg, q = ctx.cfg, ctx.q
+    per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
+    lo = sealed + 1
+    hi = min(job.last_step, lo + per - 1)
+    m = q.step_matrix(ctx.run.run_id, job.job_id, lo, hi, max(job.world, expected))
+    rs = RankState.from_json(js.get("cusum", {}), m.world)
+    if not len(m.steps):
+        ahead = q.next_step(ctx.run.run_id, job.job_id, hi) if hi < job.last_step else None
+        js["sealed"] = (ahead - 1) if ahead is not None else hi
+        js["cusum"] = rs.to_json()
+        return hi < job.last_step
+    complete = np.isfinite(m.compute).sum(axis=1) >= expected
+    overdue = m.steps <= job.last_step - per
+    ok = complete | overdue | superseded
+    k = len(ok) if ok.all() else int(np.argmin(ok))
+    if k:
+        scan_stragglers(m.steps[:k], m.compute[:k], rs)
+    js["cusum"] = rs.to_json()
+    js["sealed"] = (hi if k == len(ok) else int(m.steps[k]) - 1) if k else sealed
+    if k == len(ok):
+        js.pop("tail", None)
+        return hi < job.last_step
+    # The incomplete tail, from a copy of the committed state. Rows that complete it may be
+    # older than the run's newest data, so they do not move ``last_seen``: the run asks for
+    # another pass while its tail keeps changing (and a few passes after, then rests).
+    tails[job.job_id] = scan_stragglers(
+        m.steps[k:], m.compute[k:], RankState.from_json(js["cusum"], m.world)
+    )
+    sig = [js["sealed"], int(np.isfinite(m.compute[k:]).sum())]
+    idle = js["tail"][2] + 1 if js.get("tail", [None, None])[:2] == sig else 0
+    js["tail"] = [*sig, idle]
+    return hi < job.last_step or idle < _TAIL_PASSES
+
+
+def _advance_blocks(
+    ctx: _Ctx, job: JobSpan, js: dict[str, Any], width: int, ended: bool,
+    bl: dict[str, Baseline],
+) -> bool:  # fmt: skip
+    """The absolute checks (:func:`_blocks`) over whole blocks of committed steps, blocks keyed
+    by step number (``first_step + j * block_steps``), so they are the same whatever the passes;
+    the last, partial block once the attempt is over. Returns whether work is left."""
+    b = ctx.cfg.block_steps
+    blocked = int(js.setdefault("blocked", job.first_step - 1))
+    sealed = int(js.get("sealed", job.first_step - 1))
+    if ended and sealed >= job.last_step:
+        top = job.last_step
+    else:
+        top = job.first_step + (sealed - job.first_step + 1) // b * b - 1
+    if top <= blocked:
+        return False
+    per = min(ctx.cfg.max_steps, max(1, ctx.cfg.max_rank_steps // max(width, 1)))
+    hi = min(top, blocked + max(b, per // b * b))
+    m = ctx.q.step_matrix(ctx.run.run_id, job.job_id, blocked + 1, hi, width)
+    if len(m.steps):
+        place = ctx.q.placement(ctx.run.run_id, job.job_id, m.world)
+        _blocks(ctx, job, m, place, bl, js)
+    js["blocked"] = hi
+    return hi < top
+
+
 def _topology(place: Placement) -> dict[str, list[str]]:
     return {"rack": place.rack, "switch": place.switch, "nvlink_domain": place.nvlink_domain,
             "node": place.node}  # fmt: skip
@@ -201,8 +288,9 @@ def _blocks(
         med = np.nanmedian(m.compute, axis=1)
         transfer = transfer_times(m.comm)
     step_time = m.end - m.start
-    for a in range(0, n, b):
-        z = min(n, a + b)
+    ids = (m.steps - job.first_step) // b  # blocks by step number, not by row of the window
+    cut = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), n]
+    for a, z in pairwise(cut):
         if z - a < min(10, n):
             continue
         s0, s1 = int(m.steps[a]), int(m.steps[z - 1])
@@ -479,18 +567,22 @@ def _hangs(
         ))  # fmt: skip
 
 
-def _stragglers(ctx: _Ctx, jobs: list[JobSpan], jstate: dict[str, Any]) -> list[Diagnosis]:
+def _stragglers(
+    ctx: _Ctx, jobs: list[JobSpan], jstate: dict[str, Any], tails: dict[str, RankState]
+) -> list[Diagnosis]:
     episodes = []
     places: dict[int, tuple[str, int, str]] = {}
     for job in jobs:
         js = jstate.get(job.job_id)
         if not js or "cusum" not in js:
             continue
-        rs = RankState.from_json(js["cusum"], int(js["cusum"].get("world", 0)))
+        rs = tails.get(job.job_id) or RankState.from_json(
+            js["cusum"], int(js["cusum"].get("world", 0))
+        )
         still = open_episodes(rs)
         if job is not jobs[-1]:  # a later attempt exists: this one's episodes ended with it
             for e in still:
-                e.end = int(js.get("done", job.last_step))
+                e.end = int(js.get("sealed", job.last_step))
         eps = rs.episodes + still
         if eps:
             place = ctx.q.placement(ctx.run.run_id, job.job_id, rs.c.shape[0])

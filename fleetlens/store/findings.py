@@ -165,7 +165,8 @@ class FindingsStore:
 
     def upsert(self, tenant: str, run_id: str, found: Sequence[FindingInput],
                replace_kind: str | None = None) -> list[Finding]:  # fmt: skip
-        """Insert or update findings by key; the earliest detection is kept. With
+        """Insert or update findings by key; the earliest detection is kept (a straggler's is
+        restated from the data each pass; ``first_seen`` keeps when it first appeared). With
         ``replace_kind``, findings of that kind not in ``found`` are removed (reclassified)."""
         now = time.time()
         out = []
@@ -189,7 +190,10 @@ class FindingsStore:
                     existing[d.key] = f
                 else:
                     f = old
-                if old is not None and (d.diagnosis != f.diagnosis or d.step < f.step):
+                # A straggler finding is the verdict of the committed steps: a provisional one
+                # (from steps not all ranks had reported) is corrected, not kept as earliest.
+                restated = d.kind == "straggler"
+                if old is not None and (d.diagnosis != f.diagnosis or d.step < f.step or restated):
                     f.step, f.time = d.step, d.time
                 # A failure stays a failure: a warning about the same thing (e.g. ECC still
                 # climbing after the Xid it announced) does not downgrade it.
@@ -197,7 +201,7 @@ class FindingsStore:
                     f.kind, f.diagnosis, f.owner = d.kind, d.diagnosis, d.owner
                     f.summary = d.summary[:1024]
                 f.confidence = max(d.confidence, f.confidence or 0.0)
-                f.start_step = min(d.start_step, f.start_step)
+                f.start_step = d.start_step if restated else min(d.start_step, f.start_step)
                 if d.end_step < 0 or d.kind == "straggler":
                     f.end_step = d.end_step
                 else:
