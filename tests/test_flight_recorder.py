@@ -223,7 +223,7 @@ def test_a_hung_job_dumps_and_uploads_its_own_flight_recorder(
     script.write_text(_HUNG_JOB)
     fr_dir = tmp_path / "fr"
     env = {**os.environ, "FLEETLENS_SERVER": server.url, "FLEETLENS_RUN_ID": "hung-job",
-           "FLEETLENS_SPOOL_DIR": str(tmp_path / "spool"), "TORCH_FR_BUFFER_SIZE": "2000",
+           "TMPDIR": str(tmp_path), "TORCH_FR_BUFFER_SIZE": "2000",
            "FLEETLENS_FR_DIR": str(fr_dir), "FLEETLENS_HANG_FLOOR_S": "3",
            "OMP_NUM_THREADS": "1"}  # fmt: skip
     log = tmp_path / "job.log"

@@ -38,6 +38,9 @@ def _check(server: Server, tmp_path: Path) -> None:
         **os.environ,
         "FLEETLENS_SERVER": server.url,
         "FLEETLENS_RUN_ID": "ddp-slow",
+        # Its own spools (one per rank, under TMPDIR): a spool left by an earlier run of this
+        # id would be replayed here.
+        "TMPDIR": str(tmp_path),
         "OMP_NUM_THREADS": "1",
     }
     out = subprocess.run(
@@ -145,6 +148,9 @@ def test_a_hung_rank_is_named_from_its_heartbeats_within_the_hang_threshold(
         **os.environ,
         "FLEETLENS_SERVER": server.url,
         "FLEETLENS_RUN_ID": "ddp-hang",
+        # Its own spools (one per rank, under TMPDIR): a spool left by an earlier run of this
+        # id would be replayed here.
+        "TMPDIR": str(tmp_path),
         "OMP_NUM_THREADS": "1",
     }
     proc = subprocess.Popen(

@@ -31,13 +31,9 @@ if TYPE_CHECKING:  # the client decodes with these models and needs only pydanti
 
 __all__ = [
     "AdviceOut",
-    "AllocationOut",
-    "AllocationsOut",
     "ApiModel",
     "BreakdownLineOut",
     "BreakdownOut",
-    "CapacityOut",
-    "CapacityRowOut",
     "CeilingGainOut",
     "CheckpointAdviceOut",
     "DiagnosisOut",
@@ -62,7 +58,6 @@ __all__ = [
     "RunSchedulingOut",
     "RuntimeModelOut",
     "RuntimeTermsOut",
-    "SchedulerImportOut",
     "StepWindowOut",
     "StragglersOut",
     "TimeWindowOut",
@@ -483,50 +478,6 @@ class RunSchedulingOut(ApiModel):
     basis: Literal["manual", "default", "pool", "own_allocations", "mixed"]
     pools: list[PoolSchedulingOut] = []
     jobs: list[str] = []
-
-
-class AllocationOut(ApiModel):
-    pool: str
-    job_id: str
-    run_id: str | None
-    gpus: int
-    state: str
-    submit: float | None
-    start: float | None
-    gang_complete: float | None
-    gang_never_complete: bool
-    end: float | None
-    queue_wait_seconds: float | None
-
-
-class AllocationsOut(ApiModel):
-    allocations: list[AllocationOut]
-    scheduling: RunSchedulingOut | None = None
-
-
-class CapacityRowOut(ApiModel):
-    pool: str
-    time: float
-    capacity_gpus: int
-    in_service_gpus: int
-
-
-class CapacityOut(ApiModel):
-    pools: list[CapacityRowOut]
-
-
-class SchedulerImportOut(ApiModel):
-    format: str
-    stored: bool
-    allocations: int
-    capacity: list[CapacityRowOut]
-    started: int | None = None
-    pending: int | None = None
-    gpus: int | None = None
-    pools: list[str] | None = None
-    run_ids: list[str] | None = None
-    pods: int | None = None
-    pending_reasons: dict[str, str] | None = None
 
 
 class WhatIfFactorsOut(ApiModel):

@@ -22,7 +22,7 @@ from ..services import scheduler
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import BodyBudget, BodyRefused, drain, read_body
-from .models import AllocationsOut, CapacityOut, SchedulerImportOut
+from .scheduler_models import AllocationsOut, CapacityOut, SchedulerImportOut
 
 __all__ = ["IMPORT_COMPONENTS", "MAX_BODY_BYTES", "router"]
 

@@ -20,7 +20,6 @@ import numpy as np
 
 from ..analysis.baseline import Baseline, GroupShift, localize, shift_threshold, workload_signature
 from ..analysis.collectives import analyze_collectives, transfer_times
-from ..analysis.datapipe import data_causes
 from ..analysis.hangs import RECENT_STEPS, HangRule, behind_ranks, find_stalls, recent_step_time
 from ..analysis.hardware import (
     GpuHealth,
@@ -39,13 +38,13 @@ from ..analysis.rootcause import (
     diagnose_straggler,
     xid_diagnosis,
 )
-from ..analysis.topology import split_tp_groups, tp_size
+from ..analysis.topology import tp_split
 from ..config import AnalyzerConfig
-from ..schema import DATA_SCALARS
 from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
 from ..store.findings import FindingsStore, RunToAnalyze
 from ..store.models import Finding
 from ..store.telemetry import TelemetryStore
+from .data_stalls import data_stall
 
 __all__ = ["analyze_once", "analyze_run"]
 
@@ -129,7 +128,8 @@ def analyze_run(
             pending = True
             break
         place = q.placement(run.run_id, job.job_id, m.world)
-        _tp_placement(ctx, job, place, m.world)
+        ctx.found += tp_split(ctx.run.config, job.job_id, (job.first_step, job.last_step),
+                              job.start, place.node, place.nvlink_domain, m.world)  # fmt: skip
         nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
         _hardware(
             ctx, job, m, place, last=hi == job.last_step, next_start=_placed_until(events, job, nxt)
@@ -166,32 +166,6 @@ def analyze_run(
         if b.ready:
             store.save_baseline(run.tenant, ctx.signature, metric, b.to_json())
     return ctx.found, stragglers, state, pending
-
-
-def _tp_placement(ctx: _Ctx, job: JobSpan, place: Placement, world: int) -> None:
-    """Tensor-parallel groups split over NVLink domains (or nodes): one finding per attempt."""
-    tp = tp_size(ctx.run.config)
-    if tp is None or world < tp:
-        return
-    split = split_tp_groups(tp, world, place.node, place.nvlink_domain)
-    if not split:
-        return
-    first = split[0]
-    ranks = sorted({r for g in split for r in g.ranks})
-    ctx.found.append(Diagnosis(
-        f"topology:{job.job_id}", "topology", "slowdown", 0.95,
-        f"{len(split)} of {world // tp} tensor-parallel groups of {tp} ranks span NVLink "
-        f"domains (ranks {first.ranks[0]}-{first.ranks[-1]} on {', '.join(first.domains[:4])}): "
-        "their every-layer all-reduces cross the network; place each group on one node or "
-        "NVLink domain (Slurm --distribution=block, a topology-aware scheduler)",
-        step=job.first_step, start_step=job.first_step, end_step=job.last_step, time=job.start,
-        ranks=ranks[:256], nodes=sorted({d for g in split for d in g.domains})[:64],
-        job_id=job.job_id,
-        evidence=[{"metric": "tensor-parallel groups split", "value": len(split),
-                   "of": world // tp, "tp": tp,
-                   "groups": [{"ranks": list(g.ranks), "domains": list(g.domains)}
-                              for g in split[:8]]}],
-    ))  # fmt: skip
 
 
 def _advance_stragglers(
@@ -306,7 +280,8 @@ def _blocks(
         if tb.ready and tr / tb.median - 1.0 >= shift_threshold(tb, cfg.network_min_shift):
             healthy = False
             ctx.found.append(_network_diagnosis(ctx, job, place, tr, tb, s0, s1, t0, t1))
-        stall = _data_stall(ctx, job, m, place, a, z, float(np.nanmedian(step_time[a:z])))
+        stall = data_stall(ctx.q, ctx.run.run_id, job, m, place, a, z,
+                           float(np.nanmedian(step_time[a:z])))  # fmt: skip
         if stall is not None:
             healthy = False
             ctx.found.append(stall)
@@ -389,53 +364,6 @@ def _network_diagnosis(
                         if net else ""),
                      step=s1, start_step=s0, end_step=s1, time=t1, job_id=job.job_id,
                      evidence=ev)  # fmt: skip
-
-
-def _data_stall(
-    ctx: _Ctx, job: JobSpan, m: StepMatrix, place: Placement, a: int, z: int, step_time: float
-) -> Diagnosis | None:
-    dw = m.data_wait[a:z]
-    if not np.isfinite(dw).any():
-        return None
-    with np.errstate(all="ignore"):
-        typical = float(np.nanmedian(dw))
-    thr = max(0.1 * step_time, 10.0 * typical)
-    hits = (np.nan_to_num(dw, nan=0.0) > thr).sum(axis=0)
-    ranks = np.flatnonzero(hits >= 3)
-    if not len(ranks) or len(ranks) > 0.5 * m.world:
-        return None
-    nodes = sorted({place.node[r] for r in ranks if place.node[r]})
-    t0, t1 = float(m.start[a]), float(m.end[z - 1])
-    nh = node_health(ctx.q.node_health_rows(nodes, t0, t1))
-    cpu = [s.to_dict() | {"node": n} for n in sorted(nh) for s in node_signals(nh[n])
-           if s.name == "host_cpu"]  # fmt: skip
-    first = int(m.steps[a + int(np.argmax((np.nan_to_num(dw[:, ranks]) > thr).any(axis=1)))])
-    val = float(np.nanmean(dw[:, ranks]))
-    causes, cause_ev = _data_causes(ctx, job, m.steps[a:z], np.nan_to_num(dw, nan=0.0) > thr)
-    return Diagnosis(
-        f"data_stall:{','.join(nodes)}", "data_stall", "slowdown", 0.9,
-        f"input pipeline: {len(ranks)} ranks on {', '.join(nodes)} wait {val:.2f}s per step for "
-        f"data (typical {typical * 1000:.1f} ms)" + (f"; {', '.join(causes)}" if causes else ""),
-        step=first, start_step=first, end_step=int(m.steps[z - 1]), time=float(m.start[a]),
-        ranks=[int(r) for r in ranks], nodes=nodes, job_id=job.job_id,
-        evidence=[{"metric": "data_wait", "value": val, "baseline": typical, "threshold": thr,
-                   "window": {"fromStep": int(m.steps[a]), "toStep": int(m.steps[z - 1])}},
-                  *cause_ev, *cpu],
-    )  # fmt: skip
-
-
-def _data_causes(
-    ctx: _Ctx, job: JobSpan, steps: np.ndarray, stalled: np.ndarray
-) -> tuple[list[str], list[dict[str, Any]]]:
-    """The shard, storage, prefetch and cache signals of the job's ranks over a stalled window
-    (``Run.data``), read only once a stall is found."""
-    lo, hi = int(steps[0]), int(steps[-1])
-    shards = [(int(e["rank"]), int(e["step"]), str(e["attrs"].get("shard")))
-              for e in ctx.q.events(ctx.run.run_id)
-              if e["kind"] == "data_shard" and e["job_id"] == job.job_id
-              and e["attrs"].get("shard") is not None and e["step"] <= hi]  # fmt: skip
-    scalars = ctx.q.rank_scalars(ctx.run.run_id, job.job_id, list(DATA_SCALARS.values()), lo, hi)
-    return data_causes(steps, stalled, shards, scalars)
 
 
 _DEVICE_LAG_S = 30.0

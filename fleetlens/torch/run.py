@@ -45,8 +45,8 @@ class TorchRun(StepTiming, Drain):
         """With the flight recorder on, dump and upload it when this job hangs
         (:mod:`fleetlens.torch.flight_recorder`)."""
         try:
-            cfg = self.run.config
-            if not cfg.enabled or not fr.enabled():
+            cfg = getattr(self.run, "config", None)  # a stand-in run may have none
+            if cfg is None or not cfg.enabled or not fr.enabled():
                 return  # fleetlens disabled, or no recorder buffer to dump
             if cfg.world_size < 2:
                 return

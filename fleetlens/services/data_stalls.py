@@ -1,0 +1,71 @@
+"""Data stalls: ranks waiting for their input, and why (the analysis loop's per-block check).
+
+A stall is found from the step rows' data wait (:func:`data_stall`); its causes from what the
+job reports with ``Run.data`` (:func:`fleetlens.analysis.datapipe.data_causes`): the dataset
+shard the stalled ranks read, the storage latency, the prefetch queue, the cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..analysis.datapipe import data_causes
+from ..analysis.hardware import node_health, node_signals
+from ..analysis.rootcause import Diagnosis
+from ..schema import DATA_SCALARS
+from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
+
+__all__ = ["data_stall"]
+
+
+def data_stall(
+    q: DetectQueries, run_id: str, job: JobSpan, m: StepMatrix, place: Placement, a: int, z: int,
+    step_time: float,
+) -> Diagnosis | None:  # fmt: skip
+    """Ranks of one block of steps (``a:z`` of ``m``) whose data wait passes max(10 x the
+    block's typical wait, 10% of the step) in 3 steps or more (at most half the job: more is
+    the whole job slowing, not its input), traced to their shard, storage, prefetch and cache."""
+    dw = m.data_wait[a:z]
+    if not np.isfinite(dw).any():
+        return None
+    with np.errstate(all="ignore"):
+        typical = float(np.nanmedian(dw))
+    thr = max(0.1 * step_time, 10.0 * typical)
+    hits = (np.nan_to_num(dw, nan=0.0) > thr).sum(axis=0)
+    ranks = np.flatnonzero(hits >= 3)
+    if not len(ranks) or len(ranks) > 0.5 * m.world:
+        return None
+    nodes = sorted({place.node[r] for r in ranks if place.node[r]})
+    t0, t1 = float(m.start[a]), float(m.end[z - 1])
+    nh = node_health(q.node_health_rows(nodes, t0, t1))
+    cpu = [s.to_dict() | {"node": n} for n in sorted(nh) for s in node_signals(nh[n])
+           if s.name == "host_cpu"]  # fmt: skip
+    first = int(m.steps[a + int(np.argmax((np.nan_to_num(dw[:, ranks]) > thr).any(axis=1)))])
+    val = float(np.nanmean(dw[:, ranks]))
+    causes, cause_ev = _causes(q, run_id, job, m.steps[a:z], np.nan_to_num(dw, nan=0.0) > thr)
+    return Diagnosis(
+        f"data_stall:{','.join(nodes)}", "data_stall", "slowdown", 0.9,
+        f"input pipeline: {len(ranks)} ranks on {', '.join(nodes)} wait {val:.2f}s per step for "
+        f"data (typical {typical * 1000:.1f} ms)" + (f"; {', '.join(causes)}" if causes else ""),
+        step=first, start_step=first, end_step=int(m.steps[z - 1]), time=float(m.start[a]),
+        ranks=[int(r) for r in ranks], nodes=nodes, job_id=job.job_id,
+        evidence=[{"metric": "data_wait", "value": val, "baseline": typical, "threshold": thr,
+                   "window": {"fromStep": int(m.steps[a]), "toStep": int(m.steps[z - 1])}},
+                  *cause_ev, *cpu],
+    )  # fmt: skip
+
+
+def _causes(
+    q: DetectQueries, run_id: str, job: JobSpan, steps: np.ndarray, stalled: np.ndarray
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """The shard, storage, prefetch and cache signals of the job's ranks over a stalled window
+    (``Run.data``), read only once a stall is found."""
+    lo, hi = int(steps[0]), int(steps[-1])
+    shards = [(int(e["rank"]), int(e["step"]), str(e["attrs"].get("shard")))
+              for e in q.events(run_id)
+              if e["kind"] == "data_shard" and e["job_id"] == job.job_id
+              and e["attrs"].get("shard") is not None and e["step"] <= hi]  # fmt: skip
+    scalars = q.rank_scalars(run_id, job.job_id, list(DATA_SCALARS.values()), lo, hi)
+    return data_causes(steps, stalled, shards, scalars)
