@@ -147,8 +147,15 @@ def add_parsers(sub: Any) -> None:
     )  # fmt: skip
     imp.add_argument(
         "format",
-        choices=("megatron", "nemo", "torchtitan", "lightning", "hf", "hf-trainer",
-                 *scheduler.FORMATS),  # fmt: skip
+        choices=(
+            "megatron",
+            "nemo",
+            "torchtitan",
+            "lightning",
+            "hf",
+            "hf-trainer",
+            *scheduler.FORMATS,
+        ),
     )
     imp.add_argument("logs", nargs="+", metavar="FILE", help="training logs, or one scheduler file")
     imp.add_argument(
