@@ -17,6 +17,7 @@ from fleetlens.analysis.compare import slow_episodes
 from fleetlens.importers.hf_trainer import parse_trainer_state
 from fleetlens.importers.lightning import read_lightning
 from fleetlens.importers.megatron import read_megatron
+from fleetlens.importers.steplog import read_nemo, read_torchtitan
 from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch, wait_until
@@ -326,5 +327,57 @@ def test_imported_history_through_the_cli_is_a_real_run(tmp_path: Path) -> None:
 
         found = wait_until(instability, timeout=90, what="the NaN loss's finding")
         assert found[0]["step"] == 45
+    finally:
+        srv.stop()
+
+
+# Constructed from NeMo's and torchtitan's documented line formats (READMEs beside them).
+CONSTRUCTED = Path(__file__).resolve().parent / "data" / "constructed"
+NEMO = CONSTRUCTED / "nemo" / "nemo2_llama3_8b.log"
+TITAN = CONSTRUCTED / "torchtitan" / "torchtitan_llama3_8b.log"
+
+
+def test_nemo_and_torchtitan_logs_and_what_their_numbers_say() -> None:
+    nemo = read_nemo(NEMO)
+    assert [a.job_id for a in nemo.attempts] == ["a0", "a0.r1"]  # global_step went 59 -> 50
+    assert nemo.steps == 110 and nemo.world_size == 8
+    assert nemo.nonfinite == {"loss": 1} and nemo.slow_periods[0]["fromStep"] == 30
+    assert nemo.slow_periods[0]["toStep"] == 34
+    assert nemo.startup_seconds > 12.0  # the first iteration of each attempt
+    titan = read_torchtitan(TITAN)
+    assert [(a.steps[0], a.steps[-1]) for a in titan.attempts] == [(1, 130), (101, 200)]
+    assert titan.world_size == 8 and titan.config["seq_len"] == 8192
+    assert titan.startup_seconds == pytest.approx(35.0, abs=0.1)  # compile before step 1
+    assert [(p["fromStep"], p["toStep"]) for p in titan.slow_periods] == [(71, 90)]
+    saves = [e for a in titan.attempts for e in a.events if e["kind"] == "checkpoint_end"]
+    assert [e["step"] for e in saves] == [50, 100, 150, 200]
+    # The save is not step time: the interval after it has the steps' own length.
+    a = titan.attempts[0]
+    assert a.durations[a.steps.index(55)] == pytest.approx(a.durations[a.steps.index(45)], 0.05)
+    assert titan.attempts[-1].events[-1]["kind"] == "finish"
+
+
+def test_nemo_and_torchtitan_through_the_cli_are_real_runs(tmp_path: Path) -> None:
+    srv = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "1"}).start()
+    try:
+        n = _cli(srv, "import", "nemo", str(NEMO), "--run", "nemo-8b")
+        t = _cli(srv, "import", "torchtitan", str(TITAN), "--run", "titan-8b",
+                 "--accelerator", "h100")  # fmt: skip
+        assert n["restarts"] == 1 and t["restarts"] == 1
+        for rid in ("nemo-8b", "titan-8b"):
+            run = srv.get(f"/v1/runs/{rid}")
+            assert run["worldSize"] == 8 and run["status"] == "FINISHED", run
+        gp = srv.get("/v1/runs/titan-8b/goodput")
+        lines = {x["category"]: x["seconds"] for x in gp["breakdown"]["lines"]}
+        assert lines["recovery"] > 600.0  # the watchdog timeout and the relaunch
+        assert lines["rework"] > 0  # steps 101..130, run twice
+        assert 27.0 <= lines["checkpoint"] <= 36.0 + 1e-6  # four 9 s saves, the last at the end
+        assert lines["startup"] >= 35.0 and gp["breakdown"]["attempts"] == 2
+
+        def instability() -> list[dict]:
+            f = srv.get("/v1/runs/nemo-8b/diagnosis")["findings"]
+            return [x for x in f if x["diagnosis"] == "instability"]
+
+        assert wait_until(instability, timeout=90, what="the NaN loss")[0]["step"] == 97
     finally:
         srv.stop()

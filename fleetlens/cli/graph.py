@@ -65,6 +65,10 @@ def cmd_import(args: argparse.Namespace) -> int:
         from ..importers.megatron import read_megatron as read
     elif args.format == "lightning":
         from ..importers.lightning import read_lightning as read
+    elif args.format == "nemo":
+        from ..importers.steplog import read_nemo as read
+    elif args.format == "torchtitan":
+        from ..importers.steplog import read_torchtitan as read
     else:
         from ..importers.hf_trainer import read_hf_trainer as read
     acc_name = ""
@@ -142,7 +146,16 @@ def add_parsers(sub: Any) -> None:
         "alibaba)"
     )  # fmt: skip
     imp.add_argument(
-        "format", choices=("megatron", "lightning", "hf", "hf-trainer", *scheduler.FORMATS)
+        "format",
+        choices=(
+            "megatron",
+            "nemo",
+            "torchtitan",
+            "lightning",
+            "hf",
+            "hf-trainer",
+            *scheduler.FORMATS,
+        ),
     )
     imp.add_argument("logs", nargs="+", metavar="FILE", help="training logs, or one scheduler file")
     imp.add_argument(
