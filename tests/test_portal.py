@@ -268,6 +268,11 @@ def test_run_page_shows_goodput_charts_and_the_stragglers_heatmap_row(
     assert page.get_attribute("body", "data-painted") == "true"
     now = page.inner_text("#now")
     assert "Goodput (job)" in now and "Tokens consumed" in now
+    mfu = played.get(f"/v1/runs/{RUN}")["mfu"]
+    if mfu["value"] is not None:
+        assert f"{100 * mfu['value']:.1f}%" in now, now
+    else:
+        assert f"unknown: {mfu['missing']}" in now, now
     assert "productive" in page.inner_text("#breakdown")
     assert "Runtime" in page.inner_text("#factors")
     for chart in ("step", "goodput", "loss", "lr", "grad_norm", "tps", "timeline"):
@@ -504,6 +509,7 @@ def test_overview_figures_equal_the_run_and_goodput_endpoints(played: Server) ->
     for key in ("steps", "step", "tokensProcessed", "worldSize", "window"):
         assert s[key] == run[key], key
     assert s["metrics"] == pytest.approx(run["metrics"], rel=1e-9)
+    assert doc["mfu"] == run["mfu"]  # the same MFU, or the same reason there is none
     goodput = played.get(f"/v1/runs/{RUN}/goodput")
     got_f, want_f = doc["goodput"]["factors"], goodput["factors"]
     assert got_f.pop("lossShares") == pytest.approx(want_f.pop("lossShares"), rel=1e-9)
