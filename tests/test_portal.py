@@ -268,6 +268,11 @@ def test_run_page_shows_goodput_charts_and_the_stragglers_heatmap_row(
     assert page.get_attribute("body", "data-painted") == "true"
     now = page.inner_text("#now")
     assert "Goodput (job)" in now and "Tokens consumed" in now
+    mfu = played.get(f"/v1/runs/{RUN}")["mfu"]
+    if mfu["value"] is not None:
+        assert f"{100 * mfu['value']:.1f}%" in now, now
+    else:
+        assert f"unknown: {mfu['missing']}" in now, now
     assert "productive" in page.inner_text("#breakdown")
     assert "Runtime" in page.inner_text("#factors")
     for chart in ("step", "goodput", "loss", "lr", "grad_norm", "tps", "timeline"):
@@ -504,6 +509,7 @@ def test_overview_figures_equal_the_run_and_goodput_endpoints(played: Server) ->
     for key in ("steps", "step", "tokensProcessed", "worldSize", "window"):
         assert s[key] == run[key], key
     assert s["metrics"] == pytest.approx(run["metrics"], rel=1e-9)
+    assert doc["mfu"] == run["mfu"]  # the same MFU, or the same reason there is none
     goodput = played.get(f"/v1/runs/{RUN}/goodput")
     got_f, want_f = doc["goodput"]["factors"], goodput["factors"]
     assert got_f.pop("lossShares") == pytest.approx(want_f.pop("lossShares"), rel=1e-9)
@@ -908,3 +914,31 @@ def test_oncall_page_for_the_oncall_role_and_a_viewer(
     assert mine.get_by_role("link", name="acme-run").get_attribute("href") == "/runs/acme-run"
     assert "Tenant: run" not in mine.locator("#nodes thead").inner_text()
     assert "bolt" not in mine.inner_text("#content")
+
+
+def test_api_docs_render_offline_from_the_vendored_swagger_ui(played: Server, browser: Any) -> None:
+    """`/docs` (which the demo prints) draws every route with no request leaving the host: the
+    browser is cut off from everything but the server, as on an air-gapped cluster."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    outside: list[str] = []
+
+    def only_the_server(route: Any) -> None:
+        if route.request.url.startswith(played.url):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_the_server)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(played.url + "/docs")
+    page.wait_for_selector(".opblock", timeout=30_000)
+    paths = page.locator(".opblock-summary-path").all_inner_texts()
+    assert "/v1/runs/{run_id}" in [p.replace("\u200b", "") for p in paths], paths[:10]
+    assert len(paths) > 50 and outside == [] and errors == [], (outside, errors)
+    # The bundle goes out compressed.
+    body, headers = _fetch(played, "/ui/static/vendor/swagger-ui/swagger-ui-bundle.js",
+                           {"Accept-Encoding": "gzip"})  # fmt: skip
+    assert headers.get("Content-Encoding") == "gzip" and len(body) < 700_000
+    page.close()

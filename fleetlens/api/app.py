@@ -279,6 +279,8 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         version=__version__,
         description="Where your GPUs' time went, and why.",
         lifespan=lifespan,
+        docs_url=None,  # served by fleetlens.ui with the vendored Swagger UI (no CDN)
+        redoc_url=None,
     )
     app.add_middleware(IngestFastPath)
 

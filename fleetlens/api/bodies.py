@@ -20,7 +20,10 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
+
+from ..errors import BatchTooLarge
 
 __all__ = [
     "BODY_GRACE_S",
@@ -29,6 +32,7 @@ __all__ = [
     "BodyRefused",
     "drain",
     "read_body",
+    "read_upload",
 ]
 
 BODY_GRACE_S = 30.0
@@ -125,3 +129,22 @@ async def drain(request: Request, seconds: float = _DRAIN_S) -> None:
             await asyncio.wait_for(stream.__anext__(), left)
     except (StopAsyncIteration, TimeoutError, ClientDisconnect, RuntimeError):
         pass
+
+
+async def read_upload(request: Request, limit: int, instead: str) -> bytes:
+    """An upload route's body (a file import), read the one way every body is: refused at once
+    when its declared length is over ``limit`` (413 saying what to send ``instead``), else read
+    under the deadline and the shared budget (:func:`read_body`); a refusal is an HTTP error
+    with its status and Retry-After. The caller gives ``len(body)`` back to the budget."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        await drain(request)
+        raise BatchTooLarge(f"body is {declared} bytes; the limit is {limit}; {instead}")
+    try:
+        grace = request.app.state.services.config.collector.body_grace_s
+        return await read_body(request, limit, request.app.state.body_budget, grace)
+    except BodyRefused as refused:
+        if refused.status != 408:
+            await drain(request)
+        headers = {"Retry-After": str(refused.retry_after)} if refused.retry_after else None
+        raise HTTPException(refused.status, refused.message, headers) from None

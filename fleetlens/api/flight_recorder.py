@@ -15,13 +15,13 @@ from typing import Annotated, Any
 
 import anyio
 import msgspec
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Request
 
 from ..errors import BatchTooLarge, TraceFormatError
 from ..services.flight_recorder import DumpFile, import_flight_recorder
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require_any
-from .bodies import BodyBudget, BodyRefused, drain, read_body
+from .bodies import BodyBudget, read_upload
 
 __all__ = ["MAX_BODY_BYTES", "MAX_FILES", "UPLOAD_COMPONENTS", "router"]
 
@@ -47,24 +47,6 @@ class FlightRecorderUpload(msgspec.Struct, forbid_unknown_fields=True, rename="c
 (_SCHEMA,), UPLOAD_COMPONENTS = msgspec.json.schema_components(
     [FlightRecorderUpload], ref_template="#/components/schemas/{name}"
 )  # the components go into the OpenAPI document's (fleetlens/api/app.py)
-
-
-async def _body(request: Request) -> bytes:
-    """The upload, read the one way every body is (deadline, shared memory budget:
-    fleetlens/api/bodies.py); the caller gives ``len(body)`` back to the budget."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        await drain(request)
-        raise BatchTooLarge(f"body is {declared} bytes; the limit is {MAX_BODY_BYTES}; "
-                            "send the dumps of fewer ranks per request")  # fmt: skip
-    try:
-        grace = request.app.state.services.config.collector.body_grace_s
-        return await read_body(request, MAX_BODY_BYTES, request.app.state.body_budget, grace)
-    except BodyRefused as refused:
-        if refused.status != 408:
-            await drain(request)
-        headers = {"Retry-After": str(refused.retry_after)} if refused.retry_after else None
-        raise HTTPException(refused.status, refused.message, headers) from None
 
 
 def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
@@ -109,7 +91,7 @@ async def post_flight_recorder(
     request: Request, run_id: str, scope: Annotated[Scope, Depends(require_any("write", "ingest"))]
 ) -> dict[str, Any]:
     svc = request.app.state.services
-    body = await _body(request)
+    body = await read_upload(request, MAX_BODY_BYTES, "send the dumps of fewer ranks per request")
     budget: BodyBudget = request.app.state.body_budget
 
     def work() -> dict[str, Any]:

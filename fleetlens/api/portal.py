@@ -32,7 +32,7 @@ from .goodput import advice
 from .models import BreakdownOut, FactorsOut
 from .portal_json import Clock, json_response
 from .remediation import action_view
-from .runs import run_json
+from .runs import run_json, summary_mfu_out
 
 __all__ = ["router"]
 
@@ -141,6 +141,8 @@ async def overview(
         latest = pq.latest_scalars(run_id)
         summary = run_summary(per_step, latest)
         out["summary"] = summary
+        # MFU as GET /v1/runs/{id} has it (or why there is none)
+        out["mfu"] = summary_mfu_out(info.config or {}, summary).model_dump(by_alias=True)
         clock.mark("summary")
         if not len(per_step):
             return json_response(request, out, clock)

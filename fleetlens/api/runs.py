@@ -26,7 +26,7 @@ from .models import (
     TimelineOut,
 )
 
-__all__ = ["router", "run_json"]
+__all__ = ["router", "run_json", "summary_mfu_out"]
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERROR_RESPONSES)
 
@@ -42,7 +42,7 @@ def run_json(info: RunInfo) -> dict[str, Any]:
     return RunOut.from_info(info).model_dump(by_alias=True)
 
 
-def _summary_mfu(config: dict[str, Any], summary: dict[str, Any]) -> MfuOut:
+def summary_mfu_out(config: dict[str, Any], summary: dict[str, Any]) -> MfuOut:
     """MFU over the summary's window (tokens/s or step time), or why there is none."""
     value, spec = summary_mfu(config, summary)
     missing = spec.missing
@@ -102,7 +102,7 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
         declared = int(jobs[-1]["worldSize"]) if jobs else 0
         if summary.get("worldSize") and declared > summary["worldSize"]:
             summary["worldSize"] = declared
-        mfu = _summary_mfu(info.config or {}, summary)
+        mfu = summary_mfu_out(info.config or {}, summary)
         return RunDetailOut.model_validate(
             {**run_json(info), "config": info.config, "jobIds": job_ids, **summary, "mfu": mfu}
         )

@@ -176,6 +176,16 @@
     FLCharts.line(host, [{ name: label, points: pts, band }], { label: `${label} over steps`, xDomain: dom, markers });
   }
 
+  // MFU as the run's API answers it, or why it is unknown (the config lacks FLOPs or a GPU).
+  function mfuText(x) {
+    if (!x) return "unknown";
+    if (typeof x.value === "number") {
+      const hfu = typeof x.hfu === "number" ? ` (HFU ${pct(x.hfu)})` : "";
+      return `${pct(x.value)}${hfu}${x.accelerator ? ` on ${x.devices || "?"} × ${x.accelerator}` : ""}`;
+    }
+    return `unknown: ${x.missing || "not computed"}`;
+  }
+
   async function runPage() {
     const d = await getJSON(`/v1/runs/${enc(runId)}/overview?points=${Math.min(800, Math.max(100, Math.floor(window.innerWidth / 2)))}`);
     const s = d.summary || {}, m = s.metrics || {};
@@ -186,7 +196,7 @@
     cards("#now", [
       ["Status", d.run.status], ["Goodput (job)", pct(f.jobProduct)], ["Runtime goodput", pct(f.runtime)],
       ["Step", text(s.step)], ["Ranks", text(s.worldSize)], ["Step time (slowest rank)", `${F(m.stepTimeMs)} ms`],
-      ["Tokens/s", F(m.tokensPerSecond)], ["Tokens consumed", F(s.tokensProcessed)],
+      ["Tokens/s", F(m.tokensPerSecond)], ["MFU", mfuText(d.mfu)], ["Tokens consumed", F(s.tokensProcessed)],
       ["Loss", F(m.loss)], ["Est. completion", eta ? `${dur(eta.seconds)} (${F(eta.stepsLeft)} steps left)` : "unknown: no total_steps in the run config"],
     ].concat(act ? [["Remediation", `${act.node} ${stateLabel(act.state)}`]] : []));
     const lines = (bd.lines || []).filter((l) => l.seconds > 0);
