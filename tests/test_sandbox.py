@@ -124,7 +124,7 @@ def test_no_network_not_even_the_servers_loopback_or_unix_sockets(tmp_path: Path
 
 def test_it_cannot_write_outside_its_work_dir(tmp_path: Path) -> None:
     name = "fleetlens-escape-" + secrets.token_hex(4)
-    targets = [tmp_path / name, Path("/etc") / name, Path("/usr") / name]
+    targets = [tmp_path / name, Path("/") / name, Path("/etc") / name, Path("/usr") / name]
     targets.append(Path(sys.base_prefix) / name)
     program = "wrote = []\n" + "".join(
         f"try:\n    open({str(p)!r}, 'w').write('x')\n    wrote.append({str(p)!r})\n"

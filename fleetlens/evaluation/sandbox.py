@@ -43,7 +43,7 @@ log = logging.getLogger("fleetlens.eval.sandbox")
 UNSAFE_ALLOW = "unsafe-allow"
 _MODES = ("bwrap", UNSAFE_ALLOW)
 _NOBODY = 65534
-_WORK = "/work"
+_WORK = "/sandbox"
 _INSTALL = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install "
     "bubblewrap), or set FLEETLENS_SANDBOX=unsafe-allow to run generated code without isolation "
@@ -147,14 +147,14 @@ def _prlimit(limits: SandboxLimits) -> list[str]:
 
 
 def _interpreter_roots() -> list[str]:
-    """The directories the interpreter needs, outside ``/usr`` (bound whole), outermost only."""
-    roots = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix)}
-    for exe in (sys.executable, os.path.realpath(sys.executable)):
-        roots.add(os.path.dirname(os.path.dirname(os.path.abspath(exe))))
-    roots.add(os.path.realpath(sys.base_prefix))
+    """The directories the interpreter needs outside ``/usr`` (bound whole): its prefixes (a
+    virtual environment's and its base's) and its own directory, outermost only."""
+    roots = {os.path.abspath(sys.executable).rpartition("/")[0]}
+    for prefix in (sys.prefix, sys.base_prefix):
+        roots |= {os.path.abspath(prefix), os.path.realpath(prefix)}
     kept: list[str] = []
     for root in sorted(roots, key=len):
-        if root in ("/", "/usr") or root.startswith("/usr/"):
+        if root in ("", "/", "/usr") or root.startswith("/usr/"):
             continue
         if not any(root == k or root.startswith(k + "/") for k in kept):
             kept.append(root)
@@ -174,7 +174,11 @@ def _jail_argv(limits: SandboxLimits, src_fd: int, marker_w: int, root: bool) ->
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
     argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    made: set[str] = set()
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    # the tmpfs first: an interpreter under /tmp (a virtual environment) is bound on top of it
+    argv += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+    argv += ["--perms", "0777", "--size", size, "--tmpfs", _WORK]
+    made = {"/tmp", _WORK}
     for where in _interpreter_roots():
         parts = where.strip("/").split("/")
         for i in range(1, len(parts)):
@@ -183,10 +187,8 @@ def _jail_argv(limits: SandboxLimits, src_fd: int, marker_w: int, root: bool) ->
                 made.add(parent)
                 argv += ["--perms", "0755", "--dir", parent]
         argv += ["--ro-bind", where, where]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
-    argv += ["--perms", "0777", "--size", size, "--tmpfs", _WORK]
     argv += ["--perms", "0444", "--ro-bind-data", str(src_fd), f"{_WORK}/program.py"]
+    argv += ["--remount-ro", "/"]  # the jail's own root (a tmpfs of no size limit) too
     argv += ["--chdir", _WORK, "--clearenv"]
     for key, value in (("PATH", "/usr/bin:/bin"), ("PYTHONHASHSEED", "0"), ("HOME", _WORK)):
         argv += ["--setenv", key, value]
@@ -237,16 +239,19 @@ class _Run:
         self.marker_r = marker_r
         self.jail = jail
         self.pid1: tuple[int, str] | None = None  # the jail's first process and its start time
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=pass_fds,
-            start_new_session=True,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=pass_fds,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot start {argv[0]}: {exc}; {_INSTALL}") from exc
         for fd in pass_fds:  # the child's ends of our pipes (not the program's source)
             if fd in owned:
                 owned.discard(fd)
@@ -338,8 +343,8 @@ class _Run:
 
     def _collect(self) -> tuple[bytes, bytes, bool, bool]:
         """stdout, stderr, whether the program started, whether the output went over its bound."""
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        bufs = {self.proc.stdout.fileno(): bytearray(), self.proc.stderr.fileno(): bytearray()}
+        pipes = [p.fileno() for p in (self.proc.stdout, self.proc.stderr) if p is not None]
+        bufs = {fd: bytearray() for fd in pipes}
         started = over = False
         cap = self.limits.output_bytes
         with selectors.DefaultSelector() as sel:
