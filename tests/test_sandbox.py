@@ -155,6 +155,20 @@ def test_it_cannot_read_the_servers_files(tmp_path: Path) -> None:
     assert not out.passed and secret not in out.stdout
 
 
+def test_it_cannot_make_user_namespaces_of_its_own() -> None:
+    # a user namespace is where an unprivileged process gets capabilities (and kernel bugs)
+    program = (
+        "import ctypes, subprocess, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "mine = libc.unshare(0x10000000) == 0\n"
+        "tool = subprocess.run(['unshare', '--user', '--map-root-user', 'true']).returncode == 0\n"
+        "t = threading.Thread(target=print, args=('threads work',))\nt.start(); t.join()\n"
+        "raise SystemExit(0 if mine or tool else 1)\n"
+    )
+    out = run_program(program)
+    assert not out.passed and out.status == "failed" and out.stdout == "threads work\n"
+
+
 def test_huge_output_is_cut_at_its_bound() -> None:
     limits = SandboxLimits(wall_s=20, output_bytes=1 << 20)
     t0 = time.monotonic()

@@ -5,7 +5,8 @@ but a loopback of its own, a root that holds only ``/usr`` and the interpreter's
 (read-only), a private ``/tmp`` and work directory (size-limited tmpfs), and no files of the
 host besides. The program runs as uid 65534 with no capabilities and ``no_new_privs``. When the
 server is root, that uid is also 65534 on the host (the user namespace maps it so, and the jail
-drops to it with ``setpriv``), so the process limit applies and nothing runs as root.
+drops to it with ``setpriv``), so the process limit applies and nothing runs as root. It cannot
+make user namespaces of its own (bwrap's ``--disable-userns``, or as root a seccomp filter).
 
 Limits: ``prlimit`` inside the jail sets address space, CPU seconds, file size, open files and
 processes before ``exec``; nothing runs in a forked child of this (threaded) process but
@@ -35,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import ConfigError, SandboxUnavailable
+from .seccomp import no_user_namespaces
 
 __all__ = ["UNSAFE_ALLOW", "SandboxLimits", "SandboxResult", "run_program", "sandbox_mode"]
 
@@ -218,6 +220,15 @@ def _jailed(
         owned |= {block_r, block_w}
         argv[1:1] = ["--userns-block-fd", str(block_r)]
         fds.append(block_r)
+        bpf = no_user_namespaces()  # in place of --disable-userns, which the map excludes
+        if bpf is not None:
+            filter_r, filter_w = os.pipe()
+            owned |= {filter_r, filter_w}
+            os.write(filter_w, bpf)  # a few hundred bytes: within the pipe's buffer
+            owned.discard(filter_w)
+            os.close(filter_w)
+            argv[1:1] = ["--seccomp", str(filter_r)]
+            fds.append(filter_r)
     return _Run(argv, fds, owned, "/", limits, marker_r, (info_r, block_w)).result()
 
 
