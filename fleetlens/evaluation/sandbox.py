@@ -46,6 +46,12 @@ UNSAFE_ALLOW = "unsafe-allow"
 _MODES = ("bwrap", UNSAFE_ALLOW)
 _NOBODY = 65534
 _WORK = "/sandbox"
+_THREAD_POOLS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_MAX_THREADS",
+)
 _INSTALL = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install "
     "bubblewrap), or set FLEETLENS_SANDBOX=unsafe-allow to run generated code without isolation "
@@ -194,6 +200,8 @@ def _jail_argv(limits: SandboxLimits, src_fd: int, marker_w: int, root: bool) ->
     argv += ["--chdir", _WORK, "--clearenv"]
     for key, value in (("PATH", "/usr/bin:/bin"), ("PYTHONHASHSEED", "0"), ("HOME", _WORK)):
         argv += ["--setenv", key, value]
+    for pool in _THREAD_POOLS:  # one thread per pool: a thread per core would pass the limit
+        argv += ["--setenv", pool, "1"]
     argv += ["--setenv", "TMPDIR", "/tmp", "--uid", "0" if root else str(_NOBODY)]
     argv += ["--gid", "0" if root else str(_NOBODY), "--", *_prlimit(limits)]
     if root:
