@@ -237,3 +237,18 @@ def test_without_the_jail_it_refuses_unless_the_operator_allows(
     monkeypatch.setenv("FLEETLENS_SANDBOX", "yolo")
     with pytest.raises(ConfigError, match="unsafe-allow"):
         sandbox_mode()
+
+
+def test_a_jail_that_cannot_start_is_refused_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = tmp_path / "bwrap"  # what bwrap says where user namespaces are turned off
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.delenv("FLEETLENS_SANDBOX", raising=False)
+    with pytest.raises(SandboxUnavailable, match=r"uid map: Permission denied.*user namespaces"):
+        run_program("print(1)")
+    with caplog.at_level(logging.WARNING, logger="fleetlens.eval.sandbox"):
+        out = run_program("print(2)", mode="unsafe-allow")
+    assert out.passed and out.stdout == "2\n" and "WITHOUT a jail" in caplog.text

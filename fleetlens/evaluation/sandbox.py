@@ -22,6 +22,7 @@ logs a warning.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import ConfigError, SandboxUnavailable
@@ -54,8 +55,9 @@ _THREAD_POOLS = (
 )
 _INSTALL = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install "
-    "bubblewrap), or set FLEETLENS_SANDBOX=unsafe-allow to run generated code without isolation "
-    "(docs/security.md)"
+    "bubblewrap; it needs user namespaces: sysctl kernel.unprivileged_userns_clone=1, and on "
+    "Ubuntu 24.04 an AppArmor profile for bwrap), or set FLEETLENS_SANDBOX=unsafe-allow to run "
+    "generated code without isolation (docs/security.md)"
 )
 
 
@@ -98,34 +100,52 @@ def run_program(
     mode = mode or sandbox_mode()
     if mode not in _MODES:
         raise ConfigError(f"sandbox mode {mode!r}; use one of {', '.join(_MODES)}")
-    missing = [tool for tool in _tools() if not shutil.which(tool)]
-    if missing and mode != UNSAFE_ALLOW:
+    tools = {tool: shutil.which(tool) for tool in _tools()}
+    missing = [tool for tool, path in tools.items() if path is None]
+    source = program.encode("utf-8")
+    if not missing:
+        try:
+            return _with_pipes(functools.partial(_jailed, tools, source, limits))
+        except SandboxUnavailable as exc:
+            if mode != UNSAFE_ALLOW:
+                raise
+            why = str(exc)
+    elif mode != UNSAFE_ALLOW:
         raise SandboxUnavailable(
             f"refusing to run untrusted code: {', '.join(missing)} not found on PATH; {_INSTALL}"
         )
-    with tempfile.TemporaryFile() as src, tempfile.TemporaryDirectory(prefix="fl-sbx-") as tmp:
-        src.write(program.encode("utf-8"))
-        src.flush()
-        src.seek(0)
-        marker_r, marker_w = os.pipe()
-        owned = {marker_r, marker_w}
-        try:
-            if mode == UNSAFE_ALLOW and missing:
-                log.warning(
-                    "FLEETLENS_SANDBOX=unsafe-allow: running generated code WITHOUT a jail "
-                    "(%s missing): it can read and write this host's files and use its network",
-                    ", ".join(missing),
-                )
-                path = os.path.join(tmp, "program.py")
-                with open(path, "wb") as fh:
-                    shutil.copyfileobj(src, fh)
-                limit = _prlimit(limits) if shutil.which("prlimit") else []
-                argv = [*limit, sys.executable, "-I", "-c", _boot(marker_w, path)]
-                return _Run(argv, [marker_w], owned, tmp, limits, marker_r, None).result()
-            return _jailed(src.fileno(), limits, marker_r, marker_w, owned)
-        finally:
-            for fd in owned:
-                os.close(fd)
+    else:
+        why = f"{', '.join(missing)} missing"
+    log.warning(
+        "FLEETLENS_SANDBOX=unsafe-allow: running generated code WITHOUT a jail (%s): it can "
+        "read and write this host's files and use its network",
+        why,
+    )
+    return _with_pipes(functools.partial(_unsafe, source, limits))
+
+
+def _with_pipes(run: Callable[[int, int, set[int]], SandboxResult]) -> SandboxResult:
+    """``run`` with the started-marker pipe; closes what ``run`` left open."""
+    marker_r, marker_w = os.pipe()
+    owned = {marker_r, marker_w}
+    try:
+        return run(marker_r, marker_w, owned)
+    finally:
+        for fd in owned:
+            os.close(fd)
+
+
+def _unsafe(
+    source: bytes, limits: SandboxLimits, marker_r: int, marker_w: int, owned: set[int]
+) -> SandboxResult:
+    with tempfile.TemporaryDirectory(prefix="fl-sbx-") as tmp:
+        path = os.path.join(tmp, "program.py")
+        with open(path, "wb") as fh:
+            fh.write(source)
+        prlimit = shutil.which("prlimit")
+        limit = _prlimit(limits, prlimit) if prlimit else []
+        argv = [*limit, sys.executable, "-I", "-c", _boot(marker_w, path)]
+        return _Run(argv, [marker_w], owned, tmp, limits, marker_r, None).result()
 
 
 def _tools() -> list[str]:
@@ -141,9 +161,9 @@ def _boot(marker_fd: int, path: str) -> str:
     )
 
 
-def _prlimit(limits: SandboxLimits) -> list[str]:
+def _prlimit(limits: SandboxLimits, path: str) -> list[str]:
     return [
-        "prlimit",
+        path,
         f"--as={limits.memory_bytes}",
         f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",
         f"--fsize={limits.file_bytes}",
@@ -169,9 +189,11 @@ def _interpreter_roots() -> list[str]:
     return kept
 
 
-def _jail_argv(limits: SandboxLimits, src_fd: int, marker_w: int, root: bool) -> list[str]:
+def _jail_argv(
+    tools: Mapping[str, str | None], limits: SandboxLimits, src_fd: int, marker_w: int, root: bool
+) -> list[str]:
     size = str(limits.disk_bytes)
-    argv = ["bwrap", "--unshare-all", "--unshare-user"]
+    argv = [str(tools["bwrap"]), "--unshare-all", "--unshare-user"]
     if not root:  # bwrap cannot combine it with the uid map we write as root
         argv += ["--disable-userns"]
     argv += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
@@ -203,20 +225,41 @@ def _jail_argv(limits: SandboxLimits, src_fd: int, marker_w: int, root: bool) ->
     for pool in _THREAD_POOLS:  # one thread per pool: a thread per core would pass the limit
         argv += ["--setenv", pool, "1"]
     argv += ["--setenv", "TMPDIR", "/tmp", "--uid", "0" if root else str(_NOBODY)]
-    argv += ["--gid", "0" if root else str(_NOBODY), "--", *_prlimit(limits)]
+    argv += ["--gid", "0" if root else str(_NOBODY), "--", *_prlimit(limits, str(tools["prlimit"]))]
     if root:
         ids = [f"--reuid={_NOBODY}", f"--regid={_NOBODY}", "--clear-groups"]
-        argv += ["setpriv", *ids, "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        ids += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        argv += [str(tools["setpriv"]), *ids]
     return [*argv, sys.executable, "-I", "-c", _boot(marker_w, f"{_WORK}/program.py")]
 
 
 def _jailed(
-    src_fd: int, limits: SandboxLimits, marker_r: int, marker_w: int, owned: set[int]
+    tools: Mapping[str, str | None],
+    source: bytes,
+    limits: SandboxLimits,
+    marker_r: int,
+    marker_w: int,
+    owned: set[int],
+) -> SandboxResult:
+    with tempfile.TemporaryFile() as src:
+        src.write(source)
+        src.flush()
+        src.seek(0)
+        return _jailed_from(tools, src.fileno(), limits, marker_r, marker_w, owned)
+
+
+def _jailed_from(
+    tools: Mapping[str, str | None],
+    src_fd: int,
+    limits: SandboxLimits,
+    marker_r: int,
+    marker_w: int,
+    owned: set[int],
 ) -> SandboxResult:
     root = os.geteuid() == 0
     info_r, info_w = os.pipe()
     owned |= {info_r, info_w}
-    argv = _jail_argv(limits, src_fd, marker_w, root)
+    argv = _jail_argv(tools, limits, src_fd, marker_w, root)
     argv[1:1] = ["--info-fd", str(info_w)]
     fds = [src_fd, marker_w, info_w]
     block_w = None
@@ -331,7 +374,8 @@ class _Run:
             self.proc.kill()
             _, err = self.proc.communicate()
             raise SandboxUnavailable(
-                f"bubblewrap did not start: {err.decode(errors='replace').strip()[-500:]}"
+                f"bubblewrap did not start: {err.decode(errors='replace').strip()[-500:]}; "
+                f"{_INSTALL}"
             ) from None
         if block_w is None:
             return
