@@ -17,6 +17,7 @@
     ├── APIError               the server answered 4xx/5xx (``fleetlens.Client``)
     │   └── APINotFound        ... 404 (also a NotFound)
     ├── AdapterError           an evaluated model's endpoint did not answer (the shard is retried)
+    ├── SandboxUnavailable     the jail for generated code is missing or failed to start
     └── SimError               the simulator's output was refused or could not be delivered
 
 The right-hand column is the HTTP status the API answers with (``STATUS``, applied by one
@@ -40,6 +41,7 @@ __all__ = [
     "NotFound",
     "PromotionRefused",
     "Refused",
+    "SandboxUnavailable",
     "SimError",
     "StoreError",
     "TraceFormatError",
@@ -144,6 +146,11 @@ class APINotFound(APIError, NotFound):
 
 class AdapterError(FleetlensError):
     """The model did not answer (endpoint down, bad response): the shard is retried."""
+
+
+class SandboxUnavailable(FleetlensError):
+    """Generated code would run without its jail (bubblewrap missing or unable to start); the
+    message names what is missing and how to install it."""
 
 
 class SimError(FleetlensError):

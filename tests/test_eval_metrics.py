@@ -120,8 +120,7 @@ def test_sandbox_limits() -> None:
     assert run_program("while True: pass", SandboxLimits(wall_s=3, cpu_s=1)).status == "timeout"
     assert run_program("import time; time.sleep(30)", SandboxLimits(wall_s=0.5)).status == "timeout"
     assert "MemoryError" in run_program("x = bytearray(4 << 30)").detail
-    net = run_program("import socket; socket.create_connection(('127.0.0.1', 9))")
-    assert not net.passed and "network" in net.detail
+    # hostile programs (network, files, processes, output): tests/test_sandbox.py
 
 
 def test_humaneval_scoring_uses_the_sandbox() -> None:
