@@ -21,6 +21,7 @@ from .judge import JudgeConfig
 from .models import EvalShard, Evaluation
 from .rows import ExampleCache, SessionFactory, evaluation_json
 from .scheduler import NO_DEADLINE, parse_priority, plan_shards
+from .suites import PERFORMANCE, SuiteRegistry, validate_prices
 
 
 def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, str]:
@@ -57,26 +58,55 @@ def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, s
     return out
 
 
+_NOT_SPEC = ("specHash", "createdAt", "createdBy", "created")
+
+
 class Submissions:
     """Takes evaluation requests; one per store."""
 
-    def __init__(self, session: SessionFactory, examples: ExampleCache) -> None:
+    def __init__(
+        self, session: SessionFactory, examples: ExampleCache, suites: SuiteRegistry
+    ) -> None:
         self._session = session
         self._examples = examples
+        self._suites = suites
+
+    def _suite(self, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
+        """The inline ``suite``, or the registered one ``benchmarkSuite`` names."""
+        ref = str(req.get("benchmarkSuite") or "")
+        if ref and req.get("suite"):
+            raise ConfigError("send suite (inline) or benchmarkSuite (a registered name), not both")
+        if ref:
+            return self._suites.resolve(scope, ref)
+        if not req.get("suite"):
+            raise ConfigError(
+                "suite is missing: send suite {name, version, benchmarks} or benchmarkSuite NAME"
+            )
+        return dict(req["suite"])
 
     def submit(self, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
         """Queue an evaluation (or reuse a cached result); returns at once."""
-        adapter = dict(req.get("adapter") or {})
+        suite = self._suite(scope, req)
+        adapter = dict(req.get("adapter") or suite.get("adapter") or {})
+        if not adapter:
+            raise ConfigError(
+                "adapter is missing: send adapter {kind: callable|openai|hf, ...}, or register "
+                "the suite with a default adapter"
+            )
         validate_spec(adapter)
         req = {**req, "adapter": adapter}
-        suite = dict(req.get("suite") or {})
         specs = [dict(b) for b in suite.get("benchmarks") or []]
         if not specs:
             raise ConfigError("suite.benchmarks is empty; name at least one benchmark")
         names = [str(b.get("name", "")) for b in specs]
-        if "" in names or len(set(names)) != len(names):
-            raise ConfigError(f"benchmark names {names} must be non-empty and unique in a suite")
-        decoding = Decoding.from_json(req.get("decoding")).as_json()
+        if "" in names or len(set(names)) != len(names) or PERFORMANCE in names:
+            raise ConfigError(
+                f"benchmark names {names} must be non-empty and unique in a suite "
+                f"({PERFORMANCE!r} is reserved for latency and cost)"
+            )
+        if suite.get("prices") is not None:
+            validate_prices(suite["prices"])
+        decoding = Decoding.from_json(req.get("decoding") or suite.get("decoding")).as_json()
         priority = parse_priority(req.get("priority", "P2"))
         shard_size = int(req.get("shardSize") or 50)
         max_attempts = int(req.get("maxAttempts") or 3)
@@ -125,6 +155,8 @@ class Submissions:
                 "codeCommit": str(req.get("codeCommit", "")),
                 "adapter": {k: v for k, v in adapter.items() if k != "apiKeyEnv"},
             }
+            if suite.get("prices"):  # the cost figures depend on them
+                provenance["prices"] = suite["prices"]
             key = cache_key(provenance)
             provenance["cacheKey"] = key
             hit = None
@@ -142,10 +174,13 @@ class Submissions:
                 tenant=scope.tenant, project=scope.project, evaluation_id=eid,
                 model_id=model["modelId"], model_version=model["modelVersion"],
                 run_id=model["runId"], checkpoint_id=model["checkpointId"], adapter=adapter,
-                suite={**suite, "benchmarks": specs}, priority=priority,
+                suite={**{k: v for k, v in suite.items() if k not in _NOT_SPEC},
+                       "benchmarks": specs},
+                priority=priority,
                 deadline=float(req["deadline"]) if req.get("deadline") else None,
                 state="QUEUED", cache_key=key, cached_from="", provenance=provenance,
                 metrics={}, error="", created_at=now, completed_at=None, created_by=scope.actor,
+                trigger_id=str(req.get("triggerId") or ""),
             )  # fmt: skip
             if hit is not None:
                 row.state, row.metrics, row.completed_at = "COMPLETED", dict(hit.metrics), now
