@@ -3,6 +3,7 @@ themselves, regressions that alert through the alert engine, latency and cost wi
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from fleetlens.alerts.policy import DEFAULT_POLICY
 from fleetlens.evaluation.gates import evaluate_gate, parse_policies
 from fleetlens.evaluation.performance import performance, price_for
 from fleetlens.evaluation.regressions import find_regressions
+from fleetlens.wire import TableBuilder, encode_batch
 
 from .helpers import Server, step_batch, wait_until
 from .test_eval_support import start_worker, wait_for
@@ -186,6 +188,29 @@ def test_a_registered_suite_is_named_in_a_request_and_a_checkpoint_triggers_it(
     assert named["state"] == "COMPLETED" and named["metrics"]["safety"]["unsafe_rate"]["n"] == 20
 
 
+def test_a_checkpoint_the_sdk_verified_triggers_its_suite(evalserver: Server) -> None:
+    """``fleetlens.torch`` reports a verified checkpoint as a ``checkpoint_end`` event with its
+    ``sha256``: ingesting it starts the evaluation, whose provenance carries that hash."""
+    srv = evalserver
+    assert srv.request("POST", "/v1/evaluation-suites", _suite("nightly"))[0] == 201
+    st, _ = srv.request(
+        "POST", "/v1/evaluation-triggers",
+        {"on": "checkpoint", "suite": "nightly", "adapter": _adapter("safe_model")},
+    )  # fmt: skip
+    assert st == 201
+    _, steps = step_batch("sdk-run", range(0, 10), 2)
+    assert srv.post(steps)[0] == 200
+    ev = TableBuilder("event")
+    ev.add("time", [time.time()]).add("kind", ["checkpoint_end"]).add("step", [9])
+    ev.add("attrs", [json.dumps({"step": 9, "path": "/ck/sdk-run/9", "sha256": "beef",
+                                 "verified": True, "size_bytes": 10})])  # fmt: skip
+    ctx = {"run_id": "sdk-run", "job_id": "j1", "project": "test"}
+    assert srv.post(encode_batch({"event": ev.build()}, ctx)[1])[0] == 200
+    (queued,) = srv.get("/v1/evaluations")["evaluations"]
+    assert (queued["runId"], queued["checkpointId"]) == ("sdk-run", "sdk-run@9")
+    assert queued["provenance"]["modelHash"] == "sha256:beef"  # the checkpoint's, not the spec's
+
+
 def test_registering_a_model_version_starts_its_evaluation(evalserver: Server) -> None:
     srv = evalserver
     assert srv.request("POST", "/v1/evaluation-suites", _suite("release"))[0] == 201
@@ -213,6 +238,17 @@ def test_registering_a_model_version_starts_its_evaluation(evalserver: Server) -
     assert other["triggered"]["evaluations"] == []  # the policy names model llm only
     ev = srv.get(f"/v1/evaluations/{eid}")
     assert (ev["modelId"], ev["modelVersion"], ev["priority"]) == ("llm", "1", "P1")
+    # on an alias: moving "candidate" to a version evaluates it (the same suite, a new policy)
+    st, _ = srv.request(
+        "POST", "/v1/evaluation-triggers",
+        {"on": "alias", "modelId": "other", "alias": "candidate", "suite": "release",
+         "adapter": _adapter("safe_model")},
+    )  # fmt: skip
+    assert st == 201
+    st, moved = srv.request("POST", "/v1/models/other/aliases/candidate", {"version": "1"})
+    assert st == 200 and len(moved["triggered"]["evaluations"]) == 1, moved
+    st, moved = srv.request("POST", "/v1/models/other/aliases/staging", {"version": "1"})
+    assert moved["triggered"]["evaluations"] == []
 
 
 # -- latency and cost --------------------------------------------------------------------------
