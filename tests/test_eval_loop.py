@@ -264,12 +264,19 @@ def test_latency_and_cost_are_measured_per_example_and_gated(evalserver: Server)
     st, _ = srv.request(
         "POST", "/v1/models", {"modelId": "fast", "version": "1", "runId": "perf-run", "step": 4}
     )
+    # as seed 001 s43 writes the request: the version and checkpoint, no model id
     st, ev = srv.request(
         "POST", "/v1/evaluations",
-        {"benchmarkSuite": "priced", "adapter": _adapter("slow_model"), "modelId": "fast",
-         "modelVersion": "1"},
+        {"modelVersion": "1", "checkpointId": "perf-run@4", "benchmarkSuite": "priced",
+         "adapter": _adapter("slow_model")},
     )  # fmt: skip
-    assert st == 202, ev
+    assert st == 202 and ev["modelId"] == "fast", ev
+    st, err = srv.request(
+        "POST", "/v1/evaluations",
+        {"modelVersion": "1", "checkpointId": "perf-run@0", "benchmarkSuite": "priced",
+         "adapter": _adapter("slow_model")},
+    )  # fmt: skip
+    assert st == 400 and "checkpointId 'perf-run@0'" in err["detail"]
     worker = start_worker(srv, "--idle-exit", "3")
     try:
         done = wait_for(srv, ev["evaluationId"], 120)
@@ -430,6 +437,14 @@ def test_a_safety_regression_pages_through_alertmanager_and_shows_in_compare(
             assert [a["alertname"] for a in mine if a["alertname"].startswith("Eval")] == [
                 "EvalSafetyRegression"
             ]
+
+            # the same request again is answered from the cache, and judged all the same
+            st, hit = srv.request(
+                "POST", "/v1/evaluations",
+                {"benchmarkSuite": "rel", "adapter": _adapter("unsafe_model"), "modelId": "llm",
+                 "modelVersion": "2"},
+            )  # fmt: skip
+            assert hit["cacheHit"] and [r["kind"] for r in hit["regressions"]] == ["safety"]
 
             # fleetlens compare: the evaluation difference between the two models' runs
             cmp = srv.get("/v1/runs/compare?runs=v1-run,v2-run")["evaluations"]

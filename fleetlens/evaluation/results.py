@@ -38,6 +38,55 @@ ORDER BY (tenant, evaluation_id, benchmark, example_id, metric)
 """
 
 
+def judge_regressions(
+    s: Session,
+    tenant: str,
+    ev: Evaluation,
+    scores: dict[str, dict[str, dict[str, float]]],
+    metrics: dict[str, Any],
+) -> list[dict[str, Any]] | None:
+    """What this evaluation regressed against the production version's latest evaluation
+    (and its suite's absolute bounds); None when there is nothing to judge by."""
+    prod = s.scalars(
+        scoped(select(ModelAlias), tenant).where(
+            ModelAlias.model_id == ev.model_id, ModelAlias.alias == "production"
+        )
+    ).first()
+    base: Evaluation | None = None
+    if prod is not None and prod.version != ev.model_version:
+        base = s.scalars(
+            scoped(select(Evaluation), tenant)
+            .where(
+                Evaluation.model_id == ev.model_id,
+                Evaluation.model_version == prod.version,
+                Evaluation.state == "COMPLETED",
+            )
+            .order_by(Evaluation.id.desc())
+        ).first()
+    base_scores: dict[str, dict[str, dict[str, float]]] | None = None
+    if base is not None:
+        base_scores = {}
+        for sh in shards_of(s, tenant, base.cached_from or base.evaluation_id):
+            if sh.state == "done":
+                base_scores.setdefault(sh.benchmark, {}).update(sh.scores or {})  # type: ignore[arg-type]
+    gates = ev.suite.get("gates") if isinstance(ev.suite, dict) else None
+    try:
+        found = find_regressions(
+            gates,  # type: ignore[arg-type]
+            scores,
+            metrics,
+            base_scores,
+            dict(base.metrics) if base is not None else None,
+        )
+    except ConfigError as exc:  # a gate that cannot judge these scores (McNemar on 0.5)
+        return [{"kind": "benchmark", "metric": "", "status": "error", "reasons": [str(exc)]}]
+    if found is None:
+        return None
+    baseline = {"baselineVersion": prod.version if prod else None,
+                "baselineEvaluation": base.evaluation_id if base else None}  # fmt: skip
+    return [{**r, **baseline} for r in found]
+
+
 class Results:
     """Evaluations as read back, their per-example scores, and their final metrics."""
 
@@ -137,55 +186,6 @@ class Results:
             },
         )
 
-    def _regressions(
-        self,
-        s: Session,
-        tenant: str,
-        ev: Evaluation,
-        scores: dict[str, dict[str, dict[str, float]]],
-        metrics: dict[str, Any],
-    ) -> list[dict[str, Any]] | None:
-        """What this evaluation regressed against the production version's latest evaluation
-        (and its suite's absolute bounds); None when there is nothing to judge by."""
-        prod = s.scalars(
-            scoped(select(ModelAlias), tenant).where(
-                ModelAlias.model_id == ev.model_id, ModelAlias.alias == "production"
-            )
-        ).first()
-        base: Evaluation | None = None
-        if prod is not None and prod.version != ev.model_version:
-            base = s.scalars(
-                scoped(select(Evaluation), tenant)
-                .where(
-                    Evaluation.model_id == ev.model_id,
-                    Evaluation.model_version == prod.version,
-                    Evaluation.state == "COMPLETED",
-                )
-                .order_by(Evaluation.id.desc())
-            ).first()
-        base_scores: dict[str, dict[str, dict[str, float]]] | None = None
-        if base is not None:
-            base_scores = {}
-            for sh in shards_of(s, tenant, base.cached_from or base.evaluation_id):
-                if sh.state == "done":
-                    base_scores.setdefault(sh.benchmark, {}).update(sh.scores or {})  # type: ignore[arg-type]
-        gates = ev.suite.get("gates") if isinstance(ev.suite, dict) else None
-        try:
-            found = find_regressions(
-                gates,  # type: ignore[arg-type]
-                scores,
-                metrics,
-                base_scores,
-                dict(base.metrics) if base is not None else None,
-            )
-        except ConfigError as exc:  # a gate that cannot judge these scores (McNemar on 0.5)
-            return [{"kind": "benchmark", "metric": "", "status": "error", "reasons": [str(exc)]}]
-        if found is None:
-            return None
-        baseline = {"baselineVersion": prod.version if prod else None,
-                    "baselineEvaluation": base.evaluation_id if base else None}  # fmt: skip
-        return [{**r, **baseline} for r in found]
-
     def finalize(self, tenant: str, evaluation_id: str) -> str:
         """Aggregate once every shard is done or failed; failed shards leave the rest intact."""
         with self._session() as s:
@@ -225,7 +225,7 @@ class Results:
                 .values(state=state, metrics=metrics, error=error[:4000], completed_at=time.time())
             )
             if res.rowcount == 1 and state == "COMPLETED" and ev.model_id:  # type: ignore[attr-defined]
-                ev.regressions = self._regressions(s, tenant, ev, per_bench, metrics)
+                ev.regressions = judge_regressions(s, tenant, ev, per_bench, metrics)
                 mv = s.scalars(
                     scoped(select(ModelVersion), tenant).where(
                         ModelVersion.model_id == ev.model_id,

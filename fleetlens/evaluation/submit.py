@@ -19,14 +19,43 @@ from .adapters import Decoding, validate_spec
 from .cache import EVALUATOR_VERSION, cache_key, canonical_hash
 from .judge import JudgeConfig
 from .models import EvalShard, Evaluation
-from .rows import ExampleCache, SessionFactory, evaluation_json
+from .results import judge_regressions
+from .rows import ExampleCache, SessionFactory, evaluation_json, shards_of
 from .scheduler import NO_DEADLINE, parse_priority, plan_shards
 from .suites import PERFORMANCE, SuiteRegistry, validate_prices
+
+
+def _complete_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
+    """Seed 001 s43 names ``modelVersion`` (or ``checkpointId``) alone: the tenant's one model
+    version (checkpoint) of that name is meant; several are ambiguous, and refused."""
+    if req.get("modelVersion") and not req.get("modelId"):
+        q = scoped(select(ModelVersion), scope, within="project")
+        rows = s.scalars(q.where(ModelVersion.version == req["modelVersion"]).limit(2)).all()
+        if not rows:
+            raise NotFound(f"modelVersion {req['modelVersion']!r} does not exist")
+        if len(rows) > 1:
+            raise ConfigError(
+                f"modelVersion {req['modelVersion']!r} is a version of several models; "
+                "name modelId too"
+            )
+        return {**req, "modelId": rows[0].model_id}
+    if req.get("checkpointId") and not req.get("runId") and not req.get("modelId"):
+        cq = scoped(select(Checkpoint), scope).where(
+            Checkpoint.checkpoint_id == req["checkpointId"]
+        )
+        cks = s.scalars(cq.limit(2)).all()
+        if not cks:
+            raise NotFound(f"checkpointId {req['checkpointId']!r} does not exist")
+        if len(cks) > 1:
+            raise ConfigError(f"checkpointId {req['checkpointId']!r} is ambiguous; name runId too")
+        return {**req, "runId": cks[0].run_id}
+    return req
 
 
 def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, str]:
     """The model being judged and its content hash (the checkpoint's checksum)."""
     out = {"modelId": "", "modelVersion": "", "runId": "", "checkpointId": "", "hash": ""}
+    req = _complete_identity(s, scope, req)
     if req.get("modelId") and req.get("modelVersion"):
         q = scoped(select(ModelVersion), scope, within="project").where(
             ModelVersion.model_id == req["modelId"], ModelVersion.version == req["modelVersion"]
@@ -36,6 +65,11 @@ def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, s
             raise NotFound(f"model version {req['modelId']}:{req['modelVersion']} does not exist")
         out.update(modelId=mv.model_id, modelVersion=mv.version, runId=mv.run_id)
         out["checkpointId"] = mv.checkpoint_id
+        if req.get("checkpointId") and req["checkpointId"] != mv.checkpoint_id:
+            raise ConfigError(
+                f"checkpointId {req['checkpointId']!r}: model version {mv.model_id}:{mv.version} "
+                f"was registered from checkpoint {mv.checkpoint_id!r}"
+            )
     elif req.get("runId") and req.get("checkpointId"):
         out.update(runId=req["runId"], checkpointId=req["checkpointId"])
     if out["checkpointId"]:
@@ -186,6 +220,14 @@ class Submissions:
                 row.state, row.metrics, row.completed_at = "COMPLETED", dict(hit.metrics), now
                 row.cached_from = hit.cached_from or hit.evaluation_id
                 s.add(row)
+                if row.model_id:  # the same scores, judged against this model's production
+                    scores: dict[str, dict[str, dict[str, float]]] = {}
+                    for sh in shards_of(s, scope.tenant, row.cached_from):
+                        if sh.state == "done":
+                            scores.setdefault(sh.benchmark, {}).update(sh.scores or {})  # type: ignore[arg-type]
+                    row.regressions = judge_regressions(
+                        s, scope.tenant, row, scores, dict(row.metrics)
+                    )
                 return evaluation_json(row, [])
             s.add(row)
             locality = model["hash"]
