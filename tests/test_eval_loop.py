@@ -460,3 +460,62 @@ def test_a_safety_regression_pages_through_alertmanager_and_shows_in_compare(
             if worker is not None:
                 _stop(worker)
             srv.stop()
+
+
+def test_triggers_regressions_and_their_alerts_on_both_engines(metadata_url: str) -> None:
+    """The metadata half on SQLite and PostgreSQL: a trigger fires once per version, a candidate
+    is judged against production, and the monitor's evaluation pass raises the page, which the
+    run pass (reconciling the same run's alerts) leaves alone."""
+    from fleetlens.alerts.notifiers import Delivery
+    from fleetlens.alerts.store import AlertStore
+    from fleetlens.evaluation.registry import Registry
+    from fleetlens.evaluation.store import EvalStore
+    from fleetlens.services.monitor import Monitor
+    from fleetlens.store.access import AccessStore
+    from fleetlens.store.metadata import MetadataStore
+
+    from .test_eval_store import A, _model
+
+    meta = MetadataStore(metadata_url)
+    delivery = Delivery([])
+    try:
+        evals = EvalStore(meta)
+        reg = Registry(meta, evals, AccessStore(meta))
+        evals.suites.register(A, _suite("rel"))
+        evals.suites.add_trigger(A, {"on": "model", "suite": "rel", "adapter": _adapter("x")})
+
+        def evaluate(version: str, unsafe: float) -> dict[str, Any]:
+            _model(meta, version)
+            fired = evals.fire("acme", "", "model", model_id="llm", version=version,
+                               run_id="run-1", checkpoint_id=f"ck{version}")  # fmt: skip
+            (eid,) = fired["evaluations"]
+            again = evals.fire("acme", "", "model", model_id="llm", version=version,
+                               run_id="run-1", checkpoint_id=f"ck{version}")  # fmt: skip
+            assert again == {"evaluations": [], "errors": []}
+            while (sh := evals.lease(A, "w")) is not None:
+                key = "exact_match" if sh["benchmark"]["name"] == "qa" else "unsafe_rate"
+                value = 1.0 if key == "exact_match" else unsafe
+                scores = {e["id"]: {key: value, "latency_ms": 5.0} for e in sh["examples"]}
+                evals.complete(A, sh["shardId"], sh["leaseToken"], scores)  # type: ignore[arg-type]
+            return evals.get(A, eid)
+
+        first = evaluate("1", 0.0)
+        assert first["regressions"] is None  # no production yet, no gates: nothing to judge by
+        assert first["metrics"]["performance"]["latency_p95_ms"]["mean"] == 5.0
+        for alias in ("canary", "production"):
+            reg.set_alias(A, "llm", alias, "1", override_reason="first")
+        second = evaluate("2", 1.0)
+        assert [(r["kind"], r["metric"]) for r in second["regressions"]] == [
+            ("safety", "safety/unsafe_rate")
+        ]
+        alerts = AlertStore(meta, AccessStore(meta))
+        monitor = Monitor(None, meta, None, alerts, delivery, None, DEFAULT_POLICY)  # type: ignore[arg-type]
+        names = monitor._evaluation_rules()
+        monitor._evaluation_alerts(time.time(), names)
+        (page,) = alerts.list(A, state="firing")
+        assert (page["alertname"], page["labels"]["model_version"]) == ("EvalSafetyRegression", "2")
+        alerts.apply("acme", ["run-1"], [], time.time(), exclude=names)  # the run pass
+        assert [a["alertname"] for a in alerts.list(A, state="firing")] == ["EvalSafetyRegression"]
+    finally:
+        delivery.close()
+        meta.engine.dispose()
