@@ -144,12 +144,13 @@ def test_a_registered_suite_is_named_in_a_request_and_a_checkpoint_triggers_it(
     assert st == 202, by_name
 
     # A policy: in project "test", a verified checkpoint is evaluated on the suite.
-    st, trig = srv.request(
-        "POST", "/v1/evaluation-triggers",
-        {"on": "checkpoint", "project": "test", "suite": "preproduction",
-         "adapter": {**_adapter("safe_model"), "note": "{checkpointUri}"}},
+    adapter = json.dumps({**_adapter("safe_model"), "note": "{checkpointUri}"})
+    added = _fleetlens(
+        "eval", "triggers", "add", "--on", "checkpoint", "--project", "test",
+        "--suite", "preproduction", "--adapter", adapter, "--server", srv.url,
     )  # fmt: skip
-    assert st == 201, trig
+    assert added.returncode == 0, added.stderr
+    trig = json.loads(added.stdout)
     st, _ = srv.request(
         "POST", "/v1/evaluation-triggers",
         {"on": "checkpoint", "project": "elsewhere", "suite": "preproduction",

@@ -55,7 +55,10 @@ def _triggers(args: argparse.Namespace) -> int:
                                     "modelId": args.model, "alias": args.alias,
                                     "priority": args.priority}  # fmt: skip
             if args.adapter:
-                body["adapter"] = json.loads(args.adapter)
+                try:
+                    body["adapter"] = json.loads(args.adapter)
+                except ValueError as exc:
+                    raise FleetlensError(f"--adapter is not JSON: {exc}") from exc
             out = c.post("/v1/evaluation-triggers", body)
         elif args.triggers_command == "list":
             out = c.get("/v1/evaluation-triggers")
