@@ -31,7 +31,7 @@ LOG = REAL / "training_logs" / "bigscience_megatron_deepspeed" / "meg_ds_3d_gpt2
 FR = REAL / "nccl_flight_recorder" / "nvidia_resiliency_ext_16rank" / "gpu_error_1st"
 
 # Group commands that only print a usage error without a subcommand (they contact nothing).
-NO_CONTACT = {"eval"}
+NO_CONTACT = {"eval", "eval suites", "eval triggers"}
 
 
 def invocations(tmp: Path) -> dict[str, list[str]]:
@@ -73,6 +73,11 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "eval status": ["eval", "status", "tok-eval"],
         "eval gate": ["eval", "gate", "tok-model", "1", "--policies", str(policies)],
         "eval promote": ["eval", "promote", "tok-model", "staging", "1"],
+        "eval suites register": ["eval", "suites", "register", str(request)],
+        "eval suites list": ["eval", "suites", "list"],
+        "eval suites show": ["eval", "suites", "show", "tok-suite"],
+        "eval triggers add": ["eval", "triggers", "add", "--on", "model", "--suite", "tok-suite"],
+        "eval triggers list": ["eval", "triggers", "list"],
     }
 
 

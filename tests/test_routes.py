@@ -59,6 +59,9 @@ EXPECTED = {
         ("GET", "/v1/evaluations/{evaluation_id}"),
         ("POST", "/v1/eval-shards/lease"),
         ("POST", "/v1/gates"),
+        ("POST", "/v1/evaluation-suites"),
+        ("GET", "/v1/evaluation-suites/{ref}"),
+        ("POST", "/v1/evaluation-triggers"),
     ],
     "remediation": [("GET", "/v1/remediations"), ("GET", "/v1/runs/{run_id}/control")],
 }

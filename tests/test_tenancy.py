@@ -115,7 +115,7 @@ def _b_evaluation(t: Tenants) -> dict[str, str]:
     """Bolt's evaluations (one done and gated, one still queued), a decision and an alias."""
     paths = t.server.get("/openapi.json", token=t.tokens["b-admin"])["paths"]
     ids = {"evaluation_id": "ev-none", "shard_id": "999999", "decision_id": "gd-none",
-           "alias": "candidate"}  # fmt: skip
+           "alias": "candidate", "ref": "bolt-suite"}  # fmt: skip
     if "/v1/evaluations" not in paths:
         return ids
     tok = t.tokens["b-admin"]
@@ -141,6 +141,14 @@ def _b_evaluation(t: Tenants) -> dict[str, str]:
         t.server.request("POST", "/v1/models/bolt-model/aliases/candidate", alias, token=tok)[0]
         == 200
     )
+    if "/v1/evaluation-suites" in paths:  # a named suite and the policy that uses it
+        suite = {**body["suite"], "name": "bolt-suite", "version": "1"}
+        status, out = t.server.request("POST", "/v1/evaluation-suites", suite, token=tok)
+        assert status == 201, out
+        trigger = {"on": "model", "project": "bolt-proj", "suite": "bolt-suite",
+                   "adapter": body["adapter"]}  # fmt: skip
+        status, out = t.server.request("POST", "/v1/evaluation-triggers", trigger, token=tok)
+        assert status == 201, out
     queued = {**body, "codeCommit": "bolt-secret-run"}  # left queued: acme must not lease it
     assert t.server.request("POST", "/v1/evaluations", queued, token=tok)[0] == 202
     ids.update(evaluation_id=ev["evaluationId"], shard_id=str(shard["shardId"]),
@@ -210,6 +218,16 @@ BODIES = {
         "modelVersion": "1",
         "adapter": {"kind": "callable", "target": "m:f"},
         "suite": {"benchmarks": [{"name": "q", "examples": [{"prompt": "p"}]}]},
+    },
+    ("post", "/v1/evaluation-suites"): {
+        "name": "walker",
+        "version": "1",
+        "benchmarks": [{"name": "q", "examples": [{"prompt": "p"}]}],
+    },
+    ("post", "/v1/evaluation-triggers"): {
+        "on": "model",
+        "suite": "bolt-suite",
+        "adapter": {"kind": "callable", "target": "m:f"},
     },
     ("post", "/v1/eval-shards/lease"): {"workerId": "walker"},
     ("post", "/v1/eval-shards/{shard_id}/heartbeat"): {"leaseToken": "x"},

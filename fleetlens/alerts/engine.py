@@ -16,12 +16,18 @@ from ..analysis.hangs import HangRule, live_hang
 from ..store.findings import FindingRow
 from .policy import BASELINE_S, Policy, Rule
 
-__all__ = ["RESOLVE_STEPS", "Candidate", "RunSignals", "evaluate", "fingerprint"]
+__all__ = [
+    "RESOLVE_STEPS", "Candidate", "EvaluationSignals", "RunSignals", "evaluate",
+    "evaluate_evaluation", "fingerprint",
+]  # fmt: skip
 
 RESOLVE_STEPS = 100
 """A finding the analysis has not extended for this many steps of progress has cleared."""
 
 _FP_LABELS = ("tenant", "alertname", "run_id", "node", "gpu", "rack")
+# An evaluation alert is one model version's: these enter its fingerprint (only when present, so
+# the fingerprints of run alerts stay what they were).
+_FP_MODEL_LABELS = ("model_id", "model_version")
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,21 @@ class RunSignals:
 
 
 @dataclass(frozen=True)
+class EvaluationSignals:
+    """A model version's latest judged evaluation: what it regressed against its baseline
+    (each ``{kind, metric, candidate, baseline, difference, reasons, baselineVersion}``)."""
+
+    tenant: str
+    project: str
+    run_id: str
+    model_id: str
+    model_version: str
+    evaluation_id: str
+    completed_at: float
+    regressions: list[dict[str, object]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Candidate:
     rule: Rule
     labels: dict[str, str]
@@ -61,7 +82,8 @@ class Candidate:
 
 
 def fingerprint(labels: dict[str, str]) -> str:
-    ident = "\x1f".join(f"{k}={labels.get(k, '')}" for k in _FP_LABELS)
+    keys = _FP_LABELS + tuple(k for k in _FP_MODEL_LABELS if labels.get(k))
+    ident = "\x1f".join(f"{k}={labels.get(k, '')}" for k in keys)
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
@@ -239,6 +261,8 @@ def evaluate(policy: Policy, s: RunSignals) -> list[Candidate]:
             found = [_hang(rule, s)]
         elif rule.signal == "metric":
             found = [_metric(rule, s)]
+        elif rule.signal == "evaluation":
+            continue  # a model version's, not a run's: evaluate_evaluation
         else:
             found = []
             for i, f in enumerate(s.findings):
@@ -264,3 +288,52 @@ def evaluate(policy: Policy, s: RunSignals) -> list[Candidate]:
         if not inhibited:
             kept.append(c)
     return kept
+
+
+def _reasons(r: dict[str, object]) -> list[object]:
+    reasons = r.get("reasons")
+    return list(reasons) if isinstance(reasons, list) else []
+
+
+def evaluate_evaluation(policy: Policy, e: EvaluationSignals) -> list[Candidate]:
+    """The alerts a model version's regressions raise: one per rule whose kinds they match,
+    naming every regressed metric of that kind."""
+    out = []
+    for rule in policy.rules:
+        if rule.signal != "evaluation" or rule.severity == "never":
+            continue
+        found = [r for r in e.regressions if r.get("kind") in rule.kinds]
+        if not found:
+            continue
+        metrics = [str(r.get("metric", "")) for r in found]
+        base = next((str(r["baselineVersion"]) for r in found if r.get("baselineVersion")), "")
+        said = "; ".join(
+            f"{r.get('metric')}: " + ", ".join(str(x) for x in _reasons(r)) for r in found
+        )
+        labels = {
+            "alertname": rule.name,
+            "severity": rule.severity,
+            "audience": rule.audience,
+            "tenant": e.tenant,
+            "run_id": e.run_id,
+            "project": e.project,
+            "model_id": e.model_id,
+            "model_version": e.model_version,
+            "evaluation_id": e.evaluation_id,
+            "metric": ",".join(metrics)[:200],
+        }
+        if base:
+            labels["baseline_version"] = base
+        out.append(
+            Candidate(
+                rule,
+                {k: v for k, v in labels.items() if v},
+                {
+                    "summary": f"{e.model_id}:{e.model_version} regressed against "
+                    f"{base or 'its bounds'}: {said}"[:1000],
+                    "description": rule.description,
+                },
+                e.completed_at,
+            )
+        )
+    return out

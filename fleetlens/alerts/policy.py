@@ -20,7 +20,7 @@ __all__ = ["BASELINE_S", "DEFAULT_POLICY", "METRICS", "Inhibit", "Policy", "Rule
 
 SEVERITIES = ("page", "ticket", "never")
 AUDIENCES = ("researcher", "infra_oncall", "ml_platform")
-SIGNALS = ("goodput", "hang", "finding", "metric")
+SIGNALS = ("goodput", "hang", "finding", "metric", "evaluation")
 OPS = ("above", "drop", "rise")
 # The run metrics a "metric" rule can read (seed 001 s36), as the monitor samples them per run
 # and /metrics exports them: name -> Prometheus series.
@@ -52,6 +52,7 @@ class Rule:
     floor_s: float = 0.0  # hang: never sooner than this
     diagnoses: tuple[str, ...] = ()  # finding: which diagnoses raise it
     kinds: tuple[str, ...] = ()  # finding: only these kinds (e.g. "failure"); empty: any
+    #                              evaluation: the regression kinds (safety, benchmark, ...)
     metric: str = ""  # metric: one of METRICS
     op: str = ""  # metric: above (the threshold), drop / rise (by the threshold, a fraction,
     #               against the run's own hour before the window)
@@ -294,6 +295,40 @@ DEFAULT_POLICY = Policy(
             for_s=600.0,
             metric="storage_read_p99_s",
             op="rise",
+        ),
+        # Evaluation regressions against the production version (seed 001 s36): a candidate's
+        # safety regression pages, a benchmark, latency or cost regression tickets.
+        Rule(
+            "EvalSafetyRegression",
+            "evaluation",
+            "page",
+            "ml_platform",
+            "a candidate model version is less safe than production (a safety gate failed)",
+            kinds=("safety",),
+        ),
+        Rule(
+            "EvalBenchmarkRegression",
+            "evaluation",
+            "ticket",
+            "researcher",
+            "a candidate model version scores worse than production on a benchmark",
+            kinds=("benchmark",),
+        ),
+        Rule(
+            "EvalLatencyRegression",
+            "evaluation",
+            "ticket",
+            "ml_platform",
+            "a candidate model version answers slower than production (p95 latency)",
+            kinds=("latency",),
+        ),
+        Rule(
+            "EvalCostRegression",
+            "evaluation",
+            "ticket",
+            "ml_platform",
+            "a candidate model version costs more per example than production, or over its bound",
+            kinds=("cost",),
         ),
     ),
     inhibit=(

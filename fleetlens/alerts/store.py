@@ -10,7 +10,7 @@ scope; acknowledgement and manual resolution are audited.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from sqlalchemy import select
@@ -82,22 +82,28 @@ class AlertStore:
     def apply(
         self,
         tenant: str,
-        run_ids: Iterable[str],
+        run_ids: Iterable[str] | None,
         candidates: list[Candidate],
         now: float | None = None,
+        *,
+        names: Collection[str] | None = None,
+        exclude: Collection[str] = (),
     ) -> list[AlertPayload]:
-        """Reconcile the stored alerts of ``run_ids`` with what should fire now."""
+        """Reconcile the stored alerts of ``run_ids`` (None: every run) with what should fire
+        now; only alerts named in ``names`` (None: any) and not in ``exclude``, so passes that
+        raise different alerts (runs, evaluations) do not resolve each other's."""
         now = time.time() if now is None else now
-        runs = set(run_ids)
         out: list[AlertPayload] = []
         by_fp = {c.fingerprint: c for c in candidates}
         with self._session() as s:
-            stored = {
-                a.fingerprint: a
-                for a in s.scalars(
-                    scoped(select(Alert), tenant).where(Alert.run_id.in_(runs))
-                ).all()
-            }
+            q = scoped(select(Alert), tenant)
+            if run_ids is not None:
+                q = q.where(Alert.run_id.in_(set(run_ids)))
+            if names is not None:
+                q = q.where(Alert.alertname.in_(list(names)))
+            if exclude:
+                q = q.where(Alert.alertname.not_in(list(exclude)))
+            stored = {a.fingerprint: a for a in s.scalars(q).all()}
             for fp, c in by_fp.items():
                 a = stored.get(fp)
                 if a is not None and a.state != "firing" and c.ends_at is not None:
@@ -193,8 +199,8 @@ class AlertStore:
 
     @staticmethod
     def _preserve(s: Session, a: Alert, now: float) -> None:
-        if a.severity not in ("page", "ticket"):
-            return
+        if a.severity not in ("page", "ticket") or a.labels.get("evaluation_id"):
+            return  # an evaluation's regression has no training telemetry window to keep
         node = a.labels.get("node", "")
         s.add(
             Preservation(

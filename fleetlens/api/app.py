@@ -49,6 +49,7 @@ from .admin import router as admin_router
 from .alerts import router as alerts_router
 from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import BodyBudget
+from .evaluations import eval_stores
 from .evaluations import router as evaluations_router
 from .findings import router as findings_router
 from .flight_recorder import UPLOAD_COMPONENTS
@@ -227,6 +228,14 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc = services or Services.open(config)
         app.state.services = svc
+        evals, _ = eval_stores(app.state)
+
+        def on_checkpoint(tenant: str, run_id: str, ck: dict[str, Any]) -> None:
+            project = svc.metadata.get_run(Scope(tenant=tenant, role="viewer"), run_id).project
+            evals.fire(tenant, project, "checkpoint", run_id=run_id,
+                       checkpoint_id=ck["checkpointId"], checkpoint_uri=ck["uri"])  # fmt: skip
+
+        svc.ingestor.on_verified_checkpoint = on_checkpoint
         app.state.body_budget = BodyBudget(svc.config.collector.max_queue_bytes)
 
         await anyio.to_thread.run_sync(svc.refresh_quotas)

@@ -19,7 +19,7 @@ from ..evaluation.store import EvalStore
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
 
-__all__ = ["router"]
+__all__ = ["eval_stores", "router"]
 
 # Request bodies take JSON as it is: no 0 for false, no false for 0, no "1" for 1.
 STRICT = ConfigDict(strict=True)
@@ -35,8 +35,11 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
 
 
 def _stores(request: Request) -> tuple[EvalStore, Registry]:
+    return eval_stores(request.app.state)
+
+
+def eval_stores(state: Any) -> tuple[EvalStore, Registry]:
     """One EvalStore per app (it creates its ClickHouse table once, and caches benchmarks)."""
-    state = request.app.state
     stores: tuple[EvalStore, Registry] | None = getattr(state, "evaluation_stores", None)
     if stores is None:
         svc = state.services
@@ -62,8 +65,11 @@ class EvaluationBody(BaseModel):
     runId: str = ""
     checkpointId: str = ""
     modelHash: str = Field("", description="content hash of the weights, when no checkpoint")
-    adapter: dict[str, Any] = Field(description="{kind: callable|openai|hf, ...}")
-    suite: dict[str, Any] = Field(description="{name, version, benchmarks: [...]}")
+    adapter: dict[str, Any] | None = Field(
+        None, description="{kind: callable|openai|hf, ...}; default: the suite's"
+    )
+    suite: dict[str, Any] | None = Field(None, description="{name, version, benchmarks: [...]}")
+    benchmarkSuite: str = Field("", description="a registered suite: name or name@version")
     decoding: dict[str, Any] = Field(default_factory=dict)
     priority: str = Field("P2", description="P0 safety .. P3 exploratory")
     deadline: float | None = Field(None, ge=0, le=1e12, allow_inf_nan=False)
@@ -110,6 +116,80 @@ async def evaluation_examples(
     evals, _ = _stores(request)
     rows = await _run(lambda: evals.example_rows(scope, evaluation_id, limit))
     return {"evaluationId": evaluation_id, "examples": rows}
+
+
+# -- suites and the triggers that use them --------------------------------------------------
+
+
+class SuiteBody(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128)
+    version: str = Field(min_length=1, max_length=128)
+    description: str = ""
+    benchmarks: list[dict[str, Any]] = Field(min_length=1)
+    gates: list[dict[str, Any]] | None = Field(None, description="gate policies, as POST /v1/gates")
+    decoding: dict[str, Any] | None = None
+    adapter: dict[str, Any] | None = Field(None, description="the default adapter (a template)")
+    prices: dict[str, dict[str, float]] | None = Field(
+        None, description="model or endpoint (or *) -> {inputPer1kTokens, outputPer1kTokens}"
+    )
+
+
+@router.post(
+    "/evaluation-suites",
+    summary="Register a named, versioned suite (benchmarks, gates, decoding)",
+    status_code=201,
+    responses={409: {"description": "That version exists with other content"}},
+)
+async def register_suite(request: Request, body: SuiteBody, scope: Writer) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    spec = body.model_dump(exclude_none=True)
+    return dict(await _run(lambda: evals.suites.register(scope, spec)))
+
+
+@router.get("/evaluation-suites", summary="Registered suites, every version")
+async def list_suites(
+    request: Request, scope: Reader, name: Annotated[str, Query(max_length=128)] = ""
+) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    return {"suites": await _run(lambda: evals.suites.suites(scope, name))}
+
+
+@router.get("/evaluation-suites/{ref}", summary="A suite: name (newest version) or name@version")
+async def get_suite(request: Request, ref: str, scope: Reader) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    return dict(await _run(lambda: evals.suites.resolve(scope, ref)))
+
+
+class TriggerBody(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    on: str = Field(description="model (a version registered), checkpoint (verified), alias")
+    suite: str = Field(min_length=1, description="a registered suite: name or name@version")
+    project: str = Field("", description="empty: every project")
+    modelId: str = Field("", description="empty: any model")
+    alias: str = ""
+    adapter: dict[str, Any] | None = Field(
+        None, description="template: {checkpointUri}, {runId}, {modelId}, {modelVersion}"
+    )
+    priority: str = Field("P1", pattern="^P[0-3]$")
+
+
+@router.post(
+    "/evaluation-triggers",
+    summary="A policy: evaluate new model versions or verified checkpoints on a suite",
+    status_code=201,
+)
+async def add_trigger(request: Request, body: TriggerBody, scope: Writer) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    return dict(await _run(lambda: evals.suites.add_trigger(scope, body.model_dump())))
+
+
+@router.get("/evaluation-triggers", summary="The policies that start evaluations")
+async def list_triggers(request: Request, scope: Reader) -> dict[str, Any]:
+    evals, _ = _stores(request)
+    return {"triggers": await _run(lambda: evals.suites.triggers(scope))}
 
 
 # -- the worker protocol --------------------------------------------------------------------
@@ -264,16 +344,22 @@ class AliasBody(BaseModel):
 async def set_alias(
     request: Request, model_id: str, alias: str, body: AliasBody, scope: Writer
 ) -> dict[str, Any]:
-    _, registry = _stores(request)
-    return dict(
-        await _run(
-            lambda: registry.set_alias(
-                scope,
-                model_id,
-                alias,
-                body.version,
-                decision_id=body.decisionId,
-                override_reason=body.overrideReason,
-            )
+    evals, registry = _stores(request)
+
+    def work() -> dict[str, Any]:
+        out = registry.set_alias(
+            scope,
+            model_id,
+            alias,
+            body.version,
+            decision_id=body.decisionId,
+            override_reason=body.overrideReason,
         )
-    )
+        project = str(out.pop("project", ""))
+        out["triggered"] = evals.fire(
+            scope.tenant, project, "alias", model_id=model_id, version=body.version, alias=alias,
+            run_id=str(out.pop("runId", "")), checkpoint_id=str(out.pop("checkpointId", "")),
+        )  # fmt: skip
+        return out
+
+    return dict(await _run(work))

@@ -20,6 +20,7 @@ from ..store.graph import ARTIFACT_KINDS, GraphStore
 from ..store.graph_files import server_read_refusal
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, UNKNOWN_NAME_RESPONSE, require
+from .evaluations import eval_stores
 
 __all__ = ["router"]
 
@@ -263,24 +264,32 @@ async def add_checkpoint(
     request: Request, run_id: str, body: CheckpointBody, scope: Writer
 ) -> dict[str, Any]:
     svc = _svc(request)
-    return dict(
-        await _run(
-            lambda: GraphStore(svc.metadata).record_checkpoint(
-                scope,
-                run_id,
-                body.step,
-                uri=body.uri,
-                job_id=body.jobId,
-                size_bytes=body.sizeBytes,
-                checksum=body.checksum,
-                duration_s=body.durationSeconds,
-                sync=body.sync,
-                ok=body.ok,
-                at=body.time,
-                checkpoint_id=body.checkpointId,
-            )
+    evals, _ = eval_stores(request.app.state)
+
+    def work() -> dict[str, Any]:
+        out = GraphStore(svc.metadata).record_checkpoint(
+            scope,
+            run_id,
+            body.step,
+            uri=body.uri,
+            job_id=body.jobId,
+            size_bytes=body.sizeBytes,
+            checksum=body.checksum,
+            duration_s=body.durationSeconds,
+            sync=body.sync,
+            ok=body.ok,
+            at=body.time,
+            checkpoint_id=body.checkpointId,
         )
-    )
+        if out["checksum"] and out["ok"]:  # verified: its content hash is known
+            project = svc.metadata.get_run(scope, run_id).project
+            out["triggered"] = evals.fire(
+                scope.tenant, project, "checkpoint", run_id=run_id,
+                checkpoint_id=out["checkpointId"], checkpoint_uri=out["uri"],
+            )  # fmt: skip
+        return out
+
+    return dict(await _run(work))
 
 
 class ArtifactBody(BaseModel):
@@ -347,6 +356,7 @@ async def list_models(
 @router.post("/models", summary="Register a model version from a checkpoint", status_code=201)
 async def register_model(request: Request, body: ModelBody, scope: Writer) -> dict[str, Any]:
     svc = _svc(request)
+    evals, _ = eval_stores(request.app.state)
 
     def work() -> dict[str, Any]:
         out = GraphStore(svc.metadata).register_model_version(
@@ -367,6 +377,16 @@ async def register_model(request: Request, body: ModelBody, scope: Writer) -> di
             {"runId": body.runId, "checkpointId": out["checkpointId"]},
             scope.remote,
         )
+        graph = GraphStore(svc.metadata)
+        ck = next(
+            (c for c in graph.checkpoints(scope, body.runId)
+             if c["checkpointId"] == out["checkpointId"]), {},
+        )  # fmt: skip
+        out["triggered"] = evals.fire(
+            scope.tenant, svc.metadata.get_run(scope, body.runId).project, "model",
+            model_id=body.modelId, version=body.version, run_id=body.runId,
+            checkpoint_id=out["checkpointId"], checkpoint_uri=str(ck.get("uri", "")),
+        )  # fmt: skip
         return out
 
     return dict(await _run(work))

@@ -1,4 +1,4 @@
-"""``fleetlens eval worker | submit | status | gate | promote``.
+"""``fleetlens eval worker | submit | status | gate | promote | suites | triggers``.
 
 The server is ``--server`` or ``$FLEETLENS_SERVER``; the token ``--token`` or ``$FLEETLENS_TOKEN``.
 """
@@ -18,8 +18,54 @@ __all__ = ["add_parser", "cmd_eval"]
 
 
 def _load(path: str) -> Any:
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    """A JSON or YAML file (YAML is a superset of JSON)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh) if path.endswith((".yaml", ".yml")) else json.load(fh)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise FleetlensError(f"cannot read {path}: {exc}") from exc
+
+
+def _suites(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        if args.suites_command == "register":
+            out = c.post("/v1/evaluation-suites", _load(args.file))
+        elif args.suites_command == "show":
+            out = c.get(f"/v1/evaluation-suites/{args.ref}")
+        elif args.suites_command == "list":
+            out = c.get("/v1/evaluation-suites")
+            if not args.json:
+                for su in out["suites"]:
+                    benches = ",".join(b["name"] for b in su["benchmarks"])
+                    print(f"{su['name']}@{su['version']}  benchmarks {benches}  "
+                          f"gates {len(su.get('gates') or [])}")  # fmt: skip
+                return 0
+        else:
+            raise FleetlensError("name a command: fleetlens eval suites register|list|show")
+    print_json(out)
+    return 0
+
+
+def _triggers(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        if args.triggers_command == "add":
+            body: dict[str, Any] = {"on": args.on, "suite": args.suite, "project": args.project,
+                                    "modelId": args.model, "alias": args.alias,
+                                    "priority": args.priority}  # fmt: skip
+            if args.adapter:
+                try:
+                    body["adapter"] = json.loads(args.adapter)
+                except ValueError as exc:
+                    raise FleetlensError(f"--adapter is not JSON: {exc}") from exc
+            out = c.post("/v1/evaluation-triggers", body)
+        elif args.triggers_command == "list":
+            out = c.get("/v1/evaluation-triggers")
+        else:
+            raise FleetlensError("name a command: fleetlens eval triggers add|list")
+    print_json(out)
+    return 0
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -51,8 +97,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cmd = args.eval_command
     if cmd == "worker":
         return _worker(args)
+    if cmd == "suites":
+        return _suites(args)
+    if cmd == "triggers":
+        return _triggers(args)
     if cmd not in ("submit", "status", "gate", "promote"):
-        raise FleetlensError("name a command: fleetlens eval worker|submit|status|gate|promote")
+        raise FleetlensError(
+            "name a command: fleetlens eval worker|submit|status|gate|promote|suites|triggers"
+        )
     with client(args) as c:
         if cmd == "submit":
             out = c.post("/v1/evaluations", _load(args.request))
@@ -93,7 +145,9 @@ def add_parser(sub: Any) -> None:
     w.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
     w.add_argument("--max-shards", type=int, help="exit after this many shards")
     sm = s.add_parser("submit", help="queue an evaluation (JSON request file)")
-    sm.add_argument("request", help="JSON file: {modelId, modelVersion, adapter, suite, ...}")
+    sm.add_argument(
+        "request", help="JSON or YAML file: {modelId, modelVersion, adapter, suite|benchmarkSuite}"
+    )
     st = s.add_parser("status", help="an evaluation's state, progress and metrics")
     st.add_argument("evaluation_id")
     g = s.add_parser("gate", help="judge a model version against production")
@@ -107,6 +161,24 @@ def add_parser(sub: Any) -> None:
     pr.add_argument("version")
     pr.add_argument("--decision", help="id of a passing gate decision")
     pr.add_argument("--override-reason", help="admin only: promote without a passing gate")
-    for sp in (p, w, sm, st, g, pr):
+    su = s.add_parser("suites", help="named, versioned suites: register FILE | list | show NAME")
+    sus = su.add_subparsers(dest="suites_command")
+    sr = sus.add_parser("register", help="register a suite (YAML or JSON file)")
+    sr.add_argument("file")
+    sl = sus.add_parser("list", help="every suite, every version")
+    ss = sus.add_parser("show", help="a suite: NAME (newest version) or NAME@VERSION")
+    ss.add_argument("ref")
+    tr = s.add_parser("triggers", help="policies that start evaluations: add | list")
+    trs = tr.add_subparsers(dest="triggers_command")
+    ta = trs.add_parser("add", help="evaluate new model versions or verified checkpoints")
+    ta.add_argument("--on", required=True, choices=("model", "checkpoint", "alias"))
+    ta.add_argument("--suite", required=True, help="NAME or NAME@VERSION")
+    ta.add_argument("--project", default="", help="default: every project")
+    ta.add_argument("--model", default="", help="default: any model")
+    ta.add_argument("--alias", default="", help="with --on alias")
+    ta.add_argument("--priority", default="P1")
+    ta.add_argument("--adapter", help="JSON; strings may name {checkpointUri}, {runId}, ...")
+    tl = trs.add_parser("list")
+    for sp in (p, w, sm, st, g, pr, su, sr, sl, ss, tr, ta, tl):
         client_opts(sp)
     p.set_defaults(func=cmd_eval, eval_command=None)

@@ -45,6 +45,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for metric, m in data["matchedSteps"].items():
         tail = m["tail"]
         print(line(metric + " (last tenth)", [fmt(tail.get(r), ".4g") for r in runs]))
+    evals = data.get("evaluations")
+    if evals:
+        ids = [(e or {}).get("evaluationId") or "-" for e in evals["byRun"]]
+        print(line("evaluation", ids))
+        for metric, m in evals["metrics"].items():
+            cells = [
+                fmt(v, ".4g") + ("" if d is None or i == 0 else f" ({d:+.3g})")
+                for i, (v, d) in enumerate(zip(m["values"], m["deltas"], strict=True))
+            ]
+            print(line(metric, cells))
     health = [(", ".join(s["health"]["issues"]) or "healthy")[:w] for s in data["side"]]
     print(line("health", health))
     for c in data["conclusions"]:

@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -172,6 +173,9 @@ class Ingestor:
         self.sdk_dropped: dict[str, int] = {}
         self.rows_rejected: dict[str, int] = {}
         self.skewed_batches = 0
+        # Called with (tenant, run_id, checkpoint) for a checkpoint recorded with its checksum
+        # (verified); the server starts the evaluations its triggers ask for.
+        self.on_verified_checkpoint: Callable[[str, str, dict[str, Any]], object] | None = None
         self.corrected_batches = 0
         self.committer: GroupCommitter | None = None
         if group_commit and isinstance(telemetry, GroupStore):
@@ -487,7 +491,7 @@ class Ingestor:
         try:
             if kind == "checkpoint_end":
                 size, dur = a.get("size_bytes"), a.get("duration_s")
-                graph.record_checkpoint(
+                ck = graph.record_checkpoint(
                     scope, run_id, int(a.get("step", step)), uri=str(a.get("path") or ""),
                     job_id=job_id, size_bytes=int(size) if isinstance(size, (int, float)) else None,
                     checksum=_checksum(a),
@@ -495,6 +499,12 @@ class Ingestor:
                     sync=bool(a.get("sync", True)), ok=bool(a.get("ok", True)), at=at,
                     checkpoint_id=str(a.get("checkpoint_id") or ""),
                 )  # fmt: skip
+                hook = self.on_verified_checkpoint
+                if hook is not None and ck["checksum"] and ck["ok"]:
+                    try:
+                        hook(tenant, run_id, ck)
+                    except Exception:  # an evaluation that cannot start never fails ingest
+                        log.exception("evaluation trigger on checkpoint %s failed", ck)
             elif kind == "job_start":
                 env = {k: a[k] for k in ("python", "sdk", "hostname") if k in a}
                 env.update(a.get("environment") or {})

@@ -63,6 +63,10 @@ class Decoding:
 class Generation:
     texts: list[str]
     logprobs: list[list[float]] = field(default_factory=list)  # per text, per token
+    # What the model counted (OpenAI's ``usage``, the tokenizer's ids); None: it did not say,
+    # and the worker counts whitespace-separated words instead (and says so: ``tokens_counted``).
+    tokens_in: int | None = None
+    tokens_out: int | None = None
 
 
 class Adapter(Protocol):
@@ -81,13 +85,19 @@ class CallableAdapter:
             raw = [raw]
         texts: list[str] = []
         logprobs: list[list[float]] = []
+        tin: int | None = None
+        tout: int | None = None
         for item in raw:
             if isinstance(item, dict):
                 texts.append(str(item["text"]))
                 logprobs.append([float(x) for x in item.get("logprobs") or []])
+                if item.get("tokensIn") is not None:
+                    tin = int(item["tokensIn"])
+                if item.get("tokensOut") is not None:
+                    tout = (tout or 0) + int(item["tokensOut"])
             else:
                 texts.append(str(item))
-        return Generation(texts, logprobs if any(logprobs) else [])
+        return Generation(texts, logprobs if any(logprobs) else [], tin, tout)
 
 
 class OpenAIAdapter:
@@ -125,7 +135,9 @@ class OpenAIAdapter:
         try:
             r = self._client.post(self._url, json=body)
             r.raise_for_status()
-            choices = sorted(r.json()["choices"], key=lambda c: int(c.get("index", 0)))
+            doc = r.json()
+            choices = sorted(doc["choices"], key=lambda c: int(c.get("index", 0)))
+            usage = doc.get("usage") or {}
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             raise AdapterError(f"completion endpoint {self._url} failed: {exc}") from exc
         texts = [str(c.get("text", "")) for c in choices]
@@ -137,7 +149,13 @@ class OpenAIAdapter:
             ]
             for c in choices
         ]
-        return Generation(texts, lps if any(lps) else [])
+        tin, tout = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        return Generation(
+            texts,
+            lps if any(lps) else [],
+            int(tin) if isinstance(tin, int) else None,
+            int(tout) if isinstance(tout, int) else None,
+        )
 
 
 class HFAdapter:
@@ -184,7 +202,8 @@ class HFAdapter:
                 out.sequences, out.scores, normalize_logits=True
             )
             logprobs = [[float(x) for x in row] for row in scores]
-        return Generation(texts, logprobs)
+        tout = sum(len(seq) - start for seq in out.sequences)
+        return Generation(texts, logprobs, int(start), int(tout))
 
 
 def adapter_from_spec(spec: dict[str, Any]) -> Adapter:

@@ -25,6 +25,7 @@ from . import metrics as m
 from .adapters import Generation
 from .cache import canonical_hash
 from .judge import JudgeConfig, judge
+from .performance import USAGE
 from .sandbox import SandboxLimits, run_program
 
 __all__ = ["METRICS", "SOURCES", "aggregate", "dataset_hash", "load_examples", "render", "score"]
@@ -143,7 +144,7 @@ def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dic
 def aggregate(per_example: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean and standard error of every per-example metric; perplexity over all tokens."""
     names = sorted({k for s in per_example.values() for k, v in s.items()
-                    if not isinstance(v, str)})  # fmt: skip
+                    if not isinstance(v, str) and k not in USAGE})  # fmt: skip
     out: dict[str, dict[str, float]] = {}
     for name in names:
         if name in ("logprob_sum", "tokens"):

@@ -12,6 +12,11 @@ compared with the baseline (the current ``production``) on the examples both wer
 
 Absolute bounds (``min`` / ``max`` on the candidate's mean) apply with or without a baseline.
 Safety metrics are ordinary policies with ``hard: true``: they block even when quality improves.
+
+Latency and cost (``performance/latency_p95_ms``, or just ``latency_p95_ms``; see
+:mod:`.performance`) are one figure per evaluation, not per example: they take the absolute
+bounds (``{"metric": "latency_p95_ms", "max": 800}``, ``cost_per_1k_examples <= Y``) and, against
+the baseline, a regression is the figure worse by more than ``maxRegression`` (in its own unit).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from typing import Any
 
 from ..errors import ConfigError
 from .metrics import mcnemar_exact, paired_bootstrap
+from .performance import PERF_METRICS
+
+PERFORMANCE = "performance"
+Aggregates = dict[str, dict[str, float]]  # metric -> {mean, stderr, n}
 
 __all__ = ["Policy", "evaluate_gate", "parse_policies"]
 
@@ -52,11 +61,16 @@ def parse_policies(raw: list[dict[str, Any]]) -> list[Policy]:
     out = []
     for i, p in enumerate(raw):
         metric = str(p.get("metric", ""))
+        if metric in PERF_METRICS:
+            metric = f"{PERFORMANCE}/{metric}"
+        if metric.startswith(PERFORMANCE + "/") and metric.split("/", 1)[1] not in PERF_METRICS:
+            raise ConfigError(f"policy {i}: metric {metric!r} is unknown; use {PERF_METRICS}")
         if metric.count("/") != 1:
             raise ConfigError(f"policy {i}: metric {metric!r} must be 'benchmark/metric'")
+        perf = metric.startswith(PERFORMANCE + "/")
         pol = Policy(
             metric=metric,
-            direction=str(p.get("direction", "higher")),
+            direction=str(p.get("direction", "lower" if perf else "higher")),
             max_regression=float(p.get("maxRegression", 0.0)),
             hard=bool(p.get("hard", True)),
             test=str(p.get("test", "bootstrap")),
@@ -134,11 +148,52 @@ def _check(pol: Policy, cand: Scores, base: Scores | None) -> dict[str, Any]:
     return out
 
 
+def _check_perf(pol: Policy, cand: Aggregates, base: Aggregates | None) -> dict[str, Any]:
+    """A latency or cost figure against its bounds and the baseline's figure."""
+    c = (cand.get(pol.name) or {}).get("mean")
+    b = (base or {}).get(pol.name, {}).get("mean") if base is not None else None
+    out: dict[str, Any] = {
+        "metric": pol.metric, "direction": pol.direction, "hard": pol.hard, "test": "figure",
+        "confidence": None, "maxRegression": pol.max_regression, "candidate": c,
+        "baseline": b, "paired": 0, "difference": None if c is None or b is None else c - b,
+        "interval": None, "pValue": None, "regression": False, "reasons": [],
+    }  # fmt: skip
+    if c is None:
+        out["regression"] = True
+        out["reasons"].append(f"the candidate has no {pol.metric} (no usage, or no price)")
+    else:
+        if pol.minimum is not None and c < pol.minimum:
+            out["regression"] = True
+            out["reasons"].append(f"{c:.4g} is below the minimum {pol.minimum}")
+        if pol.maximum is not None and c > pol.maximum:
+            out["regression"] = True
+            out["reasons"].append(f"{c:.4g} is above the maximum {pol.maximum}")
+        if b is not None:
+            worse = (c - b) if pol.direction == "lower" else (b - c)
+            if worse > pol.max_regression:
+                out["regression"] = True
+                out["reasons"].append(
+                    f"{c:.4g} against the baseline's {b:.4g}: worse by {worse:.4g} "
+                    f"(allowed {pol.max_regression})"
+                )
+    out["status"] = ("fail" if pol.hard else "warn") if out["regression"] else "pass"
+    return out
+
+
 def evaluate_gate(
-    policies: list[Policy], candidate: Scores, baseline: Scores | None
+    policies: list[Policy],
+    candidate: Scores,
+    baseline: Scores | None,
+    candidate_perf: Aggregates | None = None,
+    baseline_perf: Aggregates | None = None,
 ) -> dict[str, Any]:
     """The verdict: passed unless a hard policy found a real regression."""
-    checks = [_check(p, candidate, baseline) for p in policies]
+    checks = [
+        _check_perf(p, candidate_perf or {}, baseline_perf if baseline is not None else None)
+        if p.benchmark == PERFORMANCE
+        else _check(p, candidate, baseline)
+        for p in policies
+    ]
     return {
         "passed": not any(c["status"] == "fail" for c in checks),
         "failed": [c["metric"] for c in checks if c["status"] == "fail"],

@@ -11,7 +11,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from ..store.models import Base
 
-__all__ = ["AliasMove", "EvalShard", "Evaluation", "GateDecision", "ModelAlias"]
+__all__ = [
+    "AliasMove", "EvalShard", "EvalSuite", "EvalTrigger", "Evaluation", "GateDecision",
+    "ModelAlias",
+]  # fmt: skip
 
 
 class ModelAlias(Base):
@@ -74,6 +77,49 @@ class Evaluation(Base):
     error: Mapped[str] = mapped_column(String(4096), default="")
     created_at: Mapped[float] = mapped_column(Float)
     completed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_by: Mapped[str] = mapped_column(String(256), default="")
+    trigger_id: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    # Against the baseline (the production alias's evaluation), once COMPLETED: a list of
+    # {kind: safety|benchmark|latency, metric, ...}; None: not compared (no model, no baseline).
+    regressions: Mapped[list[dict[str, object]] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
+
+
+class EvalSuite(Base):
+    """A named, versioned suite (benchmarks, gates, decoding), registered once (migration 0008)."""
+
+    __tablename__ = "eval_suites"
+    __table_args__ = (UniqueConstraint("tenant", "name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    version: Mapped[str] = mapped_column(String(128))
+    spec: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    spec_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(256), default="")
+
+
+class EvalTrigger(Base):
+    """A policy: in this project, registering a model version (or a verified checkpoint, or
+    moving an alias) starts an evaluation on this suite."""
+
+    __tablename__ = "eval_triggers"
+    __table_args__ = (UniqueConstraint("tenant", "trigger_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    trigger_id: Mapped[str] = mapped_column(String(64))
+    project: Mapped[str] = mapped_column(String(256), default="")
+    on: Mapped[str] = mapped_column(String(32))
+    model_id: Mapped[str] = mapped_column(String(256), default="")
+    alias: Mapped[str] = mapped_column(String(128), default="")
+    suite: Mapped[str] = mapped_column(String(260))
+    adapter: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    priority: Mapped[str] = mapped_column(String(4), default="P1")
+    created_at: Mapped[float] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(String(256), default="")
 
 

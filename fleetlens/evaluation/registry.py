@@ -23,7 +23,7 @@ from ..store.graph_models import ModelVersion
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.scoped import scoped
-from .gates import evaluate_gate, parse_policies
+from .gates import PERFORMANCE, evaluate_gate, parse_policies
 from .models import AliasMove, Evaluation, GateDecision, ModelAlias
 from .store import EvalStore
 
@@ -97,6 +97,7 @@ class Registry:
             raise ConfigError(f"alias {alias!r} must be 1-128 characters without '/'")
         with self._session() as s:
             mv = model_version(s, scope, model_id, version)
+            project, run_id, checkpoint_id = mv.project, mv.run_id, mv.checkpoint_id
             current = s.scalars(
                 scoped(select(ModelAlias), scope).where(
                     ModelAlias.model_id == model_id,
@@ -151,7 +152,8 @@ class Registry:
                 scope.remote,
             )  # fmt: skip
         return {"modelId": model_id, "alias": alias, "version": version, "from": before or None,
-                "override": override, "decisionId": decision_id or None}  # fmt: skip
+                "override": override, "decisionId": decision_id or None, "project": project,
+                "runId": run_id, "checkpointId": checkpoint_id}  # fmt: skip
 
     def _guard(
         self, s: Session, scope: Scope, model_id: str, alias: str, version: str, decision_id: str
@@ -230,7 +232,16 @@ class Registry:
                 f"evaluation {cand_eval} judged {cand['modelId']}:{cand['modelVersion']}"
             )
         base_scores = self._evals.scores(scope, base_eval) if base_eval else None
-        report = evaluate_gate(parsed, self._evals.scores(scope, cand_eval), base_scores)
+        base_perf = (
+            self._evals.get(scope, base_eval)["metrics"].get(PERFORMANCE) if base_eval else None
+        )
+        report = evaluate_gate(
+            parsed,
+            self._evals.scores(scope, cand_eval),
+            base_scores,
+            cand["metrics"].get(PERFORMANCE) or {},
+            base_perf,
+        )
         report.update(
             baselineAlias=baseline_alias,
             baselineVersion=base_version or None,

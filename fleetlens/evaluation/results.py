@@ -7,15 +7,20 @@ import time
 from typing import Any
 
 from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
 
+from ..errors import ConfigError
 from ..store.graph_models import ModelVersion
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.scoped import scoped
 from ..store.telemetry import TelemetryStore
 from . import benchmarks as bm
-from .models import EvalShard, Evaluation
+from .models import EvalShard, Evaluation, ModelAlias
+from .performance import performance, price_for
+from .regressions import find_regressions
 from .rows import TERMINAL, SessionFactory, evaluation_json, find_evaluation, shards_of
+from .suites import PERFORMANCE
 
 EXAMPLES_DDL = """
 CREATE TABLE IF NOT EXISTS {db}.eval_examples (
@@ -31,6 +36,55 @@ CREATE TABLE IF NOT EXISTS {db}.eval_examples (
 ) ENGINE = ReplacingMergeTree
 ORDER BY (tenant, evaluation_id, benchmark, example_id, metric)
 """
+
+
+def judge_regressions(
+    s: Session,
+    tenant: str,
+    ev: Evaluation,
+    scores: dict[str, dict[str, dict[str, float]]],
+    metrics: dict[str, Any],
+) -> list[dict[str, Any]] | None:
+    """What this evaluation regressed against the production version's latest evaluation
+    (and its suite's absolute bounds); None when there is nothing to judge by."""
+    prod = s.scalars(
+        scoped(select(ModelAlias), tenant).where(
+            ModelAlias.model_id == ev.model_id, ModelAlias.alias == "production"
+        )
+    ).first()
+    base: Evaluation | None = None
+    if prod is not None and prod.version != ev.model_version:
+        base = s.scalars(
+            scoped(select(Evaluation), tenant)
+            .where(
+                Evaluation.model_id == ev.model_id,
+                Evaluation.model_version == prod.version,
+                Evaluation.state == "COMPLETED",
+            )
+            .order_by(Evaluation.id.desc())
+        ).first()
+    base_scores: dict[str, dict[str, dict[str, float]]] | None = None
+    if base is not None:
+        base_scores = {}
+        for sh in shards_of(s, tenant, base.cached_from or base.evaluation_id):
+            if sh.state == "done":
+                base_scores.setdefault(sh.benchmark, {}).update(sh.scores or {})  # type: ignore[arg-type]
+    gates = ev.suite.get("gates") if isinstance(ev.suite, dict) else None
+    try:
+        found = find_regressions(
+            gates,  # type: ignore[arg-type]
+            scores,
+            metrics,
+            base_scores,
+            dict(base.metrics) if base is not None else None,
+        )
+    except ConfigError as exc:  # a gate that cannot judge these scores (McNemar on 0.5)
+        return [{"kind": "benchmark", "metric": "", "status": "error", "reasons": [str(exc)]}]
+    if found is None:
+        return None
+    baseline = {"baselineVersion": prod.version if prod else None,
+                "baselineEvaluation": base.evaluation_id if base else None}  # fmt: skip
+    return [{**r, **baseline} for r in found]
 
 
 class Results:
@@ -154,6 +208,10 @@ class Results:
                 if sh.state == "done":
                     per_bench.setdefault(sh.benchmark, {}).update(sh.scores or {})  # type: ignore[arg-type]
             metrics: dict[str, Any] = {b: bm.aggregate(v) for b, v in per_bench.items()}
+            price = price_for(ev.suite.get("prices"), dict(ev.adapter or {}))  # type: ignore[arg-type]
+            perf = performance((e for v in per_bench.values() for e in v.values()), price)
+            if perf:
+                metrics[PERFORMANCE] = perf
             failed = [sh for sh in shards if sh.state == "failed"]
             state = "FAILED" if failed else "COMPLETED"
             error = "; ".join(
@@ -167,6 +225,7 @@ class Results:
                 .values(state=state, metrics=metrics, error=error[:4000], completed_at=time.time())
             )
             if res.rowcount == 1 and state == "COMPLETED" and ev.model_id:  # type: ignore[attr-defined]
+                ev.regressions = judge_regressions(s, tenant, ev, per_bench, metrics)
                 mv = s.scalars(
                     scoped(select(ModelVersion), tenant).where(
                         ModelVersion.model_id == ev.model_id,

@@ -84,6 +84,9 @@ def evaluation_json(r: Evaluation, shards: list[EvalShard] | None) -> dict[str, 
         "createdAt": r.created_at,
         "completedAt": r.completed_at,
         "createdBy": r.created_by,
+        "suite": {"name": r.suite.get("name"), "version": r.suite.get("version")},
+        "triggerId": r.trigger_id or None,
+        "regressions": r.regressions,
     }
     if shards is not None:
         out["shards"] = [

@@ -12,8 +12,10 @@ twice), and copied into the telemetry store's ``eval_examples`` table for analys
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from ..errors import FleetlensError
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
@@ -22,6 +24,9 @@ from .results import Results
 from .rows import TERMINAL as TERMINAL  # re-exported: the settled evaluation states
 from .rows import ExampleCache
 from .submit import Submissions
+from .suites import SuiteRegistry, fill_template
+
+log = logging.getLogger("fleetlens.eval")
 
 __all__ = ["EvalStore"]
 
@@ -35,7 +40,8 @@ class EvalStore:
         self._telemetry = telemetry
         examples = ExampleCache()
         self._results = Results(self._session, telemetry)
-        self._submissions = Submissions(self._session, examples)
+        self.suites = SuiteRegistry(self._session)
+        self._submissions = Submissions(self._session, examples, self.suites)
         self._leases = Leases(self._session, self._dialect, examples, self._results)
 
     # -- submission -----------------------------------------------------------------------------
@@ -43,6 +49,47 @@ class EvalStore:
     def submit(self, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
         """Queue an evaluation (or reuse a cached result); returns at once."""
         return self._submissions.submit(scope, req)
+
+    def fire(
+        self,
+        tenant: str,
+        project: str,
+        on: str,
+        *,
+        model_id: str = "",
+        version: str = "",
+        run_id: str = "",
+        checkpoint_id: str = "",
+        checkpoint_uri: str = "",
+        alias: str = "",
+    ) -> dict[str, list[str]]:
+        """Start the evaluations the triggers of ``project`` ask for on this event, once each.
+        A trigger that cannot submit (its suite was removed, a bad template) is reported, and
+        never fails the registration that fired it."""
+        out: dict[str, list[str]] = {"evaluations": [], "errors": []}
+        values = {"modelId": model_id, "modelVersion": version, "runId": run_id,
+                  "checkpointId": checkpoint_id, "checkpointUri": checkpoint_uri}  # fmt: skip
+        key = {"model_id": model_id, "model_version": version, "run_id": run_id,
+               "checkpoint_id": checkpoint_id}  # fmt: skip
+        for t in self.suites.matching(tenant, project, on, model_id, alias):
+            if self.suites.already_fired(tenant, t["triggerId"], key):
+                continue
+            scope = Scope(tenant=tenant, role="editor", project=project,
+                          actor=f"trigger:{t['triggerId']}")  # fmt: skip
+            req: dict[str, Any] = {
+                "benchmarkSuite": t["suite"], "priority": t["priority"],
+                "adapter": fill_template(t["adapter"], values), "triggerId": t["triggerId"],
+            }  # fmt: skip
+            if model_id:
+                req.update(modelId=model_id, modelVersion=version)
+            else:
+                req.update(runId=run_id, checkpointId=checkpoint_id)
+            try:
+                out["evaluations"].append(self.submit(scope, req)["evaluationId"])
+            except FleetlensError as exc:
+                log.warning("trigger %s could not start an evaluation: %s", t["triggerId"], exc)
+                out["errors"].append(f"trigger {t['triggerId']}: {exc}")
+        return out
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -19,13 +19,43 @@ from .adapters import Decoding, validate_spec
 from .cache import EVALUATOR_VERSION, cache_key, canonical_hash
 from .judge import JudgeConfig
 from .models import EvalShard, Evaluation
-from .rows import ExampleCache, SessionFactory, evaluation_json
+from .results import judge_regressions
+from .rows import ExampleCache, SessionFactory, evaluation_json, shards_of
 from .scheduler import NO_DEADLINE, parse_priority, plan_shards
+from .suites import PERFORMANCE, SuiteRegistry, validate_prices
+
+
+def _complete_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
+    """Seed 001 s43 names ``modelVersion`` (or ``checkpointId``) alone: the tenant's one model
+    version (checkpoint) of that name is meant; several are ambiguous, and refused."""
+    if req.get("modelVersion") and not req.get("modelId"):
+        q = scoped(select(ModelVersion), scope, within="project")
+        rows = s.scalars(q.where(ModelVersion.version == req["modelVersion"]).limit(2)).all()
+        if not rows:
+            raise NotFound(f"modelVersion {req['modelVersion']!r} does not exist")
+        if len(rows) > 1:
+            raise ConfigError(
+                f"modelVersion {req['modelVersion']!r} is a version of several models; "
+                "name modelId too"
+            )
+        return {**req, "modelId": rows[0].model_id}
+    if req.get("checkpointId") and not req.get("runId") and not req.get("modelId"):
+        cq = scoped(select(Checkpoint), scope).where(
+            Checkpoint.checkpoint_id == req["checkpointId"]
+        )
+        cks = s.scalars(cq.limit(2)).all()
+        if not cks:
+            raise NotFound(f"checkpointId {req['checkpointId']!r} does not exist")
+        if len(cks) > 1:
+            raise ConfigError(f"checkpointId {req['checkpointId']!r} is ambiguous; name runId too")
+        return {**req, "runId": cks[0].run_id}
+    return req
 
 
 def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, str]:
     """The model being judged and its content hash (the checkpoint's checksum)."""
     out = {"modelId": "", "modelVersion": "", "runId": "", "checkpointId": "", "hash": ""}
+    req = _complete_identity(s, scope, req)
     if req.get("modelId") and req.get("modelVersion"):
         q = scoped(select(ModelVersion), scope, within="project").where(
             ModelVersion.model_id == req["modelId"], ModelVersion.version == req["modelVersion"]
@@ -35,6 +65,11 @@ def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, s
             raise NotFound(f"model version {req['modelId']}:{req['modelVersion']} does not exist")
         out.update(modelId=mv.model_id, modelVersion=mv.version, runId=mv.run_id)
         out["checkpointId"] = mv.checkpoint_id
+        if req.get("checkpointId") and req["checkpointId"] != mv.checkpoint_id:
+            raise ConfigError(
+                f"checkpointId {req['checkpointId']!r}: model version {mv.model_id}:{mv.version} "
+                f"was registered from checkpoint {mv.checkpoint_id!r}"
+            )
     elif req.get("runId") and req.get("checkpointId"):
         out.update(runId=req["runId"], checkpointId=req["checkpointId"])
     if out["checkpointId"]:
@@ -57,26 +92,55 @@ def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, s
     return out
 
 
+_NOT_SPEC = ("specHash", "createdAt", "createdBy", "created")
+
+
 class Submissions:
     """Takes evaluation requests; one per store."""
 
-    def __init__(self, session: SessionFactory, examples: ExampleCache) -> None:
+    def __init__(
+        self, session: SessionFactory, examples: ExampleCache, suites: SuiteRegistry
+    ) -> None:
         self._session = session
         self._examples = examples
+        self._suites = suites
+
+    def _suite(self, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
+        """The inline ``suite``, or the registered one ``benchmarkSuite`` names."""
+        ref = str(req.get("benchmarkSuite") or "")
+        if ref and req.get("suite"):
+            raise ConfigError("send suite (inline) or benchmarkSuite (a registered name), not both")
+        if ref:
+            return self._suites.resolve(scope, ref)
+        if not req.get("suite"):
+            raise ConfigError(
+                "suite is missing: send suite {name, version, benchmarks} or benchmarkSuite NAME"
+            )
+        return dict(req["suite"])
 
     def submit(self, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
         """Queue an evaluation (or reuse a cached result); returns at once."""
-        adapter = dict(req.get("adapter") or {})
+        suite = self._suite(scope, req)
+        adapter = dict(req.get("adapter") or suite.get("adapter") or {})
+        if not adapter:
+            raise ConfigError(
+                "adapter is missing: send adapter {kind: callable|openai|hf, ...}, or register "
+                "the suite with a default adapter"
+            )
         validate_spec(adapter)
         req = {**req, "adapter": adapter}
-        suite = dict(req.get("suite") or {})
         specs = [dict(b) for b in suite.get("benchmarks") or []]
         if not specs:
             raise ConfigError("suite.benchmarks is empty; name at least one benchmark")
         names = [str(b.get("name", "")) for b in specs]
-        if "" in names or len(set(names)) != len(names):
-            raise ConfigError(f"benchmark names {names} must be non-empty and unique in a suite")
-        decoding = Decoding.from_json(req.get("decoding")).as_json()
+        if "" in names or len(set(names)) != len(names) or PERFORMANCE in names:
+            raise ConfigError(
+                f"benchmark names {names} must be non-empty and unique in a suite "
+                f"({PERFORMANCE!r} is reserved for latency and cost)"
+            )
+        if suite.get("prices") is not None:
+            validate_prices(suite["prices"])
+        decoding = Decoding.from_json(req.get("decoding") or suite.get("decoding")).as_json()
         priority = parse_priority(req.get("priority", "P2"))
         shard_size = int(req.get("shardSize") or 50)
         max_attempts = int(req.get("maxAttempts") or 3)
@@ -125,6 +189,8 @@ class Submissions:
                 "codeCommit": str(req.get("codeCommit", "")),
                 "adapter": {k: v for k, v in adapter.items() if k != "apiKeyEnv"},
             }
+            if suite.get("prices"):  # the cost figures depend on them
+                provenance["prices"] = suite["prices"]
             key = cache_key(provenance)
             provenance["cacheKey"] = key
             hit = None
@@ -142,15 +208,26 @@ class Submissions:
                 tenant=scope.tenant, project=scope.project, evaluation_id=eid,
                 model_id=model["modelId"], model_version=model["modelVersion"],
                 run_id=model["runId"], checkpoint_id=model["checkpointId"], adapter=adapter,
-                suite={**suite, "benchmarks": specs}, priority=priority,
+                suite={**{k: v for k, v in suite.items() if k not in _NOT_SPEC},
+                       "benchmarks": specs},
+                priority=priority,
                 deadline=float(req["deadline"]) if req.get("deadline") else None,
                 state="QUEUED", cache_key=key, cached_from="", provenance=provenance,
                 metrics={}, error="", created_at=now, completed_at=None, created_by=scope.actor,
+                trigger_id=str(req.get("triggerId") or ""),
             )  # fmt: skip
             if hit is not None:
                 row.state, row.metrics, row.completed_at = "COMPLETED", dict(hit.metrics), now
                 row.cached_from = hit.cached_from or hit.evaluation_id
                 s.add(row)
+                if row.model_id:  # the same scores, judged against this model's production
+                    scores: dict[str, dict[str, dict[str, float]]] = {}
+                    for sh in shards_of(s, scope.tenant, row.cached_from):
+                        if sh.state == "done":
+                            scores.setdefault(sh.benchmark, {}).update(sh.scores or {})  # type: ignore[arg-type]
+                    row.regressions = judge_regressions(
+                        s, scope.tenant, row, scores, dict(row.metrics)
+                    )
                 return evaluation_json(row, [])
             s.add(row)
             locality = model["hash"]

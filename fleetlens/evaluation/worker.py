@@ -20,11 +20,11 @@ from typing import Any
 
 from ..client import Client
 from ..errors import APIError, FleetlensError
-from .adapters import Adapter, Decoding, adapter_from_spec
+from .adapters import Adapter, Decoding, Generation, adapter_from_spec
 from .benchmarks import render, score
 from .cache import canonical_hash
 
-__all__ = ["Worker", "WorkerConfig"]
+__all__ = ["Worker", "WorkerConfig", "usage"]
 
 log = logging.getLogger("fleetlens.eval.worker")
 
@@ -40,6 +40,19 @@ class WorkerConfig:
     poll_s: float = 0.5
     idle_exit_s: float | None = None  # stop after this long with nothing to lease
     max_shards: int | None = None
+
+
+def usage(prompt: str, gen: Generation, wall_ms: float) -> dict[str, float]:
+    """One example's cost inputs: the model call's wall time and its tokens in and out (the
+    model's own counts; without them, whitespace-separated words, flagged ``tokens_counted``)."""
+    out = {"latency_ms": wall_ms}
+    if gen.tokens_in is None or gen.tokens_out is None:
+        out["tokens_counted"] = 1.0
+    out["tokens_in"] = float(gen.tokens_in if gen.tokens_in is not None else len(prompt.split()))
+    out["tokens_out"] = float(
+        gen.tokens_out if gen.tokens_out is not None else sum(len(t.split()) for t in gen.texts)
+    )
+    return out
 
 
 class _LeaseGone(FleetlensError):
@@ -137,8 +150,11 @@ class Worker:
                     raise _LeaseGone(f"shard {sid} was leased to another worker")
                 if ex["id"] in skip:
                     continue
-                gen = adapter.generate(render(spec, ex), decoding, str(ex["id"]))
-                result = score(spec, ex, gen)
+                prompt = render(spec, ex)
+                t0 = time.perf_counter()
+                gen = adapter.generate(prompt, decoding, str(ex["id"]))
+                wall_ms = (time.perf_counter() - t0) * 1000.0
+                result = {**score(spec, ex, gen), **usage(prompt, gen, wall_ms)}
                 with lock:
                     scores[str(ex["id"])] = result
             stop.set()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from sqlalchemy import select
 
 from ..analysis.compare import (
     INFRA_FAULTS,
@@ -23,12 +24,14 @@ from ..analysis.compare import (
 )
 from ..analysis.rootcause import owner_of
 from ..errors import ConfigError
+from ..evaluation.models import Evaluation
 from ..store.detect_queries import DetectQueries
 from ..store.findings import FindingsStore
 from ..store.graph import GraphStore
 from ..store.metadata import MetadataStore
 from ..store.reader import TenantReader
 from ..store.scope import Scope
+from ..store.scoped import scoped
 from ..store.telemetry import TelemetryStore
 from .goodput import program_spec, window_mfu
 
@@ -363,7 +366,7 @@ def compare_runs(
         },
         "side": side,
         "matchedSteps": quality,
-        "evaluations": None,
+        "evaluations": evaluation_deltas(metadata, scope, runs),
         "conclusions": [
             conclude(figures[0], f, config_diff([lineages[0]["config"], ln["config"]]))
             for f, ln in zip(figures[1:], lineages[1:], strict=True)
@@ -374,6 +377,50 @@ def compare_runs(
             "(see /v1/runs/{run_id}/goodput for the full breakdown)",
             "matchedSteps": "mean of each tenth of the steps every run logged; the "
             "conclusion reads the last tenth",
-            "evaluations": "not yet recorded (evaluations are another issue)",
+            "evaluations": "each run's latest completed evaluation (by runId); deltas against "
+            "the first run's, metric by metric (benchmark/metric, performance/latency...)",
         },
     }
+
+
+def evaluation_deltas(
+    metadata: MetadataStore, scope: Scope, runs: list[str]
+) -> dict[str, Any] | None:
+    """Each run's latest completed evaluation, and every metric's change against the first
+    run's (None when no run has one)."""
+    latest: list[Evaluation | None] = []
+    with metadata.session() as s:
+        for r in runs:
+            q = scoped(select(Evaluation), scope, within="project").where(
+                Evaluation.run_id == r, Evaluation.state == "COMPLETED"
+            )
+            latest.append(s.scalars(q.order_by(Evaluation.id.desc())).first())
+        if not any(latest):
+            return None
+        flat = [
+            {f"{b}/{k}": float(v["mean"]) for b, ms in (ev.metrics or {}).items()
+             for k, v in ms.items()} if ev is not None else {}  # type: ignore[attr-defined]
+            for ev in latest
+        ]  # fmt: skip
+        by_run = [
+            None
+            if ev is None
+            else {
+                "runId": r,
+                "evaluationId": ev.evaluation_id,
+                "modelId": ev.model_id or None,
+                "modelVersion": ev.model_version or None,
+                "suite": f"{ev.suite.get('name')}@{ev.suite.get('version')}",
+                "regressions": ev.regressions,
+            }
+            for r, ev in zip(runs, latest, strict=True)
+        ]
+    metrics: dict[str, Any] = {}
+    for name in sorted({k for f in flat for k in f}):
+        values = [f.get(name) for f in flat]
+        base = values[0]
+        metrics[name] = {
+            "values": values,
+            "deltas": [None if v is None or base is None else v - base for v in values],
+        }
+    return {"byRun": by_run, "metrics": metrics}

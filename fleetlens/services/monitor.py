@@ -20,8 +20,15 @@ from typing import Any
 
 import pyarrow as pa
 import yaml
+from sqlalchemy import select
 
-from ..alerts.engine import RESOLVE_STEPS, RunSignals, evaluate
+from ..alerts.engine import (
+    RESOLVE_STEPS,
+    EvaluationSignals,
+    RunSignals,
+    evaluate,
+    evaluate_evaluation,
+)
 from ..alerts.metrics import SAMPLED_METRICS, JobMetrics, RunMetrics
 from ..alerts.notifiers import (
     AlertmanagerNotifier,
@@ -36,6 +43,7 @@ from ..alerts.store import AlertStore
 from ..analysis.hangs import HangRule
 from ..config import AnalyzerConfig, MonitorConfig, ServerConfig
 from ..errors import ConfigError
+from ..evaluation.models import Evaluation
 from ..remediation.actuators import build_actuators
 from ..remediation.controller import Controller
 from ..remediation.policy import RemediationPolicy
@@ -45,6 +53,7 @@ from ..store.metadata import MetadataStore, run_status
 from ..store.models import Run
 from ..store.reader import TenantReader
 from ..store.scope import Scope
+from ..store.scoped import all_tenants
 from ..store.telemetry import TelemetryStore
 from .analyzer import analyze_once
 from .goodput import goodput_window, summary_mfu
@@ -184,12 +193,18 @@ class Monitor:
             ids, cands = by_tenant.setdefault(run.tenant, ([], []))
             ids.append(run.run_id)
             cands.extend(evaluate(policy, signals))
+        eval_rules = self._evaluation_rules()
         for tenant, (ids, cands) in by_tenant.items():
             try:
-                self.delivery.submit(self.alerts.apply(tenant, ids, cands, now))
+                self.delivery.submit(self.alerts.apply(tenant, ids, cands, now, exclude=eval_rules))
             except Exception:
                 self.errors += 1
                 log.exception("alert reconciliation failed for tenant %s", tenant)
+        try:
+            self._evaluation_alerts(now, eval_rules)
+        except Exception:
+            self.errors += 1
+            log.exception("evaluation alerts failed")
         try:
             if self.remediation is not None:
                 self.remediation.tick(runs, now)
@@ -199,6 +214,41 @@ class Monitor:
         self._export(snapshot)
         self._preserve(now)
         self.passes += 1
+
+    def _evaluation_rules(self) -> set[str]:
+        rules = [self.policy, *(self.policy.merged(o) for o in self.project_overrides.values())]
+        return {r.name for p in rules for r in p.rules if r.signal == "evaluation"}
+
+    def _evaluation_alerts(self, now: float, names: set[str]) -> None:
+        """Alerts from what each model version's latest judged evaluation regressed."""
+        latest: dict[tuple[str, str, str], Evaluation] = {}
+        with self.metadata.session() as s:
+            q = all_tenants(
+                select(Evaluation)
+                .where(
+                    Evaluation.state == "COMPLETED",
+                    Evaluation.model_id != "",
+                    Evaluation.regressions.is_not(None),
+                )
+                .order_by(Evaluation.id.desc())
+                .limit(self.config.max_runs * 10)
+            )
+            for ev in s.scalars(q).all():  # the newest first: the first of a version is its latest
+                latest.setdefault((ev.tenant, ev.model_id, ev.model_version), ev)
+            tenants = {t for (t,) in s.execute(all_tenants(
+                select(Evaluation.tenant).where(Evaluation.regressions.is_not(None)).distinct()
+            ))}  # fmt: skip
+        by_tenant: dict[str, list[Any]] = {t: [] for t in tenants}
+        for (tenant, _, _), ev in latest.items():
+            sig = EvaluationSignals(
+                tenant=tenant, project=ev.project, run_id=ev.run_id, model_id=ev.model_id,
+                model_version=ev.model_version, evaluation_id=ev.evaluation_id,
+                completed_at=float(ev.completed_at or ev.created_at),
+                regressions=list(ev.regressions or []),
+            )  # fmt: skip
+            by_tenant[tenant].extend(evaluate_evaluation(self.policy_for(ev.project, {}), sig))
+        for tenant, cands in by_tenant.items():
+            self.delivery.submit(self.alerts.apply(tenant, None, cands, now, names=names))
 
     def _active_runs(self, now: float) -> list[Run]:
         return self.metadata.active_runs(now - self.config.active_s, self.config.max_runs)
