@@ -7,8 +7,17 @@ Keys: ``min_precision``, ``min_recall`` (worst fault type), ``straggler_detect_s
 (scenarios played with the sender up to 5 minutes behind its own timestamps);
 ``verdict_consistency`` (share of runs whose straggler findings are identical live, in
 bursts, out of order and at once; every finding: ``verdict_consistency_all_kinds``; all
-but hangs: ``verdict_consistency_but_hangs``). ``--quick`` runs fewer scenarios and
-repeats.
+but hangs: ``verdict_consistency_but_hangs``).
+
+Beyond the shipped scenarios (docs/detection.md, "Measured beyond the shipped scenarios"):
+randomized fleets from ``fleetlens.sim.generate`` (250 fleets of 4 runs; ``--fleets N``) scored
+strictly by ``fleetlens.sim.match``: ``min_precision_10pct`` / ``min_recall_10pct`` (worst fault
+type at magnitudes >= 10%, and which type), ``false_findings_per_1000_rank_hours``,
+``healthy_run_findings_per_1000_rank_hours``, ``per_type_generated`` (recall and precision per
+magnitude bin, time to detect in steps and seconds, median and p90; a markdown table on
+stderr); ``real_data_correct`` / ``real_data_cases`` (bench/_real_cases.py: the PAI jobs'
+labelled stragglers, the BigScience and Megatron-LM logs). ``--only generated|real`` runs one of
+them. ``--quick`` runs fewer scenarios, fleets, real cases and repeats.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from bench._detect_harness import SCENARIOS, Bench
 from bench._lag_replay import LagReplay
 from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers, step_stats
 from fleetlens.services.runs import RunQueries
-from fleetlens.sim.generate import EVENT_KINDS, MAGNITUDE_BINS, SLOW_KINDS
+from fleetlens.sim.generate import EVENT_KINDS, MAGNITUDE_BINS, SLOW_KINDS, magnitude_bin
 from fleetlens.sim.truth import score_detections
 from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.scope import Scope
@@ -184,7 +193,7 @@ def generated_quality(fleets: int, seed: int = 18) -> dict[str, Any]:
     detect, false findings per 1,000 rank-hours, and the worst type at magnitudes >= 10%."""
     from bench._generated import FleetPlayer
     from fleetlens.sim.faults import FAULT_KINDS
-    from fleetlens.sim.generate import generate_fleets, magnitude_bin
+    from fleetlens.sim.generate import generate_fleets
     from fleetlens.sim.match import match_findings, visible_step
 
     kind_of = {FAULT_KINDS[k].diagnosis: k for k in (*SLOW_KINDS, *EVENT_KINDS)}
@@ -256,7 +265,7 @@ def generated_quality(fleets: int, seed: int = 18) -> dict[str, Any]:
         }
 
     per_type: dict[str, Any] = {}
-    worst_p, worst_r = 1.0, 1.0
+    worst_p, worst_r, worst_p_kind, worst_r_kind = 1.0, 1.0, "", ""
     for kind in (*SLOW_KINDS, *EVENT_KINDS):
         if kind in SLOW_KINDS:
             row = {b: agg(kind, [b]) for b in bins}
@@ -268,17 +277,20 @@ def generated_quality(fleets: int, seed: int = 18) -> dict[str, Any]:
         row["time_to_detect_steps"] = _stats(delays.get(kind, {}).get("steps", []))
         row["time_to_detect_s"] = _stats(delays.get(kind, {}).get("seconds", []))
         per_type[kind] = row
-        if ten["precision"] is not None:
-            worst_p = min(worst_p, ten["precision"])
-        if ten["recall"] is not None:
-            worst_r = min(worst_r, ten["recall"])
+        if ten["precision"] is not None and ten["precision"] < worst_p:
+            worst_p, worst_p_kind = ten["precision"], kind
+        if ten["recall"] is not None and ten["recall"] < worst_r:
+            worst_r, worst_r_kind = ten["recall"], kind
         print(f"gen {kind:<24} " + " ".join(
             f"{b}: R {row[b]['recall']} P {row[b]['precision']} (n {row[b]['faults']})"
             for b in row if isinstance(row[b], dict) and "recall" in row[b]
         ) + f" ttd {row['time_to_detect_steps']}", file=sys.stderr)  # fmt: skip
+    print(_markdown(per_type), file=sys.stderr)
     return {
         "min_precision_10pct": worst_p,
         "min_recall_10pct": worst_r,
+        "min_precision_10pct_type": worst_p_kind,
+        "min_recall_10pct_type": worst_r_kind,
         "false_findings_per_1000_rank_hours": round(1000.0 * fp / rank_h, 2) if rank_h else 0.0,
         "healthy_run_findings_per_1000_rank_hours": (
             round(1000.0 * healthy_findings / healthy_rank_h, 2) if healthy_rank_h else 0.0
@@ -291,6 +303,30 @@ def generated_quality(fleets: int, seed: int = 18) -> dict[str, Any]:
         "generated_seconds": round(elapsed, 1),
         "per_type_generated": per_type,
     }
+
+
+def _markdown(per_type: dict[str, Any]) -> str:
+    """The per-type table of docs/detection.md: recall / precision (faults) per magnitude bin."""
+
+    def cell(c: dict[str, Any] | None) -> str:
+        if not c or (not c["faults"] and not c["findings"]):
+            return ""
+        r = "-" if c["recall"] is None else f"{c['recall']:.2f}"
+        p = "-" if c["precision"] is None else f"{c['precision']:.2f}"
+        return f"{r} / {p} ({c['faults']})"
+
+    bins = [magnitude_bin((lo + hi) / 2) for lo, hi in MAGNITUDE_BINS]
+    head = ["type", *bins, ">=10% (all for events)", "any class", "detect steps", "detect s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for kind, row in per_type.items():
+        ten = row[">=10%"]
+        fam = "" if ten["recall_any_class"] is None else f"{ten['recall_any_class']:.2f}"
+        ts, tt = row["time_to_detect_steps"], row["time_to_detect_s"]
+        lines.append("| " + " | ".join([
+            kind, *[cell(row.get(b)) for b in bins], cell(ten), fam,
+            f"{ts['median']} / {ts['p90']}", f"{tt['median']} / {tt['p90']}",
+        ]) + " |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def real_data(quick: bool) -> dict[str, Any]:
