@@ -92,6 +92,23 @@ def test_moving_and_intermittent_are_told_apart() -> None:
     assert c.diagnosis == "straggler.intermittent" and c.episodes == 4 and c.ranks == (5,)
 
 
+def test_moving_straggler_beside_a_persistent_one_is_still_moving() -> None:
+    """Several faults at once (found by the generated scenarios of bench/detection.py): a rank
+    slow for most of the run does not stop the ranks that take turns from being one moving
+    straggler, and is its own persistent straggler."""
+    rng = np.random.default_rng(6)
+    x = 1.0 + 0.015 * rng.standard_normal((600, 64))
+    for k in range(12):
+        x[k * 50 : (k + 1) * 50, (k * 7) % 64] *= 1.25
+    x[100:, 40] *= 1.2
+    st = scan_stragglers(np.arange(600), x, RankState.fresh(64))
+    found = {c.diagnosis: c for c in classify_episodes(st.episodes + open_episodes(st))}
+    assert sorted(found) == ["straggler.moving", "straggler.persistent"], found
+    assert 40 not in found["straggler.moving"].ranks
+    assert found["straggler.persistent"].ranks == (40,)
+    assert abs(found["straggler.persistent"].start - 100) <= 5
+
+
 def test_step_stats_exact() -> None:
     s = step_stats(np.array([1.0, 2.0, 3.0, 4.0, 10.0]))
     assert (s.max, s.median, s.slowest, s.wait_s) == (10.0, 3.0, 4, 6.0)

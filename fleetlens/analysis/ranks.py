@@ -23,10 +23,12 @@ steps, in order; see ``services/analyzer.py``).
 
 Classification of the run's episodes (:func:`classify_episodes`), on evidence that holds on real
 data: ranks that are slow mostly *alone*, none holding most of the flagged steps, 3 or more of
-them -> ``straggler.moving`` (the slow rank keeps changing: data skew); otherwise per rank, its
-episodes merged across short gaps: one, or flagged for at least ``persistent_cover`` of the span
-from its first onset to its last episode's end (in steps) -> ``straggler.persistent``; else
-``straggler.intermittent``.
+them -> ``straggler.moving`` (the slow rank keeps changing: data skew). "Alone" does not count a
+rank flagged for 3 times the median of the ranks' flagged steps or more and not slow together
+with another such rank: it is a straggler of its own, slow while the others take turns, never
+a mover. Otherwise per rank, its episodes merged across short gaps: one, or flagged for at least
+``persistent_cover`` of the span from its first onset to its last episode's end (in steps) ->
+``straggler.persistent``; else ``straggler.intermittent``.
 """
 
 from __future__ import annotations
@@ -316,9 +318,16 @@ def classify_episodes(
     flagged = {r: sum(e.steps for e in es) for r, es in by_rank.items()}
     total = sum(flagged.values())
     out: list[StragglerClass] = []
+    typical = float(np.median(list(flagged.values())))
+    # a rank slow far longer than the others, and not together with another such rank (a group
+    # slowing together stays as it is), is its own straggler, not a reason the ranks that take
+    # turns beside it are never alone
+    long = {r: by_rank[r] for r, n in flagged.items() if len(flagged) > 3 and n >= 3 * typical}
+    background = {r for r in long if _alone(long, r) >= 0.5}
     movers = [
         r for r in by_rank
-        if flagged[r] <= 0.5 * total and _alone(by_rank, r) >= 0.5
+        if r not in background and flagged[r] <= 0.5 * total
+        and _alone(by_rank, r, background) >= 0.5
     ]  # fmt: skip
     if len(movers) >= moving_min_ranks:
         es = sorted((e for r in movers for e in by_rank[r]), key=lambda e: e.detected)
@@ -360,9 +369,15 @@ def _last(es: list[Episode]) -> int:
     return max(_stop(e) for e in es)
 
 
-def _alone(by_rank: dict[int, list[Episode]], r: int) -> float:
-    """Share of rank ``r``'s flagged steps during which no other rank was in an episode."""
-    others = sorted((e.start, _stop(e)) for q, es in by_rank.items() if q != r for e in es)
+def _alone(by_rank: dict[int, list[Episode]], r: int, ignore: set[int] | None = None) -> float:
+    """Share of rank ``r``'s flagged steps during which no other rank (but those in ``ignore``)
+    was in an episode."""
+    others = sorted(
+        (e.start, _stop(e))
+        for q, es in by_rank.items()
+        if q != r and q not in (ignore or ())
+        for e in es
+    )
     mine = [(e.start, _stop(e)) for e in by_rank[r]]
     own = sum(b - a + 1 for a, b in mine)
     shared = 0
