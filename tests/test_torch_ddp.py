@@ -186,6 +186,12 @@ def test_a_hung_rank_is_named_from_its_heartbeats_within_the_hang_threshold(
         beats = next(e for e in h["evidence"] if e["metric"].startswith("rank heartbeats"))
         assert beats["value"][str(hung)][1:3] == [at - 1, "idle"]
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+        # torchrun starts each worker in a session of its own: killing torchrun's group would
+        # leave them running (the hung one forever). SIGTERM makes torchrun stop them.
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
         server.stop()
