@@ -16,8 +16,9 @@ the server takes node-c out, and the job resumes from its newest verified checkp
 workers killed -> the first step at world size 2 has finished; the failure's detection by the
 survivors and torchrun is inside it), ``fatal_steps_lost`` (most: steps run since that
 checkpoint, run again), ``fatal_kill_to_decision_s``. Goal: steps lost at most the interval.
-No in-process baseline exists for a recovery; for
-scale, the seed puts manual recovery at about three hours and automated at about five minutes.
+
+No in-process baseline exists for a recovery; for scale, the seed puts manual recovery at about
+three hours and automated at about five minutes.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _server(root: Path, k: int) -> tuple[Any, str]:
 def _run_to(url: str, run: str, step: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         try:
-            if _get(f"{url}/v1/runs/{run}")["step"] >= step:
+            if (_get(f"{url}/v1/runs/{run}")["step"] or 0) >= step:  # None: no step yet
                 return
         except OSError:
             pass

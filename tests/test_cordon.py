@@ -129,7 +129,7 @@ def test_fatal_xid_on_a_node_is_drained_after_approval_and_the_job_resumes_witho
         srv.url, tmp_path / "job", "cordon-xid", example_args=("--checkpoint-every", "50")
     )
     started.append(drill.start())
-    _wait("step 40", lambda: srv.get("/v1/runs/cordon-xid")["step"] >= 40, 120, drill, srv)
+    _wait("step 40", lambda: (srv.get("/v1/runs/cordon-xid")["step"] or 0) >= 40, 120, drill, srv)
     drill.inject_xid("node-c", 79)
     pending = _wait(
         "an action awaiting approval",
@@ -267,7 +267,7 @@ def test_gpu_lost_for_real_its_workers_die_and_the_job_resumes_from_its_newest_v
     started.append(srv)
     drill = Drill(srv.url, tmp_path / "job", run, example_args=("--checkpoint-every", str(every)))
     started.append(drill.start())
-    _wait("step 50", lambda: srv.get(f"/v1/runs/{run}")["step"] >= 50, 120, drill, srv)
+    _wait("step 50", lambda: (srv.get(f"/v1/runs/{run}")["step"] or 0) >= 50, 120, drill, srv)
     victims = drill.workers("node-c")
     assert len(victims) == 1, victims
     killed_at = drill.lose_gpu("node-c", 79)
@@ -300,7 +300,7 @@ def test_gpu_lost_for_real_its_workers_die_and_the_job_resumes_from_its_newest_v
     fresh = a["stopStep"] + 2
     _wait(
         "steps beyond the lost ones",
-        lambda: srv.get(f"/v1/runs/{run}")["step"] > fresh + 10,
+        lambda: (srv.get(f"/v1/runs/{run}")["step"] or 0) > fresh + 10,
         60,
         drill,
         srv,

@@ -388,6 +388,30 @@ TRANSITIONS = [
         {},
         id="removing-lost-an_answer_from_another_node-waits",
     ),
+    pytest.param(
+        removing(reason="hang", checkpoint=dict(HANG_CHECKPOINT), stop_step=-1),
+        replace(POLLING, job_id="j1", nodes=frozenset({"n0", "n1", "n2"})),
+        State.REMOVING,
+        [],
+        {"checkpoint": {**HANG_CHECKPOINT, "lost": True}},
+        id="removing-the_node_is_back_in_a_later_attempt-ranks_lost",
+    ),
+    pytest.param(
+        restarting(),
+        replace(POLLING, job_id="j1", nodes=frozenset({"n2"})),
+        State.RESTARTING,
+        [],
+        {"checkpoint": {"source": LOST["source"], "lost": True}},
+        id="restarting-the_node_is_back_in_a_later_attempt-ranks_lost",
+    ),
+    pytest.param(
+        restarting(),
+        replace(POLLING, job_id="j1", nodes=frozenset({"n0", "n1"})),
+        State.RESTARTING,
+        [],
+        {"checkpoint": {}},
+        id="restarting-a_later_attempt_without_the_node-as_planned",
+    ),
     # Restarting: the new attempt's first step ends it.
     pytest.param(restarting(), POLLING, State.RESTARTING, [], {}, id="restarting-waiting"),
     pytest.param(

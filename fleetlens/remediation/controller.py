@@ -241,6 +241,8 @@ class Controller:
         since = max(p.progress_at for p in ranks)
         if now - since <= self.hang_rule.floor_s:
             return  # no threshold is below the floor: spare the step-time query
+        if any(now - p.seen_at > (now - since) / 2 for p in ranks):
+            return  # a rank that stopped polling when the job stopped is dead, not hung
         steps = self.repo.step_durations(run.tenant, run.run_id, RECENT_STEPS)
         hang = live_hang(since, now, self.hang_rule.threshold(recent_step_time(steps)))
         d = stuck_ranks(job, ranks, hang, now) if hang is not None else None
@@ -327,6 +329,7 @@ class Controller:
             job_id=job if ranks else "",
             world=ranks[0].world if ranks else 0,
             polling=len(ranks),
+            nodes=frozenset(p.node for p in ranks),
             stopped=stopped,
             stopped_at=stopped_at,
             ranks_on_node=on_node,

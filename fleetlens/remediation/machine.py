@@ -174,6 +174,7 @@ class Observations:
     looked_up: bool = False  # the last step of the action's job was looked up
     last_step: int | None = None  # ... (None: it ran no step)
     polling: int | None = None  # ranks of ``job_id`` polling (None: not counted)
+    nodes: frozenset[str] = frozenset()  # ... and their nodes
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,10 @@ def advance(
         return _begin(a, obs, now)
     if a.state is State.DRAINING:
         return _draining(a, obs, now, limits)
+    if a.state in (State.REMOVING, State.RESTARTING) and _back(a, obs):
+        # A later attempt has a rank on the node being taken out: its agent is alive and
+        # restarted workers there after its ranks were lost. They are told to stop it.
+        a = _mark_lost(a, {**a.checkpoint})
     if a.state is State.REMOVING:
         return _removing(a, obs, now, limits)
     if a.state is State.RESTARTING:
@@ -293,19 +298,24 @@ def _acks(a: Action, event: str) -> list[dict[str, Any]]:
     return [x for x in a.acks if x.get("jobId") == a.job_id and x.get("event") == event]
 
 
+_LOST = "newest verified periodic checkpoint (the node's ranks were lost: no drain checkpoint)"
+
+
+def _back(a: Action, obs: Observations) -> bool:
+    return not a.lost and obs.job_id not in ("", a.job_id) and a.node in obs.nodes
+
+
+def _mark_lost(a: Action, checkpoint: dict[str, Any]) -> Action:
+    return replace(a, checkpoint={"source": _LOST, **checkpoint, "lost": True})
+
+
 def _draining(
     a: Action, obs: Observations, now: float, limits: Limits
 ) -> tuple[Action, list[Effect]]:
     if obs.job_id != a.job_id or (obs.polling is not None and obs.polling < obs.world):
         # The attempt being stopped ended (the launcher restarted it: a rank died and took the
         # collective with it) or ranks of it are gone: nobody is left to agree on a stop step.
-        source = ("newest verified periodic checkpoint (the node's ranks were lost: "
-                  "no drain checkpoint)")  # fmt: skip
-        lost = replace(
-            a,
-            checkpoint={"source": source, "lost": True},
-            phases={**a.phases, "wait": (a.phase_start("wait"), now)},
-        )
+        lost = replace(_mark_lost(a, {}), phases={**a.phases, "wait": (a.phase_start("wait"), now)})
         return _remove(lost, now, [ForgetStops()])
     failed = _acks(a, "checkpoint_failed")
     if failed:
