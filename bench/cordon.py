@@ -129,7 +129,8 @@ def fatal_trial(root: Path, k: int) -> dict[str, Any]:
             f"fatal trial {k}: recovery {a['fatalRecoveryS']:.2f} s from the kill (decision "
             f"after {a['killToDecisionS']:.2f} s), steps lost {a['stepsLost']} (checkpoint "
             f"every {every}), resumed at {a['resumeStep']}, world {a['worldBefore']} -> "
-            f"{a['worldAfter']}",
+            f"{a['worldAfter']}, phases "
+            + ", ".join(f"{n} {p['seconds']:.2f}" for n, p in a["phases"].items()),
             file=sys.stderr,
         )
         return a
@@ -156,6 +157,11 @@ def main() -> None:
     recovery = statistics.median(rec)
     fatal_rec = [float(t["fatalRecoveryS"]) for t in fatal]
     fatal_lost = max(int(t["stepsLost"]) for t in fatal)
+    fatal_phases = {
+        name: round(statistics.median(t["phases"][name]["seconds"] for t in fatal), 3)
+        for name in fatal[0]["phases"]
+        if all(name in t["phases"] for t in fatal)
+    }
     emit(
         {
             "recovery_s": round(recovery, 2),
@@ -175,6 +181,7 @@ def main() -> None:
             "fatal_kill_to_decision_s": round(
                 statistics.median(t["killToDecisionS"] for t in fatal), 2
             ),
+            "fatal_phases_s": fatal_phases,
             "fatal_checkpoint_every": FATAL_CHECKPOINT_EVERY,
             "fatal_world": [fatal[0]["worldBefore"], fatal[0]["worldAfter"]],
             "ok": recovery < GOAL_S and lost == 0 and fatal_lost <= FATAL_CHECKPOINT_EVERY,
