@@ -482,13 +482,16 @@ def _late_hardware(
     lasts: the loop passes over the run again even if nothing else of it arrives (a job that
     died of the fault sends nothing more)."""
     until = _device_window(ctx, job, events, nxt)
-    if until is None:
+    unknown = until is None and _placed_until(events, job, nxt) is None
+    if until is None and not (unknown and ctx.now - job.end <= _DEVICE_LAG_S):
         return False
+    # No end known and no step for a while: it may have died of it (a killed rank reports no
+    # failure), or be between two slow steps; either way it still holds its nodes.
     lo = max(job.first_step, job.last_step - RECENT_STEPS)
     m = ctx.q.step_matrix(ctx.run.run_id, job.job_id, lo, job.last_step, job.world)
     place = ctx.q.placement(ctx.run.run_id, job.job_id, m.world)
     _hardware(ctx, job, m, place, last=True, next_start=until)
-    return True
+    return until is not None
 
 
 def _hardware(
