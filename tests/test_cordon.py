@@ -305,8 +305,14 @@ def test_gpu_lost_for_real_its_workers_die_and_the_job_resumes_from_its_newest_v
         drill,
         srv,
     )
-    ranks = srv.get(f"/v1/runs/{run}/ranks?fromStep={fresh}&toStep={fresh + 10}")["ranks"]
-    assert sorted(r["node"] for r in ranks) == ["node-a", "node-b"]
+    path = f"/v1/runs/{run}/ranks?fromStep={fresh}&toStep={fresh + 10}"
+    _wait(  # the new attempt's placement is joined as it arrives
+        "the steps after the loss to run on node-a and node-b only",
+        lambda: sorted(str(r["node"]) for r in srv.get(path)["ranks"]) == ["node-a", "node-b"],
+        20,
+        drill,
+        srv,
+    )
     # The run's findings name the fault and the node; the action is linked to it.
     finding = [
         f for f in srv.get(f"/v1/runs/{run}/diagnosis")["findings"] if f["key"] == a["findingKey"]
