@@ -129,7 +129,7 @@ def test_fatal_xid_on_a_node_is_drained_after_approval_and_the_job_resumes_witho
         srv.url, tmp_path / "job", "cordon-xid", example_args=("--checkpoint-every", "50")
     )
     started.append(drill.start())
-    _wait("step 40", lambda: srv.get("/v1/runs/cordon-xid")["step"] >= 40, 120, drill, srv)
+    _wait("step 40", lambda: (srv.get("/v1/runs/cordon-xid")["step"] or 0) >= 40, 120, drill, srv)
     drill.inject_xid("node-c", 79)
     pending = _wait(
         "an action awaiting approval",
@@ -253,3 +253,69 @@ def test_hung_rank_is_found_its_node_removed_and_the_others_resume_before_any_ti
     hung_at = a["phases"]["detection"]["start"]
     first_step = a["phases"]["warmup"]["end"]
     assert first_step - hung_at < 60, a["phases"]
+
+
+def test_gpu_lost_for_real_its_workers_die_and_the_job_resumes_from_its_newest_verified_checkpoint(
+    tmp_path: Path, started: list[Any]
+) -> None:
+    """Xid 79 as it happens: node-c's GPU falls off the bus and takes its worker with it
+    (SIGKILL: no vote, no checkpoint). The others' all-reduce fails, torchrun restarts the job,
+    the server takes node-c out, and the job goes on at world size 2 from its newest verified
+    checkpoint, losing at most the steps since it."""
+    every, run = 20, "cordon-fatal"
+    srv = _server(tmp_path, "automatic")
+    started.append(srv)
+    drill = Drill(srv.url, tmp_path / "job", run, example_args=("--checkpoint-every", str(every)))
+    started.append(drill.start())
+    _wait("step 50", lambda: (srv.get(f"/v1/runs/{run}")["step"] or 0) >= 50, 120, drill, srv)
+    victims = drill.workers("node-c")
+    assert len(victims) == 1, victims
+    killed_at = drill.lose_gpu("node-c", 79)
+    a = _wait(
+        "the job to resume without node-c",
+        lambda: _action(srv, run, ("resumed", "failed")),
+        180,
+        drill,
+        srv,
+    )
+    assert a["state"] == "resumed", a
+    assert (a["reason"], a["node"]) == ("fatal_xid", "node-c")
+    assert a["checkpoint"]["lost"] is True and "periodic" in a["checkpoint"]["source"]
+    assert (a["worldBefore"], a["worldAfter"]) == (3, 2)
+    # The killed worker is gone for good, and so is node-c's agent (the server removed it: its
+    # next worker found no GPU and waited to be taken out); the others train on.
+    _wait("node-c's agent to exit", lambda: not drill.alive("node-c"), 30, drill, srv)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in victims)
+    assert drill.alive("node-a") and drill.alive("node-b")
+    assert "no GPU on node-c" not in drill.log("node-c", 20_000)  # removed, not failed
+    # It resumed from the newest checkpoint verified before the kill; the steps since, redone.
+    verified = [json.loads(m.read_text()) for m in drill.checkpoint_dir.glob("ckpt-*.json")]
+    before = max(m["step"] for m in verified if m["time"] <= killed_at)
+    assert a["resumeStep"] == before, (a, verified)
+    assert 0 <= a["stepsLost"] <= every and a["stepsLost"] == a["stopStep"] - a["resumeStep"]
+    assert a["stopStep"] > 50
+    # Recovery timed from the kill: the survivors' failure detection is part of it.
+    first_step_at = a["decidedAt"] + a["recoveryS"]
+    assert 0 < first_step_at - killed_at < 120, a
+    fresh = a["stopStep"] + 2
+    _wait(
+        "steps beyond the lost ones",
+        lambda: (srv.get(f"/v1/runs/{run}")["step"] or 0) > fresh + 10,
+        60,
+        drill,
+        srv,
+    )
+    path = f"/v1/runs/{run}/ranks?fromStep={fresh}&toStep={fresh + 10}"
+    _wait(  # the new attempt's placement is joined as it arrives
+        "the steps after the loss to run on node-a and node-b only",
+        lambda: sorted(str(r["node"]) for r in srv.get(path)["ranks"]) == ["node-a", "node-b"],
+        20,
+        drill,
+        srv,
+    )
+    # The run's findings name the fault and the node; the action is linked to it.
+    finding = [
+        f for f in srv.get(f"/v1/runs/{run}/diagnosis")["findings"] if f["key"] == a["findingKey"]
+    ]
+    assert finding and finding[0]["diagnosis"] == "fatal_xid", finding
+    assert finding[0]["nodes"] == ["node-c"]

@@ -82,3 +82,29 @@ def test_node_evidence_applies_to_a_run_only_while_it_was_placed_there(tmp_path:
         assert [(x["node"], x["gpu"], x["maxXid"]) for x in infra["xidErrors"]] == [("n2", 0, 48)]
     finally:
         server.stop()
+
+
+def test_the_fault_that_ended_an_attempt_is_its_own_when_reported_after_its_last_step(
+    tmp_path: Path,
+) -> None:
+    """A GPU that falls off the bus kills the step in flight; its Xid sample arrives seconds
+    later, after the attempt's last step was analysed. It is still found, on that node."""
+    server = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}).start()
+    try:
+        t = time.time() - 40
+        _attempt(server, "gone", "gone-a0", ("n1", "n2"), t, range(0, 60), "failure")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and server.get("/v1/runs/gone")["step"] != 59:
+            time.sleep(0.5)
+        time.sleep(3.0)  # several passes: the attempt's last step is analysed, nothing found
+        assert not [f for f in server.get("/v1/runs/gone/diagnosis")["findings"] if f["gpus"]]
+        _fault(server, t + 30.5, "n2", 1, 79)  # stamped just after the last step, sent late
+        found: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not found:
+            found = [f for f in server.get("/v1/runs/gone/diagnosis")["findings"] if f["gpus"]]
+            time.sleep(0.5)
+        assert [(f["diagnosis"], f["nodes"], f["gpus"]) for f in found] == [
+            ("fatal_xid", ["n2"], ["n2:1"])
+        ]
+    finally:
+        server.stop()

@@ -401,6 +401,23 @@ def test_live_hang_names_the_rank_behind_the_others(ctl: Controller) -> None:
     assert "periodic" in a.checkpoint["source"]
 
 
+@pytest.mark.parametrize(("last_poll_s", "hung"), [(29.0, False), (1.0, True)])
+def test_ranks_that_stopped_polling_when_they_stopped_are_dead_not_hung(
+    ctl: Controller, last_poll_s: float, hung: bool
+) -> None:
+    """No progress for 30 s (1 s steps: threshold 10 s). Ranks still polling are hung; ranks
+    whose last poll was when they stopped are dead (a fatal fault killed one, the others' collective
+    failed): not a hang, which would name a node before the fault that killed it does."""
+    ctl.policy = RemediationPolicy(mode="recommend")
+    t = time.time()
+    for rank, (node, step, seq) in enumerate((("n0", 81, 1), ("n1", 81, 1), ("n2", 80, 3))):
+        ctl.report("default", "r1", Position("r1-a0", rank, 3, node, step, seq, t - 30,
+                                             t - last_poll_s))  # fmt: skip
+    ctl.repo.step_durations = lambda tenant, run, n: [1.0] * n  # type: ignore[method-assign]
+    ctl.tick([_run(ctl)])
+    assert [f.diagnosis for f in ctl.findings.rows(ADMIN, "r1")] == (["hang"] if hung else [])
+
+
 def test_the_live_hang_threshold_scales_with_the_step_time(
     ctl: Controller, monkeypatch: pytest.MonkeyPatch
 ) -> None:

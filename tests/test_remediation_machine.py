@@ -107,6 +107,9 @@ FINISHED = {**RESTARTING, "rendezvous": (991.0, 997.5), "reload": (997.5, 998.0)
             "warmup": (998.0, 999.0)}  # fmt: skip
 HANG_CHECKPOINT = {"source": "newest verified periodic checkpoint (a hung step cannot finish)"}
 NO_JOB = "the job is not polling its control channel: node drained, job untouched"
+LOST = {"source": "newest verified periodic checkpoint (the node's ranks were lost: no drain "
+        "checkpoint)", "lost": True}  # fmt: skip
+LOST_WAIT = {**DETECTED, "wait": (950.0, NOW), "remove": (NOW, None)}
 
 TRANSITIONS = [
     # A person's answer to a pending action; approval begins the sequence.
@@ -284,6 +287,39 @@ TRANSITIONS = [
         {},
         id="draining-answer_of_another_attempt-ignored",
     ),
+    # A fatal fault killed the node's ranks: nobody can agree on a stop; no drain checkpoint.
+    pytest.param(
+        draining(),
+        replace(POLLING, polling=3),
+        State.DRAINING,
+        [],
+        {"checkpoint": {}},
+        id="draining-every_rank_polling-waiting",
+    ),
+    pytest.param(
+        draining(),
+        replace(POLLING, job_id="j1"),
+        State.REMOVING,
+        [ForgetStops(), Actuate("remove")],
+        {"checkpoint": LOST, "phases": LOST_WAIT, "job_id": "j0", "stop_step": -1},
+        id="draining-the_attempt_restarted_on_its_own-ranks_lost-removing",
+    ),
+    pytest.param(
+        draining(),
+        Observations(),
+        State.REMOVING,
+        [ForgetStops(), Actuate("remove")],
+        {"checkpoint": LOST, "phases": LOST_WAIT},
+        id="draining-no_rank_polling_any_more-ranks_lost-removing",
+    ),
+    pytest.param(
+        draining(),
+        replace(POLLING, polling=1),
+        State.REMOVING,
+        [ForgetStops(), Actuate("remove")],
+        {"checkpoint": LOST},
+        id="draining-ranks_of_the_attempt_missing-ranks_lost-removing",
+    ),
     pytest.param(
         draining(phases={**DETECTED, "wait": (NOW - 301.0, None)}),
         POLLING,
@@ -336,6 +372,46 @@ TRANSITIONS = [
         },
         id="removing-timeout-restarting_without_it",
     ),
+    pytest.param(
+        removing(checkpoint=LOST, stop_step=-1, acks=({**GONE, "jobId": "j1", "node": "n2"},)),
+        replace(POLLING, job_id="j1"),
+        State.RESTARTING,
+        [],
+        {"phases": REMOVED, "error": ""},
+        id="removing-lost-a_later_attempt_s_worker_on_the_node_stopped_its_agent-restarting",
+    ),
+    pytest.param(
+        removing(checkpoint=LOST, acks=({**GONE, "node": "n1"},)),
+        POLLING,
+        State.REMOVING,
+        [],
+        {},
+        id="removing-lost-an_answer_from_another_node-waits",
+    ),
+    pytest.param(
+        removing(reason="hang", checkpoint=dict(HANG_CHECKPOINT), stop_step=-1),
+        replace(POLLING, job_id="j1", nodes=frozenset({"n0", "n1", "n2"})),
+        State.REMOVING,
+        [],
+        {"checkpoint": {**HANG_CHECKPOINT, "lost": True}},
+        id="removing-the_node_is_back_in_a_later_attempt-ranks_lost",
+    ),
+    pytest.param(
+        restarting(),
+        replace(POLLING, job_id="j1", nodes=frozenset({"n2"})),
+        State.RESTARTING,
+        [],
+        {"checkpoint": {"source": LOST["source"], "lost": True}},
+        id="restarting-the_node_is_back_in_a_later_attempt-ranks_lost",
+    ),
+    pytest.param(
+        restarting(),
+        replace(POLLING, job_id="j1", nodes=frozenset({"n0", "n1"})),
+        State.RESTARTING,
+        [],
+        {"checkpoint": {}},
+        id="restarting-a_later_attempt_without_the_node-as_planned",
+    ),
     # Restarting: the new attempt's first step ends it.
     pytest.param(restarting(), POLLING, State.RESTARTING, [], {}, id="restarting-waiting"),
     pytest.param(
@@ -384,6 +460,22 @@ TRANSITIONS = [
         RECOVERY,
         {"stop_step": 501, "steps_lost": 0},
         id="restarting-hang_resumed-no_step_ran-stop_step_is_resume_step",
+    ),
+    pytest.param(
+        restarting(acks=(RESUMED_ACK,), stop_step=-1, checkpoint=LOST),
+        POLLING,
+        State.RESTARTING,
+        [LookUpLastStep("", exclude="j1")],
+        {"stop_step": -1},
+        id="restarting-lost_resumed-look_up_where_any_earlier_attempt_stopped",
+    ),
+    pytest.param(
+        restarting(acks=({**RESUMED_ACK, "step": 475},), stop_step=-1, checkpoint=LOST),
+        replace(POLLING, looked_up=True, last_step=489),
+        State.RESUMED,
+        RECOVERY,
+        {"stop_step": 490, "resume_step": 475, "steps_lost": 15, "world_after": 2},
+        id="restarting-lost_resumed-steps_since_the_checkpoint_lost",
     ),
     pytest.param(
         restarting(phases={**RESTARTING, "rendezvous": (NOW - 901.0, None)}),
@@ -456,6 +548,10 @@ def test_instructions_and_initial_states() -> None:
     }  # fmt: skip
     hung = instruction(act(State.REMOVING, reason="hang"))
     assert hung is not None and hung.force  # a hung rank cannot reach a step boundary
+    # The node's ranks were lost: its workers of any attempt (the launcher restarts them there)
+    # stop its agent, until the job has resumed without it.
+    for s in (State.REMOVING, State.RESTARTING):
+        assert instruction(act(s, checkpoint=LOST)) == Instruction(7, "remove", "n2", "", False, 3)
 
 
 def test_states_keep_the_strings_stored_and_shown() -> None:

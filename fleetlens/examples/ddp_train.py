@@ -17,6 +17,9 @@ under elastic torchrun (``--nnodes=2:3 --max-restarts 3 --rdzv-backend c10d``) f
 ``--slow-node N`` / ``--hang-node N --hang-at-step S`` fault the rank on node ``N``
 (``FLEETLENS_NODE_ID``) the way a slow or hung GPU would; ``--hang-rank R --hang-at-step S``
 hangs rank ``R`` before step ``S`` (the others wait for it in that step's all-reduce).
+``--lost-gpu-dir D``: a worker started on a node named by a file in ``D`` finds its GPU gone (the
+cordon drill's fatal fault): it joins the process group, so its peers fail fast rather than wait
+for it, and waits for the server to take its node out (``TorchRun.await_removal``).
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ def main() -> None:
     ap.add_argument("--hang-rank", type=int, default=-1, help="this rank hangs ...")
     ap.add_argument("--hang-at-step", type=int, default=-1, help="... at this step")
     ap.add_argument("--min-nodes", type=int, default=1, help="the launcher's minimum nodes")
+    ap.add_argument("--lost-gpu-dir", default="", help="a file named after this node: no GPU")
     args = ap.parse_args()
     ckpt_dir = args.checkpoint_dir or args.stats_dir or "."
     node = os.environ.get("FLEETLENS_NODE_ID", "")
@@ -92,10 +96,6 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     vocab = 128
     torch.manual_seed(0)
-    # The only buffer is a constant causal mask: no need for DDP to broadcast it every forward
-    # (which would also make every rank's forward wait for the slowest).
-    model = DDP(TinyLM(vocab, args.dim, args.layers, 4, args.seq), broadcast_buffers=False)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     config = {
         "model": "tiny-lm",
         "dim": args.dim,
@@ -109,6 +109,13 @@ def main() -> None:
     }
     run = fleetlens.init(project="ddp-example", config=config, enabled=args.instrument != "off")
     tr = fltorch.TorchRun(run)
+    if args.lost_gpu_dir and node and os.path.exists(os.path.join(args.lost_gpu_dir, node)):
+        tr.await_removal(120.0)
+        raise RuntimeError(f"no GPU on {node}: it fell off the bus (Xid 79)")
+    # The only buffer is a constant causal mask: no need for DDP to broadcast it every forward
+    # (which would also make every rank's forward wait for the slowest).
+    model = DDP(TinyLM(vocab, args.dim, args.layers, 4, args.seq), broadcast_buffers=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     if args.instrument != "off":
         tr.watch_ddp(model)
     loss_fn = nn.CrossEntropyLoss()

@@ -17,6 +17,11 @@ The sequence, in order, each step waiting for the one before (002_7c0864670257b5
    group without the node and the job resumes from exactly the drained step. The first step at
    the new world size ends the action (``resumed``).
 
+A fatal fault that kills the node's workers (the GPU fell off the bus) leaves nobody to agree on a
+stop: the others' collective fails and the launcher restarts the job on its own. The draining
+action sees the attempt end and goes on as for a hang, telling the node's workers of any attempt
+to stop their agent (:mod:`.machine`).
+
 A hung rank cannot reach a step boundary, so for a hang steps 2-3 are skipped (the job resumes
 from its newest verified checkpoint) and the restart is forced on ranks stuck in a collective.
 Every phase is timed and written to the run's events as ``remediation`` events with
@@ -236,6 +241,8 @@ class Controller:
         since = max(p.progress_at for p in ranks)
         if now - since <= self.hang_rule.floor_s:
             return  # no threshold is below the floor: spare the step-time query
+        if any(now - p.seen_at > (now - since) / 2 for p in ranks):
+            return  # a rank that stopped polling when the job stopped is dead, not hung
         steps = self.repo.step_durations(run.tenant, run.run_id, RECENT_STEPS)
         hang = live_hang(since, now, self.hang_rule.threshold(recent_step_time(steps)))
         d = stuck_ranks(job, ranks, hang, now) if hang is not None else None
@@ -272,7 +279,9 @@ class Controller:
                 self.policy,
                 findings,
                 ctx,
-                live_nodes={p.node for p in ranks},
+                # every attempt's: a job re-forming after a fatal fault has the faulted node's
+                # workers polling before the others
+                live_nodes=self.positions.nodes(run.tenant, run.run_id, now),
                 taken_nodes={a.node for a in done if a.state is not State.FAILED},
                 taken_keys={a.finding_key for a in done},
             )
@@ -319,6 +328,8 @@ class Controller:
         return Observations(
             job_id=job if ranks else "",
             world=ranks[0].world if ranks else 0,
+            polling=len(ranks),
+            nodes=frozenset(p.node for p in ranks),
             stopped=stopped,
             stopped_at=stopped_at,
             ranks_on_node=on_node,
@@ -343,7 +354,7 @@ class Controller:
                     answers.update(verified=True, server_sha256=digest)
                     answers["verified_at"] = time.time()
                 elif isinstance(e, LookUpLastStep):
-                    last = self.repo.last_step(a.tenant, a.run_id, e.job_id)
+                    last = self.repo.last_step(a.tenant, a.run_id, e.job_id, e.exclude)
                     answers.update(looked_up=True, last_step=last)
                 elif isinstance(e, Emit):
                     self._emit(a, e)

@@ -6,6 +6,13 @@ through ``FLEETLENS_NODE_ID``. The first agent started hosts the rendezvous stor
 on the others. Used by the integration tests and ``bench/cordon.py``; on-call teams can run it
 against a staging server to see the whole sequence end to end.
 
+Two faults: ``inject_xid`` reports a fatal Xid while the GPU trains on (the planned drain: the
+job stops at an agreed step and checkpoints), ``lose_gpu`` is the fault for real: the node's GPU
+falls off the bus, its workers die (SIGKILL), a worker started there later finds no GPU, and the
+node's agent reports Xid 79. The others' collective fails, torchrun restarts the job, the server
+takes the node out, and the job resumes from its newest verified checkpoint at the smaller world
+size.
+
 The rendezvous settings are the ones that make re-forming fast (``last_call_timeout=2``, keep-
 alives every second, three missed ones drop a node), and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
 keeps restarted workers from reading stale peer addresses (pytorch/pytorch#135712).
@@ -55,6 +62,11 @@ class Drill:
     def checkpoint_dir(self) -> Path:
         return self.workdir / "ckpt"
 
+    @property
+    def lost_gpu_dir(self) -> Path:
+        """A file named after a node here: the node's GPU is gone (``lose_gpu``)."""
+        return self.workdir / "gpu-lost"
+
     def command(self) -> list[str]:
         return [
             sys.executable, "-m", "torch.distributed.run",
@@ -63,6 +75,7 @@ class Drill:
             f"--rdzv-id={self.run_id}", f"--rdzv-conf={RDZV_CONF}", "--monitor-interval=0.5",
             "-m", "fleetlens.examples.ddp_train", "--steps", str(self.steps),
             "--checkpoint-dir", str(self.checkpoint_dir), "--min-nodes", "2",
+            "--lost-gpu-dir", str(self.lost_gpu_dir),
             *self.example_args,
         ]  # fmt: skip
 
@@ -83,6 +96,7 @@ class Drill:
 
     def start(self) -> Drill:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.lost_gpu_dir.mkdir(exist_ok=True)
         for i, node in enumerate(self.nodes):
             log = open(self.workdir / f"{node}.log", "ab")  # noqa: SIM115 - the child owns it
             self.procs[node] = subprocess.Popen(
@@ -134,6 +148,40 @@ class Drill:
         finally:
             http.shutdown()
             http.server_close()
+
+    def workers(self, node: str) -> list[int]:
+        """The process ids of the node's training workers (its torchrun agent's children)."""
+        p = self.procs.get(node)
+        if p is None or p.poll() is not None:
+            return []
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue  # gone meanwhile
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == p.pid and b"fleetlens.examples.ddp_train" in cmd:
+                found.append(int(entry))
+        return found
+
+    def lose_gpu(self, node: str, xid: int = 79) -> float:
+        """The node's GPU falls off the bus: from now on a worker started there finds no GPU,
+        its workers are killed (SIGKILL: they cannot vote, checkpoint or say goodbye), and its
+        node agent reports the Xid. Returns when the workers were killed (``time.time()``)."""
+        (self.lost_gpu_dir / node).touch()
+        pids = self.workers(node)
+        if not pids:
+            raise FleetlensError(f"{node} has no training worker to kill; is the drill running?")
+        killed_at = time.time()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.inject_xid(node, xid)
+        return killed_at
 
     def alive(self, node: str) -> bool:
         p = self.procs.get(node)

@@ -8,13 +8,23 @@ new value and the :data:`Effect` list the controller carries out::
     recommended ─┐ approve           ┌─ (hang) ────────────────────────┐
     awaiting_    ├──────────> begin ─┤                                 v
       approval ──┘ reject:           ├─> draining ── stopped + checkpoint verified ──> removing
-                   rejected          └─> drained (no rank polling)      │ (mismatch, failure,
-    deciding (automatic) ──> begin                                      │  timeout): failed
+                   rejected          │    │ (mismatch, failure, timeout): failed      ^
+    deciding (automatic) ──> begin   │    └── the node's ranks lost (the attempt ended
+                                     │        or ranks stopped polling) ───────────────┘
+                                     └─> drained (no rank polling)
                                                         removing ── node's workers gone (or
                                                         timeout, or no remove actuator
                                                         pending) ──> restarting ── a new
                                                         attempt's first step ──> resumed
                                                                     (timeout): failed
+
+A fatal fault that takes the GPU away (Xid 79: the GPU fell off the bus) kills the node's
+workers: they cannot vote or checkpoint, and the others' collective fails, so the launcher
+restarts the job on its own. A draining action that sees its job attempt end (another polls, or
+none) or ranks of it stop polling marks the node's ranks *lost*: like a hang it goes on without a
+drain checkpoint (the job resumes from its newest verified periodic one), and it tells ``remove``
+to the node's workers of every attempt (``job_id`` ""), since the node's launcher agent, still
+alive, restarts workers there until they stop it.
 
 Effects that ask for an answer (:class:`Actuate` ``remove``, :class:`Verify`,
 :class:`LookUpLastStep`) are answered by calling :func:`advance` again in the same pass with the
@@ -115,6 +125,11 @@ class Action:
         return float(self.phases[name][0] or 0.0)
 
     @property
+    def lost(self) -> bool:
+        """The node's ranks were lost (a fatal fault killed them): no drain, no vote."""
+        return self.checkpoint.get("lost") is True
+
+    @property
     def steps_lost(self) -> int | None:
         """Steps run before the action and not kept: the stop step minus the step resumed
         from."""
@@ -158,6 +173,8 @@ class Observations:
     verified_at: float = 0.0
     looked_up: bool = False  # the last step of the action's job was looked up
     last_step: int | None = None  # ... (None: it ran no step)
+    polling: int | None = None  # ranks of ``job_id`` polling (None: not counted)
+    nodes: frozenset[str] = frozenset()  # ... and their nodes
 
 
 @dataclass(frozen=True)
@@ -177,9 +194,12 @@ class Verify:
 
 @dataclass(frozen=True)
 class LookUpLastStep:
-    """The last step the action's job attempt ran (answer: ``looked_up``, ``last_step``)."""
+    """The last step the action's job attempt ran (answer: ``looked_up``, ``last_step``);
+    ``job_id`` "" : any attempt but ``exclude`` (the node's ranks were lost, and with them the
+    attempt the action began on may not be the one that ran the steps)."""
 
     job_id: str
+    exclude: str = ""
 
 
 @dataclass(frozen=True)
@@ -218,6 +238,8 @@ def instruction(a: Action) -> Instruction | None:
     """What the action tells its job's ranks now, if anything."""
     if a.state not in ACTIVE:
         return None
+    if a.lost:  # whichever attempt has workers on the node: they stop its agent
+        return Instruction(a.id, "remove", a.node, "", False, a.world_before)
     return Instruction(
         a.id, _CONTROL_PHASE[a.state], a.node, a.job_id, a.reason == "hang", a.world_before
     )
@@ -246,6 +268,10 @@ def advance(
         return _begin(a, obs, now)
     if a.state is State.DRAINING:
         return _draining(a, obs, now, limits)
+    if a.state in (State.REMOVING, State.RESTARTING) and _back(a, obs):
+        # A later attempt has a rank on the node being taken out: its agent is alive and
+        # restarted workers there after its ranks were lost. They are told to stop it.
+        a = _mark_lost(a, {**a.checkpoint})
     if a.state is State.REMOVING:
         return _removing(a, obs, now, limits)
     if a.state is State.RESTARTING:
@@ -272,9 +298,25 @@ def _acks(a: Action, event: str) -> list[dict[str, Any]]:
     return [x for x in a.acks if x.get("jobId") == a.job_id and x.get("event") == event]
 
 
+_LOST = "newest verified periodic checkpoint (the node's ranks were lost: no drain checkpoint)"
+
+
+def _back(a: Action, obs: Observations) -> bool:
+    return not a.lost and obs.job_id not in ("", a.job_id) and a.node in obs.nodes
+
+
+def _mark_lost(a: Action, checkpoint: dict[str, Any]) -> Action:
+    return replace(a, checkpoint={"source": _LOST, **checkpoint, "lost": True})
+
+
 def _draining(
     a: Action, obs: Observations, now: float, limits: Limits
 ) -> tuple[Action, list[Effect]]:
+    if obs.job_id != a.job_id or (obs.polling is not None and obs.polling < obs.world):
+        # The attempt being stopped ended (the launcher restarted it: a rank died and took the
+        # collective with it) or ranks of it are gone: nobody is left to agree on a stop step.
+        lost = replace(_mark_lost(a, {}), phases={**a.phases, "wait": (a.phase_start("wait"), now)})
+        return _remove(lost, now, [ForgetStops()])
     failed = _acks(a, "checkpoint_failed")
     if failed:
         return _fail(a, now, f"checkpoint failed on rank 0: {failed[-1].get('error', '')}", [])
@@ -331,8 +373,13 @@ def _removing(
             return a, []  # the node's workers stop their agent and answer
         phases = {k: v for k, v in a.phases.items() if k != "remove"}
         return _restart(replace(a, phases=phases), now), []  # done already: nothing to wait for
-    gone = {int(x["rank"]) for x in _acks(a, "agent_stopping")}
-    all_gone = bool(obs.ranks_on_node) and obs.ranks_on_node <= gone
+    if a.lost:  # one answer is enough: the node's agent (and every worker it started) stops
+        gone = {int(x["rank"]) for x in a.acks
+                if x.get("event") == "agent_stopping" and x.get("node") == a.node}  # fmt: skip
+        all_gone = bool(gone)
+    else:
+        gone = {int(x["rank"]) for x in _acks(a, "agent_stopping")}
+        all_gone = bool(obs.ranks_on_node) and obs.ranks_on_node <= gone
     started = a.phase_start("remove")
     if not all_gone and now - started <= limits.remove_timeout_s:
         return a, []
@@ -356,6 +403,8 @@ def _restarting(
     if resumed:
         first = resumed[0]
         if a.stop_step < 0 and int(first.get("step", -1)) >= 0 and not obs.looked_up:
+            if a.lost:  # where the job stopped, in whichever attempt ran steps before this one
+                return a, [LookUpLastStep("", exclude=str(first.get("jobId", "")))]
             return a, [LookUpLastStep(a.job_id)]  # a hang: where the job stopped
         return _finish(a, first, obs.last_step, now)
     if now - a.phase_start("rendezvous") > limits.resume_timeout_s:

@@ -93,6 +93,14 @@ class Positions:
             rp = self._runs.get((tenant, run_id))
             return rp.current(now, self.stale_s) if rp else ("", [])
 
+    def nodes(self, tenant: str, run_id: str, now: float) -> set[str]:
+        """The nodes of every rank that polled within ``stale_s``, whatever its job attempt."""
+        with self._lock:
+            rp = self._runs.get((tenant, run_id))
+            if rp is None:
+                return set()
+            return {p.node for p in rp.ranks.values() if now - p.seen_at <= self.stale_s}
+
     def on_node(self, tenant: str, run_id: str, job_id: str, node: str) -> frozenset[int]:
         """The ranks of a job attempt that reported from ``node``."""
         with self._lock:

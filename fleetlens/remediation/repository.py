@@ -200,13 +200,15 @@ class Repository:
         )
         return [float(r["s"]) for r in reversed(t) if r["s"] is not None]
 
-    def last_step(self, tenant: str, run_id: str, job_id: str) -> int | None:
-        """The last step job attempt ``job_id`` ran."""
+    def last_step(self, tenant: str, run_id: str, job_id: str, exclude: str = "") -> int | None:
+        """The last step job attempt ``job_id`` ran; ``job_id`` "": any attempt but
+        ``exclude``."""
         t = TenantReader(self.telemetry, tenant).rows(
             "SELECT max(step) AS s FROM {db}.steps_by_step WHERE "
-            "tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}",
+            "tenant = {tenant:String} AND run_id = {run:String} AND "
+            + ("job_id = {job:String}" if job_id else "job_id != {job:String}"),
             run=run_id,
-            job=job_id,
+            job=job_id or exclude,
         )
         v = t[0]["s"] if t else None
         return int(v) if v is not None else None

@@ -107,7 +107,7 @@ def analyze_run(
     jstate: dict[str, Any] = state.setdefault("jobs", {})
     for js in jstate.values():  # a cursor from before blocks had their own: they went with done
         js.setdefault("blocked", js["done"])
-    pending = False
+    pending = watch = False
     for i, job in enumerate(jobs):
         js = jstate.setdefault(job.job_id, {"done": job.first_step - 1})
         if job.last_step <= js["done"]:
@@ -115,6 +115,8 @@ def analyze_run(
                 lo = max(job.first_step, job.last_step - RECENT_STEPS)
                 m = q.step_matrix(run.run_id, job.job_id, lo, job.last_step, job.world)
                 _hangs(ctx, job, m, q.placement(run.run_id, job.job_id, m.world), events, None)
+            nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
+            watch = _late_hardware(ctx, job, events, nxt) or watch
             continue
         lo = int(js["done"]) + 1
         per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
@@ -139,6 +141,7 @@ def analyze_run(
         _instability(ctx, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62)
         if hi == job.last_step:
             _hangs(ctx, job, m, place, events, nxt)
+            watch = watch or _device_window(ctx, job, events, nxt) is not None
         js["done"] = hi
         js["t"] = [float(m.start.min()), float(m.end.max())] if len(m.steps) else js.get("t")
         js["steps"] = [job.first_step, hi]
@@ -165,7 +168,7 @@ def analyze_run(
         state[f"bl_{metric}"] = b.to_json()
         if b.ready:
             store.save_baseline(run.tenant, ctx.signature, metric, b.to_json())
-    return ctx.found, stragglers, state, pending
+    return ctx.found, stragglers, state, pending or watch
 
 
 def _advance_stragglers(
@@ -386,6 +389,37 @@ def _placed_until(
         return next_start
     until = max(ends) + _DEVICE_LAG_S
     return until if next_start is None else min(until, next_start)
+
+
+def _device_window(
+    ctx: _Ctx, job: JobSpan, events: list[dict[str, Any]], nxt: float | None
+) -> float | None:
+    """Until when the ended attempt held its devices, while a sample of that time may still
+    arrive; None while it runs (its windows see it) or once it ended long ago."""
+    until = _placed_until(events, job, nxt)
+    return None if until is None or ctx.now > until + _DEVICE_LAG_S else until
+
+
+def _late_hardware(
+    ctx: _Ctx, job: JobSpan, events: list[dict[str, Any]], nxt: float | None
+) -> bool:
+    """The fault that ended an attempt is often reported after its last step was analysed (a
+    GPU that falls off the bus kills the step in flight; its Xid sample comes seconds later):
+    the devices of the attempt's final window are looked at again while that can still arrive,
+    until :data:`_DEVICE_LAG_S` after the attempt stopped holding its nodes. True while that
+    lasts: the loop passes over the run again even if nothing else of it arrives (a job that
+    died of the fault sends nothing more)."""
+    until = _device_window(ctx, job, events, nxt)
+    unknown = until is None and _placed_until(events, job, nxt) is None
+    if until is None and not (unknown and ctx.now - job.end <= _DEVICE_LAG_S):
+        return False
+    # No end known and no step for a while: it may have died of it (a killed rank reports no
+    # failure), or be between two slow steps; either way it still holds its nodes.
+    lo = max(job.first_step, job.last_step - RECENT_STEPS)
+    m = ctx.q.step_matrix(ctx.run.run_id, job.job_id, lo, job.last_step, job.world)
+    place = ctx.q.placement(ctx.run.run_id, job.job_id, m.world)
+    _hardware(ctx, job, m, place, last=True, next_start=until)
+    return until is not None
 
 
 def _hardware(

@@ -5,6 +5,8 @@ at one vote boundary and read at the next (about four votes a second), so it nev
 hot path; ``drain`` writes a verified checkpoint (rank 0), reports it, and exits with
 ``DRAIN_EXIT_CODE`` when the server says the node is out, so torchrun's agents re-form the job
 without it; ``resume`` loads the newest verified checkpoint after the restart.
+``await_removal`` is for a worker whose device is gone (a fatal Xid): it cannot train, so it waits
+for the server to take its node out instead of failing the job's restarts one after another.
 """
 
 from __future__ import annotations
@@ -145,6 +147,21 @@ class Drain:
             if a.get("phase") == "resume":
                 return
         self.errors += 1
+
+    def await_removal(self, timeout: float = 120.0) -> None:
+        """This worker's device is gone (a fatal Xid took the GPU): it cannot train, vote or
+        checkpoint. Failing at once would make the launcher restart the job around this node
+        again and again (each time a restart of every node); instead it polls the control
+        channel until the server takes the node out -- ``remove``: the channel stops this
+        node's launcher agent, which stops this worker. Returns only if that has not happened
+        within ``timeout`` seconds (the caller then raises its device error)."""
+        ch = self._open_channel()
+        if not ch.alive:  # fleetlens is off: nobody will take the node out
+            return
+        deadline = time.monotonic() + timeout
+        ch.next_poll(ch.cadence + 1.0, now=True)
+        while time.monotonic() < deadline:
+            ch.next_poll(ch.cadence + 1.0)
 
     def resume(self, directory: str, **load_kwargs: Any) -> tuple[int, Any] | None:
         """The newest verified checkpoint in ``directory``: (first step to run, the state)."""
