@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.baseline import Baseline, GroupShift, localize, shift_threshold, workload_signature
+from ..analysis.baseline import Baseline, localize, shift_threshold, workload_signature
 from ..analysis.collectives import analyze_collectives, transfer_times
 from ..analysis.hangs import RECENT_STEPS, HangRule, behind_ranks, find_stalls, recent_step_time
 from ..analysis.hardware import (
@@ -26,8 +26,6 @@ from ..analysis.hardware import (
     Signal,
     gpu_health,
     gpu_signals,
-    node_health,
-    node_signals,
 )
 from ..analysis.ranks import RankState, classify_episodes, open_episodes, scan_stragglers
 from ..analysis.rootcause import (
@@ -45,6 +43,7 @@ from ..store.findings import FindingsStore, RunToAnalyze
 from ..store.models import Finding
 from ..store.telemetry import TelemetryStore
 from .data_stalls import data_stall
+from .shifts import network_diagnosis, shift_diagnosis
 
 __all__ = ["analyze_once", "analyze_run"]
 
@@ -277,12 +276,13 @@ def _blocks(
             rank_vals = np.nanmedian(m.compute[a:z], axis=0)
         for sh in localize(rank_vals, bl["compute"], _topology(place), cfg.compute_min_shift):
             healthy = False
-            ctx.found.append(_shift_diagnosis(ctx, job, sh, place, bl["compute"], s0, s1, t0, t1))
+            ctx.found.append(shift_diagnosis(ctx.q, ctx.signature, job, sh, place, bl["compute"],
+                                             s0, s1, t0, t1))  # fmt: skip
         tb = bl["transfer"]
         tr = float(np.nanmedian(transfer[a:z]))
         if tb.ready and tr / tb.median - 1.0 >= shift_threshold(tb, cfg.network_min_shift):
             healthy = False
-            ctx.found.append(_network_diagnosis(ctx, job, place, tr, tb, s0, s1, t0, t1))
+            ctx.found.append(network_diagnosis(ctx.q, job, place, tr, tb, s0, s1, t0, t1))
         stall = data_stall(ctx.q, ctx.run.run_id, job, m, place, a, z,
                            float(np.nanmedian(step_time[a:z])))  # fmt: skip
         if stall is not None:
@@ -291,82 +291,6 @@ def _blocks(
         if healthy:
             bl["compute"].add(med[a:z])
             bl["transfer"].add(transfer[a:z])
-
-
-def _shift_diagnosis(
-    ctx: _Ctx, job: JobSpan, sh: GroupShift, place: Placement, b: Baseline,
-    s0: int, s1: int, t0: float, t1: float,
-) -> Diagnosis:  # fmt: skip
-    nodes = sorted({place.node[r] for r in sh.ranks if place.node[r]})
-    gh = gpu_health(ctx.q.gpu_health_rows(nodes, t0, t1))
-    thermal = sum(1 for g in gh.values() if any(s.name == "thermal" for s in gpu_signals(g)))
-    frac = thermal / max(len(gh), 1)
-    if sh.level == "rack" or (sh.level == "job" and frac >= 0.5):
-        diag = "rack_cooling"
-    elif sh.level == "switch":
-        diag = "network"
-    elif sh.level == "nvlink_domain":
-        diag = "nvlink"
-    elif sh.level == "node":
-        diag = "thermal" if frac > 0 else "host"
-    else:
-        diag = "inefficient_compute"
-    ev = [{"metric": "median rank compute / workload baseline", "value": sh.ratio,
-           "baseline": 1.0, "baselineMedianS": b.median, "threshold": 1 + shift_threshold(b, 0.03),
-           "othersRatio": sh.others_ratio if np.isfinite(sh.others_ratio) else None,
-           "window": {"fromStep": s0, "toStep": s1}, "signature": ctx.signature},
-          {"metric": "GPUs with thermal throttle reasons", "value": thermal,
-           "of": len(gh)}]  # fmt: skip
-    racks = {place.rack[r] for r in sh.ranks}
-    return Diagnosis(
-        f"shift:{sh.level}:{sh.group}", diag, "slowdown", 0.85 if thermal else 0.6,
-        f"{sh.level} {sh.group}: {len(sh.ranks)} ranks {sh.ratio - 1:.1%} slower than the "
-        f"workload baseline while the others are not (absolute check)",
-        step=s1, start_step=s0, end_step=s1, time=t1, ranks=list(sh.ranks), nodes=nodes,
-        rack=racks.pop() if len(racks) == 1 else "", job_id=job.job_id, evidence=ev,
-    )  # fmt: skip
-
-
-# The host signals that put a slow collective on the network, and how a summary names them.
-_NET_SIGNALS = {"retransmits": "TCP retransmits", "nic_errors": "NIC errors",
-                "ib_errors": "InfiniBand port errors", "rdma_retries": "RDMA retries"}  # fmt: skip
-
-
-def _network_diagnosis(
-    ctx: _Ctx, job: JobSpan, place: Placement, tr: float, tb: Baseline,
-    s0: int, s1: int, t0: float, t1: float,
-) -> Diagnosis:  # fmt: skip
-    nodes = sorted({n for n in place.node if n})
-    gh = gpu_health(
-        ctx.q.gpu_health_rows(nodes, min(t0, job.start), t1)
-    )  # counters move slowly: whole attempt
-    nh = node_health(ctx.q.node_health_rows(nodes, t0, t1))
-    nv = sorted(
-        {g.node for g in gh.values() if any(s.name == "nvlink_errors" for s in gpu_signals(g))}
-    )
-    net = [s for h in nh.values() for s in node_signals(h) if s.name in _NET_SIGNALS]
-    ev: list[dict[str, Any]] = [
-        {"metric": "collective transfer time (least wait of any rank)", "value": tr,
-         "baseline": tb.median, "window": {"fromStep": s0, "toStep": s1},
-         "verdict": "slow_network: every rank on time, the transfer itself longer"}
-    ]  # fmt: skip
-    if nv:
-        ev += [s.to_dict() for g in gh.values() if g.node in nv for s in gpu_signals(g)
-               if s.name == "nvlink_errors"][:8]  # fmt: skip
-        ranks = [r for r, n in enumerate(place.node) if n in nv]
-        return Diagnosis(f"nvlink:{','.join(nv)}", "nvlink", "slowdown", 0.85,
-                         f"NVLink errors on {', '.join(nv)}; collectives "
-                         f"{tr / tb.median:.2f}x slower",
-                         step=s1, start_step=s0, end_step=s1, time=t1, ranks=ranks, nodes=nv,
-                         job_id=job.job_id, evidence=ev)  # fmt: skip
-    ev += [s.to_dict() | {"node": h} for h in sorted(nh) for s in node_signals(nh[h])
-           if s.name in _NET_SIGNALS][:8]  # fmt: skip
-    return Diagnosis("network", "network", "slowdown", 0.85 if net else 0.6,
-                     f"collectives {tr / tb.median:.2f}x slower with every rank on time"
-                     + (f" ; {', '.join(sorted({_NET_SIGNALS[s.name] for s in net}))} up"
-                        if net else ""),
-                     step=s1, start_step=s0, end_step=s1, time=t1, job_id=job.job_id,
-                     evidence=ev)  # fmt: skip
 
 
 _DEVICE_LAG_S = 30.0

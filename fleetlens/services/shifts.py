@@ -1,0 +1,96 @@
+"""The absolute checks' findings (the analysis loop's per-block baseline comparison): a group
+of ranks slower than the workload's own baseline, and collectives slower with every rank on time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..analysis.baseline import Baseline, GroupShift, shift_threshold
+from ..analysis.hardware import gpu_health, gpu_signals, node_health, node_signals
+from ..analysis.rootcause import Diagnosis
+from ..store.detect_queries import DetectQueries, JobSpan, Placement
+
+__all__ = ["network_diagnosis", "shift_diagnosis"]
+
+
+def shift_diagnosis(
+    q: DetectQueries, signature: str, job: JobSpan, sh: GroupShift, place: Placement,
+    b: Baseline, s0: int, s1: int, t0: float, t1: float,
+) -> Diagnosis:  # fmt: skip
+    """A group of ranks slower than the workload's baseline over steps ``s0..s1``: the level it
+    sits at (rack, switch, NVLink domain, node, job) and whether its GPUs throttled say why."""
+    nodes = sorted({place.node[r] for r in sh.ranks if place.node[r]})
+    gh = gpu_health(q.gpu_health_rows(nodes, t0, t1))
+    thermal = sum(1 for g in gh.values() if any(s.name == "thermal" for s in gpu_signals(g)))
+    frac = thermal / max(len(gh), 1)
+    if sh.level == "rack" or (sh.level == "job" and frac >= 0.5):
+        diag = "rack_cooling"
+    elif sh.level == "switch":
+        diag = "network"
+    elif sh.level == "nvlink_domain":
+        diag = "nvlink"
+    elif sh.level == "node":
+        diag = "thermal" if frac > 0 else "host"
+    else:
+        diag = "inefficient_compute"
+    ev = [{"metric": "median rank compute / workload baseline", "value": sh.ratio,
+           "baseline": 1.0, "baselineMedianS": b.median, "threshold": 1 + shift_threshold(b, 0.03),
+           "othersRatio": sh.others_ratio if np.isfinite(sh.others_ratio) else None,
+           "window": {"fromStep": s0, "toStep": s1}, "signature": signature},
+          {"metric": "GPUs with thermal throttle reasons", "value": thermal,
+           "of": len(gh)}]  # fmt: skip
+    racks = {place.rack[r] for r in sh.ranks}
+    return Diagnosis(
+        f"shift:{sh.level}:{sh.group}", diag, "slowdown", 0.85 if thermal else 0.6,
+        f"{sh.level} {sh.group}: {len(sh.ranks)} ranks {sh.ratio - 1:.1%} slower than the "
+        f"workload baseline while the others are not (absolute check)",
+        step=s1, start_step=s0, end_step=s1, time=t1, ranks=list(sh.ranks), nodes=nodes,
+        rack=racks.pop() if len(racks) == 1 else "", job_id=job.job_id, evidence=ev,
+    )  # fmt: skip
+
+
+# The host signals that put a slow collective on the network, and how a summary names them.
+_NET_SIGNALS = {"retransmits": "TCP retransmits", "nic_errors": "NIC errors",
+                "ib_errors": "InfiniBand port errors", "rdma_retries": "RDMA retries"}  # fmt: skip
+
+
+def network_diagnosis(
+    q: DetectQueries, job: JobSpan, place: Placement, tr: float, tb: Baseline,
+    s0: int, s1: int, t0: float, t1: float,
+) -> Diagnosis:  # fmt: skip
+    """Collectives slower than the baseline with every rank on time: NVLink when its GPUs count
+    NVLink errors, else the network (with the hosts' TCP, NIC and InfiniBand signals)."""
+    nodes = sorted({n for n in place.node if n})
+    gh = gpu_health(
+        q.gpu_health_rows(nodes, min(t0, job.start), t1)
+    )  # counters move slowly: whole attempt
+    nh = node_health(q.node_health_rows(nodes, t0, t1))
+    nv = sorted(
+        {g.node for g in gh.values() if any(s.name == "nvlink_errors" for s in gpu_signals(g))}
+    )
+    net = [s for h in nh.values() for s in node_signals(h) if s.name in _NET_SIGNALS]
+    ev: list[dict[str, Any]] = [
+        {"metric": "collective transfer time (least wait of any rank)", "value": tr,
+         "baseline": tb.median, "window": {"fromStep": s0, "toStep": s1},
+         "verdict": "slow_network: every rank on time, the transfer itself longer"}
+    ]  # fmt: skip
+    if nv:
+        ev += [s.to_dict() for g in gh.values() if g.node in nv for s in gpu_signals(g)
+               if s.name == "nvlink_errors"][:8]  # fmt: skip
+        ranks = [r for r, n in enumerate(place.node) if n in nv]
+        return Diagnosis(f"nvlink:{','.join(nv)}", "nvlink", "slowdown", 0.85,
+                         f"NVLink errors on {', '.join(nv)}; collectives "
+                         f"{tr / tb.median:.2f}x slower",
+                         step=s1, start_step=s0, end_step=s1, time=t1, ranks=ranks, nodes=nv,
+                         job_id=job.job_id, evidence=ev)  # fmt: skip
+    ev += [s.to_dict() | {"node": h} for h in sorted(nh) for s in node_signals(nh[h])
+           if s.name in _NET_SIGNALS][:8]  # fmt: skip
+    return Diagnosis("network", "network", "slowdown", 0.85 if net else 0.6,
+                     f"collectives {tr / tb.median:.2f}x slower with every rank on time"
+                     + (f" ; {', '.join(sorted({_NET_SIGNALS[s.name] for s in net}))} up"
+                        if net else ""),
+                     step=s1, start_step=s0, end_step=s1, time=t1, job_id=job.job_id,
+                     evidence=ev)  # fmt: skip
