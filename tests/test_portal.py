@@ -367,9 +367,20 @@ def test_run_page_shows_remediation_actions_and_their_phase_timings(
     assert bar.get_attribute("style") == "width: 87.1%;"
     assert phases.locator(".bar").count() == 7
     draining = page.locator("#remediations tbody tr", has_text="node-0011")
-    assert "draining" in draining.inner_text() and "under way" in draining.inner_text()
+    state = _thermal_action_state(played)
+    assert state in draining.inner_text() and "under way" in draining.inner_text()
     assert draining.get_attribute("class") == "pending"
-    assert "node-0011 draining" in page.inner_text("#now")
+    assert f"node-0011 {state}" in page.inner_text("#now")
+
+
+def _thermal_action_state(srv: Server) -> str:
+    """The thermal node's action, recorded draining: the server's controller moves it on to
+    removing once it sees the attempt ended (the played run is over: its ranks are gone, so
+    there is no drain checkpoint to wait for). Either is under way; the pages show the state
+    the API has."""
+    (act,) = [a for a in srv.get("/v1/remediations")["remediations"] if a["node"] == "node-0011"]
+    assert act["state"] in ("draining", "removing"), act
+    return str(act["state"])
 
 
 def test_oncall_page_lists_the_drain_under_way(played: Server, browser: Any) -> None:
@@ -377,7 +388,7 @@ def test_oncall_page_lists_the_drain_under_way(played: Server, browser: Any) -> 
     assert errors == []
     row = page.locator("#actions tbody tr", has_text="node-0011")
     cells = [c.strip() for c in row.locator("th, td").all_inner_texts()]
-    assert cells[:3] == ["node-0011", RUN, "draining"] and cells[4] == "thermal"
+    assert cells[:3] == ["node-0011", RUN, _thermal_action_state(played)] and cells[4] == "thermal"
     value, unit = cells[3].split()  # its age, since the decision 42 s before the fixture ended
     assert unit in ("s", "min") and 40 <= float(value) * (60 if unit == "min" else 1) < 3600
     assert row.get_by_role("link", name=RUN).get_attribute("href") == f"/runs/{RUN}#remediation"

@@ -61,8 +61,9 @@ def test_collector_down_for_the_whole_run_then_everything_is_replayed(tmp_path) 
 
     down = _init(f"http://127.0.0.1:{port}", "down-run", tmp_path)
     cost_down = _train(down, range(steps))
-    time.sleep(0.3)
-    stats = down.stats()
+    # The exporter spools what it could not send once its send fails (within its backoff).
+    stats = wait_until(lambda: (st := down.stats())["spool_bytes"] > 0 and st, 15,
+                       what="the batches spooled")  # fmt: skip
     # Nothing was delivered, nothing was dropped, and it all sits in the bounded spool.
     assert stats["batches_sent"] == 0 and stats["dropped"] == 0
     assert 0 < stats["spool_bytes"] <= down.config.spool_max_bytes
