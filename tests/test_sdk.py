@@ -802,7 +802,10 @@ def test_heartbeats_say_where_a_rank_is_while_no_step_ends(
         # No step ends while we wait: the heartbeats come anyway.
         assert wait_for(lambda: [b for b in beats() if b["phase"] == "backward"])
     assert wait_for(lambda: [b for b in beats() if b["phase"] == "idle" and b["step"] == 7])
+    with run.checkpoint(7, path=str(tmp_path / "ckpt")):  # a save that takes long
+        assert wait_for(lambda: [b for b in beats() if b["phase"] == "checkpoint"])
     run.finish()
+    assert {b["step"] for b in beats() if b["phase"] == "checkpoint"} == {7}
     inside = [b for b in beats() if b["phase"] == "backward"]
     assert {(b["rank"], b["step"]) for b in inside} == {(0, 7)}
     assert all(abs(b["since"] - entered) < 0.05 and b["time"] >= b["since"] for b in inside)

@@ -34,6 +34,8 @@ from .transport import Transport
 
 __all__ = ["NullRun", "Run", "init"]
 
+_PHASE_NAMES = tuple(PHASES)
+
 VERSION = "0.1.0"
 _NAN = float("nan")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,9 +64,13 @@ class Run:
         )
         self._dropped = self._buffer.dropped
         self._active: Step | None = None
-        # (step, phase, since): where the training thread is, for the heartbeat; one tuple
-        # assignment per span boundary (atomic in CPython), read by the exporter thread.
+        # Where the training thread is, for the heartbeat (read by the exporter thread): the
+        # open step and its open phase (``_active``, ``Step.cur``), else the last closed step,
+        # else ``_pos``, which a producer timing steps elsewhere (fleetlens.torch on a GPU) sets;
+        # an open checkpoint save comes first. Spans store a reference, no more, on the hot path.
         self._pos: tuple[int, str, float] = (-1, "idle", _time())
+        self._last: Step | None = None
+        self._ckpt: Checkpoint | None = None
         self._next_step = 0
         self._first_step = True
         self._shard: tuple[str | None, str | None] = (None, None)  # what data() last announced
@@ -277,6 +283,23 @@ class Run:
     # -- internals ----------------------------------------------------------------------------
 
     def _position(self) -> tuple[int, str, float]:
+        """(step, phase, since) for the heartbeat, from the exporter thread."""
+        ck, step = self._ckpt, self._active
+        n = -1 if step is None or step.n is None else step.n
+        if ck is not None:
+            last = self._last
+            if step is None and last is not None and last.n is not None:
+                n = last.n
+            return n, "checkpoint", ck.wall
+        if step is not None:
+            ph = step.cur
+            if ph is not None and 0 <= ph.slot < len(_PHASE_NAMES):
+                # A phase's start is on the perf clock: its age, taken from now on the wall.
+                return n, _PHASE_NAMES[ph.slot], _time() - (time.perf_counter() - ph.t0)
+            return n, "step", step.wall
+        last = self._last
+        if last is not None:
+            return (-1 if last.n is None else last.n), "idle", last.end
         return self._pos
 
     def _internal_error(self) -> None:

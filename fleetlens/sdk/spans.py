@@ -3,7 +3,9 @@
 Each is a context manager and a decorator, and always closes, also on error: a span that leaks
 on an exception would hide exactly the step that went wrong. Exiting never raises anything but
 the user's own exception, which is never swallowed. Closing a span is one tuple and one
-``deque.append`` (the hot path); everything else happens in the exporter thread.
+``deque.append`` (the hot path); everything else happens in the exporter thread. Where the
+training thread is, for the heartbeat, is a reference the spans leave on the run and the step
+(``Run._active``, ``Step.cur``, ``Run._last``): the exporter reads it (``Run._position``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ _time = time.time
 class Step:
     """``with run.step(n, tokens=...)``: wall time and phases of one optimizer step."""
 
-    __slots__ = ("_prev", "_run", "n", "ph", "t0", "tokens", "wall")
+    __slots__ = ("_prev", "_run", "cur", "end", "n", "ph", "t0", "tokens", "wall")
 
     def __init__(self, run: Run, n: int | None, tokens: int) -> None:
         self._run = run
@@ -47,6 +49,8 @@ class Step:
         self.ph = [_NAN, _NAN, _NAN, _NAN, _NAN]
         self.t0 = 0.0
         self.wall = 0.0
+        self.end = 0.0
+        self.cur: Phase | None = None  # the phase the training thread is in, for the heartbeat
 
     def __enter__(self) -> Step:
         run = self._run
@@ -61,7 +65,6 @@ class Step:
         except Exception:
             run._internal_error()
         self.wall = _time()
-        run._pos = (self.n if self.n is not None else -1, "step", self.wall)
         self.t0 = _perf()
         return self
 
@@ -74,8 +77,9 @@ class Step:
         dur = _perf() - self.t0
         run = self._run
         try:
-            run._pos = (self.n if self.n is not None else -1, "idle", self.wall + dur)
+            self.end = self.wall + dur
             run._active = self._prev
+            run._last = self
             ph = self.ph
             q = run._q1
             if len(q) < run._cap1:
@@ -114,9 +118,9 @@ class Phase:
         self.t0 = 0.0
 
     def __enter__(self) -> Phase:
-        run = self._run
-        if run._active is not None and 0 <= self.slot < len(_PHASE_NAMES):
-            run._pos = (run._pos[0], _PHASE_NAMES[self.slot], _time())
+        step = self._run._active
+        if step is not None:
+            step.cur = self
         self.t0 = _perf()
         return self
 
@@ -127,11 +131,11 @@ class Phase:
         tb: TracebackType | None,
     ) -> None:
         dt = _perf() - self.t0
-        run = self._run
-        step = run._active
-        if step is not None:
-            run._pos = (run._pos[0], "step", _time())
-        if step is not None and self.slot >= 0:
+        step = self._run._active
+        if step is None:
+            return
+        step.cur = None
+        if self.slot >= 0:
             ph = step.ph
             v = ph[self.slot]
             ph[self.slot] = dt if v != v else v + dt  # NaN (never measured) -> first value
@@ -171,7 +175,7 @@ class Checkpoint:
 
     def __enter__(self) -> Checkpoint:
         self._used = True
-        self._run._pos = (self._run._pos[0], "checkpoint", _time())
+        self._run._ckpt = self
         self._run._emit("checkpoint_begin", self.step, "", dict(self.attrs))
         self.t0 = _perf()
         return self
@@ -188,7 +192,7 @@ class Checkpoint:
         if ev is not None:
             attrs["error"] = type(ev).__name__
         run = self._run
-        run._pos = (run._pos[0], "step" if run._active is not None else "idle", _time())
+        run._ckpt = None
         run._emit("checkpoint_end", self.step, "", attrs)
 
     def __call__(self, fn: F) -> F:

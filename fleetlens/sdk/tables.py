@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -21,6 +23,7 @@ from .buffer import COLLECTIVE, EVENT, PLACEMENT, SAMPLE, SCALARS, STEP, Entry
 __all__ = ["Identity", "build_tables"]
 
 _JSON = msgspec.json.Encoder(enc_hook=repr)
+_SHAPE = itemgetter(0)
 
 
 class Identity(msgspec.Struct, frozen=True):
@@ -176,8 +179,13 @@ def _samples(rows: Sequence[Entry]) -> tuple[dict[str, Table], int]:
 def build_tables(entries: Sequence[Entry], ident: Identity) -> tuple[dict[str, Table], int]:
     """Group entries by shape and build one table per record kind; returns (tables, bad)."""
     groups: dict[int, list[Entry]] = {}
-    for e in entries:
-        groups.setdefault(e[0], []).append(e)
+    # A drain holds long runs of one shape (a class's queue at a time): group runs, not entries.
+    for code, run in groupby(entries, key=_SHAPE):
+        group = groups.get(code)
+        if group is None:
+            groups[code] = list(run)
+        else:
+            group.extend(run)
     tables: dict[str, Table] = {}
     bad = 0
     samples = groups.pop(SAMPLE, None)
