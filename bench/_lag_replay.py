@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fleetlens.alerts.metrics import JobMetrics
 from fleetlens.alerts.notifiers import AlertPayload, Delivery
 from fleetlens.alerts.policy import DEFAULT_POLICY
@@ -26,7 +24,7 @@ from fleetlens.alerts.store import AlertStore
 from fleetlens.collector.ingest import Ingestor
 from fleetlens.services.monitor import Monitor
 from fleetlens.sim import load_scenario
-from fleetlens.sim.emit import encode
+from fleetlens.sim.emit import by_data_time, encode
 from fleetlens.sim.library import simulate
 from fleetlens.sim.model import Scenario
 from fleetlens.sim.truth import GroundTruth
@@ -69,14 +67,6 @@ class Played:
         return all(f.start_step in steps for f in self.truth.faults if f.kind == "hang")
 
 
-def _take(v: Any, mask: Any, idx: Any) -> Any:
-    if isinstance(v, tuple):  # (dictionary, codes)
-        return (v[0], v[1][mask])
-    if isinstance(v, np.ndarray):
-        return v[mask]
-    return [v[i] for i in idx.tolist()]
-
-
 class LagReplay:
     def __init__(self, root: Path, tick: float = 60.0) -> None:
         self.tel = ChdbStore(str(root / "telemetry"))
@@ -105,21 +95,7 @@ class LagReplay:
         self.batches, self.rec.sent = [], []
         truth = simulate(scn, self, speed=0, start_time=time.time() - 2 * 86400)
         t0 = truth.start_time
-        slices: dict[int, list[tuple[dict[str, str], dict[str, Any]]]] = {}
-        for ctx, tables in self.batches:
-            for kind, (n, cols) in tables.items():
-                t = cols.get("time", cols.get("enter", cols.get("submit")))
-                if n == 0:
-                    continue
-                if not isinstance(t, np.ndarray):
-                    slices.setdefault(-1, []).append((ctx, {kind: (n, cols)}))
-                    continue
-                bucket = np.floor((t - t0) / self.tick).astype(np.int64)
-                for b in np.unique(bucket).tolist():
-                    mask = bucket == b
-                    idx = np.flatnonzero(mask)
-                    part = {k: _take(v, mask, idx) for k, v in cols.items()}
-                    slices.setdefault(b, []).append((ctx, {kind: (len(idx), part)}))
+        slices = by_data_time(self.batches, t0, self.tick)
         for b in sorted(slices):
             for ctx, tables in slices[b]:
                 self.ing.ingest(encode(ctx, tables), "application/msgpack", "", tenant)

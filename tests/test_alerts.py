@@ -8,7 +8,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from fleetlens.alerts.engine import RunSignals, evaluate
@@ -21,7 +20,7 @@ from fleetlens.config import MonitorConfig
 from fleetlens.errors import ConfigError
 from fleetlens.services.monitor import Monitor
 from fleetlens.sim import load_scenario
-from fleetlens.sim.emit import encode
+from fleetlens.sim.emit import by_data_time, encode
 from fleetlens.sim.library import simulate
 from fleetlens.store.access import AccessStore
 from fleetlens.store.chdb_store import ChdbStore
@@ -40,14 +39,6 @@ class Recorder:
 
     def send(self, alerts: list[AlertPayload]) -> None:
         self.sent += [(self.clock[0], a) for a in alerts]
-
-
-def _take(v: Any, mask: Any, idx: Any) -> Any:
-    if isinstance(v, tuple):  # (dictionary, codes)
-        return (v[0], v[1][mask])
-    if isinstance(v, np.ndarray):
-        return v[mask]
-    return [v[i] for i in idx.tolist()]
 
 
 class Live:
@@ -95,21 +86,7 @@ class Live:
         truth = simulate(load_scenario(name), self, speed=0,
                          start_time=time.time() - 2 * 86400)  # fmt: skip
         t0 = truth.start_time
-        slices: dict[int, list[tuple[dict[str, str], dict[str, Any]]]] = {}
-        for ctx, tables in self.batches:
-            for kind, (n, cols) in tables.items():
-                t = cols.get("time", cols.get("enter", cols.get("submit")))
-                if n == 0:
-                    continue
-                if not isinstance(t, np.ndarray):
-                    slices.setdefault(-1, []).append((ctx, {kind: (n, cols)}))
-                    continue
-                bucket = np.floor((t - t0) / self.tick).astype(np.int64)
-                for b in np.unique(bucket).tolist():
-                    mask = bucket == b
-                    idx = np.flatnonzero(mask)
-                    part = {name: _take(v, mask, idx) for name, v in cols.items()}
-                    slices.setdefault(b, []).append((ctx, {kind: (len(idx), part)}))
+        slices = by_data_time(self.batches, t0, self.tick)
         self.next_tick = t0
         for b in sorted(slices):
             self._advance(t0 + b * self.tick)

@@ -21,7 +21,16 @@ from ..errors import APIError, SimError, TransportError
 from ..schema import DTYPES, KINDS
 from ..wire import DictColumn, Table, encode_batch
 
-__all__ = ["Batcher", "DirSink", "HttpSink", "MemorySink", "SimError", "Sink", "open_sink"]
+__all__ = [
+    "Batcher",
+    "DirSink",
+    "HttpSink",
+    "MemorySink",
+    "SimError",
+    "Sink",
+    "by_data_time",
+    "open_sink",
+]
 
 Cols = dict[str, Any]
 
@@ -221,3 +230,36 @@ def _concat(parts: Sequence[tuple[int, Cols]]) -> tuple[int, Cols]:
             [v for p in vals for v in p] if isinstance(vals[0], list) else np.concatenate(vals)
         )
     return n, out
+
+
+Sent = tuple[dict[str, str], dict[str, tuple[int, Cols]]]
+
+
+def _take(v: Any, mask: Any, idx: Any) -> Any:
+    if isinstance(v, tuple):  # (dictionary, codes)
+        return (v[0], v[1][mask])
+    if isinstance(v, np.ndarray):
+        return v[mask]
+    return [v[i] for i in idx.tolist()]
+
+
+def by_data_time(batches: Sequence[Sent], t0: float, tick: float) -> dict[int, list[Sent]]:
+    """What a sink was sent, cut into slices of ``tick`` seconds of the records' own time from
+    ``t0`` (slice ``b`` holds ``[t0 + b * tick, t0 + (b + 1) * tick)``; tables without a time
+    column are slice -1): to replay a run at another pace than it was simulated at."""
+    slices: dict[int, list[Sent]] = {}
+    for ctx, tables in batches:
+        for kind, (n, cols) in tables.items():
+            t = cols.get("time", cols.get("enter", cols.get("submit")))
+            if n == 0:
+                continue
+            if not isinstance(t, np.ndarray):
+                slices.setdefault(-1, []).append((ctx, {kind: (n, cols)}))
+                continue
+            bucket = np.floor((t - t0) / tick).astype(np.int64)
+            for b in np.unique(bucket).tolist():
+                mask = bucket == b
+                idx = np.flatnonzero(mask)
+                part = {k: _take(v, mask, idx) for k, v in cols.items()}
+                slices.setdefault(b, []).append((ctx, {kind: (len(idx), part)}))
+    return slices
