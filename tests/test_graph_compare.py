@@ -95,6 +95,14 @@ def test_compare_lr_vs_straggler(gserver: Server) -> None:
         side["sim-lr"]["stepTimeMedianSeconds"], rel=0.02
     )
 
+    # The goodput a comparison shows is the run page's and the goodput endpoint's.
+    for run in ("sim-base", "sim-lr"):
+        factors = gserver.get(f"/v1/runs/{run}/goodput")["factors"]
+        assert side[run]["goodput"] == pytest.approx(factors["jobProduct"], abs=1e-9)
+        assert side[run]["runtimeGoodput"] == pytest.approx(factors["runtime"], abs=1e-9)
+        overview = gserver.get(f"/v1/runs/{run}/overview")["goodput"]["factors"]
+        assert side[run]["goodput"] == pytest.approx(overview["jobProduct"], abs=1e-9)
+
     cmp = gserver.get("/v1/runs/compare?runs=sim-base,sim-straggler,sim-lr")
     assert [d["key"] for d in cmp["config"]] == ["optim.lr"]
     by_run = {c["run"]: c for c in cmp["conclusions"]}

@@ -38,10 +38,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         ("stepTimeMedianSeconds", "step time (s)", ".4g"),
         ("tokensPerSecond", "tokens/s", ".4g"),
         ("mfu", "MFU", ".1%"),
-        ("goodput", "goodput (productive share)", ".1%"),
+        ("goodput", "goodput (job)", ".1%"),
+        ("runtimeGoodput", "runtime goodput", ".1%"),
         ("stragglerSpread", "straggler spread", ".1%"),
     ):
-        print(line(label, [fmt(s[key], spec) for s in data["side"]]))
+        print(line(label, [fmt(s.get(key), spec) for s in data["side"]]))
     for metric, m in data["matchedSteps"].items():
         tail = m["tail"]
         print(line(metric + " (last tenth)", [fmt(tail.get(r), ".4g") for r in runs]))

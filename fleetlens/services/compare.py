@@ -33,7 +33,8 @@ from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.scoped import scoped
 from ..store.telemetry import TelemetryStore
-from .goodput import program_spec, window_mfu
+from .goodput import GoodputQueries, program_spec, window_mfu
+from .scheduler import scheduling_factor
 
 __all__ = ["FAULT_KINDS", "CompareQueries", "compare_runs"]
 
@@ -302,6 +303,22 @@ def _infra_findings(store: FindingsStore, scope: Scope, run_id: str) -> dict[str
     return out
 
 
+def _goodput(
+    telemetry: TelemetryStore, scope: Scope, runs: list[str], configs: list[dict[str, Any]]
+) -> dict[str, dict[str, float | None]]:
+    """Each run's goodput as its run page and ``GET /v1/runs/{id}/goodput`` have it (the same
+    breakdown, program spec and scheduling factor), so that a comparison never disagrees with
+    them; a run without steps has none."""
+    q = GoodputQueries(telemetry, scope)
+    out: dict[str, dict[str, float | None]] = {}
+    for run, config in zip(runs, configs, strict=True):
+        sched = scheduling_factor(telemetry, scope, run)["factor"]
+        bd, f, _ = q.run_goodput(run, program_spec(config), scheduling=sched)
+        if bd.retained_steps:
+            out[run] = {"goodput": f.job_product, "runtimeGoodput": f.runtime}
+    return out
+
+
 def _mfu(config: dict[str, Any], speed: dict[str, Any]) -> float | None:
     return window_mfu(
         program_spec(config),
@@ -328,6 +345,7 @@ def compare_runs(
     quality = q.matched_scalars(runs, names)
     diff = config_diff([ln["config"] for ln in lineages])
     store = FindingsStore(metadata)
+    goodput = _goodput(telemetry, scope, runs, [ln["config"] or {} for ln in lineages])
     figures = [
         _figures(r, speed.get(r, {}), health[r], quality, ln, _infra_findings(store, scope, r))
         for r, ln in zip(runs, lineages, strict=True)
@@ -343,7 +361,8 @@ def compare_runs(
                 "stepTimeMedianSeconds": sp.get("median_step_s"),
                 "tokensPerSecond": sp.get("tokens_per_s"),
                 "mfu": _mfu(ln["config"], sp),
-                "goodput": sp.get("productive_share"),
+                **goodput.get(r, {}),
+                "productiveShare": sp.get("productive_share"),
                 "stragglerSpread": sp.get("spread"),
                 "slowStepShare": sp.get("slow_share"),
                 "replayedSteps": sp.get("replayed_steps"),
@@ -373,8 +392,9 @@ def compare_runs(
         ],
         "basis": {
             "stepTime": "median over steps of the slowest rank's duration (last execution)",
-            "goodput": "sum of retained steps' durations over first start to last end "
-            "(see /v1/runs/{run_id}/goodput for the full breakdown)",
+            "goodput": "the job's goodput (runtime x program) as the run page and "
+            "/v1/runs/{run_id}/goodput have it; runtimeGoodput its runtime factor",
+            "productiveShare": "sum of retained steps' durations over first start to last end",
             "matchedSteps": "mean of each tenth of the steps every run logged; the "
             "conclusion reads the last tenth",
             "evaluations": "each run's latest completed evaluation (by runId); deltas against "
