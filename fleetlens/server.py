@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from .api.app import Services, create_api
 from .config import ServerConfig
+from .ui.model_pages import router as model_pages_router
 from .ui.pages import router as pages_router
 
 __all__ = ["Services", "create_app"]
@@ -19,4 +20,5 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
     """The whole server: every API route, ``/metrics``, the OpenAPI document and the portal."""
     app = create_api(config, services)
     app.include_router(pages_router)
+    app.include_router(model_pages_router)
     return app

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -35,3 +36,18 @@ def metadata_url(request, tmp_path, pg_url) -> str:  # type: ignore[no-untyped-d
         conn.execute(sa.text(f"CREATE DATABASE {schema}"))
     engine.dispose()
     return pg_url.rsplit("/", 1)[0] + f"/{schema}"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, headless, driven by Playwright (the portal's tests)."""
+    from playwright.sync_api import sync_playwright
+
+    from .test_portal import ARGS, CHROMIUM
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()

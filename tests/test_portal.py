@@ -227,16 +227,6 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         srv.stop()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 def _open(
     browser: Any, url: str, name: str | None, token: str | None = None
 ) -> tuple[Any, list[str]]:

@@ -308,6 +308,18 @@ async def run_gate(request: Request, body: GateBody, scope: Writer) -> dict[str,
     )
 
 
+@router.get("/gates", summary="A model's gate decisions, newest first")
+async def list_decisions(
+    request: Request,
+    scope: Reader,
+    model_id: Annotated[str, Query(alias="modelId", min_length=1)],
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    _, registry = _stores(request)
+    rows = await _run(lambda: registry.decisions(scope, model_id, limit))
+    return {"modelId": model_id, "decisions": rows}
+
+
 @router.get("/gates/{decision_id}", summary="A gate decision record")
 async def get_decision(request: Request, decision_id: str, scope: Reader) -> dict[str, Any]:
     _, registry = _stores(request)

@@ -267,6 +267,18 @@ class Registry:
             )
         return {"decisionId": decision_id, "modelId": model_id, "version": version, **report}
 
+    def decisions(self, scope: Scope, model_id: str, limit: int = 100) -> list[dict[str, Any]]:
+        """A model's gate decisions, newest first, each with its report."""
+        with self._session() as s:
+            self._model_exists(s, scope, model_id)
+            rows = s.scalars(
+                scoped(select(GateDecision), scope)
+                .where(GateDecision.model_id == model_id)
+                .order_by(GateDecision.id.desc())
+                .limit(limit)
+            ).all()
+            return [_decision_json(d) for d in rows]
+
     def decision(self, scope: Scope, decision_id: str) -> dict[str, Any]:
         with self._session() as s:
             d = s.scalars(
@@ -276,6 +288,9 @@ class Registry:
                 raise NotFound(f"gate decision {decision_id!r} does not exist")
             if scope.project:
                 model_version(s, scope, d.model_id, d.candidate_version)
-            return {"decisionId": d.decision_id, "modelId": d.model_id,
-                    "version": d.candidate_version, "actor": d.actor, "createdAt": d.created_at,
-                    **d.report}  # fmt: skip
+            return _decision_json(d)
+
+
+def _decision_json(d: GateDecision) -> dict[str, Any]:
+    return {"decisionId": d.decision_id, "modelId": d.model_id, "version": d.candidate_version,
+            "actor": d.actor, "createdAt": d.created_at, **d.report}  # fmt: skip

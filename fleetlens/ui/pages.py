@@ -37,11 +37,16 @@ from fastapi.responses import HTMLResponse, Response
 from ..api.auth import require_any
 from ..store.scope import Scope
 
-__all__ = ["router"]
+__all__ = ["Reader", "page", "router"]
 
 router = APIRouter(include_in_schema=False)
 
-STATIC = {"charts.js": "text/javascript", "app.js": "text/javascript", "style.css": "text/css"}
+STATIC = {
+    "charts.js": "text/javascript",
+    "app.js": "text/javascript",
+    "models.js": "text/javascript",
+    "style.css": "text/css",
+}
 
 SHELL = Template("""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -50,11 +55,12 @@ SHELL = Template("""<!doctype html>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="/ui/static/style.css">
 </head>
-<body data-page="$page" data-run-id="$run_attr" data-auth="$auth">
+<body data-page="$page" data-run-id="$run_attr" data-object-id="$object_attr" data-auth="$auth">
 <a class="skip" href="#main">Skip to content</a>
 <header><nav aria-label="Portal">
 <a href="/" class="brand">fleetlens</a>
-<a href="/">Runs</a><a href="/oncall">On-call</a><a href="/capacity">Capacity</a>
+<a href="/">Runs</a><a href="/compare">Compare</a><a href="/models">Models</a><a
+href="/oncall">On-call</a><a href="/capacity">Capacity</a>
 </nav><button type="button" id="sign-out" hidden>Sign out</button></header>
 <main id="main" tabindex="-1">
 <h1>$heading</h1>
@@ -62,7 +68,7 @@ SHELL = Template("""<!doctype html>
 $signin
 <div id="content">$body</div>
 </main>
-<script src="/ui/static/charts.js"></script>
+<script src="/ui/static/charts.js"></script>$scripts
 <script src="/ui/static/app.js"></script>
 </body></html>
 """)
@@ -243,20 +249,39 @@ def _reader(*permissions: str) -> Callable[[Request], Awaitable[Scope | None]]:
 
 
 Reader = Annotated[Scope | None, Depends(_reader("read"))]
+"""A page's reader: the caller's scope, or None for a browser navigating to a server that
+requires tokens (its script asks for one)."""
 OnCallReader = Annotated[Scope | None, Depends(_reader("read", "read:infra"))]
 
 
-def _page(request: Request, page: str, title: str, body: str, run_id: str = "") -> HTMLResponse:
+def page(
+    request: Request,
+    name: str,
+    title: str,
+    body: str,
+    *,
+    run_id: str = "",
+    object_id: str = "",
+    script: str = "",
+) -> HTMLResponse:
+    """A page's shell: ``name`` is the page app.js draws, ``object_id`` the model or evaluation
+    it shows, ``script`` a static script that draws it (loaded before app.js)."""
     text = SHELL.substitute(
-        page=page,
+        page=name,
         title=html.escape(title),
         heading=html.escape(title),
         run_attr=html.escape(run_id, quote=True),
+        object_attr=html.escape(object_id, quote=True),
         auth="required" if _services(request).auth_required else "optional",
         signin=SIGNIN,
         body=body,
+        scripts=f'\n<script src="/ui/static/{html.escape(script)}"></script>' if script else "",
     )
     return HTMLResponse(text, headers={"Cache-Control": "no-store"})
+
+
+def _page(request: Request, name: str, title: str, body: str, run_id: str = "") -> HTMLResponse:
+    return page(request, name, title, body, run_id=run_id)
 
 
 async def _visible_run(request: Request, scope: Scope | None, run_id: str) -> None:

@@ -498,6 +498,11 @@
   }
 
   const PAGES = { runs: runsPage, run: runPage, failure: failurePage, oncall: oncallPage, capacity: capacityPage };
+  // Pages drawn by another script loaded before this one (static/models.js: compare, models,
+  // evaluations): each registers a factory, handed these helpers, that returns its pages.
+  for (const make of window.FLPageFactories || []) {
+    Object.assign(PAGES, make({ getJSON, fill, link, cards, text, pct, dur, secs, when, enc, F }));
+  }
 
   // ---------------------------------------------------------------- signing in
   // One of three views under the heading: the page's content, the sign-in form, or the 403

@@ -1,0 +1,268 @@
+// fleetlens portal: the comparison, model and evaluation pages. Loaded before app.js, which
+// hands each factory in window.FLPageFactories its helpers (fetch with the tab's token, tables,
+// formatting) and draws the page whose name body[data-page] holds.
+"use strict";
+
+(window.FLPageFactories = window.FLPageFactories || []).push((h) => {
+  const { getJSON, fill, link, cards, text, pct, secs, when, enc, F } = h;
+  const objectId = document.body.dataset.objectId;
+  // counts as counts (40, not 40.00)
+  const num = (v) => (typeof v === "number" && Number.isInteger(v) ? v.toLocaleString("en-US") : F(v));
+
+  // A table whose columns are the things compared: the first header, then one per name (a
+  // link when given one).
+  function head(tableId, first, names, href) {
+    const tr = document.querySelector(`#${tableId} thead tr`);
+    tr.textContent = "";
+    for (const [i, n] of [first, ...names].entries()) {
+      const th = document.createElement("th");
+      th.scope = "col";
+      if (i > 0 && href) th.appendChild(link(href(n), n)); else th.textContent = n;
+      tr.appendChild(th);
+    }
+  }
+
+  function list(items) {
+    const ul = document.createElement("ul");
+    for (const x of items) { const li = document.createElement("li"); li.textContent = x; ul.appendChild(li); }
+    return ul;
+  }
+
+  // ---------------------------------------------------------------- compare
+  function runsOfUrl() {
+    const q = new URLSearchParams(window.location.search);
+    const runs = (q.get("runs") || "").split(",").map((s) => s.trim()).filter(Boolean);
+    if (!runs.length) for (const k of ["left", "right"]) if (q.get(k)) runs.push(q.get(k));
+    return runs;
+  }
+
+  const SIDE = [
+    ["Last step", (s) => text(s.lastStep)],
+    ["Step time, median (slowest rank)", (s) => secs(s.stepTimeMedianSeconds)],
+    ["Tokens/s", (s) => F(s.tokensPerSecond)],
+    ["MFU", (s) => pct(s.mfu)],
+    ["Goodput (job), as the run page has it", (s) => pct(s.goodput)],
+    ["Runtime goodput", (s) => pct(s.runtimeGoodput)],
+    ["Productive share of the span", (s) => pct(s.productiveShare)],
+    ["Straggler spread", (s) => pct(s.stragglerSpread)],
+    ["Slow-step share", (s) => pct(s.slowStepShare)],
+    ["Health", (s) => (s.health.issues || []).join("; ") || "healthy"],
+    ["Dataset", (s) => text(s.dataset)],
+    ["Code", (s) => text(s.code)],
+  ];
+
+  async function overlay(runs, metric) {
+    const host = document.getElementById("cmp-chart-loss");
+    const series = await Promise.all(runs.map((r) => getJSON(
+      `/v1/runs/${enc(r)}/metrics?name=${enc(metric)}&points=400`).catch(() => ({ points: [] }))));
+    const pts = series.map((s) => (s.points || []).map((p) => [p.step, typeof p.value === "number" ? p.value : null]));
+    const all = pts.flat().map((p) => p[0]);
+    const dom = all.length ? [Math.min(...all), Math.max(...all)] : [0, 1];
+    host.dataset.series = String(runs.length);
+    document.getElementById("h-over").textContent = `${metric} over steps, overlaid`;
+    FLCharts.line(host, runs.map((r, i) => ({ name: i === 0 ? `${r} (baseline)` : r, points: pts[i] })),
+      { label: `${metric} of ${runs.join(", ")} over steps`, xDomain: dom, height: 220 });
+  }
+
+  async function comparePage() {
+    const form = document.getElementById("cmp-form");
+    const input = document.getElementById("cmp-runs");
+    if (!form.dataset.bound) {
+      form.dataset.bound = "true";
+      form.addEventListener("submit", (ev) => {
+        ev.preventDefault();
+        const runs = input.value.split(",").map((s) => s.trim()).filter(Boolean);
+        window.location.search = "?runs=" + runs.map(enc).join(",");
+      });
+    }
+    const runs = runsOfUrl();
+    input.value = runs.join(", ");
+    if (runs.length < 2) return false;
+    const d = await getJSON(`/v1/runs/compare?runs=${runs.map(enc).join(",")}`);
+    const concl = document.getElementById("cmp-conclusion");
+    concl.textContent = "";
+    for (const c of d.conclusions) {
+      const art = document.createElement("article");
+      art.className = "conclusion";
+      const h3 = document.createElement("h3");
+      h3.textContent = `${c.run} against ${d.baseline}: ` + (c.cause === "none" ? "no regression" : `likely ${c.cause}`);
+      art.append(h3, list(c.lines));
+      concl.appendChild(art);
+    }
+    const runHref = (r) => `/runs/${enc(r)}`;
+    head("cmp-side", "Figure", d.runs, runHref);
+    fill("cmp-side", SIDE.map(([label, f]) => [{ th: label }, ...d.side.map(f)]));
+    const metrics = Object.keys(d.matchedSteps);
+    head("cmp-matched", "Metric", d.runs, runHref);
+    fill("cmp-matched", metrics.map((m) => [{ th: m }, ...d.runs.map((r) => F(d.matchedSteps[m].tail[r]))]),
+      "no scalar logged at the same steps by every run");
+    head("cmp-config", "Key", d.runs, runHref);
+    const cfg = d.config.map((c) => [{ th: c.key }, ...c.values.map((v) => (v === undefined ? "–" : JSON.stringify(v)))]);
+    for (const k of ["dataset", "code"]) if (d[k].changed) cfg.push([{ th: k }, ...d[k].values.map(text)]);
+    fill("cmp-config", cfg, "the same configuration, dataset and code");
+    head("cmp-evals", "Metric", d.runs, runHref);
+    const ev = d.evaluations;
+    fill("cmp-evals", ev ? Object.entries(ev.metrics).map(([m, x]) => [{ th: m },
+      ...x.values.map((v, i) => (v === null ? "–" : F(v) + (i && x.deltas[i] !== null ? ` (${x.deltas[i] >= 0 ? "+" : ""}${F(x.deltas[i])})` : "")))])
+      : [], "no completed evaluation of these runs");
+    const metric = metrics.includes("loss") ? "loss" : metrics[0];
+    if (metric) await overlay(d.runs, metric);
+    return false;
+  }
+
+  // ---------------------------------------------------------------- models
+  async function modelsPage() {
+    const d = await getJSON("/v1/models");
+    const by = new Map();
+    for (const v of d.models) {
+      if (!by.has(v.modelId)) by.set(v.modelId, []);
+      by.get(v.modelId).push(v);
+    }
+    const ids = [...by.keys()];
+    const aliases = await Promise.all(ids.map((id) => getJSON(`/v1/models/${enc(id)}/aliases`)));
+    fill("models", ids.map((id, i) => {
+      const versions = by.get(id);
+      const newest = versions[versions.length - 1];
+      const al = Object.entries(aliases[i].aliases).map(([a, v]) => `${a} → ${v}`).join(", ");
+      return [{ th: id, node: link(`/models/${enc(id)}`, id) }, versions.length, newest.version,
+        when(newest.createdAt), al || "none"];
+    }), "no model registered yet: POST /v1/models registers a version from a run's checkpoint");
+    return false;
+  }
+
+  function interval(c) {
+    if (c.difference === null || c.difference === undefined) return "–";
+    const iv = c.interval ? ` [${F(c.interval[0])}, ${F(c.interval[1])}]` : "";
+    return `${c.difference >= 0 ? "+" : ""}${F(c.difference)}${iv}`;
+  }
+
+  function decisionRows(decisions) {
+    const rows = [];
+    for (const d of decisions) {
+      const verdict = d.passed ? "passed" : `failed: ${(d.failed || []).join(", ")}`;
+      const checks = d.checks && d.checks.length ? d.checks : [null];
+      checks.forEach((c, i) => {
+        const first = i === 0;
+        rows.push([first ? { th: d.decisionId } : { th: "" },
+          first ? `v${d.version} (${text(d.candidateEvaluation)})` : "",
+          first ? `${d.baselineAlias} → ${d.baselineVersion ? "v" + d.baselineVersion : "none"}` : "",
+          first ? verdict : "",
+          c ? c.metric : "no checks", c ? F(c.candidate) : "", c ? F(c.baseline) : "", c ? interval(c) : "",
+          c ? `${c.test}${c.pValue !== null && c.pValue !== undefined ? `, p = ${F(c.pValue)}` : ""}, ${c.paired} pairs` : "",
+          c ? c.status : ""]);
+      });
+    }
+    return rows;
+  }
+
+  async function modelPage() {
+    const id = objectId;
+    const [vs, al, dec, ev] = await Promise.all([
+      getJSON(`/v1/models?modelId=${enc(id)}`), getJSON(`/v1/models/${enc(id)}/aliases`),
+      getJSON(`/v1/gates?modelId=${enc(id)}`), getJSON(`/v1/evaluations?modelId=${enc(id)}`),
+    ]);
+    const alias = Object.entries(al.aliases);
+    cards("#model-now", alias.length ? alias.map(([a, v]) => [a, `v${v}`]) : [["Aliases", "none yet"]]);
+    const pointing = (v) => alias.filter(([, x]) => x === v).map(([a]) => a).join(", ") || "–";
+    fill("versions", vs.models.map((v) => [{ th: `v${v.version}` }, { node: link(`/runs/${enc(v.runId)}`, v.runId) },
+      text(v.checkpointId), v.evaluationId ? { node: link(`/evaluations/${enc(v.evaluationId)}`, v.evaluationId) } : "–",
+      pointing(v.version), when(v.createdAt)]), "no versions");
+    fill("decisions", decisionRows(dec.decisions), "no gate decision yet: POST /v1/gates judges a candidate");
+    fill("history", al.history.slice().reverse().map((m) => [{ th: when(m.at) }, m.alias,
+      `${m.from ? "v" + m.from : "–"} → v${m.to}`, text(m.decisionId), m.override ? text(m.reason) : "–", text(m.actor)]),
+    "no alias has moved yet");
+    fill("model-evals", ev.evaluations.map((e) => [{ th: e.evaluationId, node: link(`/evaluations/${enc(e.evaluationId)}`, e.evaluationId) },
+      e.modelVersion ? `v${e.modelVersion}` : "–", `${e.suite.name}@${e.suite.version}`, e.state,
+      (e.regressions || []).map((r) => `${r.kind}: ${r.metric}`).join("; ") || "none", when(e.createdAt)]),
+    "no evaluation of this model yet");
+    return ev.evaluations.some((e) => !["COMPLETED", "FAILED", "CANCELLED"].includes(e.state));
+  }
+
+  // ---------------------------------------------------------------- evaluation
+  // Per-example scores, one row per example and a column per metric; a metric's header sorts
+  // by it (again: the other way), so the examples a model got wrong come first.
+  const PAGE_ROWS = 200;
+  const ex = { rows: [], metrics: [], sort: null, desc: false, shown: PAGE_ROWS };
+
+  function pivot(rows) {
+    const by = new Map();
+    for (const r of rows) {
+      const key = `${r.benchmark}\u0000${r.exampleId}`;
+      if (!by.has(key)) by.set(key, { benchmark: r.benchmark, exampleId: r.exampleId, values: {}, rationale: "" });
+      const x = by.get(key);
+      x.values[r.metric] = r.value;
+      if (r.rationale) x.rationale = r.rationale;
+    }
+    return [...by.values()];
+  }
+
+  function drawExamples() {
+    const bench = document.getElementById("ex-bench").value;
+    let rows = ex.rows.filter((x) => !bench || x.benchmark === bench);
+    const metrics = ex.metrics.filter((m) => rows.some((x) => m in x.values));
+    if (ex.sort && metrics.includes(ex.sort)) {
+      const k = ex.sort, sign = ex.desc ? -1 : 1;
+      rows = rows.slice().sort((a, b) => sign * ((a.values[k] ?? Infinity) - (b.values[k] ?? Infinity)));
+    }
+    const tr = document.querySelector("#examples thead tr");
+    tr.textContent = "";
+    for (const name of ["Benchmark", "Example", ...metrics, "Rationale"]) {
+      const th = document.createElement("th");
+      th.scope = "col";
+      if (metrics.includes(name)) {
+        const b = document.createElement("button");
+        b.type = "button";
+        b.className = "sort";
+        b.textContent = name + (ex.sort === name ? (ex.desc ? " ▼" : " ▲") : "");
+        b.addEventListener("click", () => { ex.desc = ex.sort === name ? !ex.desc : false; ex.sort = name; drawExamples(); });
+        th.appendChild(b);
+        if (ex.sort === name) th.setAttribute("aria-sort", ex.desc ? "descending" : "ascending");
+      } else th.textContent = name;
+      tr.appendChild(th);
+    }
+    fill("examples", rows.slice(0, ex.shown).map((x) => [{ th: x.benchmark }, x.exampleId,
+      ...metrics.map((m) => num(x.values[m])), text(x.rationale || null)]), "no example");
+    document.querySelector("#examples caption").textContent =
+      `Per-example scores: ${rows.length} of ${ex.rows.length} examples` + (rows.length > ex.shown ? `, first ${ex.shown} shown` : "");
+    document.getElementById("ex-more").hidden = rows.length <= ex.shown;
+  }
+
+  async function evaluationPage() {
+    const id = objectId;
+    const [e, got] = await Promise.all([getJSON(`/v1/evaluations/${enc(id)}`),
+      getJSON(`/v1/evaluations/${enc(id)}/examples?limit=200000`)]);
+    const p = e.progress || {};
+    cards("#eval-now", [
+      ["State", e.state], ["Model", e.modelId ? `${e.modelId} v${e.modelVersion}` : "–"], ["Run", text(e.runId || null)],
+      ["Suite", `${e.suite.name}@${e.suite.version}`], ["Answered", e.cacheHit ? `from the cache (${e.cachedFrom})` : "computed"],
+      ["Progress", p.examples ? `${num(p.examplesDone)} of ${num(p.examples)} examples, ${p.shardsDone} of ${p.shards} shards` : "–"],
+      ["Created", when(e.createdAt)], ["Completed", when(e.completedAt)],
+    ].concat(e.error ? [["Error", e.error]] : []));
+    fill("regressions", (e.regressions || []).map((r) => [{ th: r.kind }, r.metric, F(r.candidate), F(r.baseline),
+      r.baselineEvaluation ? { node: link(`/evaluations/${enc(r.baselineEvaluation)}`, r.baselineEvaluation) } : "–"]),
+    "no regression against the baseline");
+    const rows = [];
+    for (const [b, ms] of Object.entries(e.metrics || {})) {
+      for (const [m, v] of Object.entries(ms)) {
+        const detail = Object.entries(v).filter(([k]) => k !== "mean").map(([k, x]) => `${k} ${Array.isArray(x) ? x.map(num).join("–") : num(x)}`);
+        rows.push([{ th: b }, m, F(v.mean), detail.join(", ") || "–"]);
+      }
+    }
+    fill("metrics", rows, "no metrics yet");
+    ex.rows = pivot(got.examples);
+    ex.metrics = [...new Set(got.examples.map((x) => x.metric))];
+    const sel = document.getElementById("ex-bench");
+    if (!sel.dataset.bound) {
+      sel.dataset.bound = "true";
+      for (const b of [...new Set(ex.rows.map((x) => x.benchmark))]) {
+        const o = document.createElement("option"); o.value = b; o.textContent = b; sel.appendChild(o);
+      }
+      sel.addEventListener("change", () => { ex.shown = PAGE_ROWS; drawExamples(); });
+      document.getElementById("ex-more").addEventListener("click", () => { ex.shown += PAGE_ROWS; drawExamples(); });
+    }
+    drawExamples();
+    return !["COMPLETED", "FAILED", "CANCELLED"].includes(e.state);
+  }
+
+  return { compare: comparePage, models: modelsPage, model: modelPage, evaluation: evaluationPage };
+});
