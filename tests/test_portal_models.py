@@ -96,10 +96,10 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Played]:
 
 def test_gate_decisions_are_listed_per_model(played: Played) -> None:
     srv = played.srv
-    got = srv.get("/v1/gates?modelId=llm")["decisions"]
+    got = srv.get("/v1/models/llm/gates")["decisions"]
     assert [d["decisionId"] for d in got] == [played.decision["decisionId"]]
     assert got[0]["checks"] == played.decision["checks"]
-    st, err = srv.request("GET", "/v1/gates?modelId=nope")
+    st, err = srv.request("GET", "/v1/models/nope/gates")
     assert st == 404 and "nope" in err["detail"]
 
 

@@ -308,11 +308,11 @@ async def run_gate(request: Request, body: GateBody, scope: Writer) -> dict[str,
     )
 
 
-@router.get("/gates", summary="A model's gate decisions, newest first")
+@router.get("/models/{model_id}/gates", summary="A model's gate decisions, newest first")
 async def list_decisions(
     request: Request,
+    model_id: str,
     scope: Reader,
-    model_id: Annotated[str, Query(alias="modelId", min_length=1)],
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     _, registry = _stores(request)

@@ -159,7 +159,7 @@
     const id = objectId;
     const [vs, al, dec, ev] = await Promise.all([
       getJSON(`/v1/models?modelId=${enc(id)}`), getJSON(`/v1/models/${enc(id)}/aliases`),
-      getJSON(`/v1/gates?modelId=${enc(id)}`), getJSON(`/v1/evaluations?modelId=${enc(id)}`),
+      getJSON(`/v1/models/${enc(id)}/gates`), getJSON(`/v1/evaluations?modelId=${enc(id)}`),
     ]);
     const alias = Object.entries(al.aliases);
     cards("#model-now", alias.length ? alias.map(([a, v]) => [a, `v${v}`]) : [["Aliases", "none yet"]]);
