@@ -12,6 +12,7 @@ from .api.app import Services, create_api
 from .config import ServerConfig
 from .ui.model_pages import router as model_pages_router
 from .ui.pages import router as pages_router
+from .ui.runbook_page import router as runbook_router
 
 __all__ = ["Services", "create_app"]
 
@@ -21,4 +22,5 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
     app = create_api(config, services)
     app.include_router(pages_router)
     app.include_router(model_pages_router)
+    app.include_router(runbook_router)
     return app

@@ -228,11 +228,19 @@ def played(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def _open(
-    browser: Any, url: str, name: str | None, token: str | None = None
+    browser: Any, url: str, name: str | None, token: str | None = None, confirm: bool = True
 ) -> tuple[Any, list[str]]:
     """Load a page, wait for its data, and return it with every console error and failed load
-    (``token``: the page's sessionStorage token, as a user signs in)."""
+    (``token``: the page's sessionStorage token, as a user signs in; ``confirm``: how the user
+    answers a confirmation dialog, whose messages go to ``page.dialogs``)."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.dialogs = []
+
+    def answer(d: Any) -> None:
+        page.dialogs.append(d.message)
+        d.accept() if confirm else d.dismiss()
+
+    page.on("dialog", answer)
     if token:
         page.add_init_script(f"sessionStorage.setItem('fleetlens.token', {json.dumps(token)})")
     errors: list[str] = []
@@ -302,15 +310,54 @@ def test_failure_page_names_the_injected_cause(played: Server, browser: Any) -> 
     assert page.locator("#f-related tbody tr").count() > 0
 
 
+def _live_run_on(srv: Server, run_id: str, node: str) -> None:
+    """A run still sending steps, placed on ``node``."""
+    _, body = step_batch(run_id, range(0, 20), 2)
+    assert srv.post(body)[0] == 200
+    place = TableBuilder("placement")
+    place.add("time", [time.time()] * 2).add("rank", [0, 1]).add("local_rank", [0, 1])
+    place.add("world_size", [2, 2]).add("node_id", [node, node]).add("gpu", [0, 1])
+    _, body = encode_batch({"placement": place.build()}, {"run_id": run_id, "job_id": "j1"})
+    assert srv.post(body)[0] == 200
+
+
 def test_oncall_page_lists_jobs_faulty_nodes_and_alerts(played: Server, browser: Any) -> None:
+    """Live jobs only (the demo run has finished); the node whose fatal Xid fired its alert,
+    with the live job placed on it; each alert with its age, runbook, run and failure page, and
+    acknowledged from the page."""
+    _live_run_on(played, "live-run", "node-0018")
     page, errors = _open(browser, f"{played.url}/oncall", "oncall")
     assert errors == []
-    assert RUN in page.inner_text("#jobs")
+    jobs = page.inner_text("#jobs")
+    assert "live-run" in jobs and RUN not in jobs
     assert "%" in page.locator("#jobs tbody tr").first.inner_text()
-    assert "node-0018" in page.inner_text("#nodes")
+    node = page.locator("#nodes tbody tr", has_text="node-0018")
+    assert node.get_by_role("link", name="live-run").get_attribute("href") == "/runs/live-run"
     assert "node-0018" in page.inner_text("#drains")
-    assert "FatalHardwareFault" in page.inner_text("#alerts")
+    row = page.locator("#alerts tbody tr", has_text="FatalHardwareFault").first
+    assert row.locator("th a").get_attribute("href") == "/runbooks#FatalHardwareFault"
+    assert row.get_by_role("link", name="failure page").get_attribute("href") == (
+        f"/runs/{RUN}/failure"
+    )
+    cells = [c.strip() for c in row.locator("th, td").all_inner_texts()]
+    value, unit = cells[4].split()  # its age
+    assert unit in ("s", "min", "h") and float(value) > 0
+    (alert,) = [
+        a for a in played.get("/v1/alerts?state=firing")["alerts"]
+        if a["alertname"] == "FatalHardwareFault" and a["runId"] == RUN
+    ]  # fmt: skip
+    assert alert["annotations"]["runbook_url"] == "/runbooks#FatalHardwareFault"
+    row.get_by_role("button", name=f"Acknowledge alert FatalHardwareFault #{alert['id']}").click()
+    playwright.expect(row.locator("td").nth(4)).to_contain_text("local, ")
+    assert played.get(f"/v1/alerts/{alert['id']}")["ackedBy"] == "local"
     assert page.locator("#incidents tbody tr th").count() >= 1
+    assert errors == []
+    # The runbook the alert links to says what to do, with the policy in force.
+    page.goto(f"{played.url}/runbooks#FatalHardwareFault")
+    page.wait_for_selector("body[data-loaded=true]")
+    section = page.locator("section", has=page.locator("#rb-FatalHardwareFault")).inner_text()
+    assert "page to infra_oncall" in section and "fatal_xid" in section and "Cordon" in section
+    assert errors == []
 
 
 def test_run_page_shows_remediation_actions_and_their_phase_timings(
@@ -424,6 +471,17 @@ def test_approving_from_the_page_goes_through_the_api_with_its_token(
     # channel, so the node is drained and the job left alone).
     pending = _record(played, "node-0098", "awaiting_approval")
     page, errors = _open(browser, url, None)
+    # Dismissing the confirmation leaves it pending: nothing is sent.
+    unsure, unsure_errors = _open(browser, url, None, confirm=False)
+    unsure.get_by_role(
+        "button", name=f"Approve action #{pending}: take node-0098 out of run {RUN}"
+    ).click()
+    assert unsure.dialogs == [
+        f"Take node-0098 out of run {RUN}? The job stops at its next step boundary, "
+        "checkpoints and goes on without the node."
+    ]
+    assert played.get(f"/v1/remediations/{pending}")["state"] == "awaiting_approval"
+    assert unsure_errors == []
     page.get_by_role(
         "button", name=f"Approve action #{pending}: take node-0098 out of run {RUN}"
     ).click()
@@ -848,6 +906,7 @@ def test_oncall_page_for_the_oncall_role_and_a_viewer(
 ) -> None:
     srv, tokens = fleet
     page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.on("dialog", lambda d: d.accept())  # yes, take the node out
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -883,7 +942,9 @@ def test_oncall_page_for_the_oncall_role_and_a_viewer(
     assert cells[:3] == ["bolt-node-7", "bolt", "bolt-run"] and "recommended" in cells[3]
     alert = page.locator("#alerts tbody tr", has_text="FatalHardwareFault").inner_text()
     assert "bolt" in alert and "bolt-node-7 GPU 0" in alert and "bolt-run" in alert
-    assert page.locator("#content a").count() == 0
+    # no run is linked (its pages are closed to the role); the alerts link their runbooks
+    assert page.locator("#content a[href^='/runs']").count() == 0
+    assert page.get_attribute("#alerts tbody th a", "href") == "/runbooks#FatalHardwareFault"
 
     # Approving from the page carries it out with the on-call token (audited as its name).
     rid = srv.get("/v1/remediations", token=tokens["bolt-admin"])["remediations"][0]["id"]
@@ -893,6 +954,13 @@ def test_oncall_page_for_the_oncall_role_and_a_viewer(
     playwright.expect(page.locator("#actions tbody tr", has_text="bolt-node-7")).to_have_count(0)
     done = srv.get(f"/v1/remediations/{rid}", token=tokens["bolt-admin"])
     assert done["state"] == "drained" and done["approvedBy"] == "portal oncall", done
+    # On-call acknowledges another tenant's infrastructure alert (a writer of that tenant, or
+    # the on-call role, may).
+    row = page.locator("#alerts tbody tr", has_text="FatalHardwareFault")
+    row.get_by_role("button", name=re.compile("Acknowledge alert FatalHardwareFault")).click()
+    playwright.expect(row).to_contain_text("portal oncall, ")
+    (acked,) = srv.get("/v1/alerts?state=firing", token=tokens["bolt-admin"])["alerts"]
+    assert acked["ackedBy"] == "portal oncall"
     assert errors == []
 
     # The runs list is not the role's: the 403 points to the On-call page, which reloads.

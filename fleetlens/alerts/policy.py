@@ -56,6 +56,7 @@ class Rule:
     metric: str = ""  # metric: one of METRICS
     op: str = ""  # metric: above (the threshold), drop / rise (by the threshold, a fraction,
     #               against the run's own hour before the window)
+    runbook_url: str = ""  # where its alerts say to look; "" = this server's /runbooks page
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

@@ -24,6 +24,7 @@ from ..store.scoped import all_tenants, infra_scoped, scoped
 from .engine import Candidate
 from .models import Alert, Incident, Preservation
 from .notifiers import AlertPayload
+from .runbooks import runbook_url
 
 __all__ = ["PRESERVE_S", "AlertStore", "alert_json"]
 
@@ -105,6 +106,7 @@ class AlertStore:
                 q = q.where(Alert.alertname.not_in(list(exclude)))
             stored = {a.fingerprint: a for a in s.scalars(q).all()}
             for fp, c in by_fp.items():
+                ann = {**c.annotations, "runbook_url": runbook_url(c.rule, self.base_url)}
                 a = stored.get(fp)
                 if a is not None and a.state != "firing" and c.ends_at is not None:
                     continue  # it already fired and cleared
@@ -118,7 +120,7 @@ class AlertStore:
                         state="firing",
                         run_id=c.labels.get("run_id", ""),
                         labels=c.labels,
-                        annotations=c.annotations,
+                        annotations=ann,
                         finding_key=c.finding_key,
                         step=c.step,
                         starts_at=c.starts_at,
@@ -135,13 +137,13 @@ class AlertStore:
                     if a.acked_by == "resolved-by-operator" and a.finding_key == c.finding_key:
                         continue  # an operator cleared it; the same finding does not re-fire
                     a.state, a.starts_at, a.ends_at = "firing", c.starts_at, None
-                    a.labels, a.annotations, a.updated_at = c.labels, c.annotations, now
+                    a.labels, a.annotations, a.updated_at = c.labels, ann, now
                     a.finding_key, a.step, a.notified_at = c.finding_key, c.step, None
                     a.acked_by, a.acked_at = "", None
                     self._join_incident(s, a, now)
                     self._preserve(s, a, now)
                 else:
-                    a.annotations, a.updated_at = c.annotations, now
+                    a.annotations, a.updated_at = ann, now
                 if a.notified_at is None or now - a.notified_at >= self.repeat_s:
                     a.notified_at = now
                     out.append(_payload(a, self.base_url))
@@ -263,7 +265,13 @@ class AlertStore:
         return not scope.project or a.labels.get("project") == scope.project
 
     def _get(self, s: Session, scope: Scope, alert_id: int) -> Alert:
-        a = s.scalars(scoped(select(Alert), scope).where(Alert.id == alert_id)).first()
+        """The alert if the scope sees it: its tenant's, or for on-call (``read:infra``) any
+        tenant's infrastructure alert, as :meth:`list_infra` lists them."""
+        if scope.cross_tenant_infra:
+            q = infra_scoped(select(Alert), scope).where(Alert.audience == "infra_oncall")
+        else:
+            q = scoped(select(Alert), scope)
+        a = s.scalars(q.where(Alert.id == alert_id)).first()
         if a is None or not self._visible(scope, a):
             raise NotFound(f"alert {alert_id} does not exist")
         return a
@@ -276,9 +284,9 @@ class AlertStore:
         with self._session() as s:
             a = self._get(s, scope, alert_id)
             a.acked_by, a.acked_at = scope.actor, time.time()
-            out = alert_json(a)
+            out, tenant = alert_json(a), a.tenant
         self.access.audit(
-            scope.tenant,
+            tenant,
             scope.actor,
             "alert.ack",
             f"alert:{alert_id}",

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from ..alerts.rules import prometheus_rules
 from ..store.scope import Scope
-from .auth import ERROR_RESPONSES, require
+from .auth import ERROR_RESPONSES, require, require_any
 from .remediation import action_json
 
 __all__ = ["router"]
@@ -17,6 +17,7 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1", tags=["alerts"], responses=ERROR_RESPONSES)
 Reader = Annotated[Scope, Depends(require("read"))]
 Writer = Annotated[Scope, Depends(require("write"))]
+Acker = Annotated[Scope, Depends(require_any("write", "remediate"))]
 Id = Annotated[int, Path(ge=1, le=2**62)]
 
 
@@ -56,8 +57,11 @@ async def get_alert(request: Request, alert_id: Id, scope: Reader) -> dict[str, 
     return out
 
 
-@router.post("/alerts/{alert_id}/ack", summary="Acknowledge an alert (audited)")
-async def ack(request: Request, alert_id: Id, scope: Writer) -> dict[str, Any]:
+@router.post(
+    "/alerts/{alert_id}/ack",
+    summary="Acknowledge an alert (audited); on-call: any tenant's infrastructure alert",
+)
+async def ack(request: Request, alert_id: Id, scope: Acker) -> dict[str, Any]:
     svc = request.app.state.services
     out: dict[str, Any] = await anyio.to_thread.run_sync(svc.alert_store.ack, scope, alert_id)
     return out

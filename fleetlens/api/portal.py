@@ -49,6 +49,8 @@ TOTAL_KEYS = ("total_steps", "max_steps", "train_steps", "steps")
 ON_CALL_STATES = ("recommended", "awaiting_approval", *ACTIVE)
 """Remediation states the on-call page lists: waiting for a person to approve (a recommendation
 is approved the same way), or taking a node out."""
+PENDING_STATES = ("recommended", "awaiting_approval")
+"""Actions a person may approve."""
 NODE_FAULTS = {"FatalHardwareFault": "fatal", "RecoverableHardwareFault": "recoverable"}
 REMEDIATIONS_LIMIT = 50  # newest actions per list (per state on the on-call page)
 

@@ -16,7 +16,7 @@ from ..store.findings import FindingsStore
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require_any
 from .models import PoolGoodputOut
-from .portal import DRAIN_KINDS, FAULT_KINDS, NODE_FAULTS, Reader, _pending
+from .portal import DRAIN_KINDS, FAULT_KINDS, NODE_FAULTS, PENDING_STATES, Reader, _pending
 from .runs import run_json
 
 __all__ = ["router"]
@@ -47,9 +47,38 @@ async def oncall(
     return await anyio.to_thread.run_sync(view, svc, scope, window_s)
 
 
+LIVE = ("RUNNING", "STALLED")
+"""Statuses of a job that is still running (or hung): the on-call page lists only these."""
+
+
+def _alert_nodes(
+    nodes: dict[str, dict[str, Any]], alerts: list[dict[str, Any]], placed: dict[str, list[str]]
+) -> None:
+    """Add to ``nodes`` the nodes named by firing hardware alerts (a node whose fault raised an
+    alert is listed even when no fault event of the window names it), and to every node the live
+    jobs placed on it (``jobs``, from ``placed``: node -> live runs), the jobs it is hurting."""
+    for a in alerts:
+        severity = NODE_FAULTS.get(a["alertname"])
+        node = a["labels"].get("node")
+        if severity is None or not node:
+            continue
+        n = nodes.get(node)
+        if n is None:
+            n = nodes[node] = {"node": node, "fatal": 0, "recoverable": 0, "events": [],
+                               "fromAlerts": True}  # fmt: skip
+        if n.get("fromAlerts"):  # else its fault events have counted it already
+            n[severity] += 1
+            if len(n["events"]) < 5:
+                n["events"].append({"time": a["startsAt"], "kind": a["alertname"],
+                                    "message": a["annotations"].get("summary", "")})  # fmt: skip
+    for n in nodes.values():
+        n["jobs"] = placed.get(n["node"], [])
+
+
 def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
     now = time.time()
-    runs = svc.metadata.list_runs(scope, None, 50, 0)
+    runs = [r for r in svc.metadata.list_runs(scope, None, 200, 0) if r.status in LIVE][:50]
+    live = {r.run_id for r in runs}
     threshold = svc.monitor.policy.rule("GoodputLow").threshold or 0.8
     gq = GoodputQueries(svc.telemetry, scope)
     pq = PortalQueries(svc.telemetry, scope)
@@ -81,6 +110,9 @@ def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         if len(n["events"]) < 5:
             n["events"].append(e)
     alerts = svc.alert_store.list(scope, "firing", None, 200)
+    for a in alerts:
+        a["live"] = a["runId"] in live
+    _alert_nodes(nodes, alerts, pq.nodes_of(sorted(live)))
     incidents = []
     for iid in sorted({a["incidentId"] for a in alerts if a.get("incidentId")}):
         inc = svc.alert_store.incident(scope, iid)
@@ -91,7 +123,12 @@ def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         "jobs": sorted(jobs, key=lambda j: j["goodput"]),
         "nodes": sorted(nodes.values(), key=lambda n: (-n["fatal"], -n["recoverable"])),
         "drains": pq.events(DRAIN_KINDS, since),
-        "remediations": _pending(svc, scope, now - window_s),
+        # an action a person could still approve only while its job runs; one under way stays
+        "remediations": [
+            a
+            for a in _pending(svc, scope, now - window_s)
+            if a["runId"] in live or a["state"] not in PENDING_STATES
+        ],
         "alerts": alerts,
         "incidents": incidents,
     }
@@ -112,6 +149,9 @@ def _infra_alert(a: dict[str, Any]) -> dict[str, Any]:
         "summary": a["annotations"].get("summary", ""),
         "startsAt": a["startsAt"],
         "incidentId": a["incidentId"],
+        "ackedBy": a["ackedBy"],
+        "ackedAt": a["ackedAt"],
+        "runbookUrl": a["annotations"].get("runbook_url"),
     }
 
 

@@ -466,3 +466,15 @@ class PortalQueries:
             }
             for r in rows
         ]
+
+    def nodes_of(self, runs: list[str]) -> dict[str, list[str]]:
+        """Node -> the given runs placed on it (any of their job attempts)."""
+        if not runs:
+            return {}
+        rows = self.r.table(
+            "SELECT node_id AS p_node, groupUniqArray(run_id) AS p_runs FROM {db}.placement"
+            " WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
+            " AND node_id != '' GROUP BY node_id",
+            runs=runs,
+        ).to_pylist()
+        return {r["p_node"]: sorted(r["p_runs"]) for r in rows}

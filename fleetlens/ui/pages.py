@@ -176,18 +176,21 @@ FAILURE = """
 """
 
 ONCALL = """
-<section aria-labelledby="h-jobs" id="jobs-section"><h2 id="h-jobs">Jobs by goodput</h2>
+<section aria-labelledby="h-jobs" id="jobs-section"><h2 id="h-jobs">Live jobs by goodput</h2>
 <p id="jobs-hidden" class="note" hidden>Not shown to the on-call role: jobs' goodput and
 per-rank spread are their runs' contents, which the tenant's viewers, editors and admins read.
 </p>
-<table id="jobs"><caption>Jobs, lowest goodput first; below threshold marked</caption><thead>
+<table id="jobs"><caption>Jobs running (or hung), lowest goodput first; below threshold marked
+</caption><thead>
 <tr><th scope="col">Run</th><th scope="col">Status</th><th scope="col">Goodput</th>
 <th scope="col">Threshold</th><th scope="col">Per-rank spread</th><th scope="col">Ranks</th>
 </tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-nodes"><h2 id="h-nodes">Nodes with faults</h2>
-<table id="nodes"><caption>Nodes with fatal or recoverable faults</caption><thead><tr>
+<table id="nodes"><caption>Nodes with fatal or recoverable faults (fault events and firing
+hardware alerts), with the live jobs they hurt</caption><thead><tr>
 <th scope="col">Node</th><th scope="col">Fatal</th><th scope="col">Recoverable</th>
-<th scope="col">Latest</th></tr></thead><tbody></tbody></table></section>
+<th scope="col">Live jobs on it</th><th scope="col">Latest</th></tr></thead><tbody></tbody>
+</table></section>
 <section aria-labelledby="h-drains"><h2 id="h-drains">Drains</h2>
 <table id="actions"><caption>Drains in progress: remediation actions recommended or awaiting
 approval, or taking a node out (draining, removing, restarting)</caption><thead><tr>
@@ -197,8 +200,9 @@ approval, or taking a node out (draining, removing, restarting)</caption><thead>
 <th scope="col">Node</th><th scope="col">Run</th><th scope="col">Step</th>
 <th scope="col">Message</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-alerts"><h2 id="h-alerts">Firing alerts and incidents</h2>
-<table id="alerts"><caption>Firing alerts</caption><thead><tr><th scope="col">Alert</th>
-<th scope="col">Severity</th><th scope="col">Run</th><th scope="col">Summary</th>
+<table id="alerts"><caption>Firing alerts, each linked to its runbook</caption><thead><tr>
+<th scope="col">Alert</th><th scope="col">Severity</th><th scope="col">Run</th>
+<th scope="col">Summary</th><th scope="col">Age</th><th scope="col">Acknowledged</th>
 <th scope="col">Incident</th></tr></thead><tbody></tbody></table>
 <table id="incidents"><caption>Open incidents</caption><thead><tr><th scope="col">Incident</th>
 <th scope="col">Run</th><th scope="col">Title</th><th scope="col">Status</th></tr></thead>
@@ -263,16 +267,18 @@ def page(
     run_id: str = "",
     object_id: str = "",
     script: str = "",
+    public: bool = False,
 ) -> HTMLResponse:
     """A page's shell: ``name`` is the page app.js draws, ``object_id`` the model or evaluation
-    it shows, ``script`` a static script that draws it (loaded before app.js)."""
+    it shows, ``script`` a static script that draws it (loaded before app.js); a ``public`` page
+    (its body holds no data, e.g. the runbooks) shows without a token on any server."""
     text = SHELL.substitute(
         page=name,
         title=html.escape(title),
         heading=html.escape(title),
         run_attr=html.escape(run_id, quote=True),
         object_attr=html.escape(object_id, quote=True),
-        auth="required" if _services(request).auth_required else "optional",
+        auth="required" if _services(request).auth_required and not public else "optional",
         signin=SIGNIN,
         body=body,
         scripts=f'\n<script src="/ui/static/{html.escape(script)}"></script>' if script else "",

@@ -298,6 +298,9 @@
     msg.className = "error";
     msg.setAttribute("role", "alert");
     b.addEventListener("click", async () => {
+      // Approving drains a node out of a running job: asked once more, naming both.
+      if (!window.confirm(`Take ${a.node} out of run ${a.runId}? The job stops at its next step boundary, `
+        + "checkpoints and goes on without the node.")) return;
       b.disabled = true;
       msg.textContent = "";
       try {
@@ -414,7 +417,7 @@
     nodes: ["Node", "Fatal", "Recoverable", "Tenant: run", "Latest"],
     actions: ["Node", "Tenant", "Run", "State", "Age", "Reason"],
     drains: ["Node", "Tenant", "Run", "Kind", "When", "Message"],
-    alerts: ["Alert", "Severity", "Tenant", "Node", "Run", "Summary", "Incident"],
+    alerts: ["Alert", "Severity", "Tenant", "Node", "Run", "Summary", "Age", "Acknowledged", "Incident"],
     incidents: ["Incident", "Tenant", "Run", "Infrastructure alerts", "Status"],
   };
   const INFRA_CAPTIONS = {
@@ -442,9 +445,56 @@
     for (const [id, cap] of Object.entries(INFRA_CAPTIONS)) document.querySelector(`#${id} caption`).textContent = cap;
   }
 
+  // The alert's name linked to its runbook (annotation runbook_url, the Prometheus convention).
+  function alertName(a) {
+    const url = a.runbookUrl || (a.annotations && a.annotations.runbook_url);
+    return url ? { th: a.alertname, node: link(url, a.alertname) } : { th: a.alertname };
+  }
+
+  // Who acknowledged an alert and when, or a button that acknowledges it with the page's token.
+  function ackCell(a, now, done) {
+    if (a.ackedBy) return `${a.ackedBy}, ${dur(Math.max(0, now - a.ackedAt))} ago`;
+    const span = document.createElement("span");
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "approve";
+    b.textContent = "Acknowledge";
+    b.setAttribute("aria-label", `Acknowledge alert ${a.alertname} #${a.id}`);
+    const msg = document.createElement("div");
+    msg.className = "error";
+    msg.setAttribute("role", "alert");
+    b.addEventListener("click", async () => {
+      b.disabled = true;
+      msg.textContent = "";
+      try {
+        await post(`/v1/alerts/${a.id}/ack`);
+        await done();
+      } catch (err) {
+        if (err.status === 401) { signIn.show(Boolean(storedToken())); return; }
+        msg.textContent = `Could not acknowledge: ${err.message}`;
+        b.disabled = false;
+      }
+    });
+    span.append(b, msg);
+    return { node: span };
+  }
+
+  function runLinks(ids) {
+    const span = document.createElement("span");
+    ids.forEach((r, i) => { if (i) span.append(", "); span.append(link(`/runs/${enc(r)}`, r)); });
+    return span;
+  }
+
+  function runCell(runId) {
+    const span = document.createElement("span");
+    span.append(link(`/runs/${enc(runId)}`, runId), " (", link(`/runs/${enc(runId)}/failure`, "failure page"), ")");
+    return { node: span };
+  }
+
   async function oncallPage() {
     const d = await getJSON("/v1/portal/oncall");
     const infra = d.view === "infra";
+    const since = (t) => dur(Math.max(0, d.generatedAt - t));
     const age = (a) => dur(Math.max(0, d.generatedAt - a.decidedAt));
     const latest = (n) => n.events.length ? `${n.events[0].kind}: ${n.events[0].message}` : "–";
     if (infra) {
@@ -454,8 +504,9 @@
       fill("actions", d.remediations.map((a) => [{ th: a.node }, a.tenant, a.runId, stateCell(a, oncallPage), age(a), a.reason]),
         "no drains in progress or actions awaiting approval");
       fill("drains", d.drains.map((e) => [{ th: e.node }, e.tenant, e.runId, e.kind, when(e.time), e.message]), "no drains");
-      fill("alerts", d.alerts.map((a) => [{ th: a.alertname }, a.severity, a.tenant,
-        [a.node, a.gpu !== null ? `GPU ${a.gpu}` : null].filter(Boolean).join(" ") || "–", a.runId, a.summary, text(a.incidentId)]),
+      fill("alerts", d.alerts.map((a) => [alertName(a), a.severity, a.tenant,
+        [a.node, a.gpu !== null ? `GPU ${a.gpu}` : null].filter(Boolean).join(" ") || "–", a.runId, a.summary,
+        since(a.startsAt), ackCell(a, d.generatedAt, oncallPage), text(a.incidentId)]),
       "no firing infrastructure alerts");
       fill("incidents", d.incidents.map((i) => [{ th: i.id }, i.tenant, i.runId, i.alerts.join("; "), "open"]), "no open incidents");
       return true;
@@ -465,13 +516,14 @@
       j.spread ? `${pct(j.spread.spread)} (slowest ${F(j.spread.computeMaxMs)} ms vs mean ${F(j.spread.computeMeanMs)} ms)` : "–",
       j.worldSize]), "no jobs");
     document.querySelectorAll("#jobs tbody tr").forEach((tr, i) => { if (d.jobs[i] && d.jobs[i].below) tr.className = "below"; });
-    fill("nodes", d.nodes.map((n) => [{ th: n.node }, n.fatal, n.recoverable, latest(n)]), "no faults");
+    fill("nodes", d.nodes.map((n) => [{ th: n.node }, n.fatal, n.recoverable,
+      n.jobs.length ? { node: runLinks(n.jobs) } : "none running", latest(n)]), "no faults");
     fill("actions", (d.remediations || []).map((a) => [{ th: a.node },
       { node: link(`/runs/${enc(a.runId)}#remediation`, a.runId) }, stateCell(a, oncallPage), age(a), a.reason]),
     "no drains in progress or actions awaiting approval");
     fill("drains", d.drains.map((e) => [{ th: text(e.node) }, e.runId, text(e.step), e.message]), "no drains");
-    fill("alerts", d.alerts.map((a) => [{ th: a.alertname }, a.severity, a.runId,
-      a.annotations.summary || "", text(a.incidentId)]), "no firing alerts");
+    fill("alerts", d.alerts.map((a) => [alertName(a), a.severity, runCell(a.runId),
+      a.annotations.summary || "", since(a.startsAt), ackCell(a, d.generatedAt, oncallPage), text(a.incidentId)]), "no firing alerts");
     fill("incidents", d.incidents.map((i) => [{ th: i.id }, i.runId, i.title, i.status]), "no open incidents");
     return true;
   }

@@ -264,5 +264,8 @@
     return !["COMPLETED", "FAILED", "CANCELLED"].includes(e.state);
   }
 
-  return { compare: comparePage, models: modelsPage, model: modelPage, evaluation: evaluationPage };
+  // The runbooks page is drawn by the server (ui/runbook_page.py): nothing to fetch.
+  const runbooksPage = async () => false;
+
+  return { compare: comparePage, models: modelsPage, model: modelPage, evaluation: evaluationPage, runbooks: runbooksPage };
 });
