@@ -195,6 +195,17 @@ def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
     }
 
 
+def _period(
+    runs: list[Any], pools: list[tuple[str, tuple[float, float]]], now: float, hours: float | None
+) -> tuple[float, float]:
+    """The window a capacity document covers: the last ``hours`` up to now, or (None) from the
+    first record of a run or a pool to now."""
+    if hours is not None:
+        return now - hours * 3600.0, now
+    starts = [r.first_seen for r in runs] + [span[0] for _, span in pools]
+    return (min(starts) if starts else now), now
+
+
 @router.get("/portal/capacity", summary="Fleet utilization vs goodput, losses by cause, cost")
 async def capacity(
     request: Request,
@@ -202,31 +213,49 @@ async def capacity(
     price: Annotated[
         float, Query(gt=0, le=1e9, allow_inf_nan=False, description="price of one GPU-hour")
     ] = 2.0,
+    period_hours: Annotated[
+        float | None,
+        Query(
+            alias="periodHours",
+            gt=0,
+            le=24 * 3660,
+            allow_inf_nan=False,
+            description="the last so many hours; absent: everything on record",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
+    """GPU-hours of the period: in service (the pools' capacity records), held by runs, useful.
+    Figures that cannot be (runs holding more GPU-hours than the pools have in service: capacity
+    records missing GPUs, or two runs reporting the same GPUs) are never shown as over 100%:
+    the GPU-hours held beyond capacity are ``oversubscribedGpuHours``, shares are taken of what
+    was held, and ``warnings`` says why."""
     svc = request.app.state.services
 
     def work() -> dict[str, Any]:
+        now = time.time()
         gq = GoodputQueries(svc.telemetry, scope)
+        spans = [(p, sp) for p in gq.pools() if (sp := gq.time_span(p)) is not None]
+        all_runs = svc.metadata.list_runs(scope, None, 200, 0)
+        t0, t1 = _period(all_runs, spans, now, period_hours)
+        runs = [r for r in all_runs if r.last_seen >= t0 and r.first_seen <= t1]
         pools = []
-        for p in gq.pools():
-            span = gq.time_span(p)
-            if span is not None:
-                result = gq.pool_scheduling(p, span[0], span[1])
+        for p, (lo, hi) in spans:
+            a, b = max(lo, t0), min(hi, t1)
+            if b > a:
+                result = gq.pool_scheduling(p, a, b)
                 pools.append(PoolGoodputOut.of(p, result).model_dump(by_alias=True))
         seconds: dict[str, float] = {}
         interruptions: dict[str, int] = {}
-        held = gpu_held = gpu_useful = 0.0
-        runtime_lost = program_lost = 0.0
-        runs = svc.metadata.list_runs(scope, None, 200, 0)
+        gpu_held = gpu_useful = runtime_lost = program_lost = 0.0
+        window = None if period_hours is None else (t0, t1)
         for r in runs:
-            bd, f, meta = gq.run_goodput(r.run_id, program_spec(r.config or {}))
+            bd, f, meta = gq.run_goodput(r.run_id, program_spec(r.config or {}), window=window)
             gpus = float(meta.get("devices") or r.world_size or 0)
             for k, v in bd.seconds.items():
                 seconds[k] = seconds.get(k, 0.0) + v * gpus / 3600.0
             for k, n in bd.interruptions.items():
                 interruptions[k] = interruptions.get(k, 0) + n
             h = bd.held_s * gpus / 3600.0
-            held += h
             runtime_lost += h * (1 - f.runtime)
             program_lost += h * f.runtime * (1 - f.program)
             gpu_useful += h * f.runtime * f.program
@@ -237,15 +266,34 @@ async def capacity(
                 causes[fnd.diagnosis] = causes.get(fnd.diagnosis, 0) + 1
         sched = [p["schedulingGoodput"] for p in pools if p.get("schedulingGoodput") is not None]
         sched_g = sum(sched) / len(sched) if sched else 1.0
-        installed = sum(p["gpuHours"]["inService"] for p in pools) or gpu_held
-        scheduling_lost = max(0.0, installed - gpu_held) if pools else installed * (1 - sched_g)
+        in_service = sum(p["gpuHours"]["inService"] for p in pools)
+        over = max(0.0, gpu_held - in_service) if pools else 0.0
+        warnings = []
+        if over > 1e-9:
+            warnings.append(
+                f"runs held {gpu_held:.1f} GPU-hours, {over:.1f} more than the pools had in "
+                f"service ({in_service:.1f}): the capacity records miss GPUs, or several runs "
+                "report the same GPUs; shares are taken of the GPU-hours held"
+            )
+        if not pools:
+            warnings.append(
+                "no capacity records (fleetlens scheduler import): the GPU-hours held by runs "
+                "stand for the capacity, and the scheduling loss is estimated from no pool"
+            )
+        # The base everything is a share of: never less than what was held.
+        base = max(in_service, gpu_held) if pools else gpu_held
+        scheduling_lost = max(0.0, in_service - gpu_held) if pools else base * (1 - sched_g)
         useful = gpu_useful
         return {
+            "period": {"from": t0, "to": t1, "hours": (t1 - t0) / 3600.0, "asked": period_hours},
             "pools": pools,
-            "utilization": gpu_held / installed if installed else None,
-            "goodput": useful / installed if installed else None,
+            "utilization": gpu_held / base if base else None,
+            "goodput": useful / base if base else None,
+            "inServiceGpuHours": in_service if pools else None,
+            "heldGpuHours": gpu_held,
+            "oversubscribedGpuHours": over,
             "waterfall": [
-                {"step": "in service", "gpuHours": installed},
+                {"step": "in service", "gpuHours": base},
                 {"step": "scheduling loss", "gpuHours": -scheduling_lost},
                 {"step": "runtime loss", "gpuHours": -runtime_lost},
                 {"step": "program loss", "gpuHours": -program_lost},
@@ -255,8 +303,9 @@ async def capacity(
             "interruptions": interruptions,
             "findingsByCause": causes,
             "price": price,
-            "costPerUsefulGpuHour": price * installed / useful if useful > 0 else None,
+            "costPerUsefulGpuHour": price * base / useful if useful > 0 else None,
             "runs": len(runs),
+            "warnings": warnings,
         }
 
     return await anyio.to_thread.run_sync(work)

@@ -210,6 +210,15 @@ approval, or taking a node out (draining, removing, restarting)</caption><thead>
 """
 
 CAPACITY = """
+<form id="cap-form" class="inline-form"><label for="cap-period">Period</label>
+<select id="cap-period"><option value="24">last 24 hours</option>
+<option value="168">last 7 days</option><option value="720">last 30 days</option>
+<option value="">everything on record</option></select>
+<label for="cap-price">Price of a GPU-hour ($)</label>
+<input id="cap-price" type="number" min="0.01" step="0.01" value="2.00" inputmode="decimal">
+<button type="submit">Apply</button></form>
+<p id="cap-period-text" class="note"></p>
+<div id="cap-warnings" role="alert"></div>
 <section aria-labelledby="h-util" class="cards" id="cap-now"><h2 id="h-util">Fleet</h2><div></div>
 </section>
 <section aria-labelledby="h-wf"><h2 id="h-wf">Goodput waterfall (GPU-hours)</h2>

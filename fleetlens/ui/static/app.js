@@ -529,11 +529,43 @@
   }
 
   // ---------------------------------------------------------------- capacity
+  // The period and the price are the URL's (?period=HOURS&price=USD), so a view can be shared.
+  function capacityQuery() {
+    const q = new URLSearchParams(window.location.search);
+    const period = q.has("period") ? q.get("period") : "168";
+    const price = q.get("price") || "2";
+    const form = document.getElementById("cap-form");
+    if (!form.dataset.bound) {
+      form.dataset.bound = "true";
+      document.getElementById("cap-period").value = period;
+      document.getElementById("cap-price").value = Number(price).toFixed(2);
+      form.addEventListener("submit", (ev) => {
+        ev.preventDefault();
+        const nq = new URLSearchParams();
+        nq.set("period", document.getElementById("cap-period").value);
+        nq.set("price", document.getElementById("cap-price").value);
+        history.replaceState(null, "", `?${nq}`);
+        load();
+      });
+    }
+    const api = new URLSearchParams({ price });
+    if (period) api.set("periodHours", period);
+    return api;
+  }
+
   async function capacityPage() {
-    const d = await getJSON("/v1/portal/capacity");
+    const d = await getJSON(`/v1/portal/capacity?${capacityQuery()}`);
+    document.getElementById("cap-period-text").textContent = `From ${when(d.period.from)} to ${when(d.period.to)} UTC `
+      + `(${d.period.asked ? dur(d.period.hours * 3600) : "everything on record"}), ${d.runs} runs`;
+    const warn = document.getElementById("cap-warnings");
+    warn.textContent = "";
+    for (const w of d.warnings || []) {
+      const p = document.createElement("p"); p.className = "error"; p.textContent = "Warning: " + w; warn.appendChild(p);
+    }
     cards("#cap-now", [["Fleet utilization", pct(d.utilization)], ["Fleet goodput", pct(d.goodput)],
-      ["Cost per useful GPU-hour", d.costPerUsefulGpuHour ? `$${d.costPerUsefulGpuHour.toFixed(2)} at $${d.price}/GPU-h` : "–"],
-      ["Runs", text(d.runs)]]);
+      ["Cost per useful GPU-hour", d.costPerUsefulGpuHour ? `$${d.costPerUsefulGpuHour.toFixed(2)} at $${d.price.toFixed(2)}/GPU-h` : "–"],
+      ["Runs", text(d.runs)]].concat(d.oversubscribedGpuHours > 0
+      ? [["Oversubscribed", `${F(d.oversubscribedGpuHours)} GPU-h held beyond capacity`]] : []));
     FLCharts.bars(document.getElementById("chart-waterfall"), d.waterfall.map((w) => ({ label: w.step, value: w.gpuHours })),
       { waterfall: true, label: "Waterfall from in-service to useful GPU-hours: scheduling, runtime and program losses" });
     fill("waterfall", d.waterfall.map((w) => [{ th: w.step }, F(w.gpuHours)]));
