@@ -360,6 +360,34 @@ def test_oncall_page_lists_jobs_faulty_nodes_and_alerts(played: Server, browser:
     assert errors == []
 
 
+def test_silencing_an_alert_from_the_oncall_page(played: Server, browser: Any) -> None:
+    page, errors = _open(browser, f"{played.url}/oncall", None)
+    row = page.locator("#alerts tbody tr", has_text="FatalHardwareFault").first
+    (alert,) = [
+        a for a in played.get("/v1/alerts?state=firing")["alerts"]
+        if a["alertname"] == "FatalHardwareFault" and a["runId"] == RUN
+    ]  # fmt: skip
+    row.get_by_role("button", name=f"Silence alert FatalHardwareFault #{alert['id']}").click()
+    row.get_by_label("for").select_option("14400")
+    row.get_by_role("button", name="Silence", exact=True).click()  # no reason yet: refused
+    playwright.expect(row.get_by_role("alert").filter(has_text="Say why")).to_have_count(1)
+    row.get_by_label("because").fill("GPU swap scheduled")
+    row.get_by_role("button", name="Silence", exact=True).click()
+    playwright.expect(row).to_contain_text("silenced (#")
+    (sil,) = played.get("/v1/silences")["silences"]
+    assert sil["matchers"] == {"alertname": "FatalHardwareFault", "run_id": RUN}
+    assert sil["endsAt"] - sil["startsAt"] == pytest.approx(14400, abs=1)
+    assert played.get(f"/v1/alerts/{alert['id']}")["state"] == "firing"  # still firing
+    listed = page.locator("#silences tbody tr", has_text=f"#{sil['id']}")
+    assert "GPU swap scheduled" in listed.inner_text() and "in force" in listed.inner_text()
+    listed.get_by_role("button", name=f"Expire silence #{sil['id']}").click()
+    playwright.expect(page.locator("#silences tbody tr", has_text=f"#{sil['id']}")).to_contain_text(
+        "ended"
+    )
+    assert played.get("/v1/silences")["silences"][0]["endsAt"] <= time.time()
+    assert errors == []
+
+
 def test_run_page_shows_remediation_actions_and_their_phase_timings(
     played: Server, browser: Any
 ) -> None:

@@ -1,13 +1,13 @@
-"""Alert and incident tables (SQLAlchemy 2; migration 0005)."""
+"""Alert and incident tables (SQLAlchemy 2; migration 0005), silences (0009)."""
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Float, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from ..store.models import Base
 
-__all__ = ["Alert", "Incident", "Preservation"]
+__all__ = ["Alert", "Incident", "Preservation", "Silence"]
 
 
 class Alert(Base):
@@ -66,3 +66,21 @@ class Preservation(Base):
     t0: Mapped[float] = mapped_column(Float)
     t1: Mapped[float] = mapped_column(Float)
     copied_until: Mapped[float] = mapped_column(Float)
+
+
+class Silence(Base):
+    """While it lasts, alerts whose labels match all its matchers notify no one (they still
+    fire, and show as silenced). ``infra``: made by infrastructure on-call for every tenant's
+    infrastructure alerts (``tenant`` is then the on-call token's own)."""
+
+    __tablename__ = "silences"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    infra: Mapped[bool] = mapped_column(Boolean, default=False)
+    matchers: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    starts_at: Mapped[float] = mapped_column(Float)
+    ends_at: Mapped[float] = mapped_column(Float)
+    comment: Mapped[str] = mapped_column(String(1024), default="")
+    created_by: Mapped[str] = mapped_column(String(256), default="")
+    created_at: Mapped[float] = mapped_column(Float)

@@ -25,6 +25,8 @@ from .engine import Candidate
 from .models import Alert, Incident, Preservation
 from .notifiers import AlertPayload
 from .runbooks import runbook_url
+from .silences import ActiveSilences
+from .silences import active as active_silences
 
 __all__ = ["PRESERVE_S", "AlertStore", "alert_json"]
 
@@ -32,6 +34,7 @@ PRESERVE_S = 600.0
 """A failure window keeps raw telemetry from T-10 min to T+10 min at full resolution."""
 
 _SEVERITY_RANK = {"page": 2, "ticket": 1, "never": 0}
+Alerts = list[dict[str, Any]]
 
 
 def alert_json(a: Alert) -> dict[str, Any]:
@@ -105,6 +108,7 @@ class AlertStore:
             if exclude:
                 q = q.where(Alert.alertname.not_in(list(exclude)))
             stored = {a.fingerprint: a for a in s.scalars(q).all()}
+            silences = active_silences(s, tenant, now)
             for fp, c in by_fp.items():
                 ann = {**c.annotations, "runbook_url": runbook_url(c.rule, self.base_url)}
                 a = stored.get(fp)
@@ -144,17 +148,22 @@ class AlertStore:
                     self._preserve(s, a, now)
                 else:
                     a.annotations, a.updated_at = ann, now
-                if a.notified_at is None or now - a.notified_at >= self.repeat_s:
+                # A silenced alert notifies no one (nor is it reminded of); once the silence is
+                # over, the next pass notifies it if it still fires.
+                due = a.notified_at is None or now - a.notified_at >= self.repeat_s
+                if due and not silences.matching(a.labels, a.audience):
                     a.notified_at = now
                     out.append(_payload(a, self.base_url))
                 if c.ends_at is not None:  # cleared since: on record as fired, then resolved
                     a.state, a.ends_at, a.updated_at = "resolved", c.ends_at, now
-                    out.append(_payload(a, self.base_url))
+                    if a.notified_at is not None:  # receivers heard it fire: tell them it ended
+                        out.append(_payload(a, self.base_url))
                     self._maybe_close(s, tenant, a.incident_id, now)
             for fp, a in stored.items():
                 if a.state == "firing" and fp not in by_fp:
                     a.state, a.ends_at, a.updated_at = "resolved", now, now
-                    out.append(_payload(a, self.base_url))
+                    if a.notified_at is not None:
+                        out.append(_payload(a, self.base_url))
                     self._maybe_close(s, tenant, a.incident_id, now)
         return out
 
@@ -246,7 +255,9 @@ class AlertStore:
             if state:
                 q = q.where(Alert.state == state)
             rows = s.scalars(q.order_by(Alert.updated_at.desc()).limit(limit)).all()
-            return [{**alert_json(a), "tenant": a.tenant} for a in rows if self._visible(scope, a)]
+            return self._silenced(
+                s, [{**alert_json(a), "tenant": a.tenant} for a in rows if self._visible(scope, a)]
+            )
 
     def list(
         self, scope: Scope, state: str | None = None, run_id: str | None = None, limit: int = 100
@@ -258,7 +269,27 @@ class AlertStore:
             if run_id:
                 q = q.where(Alert.run_id == run_id)
             rows = s.scalars(q.order_by(Alert.updated_at.desc()).limit(limit)).all()
-            return [alert_json(a) for a in rows if self._visible(scope, a)]
+            out = self._silenced(
+                s, [{**alert_json(a), "tenant": a.tenant} for a in rows if self._visible(scope, a)]
+            )
+            for a in out:
+                del a["tenant"]  # the caller's own
+            return out
+
+    @staticmethod
+    def _silenced(s: Session, alerts: Alerts) -> Alerts:
+        """Each firing alert with the silences holding it back now (``silencedBy``)."""
+        now = time.time()
+        by_tenant: dict[str, ActiveSilences] = {}
+        for a in alerts:
+            if a["state"] != "firing":
+                a["silencedBy"] = []
+                continue
+            t = a["tenant"]
+            if t not in by_tenant:
+                by_tenant[t] = active_silences(s, t, now)
+            a["silencedBy"] = by_tenant[t].matching(a["labels"], a["audience"])
+        return alerts
 
     @staticmethod
     def _visible(scope: Scope, a: Alert) -> bool:

@@ -1,13 +1,16 @@
-"""Alerts and incidents: list, acknowledge, resolve; the policy in force."""
+"""Alerts and incidents: list, acknowledge, resolve; the policy in force; silences."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..alerts.rules import prometheus_rules
+from ..alerts.silences import SilenceStore
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require, require_any
 from .remediation import action_json
@@ -89,3 +92,56 @@ async def incident(request: Request, incident_id: Id, scope: Reader) -> dict[str
         actions = await anyio.to_thread.run_sync(ctl.for_incident, scope, incident_id)
         out["remediations"] = [action_json(a) for a in actions]
     return out
+
+
+# -- silences ---------------------------------------------------------------------------------
+
+InfraReader = Annotated[Scope, Depends(require_any("read", "read:infra"))]
+
+
+class SilenceBody(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    matchers: dict[Annotated[str, Field(min_length=1, max_length=128)],
+                   Annotated[str, Field(min_length=1, max_length=512)]] = Field(
+        min_length=1, max_length=16,
+        description="label -> value, all equal for an alert to be held back "
+        '(e.g. {"alertname": "FatalHardwareFault", "node": "gpu-17"})',
+    )  # fmt: skip
+    comment: str = Field(min_length=1, max_length=1024, description="why; shown to whoever looks")
+    durationSeconds: float | None = Field(None, gt=0, allow_inf_nan=False)
+    endsAt: float | None = Field(None, gt=0, allow_inf_nan=False, description="or an end time")
+    startsAt: float | None = Field(None, gt=0, allow_inf_nan=False, description="default: now")
+
+
+def _silences(request: Request) -> SilenceStore:
+    svc = request.app.state.services
+    return SilenceStore(svc.metadata, svc.access)
+
+
+@router.post(
+    "/silences",
+    summary="Silence alerts: matching ones keep firing but notify no one until it ends",
+    status_code=201,
+)
+async def create_silence(request: Request, body: SilenceBody, scope: Acker) -> dict[str, Any]:
+    if (body.durationSeconds is None) == (body.endsAt is None):
+        raise HTTPException(400, "give durationSeconds or endsAt (one of them)")
+    start = body.startsAt if body.startsAt is not None else time.time()
+    ends = body.endsAt if body.endsAt is not None else start + float(body.durationSeconds or 0)
+    store = _silences(request)
+    return await anyio.to_thread.run_sync(
+        lambda: store.create(scope, body.matchers, ends, body.comment, start)
+    )
+
+
+@router.get("/silences", summary="Silences in force or to come, and those ended in the last day")
+async def list_silences(request: Request, scope: InfraReader) -> dict[str, Any]:
+    store = _silences(request)
+    return {"silences": await anyio.to_thread.run_sync(store.list, scope)}
+
+
+@router.delete("/silences/{silence_id}", summary="Expire a silence now (audited)")
+async def expire_silence(request: Request, silence_id: Id, scope: Acker) -> dict[str, Any]:
+    store = _silences(request)
+    return await anyio.to_thread.run_sync(store.expire, scope, silence_id)

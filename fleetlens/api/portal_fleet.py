@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
 
+from ..alerts.silences import SilenceStore
 from ..services.goodput import GoodputQueries, program_spec
 from ..services.portal import PortalQueries
 from ..store.findings import FindingsStore
@@ -131,6 +132,7 @@ def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         ],
         "alerts": alerts,
         "incidents": incidents,
+        "silences": SilenceStore(svc.metadata, svc.access).list(scope),
     }
 
 
@@ -150,6 +152,7 @@ def _infra_alert(a: dict[str, Any]) -> dict[str, Any]:
         "startsAt": a["startsAt"],
         "incidentId": a["incidentId"],
         "ackedBy": a["ackedBy"],
+        "silencedBy": a["silencedBy"],
         "ackedAt": a["ackedAt"],
         "runbookUrl": a["annotations"].get("runbook_url"),
     }
@@ -192,6 +195,7 @@ def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         "remediations": actions,  # trimmed for on-call (api.remediation.INFRA_KEYS)
         "alerts": alerts,
         "incidents": [incidents[i] for i in sorted(incidents)],
+        "silences": SilenceStore(svc.metadata, svc.access).list(scope),
     }
 
 

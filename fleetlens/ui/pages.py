@@ -203,7 +203,11 @@ approval, or taking a node out (draining, removing, restarting)</caption><thead>
 <table id="alerts"><caption>Firing alerts, each linked to its runbook</caption><thead><tr>
 <th scope="col">Alert</th><th scope="col">Severity</th><th scope="col">Run</th>
 <th scope="col">Summary</th><th scope="col">Age</th><th scope="col">Acknowledged</th>
-<th scope="col">Incident</th></tr></thead><tbody></tbody></table>
+<th scope="col">Silence</th><th scope="col">Incident</th></tr></thead><tbody></tbody></table>
+<table id="silences"><caption>Silences in force, to come, or ended in the last day: the alerts
+they match keep firing but notify no one</caption><thead><tr><th scope="col">Silence</th>
+<th scope="col">Matchers</th><th scope="col">Until</th><th scope="col">Comment</th>
+<th scope="col">By</th><th scope="col">State</th></tr></thead><tbody></tbody></table>
 <table id="incidents"><caption>Open incidents</caption><thead><tr><th scope="col">Incident</th>
 <th scope="col">Run</th><th scope="col">Title</th><th scope="col">Status</th></tr></thead>
 <tbody></tbody></table></section>

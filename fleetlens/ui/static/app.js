@@ -49,6 +49,14 @@
     return r.json();
   }
 
+  async function send(method, path, payload) {
+    const headers = authHeaders();
+    if (payload !== undefined) headers["Content-Type"] = "application/json";
+    const r = await fetch(path, { method, headers, body: payload === undefined ? undefined : JSON.stringify(payload) });
+    if (!r.ok) throw await httpError(r, "");
+    return r.json();
+  }
+
   function text(v) { return v === null || v === undefined ? "–" : String(v); }
   function pct(v) { return v === null || v === undefined || !isFinite(v) ? "–" : (100 * v).toFixed(1) + "%"; }
   function dur(s) {
@@ -417,7 +425,7 @@
     nodes: ["Node", "Fatal", "Recoverable", "Tenant: run", "Latest"],
     actions: ["Node", "Tenant", "Run", "State", "Age", "Reason"],
     drains: ["Node", "Tenant", "Run", "Kind", "When", "Message"],
-    alerts: ["Alert", "Severity", "Tenant", "Node", "Run", "Summary", "Age", "Acknowledged", "Incident"],
+    alerts: ["Alert", "Severity", "Tenant", "Node", "Run", "Summary", "Age", "Acknowledged", "Silence", "Incident"],
     incidents: ["Incident", "Tenant", "Run", "Infrastructure alerts", "Status"],
   };
   const INFRA_CAPTIONS = {
@@ -479,6 +487,68 @@
     return { node: span };
   }
 
+  // Silencing an alert: its name and its run (a tenant's view) or its node (on-call's), for a
+  // while, with a reason; or the silences already holding it back.
+  function silenceCell(a, matchers, done) {
+    if (a.silencedBy && a.silencedBy.length) return `silenced (#${a.silencedBy.join(", #")})`;
+    const span = document.createElement("span");
+    const open = document.createElement("button");
+    open.type = "button";
+    open.className = "approve";
+    open.textContent = "Silence…";
+    open.setAttribute("aria-label", `Silence alert ${a.alertname} #${a.id}`);
+    const form = document.createElement("form");
+    form.className = "inline-form silence-form";
+    form.hidden = true;
+    const id = `sil-${a.id}`;
+    form.innerHTML = `<label for="${id}-for">for</label><select id="${id}-for"><option value="3600">1 hour</option>`
+      + `<option value="14400">4 hours</option><option value="86400">24 hours</option></select>`
+      + `<label for="${id}-why">because</label><input id="${id}-why" type="text" aria-required="true" size="18">`
+      + `<button type="submit">Silence</button>`;
+    const msg = document.createElement("div");
+    msg.className = "error";
+    msg.setAttribute("role", "alert");
+    open.addEventListener("click", () => { open.hidden = true; form.hidden = false; form.querySelector("input").focus(); });
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      msg.textContent = "";
+      const comment = form.querySelector("input").value.trim();
+      if (!comment) { msg.textContent = "Say why: whoever is paged next reads it."; return; }
+      try {
+        await send("POST", "/v1/silences", { matchers, comment, durationSeconds: Number(form.querySelector("select").value) });
+        await done();
+      } catch (err) {
+        if (err.status === 401) { signIn.show(Boolean(storedToken())); return; }
+        msg.textContent = `Could not silence: ${err.message}`;
+      }
+    });
+    span.append(open, form, msg);
+    return { node: span };
+  }
+
+  function silenceRows(silences, now, done) {
+    return silences.map((x) => {
+      const over = x.endsAt <= now;
+      let state = over ? "ended" : x.startsAt > now ? "to come" : "in force";
+      if (!over) {
+        const b = document.createElement("button");
+        b.type = "button";
+        b.className = "approve";
+        b.textContent = "Expire";
+        b.setAttribute("aria-label", `Expire silence #${x.id}`);
+        b.addEventListener("click", async () => {
+          b.disabled = true;
+          try { await send("DELETE", `/v1/silences/${x.id}`); await done(); } catch (err) { b.disabled = false; }
+        });
+        const span = document.createElement("span");
+        span.append(state + " ", b);
+        state = { node: span };
+      }
+      return [{ th: `#${x.id}` }, Object.entries(x.matchers).map(([k, v]) => `${k}=${v}`).join(", "),
+        `${when(x.endsAt)} UTC`, x.comment, x.createdBy, state];
+    });
+  }
+
   function runLinks(ids) {
     const span = document.createElement("span");
     ids.forEach((r, i) => { if (i) span.append(", "); span.append(link(`/runs/${enc(r)}`, r)); });
@@ -506,8 +576,11 @@
       fill("drains", d.drains.map((e) => [{ th: e.node }, e.tenant, e.runId, e.kind, when(e.time), e.message]), "no drains");
       fill("alerts", d.alerts.map((a) => [alertName(a), a.severity, a.tenant,
         [a.node, a.gpu !== null ? `GPU ${a.gpu}` : null].filter(Boolean).join(" ") || "–", a.runId, a.summary,
-        since(a.startsAt), ackCell(a, d.generatedAt, oncallPage), text(a.incidentId)]),
+        since(a.startsAt), ackCell(a, d.generatedAt, oncallPage),
+        silenceCell(a, a.node ? { alertname: a.alertname, node: a.node } : { alertname: a.alertname, run_id: a.runId }, oncallPage),
+        text(a.incidentId)]),
       "no firing infrastructure alerts");
+      fill("silences", silenceRows(d.silences || [], d.generatedAt, oncallPage), "no silences");
       fill("incidents", d.incidents.map((i) => [{ th: i.id }, i.tenant, i.runId, i.alerts.join("; "), "open"]), "no open incidents");
       return true;
     }
@@ -523,7 +596,9 @@
     "no drains in progress or actions awaiting approval");
     fill("drains", d.drains.map((e) => [{ th: text(e.node) }, e.runId, text(e.step), e.message]), "no drains");
     fill("alerts", d.alerts.map((a) => [alertName(a), a.severity, runCell(a.runId),
-      a.annotations.summary || "", since(a.startsAt), ackCell(a, d.generatedAt, oncallPage), text(a.incidentId)]), "no firing alerts");
+      a.annotations.summary || "", since(a.startsAt), ackCell(a, d.generatedAt, oncallPage),
+      silenceCell(a, { alertname: a.alertname, run_id: a.runId }, oncallPage), text(a.incidentId)]), "no firing alerts");
+    fill("silences", silenceRows(d.silences || [], d.generatedAt, oncallPage), "no silences");
     fill("incidents", d.incidents.map((i) => [{ th: i.id }, i.runId, i.title, i.status]), "no open incidents");
     return true;
   }

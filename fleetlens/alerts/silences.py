@@ -1,0 +1,144 @@
+"""Silences, as Alertmanager users know them: label matchers and a window of time during which
+the alerts they match keep firing (and show as silenced) but notify no one. When a silence ends
+or is expired early, a still-firing alert it held back is notified at the next pass.
+
+A tenant's writer silences that tenant's alerts; infrastructure on-call (role ``oncall``)
+silences any tenant's infrastructure alerts (audience ``infra_oncall``), as it sees them on its
+On-call page. Creating and expiring are audited.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import or_, select
+
+from ..errors import ConfigError, NotFound
+from ..store.access import AccessStore
+from ..store.metadata import MetadataStore
+from ..store.scope import Scope
+from ..store.scoped import all_tenants, scoped
+from .models import Silence
+
+__all__ = ["MAX_SILENCE_S", "ActiveSilences", "SilenceStore"]
+
+MAX_SILENCE_S = 30 * 86400.0
+"""The longest a silence may last: longer, and it is a policy change (override the rule)."""
+
+
+def silence_json(s: Silence) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "matchers": dict(s.matchers),
+        "startsAt": s.starts_at,
+        "endsAt": s.ends_at,
+        "comment": s.comment,
+        "createdBy": s.created_by,
+        "createdAt": s.created_at,
+        "infra": s.infra,
+        "tenant": s.tenant,
+    }
+
+
+@dataclass(frozen=True)
+class ActiveSilences:
+    """The silences in force at one moment for one tenant's alerts."""
+
+    own: tuple[tuple[int, dict[str, str]], ...]
+    infra: tuple[tuple[int, dict[str, str]], ...]
+
+    def matching(self, labels: Mapping[str, str], audience: str) -> list[int]:
+        """Ids of the silences that hold back an alert with these labels."""
+        ids = [i for i, m in self.own if all(labels.get(k) == v for k, v in m.items())]
+        if audience == "infra_oncall":
+            ids += [i for i, m in self.infra if all(labels.get(k) == v for k, v in m.items())]
+        return ids
+
+
+class SilenceStore:
+    def __init__(self, metadata: MetadataStore, access: AccessStore) -> None:
+        self._session = metadata.session
+        self.access = access
+
+    def create(
+        self,
+        scope: Scope,
+        matchers: dict[str, str],
+        ends_at: float,
+        comment: str,
+        starts_at: float | None = None,
+    ) -> dict[str, Any]:
+        now = time.time()
+        start = now if starts_at is None else starts_at
+        if not matchers or any(not k or not v for k, v in matchers.items()):
+            raise ConfigError("a silence needs at least one matcher, each a label and a value")
+        if not comment.strip():
+            raise ConfigError("say why in the comment: whoever is paged next reads it")
+        if not start < ends_at <= start + MAX_SILENCE_S:
+            raise ConfigError(
+                f"a silence ends after it starts and lasts at most {MAX_SILENCE_S / 86400:g} days"
+            )
+        if ends_at <= now:
+            raise ConfigError("this silence would already be over")
+        with self._session() as s:
+            row = Silence(
+                tenant=scope.tenant,
+                infra=scope.cross_tenant_infra,
+                matchers=dict(matchers),
+                starts_at=start,
+                ends_at=ends_at,
+                comment=comment.strip(),
+                created_by=scope.actor,
+                created_at=now,
+            )
+            s.add(row)
+            s.flush()
+            out = silence_json(row)
+        self.access.audit(scope.tenant, scope.actor, "silence.create", f"silence:{out['id']}",
+                          {"matchers": matchers, "endsAt": ends_at}, scope.remote)  # fmt: skip
+        return out
+
+    def _visible(self, scope: Scope) -> Any:
+        q = select(Silence)
+        if scope.cross_tenant_infra:
+            return all_tenants(q).where(Silence.infra.is_(True))
+        return scoped(q, scope)
+
+    def list(self, scope: Scope, include_expired_s: float = 86400.0) -> list[dict[str, Any]]:
+        """Silences in force or to come, and those that ended in the last ``include_expired_s``."""
+        since = time.time() - include_expired_s
+        with self._session() as s:
+            rows = s.scalars(
+                self._visible(scope).where(Silence.ends_at >= since).order_by(Silence.id.desc())
+            ).all()
+            return [silence_json(r) for r in rows]
+
+    def expire(self, scope: Scope, silence_id: int) -> dict[str, Any]:
+        now = time.time()
+        with self._session() as s:
+            row = s.scalars(self._visible(scope).where(Silence.id == silence_id)).first()
+            if row is None:
+                raise NotFound(f"silence {silence_id} does not exist")
+            row.ends_at = min(row.ends_at, now)
+            out = silence_json(row)
+        self.access.audit(scope.tenant, scope.actor, "silence.expire", f"silence:{silence_id}",
+                          {}, scope.remote)  # fmt: skip
+        return out
+
+
+def active(session: Any, tenant: str, now: float) -> ActiveSilences:
+    """The silences in force at ``now`` for ``tenant``'s alerts: its own, and on-call's (for its
+    infrastructure alerts), read in the caller's session."""
+    q = all_tenants(select(Silence)).where(
+        Silence.starts_at <= now,
+        Silence.ends_at > now,
+        or_(Silence.tenant == tenant, Silence.infra.is_(True)),
+    )
+    own: list[tuple[int, dict[str, str]]] = []
+    infra: list[tuple[int, dict[str, str]]] = []
+    for r in session.scalars(q).all():
+        (infra if r.infra else own).append((r.id, dict(r.matchers)))
+    return ActiveSilences(tuple(own), tuple(infra))
