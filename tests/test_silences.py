@@ -32,9 +32,9 @@ def _candidate(rule: str, run: str, node: str = "") -> Candidate:
 
 
 def test_a_silenced_alert_fires_but_notifies_no_one_until_the_silence_ends(
-    tmp_path: Path,
+    metadata_url: str,
 ) -> None:
-    meta = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
+    meta = MetadataStore(metadata_url)  # SQLite and PostgreSQL: migration 0009 on both
     access = AccessStore(meta)
     alerts, silences = AlertStore(meta, access), SilenceStore(meta, access)
     writer = Scope("t1", "editor", actor="alice")
