@@ -23,7 +23,7 @@ from fleetlens.sim.library import load_scenario, run_scenario
 from .helpers import Server
 from .test_eval_loop import _adapter, _run_with_checkpoints, _stop, _suite
 from .test_eval_support import start_worker, wait_for
-from .test_portal import _open, pytestmark  # noqa: F401 - Chromium or skip
+from .test_portal import _open, playwright, pytestmark  # noqa: F401 - Chromium or skip
 
 CONFIG = {"model": "8b", "optim": {"lr": 3e-4}, "global_batch_size": 512, "seq_length": 8192}
 GATES = [
@@ -196,4 +196,40 @@ def test_unknown_model_says_so(played: Played, browser: Any) -> None:
 def test_compare_without_runs_asks_for_them(played: Played, browser: Any) -> None:
     page, errors = _open(browser, f"{played.srv.url}/compare", None)
     assert "Name two or more runs" in page.inner_text("#cmp-conclusion")
+    assert errors == []
+
+
+def test_runs_list_for_triage_searches_filters_and_sorts_with_the_state_in_the_url(
+    played: Played, browser: Any
+) -> None:
+    srv = played.srv
+    api = srv.get("/v1/portal/runs?q=cmp&sort=goodput&order=asc")
+    assert sorted(r["runId"] for r in api["runs"]) == ["cmp-base", "cmp-lr"]
+    goodputs = [r["goodput"] for r in api["runs"]]
+    assert goodputs == sorted(goodputs)
+    for r in api["runs"]:  # the run page's goodput, and the run's step time
+        overview = srv.get(f"/v1/runs/{r['runId']}/overview")
+        assert r["goodput"] == pytest.approx(overview["goodput"]["factors"]["jobProduct"])
+        assert r["stepTimeMs"] > 0 and r["durationSeconds"] > 0
+    assert api["total"] == 2 and api["sortedWithin"] == 2
+    assert srv.get("/v1/portal/runs?status=FAILED")["runs"] == []
+    st, _ = srv.request("GET", "/v1/portal/runs?sort=nonsense")
+    assert st == 422
+
+    page, errors = _open(browser, f"{srv.url}/", "runs-triage")
+    page.fill("#runs-q", "cmp")
+    page.click("#runs-filter button[type=submit]")
+    page.wait_for_url(re.compile(r"\?q=cmp$"))
+    playwright.expect(page.locator("#runs tbody tr")).to_have_count(2)
+    page.click("#runs thead button:text('Goodput')")
+    page.wait_for_url(re.compile(r"sort=goodput&order=desc"))
+    playwright.expect(page.locator("#runs thead th[aria-sort=descending]")).to_have_count(1)
+    page.reload()
+    page.wait_for_selector("body[data-loaded=true]")
+    assert page.input_value("#runs-q") == "cmp"
+    assert page.get_attribute("#runs thead th[aria-sort]", "aria-sort") == "descending"
+    desc = srv.get("/v1/portal/runs?q=cmp&sort=goodput&order=desc")["runs"]
+    assert page.inner_text("#runs tbody tr:first-child th") == desc[0]["runId"]
+    cells = page.locator("#runs tbody tr:first-child td").all_inner_texts()
+    assert cells[2].endswith("%") and cells[3].endswith(" ms")
     assert errors == []

@@ -61,6 +61,7 @@ from .ingest import IngestFastPath, error_response, ingest_batch, ingest_batches
 from .leader import LeaderGauge, keep_electing, leader_of
 from .portal import router as portal_router
 from .portal_fleet import router as portal_fleet_router
+from .portal_runs import router as portal_runs_router
 from .remediation import router as remediation_router
 from .runs import router as runs_router
 from .scheduler import IMPORT_COMPONENTS
@@ -443,6 +444,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(admin_router)
     app.include_router(portal_router)
     app.include_router(portal_fleet_router)
+    app.include_router(portal_runs_router)
     app.include_router(evaluations_router)
     app.include_router(remediation_router)
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 
 from .metadata import MetadataStore
 from .models import AnalysisCursor, Finding, Run, WorkloadBaseline
@@ -250,6 +250,21 @@ class FindingsStore:
                 q = q.where(Finding.kind.in_(kinds))
             rows = s.scalars(q.order_by(Finding.step, Finding.key)).all()
             return [FindingRow.of(f) for f in rows]
+
+    def diagnoses(self, scope: Scope, run_ids: list[str]) -> dict[str, dict[str, int]]:
+        """Run -> diagnosis -> how many findings (the caller has checked the runs)."""
+        out: dict[str, dict[str, int]] = {}
+        if not run_ids:
+            return out
+        with self._session() as s:
+            q = (
+                scoped(select(Finding.run_id, Finding.diagnosis, func.count()), scope, Finding)
+                .where(Finding.run_id.in_(run_ids))
+                .group_by(Finding.run_id, Finding.diagnosis)
+            )
+            for run, diagnosis, n in s.execute(q).all():
+                out.setdefault(run, {})[diagnosis] = int(n)
+        return out
 
     def clear(self, tenant: str, run_id: str) -> None:
         with self._session() as s:

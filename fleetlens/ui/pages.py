@@ -101,11 +101,20 @@ nodes with faults, drains and infrastructure alerts of every tenant.</p>
 """
 
 RUNS = """
+<form id="runs-filter" class="inline-form" role="search">
+<label for="runs-q">Search</label>
+<input id="runs-q" type="search" placeholder="run id or project" autocomplete="off" size="24">
+<fieldset class="inline-form"><legend>Status</legend>
+<label><input type="checkbox" name="status" value="RUNNING"> running</label>
+<label><input type="checkbox" name="status" value="STALLED"> stalled</label>
+<label><input type="checkbox" name="status" value="FINISHED"> finished</label>
+<label><input type="checkbox" name="status" value="FAILED"> failed</label></fieldset>
+<button type="submit">Apply</button></form>
 <section aria-labelledby="h-runs"><h2 id="h-runs">Runs</h2>
 <table id="runs"><caption>Runs, most recently active first</caption><thead><tr>
-<th scope="col">Run</th><th scope="col">Project</th><th scope="col">Status</th>
-<th scope="col">Step</th><th scope="col">Ranks</th><th scope="col">Last seen</th>
-<th scope="col">Failure page</th></tr></thead><tbody></tbody></table></section>
+<th scope="col">Run</th></tr></thead><tbody></tbody></table>
+<p class="inline-form"><button type="button" id="runs-prev">Previous</button>
+<span id="runs-range"></span><button type="button" id="runs-next">Next</button></p></section>
 """
 
 RUN = """
@@ -310,7 +319,7 @@ async def _visible_run(request: Request, scope: Scope | None, run_id: str) -> No
 
 @router.get("/", response_class=HTMLResponse)
 async def runs_page(request: Request, scope: Reader) -> HTMLResponse:
-    return _page(request, "runs", "Runs", RUNS)
+    return page(request, "runs", "Runs", RUNS, script="models.js")
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)

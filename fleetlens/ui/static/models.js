@@ -28,6 +28,99 @@
     return ul;
   }
 
+  // ---------------------------------------------------------------- runs list
+  // Triage: the server searches, filters, sorts and pages (/v1/portal/runs); the state is the
+  // URL's (?q=&status=RUNNING,FAILED&sort=goodput&order=asc&offset=50), so a view can be shared
+  // and survives a reload. A column's header sorts by it (again: the other way).
+  const RUN_COLS = [
+    ["Run", "runId"], ["Project", null], ["Status", "status"], ["Goodput", "goodput"],
+    ["Step time", "stepTime"], ["Findings", "findings"], ["Alerts firing", "alerts"],
+    ["Duration", "duration"], ["Step", null], ["Ranks", "worldSize"], ["Last seen (UTC)", "lastSeen"],
+    ["Failure page", null],
+  ];
+  const PAGE = 50;
+
+  function runsState() {
+    const q = new URLSearchParams(window.location.search);
+    return { q: q.get("q") || "", status: (q.get("status") || "").split(",").filter(Boolean),
+      sort: q.get("sort") || "lastSeen", order: q.get("order") || "desc", offset: Number(q.get("offset") || 0) };
+  }
+
+  function setRunsState(st) {
+    const q = new URLSearchParams();
+    if (st.q) q.set("q", st.q);
+    if (st.status.length) q.set("status", st.status.join(","));
+    if (st.sort !== "lastSeen" || st.order !== "desc") { q.set("sort", st.sort); q.set("order", st.order); }
+    if (st.offset) q.set("offset", String(st.offset));
+    history.pushState(null, "", q.toString() ? `?${q}` : window.location.pathname);
+    runsPage();
+  }
+
+  function bindRuns() {
+    const form = document.getElementById("runs-filter");
+    if (form.dataset.bound) return;
+    form.dataset.bound = "true";
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const st = runsState();
+      st.q = document.getElementById("runs-q").value.trim();
+      st.status = [...form.querySelectorAll("input[name=status]:checked")].map((x) => x.value);
+      st.offset = 0;
+      setRunsState(st);
+    });
+    document.getElementById("runs-prev").addEventListener("click", () => { const st = runsState(); st.offset = Math.max(0, st.offset - PAGE); setRunsState(st); });
+    document.getElementById("runs-next").addEventListener("click", () => { const st = runsState(); st.offset += PAGE; setRunsState(st); });
+    window.addEventListener("popstate", () => runsPage());
+  }
+
+  async function runsPage() {
+    bindRuns();
+    const st = runsState();
+    document.getElementById("runs-q").value = st.q;
+    document.querySelectorAll("#runs-filter input[name=status]").forEach((x) => { x.checked = st.status.includes(x.value); });
+    const api = new URLSearchParams({ sort: st.sort, order: st.order, offset: String(st.offset), limit: String(PAGE) });
+    if (st.q) api.set("q", st.q);
+    if (st.status.length) api.set("status", st.status.join(","));
+    const d = await getJSON(`/v1/portal/runs?${api}`);
+    const tr = document.querySelector("#runs thead tr");
+    tr.textContent = "";
+    for (const [label, key] of RUN_COLS) {
+      const th = document.createElement("th");
+      th.scope = "col";
+      if (key) {
+        const b = document.createElement("button");
+        b.type = "button";
+        b.className = "sort";
+        b.textContent = label + (st.sort === key ? (st.order === "desc" ? " ▼" : " ▲") : "");
+        b.addEventListener("click", () => {
+          const ns = runsState();
+          ns.order = ns.sort === key && ns.order === "desc" ? "asc" : "desc";
+          ns.sort = key;
+          ns.offset = 0;
+          setRunsState(ns);
+        });
+        th.appendChild(b);
+        if (st.sort === key) th.setAttribute("aria-sort", st.order === "desc" ? "descending" : "ascending");
+      } else th.textContent = label;
+      tr.appendChild(th);
+    }
+    fill("runs", d.runs.map((r) => [
+      { th: r.runId, node: link(`/runs/${enc(r.runId)}`, r.runId) }, r.project, r.status, pct(r.goodput),
+      r.stepTimeMs === null ? "–" : `${F(r.stepTimeMs)} ms`,
+      r.findingsCount ? `${r.findingsCount}: ${Object.keys(r.findings).join(", ")}` : "none",
+      r.alertsFiring, secs(r.durationSeconds), text(r.lastStep), text(r.worldSize), when(r.lastSeen),
+      { node: link(`/runs/${enc(r.runId)}/failure`, "failure page") },
+    ]), st.q || st.status.length ? "no run matches" : "no runs yet");
+    const caption = `Runs, ${st.sort === "lastSeen" && st.order === "desc" ? "most recently active first" : `by ${st.sort} (${st.order === "desc" ? "highest" : "lowest"} first)`}`
+      + (d.sortedWithin !== null ? `, among the ${d.sortedWithin} most recently active` : "");
+    document.querySelector("#runs caption").textContent = caption;
+    document.getElementById("runs-range").textContent = d.total
+      ? `${d.offset + 1}–${d.offset + d.runs.length} of ${d.total}` : "";
+    document.getElementById("runs-prev").disabled = d.offset === 0;
+    document.getElementById("runs-next").disabled = d.offset + d.runs.length >= d.total;
+    return true;
+  }
+
   // ---------------------------------------------------------------- compare
   function runsOfUrl() {
     const q = new URLSearchParams(window.location.search);
@@ -267,5 +360,6 @@
   // The runbooks page is drawn by the server (ui/runbook_page.py): nothing to fetch.
   const runbooksPage = async () => false;
 
-  return { compare: comparePage, models: modelsPage, model: modelPage, evaluation: evaluationPage, runbooks: runbooksPage };
+  return { runs: runsPage, compare: comparePage, models: modelsPage, model: modelPage, evaluation: evaluationPage,
+    runbooks: runbooksPage };
 });
