@@ -191,7 +191,7 @@ def test_diagnose_prints_findings_with_evidence(fleet: Server) -> None:
 def test_compare_two_runs(fleet: Server) -> None:
     lines = ok("compare", STRAGGLER, THERMAL, "--server", fleet.url).splitlines()
     assert lines[0].split() == [STRAGGLER, THERMAL]
-    labels = ("step time (s)", "tokens/s", "goodput (productive share)", "health")
+    labels = ("step time (s)", "tokens/s", "goodput (job)", "runtime goodput", "health")
     for label in labels:
         assert any(x.startswith(label) for x in lines), (label, lines)
     one = fleetlens_cmd("compare", STRAGGLER, "--server", fleet.url)

@@ -175,6 +175,15 @@ def _b_alert(t: Tenants) -> dict[str, Any]:
     raise AssertionError("bolt's fatal Xid raised no alert")
 
 
+def _b_silence(t: Tenants) -> str:
+    """Bolt's silence of its node's alerts (its matchers name bolt's node)."""
+    body = {"matchers": {"node": "bolt-node-7"}, "comment": "bolt-node-7 in repair",
+            "durationSeconds": 3600}  # fmt: skip
+    status, sil = t.server.request("POST", "/v1/silences", body, token=t.tokens["b-admin"])
+    assert status == 201, sil
+    return str(sil["id"])
+
+
 def _b_window(t: Tenants) -> str:
     """The failure window kept for bolt's fatal Xid (scheduled with its page)."""
     path = "/v1/runs/bolt-secret-run/preserved"
@@ -250,6 +259,11 @@ BODIES = {
         "format": "sacct",
         "data": "JobID|JobName|Partition|AllocTRES|Submit|Start|End|State\n",
     },
+    ("post", "/v1/silences"): {
+        "matchers": {"alertname": "JobHang"},
+        "comment": "acme's own",
+        "durationSeconds": 60,
+    },
     ("post", "/v1/remediations/{remediation_id}/approve"): {},
     ("post", "/v1/remediations/{remediation_id}/reject"): {},
 }
@@ -272,6 +286,7 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
         "incident_id": str(b_alert["incidentId"]),
         "window_id": _b_window(t),
         "remediation_id": _b_remediation(t),
+        "silence_id": _b_silence(t),
         **b_eval,
     }
     walked = 0
