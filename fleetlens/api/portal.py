@@ -125,10 +125,16 @@ async def overview(
     run_id: str,
     scope: Reader,
     points: Annotated[int, Query(ge=10, le=2000)] = 400,
+    from_step: Annotated[int | None, Query(alias="fromStep", ge=0, le=2**62)] = None,
+    to_step: Annotated[int | None, Query(alias="toStep", ge=0, le=2**62)] = None,
 ) -> Response:
     """Status, summary, goodput, the step-time and scalar series and the recent timeline. The
-    heatmap and the slowest ranks, below the fold, come from ``/heatmap?slowest=``."""
+    heatmap and the slowest ranks, below the fold, come from ``/heatmap?slowest=``. With
+    ``fromStep``/``toStep`` (the page's zoomed range) the series and the timeline cover that
+    window, at ``points`` buckets; the summary, goodput and findings stay the whole run's."""
     svc = request.app.state.services
+    if from_step is not None and to_step is not None and from_step > to_step:
+        raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
 
     def work() -> Response:
         clock = Clock()
@@ -149,7 +155,10 @@ async def overview(
         clock.mark("summary")
         if not len(per_step):
             return json_response(request, out, clock)
-        lo, hi = int(per_step.step[0]), int(per_step.step[-1])
+        first, last = int(per_step.step[0]), int(per_step.step[-1])
+        lo = first if from_step is None else max(first, from_step)
+        hi = last if to_step is None else min(last, to_step)
+        out["window"] = {"fromStep": lo, "toStep": hi, "runFromStep": first, "runToStep": last}
         out["stepSeries"] = step_buckets(per_step, lo, hi, points)
         clock.mark("stepSeries")
         names = [n for n in latest if n in SCALARS or len(latest) < 6]
@@ -234,6 +243,11 @@ async def heatmap(
             raise HTTPException(400, "a heatmap window covers at most 1,000,000 steps")
         out = {"runId": run_id, **pq.heatmap(run_id, lo, hi, rng[2], ranks, steps)}
         clock.mark("heatmap")
+        # Per row, the rank its click opens and where that rank ran (the hover names them).
+        out["rowRanks"] = RankQueries(svc.telemetry, scope).rows(
+            run_id, lo, hi, out["ranksPerRow"], out["rows"]
+        )
+        clock.mark("rows")
         if slowest:
             out["slowestRanks"] = RunQueries(svc.telemetry, scope).ranks(
                 run_id, lo, hi, "compute", True, slowest

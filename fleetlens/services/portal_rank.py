@@ -135,3 +135,39 @@ class RankQueries:
         if not row["s_n"]:
             return None
         return float(row["s_t0"]), float(row["s_t1"])
+
+    def rows(
+        self, run_id: str, lo: int, hi: int, per_row: int, n_rows: int
+    ) -> dict[str, list[Any]]:
+        """For the heatmap's rows of ``per_row`` ranks: the rank a click opens (the row's
+        slowest by median compute over [lo, hi]; the rank itself for one-rank rows), and the
+        node and GPU of that rank (its latest placement)."""
+        pick = list(range(0, n_rows * per_row, per_row))
+        if per_row > 1:
+            for r in self.r.table(
+                "SELECT intDiv(rank, {rw:Int64}) AS w_row, argMax(rank, w_c) AS w_rank FROM ("
+                f" SELECT rank, quantile(0.5)({COMPUTE_SQL}) AS w_c FROM {{db}}.steps"
+                " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+                " AND step BETWEEN {lo:Int64} AND {hi:Int64} GROUP BY rank) GROUP BY w_row",
+                run=run_id,
+                lo=lo,
+                hi=hi,
+                rw=per_row,
+            ).to_pylist():
+                if 0 <= int(r["w_row"]) < n_rows:
+                    pick[int(r["w_row"])] = int(r["w_rank"])
+        places = {
+            int(r["rank"]): (r["x_node"], int(r["x_gpu"]))
+            for r in self.r.table(
+                "SELECT rank, argMax(node_id, time) AS x_node, argMax(gpu, time) AS x_gpu"
+                " FROM {db}.placement WHERE tenant = {tenant:String} AND run_id = {run:String}"
+                " AND rank IN {ranks:Array(Int32)} GROUP BY rank",
+                run=run_id,
+                ranks=pick,
+            ).to_pylist()
+        }
+        return {
+            "rank": pick,
+            "node": [places.get(k, (None, None))[0] for k in pick],
+            "gpu": [places.get(k, (None, None))[1] for k in pick],
+        }
