@@ -578,7 +578,9 @@
   window.FLApp = {
     F, page, runId, body, getJSON, fill, link, text, pct, dur, secs, when, enc, cards, hardware,
     evidence, stateLabel, remediationSection, actions: () => runActions, UNDER_WAY, LIVE_STATUSES,
-    pages: PAGES, reload: load, status,
+    pages: PAGES, status,
+    // A new view (another step range): loads as a first load does (body[data-loaded] goes away).
+    reload: () => { delete body.dataset.loaded; return load(); },
   };
   // run.js (on the run and rank pages) registers its pages before this runs.
   document.addEventListener("DOMContentLoaded", load);

@@ -220,7 +220,7 @@ const FLPlots = (() => {
   function heatmapDraw(canvas, data, o, width) {
     const rows = data.rows, cols = data.columns;
     const w = width - M.l - M.r;
-    const cellH = Math.max(1, Math.min(8, Math.floor(440 / Math.max(1, rows))));
+    const cellH = Math.max(2, Math.min(8, Math.floor(520 / Math.max(1, rows))));  // 2 px: a row one can point at
     const h = rows * cellH;
     const height = h + M.t + M.b;
     const ratio = window.devicePixelRatio || 1;

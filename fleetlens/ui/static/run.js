@@ -29,9 +29,18 @@
     if (push) history.pushState(null, "", url); else history.replaceState(null, "", url);
   }
 
+  // A drag on one chart selects on every chart that shares its crosshair: the same range, set
+  // once.
   function setRange(lo, hi) {
-    if (lo === null) setParams({ fromStep: null, toStep: null }, true);
-    else setParams({ fromStep: Math.max(0, Math.floor(lo)), toStep: Math.max(0, Math.ceil(hi)) }, true);
+    const now = range();
+    if (lo === null) {
+      if (!now) return;
+      setParams({ fromStep: null, toStep: null }, true);
+    } else {
+      const a = Math.max(0, Math.floor(lo)), b = Math.max(a, Math.ceil(hi));
+      if (now && now.from === a && now.to === b) return;
+      setParams({ fromStep: a, toStep: b }, true);
+    }
     A.reload();
   }
   window.addEventListener("popstate", () => A.reload());
