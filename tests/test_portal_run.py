@@ -8,6 +8,7 @@ heatmap below the fold, pauses, and keeps a STALLED run and the runs list live.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import time
@@ -16,8 +17,14 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from . import test_portal as base
 from .helpers import Server, step_batch
-from .test_portal import RUN, _open, browser, played, playwright  # noqa: F401 (fixtures)
+
+RUN = base.RUN
+playwright = base.playwright
+# The portal tests' fixtures: a server with the demo run played into it, and Chromium.
+played = base.played
+browser = base.browser
 
 WIDE = {"width": 1440, "height": 900}
 
@@ -135,9 +142,8 @@ def test_hovering_a_chart_shows_values_on_every_chart_at_that_step(
     # A resized window redraws the charts at the new width.
     before = page.locator("#chart-step canvas").first.bounding_box()["width"]
     page.set_viewport_size({"width": 900, "height": 900})
-    page.wait_for_function(
-        f"document.querySelector('#chart-step canvas').getBoundingClientRect().width < {before - 200}"
-    )
+    width = "document.querySelector('#chart-step canvas').getBoundingClientRect().width"
+    page.wait_for_function(f"{width} < {before - 200}")
     assert errors == []
 
 
@@ -253,13 +259,15 @@ def test_a_stalled_runs_page_refreshes_through_a_503_and_pauses(
 
     # The server answers 503 for a while: the page keeps its data, says so, and backs off.
     overview: list[float] = []
-    page.on("request", lambda r: overview.append(time.monotonic()) if "/overview" in r.url else None)
+    page.on(
+        "request", lambda r: overview.append(time.monotonic()) if "/overview" in r.url else None
+    )
     page.route("**/overview*", lambda route: route.fulfill(status=503, body='{"detail":"down"}'))
     playwright.expect(page.locator("#status")).to_contain_text("Could not refresh", timeout=5000)
     assert page.get_attribute("body", "data-stale") == "true"
     assert _card(page, "Step") == "19"
     page.wait_for_timeout(3500)
-    gaps = [b - a for a, b in zip(overview, overview[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(overview)]
     assert gaps and gaps[-1] >= 0.9, gaps  # retries 1 s apart at least, not in a loop
     # The server is back, with new steps: the next retry (within a second) shows them.
     assert played.post(step_batch(LIVE, range(20, 40), 4, t0=time.time() - 20)[1])[0] == 200

@@ -244,9 +244,7 @@ async def heatmap(
         out = {"runId": run_id, **pq.heatmap(run_id, lo, hi, rng[2], ranks, steps)}
         clock.mark("heatmap")
         # Per row, the rank its click opens and where that rank ran (the hover names them).
-        out["rowRanks"] = RankQueries(svc.telemetry, scope).rows(
-            run_id, lo, hi, out["ranksPerRow"], out["rows"]
-        )
+        out["rowRanks"] = RankQueries(svc.telemetry, scope).rows(run_id, out.pop("rowRank"))
         clock.mark("rows")
         if slowest:
             out["slowestRanks"] = RunQueries(svc.telemetry, scope).ranks(

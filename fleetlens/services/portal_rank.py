@@ -4,8 +4,8 @@ The heatmap's click-through lands here. Per bucket of steps (``points`` at most)
 mean forward, backward, optimizer, compute, communication and input wait next to the mean rank's
 compute (from the rollup); where the rank ran (its placement in each job attempt: a restart may
 move it); and, per bucket of time over the window's span, its GPU's DCGM samples (SM clock and
-its maximum, temperature, power, framebuffer in use, the largest Xid). All bound to the
-caller's tenant.
+its maximum, temperature, power, framebuffer in use, the largest Xid). The heatmap's rows name
+their rank's node and GPU from here too. All bound to the caller's tenant.
 """
 
 from __future__ import annotations
@@ -136,26 +136,9 @@ class RankQueries:
             return None
         return float(row["s_t0"]), float(row["s_t1"])
 
-    def rows(
-        self, run_id: str, lo: int, hi: int, per_row: int, n_rows: int
-    ) -> dict[str, list[Any]]:
-        """For the heatmap's rows of ``per_row`` ranks: the rank a click opens (the row's
-        slowest by median compute over [lo, hi]; the rank itself for one-rank rows), and the
-        node and GPU of that rank (its latest placement)."""
-        pick = list(range(0, n_rows * per_row, per_row))
-        if per_row > 1:
-            for r in self.r.table(
-                "SELECT intDiv(rank, {rw:Int64}) AS w_row, argMax(rank, w_c) AS w_rank FROM ("
-                f" SELECT rank, quantile(0.5)({COMPUTE_SQL}) AS w_c FROM {{db}}.steps"
-                " WHERE tenant = {tenant:String} AND run_id = {run:String}"
-                " AND step BETWEEN {lo:Int64} AND {hi:Int64} GROUP BY rank) GROUP BY w_row",
-                run=run_id,
-                lo=lo,
-                hi=hi,
-                rw=per_row,
-            ).to_pylist():
-                if 0 <= int(r["w_row"]) < n_rows:
-                    pick[int(r["w_row"])] = int(r["w_rank"])
+    def rows(self, run_id: str, ranks: list[int]) -> dict[str, list[Any]]:
+        """The heatmap's rows: the rank each opens (``ranks``, one per row) and its node and GPU
+        (its latest placement)."""
         places = {
             int(r["rank"]): (r["x_node"], int(r["x_gpu"]))
             for r in self.r.table(
@@ -163,11 +146,11 @@ class RankQueries:
                 " FROM {db}.placement WHERE tenant = {tenant:String} AND run_id = {run:String}"
                 " AND rank IN {ranks:Array(Int32)} GROUP BY rank",
                 run=run_id,
-                ranks=pick,
+                ranks=ranks,
             ).to_pylist()
         }
         return {
-            "rank": pick,
-            "node": [places.get(k, (None, None))[0] for k in pick],
-            "gpu": [places.get(k, (None, None))[1] for k in pick],
+            "rank": ranks,
+            "node": [places.get(k, (None, None))[0] for k in ranks],
+            "gpu": [places.get(k, (None, None))[1] for k in ranks],
         }

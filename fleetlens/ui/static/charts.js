@@ -30,10 +30,6 @@ const FLCharts = (() => {
     return v.toPrecision(2);
   }
 
-  function num(v) {
-    return typeof v === "number" && isFinite(v) ? v : null;
-  }
-
   function ticks(lo, hi, n) {
     if (!(hi > lo)) return [lo];
     const raw = (hi - lo) / n;

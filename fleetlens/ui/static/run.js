@@ -286,7 +286,7 @@
           const r0 = row * h.ranksPerRow, r1 = Math.min(r0 + h.ranksPerRow, h.rows * h.ranksPerRow) - 1;
           const s0 = h.fromStep + col * h.stepsPerColumn, s1 = Math.min(h.toStep, s0 + h.stepsPerColumn - 1);
           const v = h.cells[row][col], med = h.medians[col];
-          const who = rows.rank[row] !== undefined ? `rank ${rows.rank[row]}${h.ranksPerRow > 1 ? ` (slowest of ranks ${r0}–${r1})` : ""}` : `ranks ${r0}–${r1}`;
+          const who = rows.rank[row] !== undefined ? `rank ${rows.rank[row]}${h.ranksPerRow > 1 ? ` (slowest of ranks ${r0}–${r1} in most cells)` : ""}` : `ranks ${r0}–${r1}`;
           const at = rows.node[row] ? ` on ${rows.node[row]} GPU ${rows.gpu[row]}` : "";
           const val = typeof v === "number" ? `${F(v)} ms compute${med ? ` (${(v / med).toFixed(2)}× the column median)` : ""}` : "no data";
           return `${who}${at} · step${s0 === s1 ? ` ${s0}` : `s ${s0}–${s1}`} · ${val}. Click for the rank's page.`;
@@ -310,7 +310,7 @@
   if (A.page === "run") {
     new IntersectionObserver((entries) => {
       heatInView = entries.some((e) => e.isIntersecting);
-      if (heatInView && heatStale) heatSection(heatKey === null ? rangeQuery() : rangeQuery()).catch(() => {});
+      if (heatInView && heatStale) heatSection(rangeQuery()).catch(() => {});
     }).observe(document.getElementById("heat"));
   }
 
@@ -340,12 +340,17 @@
         { name: "comm wait", values: ms("comm"), color: "#d97706" },
         { name: "data wait", values: ms("dataWait"), color: "#9ca3af" },
       ] });
-    const samples = (d.placements || []).flatMap((p) => p.samples || []);
+    // Each placement's samples, with a gap between placements (no line across the restart).
+    const gap = { t: null, smClock: null, smClockMax: null, temp: null, power: null, fbUsed: null, xid: null };
+    const samples = (d.placements || []).flatMap((p, i) => {
+      const own = p.samples || [];
+      return i && own.length ? [Object.assign({}, gap, { t: own[0].t - 1e-3 })].concat(own) : own;
+    });
     const t = samples.map((s) => s.t);
     const gpu = (id, label, yLabel, unit, series) => FLPlots.line(document.getElementById(id), {
       label, yLabel, unit, x: t, xMode: "utc", smooth: v.smooth, log: v.log, sync: "rank-gpu", series });
     gpu("chart-clock", "SM clock of the rank's GPU over time, MHz, with its maximum", "SM clock (MHz)", "MHz",
-      [{ name: "SM clock", values: samples.map((s) => s.smClock) }, { name: "max SM clock", values: samples.map((s) => s.smClockMax), color: "#9ca3af", dash: [4, 2] }]);
+      [{ name: "max SM clock", values: samples.map((s) => s.smClockMax), color: "#9ca3af", dash: [4, 2] }, { name: "SM clock", values: samples.map((s) => s.smClock), color: "#2563eb" }]);
     gpu("chart-temp", "GPU temperature over time, °C", "Temperature (°C)", "°C", [{ name: "GPU temperature", values: samples.map((s) => s.temp), color: "#dc2626" }]);
     gpu("chart-power", "GPU power over time, W", "Power (W)", "W", [{ name: "power", values: samples.map((s) => s.power), color: "#d97706" }]);
     gpu("chart-mem", "GPU framebuffer memory in use over time, MiB", "Memory in use (MiB)", "MiB", [{ name: "framebuffer used", values: samples.map((s) => s.fbUsed), color: "#7c3aed" }]);
