@@ -384,11 +384,13 @@ def _thermal_action_state(srv: Server) -> str:
 
 
 def test_oncall_page_lists_the_drain_under_way(played: Server, browser: Any) -> None:
+    before = _thermal_action_state(played)  # the controller may move it on while the page loads
     page, errors = _open(browser, f"{played.url}/oncall", None)
     assert errors == []
     row = page.locator("#actions tbody tr", has_text="node-0011")
     cells = [c.strip() for c in row.locator("th, td").all_inner_texts()]
-    assert cells[:3] == ["node-0011", RUN, _thermal_action_state(played)] and cells[4] == "thermal"
+    assert cells[:2] == ["node-0011", RUN] and cells[4] == "thermal", cells
+    assert cells[2] in (before, _thermal_action_state(played)), cells
     value, unit = cells[3].split()  # its age, since the decision 42 s before the fixture ended
     assert unit in ("s", "min") and 40 <= float(value) * (60 if unit == "min" else 1) < 3600
     assert row.get_by_role("link", name=RUN).get_attribute("href") == f"/runs/{RUN}#remediation"
