@@ -204,6 +204,15 @@ def test_heatmap_hover_names_the_cell_and_a_click_opens_the_ranks_page(
     assert text.startswith("rank 37 on node-0004 GPU 5 · steps "), text
     assert re.search(r"\d+(\.\d+)? ms compute \(1\.\d\d× the column median\)", text), text
     assert page.locator("#heat-hot").get_attribute("data-rank") == "37"
+    # By keyboard: the first arrow lands on the outlined row, the next ones move; each cell is
+    # described in the tip and to screen readers.
+    canvas.focus()
+    page.keyboard.press("ArrowLeft")
+    assert tip.inner_text().startswith("rank 37 on node-0004 GPU 5 · steps ")
+    page.keyboard.press("ArrowDown")
+    assert tip.inner_text().startswith("rank 38 ")
+    assert page.inner_text("#heat-cell") == tip.inner_text()
+    page.keyboard.press("ArrowUp")
     page.mouse.click(x, y)
     page.wait_for_url(f"**/runs/{RUN}/ranks/37")
     page.wait_for_selector("body[data-loaded]")

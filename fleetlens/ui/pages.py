@@ -164,6 +164,7 @@ $controls
 <section aria-labelledby="h-heat" id="heat"><h2 id="h-heat">Rank × step heatmap of compute time</h2>
 <p id="heat-caption"></p><div class="heat-host"><canvas id="heatmap"></canvas>
 <div id="heat-tip" class="tip" hidden></div></div>
+<p id="heat-cell" class="sr" aria-live="polite"></p>
 <p id="heat-hot" class="hot"></p></section>
 <section aria-labelledby="h-ranks"><h2 id="h-ranks">Slowest ranks</h2>
 <table id="ranks"><caption>Slowest ranks by compute time over the heatmap window</caption>

@@ -200,6 +200,28 @@ const FLPlots = (() => {
       const c = cellAt(ev);
       if (c) canvas._flData.o.onCell(c.row, c.col);
     });
+    // The keyboard: arrows move over the cells (the tip, and the live region o.say, describe
+    // each), Enter opens the cell's rank; PageUp/PageDown move ten rows.
+    canvas.tabIndex = 0;
+    canvas.addEventListener("keydown", (ev) => {
+      const d = canvas._flData.data, g = canvas._flGeo;
+      const at = canvas._flCell || { row: d.hot ? d.hot.row : 0, col: d.columns - 1 };
+      const move = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1],
+        PageUp: [-10, 0], PageDown: [10, 0] }[ev.key];
+      if (ev.key === "Enter" && canvas._flCell) { canvas._flData.o.onCell(at.row, at.col); return; }
+      if (!move) return;
+      ev.preventDefault();
+      const c = { row: Math.max(0, Math.min(d.rows - 1, at.row + (canvas._flCell ? move[0] : 0))),
+        col: Math.max(0, Math.min(d.columns - 1, at.col + (canvas._flCell ? move[1] : 0))) };
+      canvas._flCell = c;
+      const text = canvas._flData.o.describe(c.row, c.col);
+      tip.textContent = text;
+      tip.hidden = false;
+      tip.style.left = `${Math.min(M.l + (c.col + 1) * g.cw, canvas.clientWidth - 260)}px`;
+      tip.style.top = `${M.t + (c.row + 1) * g.cellH + 4}px`;
+      if (canvas._flData.o.say) canvas._flData.o.say(text);
+    });
+    canvas.addEventListener("blur", () => { tip.hidden = true; });
     return geo;
   }
 

@@ -292,9 +292,10 @@
           return `${who}${at} · step${s0 === s1 ? ` ${s0}` : `s ${s0}–${s1}`} · ${val}. Click for the rank's page.`;
         },
         onCell: (row) => { location.href = rankHref(rows.rank[row] ?? row * h.ranksPerRow); },
+        say: (t) => { document.getElementById("heat-cell").textContent = t; },
       });
       document.getElementById("heat-caption").textContent =
-        `Steps ${h.fromStep}–${h.toStep}. Each cell is the maximum compute time of ${h.ranksPerRow} rank(s) over ${h.stepsPerColumn} step(s), coloured by its ratio to the column median (scale on the right). Hover a cell for its rank, node, GPU, steps and value; click it for the rank's page.`;
+        `Steps ${h.fromStep}–${h.toStep}. Each cell is the maximum compute time of ${h.ranksPerRow} rank(s) over ${h.stepsPerColumn} step(s), coloured by its ratio to the column median (scale on the right). Hover a cell (or focus the map and use the arrow keys) for its rank, node, GPU, steps and value; click it (or press Enter) for the rank's page.`;
       if (hot) {
         hp.dataset.rank = hot.rank; hp.dataset.rankFrom = hot.rankFrom; hp.dataset.rankTo = hot.rankTo; hp.dataset.row = hot.row;
         hp.append(`Outlined row ${hot.row}: ranks ${hot.rankFrom}–${hot.rankTo}, ${F(hot.ratio)}× the column median; slowest rank `,
