@@ -1,8 +1,9 @@
 """The run page's interactions in a real browser (Debian's Chromium, Playwright): "What's wrong"
 above the fold with each finding's cost, hover values on every chart, a brushed step range that
-every chart and table follows and the URL keeps over a reload, the heatmap's hover and
+every chart and table follows and the URL keeps over a reload, the heatmap's hover, keyboard and
 click-through to a rank page, and refreshing that survives a 503 (with backoff), skips the
-heatmap below the fold, pauses, and keeps a STALLED run and the runs list live.
+heatmap below the fold, pauses, and keeps a STALLED run and the runs list live. No console
+error and no request off the server (uPlot is vendored).
 ``FLEETLENS_SCREENSHOTS=DIR`` saves the run (above the fold) and rank pages.
 """
 
@@ -36,6 +37,12 @@ def _wide(browser: Any, url: str, name: str | None = None) -> tuple[Any, list[st
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("requestfailed", lambda r: errors.append(f"failed {r.url}"))
+    # Nothing but the server: uPlot is served by it, no CDN.
+    home = url.split("/", 3)[:3]
+    page.on(
+        "request",
+        lambda r: None if r.url.split("/", 3)[:3] == home else errors.append(f"off-host {r.url}"),
+    )
     page.goto(url)
     page.wait_for_selector("body[data-loaded]", timeout=30_000)
     assert page.get_attribute("body", "data-loaded") == "true", page.inner_text("#status")
