@@ -314,3 +314,21 @@ def test_the_runs_list_refreshes(played: Server, browser: Any) -> None:
     assert played.post(step_batch("fresh-run", range(0, 5), 2)[1])[0] == 200
     playwright.expect(page.locator("#runs")).to_contain_text("fresh-run", timeout=15_000)
     assert errors == []
+
+
+def test_rank_detail_has_its_phases_and_each_placements_gpu_samples(played: Server) -> None:
+    """Rank 150's GPU fell off the bus (Xid 79 on node-0018 GPU 6); the restart placed it on a
+    spare: two placements, the Xid in the first one's samples only."""
+    d = played.get(f"/v1/runs/{RUN}/ranks/150/detail?points=50")
+    assert d["fromStep"] == 0 and d["toStep"] == 2399
+    first, second = d["placements"]
+    assert (first["node"], first["gpu"]) == ("node-0018", 6) and second["node"] != "node-0018"
+    assert 79 in {s["xid"] for s in first["samples"]}
+    assert {s["xid"] for s in second["samples"]} == {0}
+    assert all(s["temp"] and s["smClockMax"] for s in first["samples"][:3])
+    phases = d["phases"]
+    assert 40 <= len(phases) <= 50 and phases[0]["step"] == 0
+    assert all(p["compute"] and p["computeMean"] and p["duration"] >= p["compute"] for p in phases)
+    window = played.get(f"/v1/runs/{RUN}/ranks/37/detail?fromStep=600&toStep=699&points=10")
+    assert [p["step"] for p in window["phases"]] == list(range(600, 700, 10))
+    assert played.request("GET", f"/v1/runs/{RUN}/ranks/37/detail?fromStep=9&toStep=1")[0] == 400
