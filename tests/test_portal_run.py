@@ -30,6 +30,30 @@ browser = base.browser
 WIDE = {"width": 1440, "height": 900}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def settled(played: Server) -> None:
+    """The analysis loop goes on after the fixture saw its first findings (the thermal and data
+    stall ones, windows growing): wait until two reads 2 s apart rank the same findings with the
+    same costs, so that a page and the API read after it agree."""
+
+    def ranking() -> list[tuple[str, int, Any, float]]:
+        doc = played.get(f"/v1/runs/{RUN}/overview")
+        return [
+            (f["key"], f["startStep"], f["endStep"], round(f["cost"]["totalSeconds"], 3))
+            for f in doc["findings"]
+        ]
+
+    deadline = time.monotonic() + 60
+    last = ranking()
+    while True:
+        time.sleep(2.0)
+        now = ranking()
+        if now == last and len(now) >= 4:
+            return
+        assert time.monotonic() < deadline, now
+        last = now
+
+
 def _wide(browser: Any, url: str, name: str | None = None) -> tuple[Any, list[str]]:
     """A page at 1440 x 900, loaded, with its console errors (``_open``'s checks)."""
     page = browser.new_page(viewport=WIDE)
