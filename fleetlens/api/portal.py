@@ -1,12 +1,14 @@
 """JSON the web portal's pages fetch: one call per page, each shaped and downsampled for it.
 
 ``/v1/runs/{run_id}/overview`` is everything the run page draws on first paint (a page on a
-1,024-rank run must not make a dozen round trips); ``/heatmap?slowest=8``, below the fold, is
-fetched after it and redraws any window; ``/failure`` serves the failure page (the on-call and
-capacity pages' documents are :mod:`.portal_fleet`'s). Everything is read through the caller's
-scope, as in the rest of the API. The remediation controller's actions (one indexed read of the
-metadata store) ride along on the overview. The run page's two documents are sent by
-:mod:`.portal_json` (msgspec, gzip, ``Server-Timing``).
+1,024-rank run must not make a dozen round trips), its findings ranked by their cost
+(:mod:`fleetlens.services.portal_costs`); ``/heatmap?slowest=8``, below the fold, is fetched
+after it and redraws any window; ``/ranks/{rank}/detail`` serves the rank page (the heatmap's
+click-through); ``/failure`` serves the failure page (the on-call and capacity pages' documents
+are :mod:`.portal_fleet`'s). Everything is read through the caller's scope, as in the rest of
+the API. The remediation controller's actions (one indexed read of the metadata store) ride
+along on the overview. The run page's two documents are sent by :mod:`.portal_json` (msgspec,
+gzip, ``Server-Timing``).
 """
 
 from __future__ import annotations

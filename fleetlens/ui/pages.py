@@ -2,9 +2,11 @@
 
 Each page is a small ``string.Template`` shell with headings, labelled tables and chart hosts;
 ``static/app.js`` fetches the page's JSON document (``/v1/runs/{id}/overview``,
-``/v1/portal/oncall``, ...) and draws it with ``static/charts.js`` (the run page then fetches its
-below-the-fold heatmap and slowest ranks, ``/v1/runs/{id}/heatmap?slowest=8``), and live pages
-refetch on an interval instead of reloading. The one write a page makes is approving a
+``/v1/portal/oncall``, ...) and draws it with ``static/charts.js``; the run and rank pages add
+``static/run.js`` and ``static/plots.js`` over uPlot (vendored, ``static/vendor/uplot/``), and
+the run page then fetches its below-the-fold heatmap and slowest ranks
+(``/v1/runs/{id}/heatmap?slowest=8``). Live pages refetch on an interval instead of reloading.
+An unknown run's page is an HTML 404 page. The one write a page makes is approving a
 remediation action (``POST /v1/remediations/{id}/approve``, with the page's token). Pages stay
 out of the OpenAPI schema.
 
