@@ -11,13 +11,16 @@ Two runs: 1,024 ranks x 100,000 steps and 16,384 ranks x 100,000 steps. Storing 
 - ``scalars``: loss, lr and grad_norm at every step (rank 0), 300,000 rows;
 - a checkpoint event every 1,000 steps, and the run in the metadata store.
 
-The run page's requests, in the order a browser makes them (the static JS and CSS are cached
-and not counted; requests are sent with ``Accept-Encoding: gzip`` as a browser sends them, and
-bytes are the bytes on the wire):
+The run page's requests, in the order a browser 1,440 pixels wide makes them (the static JS
+and CSS, uPlot's included, are cached and not counted per render; ``static_bytes`` is what a
+first visit fetches of them once; requests are sent with ``Accept-Encoding: gzip`` as a browser
+sends them, and bytes are the bytes on the wire):
 
 1. ``GET /runs/{id}``: the HTML shell;
-2. ``GET /v1/runs/{id}/overview``: everything above the fold and the charts; the page paints it;
-3. ``GET /v1/runs/{id}/heatmap?slowest=8``: the heatmap and the slowest ranks, below the fold,
+2. ``GET /v1/runs/{id}/overview?points=720``: everything above the fold (the "What's wrong"
+   findings with their costs) and the charts; the page paints it;
+3. ``GET /v1/runs/{id}/heatmap?slowest=8&ranks=256&steps=160``: the heatmap, each row's rank and
+   placement, and the slowest ranks, below the fold,
    fetched after the first paint.
 
 Keys: ``server_ms_1k``, ``bytes_1k``, ``server_ms_16k``, ``bytes_16k`` are the first paint (1 and
@@ -195,11 +198,21 @@ class Fetched:
 
 
 def render(url: str, run: str) -> tuple[Fetched, Fetched, Fetched]:
-    """The run page's three requests, in order: HTML, first-paint JSON, below-the-fold JSON."""
+    """The run page's three requests, in order: HTML, first-paint JSON, below-the-fold JSON,
+    as the page asks them in a 1440-pixel-wide window."""
     html = Fetched(f"{url}/runs/{run}")
-    first = Fetched(f"{url}/v1/runs/{run}/overview")
-    rest = Fetched(f"{url}/v1/runs/{run}/heatmap?slowest=8")
+    first = Fetched(f"{url}/v1/runs/{run}/overview?points=720")
+    rest = Fetched(f"{url}/v1/runs/{run}/heatmap?slowest=8&ranks=256&steps=160")
     return html, first, rest
+
+
+STATIC = ("app.js", "charts.js", "plots.js", "run.js", "style.css", "vendor/uplot/uPlot.min.css",
+          "vendor/uplot/uPlot.iife.min.js")  # fmt: skip
+
+
+def static_bytes(url: str) -> int:
+    """The run page's scripts and styles on the wire, fetched once per browser (then cached)."""
+    return sum(Fetched(f"{url}/ui/static/{name}").bytes for name in STATIC)
 
 
 def main() -> None:
@@ -237,6 +250,7 @@ def main() -> None:
             # a small run takes it, so that each big run's cold render is its own.
             small = render(url, "bench-small")
             result["first_request_ms"] = round(sum(f.ms for f in small), 1)
+            result["static_bytes"] = static_bytes(url)
             for key in ("1k", "16k"):
                 run = f"bench-{key}"
                 cold = render(url, run)

@@ -123,7 +123,9 @@ def test_compare_page_shows_the_conclusion_and_the_run_pages_goodput(
     assert "optim.lr" in cfg and "0.0003" in cfg and "0.0006" in cfg
     # both runs' loss, overlaid in one chart
     assert page.get_attribute("#cmp-chart-loss", "data-series") == "2"
-    assert page.locator("#cmp-chart-loss svg path").count() >= 2
+    legend = page.inner_text("#cmp-chart-loss .u-legend")
+    assert "cmp-base (baseline)" in legend and "cmp-lr" in legend
+    assert page.locator("#cmp-chart-loss canvas").count() == 1
     # a new comparison from the form goes into the URL
     page.fill("#cmp-runs", "cmp-lr, cmp-base")
     page.click("#cmp-form button")
@@ -189,8 +191,10 @@ def test_unknown_model_says_so(played: Played, browser: Any) -> None:
     page = browser.new_page()
     page.goto(f"{played.srv.url}/models/nope")
     page.wait_for_selector("body[data-loaded]")
-    assert page.get_attribute("body", "data-loaded") == "error"
-    assert "404" in page.inner_text("#status") and "nope" in page.inner_text("#status")
+    assert page.get_attribute("body", "data-loaded") == "notfound"
+    content = page.inner_text("#content")
+    assert "Not found" in content and "model 'nope' does not exist" in content
+    assert page.get_attribute("#content a[href='/models']", "href") == "/models"
 
 
 def test_compare_without_runs_asks_for_them(played: Played, browser: Any) -> None:

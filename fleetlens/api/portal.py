@@ -1,26 +1,31 @@
 """JSON the web portal's pages fetch: one call per page, each shaped and downsampled for it.
 
 ``/v1/runs/{run_id}/overview`` is everything the run page draws on first paint (a page on a
-1,024-rank run must not make a dozen round trips); ``/heatmap?slowest=8``, below the fold, is
-fetched after it and redraws any window; ``/failure`` serves the failure page (the on-call and
-capacity pages' documents are :mod:`.portal_fleet`'s). Everything is read through the caller's
-scope, as in the rest of the API. The remediation controller's actions (one indexed read of the
-metadata store) ride along on the overview. The run page's two documents are sent by
-:mod:`.portal_json` (msgspec, gzip, ``Server-Timing``).
+1,024-rank run must not make a dozen round trips), its findings ranked by their cost
+(:mod:`fleetlens.services.portal_costs`); ``/heatmap?slowest=8``, below the fold, is fetched
+after it and redraws any window; ``/ranks/{rank}/detail`` serves the rank page (the heatmap's
+click-through); ``/failure`` serves the failure page (the on-call and capacity pages' documents
+are :mod:`.portal_fleet`'s). Everything is read through the caller's scope, as in the rest of
+the API. The remediation controller's actions (one indexed read of the metadata store) ride
+along on the overview. The run page's two documents are sent by :mod:`.portal_json` (msgspec,
+gzip, ``Server-Timing``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 
 from ..remediation.controller import ACTIVE
 from ..services.goodput import program_spec
 from ..services.portal import HEATMAP_ROWS_BUDGET, PortalQueries, run_summary, step_buckets
+from ..services.portal_costs import finding_costs
+from ..services.portal_rank import RankQueries
 from ..services.runs import RunQueries
 from ..services.scheduler import scheduling_factor
 from ..services.series import SeriesQueries
@@ -124,10 +129,16 @@ async def overview(
     run_id: str,
     scope: Reader,
     points: Annotated[int, Query(ge=10, le=2000)] = 400,
+    from_step: Annotated[int | None, Query(alias="fromStep", ge=0, le=2**62)] = None,
+    to_step: Annotated[int | None, Query(alias="toStep", ge=0, le=2**62)] = None,
 ) -> Response:
     """Status, summary, goodput, the step-time and scalar series and the recent timeline. The
-    heatmap and the slowest ranks, below the fold, come from ``/heatmap?slowest=``."""
+    heatmap and the slowest ranks, below the fold, come from ``/heatmap?slowest=``. With
+    ``fromStep``/``toStep`` (the page's zoomed range) the series and the timeline cover that
+    window, at ``points`` buckets; the summary, goodput and findings stay the whole run's."""
     svc = request.app.state.services
+    if from_step is not None and to_step is not None and from_step > to_step:
+        raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
 
     def work() -> Response:
         clock = Clock()
@@ -148,7 +159,10 @@ async def overview(
         clock.mark("summary")
         if not len(per_step):
             return json_response(request, out, clock)
-        lo, hi = int(per_step.step[0]), int(per_step.step[-1])
+        first, last = int(per_step.step[0]), int(per_step.step[-1])
+        lo = first if from_step is None else max(first, from_step)
+        hi = last if to_step is None else min(last, to_step)
+        out["window"] = {"fromStep": lo, "toStep": hi, "runFromStep": first, "runToStep": last}
         out["stepSeries"] = step_buckets(per_step, lo, hi, points)
         clock.mark("stepSeries")
         names = [n for n in latest if n in SCALARS or len(latest) < 6]
@@ -171,9 +185,14 @@ async def overview(
             i for i in rq.timeline(run_id, max(lo, hi - TIMELINE_STEPS + 1), hi) if i["source"]
         ][:2000]
         clock.mark("timeline")
-        out["findings"] = [
-            finding_json(f) for f in FindingsStore(svc.metadata).rows(scope, run_id, None)
-        ]
+        found = [finding_json(f) for f in FindingsStore(svc.metadata).rows(scope, run_id, None)]
+        # Most costly first, each with its share of the breakdown's loss lines.
+        devices = float(meta.get("devices") or info.world_size or 0)
+        out["findings"], out["goodput"]["unattributed"] = finding_costs(
+            found, bd, executions, devices
+        )
+        for f in out["findings"]:
+            f["action"] = _recommend(f["diagnosis"])
         out["alerts"] = svc.alert_store.list(scope, None, run_id, 50)
         clock.mark("findings")
         out["remediations"] = _remediations(svc, scope, run_id)
@@ -228,12 +247,57 @@ async def heatmap(
             raise HTTPException(400, "a heatmap window covers at most 1,000,000 steps")
         out = {"runId": run_id, **pq.heatmap(run_id, lo, hi, rng[2], ranks, steps)}
         clock.mark("heatmap")
+        # Per row, the rank its click opens and where that rank ran (the hover names them).
+        out["rowRanks"] = RankQueries(svc.telemetry, scope).rows(run_id, out.pop("rowRank"))
+        clock.mark("rows")
         if slowest:
             out["slowestRanks"] = RunQueries(svc.telemetry, scope).ranks(
                 run_id, lo, hi, "compute", True, slowest
             )
             clock.mark("ranks")
         return json_response(request, out, clock)
+
+    return await anyio.to_thread.run_sync(work)
+
+
+@router.get(
+    "/runs/{run_id}/ranks/{rank}/detail",
+    summary="One rank: its phase timings over steps and its GPU's samples, per placement",
+)
+async def rank_detail(
+    request: Request,
+    run_id: str,
+    rank: Annotated[int, Path(ge=0, le=2**31 - 1)],
+    scope: Reader,
+    from_step: Annotated[int | None, Query(alias="fromStep", ge=0, le=2**62)] = None,
+    to_step: Annotated[int | None, Query(alias="toStep", ge=0, le=2**62)] = None,
+    points: Annotated[int, Query(ge=10, le=2000)] = 300,
+) -> dict[str, Any]:
+    """The heatmap's click-through (the run's whole step range unless a window is given): the
+    rank's mean phase timings per step bucket next to the mean rank's compute, and for each job
+    attempt that placed it, its node and GPU with the GPU's samples while it ran there."""
+    svc = request.app.state.services
+    if from_step is not None and to_step is not None and from_step > to_step:
+        raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
+
+    def work() -> dict[str, Any]:
+        svc.metadata.get_run(scope, run_id)
+        rng = PortalQueries(svc.telemetry, scope).step_range(run_id)
+        out: dict[str, Any] = {"runId": run_id, "rank": rank, "phases": [], "placements": []}
+        if rng is None:
+            return out
+        lo = rng[0] if from_step is None else from_step
+        hi = rng[1] if to_step is None else to_step
+        rq = RankQueries(svc.telemetry, scope)
+        out.update(fromStep=lo, toStep=hi, phases=rq.phases(run_id, rank, lo, hi, points))
+        span = rq.time_span(run_id, lo, hi)
+        places = rq.placements(run_id, rank)
+        ends = [p["time"] for p in places[1:]] + [math.inf]
+        for p, end in zip(places, ends, strict=True):
+            a, b = (max(p["time"], span[0] - 60), min(end, span[1] + 60)) if span else (0, -1)
+            p["samples"] = rq.gpu_samples(p["node"], p["gpu"], a, b, points) if a < b else []
+        out["placements"] = places
+        return out
 
     return await anyio.to_thread.run_sync(work)
 

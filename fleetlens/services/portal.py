@@ -323,12 +323,14 @@ class PortalQueries:
         self, run_id: str, lo: int, hi: int, world: int, rank_buckets: int, step_buckets: int
     ) -> dict[str, Any]:
         """Rank buckets x step buckets of the maximum compute time (ms) per cell, the hot row
-        (highest median ratio to its column's median) and the slowest rank inside it."""
+        (highest median ratio to its column's median) and the slowest rank inside it, and per
+        row the rank that was the slowest in most of its cells (``rowRank``)."""
         rw = max(1, math.ceil(max(world, 1) / max(1, rank_buckets)))
         sw = max(1, math.ceil((hi - lo + 1) / max(1, step_buckets)))
         table = self.r.table(
             f"SELECT intDiv(rank, {{rw:Int64}}) AS h_rb, intDiv(step - {{lo:Int64}}, {{sw:Int64}})"
-            f" AS h_sb, max({COMPUTE_SQL}) AS h_max FROM {{db}}.steps"
+            f" AS h_sb, max({COMPUTE_SQL}) AS h_max, argMax(rank, {COMPUTE_SQL}) AS h_rank"
+            " FROM {db}.steps"
             " WHERE tenant = {tenant:String} AND run_id = {run:String}"
             " AND step BETWEEN {lo:Int64} AND {hi:Int64} GROUP BY h_rb, h_sb",
             run=run_id,
@@ -340,12 +342,18 @@ class PortalQueries:
         n_rows = max(1, math.ceil(max(world, 1) / rw))
         n_cols = max(1, math.ceil((hi - lo + 1) / sw))
         grid = np.full((n_rows, n_cols), np.nan)
+        # Each row's rank a click opens: the one slowest in most of the row's cells.
+        pick = list(range(0, n_rows * rw, rw))
         if table.num_rows:
             rb = table.column("h_rb").to_numpy().astype(np.int64)
             sb = table.column("h_sb").to_numpy().astype(np.int64)
             v = table.column("h_max").to_numpy(zero_copy_only=False).astype(np.float64)
             ok = (rb >= 0) & (rb < n_rows) & (sb >= 0) & (sb < n_cols)
             grid[rb[ok], sb[ok]] = v[ok] * 1000.0
+            slow = table.column("h_rank").to_numpy().astype(np.int64)
+            pairs, counts = np.unique(np.c_[rb[ok], slow[ok]], axis=0, return_counts=True)
+            for k in np.argsort(counts, kind="stable"):  # the most frequent is written last
+                pick[int(pairs[k, 0])] = int(pairs[k, 1])
         hot: dict[str, Any] | None = None
         with np.errstate(all="ignore"):
             col_med = np.nanmedian(np.where(np.isfinite(grid), grid, np.nan), axis=0)
@@ -372,6 +380,7 @@ class PortalQueries:
             "signal": "compute",
             "cells": cells,
             "hot": hot,
+            "rowRank": pick,
         }
 
     def _slowest_rank(self, run_id: str, lo: int, hi: int, r0: int, r1: int) -> int | None:

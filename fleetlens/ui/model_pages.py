@@ -107,7 +107,7 @@ per example (performance)</caption><thead><tr><th scope="col">Benchmark</th>
 
 @router.get("/compare", response_class=HTMLResponse)
 async def compare_page(request: Request, scope: Reader) -> HTMLResponse:
-    return page(request, "compare", "Compare runs", COMPARE, script="models.js")
+    return page(request, "compare", "Compare runs", COMPARE, script="models.js", plots=True)
 
 
 @router.get("/models", response_class=HTMLResponse)

@@ -2,9 +2,11 @@
 
 Each page is a small ``string.Template`` shell with headings, labelled tables and chart hosts;
 ``static/app.js`` fetches the page's JSON document (``/v1/runs/{id}/overview``,
-``/v1/portal/oncall``, ...) and draws it with ``static/charts.js`` (the run page then fetches its
-below-the-fold heatmap and slowest ranks, ``/v1/runs/{id}/heatmap?slowest=8``), and live pages
-refetch on an interval instead of reloading. The one write a page makes is approving a
+``/v1/portal/oncall``, ...) and draws it with ``static/charts.js``; the run and rank pages add
+``static/run.js`` and ``static/plots.js`` over uPlot (vendored, ``static/vendor/uplot/``), and
+the run page then fetches its below-the-fold heatmap and slowest ranks
+(``/v1/runs/{id}/heatmap?slowest=8``). Live pages refetch on an interval instead of reloading.
+An unknown run's page is an HTML 404 page. The one write a page makes is approving a
 remediation action (``POST /v1/remediations/{id}/approve``, with the page's token). Pages stay
 out of the OpenAPI schema.
 
@@ -30,11 +32,12 @@ from string import Template
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 
 from ..api.auth import require_any
+from ..errors import NotFound
 from ..store.scope import Scope
 
 __all__ = ["Reader", "page", "router"]
@@ -43,10 +46,17 @@ router = APIRouter(include_in_schema=False)
 
 STATIC = {
     "charts.js": "text/javascript",
+    "plots.js": "text/javascript",
     "app.js": "text/javascript",
+    "run.js": "text/javascript",
     "models.js": "text/javascript",
     "style.css": "text/css",
 }
+# The run and rank pages' charts: uPlot, vendored (static/vendor/uplot/README.md), and the
+# run page's script; the other pages load neither.
+PLOT_HEAD = '<link rel="stylesheet" href="/ui/static/vendor/uplot/uPlot.min.css">'
+PLOT_SCRIPTS = """<script src="/ui/static/vendor/uplot/uPlot.iife.min.js"></script>
+<script src="/ui/static/plots.js"></script>"""
 
 SHELL = Template("""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -54,6 +64,7 @@ SHELL = Template("""<!doctype html>
 <title>$title · fleetlens</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="/ui/static/style.css">
+$head
 </head>
 <body data-page="$page" data-run-id="$run_attr" data-object-id="$object_attr" data-auth="$auth">
 <a class="skip" href="#main">Skip to content</a>
@@ -64,12 +75,15 @@ href="/oncall">On-call</a><a href="/capacity">Capacity</a>
 </nav><button type="button" id="sign-out" hidden>Sign out</button></header>
 <main id="main" tabindex="-1">
 <h1>$heading</h1>
-<p id="status" role="status" aria-live="polite">Loading…</p>
+<div id="live"><p id="status" role="status" aria-live="polite">Loading…</p>
+<span id="age"></span><button type="button" id="pause" aria-pressed="false" hidden>Pause updates
+</button></div>
 $signin
 <div id="content">$body</div>
 </main>
-<script src="/ui/static/charts.js"></script>$scripts
+<script src="/ui/static/charts.js"></script>
 <script src="/ui/static/app.js"></script>
+$scripts
 </body></html>
 """)
 
@@ -117,16 +131,39 @@ RUNS = """
 <span id="runs-range"></span><button type="button" id="runs-next">Next</button></p></section>
 """
 
+# The charts' controls (run and rank pages): what the x axis shows, smoothing, log scale and
+# the zoomed step range (kept in the URL as ?fromStep=&toStep=).
+CONTROLS = """<div id="chart-controls" class="controls" role="group" aria-label="Chart controls">
+<label>X axis <select id="x-mode"><option value="step">Step</option>
+<option value="utc">Wall clock (UTC)</option><option value="local">Wall clock (browser local)
+</option></select></label>
+<label>Smoothing <select id="smooth"><option value="0">off</option>
+<option value="5">moving mean of 5 points</option><option value="21">moving mean of 21 points
+</option></select></label>
+<label><input type="checkbox" id="log-y"> Log scale (y)</label>
+<span id="range-text"></span><button type="button" id="reset-range" hidden>Show all steps</button>
+<span class="note">Drag across a chart to zoom to a step range; every chart and table follows.
+</span></div>"""
+
 RUN = """
+<section aria-labelledby="h-wrong" id="wrong"><h2 id="h-wrong">What's wrong</h2>
+<table id="wrong-table"><caption>Findings, most costly first: each one's share of the time the
+run lost (the breakdown's loss lines), in GPU-hours and goodput points</caption><thead><tr>
+<th scope="col">#</th><th scope="col">Finding</th><th scope="col">Where</th>
+<th scope="col">Since (UTC)</th><th scope="col">Confidence</th><th scope="col">Owner</th>
+<th scope="col">Evidence</th><th scope="col">Cost</th><th scope="col">Action</th></tr></thead>
+<tbody></tbody></table><p id="wrong-note" class="note"></p></section>
 <section aria-labelledby="h-now" class="cards" id="now"><h2 id="h-now">Now</h2><div></div></section>
-<section aria-labelledby="h-goodput"><h2 id="h-goodput">Goodput: where the time went</h2>
+<section aria-labelledby="h-goodput">
+<h2 id="h-goodput">Goodput: where the time went (whole run)</h2>
 <div class="row"><div id="goodput-bars" class="chart-host"></div>
 <table id="factors"><caption>The three factors</caption><tbody></tbody></table></div>
 <table id="breakdown"><caption>Breakdown of wall-clock time</caption><thead><tr>
 <th scope="col">Category</th><th scope="col">Time</th><th scope="col">Share</th>
 <th scope="col">Factor</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-charts" id="charts"><h2 id="h-charts">Training over steps</h2>
-<h3>Step time (median and max over each bucket; slowest vs mean rank compute)</h3>
+$controls
+<h3>Step time (median with min–max band, max; slowest and mean rank compute)</h3>
 <div id="chart-step" class="chart-host"></div>
 <h3>Goodput over time (productive share of each bucket)</h3>
 <div id="chart-goodput" class="chart-host"></div>
@@ -134,10 +171,12 @@ RUN = """
 <h3>Learning rate</h3><div id="chart-lr" class="chart-host"></div>
 <h3>Gradient norm</h3><div id="chart-grad_norm" class="chart-host"></div>
 <h3>Tokens per second</h3><div id="chart-tps" class="chart-host"></div>
-<h3>Timeline</h3><div id="chart-timeline" class="chart-host timeline-strip"></div>
+<h3>Timeline (events by step)</h3><div id="chart-timeline" class="chart-host timeline-strip"></div>
 </section>
-<section aria-labelledby="h-heat"><h2 id="h-heat">Rank × step heatmap of compute time</h2>
-<p id="heat-caption"></p><div class="heat-host"><canvas id="heatmap"></canvas></div>
+<section aria-labelledby="h-heat" id="heat"><h2 id="h-heat">Rank × step heatmap of compute time</h2>
+<p id="heat-caption"></p><div class="heat-host"><canvas id="heatmap"></canvas>
+<div id="heat-tip" class="tip" hidden></div></div>
+<p id="heat-cell" class="sr" aria-live="polite"></p>
 <p id="heat-hot" class="hot"></p></section>
 <section aria-labelledby="h-ranks"><h2 id="h-ranks">Slowest ranks</h2>
 <table id="ranks"><caption>Slowest ranks by compute time over the heatmap window</caption>
@@ -152,7 +191,7 @@ RUN = """
 <section aria-labelledby="h-rem" id="remediation"><h2 id="h-rem">Remediation</h2>
 <table id="remediations"><caption>Actions that took (or would take) a node out of the run, newest
 first</caption><thead><tr><th scope="col">Action</th><th scope="col">Node</th>
-<th scope="col">Reason</th><th scope="col">State</th><th scope="col">Decided at</th>
+<th scope="col">Reason</th><th scope="col">State</th><th scope="col">Decided at (UTC)</th>
 <th scope="col">World before → after</th><th scope="col">Stop → resume step</th>
 <th scope="col">Steps lost</th><th scope="col">Recovery</th>
 <th scope="col">Checkpoint verified by</th></tr></thead><tbody></tbody></table>
@@ -162,7 +201,34 @@ first</caption><thead><tr><th scope="col">Action</th><th scope="col">Node</th>
 restarts</caption><thead><tr><th scope="col">Step</th><th scope="col">Source</th>
 <th scope="col">Kind</th><th scope="col">Where</th><th scope="col">Message</th></tr></thead>
 <tbody></tbody></table></section>
-"""
+""".replace("$controls", CONTROLS)
+
+RANK = """
+<p id="rank-where" class="big"></p><p><a id="rank-back" href="#">Back to the run</a></p>
+<section aria-labelledby="h-place"><h2 id="h-place">Where it ran</h2>
+<table id="placements"><caption>The rank's node and GPU in each job attempt (a restart may move
+it), with the Xids its GPU reported there</caption><thead><tr><th scope="col">Job attempt</th>
+<th scope="col">Node</th><th scope="col">GPU</th><th scope="col">Placed at (UTC)</th>
+<th scope="col">Xids</th></tr></thead><tbody></tbody></table></section>
+<section aria-labelledby="h-phases" id="charts"><h2 id="h-phases">Phase timings over steps</h2>
+$controls
+<h3>This rank's phases (ms, mean per bucket) and the mean rank's compute</h3>
+<div id="chart-phases" class="chart-host"></div></section>
+<section aria-labelledby="h-gpu"><h2 id="h-gpu">Its GPU's samples (wall clock, UTC)</h2>
+<h3>SM clock (MHz) and its maximum</h3><div id="chart-clock" class="chart-host"></div>
+<h3>Temperature (°C)</h3><div id="chart-temp" class="chart-host"></div>
+<h3>Power (W)</h3><div id="chart-power" class="chart-host"></div>
+<h3>Framebuffer memory in use (MiB)</h3><div id="chart-mem" class="chart-host"></div>
+<h3>Xid (largest per bucket; 0: none)</h3><div id="chart-xid" class="chart-host"></div>
+</section>
+""".replace("$controls", CONTROLS)
+
+NOT_FOUND = Template("""
+<section aria-labelledby="h-missing"><h2 id="h-missing">No such run</h2>
+<p class="error">$why</p>
+<p>It does not exist, or it belongs to a tenant this token does not read. The
+<a href="/">runs list</a> shows the runs you can see.</p></section>
+""")
 
 FAILURE = """
 <section aria-labelledby="h-state"><h2 id="h-state">Status</h2><div id="f-status"></div></section>
@@ -289,11 +355,14 @@ def page(
     run_id: str = "",
     object_id: str = "",
     script: str = "",
+    plots: bool = False,
     public: bool = False,
+    status: int = 200,
 ) -> HTMLResponse:
     """A page's shell: ``name`` is the page app.js draws, ``object_id`` the model or evaluation
-    it shows, ``script`` a static script that draws it (loaded before app.js); a ``public`` page
-    (its body holds no data, e.g. the runbooks) shows without a token on any server."""
+    it shows, ``script`` a static script that draws it (loaded after app.js, it registers its
+    pages in ``FLApp.pages``), ``plots`` the charts' scripts (uPlot and plots.js); a
+    ``public`` page (its body holds no data, e.g. the runbooks) shows without a token."""
     text = SHELL.substitute(
         page=name,
         title=html.escape(title),
@@ -303,18 +372,36 @@ def page(
         auth="required" if _services(request).auth_required and not public else "optional",
         signin=SIGNIN,
         body=body,
-        scripts=f'\n<script src="/ui/static/{html.escape(script)}"></script>' if script else "",
+        head=PLOT_HEAD if plots else "",
+        scripts=(PLOT_SCRIPTS if plots else "")
+        + (f'\n<script src="/ui/static/{html.escape(script)}"></script>' if script else ""),
     )
-    return HTMLResponse(text, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(text, status_code=status, headers={"Cache-Control": "no-store"})
 
 
-def _page(request: Request, name: str, title: str, body: str, run_id: str = "") -> HTMLResponse:
-    return page(request, name, title, body, run_id=run_id)
+def _page(
+    request: Request,
+    name: str,
+    title: str,
+    body: str,
+    run_id: str = "",
+    plots: bool = False,
+    status: int = 200,
+) -> HTMLResponse:
+    return page(request, name, title, body, run_id=run_id, plots=plots, status=status)
 
 
-async def _visible_run(request: Request, scope: Scope | None, run_id: str) -> None:
-    if scope is not None:  # 404 unless visible
+async def _visible_run(request: Request, scope: Scope | None, run_id: str) -> HTMLResponse | None:
+    """None if the caller may see the run (or sent no token: the shell then asks for one);
+    else the 404 page, in HTML, for a person who followed a link or typed a URL."""
+    if scope is None:
+        return None
+    try:
         await anyio.to_thread.run_sync(_services(request).metadata.get_run, scope, run_id)
+    except NotFound as exc:
+        body = NOT_FOUND.substitute(why=html.escape(str(exc)))
+        return _page(request, "notfound", f"Run {run_id}", body, status=404)
+    return None
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -324,14 +411,25 @@ async def runs_page(request: Request, scope: Reader) -> HTMLResponse:
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 async def run_page(request: Request, run_id: str, scope: Reader) -> HTMLResponse:
-    await _visible_run(request, scope, run_id)
-    return _page(request, "run", f"Run {run_id}", RUN, run_id)
+    missing = await _visible_run(request, scope, run_id)
+    return missing or page(
+        request, "run", f"Run {run_id}", RUN, run_id=run_id, plots=True, script="run.js"
+    )
+
+
+@router.get("/runs/{run_id}/ranks/{rank}", response_class=HTMLResponse)
+async def rank_page(
+    request: Request, run_id: str, rank: Annotated[int, Path(ge=0, le=2**31 - 1)], scope: Reader
+) -> HTMLResponse:
+    missing = await _visible_run(request, scope, run_id)
+    title = f"Run {run_id}: rank {rank}"
+    return missing or page(request, "rank", title, RANK, run_id=run_id, plots=True, script="run.js")
 
 
 @router.get("/runs/{run_id}/failure", response_class=HTMLResponse)
 async def failure_page(request: Request, run_id: str, scope: Reader) -> HTMLResponse:
-    await _visible_run(request, scope, run_id)
-    return _page(request, "failure", f"Run {run_id}: failure", FAILURE, run_id)
+    missing = await _visible_run(request, scope, run_id)
+    return missing or _page(request, "failure", f"Run {run_id}: failure", FAILURE, run_id)
 
 
 @router.get("/oncall", response_class=HTMLResponse)
@@ -352,28 +450,33 @@ async def static(name: str) -> Response:
     return Response(data, media_type=STATIC[name], headers={"Cache-Control": "max-age=300"})
 
 
-# Swagger UI for /docs, vendored from npm (static/vendor/swagger-ui/README.md): no CDN.
-SWAGGER = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css"}
+# Vendored from npm (static/vendor/*/README.md): Swagger UI for /docs, uPlot for the charts.
+VENDOR = {
+    "swagger-ui": {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css"},
+    "uplot": {"uPlot.iife.min.js": "text/javascript", "uPlot.min.css": "text/css"},
+}
 
 
 @functools.cache
-def _swagger_gz(name: str) -> bytes:
-    raw = resources.files("fleetlens.ui").joinpath("static", "vendor", "swagger-ui", name)
+def _vendor_gz(package: str, name: str) -> bytes:
+    raw = resources.files("fleetlens.ui").joinpath("static", "vendor", package, name)
     return gzip.compress(raw.read_bytes(), 6)
 
 
-@router.get("/ui/static/vendor/swagger-ui/{name}", include_in_schema=False)
-async def swagger_asset(request: Request, name: str) -> Response:
-    """Served gzipped (1.7 MB of JavaScript is 0.5 MB compressed) and cached by the browser."""
-    if name not in SWAGGER:
-        raise HTTPException(404, f"no static file {name!r}")
-    body = await anyio.to_thread.run_sync(_swagger_gz, name)
+@router.get("/ui/static/vendor/{package}/{name}", include_in_schema=False)
+async def vendor_asset(request: Request, package: str, name: str) -> Response:
+    """Served gzipped (Swagger UI's 1.7 MB of JavaScript is 0.5 MB compressed; uPlot's 51 kB,
+    23 kB) and cached by the browser."""
+    media = VENDOR.get(package, {}).get(name)
+    if media is None:
+        raise HTTPException(404, f"no static file {package}/{name!r}")
+    body = await anyio.to_thread.run_sync(_vendor_gz, package, name)
     headers = {"Cache-Control": "max-age=86400", "Vary": "Accept-Encoding"}
     if "gzip" in request.headers.get("accept-encoding", ""):
         headers["Content-Encoding"] = "gzip"
     else:
         body = gzip.decompress(body)
-    return Response(body, media_type=SWAGGER[name], headers=headers)
+    return Response(body, media_type=media, headers=headers)
 
 
 @router.get("/docs", include_in_schema=False)

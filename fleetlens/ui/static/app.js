@@ -1,10 +1,13 @@
 // fleetlens portal: each page fetches its one JSON document, draws it, and live pages refetch
-// it on an interval (no full reload). The run page fetches a second one after its first paint:
-// the heatmap and the slowest ranks, below the fold. The token in sessionStorage["fleetlens.token"]
-// (this tab only) is sent as a Bearer header, also with the one write a page makes: approving a
-// remediation action. A 401, or no token on a server that requires one (body[data-auth=required]),
-// shows the sign-in form; a 403 says the token's role may not read the page (an on-call token,
-// which reads only the On-call page, is pointed there). The token never goes into a URL.
+// it on an interval (no full reload), with backoff after an error, an "updated N s ago" line and
+// a pause button. The run and rank pages (run.js, drawn with uPlot through plots.js) register
+// themselves in FLApp.pages; the run page fetches a second document after its first paint: the
+// heatmap and the slowest ranks, below the fold, refetched on a refresh only while in view. The
+// token in sessionStorage["fleetlens.token"] (this tab only) is sent as a Bearer header, also
+// with the one write a page makes: approving a remediation action. A 401, or no token on a
+// server that requires one (body[data-auth=required]), shows the sign-in form; a 403 says the
+// token's role may not read the page (an on-call token, which reads only the On-call page, is
+// pointed there). The token never goes into a URL. Times are UTC and say so.
 "use strict";
 
 (() => {
@@ -12,7 +15,9 @@
   const body = document.body;
   const page = body.dataset.page;
   const runId = body.dataset.runId;
-  const REFRESH_MS = 15000;
+  // ?refresh=SECONDS sets the live pages' interval (default 15 s, at least 1 s).
+  const REFRESH_MS = Math.max(1, Number(new URLSearchParams(location.search).get("refresh")) || 15) * 1000;
+  const BACKOFF_MS = [1000, 2000, 4000, 8000];  // after 1, 2, 3, 4+ failed refreshes (capped by REFRESH_MS)
   const TOKEN_KEY = "fleetlens.token";
   const status = document.getElementById("status");
 
@@ -71,7 +76,7 @@
     if (s < 10) return s.toFixed(2) + " s";
     return dur(s);
   }
-  function when(t) { return t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) : "–"; }
+  function when(t) { return t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "–"; }
   function enc(s) { return encodeURIComponent(s); }
 
   // rows: arrays of cells; a cell is text, or {html: Node}, or {th: text} for a row header.
@@ -147,128 +152,6 @@
       if (e.reasons) parts.push(e.reasons.join(","));
       return parts.join(" ");
     }).join("; ");
-  }
-
-  // ---------------------------------------------------------------- runs list
-  async function runsPage() {
-    const d = await getJSON("/v1/runs?limit=200");
-    fill("runs", d.runs.map((r) => [
-      { th: r.runId, node: link(`/runs/${enc(r.runId)}`, r.runId) }, r.project, r.status,
-      r.lastStep, r.worldSize, when(r.lastSeen), { node: link(`/runs/${enc(r.runId)}/failure`, "failure page") },
-    ]), "no runs yet");
-    return false;
-  }
-
-  // ---------------------------------------------------------------- run page
-  function markersOf(d) {
-    const out = [];
-    for (const i of d.timeline || []) {
-      if (i.step === null || i.step === undefined) continue;
-      if (i.source === "metric") out.push({ x: i.step, kind: "metric", lane: "metric", label: `step ${i.step}: ${i.message}` });
-      else if (["checkpoint_end", "failure", "hardware_fault", "restart", "job_start", "drain", "config_change", "nan"].includes(i.kind)) {
-        out.push({ x: i.step, kind: i.kind, lane: i.kind === "checkpoint_end" ? "checkpoint_end" : "event",
-          label: `step ${i.step}: ${i.kind} ${i.message || ""}` });
-      }
-    }
-    for (const a of d.alerts || []) {
-      if (a.step !== null && a.step !== undefined) out.push({ x: a.step, kind: "alert", lane: "alert", label: `alert ${a.alertname} at step ${a.step}` });
-    }
-    return out;
-  }
-
-  function scalarChart(id, s, label, dom, markers) {
-    const host = document.getElementById(id);
-    if (!host) return;
-    const pts = (s || []).map((p) => [p.step, typeof p.value === "number" ? p.value : null]);
-    const band = (s || []).map((p) => [p.step, typeof p.min === "number" ? p.min : null, typeof p.max === "number" ? p.max : null]);
-    FLCharts.line(host, [{ name: label, points: pts, band }], { label: `${label} over steps`, xDomain: dom, markers });
-  }
-
-  // MFU as the run's API answers it, or why it is unknown (the config lacks FLOPs or a GPU).
-  function mfuText(x) {
-    if (!x) return "unknown";
-    if (typeof x.value === "number") {
-      const hfu = typeof x.hfu === "number" ? ` (HFU ${pct(x.hfu)})` : "";
-      return `${pct(x.value)}${hfu}${x.accelerator ? ` on ${x.devices || "?"} × ${x.accelerator}` : ""}`;
-    }
-    return `unknown: ${x.missing || "not computed"}`;
-  }
-
-  async function runPage() {
-    const d = await getJSON(`/v1/runs/${enc(runId)}/overview?points=${Math.min(800, Math.max(100, Math.floor(window.innerWidth / 2)))}`);
-    const s = d.summary || {}, m = s.metrics || {};
-    const g = d.goodput || {}, f = g.factors || {}, bd = g.breakdown || {};
-    const eta = d.completion;
-    const acts = d.remediations || [];
-    const act = acts.find((a) => UNDER_WAY.includes(a.state)) || acts[0];
-    cards("#now", [
-      ["Status", d.run.status], ["Goodput (job)", pct(f.jobProduct)], ["Runtime goodput", pct(f.runtime)],
-      ["Step", text(s.step)], ["Ranks", text(s.worldSize)], ["Step time (slowest rank)", `${F(m.stepTimeMs)} ms`],
-      ["Tokens/s", F(m.tokensPerSecond)], ["MFU", mfuText(d.mfu)], ["Tokens consumed", F(s.tokensProcessed)],
-      ["Loss", F(m.loss)], ["Est. completion", eta ? `${dur(eta.seconds)} (${F(eta.stepsLeft)} steps left)` : "unknown: no total_steps in the run config"],
-    ].concat(act ? [["Remediation", `${act.node} ${stateLabel(act.state)}`]] : []));
-    const lines = (bd.lines || []).filter((l) => l.seconds > 0);
-    FLCharts.bars(document.getElementById("goodput-bars"), lines.map((l) => ({ label: l.category, value: l.seconds / 3600,
-      color: l.category === "productive" ? "#059669" : l.factor === "program" ? "#d97706" : "#dc2626" })),
-    { label: "Hours of wall-clock time by category", height: 170 });
-    fill("breakdown", lines.map((l) => [{ th: l.category }, dur(l.seconds), pct(l.share), l.factor]));
-    fill("factors", [[{ th: "Scheduling" }, pct(f.scheduling)], [{ th: "Runtime" }, pct(f.runtime)],
-      [{ th: "Program" }, pct(f.program)], [{ th: "Job (runtime × program)" }, pct(f.jobProduct)]]);
-    const ss = d.stepSeries || [];
-    const dom = ss.length ? [ss[0].step, ss[ss.length - 1].step] : [0, 1];
-    const mk = markersOf(d);
-    FLCharts.line(document.getElementById("chart-step"), [
-      { name: "step time median", points: ss.map((p) => [p.step, p.p50 * 1000]), band: ss.map((p) => [p.step, p.min * 1000, p.max * 1000]) },
-      { name: "step time max", points: ss.map((p) => [p.step, p.max * 1000]), color: "#dc2626", dash: "4,2" },
-      { name: "slowest rank compute", points: ss.map((p) => [p.step, p.computeMax === null ? null : p.computeMax * 1000]), color: "#d97706" },
-      { name: "mean rank compute", points: ss.map((p) => [p.step, p.computeMean === null ? null : p.computeMean * 1000]), color: "#059669" },
-    ], { label: "Step time in ms over steps: median with min-max band, max, slowest and mean rank compute", yLabel: "ms", xDomain: dom, markers: mk, height: 220 });
-    const gp = ss.map((p, i) => {
-      const next = ss[i + 1];
-      const wall = next ? next.t - p.t : null;
-      const useful = p.steps * p.p50 * (p.computeMax ? p.computeMean / p.computeMax : 1);
-      return [p.step, wall && wall > 0 ? Math.min(1, useful / wall) : null];
-    });
-    FLCharts.line(document.getElementById("chart-goodput"), [{ name: "goodput", points: gp, color: "#059669" }],
-      { label: "Goodput of each step bucket over steps (productive time over wall time)", xDomain: dom, markers: mk });
-    const sc = d.scalars || {};
-    scalarChart("chart-loss", sc.loss, "loss", dom, mk);
-    scalarChart("chart-lr", sc.lr, "learning rate", dom, mk);
-    scalarChart("chart-grad_norm", sc.grad_norm, "gradient norm", dom, mk);
-    FLCharts.line(document.getElementById("chart-tps"), [{ name: "tokens/s", points: ss.map((p) => [p.step, p.tokensPerSecond]) }],
-      { label: "Tokens per second over steps", xDomain: dom, markers: mk });
-    FLCharts.strip(document.getElementById("chart-timeline"), mk, { xDomain: dom, label: `Timeline of ${mk.length} events, checkpoints, metric changes and alerts over steps` });
-
-    fill("findings", (d.findings || []).map((x) => [{ th: x.diagnosis }, x.owner, pct(x.confidence),
-      `${text(x.startStep)}–${text(x.endStep)}`, x.summary, evidence(x.evidence)]), "no findings");
-    const tl = (d.timeline || []).filter((i) => i.kind !== "checkpoint_begin");
-    const altl = (d.alerts || []).map((a) => ({ step: a.step, source: "alert", kind: a.alertname, message: a.annotations.summary || "" }));
-    fill("timeline", tl.concat(altl).sort((a, b) => (a.step ?? -1) - (b.step ?? -1)).slice(0, 400).map((i) => [
-      { th: text(i.step) }, i.source, i.kind, [i.node, i.gpu !== null && i.gpu !== undefined ? `GPU ${i.gpu}` : null, i.rank !== null && i.rank !== undefined ? `rank ${i.rank}` : null].filter(Boolean).join(" ") || "–", i.message || ""]));
-    remediationSection(acts, d.generatedAt);
-    // First paint is done; the heatmap and the slowest ranks, below the fold, come next.
-    body.dataset.painted = "true";
-    heatmapSection(await getJSON(`/v1/runs/${enc(runId)}/heatmap?slowest=8`));
-    return d.run.status === "RUNNING";
-  }
-
-  function heatmapSection(h) {
-    if (h.cells && h.cells.length) {
-      const canvas = document.getElementById("heatmap");
-      const hot = h.hot;
-      const label = `Heatmap of compute time, ${h.rows} rows of ${h.ranksPerRow} ranks by ${h.columns} columns of ${h.stepsPerColumn} steps, steps ${h.fromStep}-${h.toStep}` +
-        (hot ? `; hottest row: ranks ${hot.rankFrom}-${hot.rankTo}, slowest rank ${hot.rank}` : "");
-      FLCharts.heatmap(canvas, h, { label });
-      document.getElementById("heat-caption").textContent =
-        `Steps ${h.fromStep}–${h.toStep}. Each cell is the maximum compute time of ${h.ranksPerRow} rank(s) over ${h.stepsPerColumn} step(s), coloured by its ratio to the column median (red: 25% or more above).`;
-      const hp = document.getElementById("heat-hot");
-      if (hot) {
-        hp.dataset.rank = hot.rank; hp.dataset.rankFrom = hot.rankFrom; hp.dataset.rankTo = hot.rankTo; hp.dataset.row = hot.row;
-        hp.textContent = `Outlined row ${hot.row}: ranks ${hot.rankFrom}–${hot.rankTo}, ${F(hot.ratio)}× the column median; slowest rank ${hot.rank}.`;
-      }
-    }
-    fill("ranks", (h.slowestRanks || []).map((r) => [{ th: r.rank }, r.node, r.gpu, F(r.computeMs),
-      r.computeSlowdown ? r.computeSlowdown.toFixed(3) : "–", F(r.commMs), hardware(r.hardware)]));
   }
 
   // ---------------------------------------------------------------- remediation
@@ -414,7 +297,7 @@
     } else c.textContent = "No diagnosis yet.";
     fill("f-related", (d.related || []).filter((i) => i.kind !== "checkpoint_begin").map((i) => [{ th: text(i.step) }, i.kind, i.message || ""]));
     document.getElementById("f-rec").textContent = d.cause ? d.cause.recommendation : "–";
-    return d.run.status === "RUNNING";
+    return LIVE_STATUSES.includes(d.run.status);
   }
 
   // ---------------------------------------------------------------- on-call
@@ -561,8 +444,14 @@
     return { node: span };
   }
 
+  // Draws (a refresh, or after an approval, acknowledgement or silence) may overlap: only the
+  // newest request's answer is drawn, so an older answer cannot undo what a newer one shows.
+  let oncallDraws = 0;
+
   async function oncallPage() {
+    const mine = ++oncallDraws;
     const d = await getJSON("/v1/portal/oncall");
+    if (mine !== oncallDraws) return true;
     const infra = d.view === "infra";
     const since = (t) => dur(Math.max(0, d.generatedAt - t));
     const age = (a) => dur(Math.max(0, d.generatedAt - a.decidedAt));
@@ -656,12 +545,16 @@
     return true;
   }
 
-  const PAGES = { runs: runsPage, run: runPage, failure: failurePage, oncall: oncallPage, capacity: capacityPage };
-  // Pages drawn by another script loaded before this one (static/models.js: compare, models,
-  // evaluations): each registers a factory, handed these helpers, that returns its pages.
-  for (const make of window.FLPageFactories || []) {
-    Object.assign(PAGES, make({ getJSON, fill, link, cards, text, pct, dur, secs, when, enc, F }));
-  }
+  // A run's page refreshes until the run ends: RUNNING, and STALLED (no data for a while; it may
+  // come back).
+  const LIVE_STATUSES = ["RUNNING", "STALLED"];
+
+  // The unknown run's page is served as such (HTTP 404); nothing to fetch.
+  async function notFoundPage() { return false; }
+
+  // The runs list, comparison, model and evaluation pages are models.js's; the run and rank
+  // pages run.js's: each registers its pages here.
+  const PAGES = { failure: failurePage, oncall: oncallPage, capacity: capacityPage, notfound: notFoundPage };
 
   // ---------------------------------------------------------------- signing in
   // One of three views under the heading: the page's content, the sign-in form, or the 403
@@ -748,30 +641,105 @@
     return { view, show, showForbidden };
   })();
 
+  // ---------------------------------------------------------------- refreshing
   let timer = null;
+  let paused = false;
+  let live = false;
+  let failures = 0;
+  let updatedAt = 0;  // ms: when the data shown were fetched
+  let dueWhileHidden = false;
+  const age = document.getElementById("age");
+  const pauseButton = document.getElementById("pause");
+
   function stop() { clearTimeout(timer); timer = null; }
+  function schedule(ms) { stop(); if (!paused) timer = setTimeout(load, ms); }
+  function clock(ms) { return new Date(ms).toISOString().slice(11, 19) + " UTC"; }
+
+  function showAge() {
+    if (!updatedAt) { age.textContent = ""; return; }
+    const s = Math.max(0, Math.round((Date.now() - updatedAt) / 1000));
+    const how = paused ? "paused" : live ? (failures ? "retrying" : `live, every ${REFRESH_MS / 1000} s`) : "not live";
+    age.textContent = `Updated ${s} s ago (${how})`;
+    age.dataset.seconds = String(s);
+  }
+  setInterval(showAge, 1000);
+
+  pauseButton.addEventListener("click", () => {
+    paused = !paused;
+    pauseButton.setAttribute("aria-pressed", String(paused));
+    pauseButton.textContent = paused ? "Resume updates" : "Pause updates";
+    body.dataset.paused = String(paused);
+    if (paused) stop(); else load();
+    showAge();
+  });
+
+  // A hidden tab skips its refreshes and catches up when shown again.
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && dueWhileHidden) { dueWhileHidden = false; load(); }
+  });
+
+  function notFound(err) {
+    live = false;
+    const c = document.getElementById("content");
+    c.textContent = "";
+    const h = document.createElement("h2");
+    h.textContent = ["run", "rank", "failure"].includes(page) ? "No such run" : "Not found";
+    const p = document.createElement("p");
+    p.className = "error";
+    p.textContent = err.reason || "not found";
+    const q = document.createElement("p");
+    q.append("It does not exist, or it belongs to a tenant this token does not read. The ", link("/", "runs list"), " shows the runs you can see"
+      + (page === "model" || page === "evaluation" ? ", the " : "."), ...(page === "model" || page === "evaluation" ? [link("/models", "models list"), " the models."] : []));
+    c.append(h, p, q);
+    status.textContent = "Not found.";
+    body.dataset.loaded = "notfound";
+  }
 
   async function load() {
     stop();
     if (body.dataset.auth === "required" && !storedToken()) { signIn.show(false); return; }
-    if (body.dataset.loaded !== "true") {  // not a live page's refresh
+    if (document.hidden && body.dataset.loaded === "true") { dueWhileHidden = true; return; }
+    const refreshing = body.dataset.loaded === "true";
+    if (!refreshing) {
       delete body.dataset.loaded;
       status.textContent = "Loading…";
     }
     signIn.view("content");
     try {
-      const live = await PAGES[page]();
-      status.textContent = `Updated ${new Date().toLocaleTimeString()}`;
+      live = await PAGES[page]({ refreshing });
+      failures = 0;
+      updatedAt = Date.now();
+      status.textContent = `Updated ${clock(updatedAt)}`;
       body.dataset.loaded = "true";
-      if (live) timer = setTimeout(load, REFRESH_MS);
+      delete body.dataset.stale;
+      pauseButton.hidden = !live;
+      if (live) schedule(REFRESH_MS);
     } catch (err) {
       if (err.status === 401) signIn.show(Boolean(storedToken()));
       else if (err.status === 403) signIn.showForbidden(err);
+      else if (err.status === 404) notFound(err);
       else {
-        status.textContent = `Could not load: ${err.message}`;
-        body.dataset.loaded = "error";
+        // The server is down or failing (a 5xx, a network error): keep what is shown, say how
+        // old it is, and try again soon, backing off up to the refresh interval.
+        failures += 1;
+        const wait = Math.min(REFRESH_MS, BACKOFF_MS[Math.min(failures, BACKOFF_MS.length) - 1]);
+        const shown = updatedAt ? ` The data shown are from ${clock(updatedAt)}.` : "";
+        status.textContent = `Could not ${updatedAt ? "refresh" : "load"}: ${err.message}. Retrying in ${wait / 1000} s.${shown}`;
+        if (updatedAt) body.dataset.stale = "true"; else body.dataset.loaded = "error";
+        if (updatedAt) body.dataset.loaded = "true";
+        schedule(wait);
       }
     }
+    showAge();
   }
-  load();
+
+  window.FLApp = {
+    F, page, runId, body, getJSON, fill, link, text, pct, dur, secs, when, enc, cards, hardware,
+    evidence, stateLabel, remediationSection, actions: () => runActions, UNDER_WAY, LIVE_STATUSES,
+    pages: PAGES, status,
+    // A new view (another step range): loads as a first load does (body[data-loaded] goes away).
+    reload: () => { delete body.dataset.loaded; return load(); },
+  };
+  // run.js (on the run and rank pages) registers its pages before this runs.
+  document.addEventListener("DOMContentLoaded", load);
 })();

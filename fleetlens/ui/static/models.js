@@ -1,10 +1,10 @@
-// fleetlens portal: the comparison, model and evaluation pages. Loaded before app.js, which
-// hands each factory in window.FLPageFactories its helpers (fetch with the tab's token, tables,
-// formatting) and draws the page whose name body[data-page] holds.
+// fleetlens portal: the runs list, the comparison, model and evaluation pages, the runbooks.
+// Loaded after app.js, whose helpers (fetch with the tab's token, tables, formatting) it uses;
+// it registers its pages in FLApp.pages before app.js draws the page body[data-page] names.
 "use strict";
 
-(window.FLPageFactories = window.FLPageFactories || []).push((h) => {
-  const { getJSON, fill, link, cards, text, pct, secs, when, enc, F } = h;
+(() => {
+  const { getJSON, fill, link, cards, text, pct, secs, when, enc, F } = FLApp;
   const objectId = document.body.dataset.objectId;
   // counts as counts (40, not 40.00)
   const num = (v) => (typeof v === "number" && Number.isInteger(v) ? v.toLocaleString("en-US") : F(v));
@@ -73,7 +73,10 @@
     window.addEventListener("popstate", () => runsPage());
   }
 
+  let runsDraws = 0;  // only the newest request's answer is drawn (see app.js's on-call page)
+
   async function runsPage() {
+    const mine = ++runsDraws;
     bindRuns();
     const st = runsState();
     document.getElementById("runs-q").value = st.q;
@@ -82,6 +85,7 @@
     if (st.q) api.set("q", st.q);
     if (st.status.length) api.set("status", st.status.join(","));
     const d = await getJSON(`/v1/portal/runs?${api}`);
+    if (mine !== runsDraws) return true;
     const tr = document.querySelector("#runs thead tr");
     tr.textContent = "";
     for (const [label, key] of RUN_COLS) {
@@ -144,17 +148,23 @@
     ["Code", (s) => text(s.code)],
   ];
 
+  // Each run's series of the metric on one chart: the x axis is every step any run has a point
+  // at, and each line joins its own points across the others'.
   async function overlay(runs, metric) {
     const host = document.getElementById("cmp-chart-loss");
     const series = await Promise.all(runs.map((r) => getJSON(
       `/v1/runs/${enc(r)}/metrics?name=${enc(metric)}&points=400`).catch(() => ({ points: [] }))));
-    const pts = series.map((s) => (s.points || []).map((p) => [p.step, typeof p.value === "number" ? p.value : null]));
-    const all = pts.flat().map((p) => p[0]);
-    const dom = all.length ? [Math.min(...all), Math.max(...all)] : [0, 1];
+    const x = [...new Set(series.flatMap((s) => (s.points || []).map((p) => p.step)))].sort((a, b) => a - b);
+    const at = new Map(x.map((step, i) => [step, i]));
+    const values = series.map((s) => {
+      const v = new Array(x.length).fill(null);
+      for (const p of s.points || []) if (typeof p.value === "number") v[at.get(p.step)] = p.value;
+      return v;
+    });
     host.dataset.series = String(runs.length);
     document.getElementById("h-over").textContent = `${metric} over steps, overlaid`;
-    FLCharts.line(host, runs.map((r, i) => ({ name: i === 0 ? `${r} (baseline)` : r, points: pts[i] })),
-      { label: `${metric} of ${runs.join(", ")} over steps`, xDomain: dom, height: 220 });
+    FLPlots.line(host, { label: `${metric} of ${runs.join(", ")} over steps`, yLabel: metric, xMode: "step",
+      x, height: 240, series: runs.map((r, i) => ({ name: i === 0 ? `${r} (baseline)` : r, values: values[i], spanGaps: true })) });
   }
 
   async function comparePage() {
@@ -360,6 +370,6 @@
   // The runbooks page is drawn by the server (ui/runbook_page.py): nothing to fetch.
   const runbooksPage = async () => false;
 
-  return { runs: runsPage, compare: comparePage, models: modelsPage, model: modelPage, evaluation: evaluationPage,
-    runbooks: runbooksPage };
-});
+  Object.assign(FLApp.pages, { runs: runsPage, compare: comparePage, models: modelsPage, model: modelPage,
+    evaluation: evaluationPage, runbooks: runbooksPage });
+})();

@@ -1,0 +1,384 @@
+// fleetlens run and rank pages: "What's wrong" first, then the run's figures and its charts
+// (plots.js), the heatmap and the tables. The chart controls live in the URL with the zoomed
+// step range: ?fromStep=&toStep= (dragging across any chart sets it; every chart and table
+// follows, and a reload keeps it), ?x=step|utc|local, ?smooth=N, ?log=1.
+"use strict";
+
+(() => {
+  const A = FLApp;
+  const { F, runId, getJSON, fill, link, text, pct, dur, when, enc } = A;
+  const params = () => new URLSearchParams(location.search);
+
+  // ---------------------------------------------------------------- URL state
+  function range() {
+    const p = params();
+    const a = Number.parseInt(p.get("fromStep"), 10), b = Number.parseInt(p.get("toStep"), 10);
+    return Number.isFinite(a) && Number.isFinite(b) && a >= 0 && b >= a ? { from: a, to: b } : null;
+  }
+  function rangeQuery() { const r = range(); return r ? `&fromStep=${r.from}&toStep=${r.to}` : ""; }
+  function view() {
+    const p = params();
+    return { x: ["utc", "local"].includes(p.get("x")) ? p.get("x") : "step",
+      smooth: Number(p.get("smooth")) || 0, log: p.get("log") === "1" };
+  }
+
+  function setParams(changes, push) {
+    const p = params();
+    for (const [k, v] of Object.entries(changes)) { if (v === null) p.delete(k); else p.set(k, String(v)); }
+    const url = `${location.pathname}${p.toString() ? "?" + p : ""}${location.hash}`;
+    if (push) history.pushState(null, "", url); else history.replaceState(null, "", url);
+  }
+
+  // A drag on one chart selects on every chart that shares its crosshair: the same range, set
+  // once.
+  function setRange(lo, hi) {
+    const now = range();
+    if (lo === null) {
+      if (!now) return;
+      setParams({ fromStep: null, toStep: null }, true);
+    } else {
+      const a = Math.max(0, Math.floor(lo)), b = Math.max(a, Math.ceil(hi));
+      if (now && now.from === a && now.to === b) return;
+      setParams({ fromStep: a, toStep: b }, true);
+    }
+    A.reload();
+  }
+  window.addEventListener("popstate", () => A.reload());
+
+  function controls(redraw) {
+    const v = view();
+    const xm = document.getElementById("x-mode"), sm = document.getElementById("smooth");
+    const lg = document.getElementById("log-y"), reset = document.getElementById("reset-range");
+    xm.value = v.x; sm.value = String(v.smooth); lg.checked = v.log;
+    if (!xm.dataset.bound) {
+      xm.dataset.bound = "true";
+      xm.addEventListener("change", () => { setParams({ x: xm.value === "step" ? null : xm.value }); redraw(); });
+      sm.addEventListener("change", () => { setParams({ smooth: sm.value === "0" ? null : sm.value }); redraw(); });
+      lg.addEventListener("change", () => { setParams({ log: lg.checked ? "1" : null }); redraw(); });
+      reset.addEventListener("click", () => setRange(null));
+    }
+    const r = range();
+    reset.hidden = !r;
+    document.getElementById("range-text").textContent = r ? `Steps ${r.from}–${r.to} (zoomed)` : "All steps";
+  }
+
+  // Step <-> wall clock, through a series' (step, t) points (the buckets' first starts).
+  function clockOf(pts) {
+    const steps = pts.map((p) => p.step), ts = pts.map((p) => p.t);
+    const find = (arr, v) => { let lo = 0, hi = arr.length - 1; while (lo < hi) { const m = (lo + hi + 1) >> 1; if (arr[m] <= v) lo = m; else hi = m - 1; } return lo; };
+    return {
+      time: (s) => (steps.length ? ts[find(steps, s)] : null),
+      step: (t) => (ts.length ? steps[find(ts, t)] : null),
+      last: (t) => { if (!ts.length) return null; const i = find(ts, t); return i + 1 < steps.length ? steps[i + 1] - 1 : steps[i]; },
+    };
+  }
+
+  // ---------------------------------------------------------------- What's wrong
+  function where(f) {
+    const out = [];
+    if (f.ranks && f.ranks.length === 1) out.push(`rank ${f.ranks[0]}`);
+    else if (f.ranks && f.ranks.length) out.push(`ranks ${f.ranks[0]}–${f.ranks[f.ranks.length - 1]} (${f.ranks.length})`);
+    if (f.nodes && f.nodes.length) out.push(f.nodes.slice(0, 2).join(", ") + (f.nodes.length > 2 ? ` +${f.nodes.length - 2}` : ""));
+    const gpus = (f.gpus || []).map((g) => `GPU ${String(g).split(":").pop()}`);
+    if (gpus.length) out.push(gpus.slice(0, 2).join(", "));
+    return out.join(" · ") || "whole job";
+  }
+
+  function costText(c) {
+    return `${F(c.gpuHours)} GPU-h · ${c.goodputPoints.toFixed(1)} pts`;
+  }
+
+  function evidenceLine(f) {
+    const span = document.createElement("span");
+    span.className = "oneline";
+    const line = A.evidence(f.evidence) || f.summary || "–";
+    span.textContent = line;
+    span.title = `${f.summary}. Evidence: ${line}`;
+    return span;
+  }
+
+  function actionCell(f, acts) {
+    const span = document.createElement("span");
+    const act = acts.find((a) => (f.nodes || []).includes(a.node));
+    if (act) span.append(link(`#action-${act.id}`, `action #${act.id}: ${A.stateLabel(act.state)}`), " ");
+    const rec = document.createElement("span");
+    rec.className = "oneline note";
+    rec.textContent = f.action || "";
+    rec.title = f.action || "";
+    span.appendChild(rec);
+    return span;
+  }
+
+  function whatsWrong(d) {
+    const fs = d.findings || [];
+    const acts = d.remediations || [];
+    fill("wrong-table", fs.slice(0, 5).map((f) => [
+      { th: `${f.rank}` }, { node: link(`#finding-${f.rank}`, f.diagnosis) }, where(f),
+      `${when(f.since.time)} · step ${f.since.step}`, pct(f.confidence), f.owner,
+      { node: evidenceLine(f) }, costText(f.cost), { node: actionCell(f, acts) },
+    ]), "No findings: nothing is known to be wrong with this run.");
+    document.querySelectorAll("#wrong-table tbody tr").forEach((tr, i) => {
+      if (fs[i]) { tr.dataset.key = fs[i].key; tr.title = fs[i].summary; }
+    });
+    const g = d.goodput || {}, un = g.unattributed;
+    const lines = ((g.breakdown || {}).lines || []).filter((l) => l.category !== "productive");
+    const lostS = lines.reduce((t, l) => t + l.seconds, 0);
+    const note = document.getElementById("wrong-note");
+    if (!un) { note.textContent = ""; return; }
+    const found = fs.reduce((t, f) => t + f.cost.gpuHours, 0);
+    const wall = (g.breakdown || {}).wallSeconds || 0;
+    note.textContent = `The run lost ${dur(lostS)} of its ${dur(wall)} (${pct(wall ? lostS / wall : null)}): the findings account for ` +
+      `${F(found)} GPU-h, and ${costText(un)} is explained by no finding (${Object.keys(un.seconds).join(", ") || "none"}). ` +
+      `A finding's cost is its share of the goodput breakdown's loss lines below; findings plus unexplained add up to them.` +
+      (fs.length > 5 ? ` ${fs.length - 5} more findings under Diagnosis.` : "");
+  }
+
+  // ---------------------------------------------------------------- charts
+  function markersOf(d) {
+    const out = [];
+    for (const i of d.timeline || []) {
+      if (i.step === null || i.step === undefined) continue;
+      if (i.source === "metric") out.push({ step: i.step, kind: "metric", lane: "metric", label: `step ${i.step}: ${i.message}` });
+      else if (["checkpoint_end", "failure", "hardware_fault", "restart", "job_start", "drain", "config_change", "nan"].includes(i.kind)) {
+        out.push({ step: i.step, kind: i.kind, lane: i.kind === "checkpoint_end" ? "checkpoint_end" : "event",
+          label: `step ${i.step}: ${i.kind} ${i.message || ""}` });
+      }
+    }
+    for (const a of d.alerts || []) {
+      if (a.step !== null && a.step !== undefined) out.push({ step: a.step, kind: "alert", lane: "alert", label: `alert ${a.alertname} at step ${a.step}` });
+    }
+    return out;
+  }
+
+  let lastDoc = null;
+
+  function runCharts() {
+    const d = lastDoc;
+    if (!d) return;
+    const v = view();
+    const ss = d.stepSeries || [];
+    const clk = clockOf(ss);
+    const xOf = (step) => (v.x === "step" ? step : clk.time(step));
+    const brush = (a, b) => (v.x === "step" ? setRange(a, b) : setRange(clk.step(a), clk.last(b)));
+    const mk = markersOf(d);
+    const marks = mk.map((m) => ({ x: xOf(m.step), kind: m.kind }));
+    const base = { xMode: v.x, smooth: v.smooth, log: v.log, markers: marks, onBrush: brush };
+    const x = ss.map((p) => xOf(p.step));
+    const ms = (k) => ss.map((p) => (p[k] === null ? null : p[k] * 1000));
+    FLPlots.line(document.getElementById("chart-step"), Object.assign({}, base, {
+      label: "Step time in ms over steps: median with min-max band, max, slowest and mean rank compute",
+      yLabel: "Step time (ms)", unit: "ms", height: 240, x,
+      series: [
+        { name: "step time median", values: ms("p50"), band: [ms("min"), ms("max")] },
+        { name: "step time max", values: ms("max"), color: "#dc2626", dash: [4, 2] },
+        { name: "slowest rank compute", values: ms("computeMax"), color: "#d97706" },
+        { name: "mean rank compute", values: ms("computeMean"), color: "#059669" },
+      ] }));
+    const gp = ss.map((p, i) => {
+      const next = ss[i + 1];
+      const wall = next ? next.t - p.t : null;
+      const useful = p.steps * p.p50 * (p.computeMax ? p.computeMean / p.computeMax : 1);
+      return wall && wall > 0 ? 100 * Math.min(1, useful / wall) : null;
+    });
+    FLPlots.line(document.getElementById("chart-goodput"), Object.assign({}, base, {
+      label: "Goodput of each step bucket over steps (productive time over wall time, %)",
+      yLabel: "Goodput (%)", unit: "%", x, yMin: v.log ? undefined : 0, yMax: v.log ? undefined : 100,
+      series: [{ name: "goodput", values: gp, color: "#059669" }] }));
+    const sc = d.scalars || {};
+    for (const [id, key, name] of [["chart-loss", "loss", "loss"], ["chart-lr", "lr", "learning rate"], ["chart-grad_norm", "grad_norm", "gradient norm"]]) {
+      const s = sc[key] || [];
+      FLPlots.line(document.getElementById(id), Object.assign({}, base, {
+        label: `${name} over steps (first value of each bucket, with its min-max band)`, yLabel: `${name} (value)`,
+        x: s.map((p) => xOf(p.step)),
+        series: [{ name, values: s.map((p) => p.value), band: [s.map((p) => p.min), s.map((p) => p.max)] }] }));
+    }
+    FLPlots.line(document.getElementById("chart-tps"), Object.assign({}, base, {
+      label: "Tokens per second over steps", yLabel: "Tokens per second", unit: "tok/s", x,
+      series: [{ name: "tokens/s", values: ss.map((p) => p.tokensPerSecond) }] }));
+    const w = d.window || {};
+    const dom = ss.length ? [w.fromStep ?? ss[0].step, w.toStep ?? ss[ss.length - 1].step] : [0, 1];
+    FLCharts.strip(document.getElementById("chart-timeline"), mk.map((m) => Object.assign({ x: m.step }, m)),
+      { xDomain: dom, label: `Timeline of ${mk.length} events, checkpoints, metric changes and alerts over steps ${dom[0]}–${dom[1]}` });
+  }
+
+  // ---------------------------------------------------------------- run page
+  let heatKey = null;  // the range the heatmap shows
+  let heatStale = false;
+  let heatInView = false;
+
+  async function runPage({ refreshing }) {
+    controls(runCharts);
+    const pts = Math.min(800, Math.max(100, Math.floor(window.innerWidth / 2)));
+    const q = rangeQuery();
+    const d = await getJSON(`/v1/runs/${enc(runId)}/overview?points=${pts}${q}`);
+    lastDoc = d;
+    const s = d.summary || {}, m = s.metrics || {};
+    const g = d.goodput || {}, f = g.factors || {}, bd = g.breakdown || {};
+    const eta = d.completion;
+    const acts = d.remediations || [];
+    const act = acts.find((a) => A.UNDER_WAY.includes(a.state)) || acts[0];
+    whatsWrong(d);
+    A.cards("#now", [
+      ["Status", d.run.status], ["Goodput (job)", pct(f.jobProduct)], ["Runtime goodput", pct(f.runtime)],
+      ["Step", text(s.step)], ["Ranks", text(s.worldSize)], ["Step time (slowest rank)", `${F(m.stepTimeMs)} ms`],
+      ["Tokens/s", F(m.tokensPerSecond)], ["MFU", mfuText(d.mfu)], ["Tokens consumed", F(s.tokensProcessed)],
+      ["Loss", F(m.loss)], ["Est. completion", eta ? `${dur(eta.seconds)} (${F(eta.stepsLeft)} steps left)` : "unknown: no total_steps in the run config"],
+    ].concat(act ? [["Remediation", `${act.node} ${A.stateLabel(act.state)}`]] : []));
+    const lines = (bd.lines || []).filter((l) => l.seconds > 0);
+    FLCharts.bars(document.getElementById("goodput-bars"), lines.map((l) => ({ label: l.category, value: l.seconds / 3600,
+      color: l.category === "productive" ? "#059669" : l.factor === "program" ? "#d97706" : "#dc2626" })),
+    { label: "Hours of wall-clock time by category", height: 170, yLabel: "hours", unit: "h" });
+    fill("breakdown", lines.map((l) => [{ th: l.category }, dur(l.seconds), pct(l.share), l.factor]));
+    fill("factors", [[{ th: "Scheduling" }, pct(f.scheduling)], [{ th: "Runtime" }, pct(f.runtime)],
+      [{ th: "Program" }, pct(f.program)], [{ th: "Job (runtime × program)" }, pct(f.jobProduct)]]);
+    runCharts();
+
+    const r = range();
+    const all = d.findings || [];
+    const shown = r ? all.filter((x) => x.startStep <= r.to && (x.endStep === null || x.endStep >= r.from)) : all;
+    fill("findings", shown.map((x) => [{ th: x.diagnosis }, x.owner, pct(x.confidence),
+      `${text(x.startStep)}–${text(x.endStep)}`, x.summary, A.evidence(x.evidence)]), r ? "no findings in these steps" : "no findings");
+    document.querySelectorAll("#findings tbody tr").forEach((tr, i) => { if (shown[i]) tr.id = `finding-${shown[i].rank}`; });
+    document.querySelector("#findings caption").textContent = r
+      ? `Findings with evidence and owner: ${shown.length} of ${all.length} overlap steps ${r.from}–${r.to}` : "Findings with evidence and owner";
+    const tl = (d.timeline || []).filter((i) => i.kind !== "checkpoint_begin");
+    const inRange = (st) => !r || (st !== null && st !== undefined && st >= r.from && st <= r.to);
+    const altl = (d.alerts || []).filter((a) => inRange(a.step)).map((a) => ({ step: a.step, source: "alert", kind: a.alertname, message: a.annotations.summary || "" }));
+    fill("timeline", tl.concat(altl).sort((a, b) => (a.step ?? -1) - (b.step ?? -1)).slice(0, 400).map((i) => [
+      { th: text(i.step) }, i.source, i.kind, [i.node, i.gpu !== null && i.gpu !== undefined ? `GPU ${i.gpu}` : null, i.rank !== null && i.rank !== undefined ? `rank ${i.rank}` : null].filter(Boolean).join(" ") || "–", i.message || ""]));
+    A.remediationSection(acts, d.generatedAt);
+    document.querySelectorAll("#remediations tbody tr").forEach((tr, i) => { if (acts[i]) tr.id = `action-${acts[i].id}`; });
+    // First paint is done. The heatmap and the slowest ranks, below the fold, come next: on a
+    // refresh only while in view or for a new range (else when scrolled to).
+    A.body.dataset.painted = "true";
+    if (!refreshing || heatKey !== q || heatInView) await heatSection(q);
+    else heatStale = true;
+    return A.LIVE_STATUSES.includes(d.run.status);
+  }
+
+  function mfuText(x) {
+    if (!x) return "unknown";
+    if (typeof x.value === "number") {
+      const hfu = typeof x.hfu === "number" ? ` (HFU ${pct(x.hfu)})` : "";
+      return `${pct(x.value)}${hfu}${x.accelerator ? ` on ${x.devices || "?"} × ${x.accelerator}` : ""}`;
+    }
+    return `unknown: ${x.missing || "not computed"}`;
+  }
+
+  const rankHref = (rank) => `/runs/${enc(runId)}/ranks/${rank}${range() ? "?" + rangeQuery().slice(1) : ""}`;
+
+  async function heatSection(q) {
+    const world = lastDoc && lastDoc.summary ? lastDoc.summary.worldSize || 128 : 128;
+    const h = await getJSON(`/v1/runs/${enc(runId)}/heatmap?slowest=8&ranks=${Math.min(256, Math.max(1, world))}&steps=160${q}`);
+    heatKey = q; heatStale = false;
+    A.body.dataset.heatFetches = String(Number(A.body.dataset.heatFetches || 0) + 1);
+    const canvas = document.getElementById("heatmap");
+    const hp = document.getElementById("heat-hot");
+    hp.textContent = ""; delete hp.dataset.rank;
+    if (h.cells && h.cells.length) {
+      const hot = h.hot && h.hot.ratio >= FLPlots.HOT ? h.hot : null;
+      const rows = h.rowRanks || { rank: [], node: [], gpu: [] };
+      const label = `Heatmap of compute time, ${h.rows} rows of ${h.ranksPerRow} ranks by ${h.columns} columns of ${h.stepsPerColumn} steps, steps ${h.fromStep}-${h.toStep}` +
+        (hot ? `; hottest row: ranks ${hot.rankFrom}-${hot.rankTo}, slowest rank ${hot.rank}` : "; no row stands out");
+      FLPlots.heatmap(canvas, document.getElementById("heat-tip"), h, {
+        label,
+        describe: (row, col) => {
+          const r0 = row * h.ranksPerRow, r1 = Math.min(r0 + h.ranksPerRow, h.rows * h.ranksPerRow) - 1;
+          const s0 = h.fromStep + col * h.stepsPerColumn, s1 = Math.min(h.toStep, s0 + h.stepsPerColumn - 1);
+          const v = h.cells[row][col], med = h.medians[col];
+          const who = rows.rank[row] !== undefined ? `rank ${rows.rank[row]}${h.ranksPerRow > 1 ? ` (slowest of ranks ${r0}–${r1} in most cells)` : ""}` : `ranks ${r0}–${r1}`;
+          const at = rows.node[row] ? ` on ${rows.node[row]} GPU ${rows.gpu[row]}` : "";
+          const val = typeof v === "number" ? `${F(v)} ms compute${med ? ` (${(v / med).toFixed(2)}× the column median)` : ""}` : "no data";
+          return `${who}${at} · step${s0 === s1 ? ` ${s0}` : `s ${s0}–${s1}`} · ${val}. Click for the rank's page.`;
+        },
+        onCell: (row) => { location.href = rankHref(rows.rank[row] ?? row * h.ranksPerRow); },
+        say: (t) => { document.getElementById("heat-cell").textContent = t; },
+      });
+      document.getElementById("heat-caption").textContent =
+        `Steps ${h.fromStep}–${h.toStep}. Each cell is the maximum compute time of ${h.ranksPerRow} rank(s) over ${h.stepsPerColumn} step(s), coloured by its ratio to the column median (scale on the right). Hover a cell (or focus the map and use the arrow keys) for its rank, node, GPU, steps and value; click it (or press Enter) for the rank's page.`;
+      if (hot) {
+        hp.dataset.rank = hot.rank; hp.dataset.rankFrom = hot.rankFrom; hp.dataset.rankTo = hot.rankTo; hp.dataset.row = hot.row;
+        hp.append(`Outlined row ${hot.row}: ranks ${hot.rankFrom}–${hot.rankTo}, ${F(hot.ratio)}× the column median; slowest rank `,
+          link(rankHref(hot.rank), String(hot.rank)), ".");
+      } else if (h.hot) {
+        hp.textContent = `No row stands out: the slowest row is ${F(h.hot.ratio)}× the column median (outlined from ${FLPlots.HOT}×).`;
+      }
+    }
+    fill("ranks", (h.slowestRanks || []).map((r) => [{ th: r.rank, node: link(rankHref(r.rank), String(r.rank)) }, r.node, r.gpu, F(r.computeMs),
+      r.computeSlowdown ? r.computeSlowdown.toFixed(3) : "–", F(r.commMs), A.hardware(r.hardware)]));
+  }
+
+  if (A.page === "run") {
+    new IntersectionObserver((entries) => {
+      heatInView = entries.some((e) => e.isIntersecting);
+      if (heatInView && heatStale) heatSection(rangeQuery()).catch(() => {});
+    }).observe(document.getElementById("heat"));
+  }
+
+  // ---------------------------------------------------------------- rank page
+  let rankDoc = null;
+
+  function rankCharts() {
+    const d = rankDoc;
+    if (!d) return;
+    const v = view();
+    const ph = d.phases || [];
+    const clk = clockOf(ph);
+    const xOf = (step) => (v.x === "step" ? step : clk.time(step));
+    const ms = (k) => ph.map((p) => (p[k] === null ? null : p[k] * 1000));
+    FLPlots.line(document.getElementById("chart-phases"), {
+      label: `Rank ${d.rank}'s phase timings in ms over steps, and the mean rank's compute`,
+      yLabel: "Time per step (ms)", unit: "ms", height: 260, x: ph.map((p) => xOf(p.step)), xMode: v.x,
+      smooth: v.smooth, log: v.log, sync: "rank-steps",
+      onBrush: (a, b) => (v.x === "step" ? setRange(a, b) : setRange(clk.step(a), clk.last(b))),
+      series: [
+        { name: "step (duration)", values: ms("duration"), color: "#4b5563" },
+        { name: "compute", values: ms("compute"), color: "#dc2626" },
+        { name: "mean rank compute", values: ms("computeMean"), color: "#059669", dash: [4, 2] },
+        { name: "forward", values: ms("forward"), color: "#2563eb" },
+        { name: "backward", values: ms("backward"), color: "#7c3aed" },
+        { name: "optimizer", values: ms("optimizer"), color: "#0891b2" },
+        { name: "comm wait", values: ms("comm"), color: "#d97706" },
+        { name: "data wait", values: ms("dataWait"), color: "#9ca3af" },
+      ] });
+    // Each placement's samples, with a gap between placements (no line across the restart).
+    const gap = { t: null, smClock: null, smClockMax: null, temp: null, power: null, fbUsed: null, xid: null };
+    const samples = (d.placements || []).flatMap((p, i) => {
+      const own = p.samples || [];
+      return i && own.length ? [Object.assign({}, gap, { t: own[0].t - 1e-3 })].concat(own) : own;
+    });
+    const t = samples.map((s) => s.t);
+    const gpu = (id, label, yLabel, unit, series) => FLPlots.line(document.getElementById(id), {
+      label, yLabel, unit, x: t, xMode: "utc", smooth: v.smooth, log: v.log, sync: "rank-gpu", series });
+    gpu("chart-clock", "SM clock of the rank's GPU over time, MHz, with its maximum", "SM clock (MHz)", "MHz",
+      [{ name: "max SM clock", values: samples.map((s) => s.smClockMax), color: "#9ca3af", dash: [4, 2] }, { name: "SM clock", values: samples.map((s) => s.smClock), color: "#2563eb" }]);
+    gpu("chart-temp", "GPU temperature over time, °C", "Temperature (°C)", "°C", [{ name: "GPU temperature", values: samples.map((s) => s.temp), color: "#dc2626" }]);
+    gpu("chart-power", "GPU power over time, W", "Power (W)", "W", [{ name: "power", values: samples.map((s) => s.power), color: "#d97706" }]);
+    gpu("chart-mem", "GPU framebuffer memory in use over time, MiB", "Memory in use (MiB)", "MiB", [{ name: "framebuffer used", values: samples.map((s) => s.fbUsed), color: "#7c3aed" }]);
+    gpu("chart-xid", "Largest Xid reported by the GPU per time bucket (0: none)", "Xid", "", [{ name: "Xid", values: samples.map((s) => s.xid), color: "#b91c1c" }]);
+  }
+
+  async function rankPage() {
+    controls(rankCharts);
+    const rank = Number(location.pathname.split("/").filter(Boolean).pop());
+    const d = await getJSON(`/v1/runs/${enc(runId)}/ranks/${rank}/detail?points=300${rangeQuery()}`);
+    rankDoc = d;
+    const back = document.getElementById("rank-back");
+    back.href = `/runs/${enc(runId)}${range() ? "?" + rangeQuery().slice(1) : ""}`;
+    back.textContent = `Back to run ${runId}`;
+    const places = d.placements || [];
+    const now = places[places.length - 1];
+    document.getElementById("rank-where").textContent = now
+      ? `Rank ${rank} ran on ${now.node} GPU ${now.gpu}${places.length > 1 ? ` (latest of ${places.length} placements)` : ""}; steps ${text(d.fromStep)}–${text(d.toStep)}.`
+      : `Rank ${rank}: no placement recorded; steps ${text(d.fromStep)}–${text(d.toStep)}.`;
+    fill("placements", places.map((p) => {
+      const xids = [...new Set((p.samples || []).map((s) => s.xid).filter((x) => x > 0))];
+      return [{ th: p.jobId || "–" }, p.node, p.gpu, when(p.time), xids.length ? xids.map((x) => `Xid ${x}`).join(", ") : "none"];
+    }), "no placement recorded for this rank");
+    rankCharts();
+    return false;
+  }
+
+  A.pages.run = runPage;
+  A.pages.rank = rankPage;
+})();
