@@ -1053,3 +1053,45 @@ def test_api_docs_render_offline_from_the_vendored_swagger_ui(played: Server, br
                            {"Accept-Encoding": "gzip"})  # fmt: skip
     assert headers.get("Content-Encoding") == "gzip" and len(body) < 700_000
     page.close()
+
+
+PHONE = {"width": 390, "height": 844}
+
+
+def test_every_page_fits_a_phone_without_scrolling_sideways(played: Server, browser: Any) -> None:
+    ctx = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True)
+    try:
+        for path in ("/", f"/runs/{RUN}", f"/runs/{RUN}/failure", "/oncall", "/capacity",
+                     "/compare", "/models", "/runbooks"):  # fmt: skip
+            page = ctx.new_page()
+            page.goto(played.url + path)
+            page.wait_for_selector("body[data-loaded]", timeout=30_000)
+            wide = page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= PHONE["width"], (path, wide)
+            if path == f"/runs/{RUN}" and (shots := os.environ.get("FLEETLENS_SCREENSHOTS")):
+                page.screenshot(path=os.path.join(shots, "run-phone.png"))
+            page.close()
+    finally:
+        ctx.close()
+
+
+def test_dark_mode_follows_the_system_setting(played: Server, browser: Any) -> None:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme="dark")
+    try:
+        page = ctx.new_page()
+        page.goto(f"{played.url}/runs/{RUN}")
+        page.wait_for_selector("body[data-loaded=true]", timeout=30_000)
+        style = "getComputedStyle(document.body)"
+        bg, fg = page.evaluate(f"[{style}.backgroundColor, {style}.color]")
+
+        def luminance(rgb: str) -> float:
+            r, g, b = (int(v) for v in re.findall(r"\d+", rgb)[:3])
+            return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
+
+        assert luminance(bg) < 0.15 and luminance(fg) > 0.8, (bg, fg)
+        head = page.evaluate("getComputedStyle(document.querySelector('thead th')).backgroundColor")
+        assert luminance(head) < 0.2, head
+        if shots := os.environ.get("FLEETLENS_SCREENSHOTS"):
+            page.screenshot(path=os.path.join(shots, "run-dark.png"))
+    finally:
+        ctx.close()

@@ -7,6 +7,8 @@
 "use strict";
 
 const FLPlots = (() => {
+  // The page's colours (style.css's variables, light or dark), read when a chart is drawn.
+  const css = (name, dflt) => getComputedStyle(document.documentElement).getPropertyValue(name).trim() || dflt;
   const PALETTE = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#4b5563"];
   const MARK = { event: "#6b7280", failure: "#dc2626", hardware_fault: "#dc2626",
     restart: "#d97706", checkpoint_end: "#059669", alert: "#b91c1c", metric: "#7c3aed",
@@ -102,8 +104,10 @@ const FLPlots = (() => {
         y: o.log ? { distr: 3 } : { range: (u, lo, hi) => yRange(lo, hi, o) },
       },
       axes: [
-        { label: xLabel(o.xMode), labelSize: 18, size: 36, font: "11px system-ui", labelFont: "600 11px system-ui" },
+        { label: xLabel(o.xMode), labelSize: 18, size: 36, font: "11px system-ui", labelFont: "600 11px system-ui",
+          stroke: css("--fg", "#111827"), grid: { stroke: css("--grid", "#eef0f3") }, ticks: { stroke: css("--line", "#e5e7eb") } },
         { label: o.yLabel, labelSize: 18, size: 60, font: "11px system-ui", labelFont: "600 11px system-ui",
+          stroke: css("--fg", "#111827"), grid: { stroke: css("--grid", "#eef0f3") }, ticks: { stroke: css("--line", "#e5e7eb") },
           values: (u, ticks) => ticks.map((t) => fmt(t)) },
       ],
       cursor: { sync: { key: o.sync || "fleetlens", setSeries: false }, drag: { x: true, y: false, setScale: false } },
@@ -258,7 +262,7 @@ const FLPlots = (() => {
     for (let r = 0; r < rows; r++) {
       for (let c = 0; c < cols; c++) {
         const x = data.cells[r] && data.cells[r][c];
-        ctx.fillStyle = typeof x === "number" && med[c] ? colour(x / med[c]) : "#f3f4f6";
+        ctx.fillStyle = typeof x === "number" && med[c] ? colour(x / med[c]) : css("--track", "#f3f4f6");
         ctx.fillRect(M.l + c * cw, M.t + r * cellH, Math.ceil(cw), cellH);
       }
     }
@@ -268,7 +272,7 @@ const FLPlots = (() => {
       ctx.strokeRect(M.l - 0.5, M.t + hot.row * cellH - 1, w + 1, cellH + 2);
     }
     // Axes: ranks down the left, steps along the bottom, each with its label.
-    ctx.fillStyle = "#4b5563"; ctx.strokeStyle = "#9ca3af"; ctx.lineWidth = 1;
+    ctx.fillStyle = css("--muted", "#4b5563"); ctx.strokeStyle = "#9ca3af"; ctx.lineWidth = 1;
     ctx.font = "10px system-ui"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
     const world = rows * data.ranksPerRow;
     for (const t of FLCharts.ticks(0, world - 1, Math.max(2, Math.floor(h / 40)))) {
@@ -283,7 +287,7 @@ const FLPlots = (() => {
       ctx.fillText(String(t), x, M.t + h + 5);
       ctx.beginPath(); ctx.moveTo(x, M.t + h); ctx.lineTo(x, M.t + h + 4); ctx.stroke();
     }
-    ctx.font = "600 11px system-ui"; ctx.fillStyle = "#111827";
+    ctx.font = "600 11px system-ui"; ctx.fillStyle = css("--fg", "#111827");
     ctx.fillText("Step", M.l + w / 2, M.t + h + 20);
     ctx.save(); ctx.translate(12, M.t + h / 2); ctx.rotate(-Math.PI / 2);
     ctx.textBaseline = "middle"; ctx.fillText("Rank", 0, 0); ctx.restore();
@@ -293,7 +297,7 @@ const FLPlots = (() => {
     for (let k = 0; k <= 10; k++) grad.addColorStop(k / 10, colour(1 + 0.025 * k));
     ctx.fillStyle = grad; ctx.fillRect(sx, M.t, 12, sh);
     ctx.strokeRect(sx + 0.5, M.t + 0.5, 12, sh);
-    ctx.font = "10px system-ui"; ctx.fillStyle = "#4b5563"; ctx.textAlign = "left"; ctx.textBaseline = "middle";
+    ctx.font = "10px system-ui"; ctx.fillStyle = css("--muted", "#4b5563"); ctx.textAlign = "left"; ctx.textBaseline = "middle";
     for (const [v, label] of [[1, "≤ 1.00×"], [1.125, "1.125×"], [1.25, "≥ 1.25×"]]) {
       ctx.fillText(label, sx + 16, M.t + sh - ((v - 1) / 0.25) * sh);
     }
