@@ -167,7 +167,10 @@ class Results:
                 ex.append(example_id)
                 met.append(metric)
                 val.append(float(value))
-                det.append(notes.get(metric.removesuffix("_score") + "_rationale", ""))
+                # a judge's rationale; a multiple-choice answer's choice log-likelihoods
+                rationale = notes.get(metric.removesuffix("_score") + "_rationale")
+                mc = metric in ("acc", "acc_norm", "acc_bytes")
+                det.append(rationale or (notes.get("loglikelihoods", "") if mc else ""))
         self._telemetry.command_params(
             f"INSERT INTO {self._telemetry.database}.eval_examples "
             "(tenant, evaluation_id, benchmark, shard_index, example_id, metric, value, detail) "

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client import Client
-from ..errors import APIError, FleetlensError
-from .adapters import Adapter, Decoding, Generation, adapter_from_spec
-from .benchmarks import render, score
+from ..errors import AdapterError, APIError, FleetlensError
+from .adapters import Adapter, Decoding, Generation, ScoresContinuations, adapter_from_spec
+from .benchmarks import is_multiple_choice, render, score
 from .cache import canonical_hash
 
 __all__ = ["Worker", "WorkerConfig", "usage"]
@@ -53,6 +53,15 @@ def usage(prompt: str, gen: Generation, wall_ms: float) -> dict[str, float]:
         gen.tokens_out if gen.tokens_out is not None else sum(len(t.split()) for t in gen.texts)
     )
     return out
+
+
+def _scorer(adapter: Adapter, spec: dict[str, Any]) -> ScoresContinuations:
+    if not hasattr(adapter, "loglikelihood"):
+        raise AdapterError(
+            f"adapter kind {spec.get('kind')!r} cannot score continuations, which a "
+            "multiple-choice benchmark needs; use kind hf or openai (echo + logprobs)"
+        )
+    return adapter  # type: ignore[return-value]
 
 
 class _LeaseGone(FleetlensError):
@@ -152,7 +161,12 @@ class Worker:
                     continue
                 prompt = render(spec, ex)
                 t0 = time.perf_counter()
-                gen = adapter.generate(prompt, decoding, str(ex["id"]))
+                if is_multiple_choice(spec):
+                    gen = _scorer(adapter, shard["adapter"]).loglikelihood(
+                        prompt, list(ex["continuations"])
+                    )
+                else:
+                    gen = adapter.generate(prompt, decoding, str(ex["id"]))
                 wall_ms = (time.perf_counter() - t0) * 1000.0
                 result = {**score(spec, ex, gen), **usage(prompt, gen, wall_ms)}
                 with lock:
