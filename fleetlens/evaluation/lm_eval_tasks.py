@@ -169,10 +169,15 @@ class _Renderer:
         self._templates: dict[str, Any] = {}
 
     def _render(self, template: str, doc: dict[str, Any]) -> str:
-        t = self._templates.get(template)
-        if t is None:
-            t = self._templates[template] = self.env.from_string(template)
-        return str(t.render(**doc))
+        from jinja2 import TemplateError
+
+        try:
+            t = self._templates.get(template)
+            if t is None:
+                t = self._templates[template] = self.env.from_string(template)
+            return str(t.render(**doc))
+        except TemplateError as exc:
+            raise ConfigError(f"template {template!r} failed on a document: {exc}") from exc
 
     def text(self, doc: dict[str, Any]) -> Any:
         spec = self.cfg["doc_to_text"]

@@ -22,6 +22,8 @@ from .regressions import find_regressions
 from .rows import TERMINAL, SessionFactory, evaluation_json, find_evaluation, shards_of
 from .suites import PERFORMANCE
 
+_MC = bm.MC_METRICS  # an example's detail: its choices' log-likelihoods
+
 EXAMPLES_DDL = """
 CREATE TABLE IF NOT EXISTS {db}.eval_examples (
     tenant LowCardinality(String),
@@ -146,7 +148,7 @@ class Results:
                 "exampleId": e,
                 "metric": m,
                 "value": v,
-                **({"rationale": d} if d else {}),
+                **({("loglikelihoods" if m in _MC else "rationale"): d} if d else {}),
             }
             for b, i, e, m, v, d in zip(
                 *(t.column(c).to_pylist() for c in t.column_names), strict=True
@@ -169,8 +171,8 @@ class Results:
                 val.append(float(value))
                 # a judge's rationale; a multiple-choice answer's choice log-likelihoods
                 rationale = notes.get(metric.removesuffix("_score") + "_rationale")
-                mc = metric in ("acc", "acc_norm", "acc_bytes")
-                det.append(rationale or (notes.get("loglikelihoods", "") if mc else ""))
+                mc = notes.get("loglikelihoods", "") if metric in _MC else ""
+                det.append(rationale or mc)
         self._telemetry.command_params(
             f"INSERT INTO {self._telemetry.database}.eval_examples "
             "(tenant, evaluation_id, benchmark, shard_index, example_id, metric, value, detail) "
