@@ -110,6 +110,7 @@ def offline_env() -> None:
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ[key] = "1"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # lm-eval's progress bars
 
 
 def run_lm_eval(

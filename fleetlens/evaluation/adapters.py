@@ -198,7 +198,7 @@ class OpenAIAdapter:
 class HFAdapter:
     """A local causal LM loaded from a directory; greedy when temperature is 0."""
 
-    def __init__(self, path: str, threads: int = 0) -> None:
+    def __init__(self, path: str) -> None:
         try:
             import transformers  # type: ignore[import-not-found, unused-ignore]
         except ImportError as exc:
@@ -210,10 +210,6 @@ class HFAdapter:
         self._tok = transformers.AutoTokenizer.from_pretrained(path)
         self._model = transformers.AutoModelForCausalLM.from_pretrained(path)
         self._model.eval()
-        if threads > 0:  # several workers on one machine: one intra-op thread each
-            import torch
-
-            torch.set_num_threads(threads)
 
     def generate(self, prompt: str, decoding: Decoding, example_id: str) -> Generation:
         import torch
@@ -289,7 +285,7 @@ def adapter_from_spec(spec: dict[str, Any]) -> Adapter:
         key = os.environ.get(str(spec["apiKeyEnv"]), "") if spec.get("apiKeyEnv") else ""
         return OpenAIAdapter(str(spec["baseUrl"]), str(spec.get("model", "")), api_key=key)
     if kind == "hf":
-        return HFAdapter(str(spec.get("path", "")), int(spec.get("threads") or 0))
+        return HFAdapter(str(spec.get("path", "")))
     raise ConfigError(f"adapter kind {kind!r} is unknown; use one of {', '.join(ADAPTER_KINDS)}")
 
 

@@ -16,13 +16,12 @@ from ..store.scope import Scope
 from ..store.scoped import scoped
 from ..store.telemetry import TelemetryStore
 from . import benchmarks as bm
+from .lm_eval_tasks import MC_METRICS as _MC  # an example's detail: its choices' likelihoods
 from .models import EvalShard, Evaluation, ModelAlias
 from .performance import performance, price_for
 from .regressions import find_regressions
 from .rows import TERMINAL, SessionFactory, evaluation_json, find_evaluation, shards_of
 from .suites import PERFORMANCE
-
-_MC = bm.MC_METRICS  # an example's detail: its choices' log-likelihoods
 
 EXAMPLES_DDL = """
 CREATE TABLE IF NOT EXISTS {db}.eval_examples (

@@ -1,0 +1,204 @@
+"""bench/eval.py's comparison with lm-evaluation-harness: the same task YAML, the same tiny model.
+
+lm_eval (``simple_evaluate``, the ``hf`` model, batch size 1, ``log_samples``) and fleetlens
+(``fleetlens eval worker`` processes through the API, the ``hf`` adapter) evaluate the MMLU dev
+questions lm-eval ships (bench/_tiny_lm.py) on a tiny GPT-2 built here; their per-example acc
+and acc_norm are compared, and their wall times. A model behind an OpenAI-style endpoint
+(``echo`` + ``logprobs``, 20 ms a request) measures the same task I/O-bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import zlib
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import _tiny_lm as tiny
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASK = "mmlu_dev_local"
+
+
+def call(url: str, method: str, path: str, body: Any = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url + path, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.load(r)
+
+
+@contextlib.contextmanager
+def workers(url: str, n: int, tag: str, env: dict[str, str] | None = None) -> Iterator[None]:
+    """``n`` worker processes, started and past their imports before the clock starts."""
+    cmd = [sys.executable, "-m", "fleetlens.evaluation", "eval", "worker", "--server", url,
+           "--poll-s", "0.02", "--idle-exit", "600", "--worker-id"]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [*cmd, f"{tag}{i}"],
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in range(n)
+    ]
+    try:
+        time.sleep(4.0)  # let the workers import and start polling
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def evaluate(url: str, request: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Submit and wait; the seconds from the request to the completed evaluation."""
+    t0 = time.perf_counter()
+    ev = call(url, "POST", "/v1/evaluations", request)
+    while ev["state"] not in ("COMPLETED", "FAILED"):
+        time.sleep(0.02)
+        ev = call(url, "GET", f"/v1/evaluations/{ev['evaluationId']}")
+    elapsed = time.perf_counter() - t0
+    if ev["state"] != "COMPLETED":
+        raise RuntimeError(f"evaluation failed: {ev['error']}")
+    return elapsed, ev
+
+
+def per_example(url: str, evaluation_id: str) -> dict[str, dict[str, float]]:
+    rows = call(url, "GET", f"/v1/evaluations/{evaluation_id}/examples?limit=1000000")
+    out: dict[str, dict[str, float]] = {}
+    for r in rows["examples"]:
+        if r["metric"] in ("acc", "acc_norm"):
+            out.setdefault(r["exampleId"], {})[r["metric"]] = float(r["value"])
+    return out
+
+
+def max_abs_diff(ours: dict[str, dict[str, float]], ref: dict[str, dict[str, Any]]) -> float:
+    if sorted(ours) != sorted(ref):
+        return float("inf")
+    return max(abs(ours[d][m] - float(ref[d][m])) for d in ref for m in ("acc", "acc_norm"))
+
+
+def echo_endpoint(latency_s: float) -> tuple[ThreadingHTTPServer, str]:
+    """An OpenAI-style completions endpoint that scores ``echo`` prompts: word-sized tokens with
+    their text offsets and a deterministic log-probability each; one sleep per request."""
+    import re
+
+    word = re.compile(r"\s*\S+|\s+")
+
+    def score(text: str) -> dict[str, Any]:
+        tokens = word.findall(text)
+        offsets, lps, pos = [], [], 0
+        for i, t in enumerate(tokens):
+            offsets.append(pos)
+            pos += len(t)
+            lps.append(None if i == 0 else -1.0 - (zlib.crc32(t.encode()) % 1000) / 250.0)
+        top = [None if v is None else {t: v} for t, v in zip(tokens, lps, strict=True)]
+        return {"tokens": tokens, "token_logprobs": lps, "text_offset": offsets,
+                "top_logprobs": top}  # fmt: skip
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            time.sleep(latency_s)
+            prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+            choices = [{"index": i, "text": p, "logprobs": score(p)} for i, p in enumerate(prompts)]
+            out = json.dumps({"choices": choices}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+def request(task: str, adapter: dict[str, Any], shard: int, no_cache: bool) -> dict[str, Any]:
+    bench = {"name": TASK, "version": "1", "source": "lm_eval", "task": task}
+    return {"adapter": adapter, "suite": {"name": TASK, "version": "1", "benchmarks": [bench]},
+            "shardSize": shard, "noCache": no_cache}  # fmt: skip
+
+
+def compare(
+    url: str, folder: str, docs: int | None, shard: int, mc_docs: int, lm_eval_runs: int
+) -> dict[str, Any]:
+    """The lm-eval figures of bench/eval.py's result. lm_eval runs ``lm_eval_runs`` times
+    (before and after fleetlens' runs, on a shared machine) and its fastest counts."""
+    tiny.offline_env()
+    model = tiny.build_model(os.path.join(folder, "model"))
+    task = tiny.write_task(folder, limit=docs, task=TASK)
+    mc_task = tiny.write_task(folder, limit=mc_docs, task=TASK + "_endpoint")
+    n, mc_n = len(tiny.mmlu_dev_rows()[:docs]), len(tiny.mmlu_dev_rows()[:mc_docs])
+    t0 = time.perf_counter()
+    for module in ("lm_eval.evaluator", "lm_eval.models.huggingface", "lm_eval.tasks"):
+        importlib.import_module(module)  # timed apart: importing is not evaluating
+
+    import_s = time.perf_counter() - t0
+    out, lm_s = tiny.run_lm_eval(model, task)
+    ref = tiny.lm_eval_per_example(out, TASK)
+    print(f"lm_eval: {lm_s:.2f} s for {n} documents (import {import_s:.1f} s apart)",
+          file=sys.stderr)  # fmt: skip
+    hf = {"kind": "hf", "path": model}
+    echo = {"kind": "openai", "baseUrl": "", "model": "echo"}
+    httpd, echo["baseUrl"] = echo_endpoint(0.020)
+    secs: dict[int, float] = {}
+    rates: dict[int, float] = {}
+    evs = []
+    try:
+        # four processes on two cores: one intra-op thread each (lm_eval's one process uses both)
+        for count, env in ((1, {}), (4, {"OMP_NUM_THREADS": "1"})):
+            with workers(url, count, f"w{count}-", env):
+                secs[count], ev = evaluate(url, request(task, hf, shard, True))
+                evs.append(ev)
+                mc_s, _ = evaluate(url, request(mc_task, echo, shard, True))
+                rates[count] = mc_n / mc_s
+    finally:
+        httpd.shutdown()
+    diff = max(max_abs_diff(per_example(url, ev["evaluationId"]), ref) for ev in evs)
+    print(f"fleetlens: 1 worker {secs[1]:.2f} s, 4 workers {secs[4]:.2f} s; max |diff| {diff}; "
+          f"endpoint model {rates[1]:.1f} / {rates[4]:.1f} ex/s", file=sys.stderr)  # fmt: skip
+    for _ in range(lm_eval_runs - 1):
+        again, again_s = tiny.run_lm_eval(model, task)
+        diff = max(diff, max_abs_diff(tiny.lm_eval_per_example(again, TASK), ref))
+        print(f"lm_eval again: {again_s:.2f} s", file=sys.stderr)
+        lm_s = min(lm_s, again_s)
+    hit_s, hit = evaluate(url, request(task, hf, shard, False))
+    if not hit["cacheHit"]:
+        raise RuntimeError("the second submission was not answered from the cache")
+    ours, theirs = hit["metrics"][TASK], out["results"][TASK]
+    return {
+        "lm_eval_version": _version(), "lm_eval_task_documents": n,
+        "agree_with_lm_eval": diff == 0.0, "max_abs_diff_acc": diff,
+        "acc": ours["acc"]["mean"], "acc_norm": ours["acc_norm"]["mean"],
+        "acc_lm_eval": theirs["acc,none"], "acc_norm_lm_eval": theirs["acc_norm,none"],
+        "seconds_lm_eval": round(lm_s, 2), "seconds_lm_eval_import": round(import_s, 2),
+        "seconds_1w": round(secs[1], 2), "seconds_4w": round(secs[4], 2),
+        "cache_hit_seconds": round(hit_s, 3), "mc_endpoint_documents": mc_n,
+        "mc_endpoint_examples_per_s_1w": round(rates[1], 1),
+        "mc_endpoint_examples_per_s_4w": round(rates[4], 1),
+    }  # fmt: skip
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
