@@ -37,8 +37,18 @@ def call(url: str, method: str, path: str, body: Any = None) -> Any:
         return json.load(r)
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of processes (Linux /proc), all their threads."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def workers(url: str, n: int, tag: str, env: dict[str, str] | None = None) -> Iterator[None]:
+def workers(url: str, n: int, tag: str, env: dict[str, str] | None = None) -> Iterator[list[int]]:
     """``n`` worker processes, started and past their imports before the clock starts."""
     cmd = [sys.executable, "-m", "fleetlens.evaluation", "eval", "worker", "--server", url,
            "--poll-s", "0.02", "--idle-exit", "600", "--worker-id"]  # fmt: skip
@@ -54,7 +64,7 @@ def workers(url: str, n: int, tag: str, env: dict[str, str] | None = None) -> It
     ]
     try:
         time.sleep(4.0)  # let the workers import and start polling
-        yield
+        yield [p.pid for p in procs]
     finally:
         for p in procs:
             p.terminate()
@@ -139,7 +149,13 @@ def request(task: str, adapter: dict[str, Any], shard: int, no_cache: bool) -> d
 
 
 def compare(
-    url: str, folder: str, docs: int | None, shard: int, mc_docs: int, lm_eval_runs: int
+    url: str,
+    server_pid: int,
+    folder: str,
+    docs: int | None,
+    shard: int,
+    mc_docs: int,
+    lm_eval_runs: int,
 ) -> dict[str, Any]:
     """The lm-eval figures of bench/eval.py's result. lm_eval runs ``lm_eval_runs`` times
     (before and after fleetlens' runs, on a shared machine) and its fastest counts."""
@@ -153,7 +169,9 @@ def compare(
         importlib.import_module(module)  # timed apart: importing is not evaluating
 
     import_s = time.perf_counter() - t0
+    cpu0 = time.process_time()
     out, lm_s = tiny.run_lm_eval(model, task)
+    lm_cpu = time.process_time() - cpu0
     ref = tiny.lm_eval_per_example(out, TASK)
     print(f"lm_eval: {lm_s:.2f} s for {n} documents (import {import_s:.1f} s apart)",
           file=sys.stderr)  # fmt: skip
@@ -161,13 +179,16 @@ def compare(
     echo = {"kind": "openai", "baseUrl": "", "model": "echo"}
     httpd, echo["baseUrl"] = echo_endpoint(0.020)
     secs: dict[int, float] = {}
+    cpu: dict[int, float] = {}
     rates: dict[int, float] = {}
     evs = []
     try:
         # four processes on two cores: one intra-op thread each (lm_eval's one process uses both)
         for count, env in ((1, {}), (4, {"OMP_NUM_THREADS": "1"})):
-            with workers(url, count, f"w{count}-", env):
+            with workers(url, count, f"w{count}-", env) as pids:
+                cpu0 = cpu_seconds([server_pid, *pids])
                 secs[count], ev = evaluate(url, request(task, hf, shard, True))
+                cpu[count] = cpu_seconds([server_pid, *pids]) - cpu0
                 evs.append(ev)
                 mc_s, _ = evaluate(url, request(mc_task, echo, shard, True))
                 rates[count] = mc_n / mc_s
@@ -179,7 +200,7 @@ def compare(
     for _ in range(lm_eval_runs - 1):
         again, again_s = tiny.run_lm_eval(model, task)
         diff = max(diff, max_abs_diff(tiny.lm_eval_per_example(again, TASK), ref))
-        print(f"lm_eval again: {again_s:.2f} s", file=sys.stderr)
+        print(f"lm_eval again: {again_s:.2f} s", file=sys.stderr)  # the faster counts
         lm_s = min(lm_s, again_s)
     hit_s, hit = evaluate(url, request(task, hf, shard, False))
     if not hit["cacheHit"]:
@@ -192,6 +213,10 @@ def compare(
         "acc_lm_eval": theirs["acc,none"], "acc_norm_lm_eval": theirs["acc_norm,none"],
         "seconds_lm_eval": round(lm_s, 2), "seconds_lm_eval_import": round(import_s, 2),
         "seconds_1w": round(secs[1], 2), "seconds_4w": round(secs[4], 2),
+        # CPU time, less at the mercy of a shared machine: lm_eval's process; the server's and
+        # the workers' processes
+        "cpu_seconds_lm_eval": round(lm_cpu, 2), "cpu_seconds_1w": round(cpu[1], 2),
+        "cpu_seconds_4w": round(cpu[4], 2),
         "cache_hit_seconds": round(hit_s, 3), "mc_endpoint_documents": mc_n,
         "mc_endpoint_examples_per_s_1w": round(rates[1], 1),
         "mc_endpoint_examples_per_s_4w": round(rates[4], 1),

@@ -168,6 +168,13 @@ def test_the_cli_and_http_path_evaluate_a_task_and_reuse_the_result(
         hit = json.loads(again.stdout)
         assert hit["cacheHit"] and hit["state"] == "COMPLETED"
         assert hit["metrics"] == ev["metrics"]
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(Path(lm["task"]).read_text() + "process_docs: !function utils.docs\n")
+        body = {"adapter": {"kind": "hf", "path": lm["model"]}, "suite": {"name": "s",
+                "version": "1", "benchmarks": [{"name": "b", "source": "lm_eval",
+                                                "task": str(bad)}]}}  # fmt: skip
+        status, err = srv.request("POST", "/v1/evaluations", body)
+        assert status == 400 and "!function" in json.dumps(err), err
     finally:
         worker.terminate()
         worker.wait(10)
