@@ -34,12 +34,19 @@ TASK = "mmlu_dev_local"
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    import torch
+
     tiny.offline_env()
-    folder = tmp_path_factory.mktemp("lm")
-    model = tiny.build_model(str(folder / "model"))
-    task = tiny.write_task(str(folder), limit=DOCS, task=TASK)
-    out, _ = tiny.run_lm_eval(model, task)
-    yield {"model": model, "task": task, "ref": tiny.lm_eval_per_example(out, TASK)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # lm_eval and fleetlens alike; kind to a shared machine
+    try:
+        folder = tmp_path_factory.mktemp("lm")
+        model = tiny.build_model(str(folder / "model"))
+        task = tiny.write_task(str(folder), limit=DOCS, task=TASK)
+        out, _ = tiny.run_lm_eval(model, task)
+        yield {"model": model, "task": task, "ref": tiny.lm_eval_per_example(out, TASK)}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_acc_and_acc_norm_per_example_equal_lm_evals(lm: dict[str, Any]) -> None:
@@ -149,7 +156,7 @@ def test_the_cli_and_http_path_evaluate_a_task_and_reuse_the_result(
     adapter = json.dumps({"kind": "hf", "path": lm["model"]})
     cmd = [sys.executable, "-m", "fleetlens", "eval", "lm-eval", lm["task"], "--adapter", adapter,
            "--shard-size", "20", "--server", srv.url, "--json"]  # fmt: skip
-    worker = start_worker(srv, "--idle-exit", "5", "--poll-s", "0.05")
+    worker = start_worker(srv, "--idle-exit", "5", "--poll-s", "0.05", env={"OMP_NUM_THREADS": "1"})
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr
