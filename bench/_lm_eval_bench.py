@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -48,27 +49,47 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 @contextlib.contextmanager
-def workers(url: str, n: int, tag: str, env: dict[str, str] | None = None) -> Iterator[list[int]]:
-    """``n`` worker processes, started and past their imports before the clock starts."""
+def workers(
+    url: str, n: int, tag: str, env: dict[str, str] | None = None, preload: str = ""
+) -> Iterator[list[int]]:
+    """``n`` worker processes, past their imports (and ``preload``, an adapter spec in JSON,
+    loaded) and polling before the clock starts."""
     cmd = [sys.executable, "-m", "fleetlens.evaluation", "eval", "worker", "--server", url,
-           "--poll-s", "0.02", "--idle-exit", "600", "--worker-id"]  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            [*cmd, f"{tag}{i}"],
-            cwd=ROOT,
-            env={**os.environ, **(env or {})},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for i in range(n)
-    ]
-    try:
-        time.sleep(4.0)  # let the workers import and start polling
-        yield [p.pid for p in procs]
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(10)
+           "--poll-s", "0.02", "--idle-exit", "600"]  # fmt: skip
+    if preload:
+        cmd += ["--preload-adapter", preload]
+    with tempfile.TemporaryDirectory() as logs:
+        procs = []
+        for i in range(n):
+            with open(os.path.join(logs, f"{i}.log"), "wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [*cmd, "--worker-id", f"{tag}{i}"],
+                        cwd=ROOT,
+                        env={**os.environ, **(env or {})},
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                    )
+                )
+        try:
+            deadline = time.monotonic() + 120
+            for i, p in enumerate(procs):
+                while b": polling" not in _read(os.path.join(logs, f"{i}.log")):
+                    if p.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"worker {i} did not start: {_read(logs + f'/{i}.log')!r}"
+                        )
+                    time.sleep(0.05)
+            yield [p.pid for p in procs]
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait(10)
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
 
 
 def evaluate(url: str, request: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -187,13 +208,14 @@ def compare(
     try:
         # four processes on two cores: one intra-op thread each (lm_eval's one process uses both)
         for count, env in ((1, {}), (4, {"OMP_NUM_THREADS": "1"})):
-            with workers(url, count, f"w{count}-", env) as pids:
+            # the model is loaded at the workers' start, as lm_eval loads it before evaluating
+            with workers(url, count, f"w{count}-", env, json.dumps(hf)) as pids:
+                mc_s, _ = evaluate(url, request(mc_task, echo, shard, True))
+                rates[count] = mc_n / mc_s
                 cpu0 = cpu_seconds([server_pid, *pids])
                 secs[count], ev = evaluate(url, request(task, hf, shard, True))
                 cpu[count] = cpu_seconds([server_pid, *pids]) - cpu0
                 evs.append(ev)
-                mc_s, _ = evaluate(url, request(mc_task, echo, shard, True))
-                rates[count] = mc_n / mc_s
     finally:
         httpd.shutdown()
     diff = max(max_abs_diff(per_example(url, ev["evaluationId"]), ref) for ev in evs)

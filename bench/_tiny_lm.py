@@ -116,24 +116,22 @@ def offline_env() -> None:
 def run_lm_eval(
     model_dir: str, task_yaml: str, batch_size: int = 1
 ) -> tuple[dict[str, Any], float]:
-    """lm-eval's own evaluation (``simple_evaluate`` with ``log_samples``) and its wall time
-    (the evaluation only: importing lm_eval, several seconds, is not counted)."""
+    """lm-eval's own evaluation (``simple_evaluate`` with ``log_samples``) and its wall time:
+    the evaluation only (task loading included); importing lm_eval and loading the model
+    (lm_eval's ``hf`` model, ``HFLM``) come before the clock, as fleetlens' workers load the
+    model before their first shard."""
     import time
 
     import lm_eval
+    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
     task = os.path.splitext(os.path.basename(task_yaml))[0]
+    model = HFLM(pretrained=model_dir, device="cpu", batch_size=batch_size)
     t0 = time.perf_counter()
     manager = TaskManager(include_path=os.path.dirname(task_yaml), include_defaults=False)
     out = lm_eval.simple_evaluate(
-        model="hf",
-        model_args={"pretrained": model_dir, "device": "cpu"},
-        tasks=[task],
-        task_manager=manager,
-        batch_size=batch_size,
-        log_samples=True,
-        num_fewshot=0,
+        model=model, tasks=[task], task_manager=manager, log_samples=True, num_fewshot=0
     )
     return out, time.perf_counter() - t0
 

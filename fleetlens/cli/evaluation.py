@@ -68,6 +68,13 @@ def _triggers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_arg(flag: str, value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise FleetlensError(f"{flag} is not JSON: {exc}") from exc
+
+
 def lm_eval_request(
     task: str, adapter: str, shard_size: int = 50, no_cache: bool = False
 ) -> dict[str, Any]:
@@ -103,9 +110,12 @@ def _worker(args: argparse.Namespace) -> int:
             poll_s=args.poll_s,
             idle_exit_s=args.idle_exit,
             max_shards=args.max_shards,
+            preload=tuple(_json_arg("--preload-adapter", a) for a in args.preload_adapter or ()),
         )
     )
     try:
+        worker.preload()
+        print(f"worker {worker.worker_id}: polling", file=sys.stderr, flush=True)
         done = worker.run()
     except KeyboardInterrupt:
         done = worker.shards_done
@@ -170,6 +180,12 @@ def add_parser(sub: Any) -> None:
     w.add_argument("--poll-s", type=float, default=0.5, help="wait between empty leases")
     w.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
     w.add_argument("--max-shards", type=int, help="exit after this many shards")
+    w.add_argument(
+        "--preload-adapter",
+        action="append",
+        metavar="JSON",
+        help="load this adapter (model) before the first lease; repeatable",
+    )
     sm = s.add_parser("submit", help="queue an evaluation (JSON request file)")
     sm.add_argument(
         "request", help="JSON or YAML file: {modelId, modelVersion, adapter, suite|benchmarkSuite}"

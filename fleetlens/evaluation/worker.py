@@ -40,6 +40,8 @@ class WorkerConfig:
     poll_s: float = 0.5
     idle_exit_s: float | None = None  # stop after this long with nothing to lease
     max_shards: int | None = None
+    # adapters built before the first lease (a worker pool serving one model loads it once)
+    preload: tuple[dict[str, Any], ...] = ()
 
 
 def usage(prompt: str, gen: Generation, wall_ms: float) -> dict[str, float]:
@@ -98,6 +100,10 @@ class Worker:
                 "leaseS": self.config.lease_s}  # fmt: skip
         shard = self._post("/v1/eval-shards/lease", body)
         return dict(shard) if shard else None
+
+    def preload(self) -> None:
+        for spec in self.config.preload:
+            self._adapter(spec)
 
     def run(self) -> int:
         """Serve shards until idle for ``idle_exit_s`` (or forever); returns shards completed."""
