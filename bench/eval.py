@@ -157,7 +157,7 @@ def main() -> None:
             print(f"1 worker: {one:.1f} examples/s", file=sys.stderr)
             four = throughput(url, model_url, 4, n, shard)
             print(f"4 workers: {four:.1f} examples/s ({four / one:.2f}x)", file=sys.stderr)
-            lm = compare(url, proc.pid, lm_dir, docs, lm_shard, mc_docs)
+            lm = compare(url, proc.pid, lm_dir, docs, lm_shard, mc_docs, not args.quick)
         finally:
             stop_server(proc)
             httpd.shutdown()
