@@ -156,7 +156,8 @@ def test_the_cli_and_http_path_evaluate_a_task_and_reuse_the_result(
     adapter = json.dumps({"kind": "hf", "path": lm["model"]})
     cmd = [sys.executable, "-m", "fleetlens", "eval", "lm-eval", lm["task"], "--adapter", adapter,
            "--shard-size", "20", "--server", srv.url, "--json"]  # fmt: skip
-    worker = start_worker(srv, "--idle-exit", "5", "--poll-s", "0.05", env={"OMP_NUM_THREADS": "1"})
+    worker = start_worker(srv, "--idle-exit", "5", "--poll-s", "0.05", "--preload-adapter",
+                          adapter, env={"OMP_NUM_THREADS": "1"})  # fmt: skip
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0, out.stderr
