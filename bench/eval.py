@@ -145,7 +145,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     n, shard, nshards = (200, 10, 50) if args.quick else (600, 20, 200)
-    docs, lm_shard, mc_docs = (60, 10, 80) if args.quick else (None, 20, 272)
+    docs, lm_shard, mc_docs = (60, 5, 60) if args.quick else (None, 20, 272)
     httpd, model_url = endpoint(0.020)
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as lm_dir:
         # the real `fleetlens serve`; no analysis pass competes with the scheduler while measuring
