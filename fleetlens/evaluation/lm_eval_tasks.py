@@ -269,7 +269,7 @@ def _gold(target: Any, choices: list[str]) -> int | list[int]:
     """lm-eval's gold index: an index, a choice's text, or a list of indices (-100: invalid)."""
     if isinstance(target, list):
         return [int(i) if int(i) < len(choices) else -100 for i in target]
-    if isinstance(target, bool) or not isinstance(target, (int, str)):
+    if not isinstance(target, (int, str)):  # a bool is an index, as in Python and lm-eval
         raise ConfigError(f"doc_to_target gave {target!r}; an index or a choice's text is needed")
     if isinstance(target, int):
         return target if target < len(choices) else -100
