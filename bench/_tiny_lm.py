@@ -105,12 +105,13 @@ def build_model(folder: str, seed: int = 0) -> str:
     return folder
 
 
+# Nothing from a hub: the datasets and transformers libraries stay on local files.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+
+
 def offline_env() -> None:
-    """Nothing from a hub: the datasets and transformers libraries stay on local files."""
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        os.environ[key] = "1"
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("TQDM_DISABLE", "1")  # lm-eval's progress bars
+    os.environ.update(OFFLINE)
 
 
 def run_lm_eval(

@@ -145,7 +145,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     n, shard, nshards = (200, 10, 50) if args.quick else (600, 20, 200)
-    docs, lm_shard, mc_docs = (60, 5, 60) if args.quick else (None, 20, 272)
+    docs, lm_shard, mc_docs, rounds = (60, 5, 60, 1) if args.quick else (None, 20, 272, 2)
     httpd, model_url = endpoint(0.020)
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as lm_dir:
         # the real `fleetlens serve`; no analysis pass competes with the scheduler while measuring
@@ -157,7 +157,7 @@ def main() -> None:
             print(f"1 worker: {one:.1f} examples/s", file=sys.stderr)
             four = throughput(url, model_url, 4, n, shard)
             print(f"4 workers: {four:.1f} examples/s ({four / one:.2f}x)", file=sys.stderr)
-            lm = compare(url, proc.pid, lm_dir, docs, lm_shard, mc_docs, not args.quick)
+            lm = compare(url, proc.pid, lm_dir, docs, lm_shard, mc_docs, rounds, not args.quick)
         finally:
             stop_server(proc)
             httpd.shutdown()

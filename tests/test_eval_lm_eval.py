@@ -36,15 +36,17 @@ TASK = "mmlu_dev_local"
 def lm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     import torch
 
-    tiny.offline_env()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # lm_eval and fleetlens alike; kind to a shared machine
     try:
-        folder = tmp_path_factory.mktemp("lm")
-        model = tiny.build_model(str(folder / "model"))
-        task = tiny.write_task(str(folder), limit=DOCS, task=TASK)
-        out, _ = tiny.run_lm_eval(model, task)
-        yield {"model": model, "task": task, "ref": tiny.lm_eval_per_example(out, TASK)}
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in tiny.OFFLINE.items():
+                mp.setenv(key, value)
+            folder = tmp_path_factory.mktemp("lm")
+            model = tiny.build_model(str(folder / "model"))
+            task = tiny.write_task(str(folder), limit=DOCS, task=TASK)
+            out, _ = tiny.run_lm_eval(model, task)
+            yield {"model": model, "task": task, "ref": tiny.lm_eval_per_example(out, TASK)}
     finally:
         torch.set_num_threads(threads)
 
