@@ -1,9 +1,14 @@
-"""Evaluation throughput and scheduling overhead.
+"""Evaluation throughput and scheduling overhead, and the comparison with lm-evaluation-harness.
 
 One and four local ``fleetlens eval worker`` processes run an evaluation of a cheap
 deterministic model behind an OpenAI-compatible HTTP endpoint that answers after ~20 ms, so what
 differs between the two is how well the scheduler spreads shards. The overhead per shard is a
 null worker's lease + complete round trip through the HTTP API (no model, no scoring).
+
+Then an lm-eval task YAML (the MMLU dev questions lm-eval ships, as local JSON lines) on a tiny
+GPT-2 built here, by lm_eval itself and by fleetlens with one and four workers: per-example
+acc/acc_norm compared, wall times, a second submission answered from the cache, and the same
+task on an endpoint model (echo + logprobs, 20 ms a request). See bench/_lm_eval_bench.py.
 
     python bench/eval.py [--quick]        # last line: one JSON object
 """
@@ -23,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from _common import emit, start_server, stop_server
+from _lm_eval_bench import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -139,8 +145,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     n, shard, nshards = (200, 10, 50) if args.quick else (600, 20, 200)
+    docs, lm_shard, mc_docs, rounds = (60, 5, 60, 1) if args.quick else (None, 20, 272, 2)
     httpd, model_url = endpoint(0.020)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as lm_dir:
         # the real `fleetlens serve`; no analysis pass competes with the scheduler while measuring
         proc, url = start_server(tmp, {"FLEETLENS_ANALYSIS_INTERVAL_S": "3600"})
         try:
@@ -150,14 +157,21 @@ def main() -> None:
             print(f"1 worker: {one:.1f} examples/s", file=sys.stderr)
             four = throughput(url, model_url, 4, n, shard)
             print(f"4 workers: {four:.1f} examples/s ({four / one:.2f}x)", file=sys.stderr)
+            lm = compare(url, proc.pid, lm_dir, docs, lm_shard, mc_docs, rounds, not args.quick)
         finally:
             stop_server(proc)
             httpd.shutdown()
+    mc_speedup = lm["mc_endpoint_examples_per_s_4w"] / lm["mc_endpoint_examples_per_s_1w"]
     emit({
         "bench": "eval", "quick": args.quick, "examples": n, "shard_size": shard,
         "model_latency_ms": 20, "examples_per_s_1w": round(one, 1),
         "examples_per_s_4w": round(four, 1), "speedup_4w": round(four / one, 2),
-        "scheduler_overhead_ms_per_shard": round(ovh, 2),
+        "scheduler_overhead_ms_per_shard": round(ovh, 2), **lm,
+        "mc_endpoint_speedup_4w": round(mc_speedup, 2),
+        # goals: lm_eval's scores, per example; four workers no slower than lm_eval on the local
+        # model; 3x one worker on the endpoint model; a cache hit under a second
+        "ok": lm["agree_with_lm_eval"] and lm["seconds_4w"] <= lm["seconds_lm_eval"]
+        and four / one >= 3.0 and mc_speedup >= 3.0 and lm["cache_hit_seconds"] < 1.0,
     })  # fmt: skip
 
 

@@ -38,6 +38,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
     request, policies = tmp / "request.json", tmp / "policies.json"
     request.write_text("{}")
     policies.write_text("[]")
+    (tmp / "task.yaml").write_text("task: t\n")
     run = "tok-run"
     return {
         "runs": ["runs"],
@@ -70,6 +71,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "models register": ["models", "register", "tok-model:1", "--run", run],
         "eval worker": ["eval", "worker", "--idle-exit", "0", "--max-shards", "1"],
         "eval submit": ["eval", "submit", str(request)],
+        "eval lm-eval": ["eval", "lm-eval", str(tmp / "task.yaml"), "--adapter", '{"kind": "hf"}'],
         "eval status": ["eval", "status", "tok-eval"],
         "eval gate": ["eval", "gate", "tok-model", "1", "--policies", str(policies)],
         "eval promote": ["eval", "promote", "tok-model", "staging", "1"],

@@ -1,4 +1,4 @@
-"""``fleetlens eval worker | submit | status | gate | promote | suites | triggers``.
+"""``fleetlens eval worker | submit | lm-eval | status | gate | promote | suites | triggers``.
 
 The server is ``--server`` or ``$FLEETLENS_SERVER``; the token ``--token`` or ``$FLEETLENS_TOKEN``.
 """
@@ -68,6 +68,35 @@ def _triggers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_arg(flag: str, value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise FleetlensError(f"{flag} is not JSON: {exc}") from exc
+
+
+def lm_eval_request(
+    task: str, adapter: str, shard_size: int = 50, no_cache: bool = False
+) -> dict[str, Any]:
+    """An evaluation of one lm-evaluation-harness task file (read by the server, as the path
+    names it here) on the model ``adapter`` (JSON) names."""
+    import hashlib
+    import os
+
+    try:
+        spec = json.loads(adapter)
+        with open(task, "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()[:12]
+    except ValueError as exc:
+        raise FleetlensError(f"--adapter is not JSON: {exc}") from exc
+    except OSError as exc:
+        raise FleetlensError(f"cannot read lm-eval task {task}: {exc}") from exc
+    name = os.path.splitext(os.path.basename(task))[0]
+    bench = {"name": name, "version": digest, "source": "lm_eval", "task": os.path.abspath(task)}
+    return {"adapter": spec, "suite": {"name": name, "version": digest, "benchmarks": [bench]},
+            "shardSize": shard_size, "noCache": no_cache}  # fmt: skip
+
+
 def _worker(args: argparse.Namespace) -> int:
     from ..client import resolve_server
     from ..evaluation.worker import Worker, WorkerConfig
@@ -81,9 +110,12 @@ def _worker(args: argparse.Namespace) -> int:
             poll_s=args.poll_s,
             idle_exit_s=args.idle_exit,
             max_shards=args.max_shards,
+            preload=tuple(_json_arg("--preload-adapter", a) for a in args.preload_adapter or ()),
         )
     )
     try:
+        worker.preload()
+        print(f"worker {worker.worker_id}: polling", file=sys.stderr, flush=True)
         done = worker.run()
     except KeyboardInterrupt:
         done = worker.shards_done
@@ -101,13 +133,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return _suites(args)
     if cmd == "triggers":
         return _triggers(args)
-    if cmd not in ("submit", "status", "gate", "promote"):
+    if cmd not in ("submit", "lm-eval", "status", "gate", "promote"):
         raise FleetlensError(
-            "name a command: fleetlens eval worker|submit|status|gate|promote|suites|triggers"
+            "name a command: fleetlens eval worker|submit|lm-eval|status|gate|promote|suites|"
+            "triggers"
         )
     with client(args) as c:
         if cmd == "submit":
             out = c.post("/v1/evaluations", _load(args.request))
+        elif cmd == "lm-eval":
+            body = lm_eval_request(args.task, args.adapter, args.shard_size, args.no_cache)
+            out = c.post("/v1/evaluations", body)
         elif cmd == "status":
             out = c.get(f"/v1/evaluations/{args.evaluation_id}")
         elif cmd == "gate":
@@ -144,10 +180,21 @@ def add_parser(sub: Any) -> None:
     w.add_argument("--poll-s", type=float, default=0.5, help="wait between empty leases")
     w.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
     w.add_argument("--max-shards", type=int, help="exit after this many shards")
+    w.add_argument(
+        "--preload-adapter",
+        action="append",
+        metavar="JSON",
+        help="load this adapter (model) before the first lease; repeatable",
+    )
     sm = s.add_parser("submit", help="queue an evaluation (JSON request file)")
     sm.add_argument(
         "request", help="JSON or YAML file: {modelId, modelVersion, adapter, suite|benchmarkSuite}"
     )
+    le = s.add_parser("lm-eval", help="evaluate an lm-evaluation-harness task YAML")
+    le.add_argument("task", help="task YAML (multiple_choice; read by the server)")
+    le.add_argument("--adapter", required=True, help='JSON, e.g. {"kind": "hf", "path": DIR}')
+    le.add_argument("--shard-size", type=int, default=50)
+    le.add_argument("--no-cache", action="store_true", help="evaluate even if a result exists")
     st = s.add_parser("status", help="an evaluation's state, progress and metrics")
     st.add_argument("evaluation_id")
     g = s.add_parser("gate", help="judge a model version against production")
@@ -179,6 +226,6 @@ def add_parser(sub: Any) -> None:
     ta.add_argument("--priority", default="P1")
     ta.add_argument("--adapter", help="JSON; strings may name {checkpointUri}, {runId}, ...")
     tl = trs.add_parser("list")
-    for sp in (p, w, sm, st, g, pr, su, sr, sl, ss, tr, ta, tl):
+    for sp in (p, w, sm, le, st, g, pr, su, sr, sl, ss, tr, ta, tl):
         client_opts(sp)
     p.set_defaults(func=cmd_eval, eval_command=None)

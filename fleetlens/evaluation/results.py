@@ -16,6 +16,7 @@ from ..store.scope import Scope
 from ..store.scoped import scoped
 from ..store.telemetry import TelemetryStore
 from . import benchmarks as bm
+from .lm_eval_tasks import MC_METRICS as _MC  # an example's detail: its choices' likelihoods
 from .models import EvalShard, Evaluation, ModelAlias
 from .performance import performance, price_for
 from .regressions import find_regressions
@@ -146,7 +147,7 @@ class Results:
                 "exampleId": e,
                 "metric": m,
                 "value": v,
-                **({"rationale": d} if d else {}),
+                **({("loglikelihoods" if m in _MC else "rationale"): d} if d else {}),
             }
             for b, i, e, m, v, d in zip(
                 *(t.column(c).to_pylist() for c in t.column_names), strict=True
@@ -167,7 +168,10 @@ class Results:
                 ex.append(example_id)
                 met.append(metric)
                 val.append(float(value))
-                det.append(notes.get(metric.removesuffix("_score") + "_rationale", ""))
+                # a judge's rationale; a multiple-choice answer's choice log-likelihoods
+                rationale = notes.get(metric.removesuffix("_score") + "_rationale")
+                mc = notes.get("loglikelihoods", "") if metric in _MC else ""
+                det.append(rationale or mc)
         self._telemetry.command_params(
             f"INSERT INTO {self._telemetry.database}.eval_examples "
             "(tenant, evaluation_id, benchmark, shard_index, example_id, metric, value, detail) "

@@ -129,7 +129,7 @@ class Submissions:
             )
         validate_spec(adapter)
         req = {**req, "adapter": adapter}
-        specs = [dict(b) for b in suite.get("benchmarks") or []]
+        specs = [bm.normalize_spec(dict(b)) for b in suite.get("benchmarks") or []]
         if not specs:
             raise ConfigError("suite.benchmarks is empty; name at least one benchmark")
         names = [str(b.get("name", "")) for b in specs]

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client import Client
-from ..errors import APIError, FleetlensError
-from .adapters import Adapter, Decoding, Generation, adapter_from_spec
-from .benchmarks import render, score
+from ..errors import AdapterError, APIError, FleetlensError
+from .adapters import Adapter, Decoding, Generation, ScoresContinuations, adapter_from_spec
+from .benchmarks import is_multiple_choice, render, score
 from .cache import canonical_hash
 
 __all__ = ["Worker", "WorkerConfig", "usage"]
@@ -40,6 +40,8 @@ class WorkerConfig:
     poll_s: float = 0.5
     idle_exit_s: float | None = None  # stop after this long with nothing to lease
     max_shards: int | None = None
+    # adapters built before the first lease (a worker pool serving one model loads it once)
+    preload: tuple[dict[str, Any], ...] = ()
 
 
 def usage(prompt: str, gen: Generation, wall_ms: float) -> dict[str, float]:
@@ -53,6 +55,15 @@ def usage(prompt: str, gen: Generation, wall_ms: float) -> dict[str, float]:
         gen.tokens_out if gen.tokens_out is not None else sum(len(t.split()) for t in gen.texts)
     )
     return out
+
+
+def _scorer(adapter: Adapter, spec: dict[str, Any]) -> ScoresContinuations:
+    if not hasattr(adapter, "loglikelihood"):
+        raise AdapterError(
+            f"adapter kind {spec.get('kind')!r} cannot score continuations, which a "
+            "multiple-choice benchmark needs; use kind hf or openai (echo + logprobs)"
+        )
+    return adapter  # type: ignore[return-value]
 
 
 class _LeaseGone(FleetlensError):
@@ -89,6 +100,10 @@ class Worker:
                 "leaseS": self.config.lease_s}  # fmt: skip
         shard = self._post("/v1/eval-shards/lease", body)
         return dict(shard) if shard else None
+
+    def preload(self) -> None:
+        for spec in self.config.preload:
+            self._adapter(spec)
 
     def run(self) -> int:
         """Serve shards until idle for ``idle_exit_s`` (or forever); returns shards completed."""
@@ -152,7 +167,12 @@ class Worker:
                     continue
                 prompt = render(spec, ex)
                 t0 = time.perf_counter()
-                gen = adapter.generate(prompt, decoding, str(ex["id"]))
+                if is_multiple_choice(spec):
+                    gen = _scorer(adapter, shard["adapter"]).loglikelihood(
+                        prompt, list(ex["continuations"])
+                    )
+                else:
+                    gen = adapter.generate(prompt, decoding, str(ex["id"]))
                 wall_ms = (time.perf_counter() - t0) * 1000.0
                 result = {**score(spec, ex, gen), **usage(prompt, gen, wall_ms)}
                 with lock:
