@@ -55,6 +55,22 @@ STATIC = {
 # The run and rank pages' charts: uPlot, vendored (static/vendor/uplot/README.md), and the
 # run page's script; the other pages load neither.
 PLOT_HEAD = '<link rel="stylesheet" href="/ui/static/vendor/uplot/uPlot.min.css">'
+# The run page's first-paint request, started as soon as the body opens, while the scripts
+# load (app.js's getJSON takes the answer): the request and the scripts overlap instead of
+# following each other. Skipped for a zoomed range (run.js asks for that itself) and for a
+# server that wants a token this tab does not have (the page asks for one first).
+EARLY_OVERVIEW = """
+<script>(() => {
+  const q = new URLSearchParams(location.search), b = document.body;
+  const token = sessionStorage.getItem("fleetlens.token");
+  if (q.has("fromStep") || q.has("toStep") || (b.dataset.auth === "required" && !token)) return;
+  const pts = Math.min(800, Math.max(100, Math.floor(innerWidth / 2)));
+  const path = `/v1/runs/${encodeURIComponent(b.dataset.runId)}/overview?points=${pts}`;
+  const headers = { Accept: "application/json" };
+  if (token) headers.Authorization = "Bearer " + token;
+  window.FLEarly = { [path]: fetch(path, { headers }) };
+})();</script>"""
+
 PLOT_SCRIPTS = """<script src="/ui/static/vendor/uplot/uPlot.iife.min.js"></script>
 <script src="/ui/static/plots.js"></script>"""
 
@@ -67,7 +83,7 @@ SHELL = Template("""<!doctype html>
 $head
 </head>
 <body data-page="$page" data-run-id="$run_attr" data-object-id="$object_attr" data-auth="$auth">
-<a class="skip" href="#main">Skip to content</a>
+<a class="skip" href="#main">Skip to content</a>$early
 <header><nav aria-label="Portal">
 <a href="/" class="brand">fleetlens</a>
 <a href="/">Runs</a><a href="/compare">Compare</a><a href="/models">Models</a><a
@@ -358,6 +374,7 @@ def page(
     plots: bool = False,
     public: bool = False,
     status: int = 200,
+    early: str = "",
 ) -> HTMLResponse:
     """A page's shell: ``name`` is the page app.js draws, ``object_id`` the model or evaluation
     it shows, ``script`` a static script that draws it (loaded after app.js, it registers its
@@ -373,6 +390,7 @@ def page(
         signin=SIGNIN,
         body=body,
         head=PLOT_HEAD if plots else "",
+        early=early,
         scripts=(PLOT_SCRIPTS if plots else "")
         + (f'\n<script src="/ui/static/{html.escape(script)}"></script>' if script else ""),
     )
@@ -413,7 +431,14 @@ async def runs_page(request: Request, scope: Reader) -> HTMLResponse:
 async def run_page(request: Request, run_id: str, scope: Reader) -> HTMLResponse:
     missing = await _visible_run(request, scope, run_id)
     return missing or page(
-        request, "run", f"Run {run_id}", RUN, run_id=run_id, plots=True, script="run.js"
+        request,
+        "run",
+        f"Run {run_id}",
+        RUN,
+        run_id=run_id,
+        plots=True,
+        script="run.js",
+        early=EARLY_OVERVIEW,
     )
 
 

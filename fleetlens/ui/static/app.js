@@ -43,7 +43,10 @@
   }
 
   async function getJSON(path) {
-    const r = await fetch(path, { headers: authHeaders() });
+    // The run page starts its first request before the scripts load (ui/pages.py): taken once.
+    const early = window.FLEarly && window.FLEarly[path];
+    if (early) delete window.FLEarly[path];
+    const r = await (early || fetch(path, { headers: authHeaders() }));
     if (!r.ok) throw await httpError(r, `${path}: `);
     return r.json();
   }
