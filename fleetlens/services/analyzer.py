@@ -300,11 +300,11 @@ def _blocks(
             healthy = False
             ctx.found.append(network_diagnosis(ctx.q, job, place, tr, tb, s0, s1, t0, t1,
                                                _episode(ctx.coll, job, s0, s1)))  # fmt: skip
-        stall = data_stall(ctx.q, ctx.run.run_id, job, m, place, a, z,
-                           float(np.nanmedian(step_time[a:z])))  # fmt: skip
-        if stall is not None:
+        stalls = data_stall(ctx.q, ctx.run.run_id, job, m, place, a, z,
+                            float(np.nanmedian(step_time[a:z])))  # fmt: skip
+        if stalls:
             healthy = False
-            ctx.found.append(stall)
+            ctx.found += stalls
         if healthy:
             bl["compute"].add(med[a:z])
             bl["transfer"].add(transfer[a:z])
