@@ -82,6 +82,19 @@ def test_a_slow_network_of_12_percent_is_found(tmp_path: Path) -> None:
     assert [f["diagnosis"] for f in run.findings] == ["network"]
 
 
+def test_a_data_stall_in_the_first_blocks_does_not_hide_a_network_fault(tmp_path: Path) -> None:
+    """The transfer baseline learns from blocks whose transfer is healthy, whatever else slows
+    them: a stall from step 10 kept the first blocks out of every baseline, so the network fault
+    from step 60 was never compared with anything and was learned as healthy."""
+    run = _play(
+        tmp_path,
+        FaultSpec("data_stall", step=10, ranks=(0, 1), magnitude=0.3, duration_steps=100),
+        FaultSpec("network", step=60, node=1, magnitude=0.3, duration_steps=200),
+    )
+    _strict(run)
+    assert sorted(f["diagnosis"] for f in run.findings) == ["data_stall", "network"]
+
+
 def test_ecc_onset_is_dated_by_the_first_rising_sample(tmp_path: Path) -> None:
     """Single-bit errors from step 165 to the Xid 48 at step 200: the finding's onset is where
     the counter began to climb (a sample every 10 s, 1 s steps), not the analysis window's start

@@ -280,7 +280,6 @@ def _blocks(
             continue
         s0, s1 = int(m.steps[a]), int(m.steps[z - 1])
         t0, t1 = float(m.start[a]), float(m.end[z - 1])
-        healthy = True
         with np.errstate(all="ignore"):
             rank_vals = np.nanmedian(m.compute[a:z], axis=0)
         shifts = localize(rank_vals, bl["compute"], _topology(place), cfg.compute_min_shift)
@@ -290,23 +289,27 @@ def _blocks(
         for sh in shifts:
             for d in shift_diagnosis(ctx.q, ctx.signature, job, sh, place, bl["compute"],
                                      s0, s1, t0, t1, rank_vals, peer=peer):  # fmt: skip
-                healthy = False
                 ctx.found.append(d)
                 if d.diagnosis == "rack_cooling":
                     note_hot(js, d)
         tb = bl["transfer"]
         tr = float(np.nanmedian(transfer[a:z]))
-        if tb.ready and tr / tb.median - 1.0 >= shift_threshold(tb, cfg.network_min_shift):
-            healthy = False
+        slow_transfer = tb.ready and tr / tb.median - 1.0 >= shift_threshold(
+            tb, cfg.network_min_shift
+        )
+        if slow_transfer:
             ctx.found.append(network_diagnosis(ctx.q, job, place, tr, tb, s0, s1, t0, t1,
                                                _episode(ctx.coll, job, s0, s1)))  # fmt: skip
         stalls = data_stall(ctx.q, ctx.run.run_id, job, m, place, a, z,
                             float(np.nanmedian(step_time[a:z])))  # fmt: skip
-        if stalls:
-            healthy = False
-            ctx.found += stalls
-        if healthy:
+        ctx.found += stalls
+        # Each baseline learns from the blocks healthy for its own metric: the transfer (the
+        # last arrival's wait) does not move with a slow rank, a hot rack or a late input, nor
+        # compute with a slow transfer, so a stall in the first block does not leave the
+        # transfer unlearned (and the next blocks, a network fault's, learned as healthy).
+        if not shifts and not stalls:
             bl["compute"].add(med[a:z])
+        if not slow_transfer:
             bl["transfer"].add(transfer[a:z])
 
 
