@@ -416,7 +416,8 @@ def _hardware(
 
 
 def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:
-    sc = ctx.q.scalars(ctx.run.run_id, ["loss", "grad_norm", "lr"], max(0, lo - 200), hi)
+    sc = ctx.q.scalars(ctx.run.run_id, ["loss", "grad_norm", "lr"], max(0, lo - 200), hi,
+                       job.job_id)  # fmt: skip
     if "loss" not in sc and "grad_norm" not in sc:
         return
     steps = np.unique(np.concatenate([v[0] for v in sc.values()]))

@@ -340,17 +340,22 @@ class DetectQueries:
         return list(rows)
 
     def scalars(
-        self, run_id: str, names: list[str], lo: int, hi: int
+        self, run_id: str, names: list[str], lo: int, hi: int, job_id: str = ""
     ) -> dict[str, tuple[Arr, Arr]]:
+        """Per name, (steps, values) of ``lo..hi``. A step logged more than once (by several
+        ranks, or by two attempts: a restart replays the steps since its checkpoint) takes the
+        value of attempt ``job_id`` first, then of the lowest rank, then the earliest: one
+        value whatever the order the rows are read in."""
         tab = self.r.table(
-            "SELECT name, step, argMin(value, rank) AS v FROM {db}.scalars"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            "SELECT name, step, argMin(value, (job_id != {job:String}, rank, time)) AS v"
+            " FROM {db}.scalars WHERE tenant = {tenant:String} AND run_id = {run:String}"
             " AND name IN {names:Array(String)} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
             " GROUP BY name, step ORDER BY name, step",
             run=run_id,
             names=names,
             lo=lo,
             hi=hi,
+            job=job_id,
         )
         out: dict[str, tuple[Arr, Arr]] = {}
         if not tab.num_rows:
