@@ -20,7 +20,7 @@ from fleetlens.sim.generate import Fleet, GenConfig, generate_fleets
 from fleetlens.sim.match import match_findings
 from fleetlens.sim.model import FaultSpec
 from fleetlens.sim.steps import StepChunk
-from fleetlens.store.detect_queries import JobSpan
+from fleetlens.store.detect_queries import DetectQueries, JobSpan
 from fleetlens.store.findings import FindingsStore
 from fleetlens.store.metadata import MetadataStore
 
@@ -157,3 +157,22 @@ def test_fold_keeps_stragglers_a_hot_rack_does_not_explain() -> None:
          Diagnosis("straggler:moving", "straggler.moving", "straggler", 0.8, "", 150, 130, -1,
                    ranks=[1, 2, 3])], hot, 50)  # fmt: skip
     assert [d.key for d in kept] == ["straggler:20", "straggler:4", "straggler:moving"]
+
+
+def test_a_replayed_step_reads_the_scalars_of_the_attempt_analysed(tmp_path: Path) -> None:
+    """A grad-norm spike and NaN end attempt a0 at step 116; a1 replays from its checkpoint (step
+    100) with healthy values. Each attempt reads its own values of the replayed steps, whatever
+    the order the store returns the rows in (before: either, so the spike was seen or not)."""
+    (fleet,) = generate_fleets(7, 1, GenConfig(runs_per_fleet=1, healthy_share=0.0))
+    scn = replace(fleet.runs[0], faults=(FaultSpec("instability", step=86, duration_steps=30),))
+    p = FleetPlayer(tmp_path)
+    try:
+        (run,) = p.play(Fleet(fleet.name, (scn,)))
+        q = DetectQueries(p.tel, fleet.name)
+        jobs = [j.job_id for j in q.jobs(scn.job.run_id)]
+        gn = {j: q.scalars(scn.job.run_id, ["grad_norm"], 100, 115, j)["grad_norm"][1]
+              for j in jobs}  # fmt: skip
+    finally:
+        p.close()
+    assert len(jobs) == 2 and gn[jobs[0]].max() > 5.0 and gn[jobs[1]].max() < 2.0, gn
+    _strict(run)
