@@ -88,7 +88,8 @@ class AnalyzerConfig:
     hang_k: float = 10.0
     hang_floor_s: float = 60.0
     compute_min_shift: float = 0.03
-    network_min_shift: float = 0.25
+    network_min_shift: float = 0.06
+    rack_peer_shift: float = 0.05
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ __all__ = [
     "Baseline",
     "GroupShift",
     "localize",
+    "outlier_groups",
     "shift_threshold",
     "workload_signature",
 ]
@@ -147,3 +148,24 @@ def localize(
         if out:
             return out
     return []
+
+
+def outlier_groups(
+    rank_values: Arr, labels: list[str], min_shift: float, min_ranks: int = 2
+) -> list[GroupShift]:
+    """Groups (racks) whose median rank is slower than the median of the other ranks by
+    ``min_shift`` or more: the peer check beside :func:`localize`, for when the baseline is not
+    learned yet or a group holds most of the job (its slowness is then the job's median, and no
+    rank of it is slower than the median). ``ratio`` is against the others, not the baseline."""
+    lab = np.asarray(labels, dtype=object)
+    finite = np.isfinite(rank_values)
+    out = []
+    for g in sorted(set(lab[finite].tolist())):
+        sel = finite & (lab == g)
+        rest = finite & ~sel
+        if not g or sel.sum() < min_ranks or rest.sum() < min_ranks:
+            continue
+        ratio = float(np.median(rank_values[sel]) / np.median(rank_values[rest]))
+        if ratio - 1.0 >= min_shift:
+            out.append(GroupShift("rack", g, ratio, tuple(np.flatnonzero(sel).tolist()), 1.0))
+    return out

@@ -26,7 +26,9 @@ data: ranks that are slow mostly *alone*, none holding most of the flagged steps
 them -> ``straggler.moving`` (the slow rank keeps changing: data skew). "Alone" does not count a
 rank flagged for 3 times the median of the ranks' flagged steps or more and not slow together
 with another such rank: it is a straggler of its own, slow while the others take turns, never
-a mover. Otherwise per rank, its episodes merged across short gaps: one, or flagged for at least
+a mover. A rank slow in one short episode (no more flagged steps than a mover) within the
+movers' span is a mover too: a turn seen at a handover, where its episode overlaps the next.
+Otherwise per rank, its episodes merged across short gaps: one, or flagged for at least
 ``persistent_cover`` of the span from its first onset to its last episode's end (in steps) ->
 ``straggler.persistent``; else ``straggler.intermittent``.
 """
@@ -330,6 +332,17 @@ def classify_episodes(
         and _alone(by_rank, r, background) >= 0.5
     ]  # fmt: skip
     if len(movers) >= moving_min_ranks:
+        # A rank slow once, briefly (no longer than a mover), while the slow rank keeps moving
+        # is one more turn of it seen at a handover (its episode overlaps the next mover's), not
+        # a straggler of its own.
+        lo = min(e.start for r in movers for e in by_rank[r])
+        hi = max(_stop(e) for r in movers for e in by_rank[r])
+        most = max(flagged[r] for r in movers)
+        movers += [
+            r for r, es in by_rank.items()
+            if r not in movers and r not in background and len(es) == 1 and es[0].end >= 0
+            and flagged[r] <= most and es[0].start <= hi and _stop(es[0]) >= lo
+        ]  # fmt: skip
         es = sorted((e for r in movers for e in by_rank[r]), key=lambda e: e.detected)
         third = sorted({e.rank: e.detected for e in reversed(es)}.items(), key=lambda kv: kv[1])
         out.append(

@@ -18,7 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.baseline import Baseline, localize, shift_threshold, workload_signature
+from ..analysis.baseline import (
+    Baseline,
+    localize,
+    outlier_groups,
+    shift_threshold,
+    workload_signature,
+)
 from ..analysis.collectives import analyze_collectives, transfer_times
 from ..analysis.hangs import RECENT_STEPS, HangRule, behind_ranks, find_stalls, recent_step_time
 from ..analysis.hardware import (
@@ -43,7 +49,7 @@ from ..store.findings import FindingsStore, RunToAnalyze
 from ..store.models import Finding
 from ..store.telemetry import TelemetryStore
 from .data_stalls import data_stall
-from .shifts import network_diagnosis, shift_diagnosis
+from .shifts import fold_into_racks, network_diagnosis, note_hot, shift_diagnosis
 
 __all__ = ["analyze_once", "analyze_run"]
 
@@ -83,6 +89,7 @@ class _Ctx:
     now: float
     found: list[Diagnosis] = field(default_factory=list)
     signature: str = ""
+    coll: dict[str, Any] = field(default_factory=dict)  # the last slow-collective episode
 
 
 def analyze_run(
@@ -104,6 +111,7 @@ def analyze_run(
         for m in ("compute", "transfer")
     }
     jstate: dict[str, Any] = state.setdefault("jobs", {})
+    ctx.coll = state.setdefault("coll", {})
     for js in jstate.values():  # a cursor from before blocks had their own: they went with done
         js.setdefault("blocked", js["done"])
     pending = watch = False
@@ -162,7 +170,8 @@ def analyze_run(
         [e["step"] for e in ckpt], [float(e["attrs"]["duration"]) for e in ckpt],
         [e["time"] for e in ckpt],
     )  # fmt: skip
-    stragglers = _stragglers(ctx, jobs, jstate, tails)
+    hot = [h for js in jstate.values() for h in js.get("hot", [])]
+    stragglers = fold_into_racks(_stragglers(ctx, jobs, jstate, tails), hot, cfg.block_steps)
     for metric, b in bl.items():
         state[f"bl_{metric}"] = b.to_json()
         if b.ready:
@@ -271,26 +280,51 @@ def _blocks(
             continue
         s0, s1 = int(m.steps[a]), int(m.steps[z - 1])
         t0, t1 = float(m.start[a]), float(m.end[z - 1])
-        healthy = True
         with np.errstate(all="ignore"):
             rank_vals = np.nanmedian(m.compute[a:z], axis=0)
-        for sh in localize(rank_vals, bl["compute"], _topology(place), cfg.compute_min_shift):
-            healthy = False
-            ctx.found.append(shift_diagnosis(ctx.q, ctx.signature, job, sh, place, bl["compute"],
-                                             s0, s1, t0, t1))  # fmt: skip
+        shifts = localize(rank_vals, bl["compute"], _topology(place), cfg.compute_min_shift)
+        peer = not shifts and len(set(place.rack)) > 1
+        if peer:  # a hot rack the baseline cannot see: not learned yet, or most of the job
+            shifts = outlier_groups(rank_vals, place.rack, cfg.rack_peer_shift)
+        for sh in shifts:
+            for d in shift_diagnosis(ctx.q, ctx.signature, job, sh, place, bl["compute"],
+                                     s0, s1, t0, t1, rank_vals, peer=peer):  # fmt: skip
+                ctx.found.append(d)
+                if d.diagnosis == "rack_cooling":
+                    note_hot(js, d)
         tb = bl["transfer"]
         tr = float(np.nanmedian(transfer[a:z]))
-        if tb.ready and tr / tb.median - 1.0 >= shift_threshold(tb, cfg.network_min_shift):
-            healthy = False
-            ctx.found.append(network_diagnosis(ctx.q, job, place, tr, tb, s0, s1, t0, t1))
-        stall = data_stall(ctx.q, ctx.run.run_id, job, m, place, a, z,
-                           float(np.nanmedian(step_time[a:z])))  # fmt: skip
-        if stall is not None:
-            healthy = False
-            ctx.found.append(stall)
-        if healthy:
+        slow_transfer = tb.ready and tr / tb.median - 1.0 >= shift_threshold(
+            tb, cfg.network_min_shift
+        )
+        if slow_transfer:
+            ctx.found.append(network_diagnosis(ctx.q, job, place, tr, tb, s0, s1, t0, t1,
+                                               _episode(ctx.coll, job, s0, s1)))  # fmt: skip
+        stalls = data_stall(ctx.q, ctx.run.run_id, job, m, place, a, z,
+                            float(np.nanmedian(step_time[a:z])))  # fmt: skip
+        ctx.found += stalls
+        # Each baseline learns from the blocks healthy for its own metric: the transfer (the
+        # last arrival's wait) does not move with a slow rank, a hot rack or a late input, nor
+        # compute with a slow transfer, so a stall in the first block does not leave the
+        # transfer unlearned (and the next blocks, a network fault's, learned as healthy).
+        if not shifts and not stalls:
             bl["compute"].add(med[a:z])
+        if not slow_transfer:
             bl["transfer"].add(transfer[a:z])
+
+
+def _episode(coll: dict[str, Any], job: JobSpan, s0: int, s1: int) -> str:
+    """The key of a slow-collective block's episode: consecutive slow blocks of an attempt, and
+    the first block of an attempt that replays steps of a slow last block of the one before, are
+    one episode, whose verdict (network or NVLink) is restated by its later blocks."""
+    same = coll.get("job") == job.job_id and coll.get("to") == s0 - 1
+    carried = (
+        coll.get("job") != job.job_id and s0 == job.first_step and coll.get("to", -2) >= s0 - 1
+    )
+    if not (same or carried):
+        coll["key"] = f"collectives:{job.job_id}:{s0}"
+    coll.update(job=job.job_id, to=s1)
+    return str(coll["key"])
 
 
 _DEVICE_LAG_S = 30.0
@@ -367,18 +401,23 @@ def _hardware(
                 d.job_id = job.job_id
                 ctx.found.append(d)
             elif s.name in ("ecc_rising", "ecc_uncorrectable"):
+                # dated by the counter's own first rise in the attempt, not by the window
+                rise = ctx.q.first_rise(node, gpu, "ecc_sbe_total", job.start, t1)
+                onset = ctx.q.step_at(ctx.run.run_id, job.job_id, rise) if rise else None
                 ctx.found.append(Diagnosis(
                     f"gpu:{node}:{gpu}:ecc", "ecc_xid", "event", 0.6,
                     f"correctable ECC errors climbing on {node} GPU {gpu} (+{g.sbe_delta:.0f}): "
                     "a double-bit error (Xid 48) may follow; drain it",
-                    step=int(m.steps[-1]), start_step=int(m.steps[0]), end_step=-1,
+                    step=int(m.steps[-1]), end_step=-1,
+                    start_step=int(m.steps[0]) if onset is None else onset,
                     time=float(m.end.max()),
                     ranks=[rank] if rank >= 0 else [], nodes=[node], gpus=[f"{node}:{gpu}"],
                     job_id=job.job_id, evidence=[s.to_dict()]))  # fmt: skip
 
 
 def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:
-    sc = ctx.q.scalars(ctx.run.run_id, ["loss", "grad_norm", "lr"], max(0, lo - 200), hi)
+    sc = ctx.q.scalars(ctx.run.run_id, ["loss", "grad_norm", "lr"], max(0, lo - 200), hi,
+                       job.job_id)  # fmt: skip
     if "loss" not in sc and "grad_norm" not in sc:
         return
     steps = np.unique(np.concatenate([v[0] for v in sc.values()]))

@@ -23,38 +23,46 @@ __all__ = ["data_stall"]
 def data_stall(
     q: DetectQueries, run_id: str, job: JobSpan, m: StepMatrix, place: Placement, a: int, z: int,
     step_time: float,
-) -> Diagnosis | None:  # fmt: skip
+) -> list[Diagnosis]:  # fmt: skip
     """Ranks of one block of steps (``a:z`` of ``m``) whose data wait passes max(10 x the
     block's typical wait, 10% of the step) in 3 steps or more (at most half the job: more is
-    the whole job slowing, not its input), traced to their shard, storage, prefetch and cache."""
+    the whole job slowing, not its input), traced to their shard, storage, prefetch and cache.
+    One finding per node: the loaders of two nodes stalling at once are two stalls, each with
+    its own onset (a shared cause shows in each one's evidence)."""
     dw = m.data_wait[a:z]
     if not np.isfinite(dw).any():
-        return None
+        return []
     with np.errstate(all="ignore"):
         typical = float(np.nanmedian(dw))
     thr = max(0.1 * step_time, 10.0 * typical)
-    hits = (np.nan_to_num(dw, nan=0.0) > thr).sum(axis=0)
+    over = np.nan_to_num(dw, nan=0.0) > thr
+    hits = over.sum(axis=0)
     ranks = np.flatnonzero(hits >= 3)
     if not len(ranks) or len(ranks) > 0.5 * m.world:
-        return None
-    nodes = sorted({place.node[r] for r in ranks if place.node[r]})
+        return []
     t0, t1 = float(m.start[a]), float(m.end[z - 1])
-    nh = node_health(q.node_health_rows(nodes, t0, t1))
-    cpu = [s.to_dict() | {"node": n} for n in sorted(nh) for s in node_signals(nh[n])
-           if s.name == "host_cpu"]  # fmt: skip
-    first = int(m.steps[a + int(np.argmax((np.nan_to_num(dw[:, ranks]) > thr).any(axis=1)))])
-    val = float(np.nanmean(dw[:, ranks]))
-    causes, cause_ev = _causes(q, run_id, job, m.steps[a:z], np.nan_to_num(dw, nan=0.0) > thr)
-    return Diagnosis(
-        f"data_stall:{','.join(nodes)}", "data_stall", "slowdown", 0.9,
-        f"input pipeline: {len(ranks)} ranks on {', '.join(nodes)} wait {val:.2f}s per step for "
-        f"data (typical {typical * 1000:.1f} ms)" + (f"; {', '.join(causes)}" if causes else ""),
-        step=first, start_step=first, end_step=int(m.steps[z - 1]), time=float(m.start[a]),
-        ranks=[int(r) for r in ranks], nodes=nodes, job_id=job.job_id,
-        evidence=[{"metric": "data_wait", "value": val, "baseline": typical, "threshold": thr,
-                   "window": {"fromStep": int(m.steps[a]), "toStep": int(m.steps[z - 1])}},
-                  *cause_ev, *cpu],
-    )  # fmt: skip
+    nodes = sorted({place.node[r] for r in ranks})
+    nh = node_health(q.node_health_rows([n for n in nodes if n], t0, t1))
+    causes, cause_ev = _causes(q, run_id, job, m.steps[a:z], over)
+    out = []
+    for node in nodes:
+        mine = np.asarray([r for r in ranks if place.node[r] == node], dtype=np.int64)
+        cpu = [s.to_dict() | {"node": node} for s in node_signals(nh[node])
+               if s.name == "host_cpu"] if node in nh else []  # fmt: skip
+        first = int(m.steps[a + int(np.argmax(over[:, mine].any(axis=1)))])
+        val = float(np.nanmean(dw[:, mine]))
+        out.append(Diagnosis(
+            f"data_stall:{node}", "data_stall", "slowdown", 0.9,
+            f"input pipeline: {len(mine)} ranks on {node or 'unknown nodes'} wait {val:.2f}s per"
+            f" step for data (typical {typical * 1000:.1f} ms)"
+            + (f"; {', '.join(causes)}" if causes else ""),
+            step=first, start_step=first, end_step=int(m.steps[z - 1]), time=float(m.start[a]),
+            ranks=[int(r) for r in mine], nodes=[node] if node else [], job_id=job.job_id,
+            evidence=[{"metric": "data_wait", "value": val, "baseline": typical, "threshold": thr,
+                       "window": {"fromStep": int(m.steps[a]), "toStep": int(m.steps[z - 1])}},
+                      *cause_ev, *cpu],
+        ))  # fmt: skip
+    return out
 
 
 def _causes(

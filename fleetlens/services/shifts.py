@@ -18,14 +18,38 @@ __all__ = ["network_diagnosis", "shift_diagnosis"]
 
 def shift_diagnosis(
     q: DetectQueries, signature: str, job: JobSpan, sh: GroupShift, place: Placement,
-    b: Baseline, s0: int, s1: int, t0: float, t1: float,
-) -> Diagnosis:  # fmt: skip
+    b: Baseline, s0: int, s1: int, t0: float, t1: float, rank_vals: Any = None,
+    peer: bool = False,
+) -> list[Diagnosis]:  # fmt: skip
     """A group of ranks slower than the workload's baseline over steps ``s0..s1``: the level it
-    sits at (rack, switch, NVLink domain, node, job) and whether its GPUs throttled say why."""
+    sits at (rack, switch, NVLink domain, node, job) and whether its GPUs throttled say why.
+
+    A whole job slower, its GPUs throttling, that spans several racks is one finding per rack
+    whose GPUs throttle (two hot racks at once are two cooling faults, not one job-wide one);
+    ``rank_vals`` (each rank's median compute over the window) gives each rack its ratio. A
+    ``peer`` shift (a rack slower than the other ranks, :func:`outlier_groups`) is a finding only
+    when half its GPUs or more throttle for heat: the others are no baseline."""
     nodes = sorted({place.node[r] for r in sh.ranks if place.node[r]})
     gh = gpu_health(q.gpu_health_rows(nodes, t0, t1))
-    thermal = sum(1 for g in gh.values() if any(s.name == "thermal" for s in gpu_signals(g)))
+    hot = {(g.node, g.gpu) for g in gh.values() if any(s.name == "thermal" for s in gpu_signals(g))}
+    thermal = len(hot)
     frac = thermal / max(len(gh), 1)
+    racks = sorted({place.rack[r] for r in sh.ranks if place.rack[r]})
+    if peer and frac < 0.5:
+        return []
+    if sh.level == "job" and frac >= 0.5 and len(racks) > 1 and rank_vals is not None:
+        out = []
+        for rack in racks:
+            rr = tuple(r for r in sh.ranks if place.rack[r] == rack)
+            mine = {(place.node[r], int(place.gpu[r])) for r in rr}
+            if 2 * len(mine & hot) < len(mine):
+                continue
+            with np.errstate(all="ignore"):
+                ratio = float(np.nanmedian(np.asarray(rank_vals)[list(rr)])) / b.median
+            out += shift_diagnosis(q, signature, job, GroupShift("rack", rack, ratio, rr,
+                                   sh.ratio), place, b, s0, s1, t0, t1)  # fmt: skip
+        if out:
+            return out
     if sh.level == "rack" or (sh.level == "job" and frac >= 0.5):
         diag = "rack_cooling"
     elif sh.level == "switch":
@@ -36,20 +60,22 @@ def shift_diagnosis(
         diag = "thermal" if frac > 0 else "host"
     else:
         diag = "inefficient_compute"
-    ev = [{"metric": "median rank compute / workload baseline", "value": sh.ratio,
-           "baseline": 1.0, "baselineMedianS": b.median, "threshold": 1 + shift_threshold(b, 0.03),
+    ev = [{"metric": "median rank compute / " + ("the other ranks'" if peer else
+                                                  "workload baseline"), "value": sh.ratio,
+           "baseline": 1.0, "baselineMedianS": b.median if b.ready else None,
+           "threshold": None if peer else 1 + shift_threshold(b, 0.03),
            "othersRatio": sh.others_ratio if np.isfinite(sh.others_ratio) else None,
            "window": {"fromStep": s0, "toStep": s1}, "signature": signature},
           {"metric": "GPUs with thermal throttle reasons", "value": thermal,
            "of": len(gh)}]  # fmt: skip
-    racks = {place.rack[r] for r in sh.ranks}
-    return Diagnosis(
+    return [Diagnosis(
         f"shift:{sh.level}:{sh.group}", diag, "slowdown", 0.85 if thermal else 0.6,
-        f"{sh.level} {sh.group}: {len(sh.ranks)} ranks {sh.ratio - 1:.1%} slower than the "
-        f"workload baseline while the others are not (absolute check)",
+        f"{sh.level} {sh.group}: {len(sh.ranks)} ranks {sh.ratio - 1:.1%} slower than "
+        + ("the job's other ranks, its GPUs throttling for heat" if peer else
+           "the workload baseline while the others are not (absolute check)"),
         step=s1, start_step=s0, end_step=s1, time=t1, ranks=list(sh.ranks), nodes=nodes,
-        rack=racks.pop() if len(racks) == 1 else "", job_id=job.job_id, evidence=ev,
-    )  # fmt: skip
+        rack=racks[0] if len(racks) == 1 else "", job_id=job.job_id, evidence=ev,
+    )]  # fmt: skip
 
 
 # The host signals that put a slow collective on the network, and how a summary names them.
@@ -59,10 +85,14 @@ _NET_SIGNALS = {"retransmits": "TCP retransmits", "nic_errors": "NIC errors",
 
 def network_diagnosis(
     q: DetectQueries, job: JobSpan, place: Placement, tr: float, tb: Baseline,
-    s0: int, s1: int, t0: float, t1: float,
+    s0: int, s1: int, t0: float, t1: float, key: str,
 ) -> Diagnosis:  # fmt: skip
     """Collectives slower than the baseline with every rank on time: NVLink when its GPUs count
-    NVLink errors, else the network (with the hosts' TCP, NIC and InfiniBand signals)."""
+    NVLink errors, else the network (with the hosts' TCP, NIC and InfiniBand signals).
+
+    ``key`` names the episode (the attempt and the first block of consecutive slow blocks), the
+    same whichever the verdict: a block judged network before its nodes' NVLink errors were
+    counted is restated as NVLink by a later block of the episode, not left beside it."""
     nodes = sorted({n for n in place.node if n})
     gh = gpu_health(
         q.gpu_health_rows(nodes, min(t0, job.start), t1)
@@ -81,16 +111,51 @@ def network_diagnosis(
         ev += [s.to_dict() for g in gh.values() if g.node in nv for s in gpu_signals(g)
                if s.name == "nvlink_errors"][:8]  # fmt: skip
         ranks = [r for r, n in enumerate(place.node) if n in nv]
-        return Diagnosis(f"nvlink:{','.join(nv)}", "nvlink", "slowdown", 0.85,
+        return Diagnosis(key, "nvlink", "slowdown", 0.85,
                          f"NVLink errors on {', '.join(nv)}; collectives "
                          f"{tr / tb.median:.2f}x slower",
                          step=s1, start_step=s0, end_step=s1, time=t1, ranks=ranks, nodes=nv,
                          job_id=job.job_id, evidence=ev)  # fmt: skip
     ev += [s.to_dict() | {"node": h} for h in sorted(nh) for s in node_signals(nh[h])
            if s.name in _NET_SIGNALS][:8]  # fmt: skip
-    return Diagnosis("network", "network", "slowdown", 0.85 if net else 0.6,
+    return Diagnosis(key, "network", "slowdown", 0.85 if net else 0.6,
                      f"collectives {tr / tb.median:.2f}x slower with every rank on time"
                      + (f" ; {', '.join(sorted({_NET_SIGNALS[s.name] for s in net}))} up"
                         if net else ""),
                      step=s1, start_step=s0, end_step=s1, time=t1, job_id=job.job_id,
                      evidence=ev)  # fmt: skip
+
+
+def note_hot(js: dict[str, Any], d: Diagnosis) -> None:
+    """Keep a rack-cooling finding's span in the attempt's cursor (``hot``: rack, first step,
+    last step, ranks), consecutive blocks of one rack merged, for :func:`fold_into_racks`."""
+    hot: list[list[Any]] = js.setdefault("hot", [])
+    for h in hot:
+        if h[0] == d.rack and h[1] <= d.start_step <= h[2] + 1:
+            h[2] = max(h[2], d.end_step)
+            h[3] = sorted(set(h[3]) | set(d.ranks))
+            return
+    hot.append([d.rack, d.start_step, d.end_step, sorted(d.ranks)])
+
+
+def fold_into_racks(
+    stragglers: list[Diagnosis], hot: list[list[Any]], margin: int
+) -> list[Diagnosis]:
+    """The straggler findings a hot rack explains, left out: a GPU of a rack that a rack-cooling
+    finding names, slower than its peers from within that finding's span (``margin`` steps
+    either side), is that rack's fault seen GPU by GPU, not a fault of its own. The spans are
+    the blocks' (a function of the committed steps), so the verdict does not depend on the
+    order of the passes. A moving straggler, or one that began outside the span, is kept."""
+    out = []
+    for d in stragglers:
+        covered = (
+            d.diagnosis != "straggler.moving"
+            and bool(d.ranks)
+            and any(
+                set(d.ranks) <= set(h[3]) and h[1] - margin <= d.start_step <= h[2] + margin
+                for h in hot
+            )
+        )
+        if not covered:
+            out.append(d)
+    return out

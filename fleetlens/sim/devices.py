@@ -57,6 +57,10 @@ class DeviceSampler:
         clock = np.full((s, w), SM_CLOCK_MAX)
         throttle = np.zeros((s, w))
         nvbw = np.full((s, w), 2.4e11) * busy
+        # Cumulative counters as each sample saw them: a sample carries the errors counted up
+        # to its own time, never those of later samples of the chunk.
+        sbe = np.tile(self.sbe[phys], (s, 1))
+        crc = np.tile(self.crc[phys], (s, 1))
         for f in faults:
             act = (step >= f.start) & (step < f.end)
             if not act.any():
@@ -73,14 +77,15 @@ class DeviceSampler:
                 clock[sel] /= 1.0 + f.magnitude
                 throttle[sel] = THROTTLE_SW_THERMAL
             elif f.kind == "ecc_xid":
-                frac = (step[act] - f.start) / max(1, f.end - f.start)
-                idx = np.flatnonzero(mask)
-                grow = (2000.0 * frac**2)[:, None] + np.zeros((1, len(idx)))
-                self.sbe[phys[idx]] = np.maximum(self.sbe[phys[idx]], grow.max(axis=0))
+                frac = np.where(act, (step - f.start) / max(1, f.end - f.start), 0.0)
+                grow = np.maximum.accumulate(2000.0 * frac**2)[:, None]
+                sbe[:, mask] = np.maximum(sbe[:, mask], grow)
             elif f.kind == "nvlink":
                 pair = np.isin(phys, f.gpus[:2])
-                self.crc[phys[pair]] += 40.0 * act.sum()
+                crc[:, pair] += 40.0 * np.cumsum(act)[:, None]
                 nvbw[np.ix_(act, pair)] *= 0.35
+        self.sbe[phys] = sbe[-1]
+        self.crc[phys] = crc[-1]
         power = 120.0 + 560.0 * sm_active / 0.88 * (clock / SM_CLOCK_MAX)
         fb_used = np.full((s, w), 61234.0)
         return {
@@ -96,11 +101,11 @@ class DeviceSampler:
             "fb_used": fb_used.ravel(),
             "fb_free": (FB_TOTAL_MIB - fb_used).ravel(),
             "throttle_reasons": throttle.ravel(),
-            "ecc_sbe_total": np.tile(self.sbe[phys], s),
+            "ecc_sbe_total": sbe.ravel(),
             "ecc_dbe_total": np.zeros(s * w),
             "xid": np.zeros(s * w),
             "nvlink_bandwidth": nvbw.ravel(),
-            "nvlink_crc_errors": np.tile(self.crc[phys], s),
+            "nvlink_crc_errors": crc.ravel(),
             "sm_active": sm_active.ravel(),
             "tensor_active": (0.7 * sm_active).ravel(),
         }

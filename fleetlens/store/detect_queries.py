@@ -340,17 +340,22 @@ class DetectQueries:
         return list(rows)
 
     def scalars(
-        self, run_id: str, names: list[str], lo: int, hi: int
+        self, run_id: str, names: list[str], lo: int, hi: int, job_id: str = ""
     ) -> dict[str, tuple[Arr, Arr]]:
+        """Per name, (steps, values) of ``lo..hi``. A step logged more than once (by several
+        ranks, or by two attempts: a restart replays the steps since its checkpoint) takes the
+        value of attempt ``job_id`` first, then of the lowest rank, then the earliest: one
+        value whatever the order the rows are read in."""
         tab = self.r.table(
-            "SELECT name, step, argMin(value, rank) AS v FROM {db}.scalars"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            "SELECT name, step, argMin(value, (job_id != {job:String}, rank, time)) AS v"
+            " FROM {db}.scalars WHERE tenant = {tenant:String} AND run_id = {run:String}"
             " AND name IN {names:Array(String)} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
             " GROUP BY name, step ORDER BY name, step",
             run=run_id,
             names=names,
             lo=lo,
             hi=hi,
+            job=job_id,
         )
         out: dict[str, tuple[Arr, Arr]] = {}
         if not tab.num_rows:
@@ -405,6 +410,41 @@ class DetectQueries:
         if not tab.num_rows:
             return {c: np.empty(0) for c in names}
         return {c: tab.column(c).to_numpy() for c in names}
+
+    def first_rise(self, node: str, gpu: int, column: str, t0: float, t1: float) -> float | None:
+        """When a cumulative counter of one GPU (``ecc_sbe_total``, ``nvlink_crc_errors``) first
+        read more than its first sample in [t0, t1]: the time of that sample, None if it never
+        did."""
+        if column not in ("ecc_sbe_total", "nvlink_crc_errors"):
+            raise ValueError(f"column {column!r} is no GPU counter; use ecc_sbe_total or "
+                             "nvlink_crc_errors")  # fmt: skip
+        rows = self.r.table(
+            f"SELECT time AS c_t, {column} AS c_v FROM {{db}}.gpu_samples"
+            " WHERE tenant = {tenant:String} AND node_id = {node:String} AND gpu = {gpu:Int64}"
+            f" AND time BETWEEN {{t0:Float64}} AND {{t1:Float64}} AND isFinite({column})"
+            " ORDER BY time",
+            node=node,
+            gpu=gpu,
+            t0=t0,
+            t1=t1,
+        ).to_pylist()
+        if not rows:
+            return None
+        first = float(rows[0]["c_v"])
+        return next((float(r["c_t"]) for r in rows if float(r["c_v"]) > first), None)
+
+    def step_at(self, run_id: str, job_id: str, t: float) -> int | None:
+        """The step of an attempt that was running at time ``t`` (the last one begun by then)."""
+        rows = self.r.table(
+            "SELECT max(a_step) AS a_step, count() AS a_n FROM ("
+            " SELECT step AS a_step, min(start) AS a_start FROM {db}.steps_by_step"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " GROUP BY step) WHERE a_start <= {t:Float64}",
+            run=run_id,
+            job=job_id,
+            t=t,
+        ).to_pylist()
+        return int(rows[0]["a_step"]) if rows and rows[0]["a_n"] else None
 
 
 def _f(x: Any) -> float:

@@ -1,0 +1,178 @@
+"""Detection of the randomized scenarios' faults the bench found wrong (``bench/detection.py``,
+docs/detection.md "Below 0.95 at >= 10 %"), each on a generated run through ingest, chDB and
+the analysis loop, matched strictly (``fleetlens.sim.match``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from bench._generated import FleetPlayer, PlayedRun
+from fleetlens.analysis.rootcause import Diagnosis
+from fleetlens.config import AnalyzerConfig
+from fleetlens.services.analyzer import _episode
+from fleetlens.services.shifts import fold_into_racks
+from fleetlens.sim.devices import DeviceSampler
+from fleetlens.sim.faults import FAULT_KINDS, Injected
+from fleetlens.sim.generate import Fleet, GenConfig, generate_fleets
+from fleetlens.sim.match import match_findings
+from fleetlens.sim.model import FaultSpec
+from fleetlens.sim.steps import StepChunk
+from fleetlens.store.detect_queries import DetectQueries, JobSpan
+from fleetlens.store.findings import FindingsStore
+from fleetlens.store.metadata import MetadataStore
+
+
+def _play(tmp: Path, *faults: FaultSpec, nodes: int = 4, gpn: int = 4, steps: int = 360,
+          max_steps: int = 100) -> PlayedRun:  # fmt: skip
+    (fleet,) = generate_fleets(7, 1, GenConfig(runs_per_fleet=1, healthy_share=0.0))
+    scn = fleet.runs[0]
+    scn = replace(
+        scn, faults=faults, cluster=replace(scn.cluster, nodes=nodes, gpus_per_node=gpn),
+        job=replace(scn.job, steps=steps, step_time=1.0), noise=replace(scn.noise, rank_cov=0.02),
+    )  # fmt: skip
+    p = FleetPlayer(tmp)
+    p.cfg = AnalyzerConfig(max_steps=max_steps)
+    try:
+        (run,) = p.play(Fleet(fleet.name, (scn,)))
+    finally:
+        p.close()
+    return run
+
+
+def _strict(run: PlayedRun) -> None:
+    m = match_findings(run.truth, run.findings)
+    missed = [f.id for f in run.truth.faults if m.fault_hit[f.id] is None]
+    false = [f for f, st in zip(run.findings, m.finding_state, strict=True) if st == "fp"]
+    assert not missed and not false, (missed, run.findings)
+
+
+def test_two_hot_racks_are_two_rack_findings_and_not_their_gpus(tmp_path: Path) -> None:
+    """Both racks of a job hot at once: a rack-cooling finding per rack (not one job-wide), and
+    none of their GPUs reported beside it as a thermal straggler (when the first rack cools, the
+    other's GPUs are slower than the median GPU by its magnitude), whatever the passes."""
+    hot = (
+        FaultSpec("rack_cooling", step=120, rack=0, magnitude=0.4, duration_steps=110),
+        FaultSpec("rack_cooling", step=135, rack=1, magnitude=0.45, duration_steps=170),
+    )
+    found = []
+    for i, per in enumerate((100, 37)):
+        run = _play(tmp_path / str(i), *hot, nodes=8, max_steps=per)
+        _strict(run)
+        assert sorted(f["diagnosis"] for f in run.findings) == ["rack_cooling", "rack_cooling"]
+        found.append(sorted((f["key"], f["start_step"], f["ranks"]) for f in run.findings))
+    assert found[0] == found[1]
+
+
+def test_a_slow_nvlink_transfer_of_15_percent_is_nvlink_alone(tmp_path: Path) -> None:
+    """An NVLink fault that slows the gradient transfer (8 % of the step) by 15 %: one NVLink
+    finding on its node, and no network finding for the blocks before its CRC errors counted."""
+    run = _play(tmp_path, FaultSpec("nvlink", step=130, node=2, magnitude=0.15,
+                                    duration_steps=200))  # fmt: skip
+    _strict(run)
+    assert [f["diagnosis"] for f in run.findings] == ["nvlink"]
+
+
+def test_a_slow_network_of_12_percent_is_found(tmp_path: Path) -> None:
+    run = _play(tmp_path, FaultSpec("network", step=110, node=1, magnitude=0.12,
+                                    duration_steps=200))  # fmt: skip
+    _strict(run)
+    assert [f["diagnosis"] for f in run.findings] == ["network"]
+
+
+def test_a_data_stall_in_the_first_blocks_does_not_hide_a_network_fault(tmp_path: Path) -> None:
+    """The transfer baseline learns from blocks whose transfer is healthy, whatever else slows
+    them: a stall from step 10 kept the first blocks out of every baseline, so the network fault
+    from step 60 was never compared with anything and was learned as healthy."""
+    run = _play(
+        tmp_path,
+        FaultSpec("data_stall", step=10, ranks=(0, 1), magnitude=0.3, duration_steps=100),
+        FaultSpec("network", step=60, node=1, magnitude=0.3, duration_steps=200),
+    )
+    _strict(run)
+    assert sorted(f["diagnosis"] for f in run.findings) == ["data_stall", "network"]
+
+
+def test_ecc_onset_is_dated_by_the_first_rising_sample(tmp_path: Path) -> None:
+    """Single-bit errors from step 165 to the Xid 48 at step 200: the finding's onset is where
+    the counter began to climb (a sample every 10 s, 1 s steps), not the analysis window's start
+    (step 101 here)."""
+    run = _play(tmp_path, FaultSpec("ecc_xid", step=165, node=1, gpu=2, duration_steps=35))
+    _strict(run)
+    (ecc,) = [f for f in run.findings if f["diagnosis"] == "ecc_xid"]
+    assert 165 <= ecc["start_step"] <= 176, ecc
+
+
+def test_device_counters_carry_only_the_errors_counted_by_their_sample() -> None:
+    """A chunk's samples before an NVLink fault began show no CRC errors, and its ECC count
+    climbs sample by sample (before, every sample of a chunk carried the chunk's last count, so
+    evidence read as older than it was)."""
+    steps = np.arange(0, 100)
+    chunk = StepChunk(steps, np.arange(100.0), np.ones(100), np.zeros((100, 8)),
+                      np.ones((100, 8)), np.zeros((100, 8)), np.ones((100, 8)),
+                      np.ones((100, 8)), 0.0, 0.0, 0.0, 0.0, 0.0)  # fmt: skip
+    nv = Injected("f0", "nvlink", FAULT_KINDS["nvlink"], 50, 90, 0.3, gpus=(0, 1, 2, 3))
+    ecc = Injected("f1", "ecc_xid", FAULT_KINDS["ecc_xid"], 60, 100, 0.0, gpus=(5,))
+    dev = DeviceSampler(0.0, 10.0, 8, 1, seed=1)
+    g = dev.gpu(chunk, dev.grid(0.0, 100.0), np.arange(8), [nv, ecc])
+    crc = g["nvlink_crc_errors"].reshape(10, 8)
+    sbe = g["ecc_sbe_total"].reshape(10, 8)
+    assert (crc[:5] == 0).all() and (crc[5:, :2] > 0).all() and (np.diff(crc[:, 0]) >= 0).all()
+    assert (sbe[:7, 5] == 0).all() and (np.diff(sbe[6:, 5]) > 0).all()
+    assert dev.crc[0] == crc[-1, 0] and dev.sbe[5] == sbe[-1, 5]
+
+
+def test_network_block_restated_as_nvlink_once_its_errors_are_counted(tmp_path: Path) -> None:
+    """The slow-collective findings of one episode share a key: a block judged network (no NVLink
+    errors counted yet) is restated as NVLink by the next, keeping its onset."""
+    store = FindingsStore(MetadataStore(f"sqlite:///{tmp_path}/m.db"))
+    key = "collectives:j-a0:100"
+    net = Diagnosis(key, "network", "slowdown", 0.6, "slow", 149, 100, 149, job_id="j-a0")
+    nvl = Diagnosis(key, "nvlink", "slowdown", 0.85, "nvlink", 199, 150, 199,
+                    ranks=[8, 9], nodes=["node-0002"], job_id="j-a0")  # fmt: skip
+    store.upsert("t", "run", [net])
+    (row,) = store.upsert("t", "run", [nvl])
+    assert (row.diagnosis, row.start_step, row.step, row.nodes) == ("nvlink", 100, 199,
+                                                                    ["node-0002"])  # fmt: skip
+    # the episode: consecutive slow blocks, and the next attempt replaying a slow last block
+    a0, a1 = JobSpan("j-a0", 0, 330, 0.0, 330.0, 8), JobSpan("j-a1", 300, 400, 400.0, 500.0, 8)
+    coll: dict[str, object] = {}
+    keys = [_episode(coll, a0, 100, 149), _episode(coll, a0, 150, 199),
+            _episode(coll, a0, 250, 299), _episode(coll, a0, 300, 330),
+            _episode(coll, a1, 300, 349), _episode(coll, a1, 400, 400)]  # fmt: skip
+    assert keys == [key, key, "collectives:j-a0:250", "collectives:j-a0:250",
+                    "collectives:j-a0:250", "collectives:j-a1:400"]  # fmt: skip
+
+
+def test_fold_keeps_stragglers_a_hot_rack_does_not_explain() -> None:
+    def strag(rank: int, start: int, diag: str = "thermal") -> Diagnosis:
+        return Diagnosis(f"straggler:{rank}", diag, "straggler", 0.9, "", start + 5, start, -1,
+                         ranks=[rank])  # fmt: skip
+
+    hot = [["rack-000", 100, 249, list(range(16))]]
+    kept = fold_into_racks(
+        [strag(3, 120), strag(20, 120), strag(4, 10, "straggler.persistent"), strag(5, 240),
+         Diagnosis("straggler:moving", "straggler.moving", "straggler", 0.8, "", 150, 130, -1,
+                   ranks=[1, 2, 3])], hot, 50)  # fmt: skip
+    assert [d.key for d in kept] == ["straggler:20", "straggler:4", "straggler:moving"]
+
+
+def test_a_replayed_step_reads_the_scalars_of_the_attempt_analysed(tmp_path: Path) -> None:
+    """A grad-norm spike and NaN end attempt a0 at step 116; a1 replays from its checkpoint (step
+    100) with healthy values. Each attempt reads its own values of the replayed steps, whatever
+    the order the store returns the rows in (before: either, so the spike was seen or not)."""
+    (fleet,) = generate_fleets(7, 1, GenConfig(runs_per_fleet=1, healthy_share=0.0))
+    scn = replace(fleet.runs[0], faults=(FaultSpec("instability", step=86, duration_steps=30),))
+    p = FleetPlayer(tmp_path)
+    try:
+        (run,) = p.play(Fleet(fleet.name, (scn,)))
+        q = DetectQueries(p.tel, fleet.name)
+        jobs = [j.job_id for j in q.jobs(scn.job.run_id)]
+        gn = {j: q.scalars(scn.job.run_id, ["grad_norm"], 100, 115, j)["grad_norm"][1]
+              for j in jobs}  # fmt: skip
+    finally:
+        p.close()
+    assert len(jobs) == 2 and gn[jobs[0]].max() > 5.0 and gn[jobs[1]].max() < 2.0, gn
+    _strict(run)
