@@ -287,6 +287,7 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
         "window_id": _b_window(t),
         "remediation_id": _b_remediation(t),
         "silence_id": _b_silence(t),
+        "rank": "0",
         **b_eval,
     }
     walked = 0

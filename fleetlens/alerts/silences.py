@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 
 from ..errors import ConfigError, NotFound
 from ..store.access import AccessStore
@@ -102,10 +102,9 @@ class SilenceStore:
         return out
 
     def _visible(self, scope: Scope) -> Any:
-        q = select(Silence)
         if scope.cross_tenant_infra:
-            return all_tenants(q).where(Silence.infra.is_(True))
-        return scoped(q, scope)
+            return all_tenants(select(Silence)).where(Silence.infra.is_(True))
+        return scoped(select(Silence), scope)
 
     def list(self, scope: Scope, include_expired_s: float = 86400.0) -> list[dict[str, Any]]:
         """Silences in force or to come, and those that ended in the last ``include_expired_s``."""
@@ -132,13 +131,11 @@ class SilenceStore:
 def active(session: Any, tenant: str, now: float) -> ActiveSilences:
     """The silences in force at ``now`` for ``tenant``'s alerts: its own, and on-call's (for its
     infrastructure alerts), read in the caller's session."""
-    q = all_tenants(select(Silence)).where(
-        Silence.starts_at <= now,
-        Silence.ends_at > now,
-        or_(Silence.tenant == tenant, Silence.infra.is_(True)),
-    )
-    own: list[tuple[int, dict[str, str]]] = []
-    infra: list[tuple[int, dict[str, str]]] = []
-    for r in session.scalars(q).all():
-        (infra if r.infra else own).append((r.id, dict(r.matchers)))
+
+    def now_on(q: Any) -> list[tuple[int, dict[str, str]]]:
+        q = q.where(Silence.starts_at <= now, Silence.ends_at > now)
+        return [(r.id, dict(r.matchers)) for r in session.scalars(q).all()]
+
+    own = now_on(scoped(select(Silence), tenant).where(Silence.infra.is_(False)))
+    infra = now_on(all_tenants(select(Silence)).where(Silence.infra.is_(True)))
     return ActiveSilences(tuple(own), tuple(infra))
