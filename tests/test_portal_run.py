@@ -356,3 +356,11 @@ def test_rank_detail_has_its_phases_and_each_placements_gpu_samples(played: Serv
     window = played.get(f"/v1/runs/{RUN}/ranks/37/detail?fromStep=600&toStep=699&points=10")
     assert [p["step"] for p in window["phases"]] == list(range(600, 700, 10))
     assert played.request("GET", f"/v1/runs/{RUN}/ranks/37/detail?fromStep=9&toStep=1")[0] == 400
+
+
+def test_rank_detail_of_a_run_without_placements(server: Server) -> None:
+    """A run whose SDK sent no placement (found by the API fuzzer: a 500)."""
+    _, body = step_batch("unplaced", range(0, 10), 2)
+    assert server.post(body)[0] == 200
+    d = server.get("/v1/runs/unplaced/ranks/1/detail?points=300")
+    assert d["placements"] == [] and d["phases"] and d["fromStep"] == 0

@@ -292,7 +292,7 @@ async def rank_detail(
         out.update(fromStep=lo, toStep=hi, phases=rq.phases(run_id, rank, lo, hi, points))
         span = rq.time_span(run_id, lo, hi)
         places = rq.placements(run_id, rank)
-        ends = [p["time"] for p in places[1:]] + [math.inf]
+        ends = [p["time"] for p in places[1:]] + [math.inf] * bool(places)
         for p, end in zip(places, ends, strict=True):
             a, b = (max(p["time"], span[0] - 60), min(end, span[1] + 60)) if span else (0, -1)
             p["samples"] = rq.gpu_samples(p["node"], p["gpu"], a, b, points) if a < b else []
