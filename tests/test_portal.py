@@ -989,7 +989,9 @@ def test_oncall_page_for_the_oncall_role_and_a_viewer(
     page.get_by_role(
         "button", name=f"Approve action #{rid}: take bolt-node-7 out of run bolt-run of tenant bolt"
     ).click()
-    playwright.expect(page.locator("#actions tbody tr", has_text="bolt-node-7")).to_have_count(0)
+    playwright.expect(page.locator("#actions tbody tr", has_text="bolt-node-7")).to_have_count(
+        0, timeout=20_000
+    )
     done = srv.get(f"/v1/remediations/{rid}", token=tokens["bolt-admin"])
     assert done["state"] == "drained" and done["approvedBy"] == "portal oncall", done
     # On-call acknowledges another tenant's infrastructure alert (a writer of that tenant, or
@@ -999,7 +1001,7 @@ def test_oncall_page_for_the_oncall_role_and_a_viewer(
     alert_id = (ack.get_attribute("aria-label") or "").rpartition("#")[2]
     ack.click()
     acked_row = page.locator("#alerts tbody tr", has_text="portal oncall, ")
-    playwright.expect(acked_row).to_have_count(1)
+    playwright.expect(acked_row).to_have_count(1, timeout=20_000)
     assert "FatalHardwareFault" in acked_row.inner_text()
     acked = srv.get(f"/v1/alerts/{alert_id}", token=tokens["bolt-admin"])
     assert acked["ackedBy"] == "portal oncall"
