@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmarks: a server subprocess, and the one-JSON-line result."""
+"""Helpers shared by the benchmarks: a server subprocess, a model endpoint, and the
+one-JSON-line result."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
@@ -53,3 +57,32 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 def emit(result: dict[str, Any]) -> None:
     """Human lines went to stderr; the last line of stdout is the result as one JSON object."""
     print(json.dumps(result), flush=True)
+
+
+def json_endpoint(
+    answer: Callable[[dict[str, Any]], dict[str, Any]], latency_s: float
+) -> tuple[ThreadingHTTPServer, str]:
+    """A model behind HTTP, on a loopback port in a thread: every POST's JSON body gets
+    ``answer(body)`` as JSON after ``latency_s`` (an I/O-bound served model); its URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall between header and body
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            time.sleep(latency_s)
+            out = json.dumps(answer(body)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"

@@ -16,15 +16,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import zlib
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import _tiny_lm as tiny
+from _common import json_endpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK = "mmlu_dev_local"
@@ -138,29 +138,12 @@ def echo_endpoint(latency_s: float) -> tuple[ThreadingHTTPServer, str]:
         return {"tokens": tokens, "token_logprobs": lps, "text_offset": offsets,
                 "top_logprobs": top}  # fmt: skip
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        return {"choices": [{"index": i, "text": p, "logprobs": score(p)}
+                            for i, p in enumerate(prompts)]}  # fmt: skip
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            time.sleep(latency_s)
-            prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
-            choices = [{"index": i, "text": p, "logprobs": score(p)} for i, p in enumerate(prompts)]
-            out = json.dumps({"choices": choices}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+    return json_endpoint(answer, latency_s)
 
 
 def request(task: str, adapter: dict[str, Any], shard: int, no_cache: bool) -> dict[str, Any]:

@@ -21,41 +21,25 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
-from _common import emit, start_server, stop_server
+from _common import emit, json_endpoint, start_server, stop_server
 from _lm_eval_bench import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def endpoint(latency_s: float) -> tuple[ThreadingHTTPServer, str]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        disable_nagle_algorithm = True  # no 40 ms delayed-ACK stall between header and body
+    """A generation model that answers ``answer <last word of the prompt>``."""
 
-        def log_message(self, *args: Any) -> None:
-            pass
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        word = str(body["prompt"]).split()[-1]
+        return {"choices": [{"index": 0, "text": f"answer {word}"}]}
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            time.sleep(latency_s)
-            word = str(body["prompt"]).split()[-1]
-            out = json.dumps({"choices": [{"index": 0, "text": f"answer {word}"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+    return json_endpoint(answer, latency_s)
 
 
 def call(url: str, method: str, path: str, body: Any = None) -> Any:

@@ -168,6 +168,19 @@
 
   function stateLabel(st) { return st.replace(/_/g, " "); }
 
+  // A button that acts with the page's token, and the alert region that says why it failed.
+  function actionButton(label, aria) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "approve";
+    b.textContent = label;
+    b.setAttribute("aria-label", aria);
+    const msg = document.createElement("div");
+    msg.className = "error";
+    msg.setAttribute("role", "alert");
+    return { b, msg };
+  }
+
   // The state, and for an action awaiting approval (or only recommended) a button that approves
   // it with the page's token.
   function stateCell(a, done) {
@@ -183,14 +196,8 @@
       span.appendChild(e);
     }
     if (!APPROVABLE.includes(a.state)) return { node: span, cls: UNDER_WAY.includes(a.state) ? "pending" : "" };
-    const b = document.createElement("button");
-    b.type = "button";
-    b.className = "approve";
-    b.textContent = "Approve";
-    b.setAttribute("aria-label", `Approve action #${a.id}: take ${a.node} out of run ${a.runId}${a.tenant && page === "oncall" ? ` of tenant ${a.tenant}` : ""}`);
-    const msg = document.createElement("div");
-    msg.className = "error";
-    msg.setAttribute("role", "alert");
+    const { b, msg } = actionButton("Approve",
+      `Approve action #${a.id}: take ${a.node} out of run ${a.runId}${a.tenant && page === "oncall" ? ` of tenant ${a.tenant}` : ""}`);
     b.addEventListener("click", async () => {
       // Approving drains a node out of a running job: asked once more, naming both.
       if (!window.confirm(`Take ${a.node} out of run ${a.runId}? The job stops at its next step boundary, `
@@ -349,14 +356,7 @@
   function ackCell(a, now, done) {
     if (a.ackedBy) return `${a.ackedBy}, ${dur(Math.max(0, now - a.ackedAt))} ago`;
     const span = document.createElement("span");
-    const b = document.createElement("button");
-    b.type = "button";
-    b.className = "approve";
-    b.textContent = "Acknowledge";
-    b.setAttribute("aria-label", `Acknowledge alert ${a.alertname} #${a.id}`);
-    const msg = document.createElement("div");
-    msg.className = "error";
-    msg.setAttribute("role", "alert");
+    const { b, msg } = actionButton("Acknowledge", `Acknowledge alert ${a.alertname} #${a.id}`);
     b.addEventListener("click", async () => {
       b.disabled = true;
       msg.textContent = "";
@@ -378,11 +378,7 @@
   function silenceCell(a, matchers, done) {
     if (a.silencedBy && a.silencedBy.length) return `silenced (#${a.silencedBy.join(", #")})`;
     const span = document.createElement("span");
-    const open = document.createElement("button");
-    open.type = "button";
-    open.className = "approve";
-    open.textContent = "Silence…";
-    open.setAttribute("aria-label", `Silence alert ${a.alertname} #${a.id}`);
+    const { b: open, msg } = actionButton("Silence…", `Silence alert ${a.alertname} #${a.id}`);
     const form = document.createElement("form");
     form.className = "inline-form silence-form";
     form.hidden = true;
@@ -391,9 +387,6 @@
       + `<option value="14400">4 hours</option><option value="86400">24 hours</option></select>`
       + `<label for="${id}-why">because</label><input id="${id}-why" type="text" aria-required="true" size="18">`
       + `<button type="submit">Silence</button>`;
-    const msg = document.createElement("div");
-    msg.className = "error";
-    msg.setAttribute("role", "alert");
     open.addEventListener("click", () => { open.hidden = true; form.hidden = false; form.querySelector("input").focus(); });
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
@@ -417,11 +410,7 @@
       const over = x.endsAt <= now;
       let state = over ? "ended" : x.startsAt > now ? "to come" : "in force";
       if (!over) {
-        const b = document.createElement("button");
-        b.type = "button";
-        b.className = "approve";
-        b.textContent = "Expire";
-        b.setAttribute("aria-label", `Expire silence #${x.id}`);
+        const { b } = actionButton("Expire", `Expire silence #${x.id}`);
         b.addEventListener("click", async () => {
           b.disabled = true;
           try { await send("DELETE", `/v1/silences/${x.id}`); await done(); } catch (err) { b.disabled = false; }
