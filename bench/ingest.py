@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -95,21 +96,30 @@ def _rows(body: bytes) -> int:
     return sum(n for n, _ in decode_batch(raw).tables.values())
 
 
-def post_all(url: str, bodies: list[Body], connections: int) -> float:
+def post_all(url: str, bodies: Iterable[Body], connections: int) -> float:
+    """Post every body over ``connections`` concurrent connections, each taking the next body when
+    it is free (``bodies`` may be a generator: a bench can stream more than fits in memory);
+    a 429 or 503 is retried after its Retry-After / 10. Returns the seconds it took."""
     u = urllib.parse.urlparse(url)
-    queue = list(range(len(bodies)))
+    queue = enumerate(bodies)
     lock = threading.Lock()
     errors: list[str] = []
 
     def worker() -> None:
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
-        while True:
+        try:
+            send(http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=120))
+        except Exception as e:  # a body that could not be made or sent stops the run, named
+            errors.append(repr(e))
+
+    def send(conn: http.client.HTTPConnection) -> None:
+        while not errors:
             with lock:
-                if not queue:
-                    break
-                i = queue.pop(0)
+                item = next(queue, None)
+            if item is None:
+                break
+            i, (body, headers) = item
             while True:
-                conn.request("POST", "/v1/ingest", *bodies[i])
+                conn.request("POST", "/v1/ingest", body, headers)
                 resp = conn.getresponse()
                 resp.read()
                 if resp.status == 200:

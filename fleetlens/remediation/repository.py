@@ -193,8 +193,9 @@ class Repository:
     def step_durations(self, tenant: str, run_id: str, n: int) -> list[float]:
         """The durations of the run's last ``n`` steps, oldest first."""
         t = TenantReader(self.telemetry, tenant).rows(
-            "SELECT `end` - start AS s FROM {db}.steps_by_step WHERE tenant = {tenant:String} "
-            "AND run_id = {run:String} ORDER BY step DESC LIMIT {n:UInt32}",
+            "SELECT max(`end`) - min(start) AS s FROM {db}.steps_by_step WHERE tenant = "
+            "{tenant:String} AND run_id = {run:String} GROUP BY step, job_id"
+            " ORDER BY step DESC LIMIT {n:UInt32}",
             run=run_id,
             n=int(n),
         )

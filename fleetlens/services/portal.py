@@ -203,11 +203,14 @@ class PortalQueries:
         self.cross_tenant = scope.cross_tenant_infra
 
     def step_range(self, run_id: str) -> tuple[int, int, int] | None:
-        """First step, last step and the latest step's rank count (from the rollup)."""
+        """First step, last step and the latest step's rank count (from the rollup: until the
+        engine merges them, a step has a partial row per insert that held some of its ranks)."""
         row = self.r.table(
-            "SELECT min(step) AS r_lo, max(step) AS r_hi, argMax(ranks, step) AS r_world,"
-            " count() AS r_n FROM {db}.steps_by_step"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}",
+            "SELECT min(step) AS r_lo, max(step) AS r_hi, count() AS r_n,"
+            " argMax(p_ranks, (step, p_end)) AS r_world FROM ("
+            "SELECT step, sum(ranks) AS p_ranks, max(`end`) AS p_end"
+            " FROM {db}.steps_by_step WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            " GROUP BY step, job_id)",
             run=run_id,
         ).to_pylist()[0]
         if not row["r_n"]:

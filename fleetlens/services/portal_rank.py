@@ -69,8 +69,9 @@ class RankQueries:
         mean = {
             int(r["b"]): r["m_c"]
             for r in self.r.table(
-                "SELECT intDiv(step - {lo:Int64}, {w:Int64}) AS b, avg(sum_compute / ranks) AS m_c"
-                " FROM {db}.steps_by_step WHERE tenant = {tenant:String} AND run_id = {run:String}"
+                "SELECT intDiv(step - {lo:Int64}, {w:Int64}) AS b,"
+                " sum(sum_compute) / sum(ranks) AS m_c FROM {db}.steps_by_step"
+                " WHERE tenant = {tenant:String} AND run_id = {run:String}"
                 " AND step BETWEEN {lo:Int64} AND {hi:Int64} GROUP BY b",
                 run=run_id,
                 lo=lo,
