@@ -11,9 +11,9 @@ until the engine merges them, a step of the 16,384-rank run has 64 partial rows 
 Rank 777 computes 15 % slower; rank 0's requests also carry its loss, lr and grad_norm at every
 step, a ``job_start`` event with the world size and a ``checkpoint_end`` every 1,000 steps. The
 runs' data time (2024) is older than the monitor's active window, so the server's analysis
-passes do not run during the fill. ``--data DIR`` keeps the filled store: a later call with
-the same folder and mode measures again without filling (the full fill takes ~30-40 minutes
-and ~30 GB here).
+passes do not run during the fill. ``--data DIR`` keeps the store: a later call with the same
+folder sends only what the server lacks (a stopped fill resumes; the full fill is hours on this
+2-core machine and ~25 GB). ``stored_*``: the steps and ranks the server holds of each run.
 
 The run page's requests, in the order a browser 1,440 pixels wide makes them (the static JS
 and CSS, uPlot's included, are cached and not counted per render; ``static_bytes`` is what a
@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,25 +96,27 @@ HEADERS = {"Content-Type": "application/msgpack"}
 
 
 def run_bodies(
-    run: str, ranks: int, steps: int, seed: int = 0
+    run: str, ranks: int, steps: int, todo: list[tuple[int, list[int]]], seed: int = 0
 ) -> Iterator[tuple[bytes, dict[str, str]]]:
-    """The run as requests to ``POST /v1/ingest`` (the SDK's wire encoding), in step order: each
+    """The run's requests to ``POST /v1/ingest`` (the SDK's wire encoding) for ``todo`` (the first
+    step of a span and the rank groups of it to send; see :func:`missing`), in step order: each
     carries one group of ``RANK_GROUP`` ranks' rows for a span of steps (``BATCH_ROWS`` rows), as
     a group commit of many ranks' SDK batches hands them to the engine; the first group's request
     also carries rank 0's scalars (loss, lr, grad_norm) and events (``job_start`` with the world
-    size, ``checkpoint_end`` every 1,000 steps). Rank ``SLOW_RANK`` computes 15 % slower."""
-    rng = np.random.default_rng(seed)
+    size, ``checkpoint_end`` every 1,000 steps). Rank ``SLOW_RANK`` computes 15 % slower. Every
+    request is the same whenever it is made (its values and batch id follow from the run, the
+    span and the group), so a fill that was stopped resumes and a resent request is dropped."""
     t0 = 1.72e9
-    dur = STEP_S * (1 + 0.02 * rng.random(steps))
+    dur = STEP_S * (1 + 0.02 * np.random.default_rng(seed).random(steps))
     start = t0 + np.cumsum(np.r_[0.0, dur[:-1]])
-    group = min(ranks, RANK_GROUP)
-    span = max(1, BATCH_ROWS // group)
+    group, span = spans_of(ranks)
     # Compute is 85 % of the step (the rest is communication), the slow rank's 15 % more.
     compute, slow = 0.85, 1.15
     ctx = {"run_id": run, "job_id": "a0", "project": "bench"}
-    for s0 in range(0, steps, span):
+    for s0, groups in todo:
         ss = np.arange(s0, min(steps, s0 + span), dtype="<i8")
-        for g0 in range(0, ranks, group):
+        for g0 in groups:
+            rng = np.random.default_rng([seed, s0, g0])
             st = np.repeat(ss, group)
             rk = np.tile(np.arange(g0, g0 + group, dtype="<i4"), len(ss))
             # A synchronous job: every rank's step lasts as long as the slowest's.
@@ -129,7 +132,44 @@ def run_bodies(
             tables = {"step": tb.build()}
             if g0 == 0:
                 tables.update(rank0_tables(ss, start[ss] + dur[ss], ranks, rng))
-            yield encode_batch(tables, ctx)[1], HEADERS
+            yield encode_batch(tables, ctx, batch_id=f"{run}:{s0}:{g0}")[1], HEADERS
+
+
+def spans_of(ranks: int) -> tuple[int, int]:
+    """Ranks per request and steps per request of a run of ``ranks`` ranks."""
+    group = min(ranks, RANK_GROUP)
+    return group, max(1, BATCH_ROWS // group)
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def missing(url: str, run: str, ranks: int, steps: int) -> list[tuple[int, list[int]]]:
+    """What the server lacks of the run's first ``steps`` steps: (a span's first step, its rank
+    groups not stored). Requests are sent in order over two connections, so only the spans
+    around the last step stored can be partly there (a request is stored whole or not at all)."""
+    group, span = spans_of(ranks)
+    try:
+        last = int(get_json(f"{url}/v1/runs/{run}")["lastStep"])
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
+        last = -1
+    k = last // span if last >= 0 else -2
+    todo = []
+    for j, s0 in enumerate(range(0, steps, span)):
+        groups = list(range(0, ranks, group))
+        if j < k - 1:
+            continue
+        if j <= k + 1:
+            window = f"fromStep={s0}&toStep={s0}&limit={ranks}"
+            have = {r["rank"] for r in get_json(f"{url}/v1/runs/{run}/ranks?{window}")["ranks"]}
+            groups = [g for g in groups if g not in have]
+        if groups:
+            todo.append((s0, groups))
+    return todo
 
 
 def rank0_tables(
@@ -156,16 +196,19 @@ def rank0_tables(
 
 
 def fill(url: str, runs: dict[str, tuple[str, int, int]]) -> dict[str, Any]:
-    """Every run (id, ranks, steps) through the server's ingest over two connections; the rows
-    and seconds of each."""
+    """Every run (id, ranks, steps) through the server's ingest over two connections, what the
+    server lacks of it; the rows sent, seconds and rate of each."""
     out: dict[str, Any] = {}
     for key, (run, ranks, n) in runs.items():
-        t = time.perf_counter()
-        seconds = post_all(url, run_bodies(run, ranks, n), 2)
-        out[key] = {"rank_steps": ranks * n, "seconds": round(seconds, 1),
-                    "rows_per_s": round(ranks * n / seconds)}  # fmt: skip
-        print(f"{run}: {ranks * n:,} rank-step rows ingested in {time.perf_counter() - t:.0f} s",
-              file=sys.stderr)  # fmt: skip
+        todo = missing(url, run, ranks, n)
+        group, span = spans_of(ranks)
+        rows = sum(group * (min(n, s0 + span) - s0) * len(g) for s0, g in todo)
+        if not rows:
+            continue
+        seconds = post_all(url, run_bodies(run, ranks, n, todo), 2)
+        out[key] = {"rank_steps": rows, "seconds": round(seconds, 1),
+                    "rows_per_s": round(rows / seconds)}  # fmt: skip
+        print(f"{run}: {rows:,} rank-step rows ingested in {seconds:.0f} s", file=sys.stderr)
     return out
 
 
@@ -260,20 +303,18 @@ def main() -> None:
     quick = "10,000 steps of 1,024 ranks and 1,000 of 16,384 instead of 100,000 of each"
     ap.add_argument("--quick", action="store_true", help=quick)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--data", help="keep the filled store in this folder; a later call with the "
-                    "same folder and mode measures it again without filling it")  # fmt: skip
+    ap.add_argument("--data", help="keep the store in this folder; a later call with the same "
+                    "folder sends only what it lacks (a stopped fill resumes)")  # fmt: skip
+    ap.add_argument("--steps", type=int, help="steps of each big run (default 100,000)")
     args = ap.parse_args()
-    steps = {"1k": 10_000, "16k": 1_000} if args.quick else {"1k": 100_000, "16k": 100_000}
+    n = args.steps or 100_000
+    steps = {"1k": 10_000, "16k": 1_000} if args.quick else {"1k": n, "16k": n}
     runs = {"small": ("bench-small", 8, 100), "1k": ("bench-1k", 1024, steps["1k"]),
             "16k": ("bench-16k", 16_384, steps["16k"])}  # fmt: skip
     result: dict[str, object] = {"bench": "portal", "quick": args.quick, "steps": steps}
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data or tmp
         os.makedirs(data, exist_ok=True)
-        marker = Path(data, "bench-portal.json")
-        filled = json.loads(marker.read_text()) if marker.exists() else None
-        if filled is not None and filled.get("runs") != json.loads(json.dumps(runs)):
-            raise SystemExit(f"{data} holds another fill ({filled.get('runs')}); use a new folder")
         port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-c", LAUNCH, data, str(port)],
@@ -291,11 +332,11 @@ def main() -> None:
                     if time.monotonic() > deadline or proc.poll() is not None:
                         raise RuntimeError("server did not start") from None
                     time.sleep(0.1)
-            if filled is None:
-                filled = {"runs": runs, "ingest": fill(url, runs)}
-                time.sleep(2.5)  # the run registry is written at most every 2 s
-                marker.write_text(json.dumps(filled))
-            result["ingest"] = filled["ingest"]
+            result["ingest"] = fill(url, runs)
+            time.sleep(2.5)  # the run registry is written at most every 2 s
+            for key, (run, _, _) in runs.items():
+                info = get_json(f"{url}/v1/runs/{run}")
+                result[f"stored_{key}"] = {"steps": info["steps"], "ranks": info["worldSize"]}
             # The server's first request pays the engine's one-time start (any request would);
             # a small run takes it, so that each big run's cold render is its own.
             small = render(url, "bench-small")
