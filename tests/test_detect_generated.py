@@ -176,3 +176,35 @@ def test_a_replayed_step_reads_the_scalars_of_the_attempt_analysed(tmp_path: Pat
         p.close()
     assert len(jobs) == 2 and gn[jobs[0]].max() > 5.0 and gn[jobs[1]].max() < 2.0, gn
     _strict(run)
+
+
+def test_a_short_slow_spell_is_no_persistent_straggler_but_a_short_hot_gpu_is_thermal(
+    tmp_path: Path,
+) -> None:
+    """One rank 30 % slower for 30 steps and healthy again (one episode of an intermittent
+    straggler; in the generated runs, mostly a moving straggler's turn seen alone): no
+    persistent straggler, which it was (false in every bin). A GPU hot for as short a spell is
+    still a thermal finding: its telemetry says why."""
+    run = _play(
+        tmp_path,
+        FaultSpec("straggler.intermittent", step=150, ranks=(5,), magnitude=0.3,
+                  duration_steps=30, params={"period": 200, "episode": 30}),
+        FaultSpec("thermal", step=200, ranks=(13,), magnitude=0.3, duration_steps=40,
+                  params={"ramp_steps": 5}),
+    )  # fmt: skip
+    assert [(f["diagnosis"], f["ranks"]) for f in run.findings] == [("thermal", [13])]
+
+
+def test_steps_replayed_after_a_restart_count_once_toward_persistent(tmp_path: Path) -> None:
+    """An intermittent straggler (30 of every 60 steps) whose second episode is replayed by the
+    restart after a NaN: the replay counted twice made the rank look slow all along, a
+    persistent straggler (false) instead of the intermittent one (missed)."""
+    run = _play(
+        tmp_path,
+        FaultSpec("straggler.intermittent", step=40, ranks=(9,), magnitude=0.3,
+                  duration_steps=90, params={"period": 60, "episode": 30}),
+        FaultSpec("instability", step=100, duration_steps=30),
+    )  # fmt: skip
+    _strict(run)
+    assert sorted(f["diagnosis"] for f in run.findings) == ["instability", "straggler.intermittent"]
+

@@ -29,8 +29,12 @@ with another such rank: it is a straggler of its own, slow while the others take
 a mover. A rank slow in one short episode (no more flagged steps than a mover) within the
 movers' span is a mover too: a turn seen at a handover, where its episode overlaps the next.
 Otherwise per rank, its episodes merged across short gaps: one, or flagged for at least
-``persistent_cover`` of the span from its first onset to its last episode's end (in steps) ->
-``straggler.persistent``; else ``straggler.intermittent``.
+``persistent_cover`` of the span from its first onset to its last episode's end (in steps, a
+step replayed by a restart counted once) -> ``straggler.persistent``; else
+``straggler.intermittent``. A rank slow once for fewer than ``passing_steps`` and healthy again
+is marked ``passing``: a spell that passed by itself (in the generated scenarios, a moving
+straggler's turn or one episode of an intermittent one), which the analyzer does not report as
+a persistent straggler.
 """
 
 from __future__ import annotations
@@ -305,11 +309,13 @@ class StragglerClass:
     slowdown: float
     episodes: int
     flagged_steps: int
+    # slow once, for fewer than ``passing_steps``, and healthy again: no persistent straggler
+    passing: bool = False
 
 
 def classify_episodes(
     episodes: list[Episode], merge_gap: int = 5, moving_min_ranks: int = 3,
-    persistent_cover: float = 0.8,
+    persistent_cover: float = 0.8, passing_steps: int = 60,
 ) -> list[StragglerClass]:  # fmt: skip
     """Turn a run's episodes into findings (see the module docstring)."""
     if not episodes:
@@ -360,7 +366,8 @@ def classify_episodes(
                 merged[-1].append(e)
             else:
                 merged.append([e])
-        covered = sum(_stop(e) - e.start + 1 for e in es)
+        # a restart replays the steps since its checkpoint: count a step covered once
+        covered = _union(es)
         steady = len(merged) == 1 or covered >= persistent_cover * (_last(es) - es[0].start + 1)
         diag = "straggler.persistent" if steady else "straggler.intermittent"
         detected = merged[0][0].detected if steady else merged[1][0].detected
@@ -369,9 +376,20 @@ def classify_episodes(
                 diag, (r,), es[0].start, detected, _end(es),
                 float(np.average([e.slowdown for e in es], weights=[e.steps for e in es])),
                 len(merged), sum(e.steps for e in es),
+                len(merged) == 1 and _end(es) >= 0 and covered < passing_steps,
             )
         )  # fmt: skip
     return out
+
+
+def _union(es: list[Episode]) -> int:
+    """Steps covered by the episodes, each step once."""
+    n, hi = 0, -(10**18)
+    for a, b in sorted((e.start, _stop(e)) for e in es):
+        if b > hi:
+            n += b - max(a, hi + 1) + 1
+            hi = b
+    return n
 
 
 def _stop(e: Episode) -> int:
