@@ -208,3 +208,20 @@ def test_steps_replayed_after_a_restart_count_once_toward_persistent(tmp_path: P
     _strict(run)
     assert sorted(f["diagnosis"] for f in run.findings) == ["instability", "straggler.intermittent"]
 
+
+def test_a_rack_hot_from_mid_block_is_rack_cooling_not_nvlink(tmp_path: Path) -> None:
+    """A rack hot from step 76 (run 0 of the bench's fleet 115, its other faults left out): in
+    the block of steps 50-99 the median of two of its nodes is over the threshold and the
+    rack's is not, and each slow node, an NVLink domain, was an NVLink finding (false, in a run
+    without NVLink fault). Their GPUs throttle for heat, as do half the rack's: the rack."""
+    fleet = generate_fleets(18, 116)[115]
+    scn = fleet.runs[0]
+    scn = replace(scn, faults=tuple(f for f in scn.faults if f.kind == "rack_cooling"))
+    assert [(f.step, f.rack) for f in scn.faults] == [(76, 1)]
+    p = FleetPlayer(tmp_path)
+    try:
+        (run,) = p.play(Fleet(fleet.name, (scn,)))
+    finally:
+        p.close()
+    _strict(run)
+    assert [(f["diagnosis"], f["start_step"]) for f in run.findings] == [("rack_cooling", 50)]
