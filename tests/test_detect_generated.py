@@ -225,3 +225,29 @@ def test_a_rack_hot_from_mid_block_is_rack_cooling_not_nvlink(tmp_path: Path) ->
         p.close()
     _strict(run)
     assert [(f["diagnosis"], f["start_step"]) for f in run.findings] == [("rack_cooling", 50)]
+
+
+def test_a_rank_slow_again_and_again_beside_a_moving_straggler_is_intermittent(
+    tmp_path: Path,
+) -> None:
+    """Run 2 of the bench's fleet 62: a moving straggler of 9 % (one turn of 37 steps per rank,
+    some not seen), rank 38 slow 12 of every 51 steps by 18 %, rank 1 persistent by 9 % and an
+    Xid 79. Rank 38 was one more mover, alone as the movers are (the intermittent straggler
+    missed, the moving finding naming a rank it never slowed): the slow rank of a moving
+    straggler comes back to a rank only after its turns on the others."""
+    fleet = generate_fleets(18, 63)[62]
+    scn = fleet.runs[2]
+    assert sorted(f.kind for f in scn.faults) == [
+        "fatal_xid",
+        "straggler.intermittent",
+        "straggler.moving",
+        "straggler.persistent",
+    ]
+    p = FleetPlayer(tmp_path)
+    try:
+        (run,) = p.play(Fleet(fleet.name, (scn,)))
+    finally:
+        p.close()
+    _strict(run)
+    found = {f["diagnosis"]: f["ranks"] for f in run.findings}
+    assert found["straggler.intermittent"] == [38] and 38 not in found["straggler.moving"]

@@ -23,7 +23,10 @@ steps, in order; see ``services/analyzer.py``).
 
 Classification of the run's episodes (:func:`classify_episodes`), on evidence that holds on real
 data: ranks that are slow mostly *alone*, none holding most of the flagged steps, 3 or more of
-them -> ``straggler.moving`` (the slow rank keeps changing: data skew). "Alone" does not count a
+them -> ``straggler.moving`` (the slow rank keeps changing: data skew), but not a rank slow
+in 3 or more separate spells, and more than twice the movers' usual count plus one: the slow
+rank of a moving straggler comes back to a rank only after its turns on the others, so that
+rank is an intermittent straggler beside it. "Alone" does not count a
 rank flagged for 3 times the median of the ranks' flagged steps or more and not slow together
 with another such rank: it is a straggler of its own, slow while the others take turns, never
 a mover. A rank slow in one short episode (no more flagged steps than a mover) within the
@@ -337,6 +340,12 @@ def classify_episodes(
         if r not in background and flagged[r] <= 0.5 * total
         and _alone(by_rank, r, background) >= 0.5
     ]  # fmt: skip
+    # The slow rank of a moving straggler comes back to a rank only after its turns on the
+    # others: a rank slow again and again while the others took one turn each is an
+    # intermittent straggler beside it.
+    spells = {r: len(_spells(by_rank[r], merge_gap)) for r in movers}
+    usual = float(np.median(list(spells.values()))) if spells else 1.0
+    movers = [r for r in movers if spells[r] < max(3.0, 2 * usual + 1)]
     if len(movers) >= moving_min_ranks:
         # A rank slow once, briefly (no longer than a mover), while the slow rank keeps moving
         # is one more turn of it seen at a handover (its episode overlaps the next mover's), not
@@ -360,12 +369,7 @@ def classify_episodes(
         )  # fmt: skip
         by_rank = {r: v for r, v in by_rank.items() if r not in movers}
     for r, es in by_rank.items():
-        merged: list[list[Episode]] = []
-        for e in es:
-            if merged and merged[-1][-1].end >= 0 and e.start - merged[-1][-1].end <= merge_gap:
-                merged[-1].append(e)
-            else:
-                merged.append([e])
+        merged = _spells(es, merge_gap)
         # a restart replays the steps since its checkpoint: count a step covered once
         covered = _union(es)
         steady = len(merged) == 1 or covered >= persistent_cover * (_last(es) - es[0].start + 1)
@@ -380,6 +384,17 @@ def classify_episodes(
             )
         )  # fmt: skip
     return out
+
+
+def _spells(es: list[Episode], merge_gap: int) -> list[list[Episode]]:
+    """A rank's episodes (by onset) merged across gaps of up to ``merge_gap`` steps."""
+    merged: list[list[Episode]] = []
+    for e in es:
+        if merged and merged[-1][-1].end >= 0 and e.start - merged[-1][-1].end <= merge_gap:
+            merged[-1].append(e)
+        else:
+            merged.append([e])
+    return merged
 
 
 def _union(es: list[Episode]) -> int:
