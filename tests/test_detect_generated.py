@@ -251,3 +251,24 @@ def test_a_rank_slow_again_and_again_beside_a_moving_straggler_is_intermittent(
     _strict(run)
     found = {f["diagnosis"]: f["ranks"] for f in run.findings}
     assert found["straggler.intermittent"] == [38] and 38 not in found["straggler.moving"]
+
+
+def test_a_straggler_that_began_as_a_moving_turn_is_dated_from_its_own_onset(
+    tmp_path: Path,
+) -> None:
+    """Run 3 of the bench's fleet 38: a moving straggler of 50 % (turns of 27 steps) over 8 ranks
+    and, from step 186, rank 0 slower by 9 % for good. The mover's turn on rank 0 (from step 162)
+    ran into rank 0's own slowdown as one episode, and the persistent straggler was dated from
+    the turn (false: 24 steps before its onset; the fault missed). It is dated from where the
+    slow rank moved on (step 189)."""
+    fleet = generate_fleets(18, 39)[38]
+    scn = fleet.runs[3]
+    assert sorted(f.kind for f in scn.faults) == ["straggler.moving", "straggler.persistent"]
+    p = FleetPlayer(tmp_path)
+    try:
+        (run,) = p.play(Fleet(fleet.name, (scn,)))
+    finally:
+        p.close()
+    _strict(run)
+    (pers,) = [f for f in run.findings if f["diagnosis"] == "straggler.persistent"]
+    assert pers["ranks"] == [0] and 176 <= pers["start_step"] <= 196, pers
