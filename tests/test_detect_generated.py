@@ -176,3 +176,99 @@ def test_a_replayed_step_reads_the_scalars_of_the_attempt_analysed(tmp_path: Pat
         p.close()
     assert len(jobs) == 2 and gn[jobs[0]].max() > 5.0 and gn[jobs[1]].max() < 2.0, gn
     _strict(run)
+
+
+def test_a_short_slow_spell_is_no_persistent_straggler_but_a_short_hot_gpu_is_thermal(
+    tmp_path: Path,
+) -> None:
+    """One rank 30 % slower for 30 steps and healthy again (one episode of an intermittent
+    straggler; in the generated runs, mostly a moving straggler's turn seen alone): no
+    persistent straggler, which it was (false in every bin). A GPU hot for as short a spell is
+    still a thermal finding: its telemetry says why."""
+    run = _play(
+        tmp_path,
+        FaultSpec("straggler.intermittent", step=150, ranks=(5,), magnitude=0.3,
+                  duration_steps=30, params={"period": 200, "episode": 30}),
+        FaultSpec("thermal", step=200, ranks=(13,), magnitude=0.3, duration_steps=40,
+                  params={"ramp_steps": 5}),
+    )  # fmt: skip
+    assert [(f["diagnosis"], f["ranks"]) for f in run.findings] == [("thermal", [13])]
+
+
+def test_steps_replayed_after_a_restart_count_once_toward_persistent(tmp_path: Path) -> None:
+    """An intermittent straggler (30 of every 60 steps) whose second episode is replayed by the
+    restart after a NaN: the replay counted twice made the rank look slow all along, a
+    persistent straggler (false) instead of the intermittent one (missed)."""
+    run = _play(
+        tmp_path,
+        FaultSpec("straggler.intermittent", step=40, ranks=(9,), magnitude=0.3,
+                  duration_steps=90, params={"period": 60, "episode": 30}),
+        FaultSpec("instability", step=100, duration_steps=30),
+    )  # fmt: skip
+    _strict(run)
+    assert sorted(f["diagnosis"] for f in run.findings) == ["instability", "straggler.intermittent"]
+
+
+def test_a_rack_hot_from_mid_block_is_rack_cooling_not_nvlink(tmp_path: Path) -> None:
+    """A rack hot from step 76 (run 0 of the bench's fleet 115, its other faults left out): in
+    the block of steps 50-99 the median of two of its nodes is over the threshold and the
+    rack's is not, and each slow node, an NVLink domain, was an NVLink finding (false, in a run
+    without NVLink fault). Their GPUs throttle for heat, as do half the rack's: the rack."""
+    fleet = generate_fleets(18, 116)[115]
+    scn = fleet.runs[0]
+    scn = replace(scn, faults=tuple(f for f in scn.faults if f.kind == "rack_cooling"))
+    assert [(f.step, f.rack) for f in scn.faults] == [(76, 1)]
+    p = FleetPlayer(tmp_path)
+    try:
+        (run,) = p.play(Fleet(fleet.name, (scn,)))
+    finally:
+        p.close()
+    _strict(run)
+    assert [(f["diagnosis"], f["start_step"]) for f in run.findings] == [("rack_cooling", 50)]
+
+
+def test_a_rank_slow_again_and_again_beside_a_moving_straggler_is_intermittent(
+    tmp_path: Path,
+) -> None:
+    """Run 2 of the bench's fleet 62: a moving straggler of 9 % (one turn of 37 steps per rank,
+    some not seen), rank 38 slow 12 of every 51 steps by 18 %, rank 1 persistent by 9 % and an
+    Xid 79. Rank 38 was one more mover, alone as the movers are (the intermittent straggler
+    missed, the moving finding naming a rank it never slowed): the slow rank of a moving
+    straggler comes back to a rank only after its turns on the others."""
+    fleet = generate_fleets(18, 63)[62]
+    scn = fleet.runs[2]
+    assert sorted(f.kind for f in scn.faults) == [
+        "fatal_xid",
+        "straggler.intermittent",
+        "straggler.moving",
+        "straggler.persistent",
+    ]
+    p = FleetPlayer(tmp_path)
+    try:
+        (run,) = p.play(Fleet(fleet.name, (scn,)))
+    finally:
+        p.close()
+    _strict(run)
+    found = {f["diagnosis"]: f["ranks"] for f in run.findings}
+    assert found["straggler.intermittent"] == [38] and 38 not in found["straggler.moving"]
+
+
+def test_a_straggler_that_began_as_a_moving_turn_is_dated_from_its_own_onset(
+    tmp_path: Path,
+) -> None:
+    """Run 3 of the bench's fleet 38: a moving straggler of 50 % (turns of 27 steps) over 8 ranks
+    and, from step 186, rank 0 slower by 9 % for good. The mover's turn on rank 0 (from step 162)
+    ran into rank 0's own slowdown as one episode, and the persistent straggler was dated from
+    the turn (false: 24 steps before its onset; the fault missed). It is dated from where the
+    slow rank moved on (step 189)."""
+    fleet = generate_fleets(18, 39)[38]
+    scn = fleet.runs[3]
+    assert sorted(f.kind for f in scn.faults) == ["straggler.moving", "straggler.persistent"]
+    p = FleetPlayer(tmp_path)
+    try:
+        (run,) = p.play(Fleet(fleet.name, (scn,)))
+    finally:
+        p.close()
+    _strict(run)
+    (pers,) = [f for f in run.findings if f["diagnosis"] == "straggler.persistent"]
+    assert pers["ranks"] == [0] and 176 <= pers["start_step"] <= 196, pers

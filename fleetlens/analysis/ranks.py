@@ -26,11 +26,19 @@ data: ranks that are slow mostly *alone*, none holding most of the flagged steps
 them -> ``straggler.moving`` (the slow rank keeps changing: data skew). "Alone" does not count a
 rank flagged for 3 times the median of the ranks' flagged steps or more and not slow together
 with another such rank: it is a straggler of its own, slow while the others take turns, never
-a mover. A rank slow in one short episode (no more flagged steps than a mover) within the
-movers' span is a mover too: a turn seen at a handover, where its episode overlaps the next.
+a mover. Nor is a rank slow in 3 or more separate spells, more than twice the movers' usual
+count plus one: the slow rank of a moving straggler comes back to a rank only after its turns
+on the others, so that rank is an intermittent straggler beside it. A rank slow in one short
+episode (no more flagged steps than a mover) within the movers' span is a mover too: a turn
+seen at a handover, where its episode overlaps the next. A rank whose first episode began as a
+turn (at a handover) and went on after the slow rank moved on is dated from where it moved on.
 Otherwise per rank, its episodes merged across short gaps: one, or flagged for at least
-``persistent_cover`` of the span from its first onset to its last episode's end (in steps) ->
-``straggler.persistent``; else ``straggler.intermittent``.
+``persistent_cover`` of the span from its first onset to its last episode's end (in steps, a
+step replayed by a restart counted once) -> ``straggler.persistent``; else
+``straggler.intermittent``. A rank slow once for fewer than ``passing_steps`` and healthy again
+is marked ``passing``: a spell that passed by itself (in the generated scenarios, a moving
+straggler's turn or one episode of an intermittent one), which the analyzer does not report as
+a persistent straggler.
 """
 
 from __future__ import annotations
@@ -305,11 +313,13 @@ class StragglerClass:
     slowdown: float
     episodes: int
     flagged_steps: int
+    # slow once, for fewer than ``passing_steps``, and healthy again: no persistent straggler
+    passing: bool = False
 
 
 def classify_episodes(
     episodes: list[Episode], merge_gap: int = 5, moving_min_ranks: int = 3,
-    persistent_cover: float = 0.8,
+    persistent_cover: float = 0.8, passing_steps: int = 60,
 ) -> list[StragglerClass]:  # fmt: skip
     """Turn a run's episodes into findings (see the module docstring)."""
     if not episodes:
@@ -331,6 +341,13 @@ def classify_episodes(
         if r not in background and flagged[r] <= 0.5 * total
         and _alone(by_rank, r, background) >= 0.5
     ]  # fmt: skip
+    # The slow rank of a moving straggler comes back to a rank only after its turns on the
+    # others: a rank slow again and again while the others took one turn each is an
+    # intermittent straggler beside it.
+    spells = {r: len(_spells(by_rank[r], merge_gap)) for r in movers}
+    usual = float(np.median(list(spells.values()))) if spells else 1.0
+    movers = [r for r in movers if spells[r] < max(3.0, 2 * usual + 1)]
+    moved: list[Episode] = []  # the moving straggler's episodes, if there is one
     if len(movers) >= moving_min_ranks:
         # A rank slow once, briefly (no longer than a mover), while the slow rank keeps moving
         # is one more turn of it seen at a handover (its episode overlaps the next mover's), not
@@ -352,26 +369,59 @@ def classify_episodes(
                 float(np.mean([e.slowdown for e in es])), len(es), sum(e.steps for e in es),
             )
         )  # fmt: skip
+        moved = es
         by_rank = {r: v for r, v in by_rank.items() if r not in movers}
     for r, es in by_rank.items():
-        merged: list[list[Episode]] = []
-        for e in es:
-            if merged and merged[-1][-1].end >= 0 and e.start - merged[-1][-1].end <= merge_gap:
-                merged[-1].append(e)
-            else:
-                merged.append([e])
-        covered = sum(_stop(e) - e.start + 1 for e in es)
+        merged = _spells(es, merge_gap)
+        # a restart replays the steps since its checkpoint: count a step covered once
+        covered = _union(es)
         steady = len(merged) == 1 or covered >= persistent_cover * (_last(es) - es[0].start + 1)
         diag = "straggler.persistent" if steady else "straggler.intermittent"
         detected = merged[0][0].detected if steady else merged[1][0].detected
+        start = _own_onset(es[0], moved, merge_gap)
         out.append(
             StragglerClass(
-                diag, (r,), es[0].start, detected, _end(es),
+                diag, (r,), start, max(detected, start), _end(es),
                 float(np.average([e.slowdown for e in es], weights=[e.steps for e in es])),
                 len(merged), sum(e.steps for e in es),
+                len(merged) == 1 and _end(es) >= 0 and covered < passing_steps,
             )
         )  # fmt: skip
     return out
+
+
+def _own_onset(first: Episode, moving: list[Episode], gap: int) -> int:
+    """The onset of a rank's own slowdown: its first episode's, unless that episode began as a
+    moving straggler's turn (at a handover: a mover's episode ending as it began, none
+    beginning then) and went on after the slow rank had moved on (a mover's episode beginning
+    inside it, more than ``gap`` steps before its end); then where the slow rank moved on."""
+    if not any(m.start < first.start <= _stop(m) + gap for m in moving) or any(
+        abs(m.start - first.start) <= gap for m in moving
+    ):  # no turn ended as it began, or another rank took the turn then
+        return first.start
+    on = [m.start for m in moving if first.start < m.start < _stop(first) - gap]
+    return min(on) if on else first.start
+
+
+def _spells(es: list[Episode], merge_gap: int) -> list[list[Episode]]:
+    """A rank's episodes (by onset) merged across gaps of up to ``merge_gap`` steps."""
+    merged: list[list[Episode]] = []
+    for e in es:
+        if merged and merged[-1][-1].end >= 0 and e.start - merged[-1][-1].end <= merge_gap:
+            merged[-1].append(e)
+        else:
+            merged.append([e])
+    return merged
+
+
+def _union(es: list[Episode]) -> int:
+    """Steps covered by the episodes, each step once."""
+    n, hi = 0, -(10**18)
+    for a, b in sorted((e.start, _stop(e)) for e in es):
+        if b > hi:
+            n += b - max(a, hi + 1) + 1
+            hi = b
+    return n
 
 
 def _stop(e: Episode) -> int:

@@ -537,6 +537,8 @@ def _stragglers(
         step_time = float(np.median([(j.end - j.start) / max(j.last_step - j.first_step + 1, 1)
                                      for j in jobs]))  # fmt: skip
         d = diagnose_straggler(c, sigs, places, step_time, {c.detected: t_of(c.detected)})
+        if c.passing and d.diagnosis == "straggler.persistent":
+            continue  # one short slow spell, over: not a straggler (a hot GPU's still is)
         d.evidence.extend(_last_arrivals(ctx, jobs, c.ranks, c.start, c.end))
         out.append(d)
     return out

@@ -37,6 +37,11 @@ def shift_diagnosis(
     racks = sorted({place.rack[r] for r in sh.ranks if place.rack[r]})
     if peer and frac < 0.5:
         return []
+    if sh.level in _BELOW_RACK and frac >= 0.5 and len(racks) == 1:
+        hot_rack = _hot_rack(q, signature, job, sh, place, b, s0, s1, t0, t1, rank_vals,
+                             racks[0])  # fmt: skip
+        if hot_rack:
+            return hot_rack
     if sh.level == "job" and frac >= 0.5 and len(racks) > 1 and rank_vals is not None:
         out = []
         for rack in racks:
@@ -76,6 +81,32 @@ def shift_diagnosis(
         step=s1, start_step=s0, end_step=s1, time=t1, ranks=list(sh.ranks), nodes=nodes,
         rack=racks[0] if len(racks) == 1 else "", job_id=job.job_id, evidence=ev,
     )]  # fmt: skip
+
+
+_BELOW_RACK = ("switch", "nvlink_domain", "node")
+
+
+def _hot_rack(
+    q: DetectQueries, signature: str, job: JobSpan, sh: GroupShift, place: Placement,
+    b: Baseline, s0: int, s1: int, t0: float, t1: float, rank_vals: Any, rack: str,
+) -> list[Diagnosis]:  # fmt: skip
+    """A group inside one rack, its GPUs throttling for heat, while half the rack's GPUs or more
+    throttle: the rack's cooling, seen first where its slowdown crossed the threshold (a rack
+    hot from the middle of a block is slow in the median of some of its nodes only; the
+    NVLink domain or switch is not at fault)."""
+    rr = tuple(r for r, k in enumerate(place.rack) if k == rack)
+    if rr == sh.ranks:
+        return []
+    gh = gpu_health(q.gpu_health_rows(sorted({place.node[r] for r in rr if place.node[r]}),
+                                      t0, t1))  # fmt: skip
+    hot = sum(any(s.name == "thermal" for s in gpu_signals(g)) for g in gh.values())
+    if 2 * hot < len(gh):
+        return []
+    with np.errstate(all="ignore"):
+        ratio = (float(np.nanmedian(np.asarray(rank_vals)[list(rr)])) / b.median
+                 if rank_vals is not None else sh.ratio)  # fmt: skip
+    return shift_diagnosis(q, signature, job, GroupShift("rack", rack, ratio, rr,
+                           sh.others_ratio), place, b, s0, s1, t0, t1)  # fmt: skip
 
 
 # The host signals that put a slow collective on the network, and how a summary names them.
