@@ -10,10 +10,13 @@ included (nothing is written to the store directly). Each request carries 256 ra
 until the engine merges them, a step of the 16,384-rank run has 64 partial rows in the rollup.
 Rank 777 computes 15 % slower; rank 0's requests also carry its loss, lr and grad_norm at every
 step, a ``job_start`` event with the world size and a ``checkpoint_end`` every 1,000 steps. The
-runs' data time (2024) is older than the monitor's active window, so the server's analysis
-passes do not run during the fill. ``--data DIR`` keeps the store: a later call with the same
-folder sends only what the server lacks (a stopped fill resumes; the full fill is hours on this
-2-core machine and ~25 GB). ``stored_*``: the steps and ranks the server holds of each run.
+server's analysis loop waits a day between passes: a live server analyses each step as it
+arrives, a pass at a time, and the page is read between passes; a fill of 1.64 billion rows in
+an hour and a half would leave it a backlog of hours on this machine (~60 % of a core, reading
+2 million rank-steps a pass), which would be measured instead of the page. ``--data DIR`` keeps
+the store: a later call with the same folder sends only what the server lacks (a stopped fill
+resumes; the full fill took 95 minutes on this 2-core machine and takes 29 GB). ``stored_*``:
+the steps and ranks the server holds of each run.
 
 The run page's requests, in the order a browser 1,440 pixels wide makes them (the static JS
 and CSS, uPlot's included, are cached and not counted per render; ``static_bytes`` is what a
@@ -80,7 +83,8 @@ LAUNCH = """
 import sys, uvicorn
 from fleetlens.server import create_app
 from fleetlens.config import ServerConfig
-cfg = ServerConfig.resolve({"data_dir": sys.argv[1], "port": int(sys.argv[2]), "host": "127.0.0.1"})
+cfg = ServerConfig.resolve({"data_dir": sys.argv[1], "port": int(sys.argv[2]), "host": "127.0.0.1",
+                           "analysis_interval_s": 86400.0})
 app = create_app(cfg)
 if not any(getattr(r, "path", "") == "/oncall" for r in app.routes):
     from fleetlens.api.portal import router as portal_router

@@ -204,18 +204,23 @@ class PortalQueries:
 
     def step_range(self, run_id: str) -> tuple[int, int, int] | None:
         """First step, last step and the latest step's rank count (from the rollup: until the
-        engine merges them, a step has a partial row per insert that held some of its ranks)."""
+        engine merges them, a step has a partial row per insert that held some of its ranks, so
+        the last step's rows are added up, for its latest attempt)."""
         row = self.r.table(
-            "SELECT min(step) AS r_lo, max(step) AS r_hi, count() AS r_n,"
-            " argMax(p_ranks, (step, p_end)) AS r_world FROM ("
-            "SELECT step, sum(ranks) AS p_ranks, max(`end`) AS p_end"
-            " FROM {db}.steps_by_step WHERE tenant = {tenant:String} AND run_id = {run:String}"
-            " GROUP BY step, job_id)",
+            "SELECT min(step) AS r_lo, max(step) AS r_hi, count() AS r_n FROM {db}.steps_by_step"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String}",
             run=run_id,
         ).to_pylist()[0]
         if not row["r_n"]:
             return None
-        return int(row["r_lo"]), int(row["r_hi"]), int(row["r_world"])
+        world = self.r.table(
+            "SELECT sum(ranks) AS w_ranks, max(`end`) AS w_end FROM {db}.steps_by_step"
+            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND step = {hi:Int64}"
+            " GROUP BY job_id ORDER BY w_end DESC LIMIT 1",
+            run=run_id,
+            hi=int(row["r_hi"]),
+        ).to_pylist()
+        return int(row["r_lo"]), int(row["r_hi"]), int(world[0]["w_ranks"]) if world else 0
 
     def executions(self, run_id: str, lo: int | None = None, hi: int | None = None) -> Executions:
         """Every step execution of the run, or of its steps in [lo, hi] (one scan of the rollup;
