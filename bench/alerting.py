@@ -45,7 +45,8 @@ def inject_fault(url: str, run_id: str, node: str, t: float) -> None:
 
 
 def rate(url: str, bodies: list[bytes], rows: int) -> float:
-    return rows * len(bodies) / post_all(url, bodies, 2)
+    sent = [(b, {"Content-Type": "application/msgpack"}) for b in bodies]
+    return rows * len(bodies) / post_all(url, sent, 2)
 
 
 def main() -> None:
