@@ -61,17 +61,21 @@ def main() -> None:
                 f"{tmp}/data",
                 {"FLEETLENS_ALERTMANAGER_URL": am, "FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"},
             )
-            t0 = time.time()
-            inject_fault(url, "bench-xid", "node-7", t0)
-            delay = None
-            while time.time() - t0 < 120:
-                alerts = get_json(am + "/api/v2/alerts")
-                if any(a["labels"].get("run_id") == "bench-xid" for a in alerts):
-                    delay = time.time() - t0
-                    break
-                time.sleep(0.1)
-            rate(url, bodies[:2], rows)  # warm up the store before either measurement
-            up = rate(url, bodies, rows)
+            try:
+                t0 = time.time()
+                inject_fault(url, "bench-xid", "node-7", t0)
+                delay = None
+                while time.time() - t0 < 120:
+                    alerts = get_json(am + "/api/v2/alerts")
+                    if any(a["labels"].get("run_id") == "bench-xid" for a in alerts):
+                        delay = time.time() - t0
+                        break
+                    time.sleep(0.1)
+                rate(url, bodies[:2], rows)  # warm up the store before either measurement
+                up = rate(url, bodies, rows)
+            except BaseException:
+                stop_server(proc)  # the server must not outlive a failed measurement
+                raise
         # Alertmanager is gone; new faults keep producing alerts that cannot be delivered.
         try:
             for i in range(3):
