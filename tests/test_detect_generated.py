@@ -18,7 +18,7 @@ from fleetlens.sim.devices import DeviceSampler
 from fleetlens.sim.faults import FAULT_KINDS, Injected
 from fleetlens.sim.generate import Fleet, GenConfig, generate_fleets
 from fleetlens.sim.match import match_findings
-from fleetlens.sim.model import FaultSpec
+from fleetlens.sim.model import FaultSpec, Scenario
 from fleetlens.sim.steps import StepChunk
 from fleetlens.store.detect_queries import DetectQueries, JobSpan
 from fleetlens.store.findings import FindingsStore
@@ -33,10 +33,16 @@ def _play(tmp: Path, *faults: FaultSpec, nodes: int = 4, gpn: int = 4, steps: in
         scn, faults=faults, cluster=replace(scn.cluster, nodes=nodes, gpus_per_node=gpn),
         job=replace(scn.job, steps=steps, step_time=1.0), noise=replace(scn.noise, rank_cov=0.02),
     )  # fmt: skip
+    return _play_one(tmp, fleet.name, scn, AnalyzerConfig(max_steps=max_steps))
+
+
+def _play_one(tmp: Path, fleet: str, scn: Scenario, cfg: AnalyzerConfig | None = None) -> PlayedRun:
+    """One scenario played through ingest and the analysis loop, as the bench plays it."""
     p = FleetPlayer(tmp)
-    p.cfg = AnalyzerConfig(max_steps=max_steps)
+    if cfg is not None:
+        p.cfg = cfg
     try:
-        (run,) = p.play(Fleet(fleet.name, (scn,)))
+        (run,) = p.play(Fleet(fleet, (scn,)))
     finally:
         p.close()
     return run
@@ -218,11 +224,7 @@ def test_a_rack_hot_from_mid_block_is_rack_cooling_not_nvlink(tmp_path: Path) ->
     scn = fleet.runs[0]
     scn = replace(scn, faults=tuple(f for f in scn.faults if f.kind == "rack_cooling"))
     assert [(f.step, f.rack) for f in scn.faults] == [(76, 1)]
-    p = FleetPlayer(tmp_path)
-    try:
-        (run,) = p.play(Fleet(fleet.name, (scn,)))
-    finally:
-        p.close()
+    run = _play_one(tmp_path, fleet.name, scn)
     _strict(run)
     assert [(f["diagnosis"], f["start_step"]) for f in run.findings] == [("rack_cooling", 50)]
 
@@ -243,11 +245,7 @@ def test_a_rank_slow_again_and_again_beside_a_moving_straggler_is_intermittent(
         "straggler.moving",
         "straggler.persistent",
     ]
-    p = FleetPlayer(tmp_path)
-    try:
-        (run,) = p.play(Fleet(fleet.name, (scn,)))
-    finally:
-        p.close()
+    run = _play_one(tmp_path, fleet.name, scn)
     _strict(run)
     found = {f["diagnosis"]: f["ranks"] for f in run.findings}
     assert found["straggler.intermittent"] == [38] and 38 not in found["straggler.moving"]
@@ -264,11 +262,7 @@ def test_a_straggler_that_began_as_a_moving_turn_is_dated_from_its_own_onset(
     fleet = generate_fleets(18, 39)[38]
     scn = fleet.runs[3]
     assert sorted(f.kind for f in scn.faults) == ["straggler.moving", "straggler.persistent"]
-    p = FleetPlayer(tmp_path)
-    try:
-        (run,) = p.play(Fleet(fleet.name, (scn,)))
-    finally:
-        p.close()
+    run = _play_one(tmp_path, fleet.name, scn)
     _strict(run)
     (pers,) = [f for f in run.findings if f["diagnosis"] == "straggler.persistent"]
     assert pers["ranks"] == [0] and 176 <= pers["start_step"] <= 196, pers
