@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
+from bench._common import json_endpoint
 from fleetlens.errors import ConfigError
 from fleetlens.evaluation.adapters import Generation
 from fleetlens.evaluation.benchmarks import aggregate, score
@@ -25,32 +23,19 @@ from .test_eval_support import start_worker, toy_suite, wait_for
 def judge_url() -> Iterator[str]:
     """A loopback OpenAI-compatible judge: score 1 when the response is the reference."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        prompt = str(body["prompt"])
+        response = prompt.split("RESPONSE:")[1].split("REFERENCE:")[0].strip()
+        reference = prompt.split("REFERENCE:")[1].strip()
+        ok = response == reference
+        text = f"SCORE: {1 if ok else 0}\n" + (
+            "The response states the reference answer." if ok else "It does not match."
+        )
+        return {"choices": [{"index": i, "text": text} for i in range(int(body.get("n", 1)))]}
 
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            prompt = str(body["prompt"])
-            response = prompt.split("RESPONSE:")[1].split("REFERENCE:")[0].strip()
-            reference = prompt.split("REFERENCE:")[1].strip()
-            ok = response == reference
-            text = f"SCORE: {1 if ok else 0}\n" + (
-                "The response states the reference answer." if ok else "It does not match."
-            )
-            out = json.dumps(
-                {"choices": [{"index": i, "text": text} for i in range(int(body.get("n", 1)))]}
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd, url = json_endpoint(answer, 0.0)
     try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        yield url
     finally:
         httpd.shutdown()
         httpd.server_close()
