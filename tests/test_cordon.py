@@ -305,12 +305,21 @@ def test_gpu_lost_for_real_its_workers_die_and_the_job_resumes_from_its_newest_v
         drill,
         srv,
     )
-    path = f"/v1/runs/{run}/ranks?fromStep={fresh}&toStep={fresh + 10}"
-    _wait(  # the new attempt's placement is joined as it arrives (and node-c's agent, back
-        # in the first restart until the server removes it, can cost one more re-formation)
+
+    def newest_nodes() -> list[str]:
+        """The nodes of the run's newest 10 steps. The window moves with the run: node-c's
+        agent, back in the first restart until the server removes it, can cost one more
+        re-formation, and that attempt redoes steps from its checkpoint; the newest steps are
+        the last formation's once it has passed the others'. Its placement is joined as it
+        arrives."""
+        top = int(srv.get(f"/v1/runs/{run}")["step"] or 0)
+        path = f"/v1/runs/{run}/ranks?fromStep={max(fresh, top - 10)}&toStep={top}"
+        return sorted({str(r["node"]) for r in srv.get(path)["ranks"]})
+
+    _wait(
         "the steps after the loss to run on node-a and node-b only",
-        lambda: sorted({str(r["node"]) for r in srv.get(path)["ranks"]}) == ["node-a", "node-b"],
-        60,
+        lambda: newest_nodes() == ["node-a", "node-b"],
+        90,
         drill,
         srv,
     )

@@ -75,6 +75,14 @@ def test_analysis_allocates_by_the_ranks_seen_not_the_largest_rank(tmp_path) -> 
         m = q.step_matrix("r", "j", 0, 10, 4)
         assert m.world == 4 and m.compute.shape == (1, 4)
         assert q.placement("r", "j", m.world).of(2147483647) == ("", -1, "")
+        # A worker of a wider formation that was placed but never stepped (a node lost while the
+        # job re-formed) has no column: the placement stays as wide as the matrix it labels.
+        pl = pa.table({"time": pa.array([1.7e9] * 5), "rank": pa.array(range(5), pa.int32()),
+                       "node_id": pa.array(["a", "a", "b", "b", "c"])})  # fmt: skip
+        store.insert("placement", pl, {"tenant": "default", "run_id": "r", "job_id": "j"}, "b2")
+        place = q.placement("r", "j", m.world)
+        assert len(place.node) == len(place.rack) == m.compute.shape[1] == 4
+        assert place.of(3)[0] == "b" and place.of(4) == ("", -1, "")
     finally:
         store.close()
 

@@ -174,7 +174,9 @@ class DetectQueries:
             run=run_id,
             job=job_id,
         ).to_pylist()
-        cap = rank_cap(world, len(rows))
+        # One label per column of the attempt's step matrix (``world`` wide): a placed rank
+        # beyond it (a worker of a wider formation that never stepped) has no column to label.
+        cap = world if world > 0 else rank_cap(world, len(rows))
         rows = [r for r in rows if 0 <= int(r["p_rank"]) < cap]
         n = max([world] + [int(r["p_rank"]) + 1 for r in rows])
         node, rack, sw, nvl = [""] * n, [""] * n, [""] * n, [""] * n
