@@ -128,6 +128,15 @@ def test_rack_throttling_caught_by_absolute_check_and_localized() -> None:
     (sh,) = localize(vals, b, {"rack": racks, "node": nodes})
     assert sh.level == "rack" and sh.group == "rack-02" and sh.ratio == pytest.approx(1.08, 0.01)
     assert localize(1.0 + 0.01 * rng.standard_normal(2048), b, {"rack": racks}) == []
+    # Two slow ranks of one node of four (a straggler and a moving straggler's turn) are two
+    # ranks' faults: the node's median is halfway up, but most of its ranks are on time.
+    four = [f"n{r // 4}" for r in range(64)]
+    vals = 1.0 + 0.004 * rng.standard_normal(64)
+    vals[[13, 14]] *= 1.30
+    assert localize(vals, b, {"node": four}) == []
+    vals[12] *= 1.30  # three of the four: the node is slow
+    (sh,) = localize(vals, b, {"node": four})
+    assert (sh.level, sh.group, sh.ranks) == ("node", "n3", (12, 13, 14, 15))
 
 
 def test_collectives_slow_rank_vs_slow_network_without_clocks() -> None:

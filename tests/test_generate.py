@@ -125,6 +125,28 @@ def test_matching_is_strict_on_diagnosis_place_and_time() -> None:
     assert match_findings(x, [dict(ok, nodes=["node-0002"])]).finding_state == ["fp"]
 
 
+def test_a_false_alarm_names_no_fault_a_wrong_finding_names_one_badly() -> None:
+    """Counted apart (``false_findings_per_1000_rank_hours``): the wrong class, too few of the
+    fault's ranks or a late detection blame the right place at the right time; a healthy rank,
+    a time before the fault or another diagnosis blame the wrong one."""
+    t = _truth(_fault("straggler.persistent", [5], ["node-0000"], 100, 400),
+               _fault("data_stall", [8, 9, 10, 11], ["node-0001"], 50, 60))  # fmt: skip
+    named_badly = [
+        _finding("straggler.intermittent", [5], ["node-0000"], 101, 104),  # wrong class
+        _finding("straggler.persistent", [5], ["node-0000"], 101, 260),  # detected too late
+        _finding("data_stall", [8], ["node-0001"], 50, 52),  # one of its four ranks
+    ]
+    m = match_findings(t, named_badly)
+    assert m.finding_state == ["fp"] * 3 and m.false_alarm == [False] * 3
+    alarms = [
+        _finding("straggler.persistent", [6], ["node-0000"], 101, 104),  # a healthy rank
+        _finding("straggler.persistent", [5], ["node-0000"], 40, 104),  # before the fault
+        _finding("thermal", [5], ["node-0000"], 101, 104),  # another diagnosis
+        _finding("data_stall", [8, 12], ["node-0001"], 50, 52),  # and a healthy rank
+    ]
+    assert match_findings(t, alarms).false_alarm == [True] * 4
+
+
 def test_a_generated_fleet_is_played_and_scored(tmp_path: Path) -> None:
     """End to end on a tiny fleet: a 30% persistent straggler is found strictly; a healthy run
     that reuses the node names afterwards has no finding."""

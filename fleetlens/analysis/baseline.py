@@ -110,7 +110,8 @@ def localize(
     ``rank_values``: each rank's median compute over the window (NaN = no data);
     ``topology``: level -> one label per rank (levels tried coarse to fine). Returns the
     coarsest level that explains the shift: whole racks if the slow ranks fill racks, a job-wide
-    group when every group of every level is slow, nothing when no group is."""
+    group when every group of every level is slow, nothing when no group is. A group is slow
+    when more than half its ranks are (its lower median is over the threshold)."""
     if not baseline.ready or rank_values.size == 0:
         return []
     ratio = rank_values / baseline.median
@@ -140,7 +141,11 @@ def localize(
             if sel.sum() < min_ranks:
                 continue
             gr = float(np.median(ratio[sel]))
-            if gr - 1.0 >= thr:
+            # Slow as a group when most of its ranks are: the lower median. Two slow ranks of
+            # four (a straggler and a moving straggler's turn on one node) put the median
+            # halfway up, and are two ranks' faults, not their NVLink domain's or node's.
+            most = float(np.sort(ratio[sel])[(int(sel.sum()) - 1) // 2])
+            if gr - 1.0 >= thr and most - 1.0 >= thr:
                 rest = finite & ~sel
                 other = float(np.median(ratio[rest])) if rest.any() else float("nan")
                 if not np.isfinite(other) or other - 1.0 < thr:

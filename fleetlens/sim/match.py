@@ -19,6 +19,12 @@ A finding matches a fault of the same run when all of these hold:
 
 Each fault is matched by at most one finding; a further finding that matches an already
 matched fault is a duplicate (counted, not a false positive). Every other finding is false.
+
+A **false alarm** is a finding that names no fault at all: none of the run's faults matches it
+with the class of straggler relaxed, without the bound on the delay and without the share of
+the fault's ranks it must name, so it blames a rank, node or span of steps where nothing was
+injected. A false finding that is not a false alarm names a fault wrongly (its class, too few
+of its ranks, or too late): precision and recall charge it.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class Matched:
     fault_hit: dict[str, int | None]
     finding_state: list[str]
     delay_steps: dict[str, int]
+    false_alarm: list[bool]
 
 
 def _family(d: str) -> str:
@@ -59,7 +66,9 @@ def visible_step(f: TruthFault) -> int:
     return f.end_step if f.fatal or f.kind in ("hang", "preemption") else f.start_step
 
 
-def _ok(f: TruthFault, d: dict[str, Any], family: bool) -> bool:
+def _ok(f: TruthFault, d: dict[str, Any], family: bool, strict: bool = True) -> bool:
+    """Whether finding ``d`` matches fault ``f``; not ``strict``: whether it names only the
+    fault's ranks and nodes within its window, however few of them and however late."""
     diag = str(d.get("diagnosis", ""))
     if diag != f.diagnosis and not (family and _family(diag) == _family(f.diagnosis)):
         return False
@@ -68,9 +77,9 @@ def _ok(f: TruthFault, d: dict[str, Any], family: bool) -> bool:
         return False
     if nodes and f.nodes and not nodes <= set(f.nodes):
         return False
-    if f.kind in _RANK_TIED and f.ranks and 2 * len(ranks & set(f.ranks)) < len(f.ranks):
+    if strict and f.kind in _RANK_TIED and f.ranks and 2 * len(ranks & set(f.ranks)) < len(f.ranks):
         return False
-    if f.kind in _NODE_TIED and f.nodes and not nodes:
+    if strict and f.kind in _NODE_TIED and f.nodes and not nodes:
         return False
     block = f.kind in _BLOCK_KINDS
     onset = d.get("start_step")
@@ -79,6 +88,8 @@ def _ok(f: TruthFault, d: dict[str, Any], family: bool) -> bool:
     if onset is None or not f.start_step - early <= int(onset) <= f.end_step + ONSET_TOLERANCE:
         return False
     step = d.get("step")
+    if not strict:
+        return True
     return step is not None and int(step) - visible_step(f) <= (3 * BLOCK if block else MAX_DELAY)
 
 
@@ -101,4 +112,5 @@ def match_findings(
                 delay[f.id] = max(0, int(findings[i]["step"]) - visible_step(f))
                 break
             state[i] = "dup"
-    return Matched(hit, state, delay)
+    alarm = [not any(_ok(f, d, True, strict=False) for f in truth.faults) for d in findings]
+    return Matched(hit, state, delay, alarm)
