@@ -202,6 +202,30 @@ def _fault_rank_hours(r: Any, f: Any) -> float:
     return n * secs / 3600.0
 
 
+def _explain(r: Any, m: Any) -> None:
+    """On stderr, what to inspect run by run: each false alarm, each finding the strict match
+    rejects, and each fault of >= 10 % (or an event) that no finding matched, beside the run's
+    faults or findings."""
+
+    def fd(d: dict[str, Any]) -> str:
+        ranks, nodes = list(d.get("ranks") or [])[:4], list(d.get("nodes") or [])[:3]
+        when = f"{d.get('start_step')}-{d.get('step')}"
+        return f"{d['diagnosis']} ranks {ranks} nodes {nodes} steps {when}"
+
+    def ft(f: Any) -> str:
+        return f"{f.kind} {f.magnitude:.1%} ranks {f.ranks[:4]} steps {f.start_step}-{f.end_step}"
+
+    run = r.truth.run_id
+    for d, state, alarm in zip(r.findings, m.finding_state, m.false_alarm, strict=True):
+        if alarm or state == "fp":
+            print(f"{'false alarm' if alarm else 'unmatched'} {run}: {fd(d)}; faults "
+                  f"{[ft(f) for f in r.truth.faults]}", file=sys.stderr)  # fmt: skip
+    for f in r.truth.faults:
+        if m.fault_hit[f.id] is None and (f.magnitude >= 0.1 or f.kind in EVENT_KINDS):
+            print(f"missed {run}: {ft(f)}; findings {[fd(d) for d in r.findings]}",
+                  file=sys.stderr)  # fmt: skip
+
+
 def generated_quality(fleets: int, seed: int = 18) -> dict[str, Any]:
     """Detection on randomized scenarios (``fleetlens.sim.generate``), matched strictly
     (``fleetlens.sim.match``): precision and recall per fault type and magnitude bin, time to
@@ -235,12 +259,7 @@ def generated_quality(fleets: int, seed: int = 18) -> dict[str, Any]:
                     m = match_findings(r.truth, r.findings)
                     fam = match_findings(r.truth, r.findings, family=True)
                     alarms += sum(m.false_alarm)
-                    for d in (d for d, a in zip(r.findings, m.false_alarm, strict=True) if a):
-                        print(f"false alarm {r.truth.run_id}: {d['diagnosis']} ranks "
-                              f"{list(d.get('ranks') or [])[:4]} nodes {d.get('nodes')} steps "
-                              f"{d.get('start_step')}-{d.get('step')}; faults "
-                              f"{[(f.kind, f.ranks[:4], f.start_step) for f in r.truth.faults]}",
-                              file=sys.stderr)  # fmt: skip
+                    _explain(r, m)
                     unfaulted_rank_h += max(
                         0.0, r.rank_hours - sum(_fault_rank_hours(r, f) for f in r.truth.faults)
                     )
