@@ -266,3 +266,19 @@ def test_a_straggler_that_began_as_a_moving_turn_is_dated_from_its_own_onset(
     _strict(run)
     (pers,) = [f for f in run.findings if f["diagnosis"] == "straggler.persistent"]
     assert pers["ranks"] == [0] and 176 <= pers["start_step"] <= 196, pers
+
+
+def test_a_job_inside_one_rack_hot_from_its_first_steps_is_rack_cooling(tmp_path: Path) -> None:
+    """The first run of a workload, all of it in one rack, the rack hot from step 25: no other
+    rack to compare with and no baseline yet, and the hot blocks must not become the baseline
+    (generated fleets 64 and 209). The GPUs' throttle reasons say it: one rack-cooling finding,
+    the same whatever the passes."""
+    hot = FaultSpec("rack_cooling", step=25, rack=0, magnitude=0.3, duration_steps=140)
+    found = []
+    for i, per in enumerate((100, 37)):
+        run = _play(tmp_path / str(i), hot, nodes=4, max_steps=per)
+        assert {run.truth.faults[0].rack} == {"rack-000"} and len(run.truth.faults[0].ranks) == 16
+        _strict(run)
+        assert [f["diagnosis"] for f in run.findings] == ["rack_cooling"], run.findings
+        found.append([(f["key"], f["start_step"], f["ranks"]) for f in run.findings])
+    assert found[0] == found[1]

@@ -49,7 +49,13 @@ from ..store.findings import FindingsStore, RunToAnalyze
 from ..store.models import Finding
 from ..store.telemetry import TelemetryStore
 from .data_stalls import data_stall
-from .shifts import fold_into_racks, network_diagnosis, note_hot, shift_diagnosis
+from .shifts import (
+    fold_into_racks,
+    network_diagnosis,
+    note_hot,
+    shift_diagnosis,
+    throttled_racks,
+)
 
 __all__ = ["analyze_once", "analyze_run"]
 
@@ -282,10 +288,17 @@ def _blocks(
         t0, t1 = float(m.start[a]), float(m.end[z - 1])
         with np.errstate(all="ignore"):
             rank_vals = np.nanmedian(m.compute[a:z], axis=0)
+        learning = not bl["compute"].ready
         shifts = localize(rank_vals, bl["compute"], _topology(place), cfg.compute_min_shift)
         peer = not shifts and len(set(place.rack)) > 1
         if peer:  # a hot rack the baseline cannot see: not learned yet, or most of the job
             shifts = outlier_groups(rank_vals, place.rack, cfg.rack_peer_shift)
+        hot = []  # while the baseline is learned: racks throttling for heat, not learned
+        if learning and not shifts:
+            hot = throttled_racks(ctx.q, ctx.signature, job, place, s0, s1, t0, t1, rank_vals)
+        for d in hot:
+            ctx.found.append(d)
+            note_hot(js, d)
         for sh in shifts:
             for d in shift_diagnosis(ctx.q, ctx.signature, job, sh, place, bl["compute"],
                                      s0, s1, t0, t1, rank_vals, peer=peer):  # fmt: skip
@@ -307,7 +320,7 @@ def _blocks(
         # last arrival's wait) does not move with a slow rank, a hot rack or a late input, nor
         # compute with a slow transfer, so a stall in the first block does not leave the
         # transfer unlearned (and the next blocks, a network fault's, learned as healthy).
-        if not shifts and not stalls:
+        if not shifts and not stalls and not hot:
             bl["compute"].add(med[a:z])
         if not slow_transfer:
             bl["transfer"].add(transfer[a:z])

@@ -13,7 +13,7 @@ from ..analysis.hardware import gpu_health, gpu_signals, node_health, node_signa
 from ..analysis.rootcause import Diagnosis
 from ..store.detect_queries import DetectQueries, JobSpan, Placement
 
-__all__ = ["network_diagnosis", "shift_diagnosis"]
+__all__ = ["network_diagnosis", "shift_diagnosis", "throttled_racks"]
 
 
 def shift_diagnosis(
@@ -84,6 +84,48 @@ def shift_diagnosis(
 
 
 _BELOW_RACK = ("switch", "nvlink_domain", "node")
+
+
+def throttled_racks(
+    q: DetectQueries, signature: str, job: JobSpan, place: Placement, s0: int, s1: int,
+    t0: float, t1: float, rank_vals: Any,
+) -> list[Diagnosis]:  # fmt: skip
+    """Racks most of whose GPUs throttle for heat over steps ``s0..s1``, while the workload's
+    baseline is still being learned: there is no baseline to measure a slowdown against yet,
+    and when the hot rack holds the whole job no other rack to compare it with either, so the
+    GPUs' own throttle reasons say it. The analyzer does not learn such a block as healthy (a
+    job hot from its first steps would otherwise be its own baseline). The key is the rack's
+    shift finding's, so a later block measured against the baseline continues it."""
+    nodes = sorted({n for n in place.node if n})
+    gh = gpu_health(q.gpu_health_rows(nodes, t0, t1))
+    hot = {(g.node, g.gpu) for g in gh.values() if any(s.name == "thermal" for s in gpu_signals(g))}
+    out: list[Diagnosis] = []
+    if not hot:
+        return out
+    vals = np.asarray(rank_vals, dtype=np.float64)
+    for rack in sorted({k for k in place.rack if k}):
+        rr = [r for r, k in enumerate(place.rack) if k == rack]
+        mine = {(place.node[r], int(place.gpu[r])) for r in rr}
+        n_hot = len(mine & hot)
+        if 2 * n_hot < len(mine):
+            continue
+        rest = [r for r, k in enumerate(place.rack) if k != rack]
+        with np.errstate(all="ignore"):
+            ratio = float(np.nanmedian(vals[rr]) / np.nanmedian(vals[rest])) if rest else None
+        versus = (f", {ratio - 1:.1%} slower than the job's other ranks"
+                  if ratio is not None and np.isfinite(ratio) else "")  # fmt: skip
+        ev = [{"metric": "GPUs with thermal throttle reasons", "value": n_hot, "of": len(mine),
+               "window": {"fromStep": s0, "toStep": s1}, "signature": signature,
+               "baseline": None, "othersRatio": ratio}]  # fmt: skip
+        out.append(Diagnosis(
+            f"shift:rack:{rack}", "rack_cooling", "slowdown", 0.7,
+            f"rack {rack}: {n_hot} of its {len(mine)} GPUs throttling for heat{versus}"
+            " (the workload's baseline is still being learned)",
+            step=s1, start_step=s0, end_step=s1, time=t1, ranks=rr,
+            nodes=sorted({place.node[r] for r in rr if place.node[r]}), rack=rack,
+            job_id=job.job_id, evidence=ev,
+        ))  # fmt: skip
+    return out
 
 
 def _hot_rack(
