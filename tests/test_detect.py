@@ -92,6 +92,76 @@ def test_moving_and_intermittent_are_told_apart() -> None:
     assert c.diagnosis == "straggler.intermittent" and c.episodes == 4 and c.ranks == (5,)
 
 
+def test_a_small_steady_slowdown_in_noise_is_persistent_though_its_evidence_lapses() -> None:
+    """10 % slower for good, in 5 % noise (generated fleets 14, 61, 134): the evidence falls
+    back to 0 now and then, so the rank has several episodes far apart. Between them it stayed
+    slow, which an intermittent straggler's healthy gaps are not: persistent, dated from its
+    onset."""
+    rng = np.random.default_rng(6)
+    x = 1.0 + 0.05 * rng.standard_normal((360, 16))
+    x[60:, 3] *= 1.10
+    st = scan_stragglers(np.arange(360), x, RankState.fresh(16))
+    eps = st.episodes + open_episodes(st)
+    gaps = [e.before for e in eps if e.rank == 3][1:]
+    assert len(gaps) >= 2 and all(g is not None and g > 0.05 for g in gaps), eps
+    (c,) = classify_episodes(eps)
+    assert c.diagnosis == "straggler.persistent" and c.ranks == (3,) and c.episodes == 1, c
+    assert abs(c.start - 60) <= 5 and c.end == eps[-1].end, c
+    y = 1.0 + 0.05 * rng.standard_normal((360, 16))
+    for a in range(60, 360, 55):
+        y[a : a + 20, 3] *= 1.15
+    st = scan_stragglers(np.arange(360), y, RankState.fresh(16))
+    eps = st.episodes + open_episodes(st)
+    assert all(abs(e.before) < 0.03 for e in eps[1:] if e.before is not None), eps
+    (c,) = classify_episodes(eps)
+    assert c.diagnosis == "straggler.intermittent" and c.episodes >= 4, c
+
+
+def test_a_slow_rank_handed_over_once_is_a_moving_straggler_from_the_handover() -> None:
+    """Two turns of a moving straggler seen (generated fleet 149: its other turns fell on a hot
+    GPU): rank 4 slow, then rank 9 from where rank 4 recovered. Moving over the two, known when
+    rank 9 is flagged; two ranks slow at unrelated times stay two stragglers."""
+    rng = np.random.default_rng(8)
+    x = 1.0 + 0.015 * rng.standard_normal((300, 16))
+    x[100:150, 4] *= 1.2
+    x[150:200, 9] *= 1.2
+    st = scan_stragglers(np.arange(300), x, RankState.fresh(16))
+    (c,) = classify_episodes(st.episodes + open_episodes(st))
+    assert c.diagnosis == "straggler.moving" and c.ranks == (4, 9), c
+    assert abs(c.start - 100) <= 3 and 150 <= c.detected <= 155, c
+    y = 1.0 + 0.015 * rng.standard_normal((300, 16))
+    y[100:150, 4] *= 1.2
+    y[180:230, 9] *= 1.2
+    st = scan_stragglers(np.arange(300), y, RankState.fresh(16))
+    found = classify_episodes(st.episodes + open_episodes(st))
+    assert [(c.diagnosis, c.ranks) for c in found] == [
+        ("straggler.persistent", (4,)),
+        ("straggler.persistent", (9,)),
+    ], found
+
+
+def test_moving_straggler_beside_an_intermittent_one_and_two_long_ones() -> None:
+    """Several faults at once (generated fleets 151, 152): the turns of a moving straggler
+    overlap an intermittent straggler's episodes and two persistent stragglers that began at
+    different times; the turns are still one moving straggler."""
+    rng = np.random.default_rng(9)
+    x = 1.0 + 0.015 * rng.standard_normal((400, 24))
+    for k in range(6):  # turns on ranks 10, 11, ..., 15
+        x[60 + 50 * k : 110 + 50 * k, 10 + k] *= 1.15
+    for a in range(30, 400, 63):
+        x[a : a + 20, 3] *= 1.25
+    x[20:, 7] *= 1.1
+    x[100:300, 8] *= 1.15
+    st = scan_stragglers(np.arange(400), x, RankState.fresh(24))
+    found = {c.ranks: c.diagnosis for c in classify_episodes(st.episodes + open_episodes(st))}
+    assert found == {
+        (10, 11, 12, 13, 14, 15): "straggler.moving",
+        (3,): "straggler.intermittent",
+        (7,): "straggler.persistent",
+        (8,): "straggler.persistent",
+    }, found
+
+
 def test_moving_straggler_beside_a_persistent_one_is_still_moving() -> None:
     """Several faults at once (found by the generated scenarios of bench/detection.py): a rank
     slow for most of the run does not stop the ranks that take turns from being one moving

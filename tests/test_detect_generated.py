@@ -282,3 +282,20 @@ def test_a_job_inside_one_rack_hot_from_its_first_steps_is_rack_cooling(tmp_path
         assert [f["diagnosis"] for f in run.findings] == ["rack_cooling"], run.findings
         found.append([(f["key"], f["start_step"], f["ranks"]) for f in run.findings])
     assert found[0] == found[1]
+
+
+def test_an_nvlink_fault_from_step_22_of_a_workloads_first_run_is_not_learned(
+    tmp_path: Path,
+) -> None:
+    """NVLink slows the transfer from step 22 of the first run of a workload (generated fleets
+    192, 232, 238): the first block is learned only up to the step (its median is not shifted,
+    the fault holding less than half of it), so the next blocks are measured against the healthy
+    transfer and the fault is found, whatever the passes."""
+    fault = FaultSpec("nvlink", step=22, node=2, magnitude=0.14, duration_steps=200)
+    found = []
+    for i, per in enumerate((100, 37)):
+        run = _play(tmp_path / str(i), fault, max_steps=per)
+        _strict(run)
+        assert [f["diagnosis"] for f in run.findings] == ["nvlink"], run.findings
+        found.append([(f["key"], f["start_step"], f["nodes"]) for f in run.findings])
+    assert found[0] == found[1]

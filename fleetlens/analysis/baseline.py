@@ -24,6 +24,7 @@ __all__ = [
     "localize",
     "outlier_groups",
     "shift_threshold",
+    "steady_prefix",
     "workload_signature",
 ]
 
@@ -50,7 +51,7 @@ class Baseline:
 
     values: list[float] = field(default_factory=list)
     size: int = 512
-    min_values: int = 20
+    min_values: int = 10  # a block's steady part (see steady_prefix) may be all there is
 
     @property
     def ready(self) -> bool:
@@ -85,6 +86,29 @@ def shift_threshold(b: Baseline, min_shift: float, z: float = 6.0) -> float:
     """The relative shift above which a window is slower than the baseline."""
     med = b.median
     return max(min_shift, z * 1.4826 * b.mad / med) if med > 0 else float("inf")
+
+
+def steady_prefix(values: Arr, min_shift: float, edge: int = 10) -> int:
+    """How many of a healthy-looking window's leading values a baseline may learn: all of them,
+    unless the values step up for good inside it (a fault that began in the window; its median
+    is not shifted while the fault holds less than half of it): then those before the step.
+
+    The step is where the median of the values after it is the most above the median of those
+    before (each side ``edge`` values or more), counted when it clears :func:`shift_threshold`
+    of the values before it, the bar a whole window is judged by."""
+    v = np.asarray(values, dtype=np.float64)
+    n = len(v)
+    best, cut = 1.0, n
+    with np.errstate(all="ignore"):
+        for k in range(edge, n - edge + 1):
+            before, after = np.nanmedian(v[:k]), np.nanmedian(v[k:])
+            if before > 0 and after / before > best:
+                best, cut = float(after / before), k
+    if cut == n:
+        return n
+    head = Baseline()
+    head.add(v[:cut])
+    return cut if len(head.values) >= edge and best - 1.0 >= shift_threshold(head, min_shift) else n
 
 
 @dataclass(frozen=True)

@@ -23,16 +23,23 @@ steps, in order; see ``services/analyzer.py``).
 
 Classification of the run's episodes (:func:`classify_episodes`), on evidence that holds on real
 data: ranks that are slow mostly *alone*, none holding most of the flagged steps, 3 or more of
-them -> ``straggler.moving`` (the slow rank keeps changing: data skew). "Alone" does not count a
-rank flagged for 3 times the median of the ranks' flagged steps or more and not slow together
-with another such rank: it is a straggler of its own, slow while the others take turns, never
-a mover. Nor is a rank slow in 3 or more separate spells, more than twice the movers' usual
+them -> ``straggler.moving`` (the slow rank keeps changing: data skew); so are two ranks slow
+in one short spell each, the second from where the first recovered, with at most two other
+ranks slow then (two turns seen, the others hidden by a slower rank or too faint), known when
+the second is flagged. "Alone" does not count a rank flagged for 3 times the median of the
+ranks' flagged steps or more and not slow together with another such rank (their onsets within
+a tenth of the shorter one's span): it is a straggler of its own, slow while the others take
+turns, never a mover; nor a rank slow in 3 or more spells (an intermittent straggler). Nor is
+a rank slow in 3 or more separate spells, more than twice the movers' usual
 count plus one: the slow rank of a moving straggler comes back to a rank only after its turns
 on the others, so that rank is an intermittent straggler beside it. A rank slow in one short
 episode (no more flagged steps than a mover) within the movers' span is a mover too: a turn
 seen at a handover, where its episode overlaps the next. A rank whose first episode began as a
 turn (at a handover) and went on after the slow rank moved on is dated from where it moved on.
-Otherwise per rank, its episodes merged across short gaps: one, or flagged for at least
+Otherwise per rank, its episodes merged across short gaps and across gaps in which it stayed
+at least half as slow as the episodes either side (its mean ``x - 1`` between them, carried in
+the state: a small slowdown in real noise lets the evidence lapse; an intermittent straggler's
+gaps are healthy): one, or flagged for at least
 ``persistent_cover`` of the span from its first onset to its last episode's end (in steps, a
 step replayed by a restart counted once) -> ``straggler.persistent``; else
 ``straggler.intermittent``. A rank slow once for fewer than ``passing_steps`` and healthy again
@@ -43,6 +50,7 @@ a persistent straggler.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -145,6 +153,9 @@ class Episode:
     end: int
     slowdown: float  # mean (compute / step median) - 1 over the episode
     steps: int
+    # mean (compute / step median) - 1 of the rank's steps since its previous episode ended,
+    # before this one's evidence began (None: its first episode, or no step measured between)
+    before: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,6 +173,11 @@ class RankState:
     episodes: list[Episode] = field(default_factory=list)
     prev: Arr = field(default_factory=lambda: np.empty(0))  # last x seen per rank (NaN: none)
     noise: list[float] = field(default_factory=list)  # per-step temporal spread, newest last
+    # Between a rank's episodes: sum of (x - 1) and steps since its last episode ended
+    # (``gap_count`` -1: not between episodes), and the open episode's ``before``.
+    gap_excess: Arr = field(default_factory=lambda: np.empty(0))
+    gap_count: Arr = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    before: Arr = field(default_factory=lambda: np.empty(0))
 
     @classmethod
     def fresh(cls, world: int) -> RankState:
@@ -169,7 +185,8 @@ class RankState:
         m = np.full(world, -1, dtype=np.int64)
         return cls(
             z.copy(), m.copy(), m.copy(), z.copy(), np.zeros(world, dtype=np.int64),
-            prev=np.full(world, np.nan),
+            prev=np.full(world, np.nan), gap_excess=z.copy(), gap_count=m.copy(),
+            before=np.full(world, np.nan),
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -190,6 +207,14 @@ class RankState:
             # exact floats (JSON keeps them), None for a rank not seen yet
             "prev": [None if not np.isfinite(v) else float(v) for v in self.prev],
             "noise": list(self.noise),
+            "gap": {
+                int(r): [float(self.gap_excess[r]), int(self.gap_count[r])]
+                for r in np.flatnonzero(self.gap_count >= 0)
+            },
+            "before": {
+                int(r): float(self.before[r])
+                for r in np.flatnonzero(np.isfinite(self.before) & (self.alarm >= 0))
+            },
         }
 
     @classmethod
@@ -204,6 +229,12 @@ class RankState:
         prev = [np.nan if v is None else float(v) for v in d.get("prev", [])][: len(st.c)]
         st.prev[: len(prev)] = prev
         st.noise = [float(v) for v in d.get("noise", [])]
+        for r, (ex, n) in d.get("gap", {}).items():
+            if 0 <= int(r) < len(st.c):
+                st.gap_excess[int(r)], st.gap_count[int(r)] = ex, n
+        for r, v in d.get("before", {}).items():
+            if 0 <= int(r) < len(st.c):
+                st.before[int(r)] = v
         return st
 
 
@@ -235,7 +266,8 @@ def scan_stragglers(
     w = len(state.c)
     if compute.shape[1] > w:  # more ranks than the state knew: grow it
         grown = RankState.fresh(compute.shape[1])
-        for a in ("c", "since", "alarm", "excess", "count", "prev"):
+        kept = ("c", "since", "alarm", "excess", "count", "prev", "gap_excess", "gap_count")
+        for a in (*kept, "before"):
             getattr(grown, a)[:w] = getattr(state, a)
         grown.episodes, grown.noise = state.episodes, state.noise
         state = grown
@@ -248,6 +280,7 @@ def scan_stragglers(
     p = params
     c, since, alarm, excess, count = state.c, state.since, state.alarm, state.excess, state.count
     prev, noise = state.prev, state.noise
+    gx, gn, before = state.gap_excess, state.gap_count, state.before
     for i, s in enumerate(steps.tolist()):
         xi = x[i]
         ok = np.isfinite(xi)
@@ -271,23 +304,34 @@ def scan_stragglers(
         since[starting] = s
         excess[pos & ok] += xr[pos & ok]
         count[pos & ok] += 1
+        between = ok & (gn >= 0) & (alarm < 0)
+        gx[between] += xr[between]
+        gn[between] += 1
         hit = np.flatnonzero((c >= p.h) & (alarm < 0))
         for r in hit.tolist():
             if excess[r] / max(count[r], 1) >= p.min_slowdown:
                 alarm[r] = s
+                # the gap is what came before this episode's evidence began
+                n = int(gn[r] - count[r]) if gn[r] >= 0 else 0
+                before[r] = (gx[r] - excess[r]) / n if n > 0 else np.nan
+                gx[r], gn[r] = 0.0, -1
             else:  # significant but too small to matter: start the evidence over
                 c[r], since[r], excess[r], count[r] = 0.0, -1, 0.0, 0
         # An episode whose slowdown fell under the minimum was noise on a slightly slow rank.
         weak = np.flatnonzero((alarm >= 0) & pos & (excess < p.min_slowdown * count))
         for r in weak.tolist():
             c[r], since[r], alarm[r], excess[r], count[r] = 0.0, -1, -1, 0.0, 0
+            # between episodes again, the gap measured afresh
+            gx[r], gn[r], before[r] = 0.0, 0 if np.isfinite(before[r]) else -1, np.nan
         ended = np.flatnonzero(~pos & (since >= 0))
         for r in ended.tolist():
             if alarm[r] >= 0 and excess[r] >= p.min_slowdown * count[r]:
                 n = int(count[r])
+                b = float(before[r]) if np.isfinite(before[r]) else None
                 state.episodes.append(
-                    Episode(r, int(since[r]), int(alarm[r]), s - 1, float(excess[r] / n), n)
+                    Episode(r, int(since[r]), int(alarm[r]), s - 1, float(excess[r] / n), n, b)
                 )
+                gx[r], gn[r], before[r] = 0.0, 0, np.nan
             since[r], alarm[r], excess[r], count[r] = -1, -1, 0.0, 0
     return state
 
@@ -296,7 +340,8 @@ def open_episodes(state: RankState) -> list[Episode]:
     """Episodes still running at the end of the last window (``end`` = -1)."""
     return [
         Episode(int(r), int(state.since[r]), int(state.alarm[r]), -1,
-                float(state.excess[r] / max(state.count[r], 1)), int(state.count[r]))
+                float(state.excess[r] / max(state.count[r], 1)), int(state.count[r]),
+                float(state.before[r]) if np.isfinite(state.before[r]) else None)
         for r in np.flatnonzero(state.alarm >= 0).tolist()
     ]  # fmt: skip
 
@@ -335,11 +380,17 @@ def classify_episodes(
     # slowing together stays as it is), is its own straggler, not a reason the ranks that take
     # turns beside it are never alone
     long = {r: by_rank[r] for r, n in flagged.items() if len(flagged) > 3 and n >= 3 * typical}
-    background = {r for r in long if _alone(long, r) >= 0.5}
+    background = {
+        r for r in long
+        if _alone(long, r) >= 0.5 or not any(_together(long[r], es, merge_gap)
+                                             for q, es in long.items() if q != r)
+    }  # fmt: skip
+    # nor do the ranks slow again and again (an intermittent straggler beside the turns)
+    again = {r for r, es in by_rank.items() if len(_spells(es, merge_gap)) >= 3}
     movers = [
         r for r in by_rank
         if r not in background and flagged[r] <= 0.5 * total
-        and _alone(by_rank, r, background) >= 0.5
+        and _alone(by_rank, r, background | again) >= 0.5
     ]  # fmt: skip
     # The slow rank of a moving straggler comes back to a rank only after its turns on the
     # others: a rank slow again and again while the others took one turn each is an
@@ -348,7 +399,14 @@ def classify_episodes(
     usual = float(np.median(list(spells.values()))) if spells else 1.0
     movers = [r for r in movers if spells[r] < max(3.0, 2 * usual + 1)]
     moved: list[Episode] = []  # the moving straggler's episodes, if there is one
-    if len(movers) >= moving_min_ranks:
+    # Two ranks slow once each, the second from where the first stopped: the slow rank moved
+    # (a moving straggler seen for two turns, its other turns on ranks slow anyway or unseen),
+    # known as soon as the second is flagged.
+    pair = _handover(by_rank, background | again, merge_gap, passing_steps)
+    moving = len(movers) >= moving_min_ranks
+    if not moving and pair:
+        movers, moving = list(pair), True
+    if moving:
         # A rank slow once, briefly (no longer than a mover), while the slow rank keeps moving
         # is one more turn of it seen at a handover (its episode overlaps the next mover's), not
         # a straggler of its own.
@@ -362,10 +420,13 @@ def classify_episodes(
         ]  # fmt: skip
         es = sorted((e for r in movers for e in by_rank[r]), key=lambda e: e.detected)
         third = sorted({e.rank: e.detected for e in reversed(es)}.items(), key=lambda kv: kv[1])
+        seen = [t for _, t in third[moving_min_ranks - 1 : moving_min_ranks]]
+        if pair and set(pair) <= set(movers):
+            seen.append(by_rank[pair[1]][0].detected)
         out.append(
             StragglerClass(
                 "straggler.moving", tuple(sorted(movers)), min(e.start for e in es),
-                third[moving_min_ranks - 1][1], _end(es),
+                min(seen), _end(es),
                 float(np.mean([e.slowdown for e in es])), len(es), sum(e.steps for e in es),
             )
         )  # fmt: skip
@@ -390,12 +451,54 @@ def classify_episodes(
     return out
 
 
+def _together(a: list[Episode], b: list[Episode], gap: int) -> bool:
+    """Whether two ranks began to be slow together: onsets within ``gap`` steps or a tenth of
+    the shorter one's span (a group slows at once; two stragglers at unrelated times)."""
+    span = min(_last(a) - a[0].start + 1, _last(b) - b[0].start + 1)
+    return abs(a[0].start - b[0].start) <= max(gap, 0.1 * span)
+
+
+def _handover(
+    by_rank: dict[int, list[Episode]], ignore: set[int], gap: int, most: int
+) -> list[int]:
+    """The first two ranks slow in one short spell each (flagged for ``most`` steps or fewer:
+    a turn), about as slow, the second taking over as the first's evidence runs out (its onset
+    at most ``2 x gap`` steps before the first's end, at most ``gap`` after), no other rank
+    beginning or ending then (a group slows together) and at most two others slow then (the
+    GPUs of a hot rack throttle one after another, all slow together)."""
+    once = sorted(
+        (es[0].start, r) for r, es in by_rank.items()
+        if r not in ignore and len(_spells(es, gap)) == 1 and _union(es) <= most
+    )  # fmt: skip
+    starts = sorted(es[0].start for es in by_rank.values())
+    ends = sorted(_end(es) for es in by_rank.values())
+
+    def near(xs: list[int], t: int) -> int:  # how many of the sorted xs lie within gap of t
+        return bisect_right(xs, t + gap) - bisect_left(xs, t - gap)
+
+    for a0, ra in once:
+        ea, end = by_rank[ra], _end(by_rank[ra])
+        if end < 0 or near(ends, end) != 1:
+            continue
+        lo = bisect_left(once, (max(end - 2 * gap, a0 + gap + 1), -1))
+        for b0, rb in once[lo : bisect_right(once, (end + gap, 1 << 62))]:
+            eb = by_rank[rb]
+            sa = np.average([e.slowdown for e in ea], weights=[e.steps for e in ea])
+            sb = np.average([e.slowdown for e in eb], weights=[e.steps for e in eb])
+            if near(starts, b0) != 1 or max(sa, sb) > 2 * min(sa, sb):
+                continue
+            busy = {r for r, es in by_rank.items() for e in es if e.start <= b0 <= _stop(e)}
+            if len(busy - {ra, rb}) <= 2:
+                return [ra, rb]
+    return []
+
+
 def _own_onset(first: Episode, moving: list[Episode], gap: int) -> int:
     """The onset of a rank's own slowdown: its first episode's, unless that episode began as a
     moving straggler's turn (at a handover: a mover's episode ending as it began, none
     beginning then) and went on after the slow rank had moved on (a mover's episode beginning
     inside it, more than ``gap`` steps before its end); then where the slow rank moved on."""
-    if not any(m.start < first.start <= _stop(m) + gap for m in moving) or any(
+    if not any(m.start < first.start and abs(_stop(m) - first.start) <= gap for m in moving) or any(
         abs(m.start - first.start) <= gap for m in moving
     ):  # no turn ended as it began, or another rank took the turn then
         return first.start
@@ -404,14 +507,27 @@ def _own_onset(first: Episode, moving: list[Episode], gap: int) -> int:
 
 
 def _spells(es: list[Episode], merge_gap: int) -> list[list[Episode]]:
-    """A rank's episodes (by onset) merged across gaps of up to ``merge_gap`` steps."""
+    """A rank's episodes (by onset) merged across gaps of up to ``merge_gap`` steps, and across
+    longer gaps in which the rank stayed slow: at least half as slow as the episodes on either
+    side (a small slowdown in real noise lets the evidence fall back to 0 now and then; an
+    intermittent straggler's gaps are healthy)."""
     merged: list[list[Episode]] = []
     for e in es:
-        if merged and merged[-1][-1].end >= 0 and e.start - merged[-1][-1].end <= merge_gap:
+        last = merged[-1][-1] if merged else None
+        if (
+            last is not None
+            and last.end >= 0
+            and (e.start - last.end <= merge_gap or _stayed_slow(last, e))
+        ):
             merged[-1].append(e)
         else:
             merged.append([e])
     return merged
+
+
+def _stayed_slow(last: Episode, e: Episode) -> bool:
+    """Whether the rank was at least half as slow as the episodes either side between them."""
+    return e.before is not None and e.before >= 0.5 * min(last.slowdown, e.slowdown)
 
 
 def _union(es: list[Episode]) -> int:

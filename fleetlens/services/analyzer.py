@@ -23,6 +23,7 @@ from ..analysis.baseline import (
     localize,
     outlier_groups,
     shift_threshold,
+    steady_prefix,
     workload_signature,
 )
 from ..analysis.collectives import analyze_collectives, transfer_times
@@ -320,10 +321,13 @@ def _blocks(
         # last arrival's wait) does not move with a slow rank, a hot rack or a late input, nor
         # compute with a slow transfer, so a stall in the first block does not leave the
         # transfer unlearned (and the next blocks, a network fault's, learned as healthy).
+        # A block learns up to where its values step up for good (a fault that began in it).
         if not shifts and not stalls and not hot:
-            bl["compute"].add(med[a:z])
+            bl["compute"].add(med[a : a + steady_prefix(med[a:z], cfg.compute_min_shift)])
         if not slow_transfer:
-            bl["transfer"].add(transfer[a:z])
+            bl["transfer"].add(
+                transfer[a : a + steady_prefix(transfer[a:z], cfg.network_min_shift)]
+            )
 
 
 def _episode(coll: dict[str, Any], job: JobSpan, s0: int, s1: int) -> str:
