@@ -238,6 +238,10 @@ class RankState:
         return st
 
 
+_PER_RANK = ("c", "since", "alarm", "excess", "count", "prev", "gap_excess", "gap_count", "before")
+"""The per-rank arrays of :class:`RankState`."""
+
+
 def robust_sigma(x: Arr, floor: float) -> float:
     """Pooled robust spread of normalized compute: median over steps of 1.4826 * MAD."""
     dev = np.abs(x - 1.0)
@@ -266,8 +270,7 @@ def scan_stragglers(
     w = len(state.c)
     if compute.shape[1] > w:  # more ranks than the state knew: grow it
         grown = RankState.fresh(compute.shape[1])
-        kept = ("c", "since", "alarm", "excess", "count", "prev", "gap_excess", "gap_count")
-        for a in (*kept, "before"):
+        for a in _PER_RANK:
             getattr(grown, a)[:w] = getattr(state, a)
         grown.episodes, grown.noise = state.episodes, state.noise
         state = grown
@@ -443,7 +446,7 @@ def classify_episodes(
         out.append(
             StragglerClass(
                 diag, (r,), start, max(detected, start), _end(es),
-                float(np.average([e.slowdown for e in es], weights=[e.steps for e in es])),
+                _slowdown(es),
                 len(merged), sum(e.steps for e in es),
                 len(merged) == 1 and _end(es) >= 0 and covered < passing_steps,
             )
@@ -483,8 +486,7 @@ def _handover(
         lo = bisect_left(once, (max(end - 2 * gap, a0 + gap + 1), -1))
         for b0, rb in once[lo : bisect_right(once, (end + gap, 1 << 62))]:
             eb = by_rank[rb]
-            sa = np.average([e.slowdown for e in ea], weights=[e.steps for e in ea])
-            sb = np.average([e.slowdown for e in eb], weights=[e.steps for e in eb])
+            sa, sb = _slowdown(ea), _slowdown(eb)
             if near(starts, b0) != 1 or max(sa, sb) > 2 * min(sa, sb):
                 continue
             busy = {r for r, es in by_rank.items() for e in es if e.start <= b0 <= _stop(e)}
@@ -528,6 +530,11 @@ def _spells(es: list[Episode], merge_gap: int) -> list[list[Episode]]:
 def _stayed_slow(last: Episode, e: Episode) -> bool:
     """Whether the rank was at least half as slow as the episodes either side between them."""
     return e.before is not None and e.before >= 0.5 * min(last.slowdown, e.slowdown)
+
+
+def _slowdown(es: list[Episode]) -> float:
+    """A rank's mean slowdown over its episodes, weighted by their steps."""
+    return float(np.average([e.slowdown for e in es], weights=[e.steps for e in es]))
 
 
 def _union(es: list[Episode]) -> int:

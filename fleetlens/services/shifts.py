@@ -30,10 +30,9 @@ def shift_diagnosis(
     ``peer`` shift (a rack slower than the other ranks, :func:`outlier_groups`) is a finding only
     when half its GPUs or more throttle for heat: the others are no baseline."""
     nodes = sorted({place.node[r] for r in sh.ranks if place.node[r]})
-    gh = gpu_health(q.gpu_health_rows(nodes, t0, t1))
-    hot = {(g.node, g.gpu) for g in gh.values() if any(s.name == "thermal" for s in gpu_signals(g))}
+    hot, seen = _hot_gpus(q, nodes, t0, t1)
     thermal = len(hot)
-    frac = thermal / max(len(gh), 1)
+    frac = thermal / max(seen, 1)
     racks = sorted({place.rack[r] for r in sh.ranks if place.rack[r]})
     if peer and frac < 0.5:
         return []
@@ -46,7 +45,7 @@ def shift_diagnosis(
         out = []
         for rack in racks:
             rr = tuple(r for r in sh.ranks if place.rack[r] == rack)
-            mine = {(place.node[r], int(place.gpu[r])) for r in rr}
+            mine = _gpus(place, rr)
             if 2 * len(mine & hot) < len(mine):
                 continue
             with np.errstate(all="ignore"):
@@ -72,7 +71,7 @@ def shift_diagnosis(
            "othersRatio": sh.others_ratio if np.isfinite(sh.others_ratio) else None,
            "window": {"fromStep": s0, "toStep": s1}, "signature": signature},
           {"metric": "GPUs with thermal throttle reasons", "value": thermal,
-           "of": len(gh)}]  # fmt: skip
+           "of": seen}]  # fmt: skip
     return [Diagnosis(
         f"shift:{sh.level}:{sh.group}", diag, "slowdown", 0.85 if thermal else 0.6,
         f"{sh.level} {sh.group}: {len(sh.ranks)} ranks {sh.ratio - 1:.1%} slower than "
@@ -96,16 +95,14 @@ def throttled_racks(
     GPUs' own throttle reasons say it. The analyzer does not learn such a block as healthy (a
     job hot from its first steps would otherwise be its own baseline). The key is the rack's
     shift finding's, so a later block measured against the baseline continues it."""
-    nodes = sorted({n for n in place.node if n})
-    gh = gpu_health(q.gpu_health_rows(nodes, t0, t1))
-    hot = {(g.node, g.gpu) for g in gh.values() if any(s.name == "thermal" for s in gpu_signals(g))}
+    hot, _ = _hot_gpus(q, sorted({n for n in place.node if n}), t0, t1)
     out: list[Diagnosis] = []
     if not hot:
         return out
     vals = np.asarray(rank_vals, dtype=np.float64)
     for rack in sorted({k for k in place.rack if k}):
         rr = [r for r, k in enumerate(place.rack) if k == rack]
-        mine = {(place.node[r], int(place.gpu[r])) for r in rr}
+        mine = _gpus(place, rr)
         n_hot = len(mine & hot)
         if 2 * n_hot < len(mine):
             continue
@@ -128,6 +125,20 @@ def throttled_racks(
     return out
 
 
+def _hot_gpus(
+    q: DetectQueries, nodes: list[str], t0: float, t1: float
+) -> tuple[set[tuple[str, int]], int]:
+    """The GPUs of ``nodes`` throttling for heat over ``t0..t1`` (node, GPU), and how many GPUs
+    reported."""
+    gh = gpu_health(q.gpu_health_rows(nodes, t0, t1))
+    return {k for k, g in gh.items() if any(s.name == "thermal" for s in gpu_signals(g))}, len(gh)
+
+
+def _gpus(place: Placement, ranks: Any) -> set[tuple[str, int]]:
+    """The (node, GPU) of each of ``ranks``."""
+    return {(place.node[r], int(place.gpu[r])) for r in ranks}
+
+
 def _hot_rack(
     q: DetectQueries, signature: str, job: JobSpan, sh: GroupShift, place: Placement,
     b: Baseline, s0: int, s1: int, t0: float, t1: float, rank_vals: Any, rack: str,
@@ -139,10 +150,8 @@ def _hot_rack(
     rr = tuple(r for r, k in enumerate(place.rack) if k == rack)
     if rr == sh.ranks:
         return []
-    gh = gpu_health(q.gpu_health_rows(sorted({place.node[r] for r in rr if place.node[r]}),
-                                      t0, t1))  # fmt: skip
-    hot = sum(any(s.name == "thermal" for s in gpu_signals(g)) for g in gh.values())
-    if 2 * hot < len(gh):
+    hot, seen = _hot_gpus(q, sorted({place.node[r] for r in rr if place.node[r]}), t0, t1)
+    if 2 * len(hot) < seen:
         return []
     with np.errstate(all="ignore"):
         ratio = (float(np.nanmedian(np.asarray(rank_vals)[list(rr)])) / b.median
