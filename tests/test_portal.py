@@ -984,18 +984,8 @@ def test_oncall_page_for_the_oncall_role_and_a_viewer(
     assert page.locator("#content a[href^='/runs']").count() == 0
     assert page.get_attribute("#alerts tbody th a", "href") == "/runbooks#FatalHardwareFault"
 
-    # Approving from the page carries it out with the on-call token (audited as its name).
-    rid = srv.get("/v1/remediations", token=tokens["bolt-admin"])["remediations"][0]["id"]
-    page.get_by_role(
-        "button", name=f"Approve action #{rid}: take bolt-node-7 out of run bolt-run of tenant bolt"
-    ).click()
-    playwright.expect(page.locator("#actions tbody tr", has_text="bolt-node-7")).to_have_count(
-        0, timeout=20_000
-    )
-    done = srv.get(f"/v1/remediations/{rid}", token=tokens["bolt-admin"])
-    assert done["state"] == "drained" and done["approvedBy"] == "portal oncall", done
-    # On-call acknowledges another tenant's infrastructure alert (a writer of that tenant, or
-    # the on-call role, may).
+    # On-call first acknowledges another tenant's infrastructure alert (a writer of that
+    # tenant, or the on-call role, may).
     row = page.locator("#alerts tbody tr", has_text="FatalHardwareFault")
     ack = row.get_by_role("button", name=re.compile("Acknowledge alert FatalHardwareFault"))
     alert_id = (ack.get_attribute("aria-label") or "").rpartition("#")[2]
@@ -1005,6 +995,18 @@ def test_oncall_page_for_the_oncall_role_and_a_viewer(
     assert "FatalHardwareFault" in acked_row.inner_text()
     acked = srv.get(f"/v1/alerts/{alert_id}", token=tokens["bolt-admin"])
     assert acked["ackedBy"] == "portal oncall"
+    # Then approves the drain: approving from the page carries it out with the on-call token
+    # (audited as its name). Once the node is out its fault stops firing and leaves the list,
+    # so the acknowledgement comes first, as an on-call engineer's does.
+    rid = srv.get("/v1/remediations", token=tokens["bolt-admin"])["remediations"][0]["id"]
+    page.get_by_role(
+        "button", name=f"Approve action #{rid}: take bolt-node-7 out of run bolt-run of tenant bolt"
+    ).click()
+    playwright.expect(page.locator("#actions tbody tr", has_text="bolt-node-7")).to_have_count(
+        0, timeout=20_000
+    )
+    done = srv.get(f"/v1/remediations/{rid}", token=tokens["bolt-admin"])
+    assert done["state"] == "drained" and done["approvedBy"] == "portal oncall", done
     assert errors == []
 
     # The runs list is not the role's: the 403 points to the On-call page, which reloads.
