@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from bench._delivery import Player, Way, from_matrix, straggler_verdict
-from fleetlens.analysis.ranks import RankState, classify_episodes, open_episodes, scan_stragglers
+from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers
+from fleetlens.analysis.stragglers import classify_episodes
 
 PAI = (
     Path(__file__).resolve().parent

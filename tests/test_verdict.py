@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench._delivery import Player, Way, findings_verdict, record, straggler_verdict
-from fleetlens.analysis.ranks import RankState, classify_episodes, open_episodes, scan_stragglers
+from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers
+from fleetlens.analysis.stragglers import classify_episodes
 
 
 @pytest.fixture(scope="module")

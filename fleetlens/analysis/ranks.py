@@ -1,4 +1,4 @@
-"""Per-step rank statistics and straggler detection and classification.
+"""Per-step rank statistics and straggler detection: each rank's episodes of slowness.
 
 In a synchronous job every rank's step lasts as long as the slowest's, so a slow rank shows in
 its *compute* time (forward + backward + optimizer), not in its duration. Everything here works
@@ -16,41 +16,28 @@ cap = 6 one outlier step never flags a rank and a 5-sigma slowdown is flagged on
 An episode runs from the step its evidence began to the step ``C`` falls back to 0; one whose
 mean slowdown falls under ``min_slowdown`` is dropped (the rank starts over).
 
-Everything carried from step to step (C, the previous ``x``, the noise of the last steps) is in
+A slowdown under ``k`` sigma (11 % in 5 % noise: generated fleets 161 and 195) never piles up
+evidence in that lane, however long it lasts. A second, *slow lane* watches each rank that has
+no open episode with ``k_slow`` = 1.25 and ``h_slow`` = 12: a 2.2-sigma slowdown is flagged in
+about 12 steps, dated from where its evidence began, while one outlier step (at most 4.75) or
+two never reach it, nor healthy Gaussian noise in any run length one would record (its false
+alarm rate is of the order of e^-33 per rank-step). An episode it opens is held open while
+its C (capped at ``h_slow`` / 2, so that it lets go within about 5 steps of the slowdown's
+end, as the fast lane does) stays above 0, and is *faint* until the fast lane's evidence also
+reaches ``h``: the classification does not tell a moving straggler from faint episodes (see
+:mod:`fleetlens.analysis.stragglers`).
+
+Everything carried from step to step (both lanes' C, the previous ``x``, the noise of the last
+steps) is in
 :class:`RankState`, and a step's result depends only on that step and the state: the same steps
 give the same episodes whatever the windows they were cut into (the analyzer feeds only complete
 steps, in order; see ``services/analyzer.py``).
 
-Classification of the run's episodes (:func:`classify_episodes`), on evidence that holds on real
-data: ranks that are slow mostly *alone*, none holding most of the flagged steps, 3 or more of
-them -> ``straggler.moving`` (the slow rank keeps changing: data skew); so are two ranks slow
-in one short spell each, the second from where the first recovered, with at most two other
-ranks slow then (two turns seen, the others hidden by a slower rank or too faint), known when
-the second is flagged. "Alone" does not count a rank flagged for 3 times the median of the
-ranks' flagged steps or more and not slow together with another such rank (their onsets within
-a tenth of the shorter one's span): it is a straggler of its own, slow while the others take
-turns, never a mover; nor a rank slow in 3 or more spells (an intermittent straggler). Nor is
-a rank slow in 3 or more separate spells, more than twice the movers' usual
-count plus one: the slow rank of a moving straggler comes back to a rank only after its turns
-on the others, so that rank is an intermittent straggler beside it. A rank slow in one short
-episode (no more flagged steps than a mover) within the movers' span is a mover too: a turn
-seen at a handover, where its episode overlaps the next. A rank whose first episode began as a
-turn (at a handover) and went on after the slow rank moved on is dated from where it moved on.
-Otherwise per rank, its episodes merged across short gaps and across gaps in which it stayed
-at least half as slow as the episodes either side (its mean ``x - 1`` between them, carried in
-the state: a small slowdown in real noise lets the evidence lapse; an intermittent straggler's
-gaps are healthy): one, or flagged for at least
-``persistent_cover`` of the span from its first onset to its last episode's end (in steps, a
-step replayed by a restart counted once) -> ``straggler.persistent``; else
-``straggler.intermittent``. A rank slow once for fewer than ``passing_steps`` and healthy again
-is marked ``passing``: a spell that passed by itself (in the generated scenarios, a moving
-straggler's turn or one episode of an intermittent one), which the analyzer does not report as
-a persistent straggler.
+The episodes are classified in :mod:`fleetlens.analysis.stragglers`.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,8 +48,6 @@ __all__ = [
     "Episode",
     "RankState",
     "StepStats",
-    "StragglerClass",
-    "classify_episodes",
     "open_episodes",
     "robust_sigma",
     "scan_stragglers",
@@ -141,6 +126,9 @@ class CusumParams:
     min_slowdown: float = 0.05
     sigma_floor: float = 0.003
     sigma_steps: int = 64  # the noise estimate is the median over this many recent steps
+    # the slow lane: a lasting slowdown under k sigma (a 10-15% slow rank in 5% noise)
+    k_slow: float = 1.25
+    h_slow: float = 12.0
 
 
 @dataclass
@@ -156,6 +144,7 @@ class Episode:
     # mean (compute / step median) - 1 of the rank's steps since its previous episode ended,
     # before this one's evidence began (None: its first episode, or no step measured between)
     before: float | None = None
+    faint: bool = False  # only the slow lane saw it (see :func:`scan_stragglers`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,6 +167,14 @@ class RankState:
     gap_excess: Arr = field(default_factory=lambda: np.empty(0))
     gap_count: Arr = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     before: Arr = field(default_factory=lambda: np.empty(0))
+    # The slow lane's evidence while no episode is open: C, where it began, sum of (x - 1), steps.
+    c_slow: Arr = field(default_factory=lambda: np.empty(0))
+    since_slow: Arr = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    excess_slow: Arr = field(default_factory=lambda: np.empty(0))
+    count_slow: Arr = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    # the open episode: 0 opened by the fast lane (or none), 1 by the slow lane (faint), 2 by
+    # the slow lane and the fast lane's evidence has reached h since
+    opened: Arr = field(default_factory=lambda: np.empty(0, dtype=np.int8))
 
     @classmethod
     def fresh(cls, world: int) -> RankState:
@@ -186,11 +183,13 @@ class RankState:
         return cls(
             z.copy(), m.copy(), m.copy(), z.copy(), np.zeros(world, dtype=np.int64),
             prev=np.full(world, np.nan), gap_excess=z.copy(), gap_count=m.copy(),
-            before=np.full(world, np.nan),
+            before=np.full(world, np.nan), c_slow=z.copy(), since_slow=m.copy(),
+            excess_slow=z.copy(), count_slow=np.zeros(world, dtype=np.int64),
+            opened=np.zeros(world, dtype=np.int8),
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
-        live = np.flatnonzero(self.c > 0)
+        live = np.flatnonzero((self.c > 0) | (self.since >= 0))
         return {
             "world": len(self.c),
             "live": {
@@ -200,6 +199,7 @@ class RankState:
                     int(self.alarm[r]),
                     float(self.excess[r]),
                     int(self.count[r]),
+                    int(self.opened[r]),
                 ]
                 for r in live
             },
@@ -215,16 +215,26 @@ class RankState:
                 int(r): float(self.before[r])
                 for r in np.flatnonzero(np.isfinite(self.before) & (self.alarm >= 0))
             },
+            "slow": {
+                int(r): [
+                    float(self.c_slow[r]),
+                    int(self.since_slow[r]),
+                    float(self.excess_slow[r]),
+                    int(self.count_slow[r]),
+                ]
+                for r in np.flatnonzero(self.c_slow > 0)
+            },
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any], world: int) -> RankState:
         st = cls.fresh(max(world, int(d.get("world", 0))))
-        for r, (c, since, alarm, ex, n) in d.get("live", {}).items():
+        for r, (c, since, alarm, ex, n, *opened) in d.get("live", {}).items():
             i = int(r)
             if not 0 <= i < len(st.c):
                 continue
             st.c[i], st.since[i], st.alarm[i], st.excess[i], st.count[i] = c, since, alarm, ex, n
+            st.opened[i] = int(opened[0]) if opened else 0
         st.episodes = [Episode(**e) for e in d.get("episodes", [])]
         prev = [np.nan if v is None else float(v) for v in d.get("prev", [])][: len(st.c)]
         st.prev[: len(prev)] = prev
@@ -235,10 +245,20 @@ class RankState:
         for r, v in d.get("before", {}).items():
             if 0 <= int(r) < len(st.c):
                 st.before[int(r)] = v
+        for r, (c, since, ex, n) in d.get("slow", {}).items():
+            if 0 <= int(r) < len(st.c):
+                i = int(r)
+                st.c_slow[i], st.since_slow[i], st.excess_slow[i], st.count_slow[i] = (
+                    c,
+                    since,
+                    ex,
+                    n,
+                )
         return st
 
 
-_PER_RANK = ("c", "since", "alarm", "excess", "count", "prev", "gap_excess", "gap_count", "before")
+_PER_RANK = ("c", "since", "alarm", "excess", "count", "prev", "gap_excess", "gap_count", "before",
+             "c_slow", "since_slow", "excess_slow", "count_slow", "opened")  # fmt: skip
 """The per-rank arrays of :class:`RankState`."""
 
 
@@ -284,6 +304,8 @@ def scan_stragglers(
     c, since, alarm, excess, count = state.c, state.since, state.alarm, state.excess, state.count
     prev, noise = state.prev, state.noise
     gx, gn, before = state.gap_excess, state.gap_count, state.before
+    c2, since2, opened = state.c_slow, state.since_slow, state.opened
+    excess2, count2 = state.excess_slow, state.count_slow
     for i, s in enumerate(steps.tolist()):
         xi = x[i]
         ok = np.isfinite(xi)
@@ -302,41 +324,72 @@ def scan_stragglers(
         # a rank not measured this step keeps its evidence: silence is not health
         c[ok] += np.minimum(xr[ok] / sigma, p.cap) - p.k
         np.clip(c, 0.0, p.cmax, out=c)
+        # The slow lane: a lasting slowdown under k sigma, watched while the rank has no open
+        # episode. It opens one (faint) from where its evidence began when that reaches h_slow
+        # and holds it while it stays above 0 (capped at h_slow / 2, so that it lets go within
+        # a few steps of the slowdown's end, as the fast lane does).
+        lane = ok & ((alarm < 0) | (opened > 0))
+        c2[lane] += np.minimum(xr[lane] / sigma, p.cap) - p.k_slow
+        c2[(alarm >= 0) & (opened == 0)] = 0.0
+        np.clip(c2, 0.0, np.where(alarm >= 0, p.h_slow / 2, p.h_slow), out=c2)
         pos = c > 0
+        held = pos | ((c2 > 0) & (opened > 0))
         starting = pos & (since < 0)
         since[starting] = s
-        excess[pos & ok] += xr[pos & ok]
-        count[pos & ok] += 1
+        excess[held & ok] += xr[held & ok]
+        count[held & ok] += 1
+        idle2 = (c2 > 0) & (alarm < 0)
+        since2[idle2 & (since2 < 0)] = s
+        excess2[idle2 & ok] += xr[idle2 & ok]
+        count2[idle2 & ok] += 1
+        since2[~idle2], excess2[~idle2], count2[~idle2] = -1, 0.0, 0
         between = ok & (gn >= 0) & (alarm < 0)
         gx[between] += xr[between]
         gn[between] += 1
+        opened[(c >= p.h) & (opened == 1)] = 2  # a faint episode the fast lane sees too
         hit = np.flatnonzero((c >= p.h) & (alarm < 0))
         for r in hit.tolist():
             if excess[r] / max(count[r], 1) >= p.min_slowdown:
-                alarm[r] = s
-                # the gap is what came before this episode's evidence began
-                n = int(gn[r] - count[r]) if gn[r] >= 0 else 0
-                before[r] = (gx[r] - excess[r]) / n if n > 0 else np.nan
-                gx[r], gn[r] = 0.0, -1
+                _open(state, r, s)
             else:  # significant but too small to matter: start the evidence over
                 c[r], since[r], excess[r], count[r] = 0.0, -1, 0.0, 0
+        for r in np.flatnonzero((c2 >= p.h_slow) & (alarm < 0)).tolist():
+            if excess2[r] / max(count2[r], 1) >= p.min_slowdown:
+                since[r], excess[r], count[r] = since2[r], excess2[r], count2[r]
+                _open(state, r, s)
+                c2[r], held[r], opened[r] = p.h_slow / 2, True, 1
+            else:
+                c2[r] = 0.0
+            since2[r], excess2[r], count2[r] = -1, 0.0, 0
         # An episode whose slowdown fell under the minimum was noise on a slightly slow rank.
-        weak = np.flatnonzero((alarm >= 0) & pos & (excess < p.min_slowdown * count))
+        weak = np.flatnonzero((alarm >= 0) & held & (excess < p.min_slowdown * count))
         for r in weak.tolist():
             c[r], since[r], alarm[r], excess[r], count[r] = 0.0, -1, -1, 0.0, 0
+            c2[r], opened[r] = 0.0, 0
             # between episodes again, the gap measured afresh
             gx[r], gn[r], before[r] = 0.0, 0 if np.isfinite(before[r]) else -1, np.nan
-        ended = np.flatnonzero(~pos & (since >= 0))
+        ended = np.flatnonzero(~held & (since >= 0))
         for r in ended.tolist():
             if alarm[r] >= 0 and excess[r] >= p.min_slowdown * count[r]:
                 n = int(count[r])
                 b = float(before[r]) if np.isfinite(before[r]) else None
-                state.episodes.append(
-                    Episode(r, int(since[r]), int(alarm[r]), s - 1, float(excess[r] / n), n, b)
-                )
+                state.episodes.append(Episode(
+                    r, int(since[r]), int(alarm[r]), s - 1, float(excess[r] / n), n, b,
+                    bool(opened[r] == 1),
+                ))  # fmt: skip
                 gx[r], gn[r], before[r] = 0.0, 0, np.nan
-            since[r], alarm[r], excess[r], count[r] = -1, -1, 0.0, 0
+            since[r], alarm[r], excess[r], count[r], opened[r] = -1, -1, 0.0, 0, 0
     return state
+
+
+def _open(state: RankState, r: int, s: int) -> None:
+    """Rank ``r``'s episode is flagged at step ``s``; the gap before it is what came before its
+    evidence began."""
+    gx, gn, count = state.gap_excess, state.gap_count, state.count
+    state.alarm[r] = s
+    n = int(gn[r] - count[r]) if gn[r] >= 0 else 0
+    state.before[r] = (gx[r] - state.excess[r]) / n if n > 0 else np.nan
+    gx[r], gn[r] = 0.0, -1
 
 
 def open_episodes(state: RankState) -> list[Episode]:
@@ -344,242 +397,7 @@ def open_episodes(state: RankState) -> list[Episode]:
     return [
         Episode(int(r), int(state.since[r]), int(state.alarm[r]), -1,
                 float(state.excess[r] / max(state.count[r], 1)), int(state.count[r]),
-                float(state.before[r]) if np.isfinite(state.before[r]) else None)
+                float(state.before[r]) if np.isfinite(state.before[r]) else None,
+                bool(state.opened[r] == 1))
         for r in np.flatnonzero(state.alarm >= 0).tolist()
     ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class StragglerClass:
-    """A classified straggler: its diagnosis, the ranks, and its span in steps."""
-
-    diagnosis: str  # straggler.persistent | straggler.intermittent | straggler.moving
-    ranks: tuple[int, ...]
-    start: int
-    detected: int
-    end: int  # -1: ongoing
-    slowdown: float
-    episodes: int
-    flagged_steps: int
-    # slow once, for fewer than ``passing_steps``, and healthy again: no persistent straggler
-    passing: bool = False
-
-
-def classify_episodes(
-    episodes: list[Episode], merge_gap: int = 5, moving_min_ranks: int = 3,
-    persistent_cover: float = 0.8, passing_steps: int = 60,
-) -> list[StragglerClass]:  # fmt: skip
-    """Turn a run's episodes into findings (see the module docstring)."""
-    if not episodes:
-        return []
-    by_rank: dict[int, list[Episode]] = {}
-    for e in sorted(episodes, key=lambda e: (e.start, e.rank)):
-        by_rank.setdefault(e.rank, []).append(e)
-    flagged = {r: sum(e.steps for e in es) for r, es in by_rank.items()}
-    total = sum(flagged.values())
-    out: list[StragglerClass] = []
-    typical = float(np.median(list(flagged.values())))
-    # a rank slow far longer than the others, and not together with another such rank (a group
-    # slowing together stays as it is), is its own straggler, not a reason the ranks that take
-    # turns beside it are never alone
-    long = {r: by_rank[r] for r, n in flagged.items() if len(flagged) > 3 and n >= 3 * typical}
-    background = {
-        r for r in long
-        if _alone(long, r) >= 0.5 or not any(_together(long[r], es, merge_gap)
-                                             for q, es in long.items() if q != r)
-    }  # fmt: skip
-    # nor do the ranks slow again and again (an intermittent straggler beside the turns)
-    again = {r for r, es in by_rank.items() if len(_spells(es, merge_gap)) >= 3}
-    movers = [
-        r for r in by_rank
-        if r not in background and flagged[r] <= 0.5 * total
-        and _alone(by_rank, r, background | again) >= 0.5
-    ]  # fmt: skip
-    # The slow rank of a moving straggler comes back to a rank only after its turns on the
-    # others: a rank slow again and again while the others took one turn each is an
-    # intermittent straggler beside it.
-    spells = {r: len(_spells(by_rank[r], merge_gap)) for r in movers}
-    usual = float(np.median(list(spells.values()))) if spells else 1.0
-    movers = [r for r in movers if spells[r] < max(3.0, 2 * usual + 1)]
-    moved: list[Episode] = []  # the moving straggler's episodes, if there is one
-    # Two ranks slow once each, the second from where the first stopped: the slow rank moved
-    # (a moving straggler seen for two turns, its other turns on ranks slow anyway or unseen),
-    # known as soon as the second is flagged.
-    pair = _handover(by_rank, background | again, merge_gap, passing_steps)
-    moving = len(movers) >= moving_min_ranks
-    if not moving and pair:
-        movers, moving = list(pair), True
-    if moving:
-        # A rank slow once, briefly (no longer than a mover), while the slow rank keeps moving
-        # is one more turn of it seen at a handover (its episode overlaps the next mover's), not
-        # a straggler of its own.
-        lo = min(e.start for r in movers for e in by_rank[r])
-        hi = max(_stop(e) for r in movers for e in by_rank[r])
-        most = max(flagged[r] for r in movers)
-        movers += [
-            r for r, es in by_rank.items()
-            if r not in movers and r not in background and len(es) == 1 and es[0].end >= 0
-            and flagged[r] <= most and es[0].start <= hi and _stop(es[0]) >= lo
-        ]  # fmt: skip
-        es = sorted((e for r in movers for e in by_rank[r]), key=lambda e: e.detected)
-        third = sorted({e.rank: e.detected for e in reversed(es)}.items(), key=lambda kv: kv[1])
-        seen = [t for _, t in third[moving_min_ranks - 1 : moving_min_ranks]]
-        if pair and set(pair) <= set(movers):
-            seen.append(by_rank[pair[1]][0].detected)
-        out.append(
-            StragglerClass(
-                "straggler.moving", tuple(sorted(movers)), min(e.start for e in es),
-                min(seen), _end(es),
-                float(np.mean([e.slowdown for e in es])), len(es), sum(e.steps for e in es),
-            )
-        )  # fmt: skip
-        moved = es
-        by_rank = {r: v for r, v in by_rank.items() if r not in movers}
-    for r, es in by_rank.items():
-        merged = _spells(es, merge_gap)
-        # a restart replays the steps since its checkpoint: count a step covered once
-        covered = _union(es)
-        steady = len(merged) == 1 or covered >= persistent_cover * (_last(es) - es[0].start + 1)
-        diag = "straggler.persistent" if steady else "straggler.intermittent"
-        detected = merged[0][0].detected if steady else merged[1][0].detected
-        start = _own_onset(es[0], moved, merge_gap)
-        out.append(
-            StragglerClass(
-                diag, (r,), start, max(detected, start), _end(es),
-                _slowdown(es),
-                len(merged), sum(e.steps for e in es),
-                len(merged) == 1 and _end(es) >= 0 and covered < passing_steps,
-            )
-        )  # fmt: skip
-    return out
-
-
-def _together(a: list[Episode], b: list[Episode], gap: int) -> bool:
-    """Whether two ranks began to be slow together: onsets within ``gap`` steps or a tenth of
-    the shorter one's span (a group slows at once; two stragglers at unrelated times)."""
-    span = min(_last(a) - a[0].start + 1, _last(b) - b[0].start + 1)
-    return abs(a[0].start - b[0].start) <= max(gap, 0.1 * span)
-
-
-def _handover(
-    by_rank: dict[int, list[Episode]], ignore: set[int], gap: int, most: int
-) -> list[int]:
-    """The first two ranks slow in one short spell each (flagged for ``most`` steps or fewer:
-    a turn), about as slow, the second taking over as the first's evidence runs out (its onset
-    at most ``2 x gap`` steps before the first's end, at most ``gap`` after), no other rank
-    beginning or ending then (a group slows together) and at most two others slow then (the
-    GPUs of a hot rack throttle one after another, all slow together)."""
-    once = sorted(
-        (es[0].start, r) for r, es in by_rank.items()
-        if r not in ignore and len(_spells(es, gap)) == 1 and _union(es) <= most
-    )  # fmt: skip
-    starts = sorted(es[0].start for es in by_rank.values())
-    ends = sorted(_end(es) for es in by_rank.values())
-
-    def near(xs: list[int], t: int) -> int:  # how many of the sorted xs lie within gap of t
-        return bisect_right(xs, t + gap) - bisect_left(xs, t - gap)
-
-    for a0, ra in once:
-        ea, end = by_rank[ra], _end(by_rank[ra])
-        if end < 0 or near(ends, end) != 1:
-            continue
-        lo = bisect_left(once, (max(end - 2 * gap, a0 + gap + 1), -1))
-        for b0, rb in once[lo : bisect_right(once, (end + gap, 1 << 62))]:
-            eb = by_rank[rb]
-            sa, sb = _slowdown(ea), _slowdown(eb)
-            if near(starts, b0) != 1 or max(sa, sb) > 2 * min(sa, sb):
-                continue
-            busy = {r for r, es in by_rank.items() for e in es if e.start <= b0 <= _stop(e)}
-            if len(busy - {ra, rb}) <= 2:
-                return [ra, rb]
-    return []
-
-
-def _own_onset(first: Episode, moving: list[Episode], gap: int) -> int:
-    """The onset of a rank's own slowdown: its first episode's, unless that episode began as a
-    moving straggler's turn (at a handover: a mover's episode ending as it began, none
-    beginning then) and went on after the slow rank had moved on (a mover's episode beginning
-    inside it, more than ``gap`` steps before its end); then where the slow rank moved on."""
-    if not any(m.start < first.start and abs(_stop(m) - first.start) <= gap for m in moving) or any(
-        abs(m.start - first.start) <= gap for m in moving
-    ):  # no turn ended as it began, or another rank took the turn then
-        return first.start
-    on = [m.start for m in moving if first.start < m.start < _stop(first) - gap]
-    return min(on) if on else first.start
-
-
-def _spells(es: list[Episode], merge_gap: int) -> list[list[Episode]]:
-    """A rank's episodes (by onset) merged across gaps of up to ``merge_gap`` steps, and across
-    longer gaps in which the rank stayed slow: at least half as slow as the episodes on either
-    side (a small slowdown in real noise lets the evidence fall back to 0 now and then; an
-    intermittent straggler's gaps are healthy)."""
-    merged: list[list[Episode]] = []
-    for e in es:
-        last = merged[-1][-1] if merged else None
-        if (
-            last is not None
-            and last.end >= 0
-            and (e.start - last.end <= merge_gap or _stayed_slow(last, e))
-        ):
-            merged[-1].append(e)
-        else:
-            merged.append([e])
-    return merged
-
-
-def _stayed_slow(last: Episode, e: Episode) -> bool:
-    """Whether the rank was at least half as slow as the episodes either side between them."""
-    return e.before is not None and e.before >= 0.5 * min(last.slowdown, e.slowdown)
-
-
-def _slowdown(es: list[Episode]) -> float:
-    """A rank's mean slowdown over its episodes, weighted by their steps."""
-    return float(np.average([e.slowdown for e in es], weights=[e.steps for e in es]))
-
-
-def _union(es: list[Episode]) -> int:
-    """Steps covered by the episodes, each step once."""
-    n, hi = 0, -(10**18)
-    for a, b in sorted((e.start, _stop(e)) for e in es):
-        if b > hi:
-            n += b - max(a, hi + 1) + 1
-            hi = b
-    return n
-
-
-def _stop(e: Episode) -> int:
-    return e.end if e.end >= 0 else e.start + max(e.steps, 1) - 1
-
-
-def _last(es: list[Episode]) -> int:
-    return max(_stop(e) for e in es)
-
-
-def _alone(by_rank: dict[int, list[Episode]], r: int, ignore: set[int] | None = None) -> float:
-    """Share of rank ``r``'s flagged steps during which no other rank (but those in ``ignore``)
-    was in an episode."""
-    others = sorted(
-        (e.start, _stop(e))
-        for q, es in by_rank.items()
-        if q != r and q not in (ignore or ())
-        for e in es
-    )
-    mine = [(e.start, _stop(e)) for e in by_rank[r]]
-    own = sum(b - a + 1 for a, b in mine)
-    shared = 0
-    for a, b in mine:
-        cover = 0  # union of the others' intervals inside [a, b]
-        hi = a - 1
-        for oa, ob in others:
-            if ob < a or oa > b:
-                continue
-            lo_, hi_ = max(oa, a, hi + 1), min(ob, b)
-            if hi_ >= lo_:
-                cover += hi_ - lo_ + 1
-                hi = hi_
-        shared += cover
-    return 1.0 - shared / max(own, 1)
-
-
-def _end(es: list[Episode]) -> int:
-    return -1 if any(e.end < 0 for e in es) else max(e.end for e in es)

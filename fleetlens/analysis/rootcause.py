@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .hardware import Signal
-from .ranks import StragglerClass
+from .stragglers import StragglerClass
 from .xid import classify_xid
 
 __all__ = [

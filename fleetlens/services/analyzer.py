@@ -34,7 +34,7 @@ from ..analysis.hardware import (
     gpu_health,
     gpu_signals,
 )
-from ..analysis.ranks import RankState, classify_episodes, open_episodes, scan_stragglers
+from ..analysis.ranks import RankState, open_episodes, scan_stragglers
 from ..analysis.rootcause import (
     Diagnosis,
     diagnose_events,
@@ -43,6 +43,7 @@ from ..analysis.rootcause import (
     diagnose_straggler,
     xid_diagnosis,
 )
+from ..analysis.stragglers import classify_episodes
 from ..analysis.topology import tp_split
 from ..config import AnalyzerConfig
 from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
