@@ -33,6 +33,7 @@ straggler.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,15 +118,10 @@ def classify_episodes(
             and flagged[r] <= most and es[0].start <= hi and _stop(es[0]) >= lo
         ]  # fmt: skip
         # so is a rank the slow lane alone saw slow once, as briefly, then
+        times = Counter(e.rank for e in faint)
         for e in faint:
-            if (
-                e.rank not in by_rank
-                and e.end >= 0
-                and e.steps <= most
-                and e.start <= hi
-                and _stop(e) >= lo
-                and sum(f.rank == e.rank for f in faint) == 1
-            ):
+            turn = e.end >= 0 and e.steps <= most and e.start <= hi and _stop(e) >= lo
+            if turn and times[e.rank] == 1 and e.rank not in by_rank:
                 by_rank[e.rank] = [e]
                 movers.append(e.rank)
         es = sorted((e for r in movers for e in by_rank[r]), key=lambda e: e.detected)
