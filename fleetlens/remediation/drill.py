@@ -108,9 +108,25 @@ class Drill:
                 start_new_session=True,  # the agent and its workers: one group to stop
             )
             log.close()
-            if i == 0:
-                time.sleep(1.0)  # the first agent hosts the rendezvous store
+            if i == 0:  # the first agent must host the rendezvous store: faults go on the others
+                self._wait_for_store(node)
         return self
+
+    def _wait_for_store(self, node: str, timeout: float = 120.0) -> None:
+        """Until the first agent listens on the rendezvous port. Its torch import takes seconds
+        on a loaded machine; an agent started before it binds would host the store itself, and a
+        fault on that node would then take the store, and the job, with it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.procs[node].poll() is not None:
+                raise FleetlensError(f"{node}'s torchrun exited at start: {self.log(node, 2000)}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1.0),
+            ):
+                return
+            time.sleep(0.1)
+        raise FleetlensError(f"{node}'s torchrun opened no rendezvous store in {timeout:g} s")
 
     def log(self, node: str, tail: int = 4000) -> str:
         with contextlib.suppress(OSError):
