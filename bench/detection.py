@@ -42,7 +42,7 @@ from _common import emit
 
 from bench._detect_harness import SCENARIOS, Bench
 from bench._lag_replay import LagReplay
-from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers, step_stats
+from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers
 from fleetlens.services.runs import RunQueries
 from fleetlens.sim.generate import EVENT_KINDS, MAGNITUDE_BINS, SLOW_KINDS, magnitude_bin
 from fleetlens.sim.truth import score_detections
@@ -116,7 +116,6 @@ def step_ms(reps: int) -> float:
     st = RankState.fresh(16384)
     t0 = time.perf_counter()
     for i in range(reps):
-        step_stats(x[i])
         scan_stragglers(np.array([i]), x[i : i + 1], st)
     return (time.perf_counter() - t0) / reps * 1000.0
 

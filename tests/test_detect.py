@@ -16,7 +16,7 @@ from bench._detect_harness import SCENARIOS, Bench
 from fleetlens.analysis.baseline import Baseline, localize
 from fleetlens.analysis.collectives import analyze_collectives
 from fleetlens.analysis.hangs import find_stalls, flight_recorder_groups, missing_from_groups
-from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers, step_stats
+from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers
 from fleetlens.analysis.stragglers import classify_episodes
 from fleetlens.analysis.xid import classify_xid, xid_catalog
 from fleetlens.sim.truth import score_detections
@@ -212,12 +212,6 @@ def test_moving_straggler_beside_a_persistent_one_is_still_moving() -> None:
     assert 40 not in found["straggler.moving"].ranks
     assert found["straggler.persistent"].ranks == (40,)
     assert abs(found["straggler.persistent"].start - 100) <= 5
-
-
-def test_step_stats_exact() -> None:
-    s = step_stats(np.array([1.0, 2.0, 3.0, 4.0, 10.0]))
-    assert (s.max, s.median, s.slowest, s.wait_s) == (10.0, 3.0, 4, 6.0)
-    assert s.spread == pytest.approx(7.0 / 3.0) and s.ratio == pytest.approx(10.0 / 3.0)
 
 
 def test_rack_throttling_caught_by_absolute_check_and_localized() -> None:

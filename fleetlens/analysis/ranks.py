@@ -1,4 +1,4 @@
-"""Per-step rank statistics and straggler detection: each rank's episodes of slowness.
+"""Straggler detection: each rank's episodes of slowness, step by step.
 
 In a synchronous job every rank's step lasts as long as the slowest's, so a slow rank shows in
 its *compute* time (forward + backward + optimizer), not in its duration. Everything here works
@@ -47,74 +47,12 @@ __all__ = [
     "CusumParams",
     "Episode",
     "RankState",
-    "StepStats",
     "open_episodes",
     "robust_sigma",
     "scan_stragglers",
-    "step_stats",
-    "window_step_stats",
 ]
 
 Arr = np.ndarray[Any, Any]
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """One step across ranks. ``spread`` = (max - median) / median; ``ratio`` = max / median;
-    ``wait_s``: what the job lost to its slowest rank (max - second largest)."""
-
-    max: float
-    median: float
-    p95: float
-    p99: float
-    spread: float
-    ratio: float
-    slowest: int
-    wait_s: float
-
-
-def step_stats(compute: Arr) -> StepStats:
-    """Statistics of one step from its ranks' compute times (NaN = rank not reported)."""
-    x = np.asarray(compute, dtype=np.float64)
-    ok = np.isfinite(x)
-    if not ok.all():
-        x = np.where(ok, x, -np.inf)
-    n = int(ok.sum())
-    if n == 0:
-        nan = float("nan")
-        return StepStats(nan, nan, nan, nan, nan, nan, -1, 0.0)
-    slowest = int(np.argmax(x))
-    v = x[ok] if n < len(x) else x
-    k50, k95, k99 = (n - 1) // 2, int(0.95 * (n - 1)), int(0.99 * (n - 1))
-    part = np.partition(v, sorted({k50, k95, k99, max(n - 2, 0), n - 1}))
-    med, top, second = float(part[k50]), float(part[n - 1]), float(part[max(n - 2, 0)])
-    spread = (top - med) / med if med > 0 else float("nan")
-    return StepStats(
-        top, med, float(part[k95]), float(part[k99]), spread,
-        top / med if med > 0 else float("nan"), slowest, top - second,
-    )  # fmt: skip
-
-
-def window_step_stats(compute: Arr) -> dict[str, Arr]:
-    """Vectorized :func:`step_stats` over a (steps x ranks) window: one array per field."""
-    x = np.where(np.isfinite(compute), compute, np.nan)
-    med = np.nanmedian(x, axis=1)
-    filled = np.where(np.isfinite(x), x, -np.inf)
-    slowest = np.argmax(filled, axis=1)
-    top2 = -np.sort(-filled, axis=1)[:, :2] if x.shape[1] > 1 else np.repeat(filled, 2, axis=1)
-    q = np.nanpercentile(x, [95, 99], axis=1)
-    mx = top2[:, 0]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return {
-            "max": mx,
-            "median": med,
-            "p95": q[0],
-            "p99": q[1],
-            "spread": (mx - med) / med,
-            "ratio": mx / med,
-            "slowest": slowest,
-            "wait_s": mx - top2[:, 1],
-        }
 
 
 @dataclass(frozen=True)
