@@ -438,12 +438,15 @@
 
   // Draws (a refresh, or after an approval, acknowledgement or silence) may overlap: only the
   // newest request's answer is drawn, so an older answer cannot undo what a newer one shows.
+  // A refresh does not redraw the tables under a silence being written (its reason would be
+  // lost): it waits until the silence is sent, which redraws them.
   let oncallDraws = 0;
 
-  async function oncallPage() {
+  async function oncallPage(opts = {}) {
     const mine = ++oncallDraws;
     const d = await getJSON("/v1/portal/oncall");
     if (mine !== oncallDraws) return true;
+    if (opts.refreshing && document.querySelector(".silence-form:not([hidden])")) { drawHeld = true; return true; }
     const infra = d.view === "infra";
     const since = (t) => dur(Math.max(0, d.generatedAt - t));
     const age = (a) => dur(Math.max(0, d.generatedAt - a.decidedAt));
@@ -639,6 +642,7 @@
   let live = false;
   let failures = 0;
   let updatedAt = 0;  // ms: when the data shown were fetched
+  let drawHeld = false;  // the last refresh fetched but did not redraw (a form is open)
   let dueWhileHidden = false;
   const age = document.getElementById("age");
   const pauseButton = document.getElementById("pause");
@@ -700,7 +704,8 @@
     try {
       live = await PAGES[page]({ refreshing });
       failures = 0;
-      updatedAt = Date.now();
+      if (!drawHeld) updatedAt = Date.now();
+      drawHeld = false;
       status.textContent = `Updated ${clock(updatedAt)}`;
       body.dataset.loaded = "true";
       delete body.dataset.stale;
