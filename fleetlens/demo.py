@@ -114,7 +114,7 @@ def _where(ranks: list[int]) -> str:
 
 
 def found_vs_injected(
-    client: Client, run_id: str, truth: Any, played_at: float, wait_s: float = 30.0
+    client: Client, run_id: str, truth: Any, played_at: float, wait_s: float = 90.0
 ) -> str:
     """What fleetlens found beside what was injected, matched one to one (the simulator's
     scoring: same diagnosis, overlapping ranks or nodes, inside the fault's window), with how
@@ -208,7 +208,7 @@ def real_ddp(client: Client, run_id: str, steps: int = 40, slow_rank: int = 2) -
     )
     if out.returncode != 0:
         return f"the DDP example failed:\n{out.stderr[-2000:]}"
-    deadline = time.monotonic() + 60  # a pass over the simulated run may take a while
+    deadline = time.monotonic() + 120  # a pass over the simulated run may take a while
     found: list[dict[str, Any]] = []
     while time.monotonic() < deadline and not found:
         with contextlib.suppress(FleetlensError):  # not registered yet: 404 until the next flush

@@ -137,7 +137,15 @@ def test_prometheus_scrapes_job_series_and_loads_the_generated_rules(
         assert float(s["value"][1]) > 0
         step = get_json(prom + '/api/v1/query?query=fleetlens_run_step_time_seconds{stat="max"}')
         assert any(r["metric"]["run_id"] == "prom-run" for r in step["data"]["result"])
-        groups = get_json(prom + "/api/v1/rules")["data"]["groups"]
+
+        # A rule's health is "unknown" until its group's first evaluation (up to an interval
+        # after Prometheus starts); then every one of them is "ok".
+        def evaluated() -> list[Any]:
+            groups = get_json(prom + "/api/v1/rules")["data"]["groups"]
+            rules = [r for g in groups for r in g["rules"]]
+            return groups if rules and all(r["health"] != "unknown" for r in rules) else []
+
+        groups = _wait(evaluated)
         assert [len(g["rules"]) for g in groups] == [n_rules]
         assert all(r["health"] == "ok" for r in groups[0]["rules"])
         # Only job-level label sets: no step or rank labels anywhere.
