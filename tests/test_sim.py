@@ -110,6 +110,19 @@ def test_fatal_fault_restarts_and_replays_from_checkpoint() -> None:
     assert truth.faults[0].nodes[0] in nodes0 - nodes1
 
 
+def test_the_sample_carrying_an_xid_leaves_the_other_samples_whole() -> None:
+    # It has no temperature or clocks; batched with the attempt's other DCGM samples it used to
+    # strip them of theirs (a hot GPU of that attempt then looked healthy).
+    sink = MemorySink()
+    a0 = run_scenario("fatal_xid", sink=sink).truth.job_ids[0]
+    xid = np.asarray(sink.column("gpu", "xid", a0), dtype=float)
+    temp = np.asarray(sink.column("gpu", "gpu_temp", a0), dtype=float)
+    clock = np.asarray(sink.column("gpu", "sm_clock", a0), dtype=float)
+    assert len(temp) == len(xid) > 1000 and (xid == 79).sum() == 1
+    assert np.isfinite(temp[xid != 79]).all() and np.isfinite(clock[xid != 79]).all()
+    assert np.isnan(temp[xid == 79]).all()
+
+
 def test_hang_leaves_one_rank_out_of_the_collective() -> None:
     sink = MemorySink()
     truth = run_scenario("hang", sink=sink).truth

@@ -217,14 +217,21 @@ class Batcher:
 
 
 def _concat(parts: Sequence[tuple[int, Cols]]) -> tuple[int, Cols]:
+    """Parts of one table as one. A column some parts lack (the DCGM sample that carries an
+    Xid has no temperature or clocks) is NaN in their rows: a value the record did not have,
+    never the column dropped from the other parts' rows."""
     if len(parts) == 1:
         return parts[0]
     n = sum(p[0] for p in parts)
-    names = set(parts[0][1])
-    for _, cols in parts[1:]:
-        names &= set(cols)
+    names = list(dict.fromkeys(name for _, cols in parts for name in cols))
     out: Cols = {}
     for name in names:
+        if any(name not in cols for _, cols in parts):
+            have = [cols[name] for _, cols in parts if name in cols]
+            if not all(isinstance(v, np.ndarray) and v.dtype.kind == "f" for v in have):
+                raise ValueError(f"column {name!r} is missing from some rows and is not a float")
+            parts = [(k, {**cols, name: np.full(k, np.nan)}) if name not in cols else (k, cols)
+                     for k, cols in parts]  # fmt: skip
         vals = [_values(cols[name], k) for k, cols in parts]
         out[name] = (
             [v for p in vals for v in p] if isinstance(vals[0], list) else np.concatenate(vals)
