@@ -11,6 +11,7 @@ dcgm-exporter page.
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import torch  # noqa: F401 - the integration needs it installed; CI installs it
 
+from fleetlens.errors import FleetlensError
 from fleetlens.remediation.controller import PHASES
 from fleetlens.remediation.drill import Drill
 
@@ -337,3 +339,31 @@ def test_gpu_lost_for_real_its_workers_die_and_the_job_resumes_from_its_newest_v
     ]
     assert finding and finding[0]["diagnosis"] == "fatal_xid", finding
     assert finding[0]["nodes"] == ["node-c"]
+
+
+class _NoStore(Drill):
+    """A first agent that starts but never opens the rendezvous store (or exits at once)."""
+
+    exit_at_start: bool = False
+
+    def command(self) -> list[str]:
+        code = (
+            "print('no torchrun here'); raise SystemExit(3)"
+            if self.exit_at_start
+            else "import time; time.sleep(60)"
+        )
+        return [sys.executable, "-c", code]
+
+
+def test_a_drill_whose_first_agent_opens_no_store_says_so_and_leaves_nothing_running(
+    tmp_path: Path,
+) -> None:
+    drill = _NoStore("http://127.0.0.1:9", tmp_path / "a", "no-store", store_timeout_s=1.0)
+    with pytest.raises(FleetlensError, match="node-a's torchrun opened no rendezvous store in 1 s"):
+        drill.start()
+    assert list(drill.procs) == ["node-a"] and not drill.alive("node-a")  # stopped, no others
+    gone = _NoStore("http://127.0.0.1:9", tmp_path / "b", "no-store")
+    gone.exit_at_start = True
+    with pytest.raises(FleetlensError, match="exited at start: no torchrun here"):
+        gone.start()
+    assert list(gone.procs) == ["node-a"]

@@ -55,6 +55,7 @@ class Drill:
     example_args: tuple[str, ...] = ()
     control_interval: float = 0.5
     token: str = ""
+    store_timeout_s: float = 120.0  # for the first agent to open the rendezvous store
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     port: int = field(default_factory=_free_port)
 
@@ -109,14 +110,18 @@ class Drill:
             )
             log.close()
             if i == 0:  # the first agent must host the rendezvous store: faults go on the others
-                self._wait_for_store(node)
+                try:
+                    self._wait_for_store(node)
+                except FleetlensError:
+                    self.stop()  # nothing left running behind the error
+                    raise
         return self
 
-    def _wait_for_store(self, node: str, timeout: float = 120.0) -> None:
+    def _wait_for_store(self, node: str) -> None:
         """Until the first agent listens on the rendezvous port. Its torch import takes seconds
         on a loaded machine; an agent started before it binds would host the store itself, and a
         fault on that node would then take the store, and the job, with it."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + self.store_timeout_s
         while time.monotonic() < deadline:
             if self.procs[node].poll() is not None:
                 raise FleetlensError(f"{node}'s torchrun exited at start: {self.log(node, 2000)}")
@@ -126,7 +131,8 @@ class Drill:
             ):
                 return
             time.sleep(0.1)
-        raise FleetlensError(f"{node}'s torchrun opened no rendezvous store in {timeout:g} s")
+        wait = self.store_timeout_s
+        raise FleetlensError(f"{node}'s torchrun opened no rendezvous store in {wait:g} s")
 
     def log(self, node: str, tail: int = 4000) -> str:
         with contextlib.suppress(OSError):
