@@ -226,13 +226,12 @@ def _concat(parts: Sequence[tuple[int, Cols]]) -> tuple[int, Cols]:
     names = list(dict.fromkeys(name for _, cols in parts for name in cols))
     out: Cols = {}
     for name in names:
-        if any(name not in cols for _, cols in parts):
-            have = [cols[name] for _, cols in parts if name in cols]
-            if not all(isinstance(v, np.ndarray) and v.dtype.kind == "f" for v in have):
-                raise ValueError(f"column {name!r} is missing from some rows and is not a float")
-            parts = [(k, {**cols, name: np.full(k, np.nan)}) if name not in cols else (k, cols)
-                     for k, cols in parts]  # fmt: skip
-        vals = [_values(cols[name], k) for k, cols in parts]
+        have = [cols[name] for _, cols in parts if name in cols]
+        if len(have) < len(parts) and not all(
+            isinstance(v, np.ndarray) and v.dtype.kind == "f" for v in have
+        ):
+            raise ValueError(f"column {name!r} is missing from some rows and is not a float")
+        vals = [_values(cols[name], k) if name in cols else np.full(k, np.nan) for k, cols in parts]
         out[name] = (
             [v for p in vals for v in p] if isinstance(vals[0], list) else np.concatenate(vals)
         )
