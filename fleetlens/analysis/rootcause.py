@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..lifecycle import peer_error
 from .hardware import Signal
 from .stragglers import StragglerClass
 from .xid import classify_xid
@@ -50,6 +51,7 @@ OWNERS: dict[str, str] = {
     "instability": "training_code",
     "oom": "training_code",
     "software_crash": "training_code",
+    "rank_lost": "host",
     "hang": "training_code",
     "preemption": "scheduler",
     "maintenance": "scheduler",
@@ -167,7 +169,9 @@ def diagnose_events(events: list[dict[str, Any]]) -> list[Diagnosis]:
             out.append(Diagnosis(f"maintenance:{node}:{step}", "maintenance", "event", 0.95,
                                  f"planned maintenance on {node or 'the job'}", nodes=nodes,
                                  evidence=[ev], **base))  # fmt: skip
-        elif kind == "exception":
+        elif kind == "exception" and not peer_error(str(e.get("message", ""))):
+            # A peer's error ("Connection closed by peer") is the consequence of another
+            # rank's end (fleetlens.analysis.ends), not this rank's crash.
             out.append(Diagnosis(f"crash:{step}:{rank}", "software_crash", "failure", 0.7,
                                  f"exception in the training loop on rank {rank}", ranks=ranks,
                                  nodes=nodes, evidence=[ev], **base))  # fmt: skip

@@ -52,6 +52,7 @@ __all__ = [
     "RankSort",
     "RanksOut",
     "RunDetailOut",
+    "RunEndOut",
     "RunGoodputOut",
     "RunListOut",
     "RunOut",
@@ -77,6 +78,15 @@ class ApiModel(BaseModel):
 
 
 # ---- runs ---------------------------------------------------------------------------------
+class RunEndOut(ApiModel):
+    """How the run's newest job attempt ended, judged from its ranks' last words."""
+
+    status: str = Field(description="FINISHED, FAILED or STOPPED")
+    ranks: list[int] = Field(description="the ranks that failed (or went silent); empty if none")
+    step: int = Field(description="the step it ended at (-1: unknown)")
+    reason: str
+
+
 class RunOut(ApiModel):
     """A run as the runs list shows it."""
 
@@ -89,10 +99,17 @@ class RunOut(ApiModel):
     last_step: int
     world_size: int
     jobs: int = Field(description="job attempts seen (a restart is a new job)")
+    ended: RunEndOut | None = Field(
+        default=None, description="how the newest attempt ended; null while it runs"
+    )
 
     @classmethod
     def from_info(cls, info: RunInfo) -> RunOut:
+        e = info.ended
         return cls(
+            ended=None
+            if e is None
+            else RunEndOut(status=e.status, ranks=list(e.ranks), step=e.step, reason=e.reason),
             run_id=info.run_id,
             project=info.project,
             experiment_id=info.experiment_id,

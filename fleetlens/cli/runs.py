@@ -52,6 +52,9 @@ def cmd_run_show(args: argparse.Namespace) -> int:
         return 0
     m = run.get("metrics", {})
     print(f"run {run['runId']}  project {run['project'] or '-'}  status {run['status']}")
+    ended = run.get("ended")
+    if ended:
+        print(f"  ended: {ended['reason']}")
     print(
         f"  step {fmt(run.get('step'))}  tokens {fmt(run.get('tokensProcessed'), ',')}  "
         f"ranks {run.get('worldSize')}  jobs {run.get('jobs')}"

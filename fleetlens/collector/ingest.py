@@ -37,6 +37,7 @@ import numpy as np
 from sqlalchemy import select
 
 from ..errors import FleetlensError, WireError
+from ..lifecycle import END_STATE_OF_EVENT, RankEnd
 from ..schema import KINDS
 from ..store.metadata import MetadataStore
 from ..store.models import Job
@@ -458,12 +459,25 @@ class Ingestor:
             return
         values = kinds.values()
         attr_values = attrs.values() if isinstance(attrs, StringColumn) else None
-        steps = cols.get("step")
+        steps, ranks, messages = cols.get("step"), cols.get("rank"), cols.get("message")
+        texts = messages.values() if isinstance(messages, StringColumn) else None
         for i, kind in enumerate(values):
             if kind in _GRAPH_EVENTS and attr_values is not None:
                 step = int(steps[i]) if isinstance(steps, np.ndarray) else -1
                 self._graph_event(tenant, run_id, job_id, kind, float(times[i]), step,
                                   attr_values[i])  # fmt: skip
+            state = END_STATE_OF_EVENT.get(kind)
+            if state is not None and job_id:
+                rank = int(ranks[i]) if isinstance(ranks, np.ndarray) else -1
+                step = int(steps[i]) if isinstance(steps, np.ndarray) else -1
+                end = RankEnd(
+                    max(rank, -1),
+                    state,
+                    float(times[i]),
+                    step,
+                    texts[i] if texts is not None else "",
+                )
+                self.metadata.record_end(tenant, run_id, job_id, end)
             status = _STATUS_BY_EVENT.get(kind)
             if status is None:
                 continue

@@ -27,6 +27,7 @@ from ..analysis.baseline import (
     workload_signature,
 )
 from ..analysis.collectives import analyze_collectives, transfer_times
+from ..analysis.ends import diagnose_ends
 from ..analysis.hangs import RECENT_STEPS, HangRule, behind_ranks, find_stalls, recent_step_time
 from ..analysis.hardware import (
     GpuHealth,
@@ -173,6 +174,11 @@ def analyze_run(
             pending = True
             break
     ctx.found += diagnose_events(events)
+    newest = jobs[-1]
+    lost, ending = diagnose_ends(events, newest.job_id, max(newest.world, run.world),
+                                 run.last_seen, now, newest.last_step)  # fmt: skip
+    ctx.found += lost
+    pending = pending or ending
     ckpt = [e for e in events if e["kind"] == "checkpoint_end" and "duration" in e["attrs"]]
     ctx.found += diagnose_slow_checkpoints(
         [e["step"] for e in ckpt], [float(e["attrs"]["duration"]) for e in ckpt],

@@ -49,7 +49,7 @@ from ..remediation.controller import Controller
 from ..remediation.policy import RemediationPolicy
 from ..store.access import AccessStore
 from ..store.findings import FindingsStore
-from ..store.metadata import MetadataStore, run_status
+from ..store.metadata import MetadataStore
 from ..store.models import Run
 from ..store.reader import TenantReader
 from ..store.scope import Scope
@@ -281,7 +281,7 @@ class Monitor:
             for r in stops
             if r["kind"] != "restart" and not r["kind"].startswith("checkpoint_")
         ]
-        status = run_status(run.status, run.status_at, run.last_seen, now)
+        status, _ = self.metadata.status_of(run, now)
         series = self._goodput_series(run, now, status)
         sampled = self._metric_series(run, now, status, reader, summary)
         open_findings: dict[str, int] = {}

@@ -319,6 +319,17 @@ class RunQueries:
             hi=to_step,
         )[0]
         t0, t1 = _f(span["t0"]), _f(span["t1"])
+        # Events of no step (a rank's job_start, finish, signal) before the run's first step
+        # or after its last belong to the window that holds that step.
+        ends = self._q(
+            "SELECT min(step) AS s0, max(step) AS s1 FROM {db}.steps_by_step "
+            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}",
+            run=run_id,
+        )[0]
+        if t0 is not None and ends["s0"] is not None and from_step <= int(ends["s0"]):
+            t0 = 0.0
+        if t1 is not None and ends["s1"] is not None and to_step >= int(ends["s1"]):
+            t1 = 1e300
         events = self._q(
             "SELECT time, step, rank, kind, node_id, gpu, message, attrs FROM {db}.events "
             "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} AND ("

@@ -23,7 +23,8 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import ConfigError, NotFound, StoreError
-from .models import Job, Run
+from ..lifecycle import JobVerdict, RankEnd, job_verdict, more_telling
+from .models import Job, RankEndRow, Run
 from .scope import Scope
 from .scoped import all_tenants, scoped
 
@@ -51,6 +52,7 @@ class RunInfo:
     world_size: int
     jobs: int
     config: dict[str, Any]
+    ended: JobVerdict | None = None  # how the newest attempt ended, when it has
 
 
 def run_status(stored: str, status_at: float, last_seen: float, now: float) -> str:
@@ -237,22 +239,92 @@ class MetadataStore:
                 if job is not None:
                     job.status = status
 
+    def record_end(self, tenant: str, run_id: str, job_id: str, end: RankEnd) -> None:
+        """Keep ``end`` as its rank's last word in the attempt if it tells more than the one
+        kept (:func:`fleetlens.lifecycle.more_telling`)."""
+
+        def write() -> None:
+            with self.session() as s:
+                row = s.scalars(
+                    scoped(select(RankEndRow), tenant).where(
+                        RankEndRow.run_id == run_id,
+                        RankEndRow.job_id == job_id,
+                        RankEndRow.rank == end.rank,
+                    )
+                ).first()
+                if row is None:
+                    s.add(
+                        RankEndRow(
+                            tenant=tenant,
+                            run_id=run_id,
+                            job_id=job_id,
+                            rank=end.rank,
+                            state=end.state,
+                            at=end.at,
+                            step=end.step,
+                            message=end.message[:1024],
+                        )
+                    )
+                    return
+                old = RankEnd(row.rank, row.state, row.at, row.step, row.message)
+                if more_telling(old, end):
+                    row.state, row.at, row.step = end.state, end.at, end.step
+                    row.message = end.message[:1024]
+
+        retry_conflicts(write)
+
+    def lifecycle(self, s: Session, run: Run, now: float) -> tuple[str, JobVerdict | None]:
+        """The run's status and, once its newest attempt ended, how: from its ranks' last
+        words (:func:`fleetlens.lifecycle.job_verdict`); a run none of whose ranks said
+        a last word yet (or an older data directory's) is RUNNING or STALLED by the age of its
+        data, or keeps the status its last lifecycle event set."""
+        job = s.scalars(
+            scoped(select(Job), run.tenant)
+            .where(Job.run_id == run.run_id)
+            .order_by(Job.first_seen.desc(), Job.id.desc())
+            .limit(1)
+        ).first()
+        rows = (
+            []
+            if job is None
+            else s.scalars(
+                scoped(select(RankEndRow), run.tenant).where(
+                    RankEndRow.run_id == run.run_id, RankEndRow.job_id == job.job_id
+                )
+            ).all()
+        )
+        if job is None or not rows:
+            return run_status(run.status, run.status_at, run.last_seen, now), None
+        ends = [RankEnd(r.rank, r.state, r.at, r.step, r.message) for r in rows]
+        world = job.world_size or run.world_size
+        verdict = job_verdict(world, ends, run.last_seen, now, job.last_step)
+        if verdict is None:
+            return ("RUNNING" if now - run.last_seen < STALE_AFTER_S else "STALLED"), None
+        return verdict.status, verdict
+
+    def status_of(self, run: Run, now: float) -> tuple[str, JobVerdict | None]:
+        """:meth:`lifecycle` in a session of its own (for a run read earlier)."""
+        with self.session() as s:
+            return self.lifecycle(s, run, now)
+
     def _info(self, s: Session, run: Run, now: float) -> RunInfo:
         jobs = s.scalars(
             scoped(select(Job.job_id), run.tenant).where(Job.run_id == run.run_id)
         ).all()
+        status, ended = self.lifecycle(s, run, now)
         return RunInfo(
             tenant=run.tenant,
             project=run.project,
             experiment_id=run.experiment_id,
             run_id=run.run_id,
-            status=run_status(run.status, run.status_at, run.last_seen, now),
+            status=status,
             first_seen=run.first_seen,
             last_seen=run.last_seen,
             last_step=run.last_step,
             world_size=run.world_size,
             jobs=len(jobs),
             config=dict(run.config or {}),
+            ended=ended,
         )
 
     def list_runs(

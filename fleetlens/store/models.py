@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import JSON, BigInteger, Float, Integer, MetaData, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Job", "Run"]
+__all__ = ["Base", "Job", "RankEndRow", "Run"]
 
 
 class Base(DeclarativeBase):
@@ -53,6 +53,24 @@ class Job(Base):
     last_seen: Mapped[float] = mapped_column(Float)
     last_step: Mapped[int] = mapped_column(BigInteger, default=-1)
     world_size: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class RankEndRow(Base):
+    """A rank's last word in a job attempt (:mod:`fleetlens.lifecycle`); rank -1 is the
+    job as a whole (an importer's or the simulator's event)."""
+
+    __tablename__ = "rank_ends"
+    __table_args__ = (UniqueConstraint("tenant", "run_id", "job_id", "rank"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    run_id: Mapped[str] = mapped_column(String(256))
+    job_id: Mapped[str] = mapped_column(String(256))
+    rank: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    at: Mapped[float] = mapped_column(Float)
+    step: Mapped[int] = mapped_column(BigInteger, default=-1)
+    message: Mapped[str] = mapped_column(String(1024), default="")
 
 
 class Tenant(Base):
