@@ -35,8 +35,11 @@ def test_every_rank_finished_is_finished_and_not_before() -> None:
 
 
 def test_a_rank_gone_silent_while_its_peers_failed_on_it_is_the_failed_one() -> None:
-    ends = [RankEnd(0, "stopped", 50.0, -1, "received SIGTERM"),
-            RankEnd(1, "failed", 49.0, 88, GLOO), RankEnd(3, "failed", 49.1, 88, GLOO)]  # fmt: skip
+    ends = [
+        RankEnd(0, "stopped", 50.0, -1, "received SIGTERM"),
+        RankEnd(1, "failed", 49.0, 88, GLOO),
+        RankEnd(3, "failed", 49.1, 88, GLOO),
+    ]
     assert peer_error(GLOO) and not peer_error("ValueError: bad batch")
     assert job_verdict(4, ends, last_seen=50.0, now=50.0 + GRACE_S / 2, last_step=88) is None
     v = job_verdict(4, ends, last_seen=50.0, now=50.0 + GRACE_S, last_step=88)
@@ -45,9 +48,12 @@ def test_a_rank_gone_silent_while_its_peers_failed_on_it_is_the_failed_one() -> 
 
 
 def test_a_rank_s_own_error_beats_its_peers_errors_and_signals() -> None:
-    ends = [RankEnd(1, "failed", 49.0, 88, GLOO),
-            RankEnd(2, "failed", 48.9, 88, "ValueError: bad batch"),
-            RankEnd(0, "stopped", 50.0), RankEnd(3, "stopped", 50.0)]  # fmt: skip
+    ends = [
+        RankEnd(1, "failed", 49.0, 88, GLOO),
+        RankEnd(2, "failed", 48.9, 88, "ValueError: bad batch"),
+        RankEnd(0, "stopped", 50.0),
+        RankEnd(3, "stopped", 50.0),
+    ]
     v = job_verdict(4, ends, last_seen=50.0, now=50.1, last_step=88)
     assert v is not None and (v.status, v.ranks) == ("FAILED", (2,))
     assert "ValueError" in v.reason
@@ -94,11 +100,23 @@ _WORKER = textwrap.dedent(
 def _ranks(server: Server, run_id: str, steps: int, world: int = 4) -> list[subprocess.Popen[Any]]:
     procs = []
     for r in range(world):
-        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-               "FLEETLENS_RUN_ID": run_id, "FLEETLENS_SERVER": server.url,
-               "FLEETLENS_RELAY": "off"}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, str(steps)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(r),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(r),
+            "FLEETLENS_RUN_ID": run_id,
+            "FLEETLENS_SERVER": server.url,
+            "FLEETLENS_RELAY": "off",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _WORKER, str(steps)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
     return procs
 
 
@@ -116,12 +134,14 @@ def test_ranks_that_finish_make_a_finished_run_with_every_finish_on_its_timeline
     for p in procs:
         out, _ = p.communicate(timeout=60)
         assert p.returncode == 0, out
-    run = wait_until(lambda: (r := server.get("/v1/runs/fin"))["status"] == "FINISHED" and r,
-                     30, 0.2, "FINISHED")  # fmt: skip
+    run = wait_until(
+        lambda: (r := server.get("/v1/runs/fin"))["status"] == "FINISHED" and r, 30, 0.2, "FINISHED"
+    )
     assert run["ended"]["reason"] == "all 4 ranks finished"
     items = server.get("/v1/runs/fin/timeline")["items"]
-    ranks_of = {k: sorted(i["rank"] for i in items if i.get("kind") == k)
-                for k in ("job_start", "finish")}  # fmt: skip
+    ranks_of = {
+        k: sorted(i["rank"] for i in items if i.get("kind") == k) for k in ("job_start", "finish")
+    }
     assert ranks_of == {"job_start": [0, 1, 2, 3], "finish": [0, 1, 2, 3]}
 
 
@@ -138,14 +158,24 @@ def test_a_rank_killed_from_outside_fails_the_run_naming_it(server: Server, vict
                 p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait(30)
-        stopped = wait_until(lambda: (r := server.get("/v1/runs/kill"))["status"] != "RUNNING"
-                             and r, GRACE_S + 60, 0.5, "a verdict")  # fmt: skip
+        stopped = wait_until(
+            lambda: (r := server.get("/v1/runs/kill"))["status"] != "RUNNING" and r,
+            GRACE_S + 60,
+            0.5,
+            "a verdict",
+        )
         assert stopped["status"] == "FAILED", stopped
         assert stopped["ended"]["ranks"] == [victim]
         found = wait_until(
-            lambda: [f for f in server.get("/v1/runs/kill/diagnosis")["findings"]
-                     if f["diagnosis"] == "rank_lost"], 60, 0.5, "the rank_lost finding",
-        )  # fmt: skip
+            lambda: [
+                f
+                for f in server.get("/v1/runs/kill/diagnosis")["findings"]
+                if f["diagnosis"] == "rank_lost"
+            ],
+            60,
+            0.5,
+            "the rank_lost finding",
+        )
         assert found[0]["ranks"] == [victim]
     finally:
         _reap(procs)
@@ -160,8 +190,12 @@ def test_sigterm_to_every_rank_is_a_stopped_run(server: Server) -> None:
             p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait(30)
-        run = wait_until(lambda: (r := server.get("/v1/runs/term"))["status"] == "STOPPED" and r,
-                         30, 0.2, "STOPPED")  # fmt: skip
+        run = wait_until(
+            lambda: (r := server.get("/v1/runs/term"))["status"] == "STOPPED" and r,
+            30,
+            0.2,
+            "STOPPED",
+        )
         assert "SIGTERM" in run["ended"]["reason"] and run["ended"]["ranks"] == []
     finally:
         _reap(procs)
