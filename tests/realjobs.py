@@ -284,7 +284,7 @@ class _Injector(threading.Thread):
             _signal(self.pid, signal.SIGCONT)
 
 
-def _tail(path: str, limit: int = 8000) -> str:
+def _tail(path: str, limit: int = 64_000) -> str:
     with contextlib.suppress(OSError), open(path, errors="replace") as fh:
         return fh.read()[-limit:]
     return ""
@@ -321,12 +321,14 @@ def run_job(
     settle_s: float = 60.0,
     quiet_s: float = 12.0,
     rdzv_id: str | None = None,
+    judge: bool = True,
 ) -> JobResult:
     """Run ``code`` for ``steps`` steps under torchrun against ``server`` with ``fault`` done to
     its rank from outside; wait for the server's verdict (``settle``); return what it says.
 
     The server should hold no other job (a fresh one per call): the fault's onset is read from
     the furthest step of any run on it, and every run on it is counted as this job's.
+    ``judge=False`` returns once the job has exited, without waiting for the server's verdict.
     """
     fault = fault or Fault()
     rdzv_id = rdzv_id or f"{code}-{fault.kind}-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
@@ -337,7 +339,7 @@ def run_job(
     try:
         return _run_job(
             server, code, steps, fault, launch, nproc, workdir, env, timeout, settle_s,
-            quiet_s, rdzv_id,
+            quiet_s, rdzv_id, judge,
         )  # fmt: skip
     finally:
         if own_tmp is not None:
@@ -357,6 +359,7 @@ def _run_job(
     settle_s: float,
     quiet_s: float,
     rdzv_id: str,
+    judge: bool,
 ) -> JobResult:
     cmd = launch_command(script_args(code, steps, workdir), launch, nproc, rdzv_id)
     job_env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
@@ -417,7 +420,7 @@ def _run_job(
         result.fault_pid = injector.pid
         if injector.error:
             result.output += f"\n[harness] fault not injected: {injector.error}"
-    if run_id is None:
+    if run_id is None or not judge:
         return result
     t1 = time.monotonic()
     result.run = settle(server, run_id, settle_s, quiet_s)

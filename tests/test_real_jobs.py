@@ -1,0 +1,77 @@
+"""Real training code, instrumented as the docs show and launched with torchrun as users launch
+it (4 gloo ranks on CPU), against a real server: what a user relies on at the end of the job.
+
+The codes are in tests/realcode; tests/realjobs.py launches them and does the faults from
+outside the processes. Each test has its own server and a few dozen steps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from .helpers import Server
+from .realjobs import Fault, JobResult, fresh_server, run_job
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture
+def job_server() -> Iterator[Server]:
+    with fresh_server() as srv:
+        yield srv
+
+
+def _show(r: JobResult) -> str:
+    """What the server said, for the assertion's message."""
+    return json.dumps(
+        {
+            "returncode": r.returncode,
+            "runs": r.runs,
+            "status": r.status,
+            "ended": r.run.get("ended"),
+            "reportingRanks": r.reporting_ranks,
+            "findings": [
+                {k: f.get(k) for k in ("kind", "diagnosis", "ranks", "step", "summary")}
+                for f in r.findings
+            ],
+            "diagnose": r.diagnose_cli[-1500:],
+            "output": r.output[-2500:],
+        },
+        indent=1,
+    )
+
+
+@pytest.mark.parametrize("code", ["nanogpt", "hf", "lightning"])
+def test_healthy_job_is_one_finished_run_of_four_ranks_with_no_finding(
+    job_server: Server, code: str
+) -> None:
+    r = run_job(job_server, code, steps=30, settle_s=60)
+    assert r.returncode == 0, _show(r)
+    assert len(r.run_ids) == 1, _show(r)
+    assert r.run.get("worldSize") == 4, _show(r)
+    assert r.reporting_ranks == [0, 1, 2, 3], _show(r)
+    assert r.status == "FINISHED", _show(r)
+    assert r.findings == [], _show(r)
+
+
+def test_nanogpt_rank_killed_is_a_failed_run_naming_the_rank(job_server: Server) -> None:
+    r = run_job(job_server, "nanogpt", steps=400, fault=Fault("crash", at_step=10), settle_s=90)
+    assert r.onset_step is not None, _show(r)
+    assert r.returncode not in (0, None), _show(r)  # torchrun reports the dead worker
+    assert len(r.run_ids) == 1, _show(r)
+    assert r.status == "FAILED", _show(r)
+    assert 2 in (r.run.get("ended") or {}).get("ranks", []), _show(r)
+    assert any(2 in f.get("ranks", []) for f in r.findings if f.get("kind") == "failure"), _show(r)
+
+
+def test_torchrun_master_port_without_rdzv_id_is_one_run(job_server: Server) -> None:
+    """nanoGPT's docstring launches with ``--master-port`` only: TORCHELASTIC_RUN_ID=none."""
+    r = run_job(job_server, "nanogpt", steps=20, launch="master-port", settle_s=60)
+    assert r.returncode == 0, _show(r)
+    assert len(r.run_ids) == 1, _show(r)
+    assert r.run.get("worldSize") == 4, _show(r)
+    assert r.reporting_ranks == [0, 1, 2, 3], _show(r)
+    assert r.status == "FINISHED", _show(r)
