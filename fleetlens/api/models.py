@@ -155,6 +155,11 @@ class RunDetailOut(RunOut):
 
     config: dict[str, Any]
     job_ids: list[str]
+    ranks_reporting: int | None = Field(
+        default=None,
+        description="ranks with steps in the newest step; fewer than worldSize: some ranks of "
+        "the job do not report (or an imported log's one rank stands for the job)",
+    )
     steps: int
     step: int | None = Field(description="the last step; null before the first")
     tokens_processed: int

@@ -100,8 +100,10 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
         # metadata's before. A job that declared more ranks than report steps (an imported
         # log: one rank's rows stand for the job) has its declared size.
         declared = int(jobs[-1]["worldSize"]) if jobs else 0
-        if summary.get("worldSize") and declared > summary["worldSize"]:
-            summary["worldSize"] = declared
+        if summary.get("worldSize"):
+            summary["ranksReporting"] = summary["worldSize"]
+            if declared > summary["worldSize"]:
+                summary["worldSize"] = declared
         mfu = summary_mfu_out(info.config or {}, summary)
         return RunDetailOut.model_validate(
             {**run_json(info), "config": info.config, "jobIds": job_ids, **summary, "mfu": mfu}

@@ -59,6 +59,9 @@ def cmd_run_show(args: argparse.Namespace) -> int:
         f"  step {fmt(run.get('step'))}  tokens {fmt(run.get('tokensProcessed'), ',')}  "
         f"ranks {run.get('worldSize')}  jobs {run.get('jobs')}"
     )
+    reporting, world = run.get("ranksReporting"), run.get("worldSize")
+    if reporting is not None and world and reporting < world:
+        print(f"  only {reporting} of {world} ranks report steps")
     print(
         f"  step time {fmt(m.get('stepTimeMs'), '.1f')} ms (slowest rank, median of last "
         f"{run.get('window', {}).get('steps', 0)} steps)  tokens/s "

@@ -15,7 +15,7 @@ import socket
 import time
 import urllib.parse
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,9 +83,16 @@ class SDKConfig:
         return {k: v for k, v in pairs if v}
 
     @classmethod
-    def resolve(cls, explicit: Mapping[str, Any], environ: Mapping[str, str]) -> SDKConfig:
-        """Merge explicit arguments (None = not given), ``environ`` and defaults."""
-        return _Resolver(explicit, environ).resolve()
+    def resolve(
+        cls,
+        explicit: Mapping[str, Any],
+        environ: Mapping[str, str],
+        agree: Callable[[str, Mapping[str, str]], tuple[str, str]] | None = None,
+    ) -> SDKConfig:
+        """Merge explicit arguments (None = not given), ``environ`` and defaults. ``agree``
+        (:func:`fleetlens.sdk.agree.agree_run_id`) settles a run id the launcher did not name
+        among the job's ranks."""
+        return _Resolver(explicit, environ, agree).resolve()
 
 
 _FIELDS = {f.name for f in dataclasses.fields(SDKConfig)}
@@ -121,12 +128,21 @@ _LAUNCHER_VARS = (
     "SLURM_RESTART_COUNT",
     "SLURM_JOB_NAME",
     "SLURM_JOB_PARTITION",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMIX_NAMESPACE",
     "CUDA_VISIBLE_DEVICES",
 )
 
 
 class _Resolver:
-    def __init__(self, explicit: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        explicit: Mapping[str, Any],
+        environ: Mapping[str, str],
+        agree: Callable[[str, Mapping[str, str]], tuple[str, str]] | None = None,
+    ) -> None:
+        self.agree = agree
         unknown = sorted(k for k, v in explicit.items() if v is not None and k not in _FIELDS)
         if unknown:
             raise ConfigError(
@@ -211,20 +227,26 @@ class _Resolver:
             launcher = "torchrun"
         elif "SLURM_PROCID" in env or "SLURM_JOB_ID" in env:
             launcher = "slurm"
+        elif "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
+            launcher = "mpi"
         else:
             launcher = "none"
         out["launcher"] = launcher
         out["launcher_env"] = {k: env[k] for k in _LAUNCHER_VARS if k in env}
         world, world_src = self._first_int(
             "world_size",
-            ("WORLD_SIZE", "SLURM_NTASKS"),
+            ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
             "set it to the number of ranks in the job (>= 1)",
         )
         rank, rank_src = self._first_int(
-            "rank", ("RANK", "SLURM_PROCID"), "set it to the process's global rank (>= 0)"
+            "rank",
+            ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"),
+            "set it to the process's global rank (>= 0)",
         )
         local, local_src = self._first_int(
-            "local_rank", ("LOCAL_RANK", "SLURM_LOCALID"), "set it to the rank on this node (>= 0)"
+            "local_rank",
+            ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
+            "set it to the rank on this node (>= 0)",
         )
         world = 1 if world is None else world
         rank = 0 if rank is None else rank
@@ -255,9 +277,13 @@ class _Resolver:
             if elastic and elastic.lower() != "none":
                 run_id = elastic
         if not run_id:
-            run_id = env.get("SLURM_JOB_ID")
+            run_id = env.get("SLURM_JOB_ID") or env.get("PMIX_NAMESPACE")
         if not run_id:
             run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+            world = self.explicit.get("world_size", values.get("world_size", 1))
+            on = self.explicit.get("enabled", values.get("enabled", True))
+            if self.agree is not None and on and isinstance(world, int) and world > 1:
+                run_id, _ = self.agree(run_id, env)
         restarts = None
         for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
             restarts = self._int_env(var, "it counts restarts of the job and must be >= 0")

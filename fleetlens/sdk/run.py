@@ -22,6 +22,7 @@ from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from ..schema import DATA_SCALARS, EVENT_KINDS, P0_EVENT_KINDS
+from .agree import agree_run_id
 from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, RecordBuffer
 from .config import SDKConfig
 from .exporter import Exporter
@@ -556,7 +557,7 @@ def init(
         "spool_dir": spool_dir,
         **more_cfg,
     }
-    cfg = SDKConfig.resolve(explicit, os.environ)
+    cfg = SDKConfig.resolve(explicit, os.environ, agree_run_id)
     if not cfg.enabled:
         return NullRun(cfg)
     lineage: dict[str, Any] = {}
