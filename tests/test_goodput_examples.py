@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fleetlens.analysis.advisors import (
@@ -18,7 +19,7 @@ from fleetlens.analysis.advisors import (
     predicted_terms,
     young_daly,
 )
-from fleetlens.analysis.breakdown import breakdown
+from fleetlens.analysis.breakdown import Event, StepArrays, breakdown
 from fleetlens.analysis.flops import (
     ACCELERATORS,
     accelerator,
@@ -190,3 +191,36 @@ def test_bloom_176b_chronicle_replayed() -> None:
     assert f.hfu == pytest.approx(m["reported_tflops_per_gpu"] * 1e12 / peak, abs=0.01)
     assert f.job_product == pytest.approx(0.348, abs=0.003)
     assert not math.isnan(f.mpg)
+
+
+def _steps_with_one_held_open(hold_s: float, data_wait_s: float = 0.0) -> StepArrays:
+    """200 steps of 0.1 s; step 100 held open ``hold_s`` more (a rank stopped mid-step, its
+    peers waiting in the all-reduce), of which ``data_wait_s`` was a rank waiting for input."""
+    walls = np.full(200, 0.1)
+    walls[100] += hold_s
+    start = np.concatenate([[1000.0], 1000.0 + np.cumsum(walls)[:-1]])
+    wait = np.zeros(200)
+    wait[100] = data_wait_s
+    return StepArrays(
+        np.arange(200),
+        np.full(200, "j", dtype=object),
+        start,
+        start + walls,
+        walls.copy(),
+        walls.copy(),
+        wait,
+    )
+
+
+def test_a_step_held_open_by_a_hang_is_charged_to_hang_not_work() -> None:
+    events = [Event(999.0, "job_start", "j"), Event(1170.1, "finish", "j")]
+    bd = breakdown(_steps_with_one_held_open(150.0), events)
+    assert bd.seconds["hang"] == pytest.approx(150.0, abs=1e-6)
+    assert bd.seconds["productive"] == pytest.approx(20.0, abs=1e-6)
+    assert sum(bd.seconds.values()) == pytest.approx(bd.wall_s, abs=1e-6)
+    # Below the hang rule's threshold (60 s floor) a long step is not a hang...
+    assert breakdown(_steps_with_one_held_open(30.0), events).seconds["hang"] == 0.0
+    # ...and a step held by its input is a data stall, not a hang.
+    stall = breakdown(_steps_with_one_held_open(150.0, data_wait_s=150.0), events)
+    assert stall.seconds["data_stall"] == pytest.approx(150.0, abs=1e-6)
+    assert stall.seconds["hang"] == 0.0

@@ -16,7 +16,9 @@ Every instant of the window is charged to exactly one line, by precedence:
    ``recovery``, is charged there), or any event whose attrs carry ``category`` and ``duration``
    (``maintenance``/``drain``/``hang`` events with a ``duration`` need no category).
 3. A ``hang`` event without a duration: from the last step end before it to the next step start
-   (or the end of its attempt).
+   (or the end of its attempt). A step execution longer than the hang rule's threshold
+   (:class:`fleetlens.analysis.hangs.HangRule` over its attempt's typical step) was held open
+   by a hang (a rank stopped mid-step): its time past the typical step is ``hang``, not work.
 4. The attempt structure: gang complete (or job start) to first step is ``startup`` for the
    first attempt and is charged to the cause that ended the previous attempt for later ones
    (warmup belongs to the event that triggered it). From the last step end to the first fault
@@ -44,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
+from .hangs import HangRule
 from .timeline import F64, Event, StepArrays
 from .timeline import events_from_rows as events_from_rows  # re-exported
 
@@ -105,6 +108,7 @@ _SIGNAL = {"exception", "signal", "oom", "nan", "hardware_fault", "preemption"}
 _UNPLANNED_DRAIN = "drain:unplanned"
 _START = {"job_start", "gang_complete"}
 _PRIO_EXPLICIT, _PRIO_HANG, _PRIO_ATTEMPT = 3, 2, 1
+_HANG_RULE = HangRule()
 
 
 @dataclass(frozen=True)
@@ -399,12 +403,56 @@ class _Tally:
     rework_by_cause: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_CAUSES, 0.0))
 
 
+def _stalled_steps(ex: _Executions, rule: HangRule) -> list[tuple[float, float]]:
+    """Executions that lasted past the hang rule's threshold (a rank stopped mid-step holds
+    every rank's step open): its time past the attempt's typical step and its data wait (a
+    stall of its own) is a hang."""
+    out: list[tuple[float, float]] = []
+    for j in np.unique(ex.jobs).tolist() if ex.n else []:
+        sel = ex.jobs == j
+        walls = ex.wall[sel]
+        typical = float(np.median(walls[walls > 0])) if (walls > 0).any() else 0.0
+        long = walls > rule.threshold(typical)
+        starts, waits = ex.start[sel][long], ex.data_wait[sel][long]
+        for a, w, dw in zip(starts.tolist(), walls[long].tolist(), waits.tolist(), strict=True):
+            if typical + dw < w:
+                out.append((a + typical + dw, a + w))
+    return out
+
+
+def _hung_within(ex: _Executions, hangs: list[tuple[float, float]]) -> F64:
+    """Seconds of each execution inside a hang interval (a rank stopped mid-step holds every
+    rank's step open: that step's length is the hang's, not work)."""
+    out = np.zeros(ex.n)
+    for a, b in hangs:
+        out += np.clip(np.minimum(ex.start + ex.wall, b) - np.maximum(ex.start, a), 0.0, None)
+    return np.minimum(out, ex.wall)
+
+
 def _charge_steps(
-    ex: _Executions, t0: float, t1: float, causes: dict[str, str], tally: _Tally
+    ex: _Executions,
+    t0: float,
+    t1: float,
+    causes: dict[str, str],
+    tally: _Tally,
+    hangs: list[tuple[float, float]] | None = None,
 ) -> float:
-    """Steps: the part of each execution inside the window; returns the retained steps."""
+    """Steps: the part of each execution inside the window; returns the retained steps. The
+    part of a retained execution inside a hang is ``hang``, taken from its productive time
+    first, then from its straggler time; its data wait stays a data stall."""
     st, wall, n, jobs, retained = ex.start, ex.wall, ex.n, ex.jobs, ex.retained
     dw, strag = ex.data_wait, ex.straggler
+    if hangs:
+        hung = np.where(retained, _hung_within(ex, hangs), 0.0)
+        work = np.maximum(wall - dw - strag, 0.0)
+        strag_cut = np.minimum(strag, np.maximum(hung - work, 0.0))
+        hung = np.minimum(hung, work) + strag_cut  # a data wait explains itself: it stays
+        strag = strag - strag_cut
+        lo, hi = np.clip(st, t0, t1), np.clip(st + wall, t0, t1)
+        frac = np.divide(hi - lo, wall, out=np.zeros(n), where=wall > 0)
+        tally.seconds["hang"] += float(np.sum(hung * frac))
+        ex = _Executions(n, st, wall - hung, jobs, retained, dw, strag)
+        st, wall = ex.start, ex.wall
     seconds, rework_by_cause = tally.seconds, tally.rework_by_cause
     lo = np.clip(st, t0, t1)
     hi = np.clip(st + wall, t0, t1)
@@ -485,8 +533,10 @@ def breakdown(
     events: Iterable[Event],
     window: tuple[float, float] | None = None,
     tolerance: float = 0.01,
+    hang_rule: HangRule | None = _HANG_RULE,
 ) -> Breakdown:
-    """Partition the run's wall-clock (or ``window``) into the lines of :data:`CATEGORIES`."""
+    """Partition the run's wall-clock (or ``window``) into the lines of :data:`CATEGORIES`.
+    ``hang_rule`` finds steps held open by a hang (None: step time is never a hang)."""
     evs = sorted(events, key=lambda e: e.time)
     ex = _executions(steps)
     attempts = _attempts(ex, evs)
@@ -504,7 +554,9 @@ def breakdown(
     intervals += [(a, b, c, _PRIO_EXPLICIT, True) for a, b, c in explicit]
 
     tally = _Tally()
-    retained_steps = _charge_steps(ex, t0, t1, causes, tally)
+    hung = [(a, b) for a, b, c in explicit if c == "hang"]
+    hung += _stalled_steps(ex, hang_rule) if hang_rule is not None else []
+    retained_steps = _charge_steps(ex, t0, t1, causes, tally, hung)
     _charge_segments(ex, intervals, t0, t1, tally)
 
     interruptions: dict[str, int] = {}

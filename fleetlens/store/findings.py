@@ -207,6 +207,17 @@ class FindingsStore:
                 else:
                     f.end_step = max(d.end_step, f.end_step)
                 f.job_id, f.rack = d.job_id, d.rack
+                kept = old is not None and d.kind == "hang" and not d.ranks and list(f.ranks or [])
+                if kept:
+                    # Who the others waited for is seen while the hang lasts (heartbeats); a
+                    # pass after it ended restates its length and keeps whom it named.
+                    f.summary = f"{d.summary}; ranks {kept[:16]} stopped behind the others"[:1024]
+                    f.evidence = [*d.evidence[:49], {"metric": "ranks named while hung",
+                                                     "value": kept[:64]}]  # fmt: skip
+                    f.updated_at = now
+                    if f not in out:
+                        out.append(f)
+                    continue
                 f.ranks, f.nodes = list(d.ranks[:4096]), list(d.nodes[:1024])
                 f.gpus = list(d.gpus[:1024])
                 f.evidence = list(d.evidence[:50])
