@@ -5,10 +5,15 @@ of ~100 ms whose data phase takes ~3.5 ms, with the hiccups a busy host gives a 
 waits of ~45 ms in a row on one rank). Later a rank's loader genuinely stalls (40 ms per step
 for 30 steps). Only the genuine stall is a finding; the hiccups, 1-2% of their block, are not.
 Steps are recorded with their own timestamps (``Run.record_step``) so the job takes no time here.
+
+Its learning rate follows nanoGPT's schedule (linear warmup, cosine decay: a new value every
+step), halved by hand once; its batch size doubles twice. The timeline shows the schedule as
+one entry (two: before and after the manual drop), and each discrete change as its own.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -22,6 +27,18 @@ STEPS = 200
 STEP_S = 0.1
 HICCUP_RANK, HICCUP_STEPS = 1, (42, 43, 44)
 STALL_RANK, STALL_STEPS = 2, range(120, 150)
+WARMUP, LR_MAX, LR_MIN, LR_DROP = 20, 3e-4, 6e-5, 150
+BATCH_DOUBLES = (50, 100)
+
+
+def lr_at(step: int) -> float:
+    """nanoGPT's get_lr, halved from LR_DROP on."""
+    if step < WARMUP:
+        lr = LR_MAX * (step + 1) / (WARMUP + 1)
+    else:
+        ratio = (step - WARMUP) / (STEPS - WARMUP)
+        lr = LR_MIN + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR_MAX - LR_MIN)
+    return lr * (0.5 if step >= LR_DROP else 1.0)
 
 
 def play_healthy_job(server: Server, tmp_path: Path, run_id: str) -> None:
@@ -45,6 +62,8 @@ def play_healthy_job(server: Server, tmp_path: Path, run_id: str) -> None:
             run.record_step(step, time=t0 + step * STEP_S, duration=data + fwd + bwd + opt,
                             phases={"data": data, "forward": fwd, "backward": bwd,
                                     "optimizer": opt}, tokens=4096)  # fmt: skip
+            batch = 8 * 2 ** sum(step >= b for b in BATCH_DOUBLES)
+            run.log(step, loss=4.0 * math.exp(-step / 100), lr=lr_at(step), batch_size=batch)
     for run in runs:
         run.finish()
 
@@ -65,3 +84,37 @@ def test_a_few_ms_of_input_wait_and_host_hiccups_are_no_data_stall(
     assert [(f["ranks"], f["startStep"]) for f in found] == [([STALL_RANK], STALL_STEPS[0])], found
     # Waits under a second are said in ms ("0.03s" read as no wait at all).
     assert " ms per step for data (typical 3." in found[0]["summary"], found[0]["summary"]
+
+
+def test_a_learning_rate_schedule_is_one_timeline_entry_and_a_manual_drop_its_own(
+    server: Server, tmp_path: Path
+) -> None:
+    play_healthy_job(server, tmp_path, "scheduled")
+
+    def metric_items(lo: int, hi: int) -> list[dict] | None:  # type: ignore[type-arg]
+        doc = server.get(f"/v1/runs/scheduled/timeline?fromStep={lo}&toStep={hi}")
+        return [i for i in doc["items"] if i["source"] == "metric"] or None
+
+    def logged() -> list[dict] | None:  # type: ignore[type-arg]
+        items = metric_items(0, STEPS - 1)
+        return items if items and max(i.get("endStep") or i["step"] for i in items) == 199 else None
+
+    items = wait_until(logged, 30, what="the run's scalars up to its last step")
+    lr = [(i["kind"], i["step"], i.get("endStep")) for i in items if i["metric"] == "lr"]
+    assert lr == [
+        ("schedule", 1, LR_DROP - 1),  # warmup and cosine, one stretch
+        ("changed", LR_DROP, None),  # the manual drop
+        ("schedule", LR_DROP + 1, STEPS - 1),
+    ], lr
+    first = next(i for i in items if i["metric"] == "lr")
+    assert first["message"] == (
+        f"lr schedule: {lr_at(0):g} -> {lr_at(LR_DROP - 1):g} over steps 1-{LR_DROP - 1}"
+    )
+    batch = [(i["kind"], i["step"], i["value"]) for i in items if i["metric"] == "batch_size"]
+    assert batch == [("changed", 50, 16.0), ("changed", 100, 32.0)], batch
+    assert not [i for i in items if i["metric"] == "loss"]  # a smooth loss has no entry
+
+    # A window inside a schedule shows the schedule from the window's first step.
+    later = metric_items(170, 190) or []
+    assert [(i["kind"], i["step"], i["endStep"]) for i in later] == [("schedule", 170, 190)]
+    assert later[0]["previous"] == lr_at(169) and later[0]["value"] == lr_at(190), later

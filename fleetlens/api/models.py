@@ -239,9 +239,12 @@ class TimelineEventOut(ApiModel):
 
 
 class TimelineMetricOut(ApiModel):
-    """A change found in a scalar series: an LR move, a spike, a non-finite value."""
+    """A change found in a scalar series: an LR move, a schedule, a spike, a non-finite value."""
 
     step: int
+    end_step: int | None = Field(
+        default=None, description="a schedule's last step (kind schedule; step is its first)"
+    )
     time: float
     source: Literal["metric"]
     kind: str

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..analysis.changes import metric_changes
+from ..analysis.changes import MetricChange, metric_changes
 from ..analysis.hardware import GpuHealth, NodeHealth, gpu_health, node_health
 from ..errors import ConfigError
 from ..store.ddl import COMPUTE_SQL
@@ -373,19 +373,18 @@ class RunQueries:
             for name in dict.fromkeys(names.tolist()):
                 sel = names == name
                 s, v, t = steps[sel], values[sel], times[sel]
-                for ch in metric_changes(name, s, v):
-                    if ch.step < from_step:
-                        continue
+                for ch in metric_changes(name, s, v, since=from_step):
                     items.append(
                         {
                             "step": ch.step,
+                            "endStep": ch.end_step,
                             "time": float(t[np.searchsorted(s, ch.step)]),
                             "source": "metric",
                             "kind": ch.what,
                             "metric": ch.name,
                             "value": _json_num(ch.value),
                             "previous": _json_num(ch.previous),
-                            "message": _describe(ch.name, ch.what, ch.value, ch.previous),
+                            "message": _describe(ch),
                         }
                     )
         items.sort(key=lambda i: (i["time"], i["step"] if i["step"] is not None else -1))
@@ -401,9 +400,12 @@ def _json_num(v: float) -> float | str:
     return v if math.isfinite(v) else str(v)
 
 
-def _describe(name: str, what: str, value: float, prev: float) -> str:
+def _describe(ch: MetricChange) -> str:
+    name, what, value, prev = ch.name, ch.what, ch.value, ch.previous
     if what == "nonfinite":
         return f"{name} {value}"
     if what == "changed":
         return f"{name} changed {prev:g} -> {value:g}"
+    if what == "schedule":
+        return f"{name} schedule: {prev:g} -> {value:g} over steps {ch.step}-{ch.end_step}"
     return f"{name} spiked to {value:g}"
