@@ -27,12 +27,16 @@ from dataclasses import dataclass
 __all__ = [
     "END_STATE_OF_EVENT",
     "GRACE_S",
+    "LIVE",
     "JobVerdict",
     "RankEnd",
     "job_verdict",
     "more_telling",
     "peer_error",
 ]
+
+LIVE = ("RUNNING", "HUNG", "STALLED")
+"""The statuses of a run whose newest attempt has not ended (FINISHED, FAILED, STOPPED have)."""
 
 GRACE_S = 30.0
 """Seconds without data after which ranks that said nothing are judged gone. Longer than the

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..analysis.hangs import HangRule, live_hang
+from ..lifecycle import LIVE
 from ..store.findings import FindingRow
 from .policy import BASELINE_S, Policy, Rule
 
@@ -36,7 +37,7 @@ class RunSignals:
     run_id: str
     project: str
     now: float
-    status: str  # RUNNING, STALLED, FINISHED, FAILED
+    status: str  # fleetlens.lifecycle: RUNNING, HUNG, STALLED, FINISHED, FAILED, STOPPED
     last_step: int
     last_step_end: float | None
     step_time: float | None  # recent job step time (slowest rank), seconds
@@ -101,7 +102,7 @@ def _labels(rule: Rule, s: RunSignals, **extra: str) -> dict[str, str]:
 
 
 def _goodput(rule: Rule, s: RunSignals) -> Candidate | None:
-    if rule.threshold is None or not s.goodput or s.status not in ("RUNNING", "STALLED"):
+    if rule.threshold is None or not s.goodput or s.status not in LIVE:
         return None
     window = [(t, g) for t, g in s.goodput if t >= s.now - rule.for_s]
     older = [t for t, _ in s.goodput if t < s.now - rule.for_s]
@@ -130,7 +131,7 @@ def _goodput(rule: Rule, s: RunSignals) -> Candidate | None:
 
 def _hang(rule: Rule, s: RunSignals) -> Candidate | None:
     """The one hang rule (:mod:`fleetlens.analysis.hangs`) applied to the run now."""
-    if s.status != "RUNNING" and s.status != "STALLED":
+    if s.status not in LIVE:
         return None
     if s.last_step_end is None or rule.threshold is None:
         return None
@@ -162,7 +163,7 @@ def _metric(rule: Rule, s: RunSignals) -> Candidate | None:
     by more than the threshold under (``drop``) or over (``rise``) the median of the run's own
     values in the hour before the window."""
     series = s.metrics.get(rule.metric) or []
-    if rule.threshold is None or not series or s.status not in ("RUNNING", "STALLED"):
+    if rule.threshold is None or not series or s.status not in LIVE:
         return None
     start = s.now - rule.for_s
     window = [v for t, v in series if t >= start]

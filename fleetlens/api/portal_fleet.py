@@ -11,6 +11,7 @@ import anyio
 from fastapi import APIRouter, Depends, Query, Request
 
 from ..alerts.silences import SilenceStore
+from ..lifecycle import LIVE
 from ..services.goodput import GoodputQueries, program_spec
 from ..services.portal import PortalQueries
 from ..store.findings import FindingsStore
@@ -48,7 +49,6 @@ async def oncall(
     return await anyio.to_thread.run_sync(view, svc, scope, window_s)
 
 
-LIVE = ("RUNNING", "STALLED")
 """Statuses of a job that is still running (or hung): the on-call page lists only these."""
 
 

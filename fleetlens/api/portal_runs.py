@@ -49,7 +49,11 @@ async def runs_list(
     scope: Reader,
     q: Annotated[str, Query(max_length=256, description="part of the run id or project")] = "",
     status: Annotated[
-        str, Query(max_length=64, description="comma-separated: RUNNING,STALLED,FINISHED,FAILED")
+        str,
+        Query(
+            max_length=64,
+            description="comma-separated: RUNNING,HUNG,STALLED,FINISHED,FAILED,STOPPED",
+        ),
     ] = "",
     sort: Sort = "lastSeen",
     order: Literal["asc", "desc"] = "desc",

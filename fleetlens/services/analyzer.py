@@ -503,7 +503,8 @@ def _hangs(
             f"hang:{job.job_id}:{step}", "hang", "hang", 0.9 if missing else 0.7,
             f"no progress for {st.until - st.since:.0f}s (threshold {thr:.0f}s) at step {step}"
             + (f"; ranks {missing[:16]} {why}" if missing else ""),
-            step=step, start_step=step, end_step=step, time=st.detected_at, ranks=missing,
+            step=step, start_step=step, end_step=-1 if st.until >= end else step,
+            time=st.detected_at, ranks=missing,
             nodes=sorted({place.node[r] for r in missing if r < len(place.node) and place.node[r]}),
             job_id=job.job_id,
             evidence=[{"metric": "seconds without progress", "value": st.until - st.since,

@@ -44,6 +44,7 @@ from ..analysis.hangs import HangRule
 from ..config import AnalyzerConfig, MonitorConfig, ServerConfig
 from ..errors import ConfigError
 from ..evaluation.models import Evaluation
+from ..lifecycle import LIVE
 from ..remediation.actuators import build_actuators
 from ..remediation.controller import Controller
 from ..remediation.policy import RemediationPolicy
@@ -328,7 +329,7 @@ class Monitor:
     ) -> dict[str, deque[tuple[float, float]]]:
         """The run's per-metric alert inputs over time, sampled like its goodput."""
         series = self._series.setdefault((run.tenant, run.run_id), {})
-        if status not in ("RUNNING", "STALLED"):
+        if status not in LIVE:
             return series
         newest = max((d[-1][0] for d in series.values() if d), default=None)
         if newest is not None and now - newest < self.config.goodput_every_s:
@@ -342,7 +343,7 @@ class Monitor:
     def _goodput_series(self, run: Run, now: float, status: str) -> deque[tuple[float, float]]:
         key = (run.tenant, run.run_id)
         series = self._goodput.setdefault(key, deque(maxlen=512))
-        if status not in ("RUNNING", "STALLED"):
+        if status not in LIVE:
             return series
         if series and now - series[-1][0] < self.config.goodput_every_s:
             return series

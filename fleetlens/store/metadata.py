@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import ConfigError, NotFound, StoreError
 from ..lifecycle import JobVerdict, RankEnd, job_verdict, more_telling
-from .models import Job, RankEndRow, Run
+from .models import Finding, Job, RankEndRow, Run
 from .scope import Scope
 from .scoped import all_tenants, scoped
 
@@ -33,7 +33,8 @@ __all__ = ["MetadataStore", "RunInfo", "retry_conflicts", "run_status"]
 T = TypeVar("T")
 
 STALE_AFTER_S = 300.0
-"""A run with no data for this long is reported STALLED rather than RUNNING."""
+"""A run with no data for this long is reported STALLED rather than RUNNING (HUNG while the
+analysis holds a hang of its newest attempt open)."""
 
 _MIGRATIONS = os.path.join(os.path.dirname(__file__), "migrations")
 _MIGRATE_KEY = 0x466C4D67  # "FlMg": the advisory lock the servers of one database migrate under
@@ -293,6 +294,8 @@ class MetadataStore:
                 )
             ).all()
         )
+        if job is not None and not rows and self._hung(s, run, job.job_id):
+            return "HUNG", None
         if job is None or not rows:
             return run_status(run.status, run.status_at, run.last_seen, now), None
         ends = [RankEnd(r.rank, r.state, r.at, r.step, r.message) for r in rows]
@@ -301,6 +304,15 @@ class MetadataStore:
         if verdict is None:
             return ("RUNNING" if now - run.last_seen < STALE_AFTER_S else "STALLED"), None
         return verdict.status, verdict
+
+    @staticmethod
+    def _hung(s: Session, run: Run, job_id: str) -> bool:
+        """Whether the analysis holds a hang of this attempt open (no end step yet)."""
+        q = scoped(select(Finding.id), run.tenant).where(
+            Finding.run_id == run.run_id, Finding.kind == "hang", Finding.job_id == job_id,
+            Finding.end_step < 0,
+        )  # fmt: skip
+        return s.scalars(q.limit(1)).first() is not None
 
     def status_of(self, run: Run, now: float) -> tuple[str, JobVerdict | None]:
         """:meth:`lifecycle` in a session of its own (for a run read earlier)."""

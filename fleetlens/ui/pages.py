@@ -136,9 +136,11 @@ RUNS = """
 <input id="runs-q" type="search" placeholder="run id or project" autocomplete="off" size="24">
 <fieldset class="inline-form"><legend>Status</legend>
 <label><input type="checkbox" name="status" value="RUNNING"> running</label>
+<label><input type="checkbox" name="status" value="HUNG"> hung</label>
 <label><input type="checkbox" name="status" value="STALLED"> stalled</label>
 <label><input type="checkbox" name="status" value="FINISHED"> finished</label>
-<label><input type="checkbox" name="status" value="FAILED"> failed</label></fieldset>
+<label><input type="checkbox" name="status" value="FAILED"> failed</label>
+<label><input type="checkbox" name="status" value="STOPPED"> stopped</label></fieldset>
 <button type="submit">Apply</button></form>
 <section aria-labelledby="h-runs"><h2 id="h-runs">Runs</h2>
 <table id="runs"><caption>Runs, most recently active first</caption><thead><tr>

@@ -540,9 +540,9 @@
     return true;
   }
 
-  // A run's page refreshes until the run ends: RUNNING, and STALLED (no data for a while; it may
-  // come back).
-  const LIVE_STATUSES = ["RUNNING", "STALLED"];
+  // A run's page refreshes until the run ends: RUNNING, HUNG (a hang is open), and STALLED (no
+  // data for a while; it may come back).
+  const LIVE_STATUSES = ["RUNNING", "HUNG", "STALLED"];
 
   // The unknown run's page is served as such (HTTP 404); nothing to fetch.
   async function notFoundPage() { return false; }
