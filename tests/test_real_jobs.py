@@ -75,3 +75,19 @@ def test_torchrun_master_port_without_rdzv_id_is_one_run(job_server: Server) -> 
     assert r.run.get("worldSize") == 4, _show(r)
     assert r.reporting_ranks == [0, 1, 2, 3], _show(r)
     assert r.status == "FINISHED", _show(r)
+
+
+def test_nanogpt_slowed_rank_has_the_longest_compute_with_the_readme_instrumentation(
+    job_server: Server,
+) -> None:
+    """The README's phases alone (no TorchRun): DDP's all-reduce ends inside backward, so the
+    SDK's torch integration takes each rank's wait out of it (``comm``). Rank 2, stopped 30 ms
+    of every 100 ms from outside, computes longest; the others wait for it."""
+    r = run_job(job_server, "nanogpt", steps=160, fault=Fault("slow", at_step=20), settle_s=60)
+    assert r.returncode == 0, _show(r)
+    ranks = {int(x["rank"]): x for x in r.ranks.get("ranks", [])}
+    assert sorted(ranks) == [0, 1, 2, 3], _show(r)
+    assert all((x.get("commMs") or 0) > 0 for x in ranks.values()), r.ranks
+    slowest = max(ranks, key=lambda k: ranks[k]["computeSlowdown"] or 0)
+    assert slowest == 2 and ranks[2]["computeSlowdown"] >= 1.15, r.ranks
+    assert min(ranks, key=lambda k: ranks[k]["commMs"]) == 2, r.ranks

@@ -91,6 +91,9 @@ class Run:
             self._position,
         )
         self._prev_sigterm: Any = None
+        # Set by fleetlens.torch.auto in a torch job: when this rank waited for the others.
+        self._grads: Any = None
+        self._watch: Any = None
         self._announce()
         self._exporter.start()
         atexit.register(self._at_exit)
@@ -305,6 +308,18 @@ class Run:
 
     def _internal_error(self) -> None:
         self._errors += 1
+
+    def _waited(self, seconds: float) -> None:
+        """This rank waited ``seconds`` for its peers (fleetlens.torch.auto, at the end of a
+        backward pass): the step's ``comm``, taken out of the phase the wait happened in."""
+        step = self._active
+        if step is None:
+            return
+        ph = step.ph
+        ph[4] = seconds if ph[4] != ph[4] else ph[4] + seconds
+        cur = step.cur
+        if cur is not None and cur.slot != 4:
+            cur.t0 += seconds
 
     def _emit(
         self,
@@ -565,4 +580,12 @@ def init(
         lineage["dataset"] = dataset
     if code is not None:
         lineage["code"] = code
-    return Run(cfg, transport, lineage=lineage)
+    run = Run(cfg, transport, lineage=lineage)
+    if cfg.world_size > 1 and "torch" in sys.modules:
+        try:  # a torch job: tell its ranks' compute from their waiting (fleetlens.torch.auto)
+            from ..torch.auto import install
+
+            run._watch = install(run)
+        except Exception:
+            run._internal_error()
+    return run

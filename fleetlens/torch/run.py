@@ -9,6 +9,7 @@ import torch
 
 from ..sdk.run import Run
 from . import flight_recorder as fr
+from .auto import uninstall
 from .cuda import CudaApi
 from .drain import Drain
 from .timing import StepTiming
@@ -37,6 +38,7 @@ class TorchRun(StepTiming, Drain):
         device timing uses of CUDA and the host clock (``fleetlens.torch.cuda.CudaApi``): tests
         pass a model of a GPU here. Leave both unset on a GPU host."""
         self.errors = 0
+        uninstall(run)  # TorchRun splits backward itself (DDP comm hook, device events)
         self._init_timing(run, device, event_factory, cuda_api)
         self._init_drain()
         self._watch_hangs()
