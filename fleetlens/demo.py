@@ -301,6 +301,8 @@ def run_demo(
         pass
     finally:
         client.close()
-        server.should_exit = True
+        server.should_exit = True  # the lifespan's end closes the stores
         thread.join(30)
+        if thread.is_alive():
+            print("the embedded server did not stop within 30 s; exiting anyway", file=sys.stderr)
     return 0

@@ -60,3 +60,32 @@ def test_demo_once_plays_the_scenario_and_leaves_it_readable(tmp_path) -> None: 
         assert run["steps"] == 2400 and run["worldSize"] == 256
     finally:
         server.stop()
+
+
+def test_demo_stops_on_ctrl_c_with_exit_status_0(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C while the demo serves: it stops its server, closes its stores and exits 0 (it
+    died of SIGSEGV in chDB's exit-time teardown, status -11), with no library warning."""
+    import signal
+    import time
+
+    err_path = tmp_path / "err.txt"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetlens", "demo", "--no-ddp", "--scenario", "data_stall",
+             "--data", str(tmp_path / "data"), "--port", str(free_port())],
+            stdout=subprocess.PIPE, stderr=err,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 240
+            while b"Ctrl-C to stop" not in err_path.read_bytes():
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    log = err_path.read_text()
+    assert proc.returncode == 0, (proc.returncode, log[-3000:])
+    assert "what fleetlens found" in out.decode()
+    assert "Warning" not in log, log

@@ -279,6 +279,9 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         finally:
             for task in tasks:
                 task.cancel()
+            # A pass in a worker thread runs to its end (to_thread is not abandoned on
+            # cancel): wait for it, so the stores are not closed under a running query.
+            await asyncio.gather(*tasks, return_exceptions=True)
             svc.registry.unregister(leader_gauge)
             await app.state.leader_client.aclose()
             await anyio.to_thread.run_sync(election.close)

@@ -3,13 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 from ..client import Client
 from ..config import DEFAULT_PORT, ServerConfig
 
-__all__ = ["access_store", "client", "client_opts", "server_config", "server_opts"]
+__all__ = [
+    "access_store",
+    "client",
+    "client_opts",
+    "exit_past_engine",
+    "server_config",
+    "server_opts",
+]
+
+
+def exit_past_engine(code: int) -> NoReturn:
+    """End a command that ran the embedded store (chDB) in this process, once it has stopped
+    its server and closed its stores: flush the output and leave with ``os._exit``.
+
+    chDB's engine keeps process-wide thread pools (background merges) that no API stops
+    (chdb-io/chdb-core#181); at interpreter exit its static destructors run while those threads
+    still work, and the process dies of SIGSEGV now and then (chdb-core#177): ``fleetlens
+    demo`` did after Ctrl-C. Everything worth keeping is written by then (the stores are
+    closed), so the C library's exit handlers are skipped rather than raced."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing left to say
+            stream.flush()
+    os._exit(code)
 
 
 def client_opts(sp: argparse.ArgumentParser, json: bool = True) -> None:

@@ -8,7 +8,8 @@ import sys
 from typing import Any
 
 from ..config import DEFAULT_PORT
-from ._common import server_config, server_opts
+from ..errors import FleetlensError
+from ._common import exit_past_engine, server_config, server_opts
 
 __all__ = ["add_config", "add_demo", "add_serve", "cmd_config", "cmd_demo", "cmd_serve"]
 
@@ -47,14 +48,23 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ..demo import run_demo
 
-    return run_demo(
-        data=args.data,
-        port=args.port,
-        scenario=args.scenario,
-        speed=args.speed,
-        once=args.once,
-        ddp=args.ddp,
-    )
+    try:
+        code = run_demo(
+            data=args.data,
+            port=args.port,
+            scenario=args.scenario,
+            speed=args.speed,
+            once=args.once,
+            ddp=args.ddp,
+        )
+    except KeyboardInterrupt:  # a second Ctrl-C while the server was stopping
+        code = 130
+    except FleetlensError as exc:
+        print(f"fleetlens: {exc}", file=sys.stderr)
+        code = 2
+    # The demo ran the embedded engine in this process: its server is stopped and its stores
+    # are closed, so leave without the engine's exit-time teardown (exit_past_engine says why).
+    exit_past_engine(code)
 
 
 def add_serve(sub: Any) -> None:
