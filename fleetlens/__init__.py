@@ -14,6 +14,8 @@ Importing reads no environment and starts nothing; ``init`` does both.
 
 ``fleetlens.Client`` reads the server's API (runs, ranks, timeline, goodput, findings) from a
 notebook or a script; it needs the ``server`` extra (httpx) and is imported on first use.
+``fleetlens.callbacks.huggingface(run)`` and ``fleetlens.callbacks.lightning(run)`` are the
+trainers' callbacks, also loaded on first use (no separate import needed).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from .errors import FleetlensError
 from .sdk import Run, SDKConfig, init
 
 if TYPE_CHECKING:
+    from . import callbacks
     from .client import Client
 
-__all__ = ["Client", "FleetlensError", "Run", "SDKConfig", "__version__", "init"]
+__all__ = ["Client", "FleetlensError", "Run", "SDKConfig", "__version__", "callbacks", "init"]
 
 __version__ = "0.1.0"
 
@@ -37,4 +40,8 @@ def __getattr__(name: str) -> Any:
         from .client import Client
 
         return Client
+    if name == "callbacks":
+        import importlib
+
+        return importlib.import_module(".callbacks", __name__)
     raise AttributeError(f"module 'fleetlens' has no attribute {name!r}")

@@ -5,6 +5,11 @@ raised into training, nothing blocking it); the frameworks are imported only whe
     run = fleetlens.init(project="llm")
     trainer = transformers.Trainer(..., callbacks=[fleetlens.callbacks.huggingface(run)])
     trainer = lightning.Trainer(..., callbacks=[fleetlens.callbacks.lightning(run)])
+
+Both time steps (with ``fleetlens.init`` in a DDP job, each rank's wait for the others is taken
+out of them: :mod:`fleetlens.torch.auto`) and count tokens: Lightning's from the batch
+(``input_ids``, or the batch tensor), Hugging Face's from ``state.num_input_tokens_seen``
+(``TrainingArguments(include_num_input_tokens_seen=True)``).
 """
 
 from __future__ import annotations
@@ -41,10 +46,28 @@ class _Steps:
         self.span = self.run.step(step, tokens=tokens)
         self.span.__enter__()
 
-    def end(self) -> None:
+    def end(self, tokens: int | None = None) -> None:
         span, self.span = self.span, None
         if span is not None:
+            if tokens:
+                span.tokens = tokens
             span.__exit__(None, None, None)
+
+
+def _tokens(batch: Any) -> int:
+    """Tokens in a batch: the elements of its token ids (a dict's ``input_ids``, the first
+    tensor of a tuple, or the batch itself) when they are integers; else 0."""
+    try:
+        if isinstance(batch, dict):
+            batch = batch.get("input_ids", next(iter(batch.values()), None))
+        elif isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        dtype = getattr(batch, "dtype", None)
+        if dtype is None or getattr(dtype, "is_floating_point", True):
+            return 0
+        return int(batch.numel())
+    except Exception:
+        return 0
 
 
 def huggingface(run: Run) -> Any:
@@ -54,12 +77,16 @@ def huggingface(run: Run) -> Any:
     class FleetlensCallback(TrainerCallback):  # type: ignore[misc]
         def __init__(self) -> None:
             self.steps = _Steps(run)
+            self.seen = 0
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.steps.begin(int(state.global_step))
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self.steps.end()
+            # Tokens are counted by the Trainer when include_num_input_tokens_seen is on.
+            seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+            self.steps.end(seen - self.seen if seen > self.seen else None)
+            self.seen = max(self.seen, seen)
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
                    **kw: Any) -> None:  # fmt: skip
@@ -89,7 +116,7 @@ def lightning(run: Run) -> Any:
 
         def on_train_batch_start(self, trainer: Any, module: Any, batch: Any,
                                  batch_idx: int) -> None:  # fmt: skip
-            self.steps.begin(int(trainer.global_step))
+            self.steps.begin(int(trainer.global_step), _tokens(batch))
 
         def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any,
                                batch_idx: int) -> None:  # fmt: skip

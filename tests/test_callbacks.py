@@ -20,11 +20,13 @@ def _run(server: Server, run_id: str, tmp_path: Path) -> fleetlens.Run:
 
 
 class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    seq = 16
+
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = (torch.arange(16) * (i % 3 + 1)) % 64
+        ids = (torch.arange(self.seq) * (i % 3 + 1)) % 64
         return {"input_ids": ids, "labels": ids}
 
 
@@ -42,6 +44,7 @@ def test_huggingface_trainer_reports_steps_losses_and_checkpoints(
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=4,
         logging_steps=1, save_steps=6, report_to=[], use_cpu=True, disable_tqdm=True,
+        include_num_input_tokens_seen=True,
     )  # fmt: skip
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(),
                                    callbacks=[fleetlens.callbacks.huggingface(run)])  # fmt: skip
@@ -50,6 +53,7 @@ def test_huggingface_trainer_reports_steps_losses_and_checkpoints(
     assert run.stats()["dropped"] == 0
     info = server.get("/v1/runs/hf-run")
     assert info["steps"] == 6
+    assert info["tokensProcessed"] == 6 * 4 * Tokens.seq  # what the Trainer counted
     loss = server.get("/v1/runs/hf-run/metrics?name=loss")["points"]
     # One loss per logged step (HF folds the last step's into its end-of-training summary).
     assert [p["step"] for p in loss][:5] == [1, 2, 3, 4, 5]

@@ -190,6 +190,7 @@ def test_public_api_is_pinned() -> None:
         "Run",
         "SDKConfig",
         "__version__",
+        "callbacks",
         "init",
     ]
     assert fleetlens.__version__ == "0.1.0"

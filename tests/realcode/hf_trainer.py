@@ -58,6 +58,7 @@ def main() -> None:
         ddp_backend="gloo",
         dataloader_num_workers=0,
         disable_tqdm=True,
+        include_num_input_tokens_seen=True,  # fleetlens: tokens per step
     )
     run = fleetlens.init(project="hf-trainer", config={**vars(args), **config.to_dict()})
     trainer = Trainer(
