@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import fleetlens
+from fleetlens.analysis.nanstats import nanmedian, nanmin
 
 from .helpers import Server, wait_until
 
@@ -84,6 +85,20 @@ def test_a_few_ms_of_input_wait_and_host_hiccups_are_no_data_stall(
     assert [(f["ranks"], f["startStep"]) for f in found] == [([STALL_RANK], STALL_STEPS[0])], found
     # Waits under a second are said in ms ("0.03s" read as no wait at all).
     assert " ms per step for data (typical 3." in found[0]["summary"], found[0]["summary"]
+    # The job reports no comm phase: its transfer times are all NaN, which is no news to print.
+    with open(server.log_path, errors="replace") as fh:
+        log = fh.read()
+    assert "Warning" not in log, log[-3000:]
+
+
+def test_nan_reductions_answer_nan_for_a_slice_with_no_value_and_do_not_warn() -> None:
+    a = np.array([[1.0, np.nan, 3.0], [np.nan] * 3, [np.inf, 2.0, np.nan]])
+    np.testing.assert_array_equal(nanmedian(a, axis=1), [2.0, np.nan, np.inf])
+    np.testing.assert_array_equal(nanmedian(a, axis=0), [np.inf, 2.0, 3.0])
+    np.testing.assert_array_equal(nanmin(a, axis=1), [1.0, np.nan, 2.0])
+    assert nanmedian(a) == 2.5 and np.isnan(nanmedian([np.nan, np.nan])) and np.isnan(nanmedian([]))
+    assert nanmedian(np.empty((2, 0)), axis=1).shape == (2,)
+    assert nanmin(np.empty((0, 3)), axis=1).shape == (0,)
 
 
 def test_a_learning_rate_schedule_is_one_timeline_entry_and_a_manual_drop_its_own(

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .nanstats import nanmedian
+
 __all__ = [
     "Baseline",
     "GroupShift",
@@ -101,7 +103,7 @@ def steady_prefix(values: Arr, min_shift: float, edge: int = 10) -> int:
     best, cut = 1.0, n
     with np.errstate(all="ignore"):
         for k in range(edge, n - edge + 1):
-            before, after = np.nanmedian(v[:k]), np.nanmedian(v[k:])
+            before, after = nanmedian(v[:k]), nanmedian(v[k:])
             if before > 0 and after / before > best:
                 best, cut = float(after / before), k
     if cut == n:

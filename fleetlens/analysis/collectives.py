@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .nanstats import nanmin
+
 __all__ = ["CollectiveReport", "analyze_collectives", "transfer_times"]
 
 Arr = np.ndarray[Any, Any]
@@ -100,5 +102,5 @@ def transfer_times(comm: Arr) -> Arr:
 
     The last rank to arrive waits only for the transfer; every other rank waits longer."""
     with np.errstate(all="ignore"):
-        out: Arr = np.nanmin(np.where(np.isfinite(comm), comm, np.nan), axis=1)
+        out: Arr = nanmin(np.where(np.isfinite(comm), comm, np.nan), axis=1)
     return out

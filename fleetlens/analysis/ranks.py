@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from .nanstats import nanmedian
+
 __all__ = [
     "CusumParams",
     "Episode",
@@ -203,8 +205,8 @@ _PER_RANK = ("c", "since", "alarm", "excess", "count", "prev", "gap_excess", "ga
 def robust_sigma(x: Arr, floor: float) -> float:
     """Pooled robust spread of normalized compute: median over steps of 1.4826 * MAD."""
     dev = np.abs(x - 1.0)
-    mad = np.nanmedian(dev, axis=1)
-    s = 1.4826 * float(np.nanmedian(mad)) if np.isfinite(mad).any() else floor
+    mad = nanmedian(dev, axis=1)
+    s = 1.4826 * float(nanmedian(mad)) if np.isfinite(mad).any() else floor
     return max(s, floor)
 
 
@@ -236,7 +238,7 @@ def scan_stragglers(
         pad = np.full((compute.shape[0], w - compute.shape[1]), np.nan)
         compute = np.hstack([compute, pad])
     with np.errstate(invalid="ignore", divide="ignore"):
-        med = np.nanmedian(compute, axis=1) if np.isfinite(compute).any() else compute[:, 0]
+        med = nanmedian(compute, axis=1) if np.isfinite(compute).any() else compute[:, 0]
         x = compute / med[:, None]
     p = params
     c, since, alarm, excess, count = state.c, state.since, state.alarm, state.excess, state.count

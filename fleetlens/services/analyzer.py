@@ -35,6 +35,7 @@ from ..analysis.hardware import (
     gpu_health,
     gpu_signals,
 )
+from ..analysis.nanstats import nanmedian
 from ..analysis.ranks import RankState, open_episodes, scan_stragglers
 from ..analysis.rootcause import (
     Diagnosis,
@@ -284,7 +285,7 @@ def _blocks(
     n = len(m.steps)
     b = cfg.block_steps
     with np.errstate(all="ignore"):
-        med = np.nanmedian(m.compute, axis=1)
+        med = nanmedian(m.compute, axis=1)
         transfer = transfer_times(m.comm)
     step_time = m.end - m.start
     ids = (m.steps - job.first_step) // b  # blocks by step number, not by row of the window
@@ -295,7 +296,7 @@ def _blocks(
         s0, s1 = int(m.steps[a]), int(m.steps[z - 1])
         t0, t1 = float(m.start[a]), float(m.end[z - 1])
         with np.errstate(all="ignore"):
-            rank_vals = np.nanmedian(m.compute[a:z], axis=0)
+            rank_vals = nanmedian(m.compute[a:z], axis=0)
         learning = not bl["compute"].ready
         shifts = localize(rank_vals, bl["compute"], _topology(place), cfg.compute_min_shift)
         peer = not shifts and len(set(place.rack)) > 1
@@ -314,7 +315,7 @@ def _blocks(
                 if d.diagnosis == "rack_cooling":
                     note_hot(js, d)
         tb = bl["transfer"]
-        tr = float(np.nanmedian(transfer[a:z]))
+        tr = float(nanmedian(transfer[a:z]))
         slow_transfer = tb.ready and tr / tb.median - 1.0 >= shift_threshold(
             tb, cfg.network_min_shift
         )
@@ -322,7 +323,7 @@ def _blocks(
             ctx.found.append(network_diagnosis(ctx.q, job, place, tr, tb, s0, s1, t0, t1,
                                                _episode(ctx.coll, job, s0, s1)))  # fmt: skip
         stalls = data_stall(ctx.q, ctx.run.run_id, job, m, place, a, z,
-                            float(np.nanmedian(step_time[a:z])))  # fmt: skip
+                            float(nanmedian(step_time[a:z])))  # fmt: skip
         ctx.found += stalls
         # Each baseline learns from the blocks healthy for its own metric: the transfer (the
         # last arrival's wait) does not move with a slow rank, a hot rack or a late input, nor

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from ..analysis.breakdown import Breakdown, StepArrays
 from ..analysis.goodput import Factors
+from ..analysis.nanstats import nanmedian
 from ..store.ddl import COMPUTE_SQL
 from ..store.reader import TenantReader
 from ..store.scope import Scope
@@ -364,9 +365,9 @@ class PortalQueries:
                 pick[int(pairs[k, 0])] = int(pairs[k, 1])
         hot: dict[str, Any] | None = None
         with np.errstate(all="ignore"):
-            col_med = np.nanmedian(np.where(np.isfinite(grid), grid, np.nan), axis=0)
+            col_med = nanmedian(np.where(np.isfinite(grid), grid, np.nan), axis=0)
             ratio = grid / col_med
-            row_score = np.nanmedian(np.where(np.isfinite(ratio), ratio, np.nan), axis=1)
+            row_score = nanmedian(np.where(np.isfinite(ratio), ratio, np.nan), axis=1)
         if np.isfinite(row_score).any():
             row = int(np.nanargmax(row_score))
             hot = {

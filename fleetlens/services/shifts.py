@@ -10,6 +10,7 @@ import numpy as np
 
 from ..analysis.baseline import Baseline, GroupShift, shift_threshold
 from ..analysis.hardware import gpu_health, gpu_signals, node_health, node_signals
+from ..analysis.nanstats import nanmedian
 from ..analysis.rootcause import Diagnosis
 from ..store.detect_queries import DetectQueries, JobSpan, Placement
 
@@ -49,7 +50,7 @@ def shift_diagnosis(
             if 2 * len(mine & hot) < len(mine):
                 continue
             with np.errstate(all="ignore"):
-                ratio = float(np.nanmedian(np.asarray(rank_vals)[list(rr)])) / b.median
+                ratio = float(nanmedian(np.asarray(rank_vals)[list(rr)])) / b.median
             out += shift_diagnosis(q, signature, job, GroupShift("rack", rack, ratio, rr,
                                    sh.ratio), place, b, s0, s1, t0, t1)  # fmt: skip
         if out:
@@ -108,7 +109,7 @@ def throttled_racks(
             continue
         rest = [r for r, k in enumerate(place.rack) if k != rack]
         with np.errstate(all="ignore"):
-            ratio = float(np.nanmedian(vals[rr]) / np.nanmedian(vals[rest])) if rest else None
+            ratio = float(nanmedian(vals[rr]) / nanmedian(vals[rest])) if rest else None
         versus = (f", {ratio - 1:.1%} slower than the job's other ranks"
                   if ratio is not None and np.isfinite(ratio) else "")  # fmt: skip
         ev = [{"metric": "GPUs with thermal throttle reasons", "value": n_hot, "of": len(mine),
@@ -154,7 +155,7 @@ def _hot_rack(
     if 2 * len(hot) < seen:
         return []
     with np.errstate(all="ignore"):
-        ratio = (float(np.nanmedian(np.asarray(rank_vals)[list(rr)])) / b.median
+        ratio = (float(nanmedian(np.asarray(rank_vals)[list(rr)])) / b.median
                  if rank_vals is not None else sh.ratio)  # fmt: skip
     return shift_diagnosis(q, signature, job, GroupShift("rack", rack, ratio, rr,
                            sh.others_ratio), place, b, s0, s1, t0, t1)  # fmt: skip
