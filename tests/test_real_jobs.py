@@ -8,6 +8,7 @@ outside the processes. Each test has its own server and a few dozen steps.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -91,3 +92,39 @@ def test_nanogpt_slowed_rank_has_the_longest_compute_with_the_readme_instrumenta
     slowest = max(ranks, key=lambda k: ranks[k]["computeSlowdown"] or 0)
     assert slowest == 2 and ranks[2]["computeSlowdown"] >= 1.15, r.ranks
     assert min(ranks, key=lambda k: ranks[k]["commMs"]) == 2, r.ranks
+
+
+def test_nanogpt_rank_stopped_is_hung_then_finished_and_its_time_is_hang(
+    job_server: Server,
+) -> None:
+    """Rank 2 stopped (SIGSTOP) for 75 s, past the hang rule's 60 s floor, then continued: the
+    run is HUNG while it is stopped, FINISHED after; the hang finding names rank 2 after the
+    rank came back; goodput charges the stop to its hang line, not to productive time."""
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(1.0):
+            runs = job_server.get("/v1/runs")["runs"]
+            if runs and (not seen or seen[-1] != runs[0]["status"]):
+                seen.append(runs[0]["status"])
+
+    poller = threading.Thread(target=watch, daemon=True)
+    poller.start()
+    try:
+        r = run_job(
+            job_server,
+            "nanogpt",
+            steps=120,
+            settle_s=90,
+            fault=Fault("hang", at_step=20, stop_s=75.0),
+        )
+    finally:
+        stop.set()
+        poller.join(10)
+    assert r.returncode == 0, _show(r)
+    assert "HUNG" in seen and r.status == "FINISHED", (seen, _show(r))
+    hangs = [f for f in r.findings if f.get("kind") == "hang"]
+    assert hangs and all(f["ranks"] == [2] for f in hangs), _show(r)
+    lines = {x["category"]: x["seconds"] for x in r.goodput["breakdown"]["lines"]}
+    assert abs(lines["hang"] - 75.0) <= 0.15 * 75.0, lines
