@@ -128,3 +128,20 @@ def test_nanogpt_rank_stopped_is_hung_then_finished_and_its_time_is_hang(
     assert hangs and all(f["ranks"] == [2] for f in hangs), _show(r)
     lines = {x["category"]: x["seconds"] for x in r.goodput["breakdown"]["lines"]}
     assert abs(lines["hang"] - 75.0) <= 0.15 * 75.0, lines
+
+
+def test_nanogpt_slowed_rank_is_named_from_its_phases_alone(job_server: Server) -> None:
+    """With the compute/wait split off (another framework would have none), the phases still
+    name the slow rank: judged by when each rank arrived at the backward's all-reduce."""
+    r = run_job(
+        job_server,
+        "nanogpt",
+        steps=200,
+        settle_s=60,
+        fault=Fault("slow", at_step=20),
+        env={"FLEETLENS_TORCH_SPLIT": "0"},
+    )
+    assert r.returncode == 0, _show(r)
+    assert all(x.get("commMs") is None for x in r.ranks.get("ranks", [])), r.ranks
+    named = [f for f in r.findings if f.get("kind") == "straggler"]
+    assert named and all(f["ranks"] == [2] for f in named), _show(r)

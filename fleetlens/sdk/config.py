@@ -66,6 +66,9 @@ class SDKConfig:
     exit_flush_timeout: float = 5.0
     signal_flush_timeout: float = 2.0
     install_signal_handler: bool = True
+    # In a torch job of several ranks, tell each backward's compute from its wait for the others
+    # (fleetlens.torch.auto). FLEETLENS_TORCH_SPLIT=0 turns it off.
+    torch_split: bool = True
     config: dict[str, Any] = field(default_factory=dict, compare=False)
     # Launcher variables worth keeping with the job_start event (torchrun/Slurm ids, master).
     launcher_env: dict[str, str] = field(default_factory=dict, compare=False)
@@ -187,6 +190,14 @@ class _Resolver:
                     f"FLEETLENS_DISABLED={disabled!r} is not a boolean; set it to 1 or 0"
                 )
             values["enabled"] = low not in _TRUE
+        split = self.env.get("FLEETLENS_TORCH_SPLIT")
+        if split is not None:
+            low = split.strip().lower()
+            if low not in _TRUE | _FALSE:
+                raise ConfigError(
+                    f"FLEETLENS_TORCH_SPLIT={split!r} is not a boolean; set it to 1 or 0"
+                )
+            values["torch_split"] = low in _TRUE
         spool_max = self._int_env(
             "FLEETLENS_SPOOL_MAX_BYTES", "set it to the spool size limit in bytes, e.g. 268435456"
         )

@@ -581,7 +581,7 @@ def init(
     if code is not None:
         lineage["code"] = code
     run = Run(cfg, transport, lineage=lineage)
-    if cfg.world_size > 1 and "torch" in sys.modules:
+    if cfg.torch_split and cfg.world_size > 1 and "torch" in sys.modules:
         try:  # a torch job: tell its ranks' compute from their waiting (fleetlens.torch.auto)
             from ..torch.auto import install
 

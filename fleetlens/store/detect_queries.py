@@ -18,10 +18,39 @@ from .ddl import COMPUTE_SQL
 from .reader import TenantReader
 from .telemetry import TelemetryStore
 
-__all__ = ["DetectQueries", "JobSpan", "Placement", "StepMatrix", "by_placed_span", "rank_cap"]
+__all__ = [
+    "DetectQueries",
+    "JobSpan",
+    "Placement",
+    "StepMatrix",
+    "by_arrival",
+    "by_placed_span",
+    "rank_cap",
+]
 
 Arr = np.ndarray[Any, Any]
 log = logging.getLogger("fleetlens.analyzer")
+
+
+def by_arrival(compute: Arr, backward: Arr, comm: Arr) -> Arr:
+    """Compute judged by each rank's arrival where a step's phases hold its waiting.
+
+    A job timed by phases alone (another framework, no hook: no rank measured ``comm``) has its
+    ranks' wait for each other inside the phase that synchronizes them: in DDP ``backward``,
+    where the all-reduce ends. Every rank leaves that phase together, so the last to arrive
+    spent least in it. Its compute is then what came before the phase plus the step's shortest
+    backward (the one holding the least waiting): the slow rank keeps its longer forward, the
+    others lose their wait. Steps where some rank measured its wait, or with fewer than two
+    backward times, are left as they are."""
+    rows = np.isnan(comm).all(axis=1) & (np.isfinite(backward).sum(axis=1) >= 2)
+    if not rows.any():
+        return compute
+    out = compute.copy()
+    bw = backward[rows]
+    with np.errstate(all="ignore"):
+        shortest = np.nanmin(bw, axis=1, keepdims=True)
+    out[rows] = np.where(np.isfinite(bw), compute[rows] - bw + shortest, compute[rows])
+    return out
 
 
 def rank_cap(world: int, distinct: int) -> int:
@@ -106,7 +135,8 @@ class DetectQueries:
     def step_matrix(self, run_id: str, job_id: str, lo: int, hi: int, world: int) -> StepMatrix:
         """Per-rank compute, comm and data wait of steps ``lo..hi`` of one attempt."""
         tab = self.r.table(
-            f"SELECT step, rank, {COMPUTE_SQL} AS m_compute, comm, data_wait, time, duration "
+            f"SELECT step, rank, {COMPUTE_SQL} AS m_compute, comm, data_wait, backward, time, "
+            "duration "
             "FROM {db}.steps WHERE tenant = {tenant:String} AND run_id = {run:String} "
             "AND job_id = {job:String} AND step BETWEEN {lo:Int64} AND {hi:Int64}",
             run=run_id,
@@ -124,7 +154,7 @@ class DetectQueries:
         # the matrix is at most the distinct ranks seen (x4, +1024 for sparse reporters) wide.
         cap = rank_cap(world, len(np.unique(rank)))
         keep = (rank >= 0) & (rank < cap)
-        cols = {c: tab.column(c).to_numpy() for c in ("m_compute", "comm", "data_wait")}
+        cols = {c: tab.column(c).to_numpy() for c in ("m_compute", "comm", "data_wait", "backward")}
         t = tab.column("time").to_numpy()
         e = t + tab.column("duration").to_numpy()
         if not keep.all():
@@ -150,7 +180,9 @@ class DetectQueries:
         end = np.full(len(steps), -np.inf)
         np.minimum.at(start, si, t)
         np.maximum.at(end, si, e)
-        return StepMatrix(steps, w, grid("m_compute"), grid("comm"), grid("data_wait"), start, end)
+        comm = grid("comm")
+        compute = by_arrival(grid("m_compute"), grid("backward"), comm)
+        return StepMatrix(steps, w, compute, comm, grid("data_wait"), start, end)
 
     def next_step(self, run_id: str, job_id: str, after: int) -> int | None:
         """The first step of the attempt after ``after`` (None: none), to skip a gap of steps."""
