@@ -25,6 +25,7 @@ from .helpers import Server, step_batch
 
 DATA = Path(__file__).resolve().parent / "data" / "real"
 STRAGGLER = "sim-straggler_persistent"  # rank 13 (node-0001 GPU 5) 15% slow for the whole run
+STRAGGLER_NODE = f"{STRAGGLER}-node-0001"  # each scenario is a fleet of its own
 THERMAL = "sim-thermal"
 
 
@@ -177,8 +178,28 @@ def test_stragglers_name_the_injected_rank(fleet: Server) -> None:
     lines = ok("stragglers", STRAGGLER, "--server", fleet.url).splitlines()
     assert lines[0].split()[:3] == ["DIAGNOSIS", "RANKS", "NODES"]
     row = lines[1].split()
-    assert row[:3] == ["straggler.persistent", "13", "node-0001"]
-    assert "rank 13 (node-0001 GPU 5" in lines[2]
+    assert row[:3] == ["straggler.persistent", "13", STRAGGLER_NODE]
+    assert f"rank 13 ({STRAGGLER_NODE} GPU 5" in lines[2]
+
+
+def _nodes(srv: Server, run_id: str) -> set[str]:
+    ranks = srv.get(f"/v1/runs/{run_id}/ranks?limit=1000")["ranks"]
+    return {r["node"] for r in ranks}
+
+
+def test_scenarios_played_into_one_server_are_fleets_of_their_own(fleet: Server) -> None:
+    """Two scenarios into one server: neither's nodes (nor its Xids and heat) are the other's."""
+    straggler, thermal = _nodes(fleet, STRAGGLER), _nodes(fleet, THERMAL)
+    assert STRAGGLER_NODE in straggler and f"{THERMAL}-node-0001" in thermal, (straggler, thermal)
+    assert not straggler & thermal
+
+
+def test_scenarios_given_one_fleet_share_its_nodes(server: Server) -> None:
+    for scenario in ("hang", "oom"):
+        ok("sim", "run", scenario, "--server", server.url, "--fleet", "lab")
+    hang = poll(lambda: _nodes(server, "sim-hang"))
+    oom = poll(lambda: _nodes(server, "sim-oom"))
+    assert "lab-node-0001" in hang and hang & oom, (hang, oom)
 
 
 def test_diagnose_prints_findings_with_evidence(fleet: Server) -> None:

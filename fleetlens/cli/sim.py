@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -25,6 +26,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                      help="simulated seconds per wall second; 0 = as fast as possible")  # fmt: skip
     run.add_argument("--out", default=None, help="directory for batch files and ground truth")
     run.add_argument("--seed", type=int, default=None)
+    run.add_argument(
+        "--fleet",
+        default=None,
+        help="the fleet the scenario runs on: scenarios given the same NAME share node, rack "
+        "and GPU names (default: a fleet of its own, named after the scenario's run, so one "
+        "scenario's faults are never on another's nodes)",
+    )
     lst = sub.add_parser("list", help="list the shipped scenarios")
     lst.add_argument("--json", action="store_true", help="print {name: description} as JSON")
     p.set_defaults(func=cmd_sim)
@@ -32,7 +40,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from ..sim.library import list_scenarios, run_scenario
+    from ..sim.library import list_scenarios, load_scenario, run_scenario
 
     if args.sim_command == "list":
         scenarios = list_scenarios()
@@ -45,8 +53,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if not args.server and not args.out:
         print("sim run: give --server URL and/or --out DIR", file=sys.stderr)
         return 2
-    res = run_scenario(args.scenario, server=args.server, out_dir=args.out, speed=args.speed,
-                       seed=args.seed, token=args.token)  # fmt: skip
+    scn = load_scenario(args.scenario)
+    # Scenarios played into one server are separate fleets unless told to share one: their
+    # node names are the server's only way to tell one fleet's hardware from another's.
+    cluster = dataclasses.replace(scn.cluster, fleet=args.fleet or scn.job.run_id)
+    res = run_scenario(scn, server=args.server, out_dir=args.out, speed=args.speed,
+                       seed=args.seed, token=args.token, cluster=cluster)  # fmt: skip
     t = res.truth
     print(
         f"{t.run_id}: {sum(res.records.values()):,} records in {res.elapsed_s:.1f}s, "

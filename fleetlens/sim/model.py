@@ -38,6 +38,9 @@ class Cluster:
     nodes_per_nvlink_domain: int = 1
     spare_nodes: int = 4
     node_prefix: str = "node"
+    fleet: str = ""
+    """Prefixes every node, rack, switch, NVLink domain and GPU name ("" none): scenarios
+    played into one server are separate fleets unless given the same ``fleet``."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ __all__ = ["Placement"]
 class Placement:
     def __init__(self, cluster: Cluster, world: int) -> None:
         self.c = cluster
+        self.pre = f"{cluster.fleet}-" if cluster.fleet else ""
         self.world = world
         self.gpn = cluster.gpus_per_node
         n_slots = -(-world // self.gpn)
@@ -31,15 +32,16 @@ class Placement:
         self._refresh()
 
     def name(self, node: int) -> str:
-        return f"{self.c.node_prefix}-{node:04d}"
+        return f"{self.pre}{self.c.node_prefix}-{node:04d}"
 
     def rack(self, node: int) -> str:
-        return f"rack-{node // self.c.nodes_per_rack:03d}"
+        return f"{self.pre}rack-{node // self.c.nodes_per_rack:03d}"
 
     def _refresh(self) -> None:
         self.phys = self.slot_nodes[self.rank_slot] * self.gpn + self.rank_gpu
         self.node_names = [self.name(int(n)) for n in self.slot_nodes]
-        self.uuids = [f"GPU-sim{int(p) // self.gpn:05d}-{int(p) % self.gpn:02d}" for p in self.phys]
+        self.uuids = [f"GPU-{self.pre}sim{int(p) // self.gpn:05d}-{int(p) % self.gpn:02d}"
+                      for p in self.phys]  # fmt: skip
 
     def replace(self, node: int) -> int | None:
         """Swap physical ``node`` out for a spare; returns the spare, or None if none is left."""
@@ -61,8 +63,8 @@ class Placement:
         nodes = self.slot_nodes[self.rank_slot]
         c = self.c
         racks = [self.rack(int(n)) for n in nodes]
-        switches = [f"leaf-{int(n) // c.nodes_per_switch:03d}" for n in nodes]
-        domains = [f"nvl-{int(n) // c.nodes_per_nvlink_domain:04d}" for n in nodes]
+        switches = [f"{self.pre}leaf-{int(n) // c.nodes_per_switch:03d}" for n in nodes]
+        domains = [f"{self.pre}nvl-{int(n) // c.nodes_per_nvlink_domain:04d}" for n in nodes]
         w = self.world
         return w, {
             "time": np.full(w, t),
