@@ -25,6 +25,8 @@ from .spool import default_spool_root
 __all__ = ["SDKConfig"]
 
 _MiB = 1024 * 1024
+Agree = Callable[[str, Mapping[str, str]], tuple[str, str]]
+"""Settles a run id among the job's ranks: (made-up id, environment) -> (id, how agreed)."""
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -90,7 +92,7 @@ class SDKConfig:
         cls,
         explicit: Mapping[str, Any],
         environ: Mapping[str, str],
-        agree: Callable[[str, Mapping[str, str]], tuple[str, str]] | None = None,
+        agree: Agree | None = None,
     ) -> SDKConfig:
         """Merge explicit arguments (None = not given), ``environ`` and defaults. ``agree``
         (:func:`fleetlens.sdk.agree.agree_run_id`) settles a run id the launcher did not name
@@ -143,7 +145,7 @@ class _Resolver:
         self,
         explicit: Mapping[str, Any],
         environ: Mapping[str, str],
-        agree: Callable[[str, Mapping[str, str]], tuple[str, str]] | None = None,
+        agree: Agree | None = None,
     ) -> None:
         self.agree = agree
         unknown = sorted(k for k, v in explicit.items() if v is not None and k not in _FIELDS)
