@@ -199,3 +199,34 @@ def test_sigterm_to_every_rank_is_a_stopped_run(server: Server) -> None:
         assert "SIGTERM" in run["ended"]["reason"] and run["ended"]["ranks"] == []
     finally:
         _reap(procs)
+
+
+_RAISES = textwrap.dedent(
+    """
+    import fleetlens
+    run = fleetlens.init(project="lifecycle")
+    for i in range(3):
+        with run.step(i, tokens=8):
+            pass
+    raise RuntimeError("the trainer's loop broke outside any step")
+    """
+)
+
+
+def test_an_exception_outside_any_step_is_the_rank_s_last_word(server: Server) -> None:
+    """A trainer's callbacks see no exception: the SDK reports the one that ends the process."""
+    env = {
+        **os.environ,
+        "FLEETLENS_RUN_ID": "raised",
+        "FLEETLENS_SERVER": server.url,
+        "FLEETLENS_RELAY": "off",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _RAISES], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "outside any step" in done.stderr  # the user still sees it
+    run = wait_until(
+        lambda: (r := server.get("/v1/runs/raised"))["status"] == "FAILED" and r, 30, 0.2, "FAILED"
+    )
+    assert run["ended"]["ranks"] == [0] and "outside any step" in run["ended"]["reason"]
+    assert run["ended"]["step"] == 2

@@ -98,6 +98,9 @@ class Run:
         self._exporter.start()
         atexit.register(self._at_exit)
         self._install_sigterm()
+        self._reported: int | None = None  # id() of the exception a step already reported
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._on_uncaught
 
     # -- the hot path -------------------------------------------------------------------------
 
@@ -250,6 +253,8 @@ class Run:
             self._shutdown(self.config.exit_flush_timeout)
             atexit.unregister(self._at_exit)
             self._restore_sigterm()
+            if sys.excepthook == self._on_uncaught:
+                sys.excepthook = self._prev_excepthook
         except Exception:
             self._internal_error()
 
@@ -351,7 +356,24 @@ class Run:
         self._first_step = False
         self._emit("first_step", n, "", None)
 
+    def _on_uncaught(
+        self, et: type[BaseException], ev: BaseException, tb: TracebackType | None
+    ) -> None:
+        """An exception that ends the process outside any step (a trainer's loop, whose
+        callbacks see no exception): the rank's last word, then the previous hook."""
+        try:
+            last = self._active or self._last
+            step = last.n if last is not None else None
+            if isinstance(ev, KeyboardInterrupt):  # Ctrl-C: stopped, not failed
+                self._emit("signal", step, "received SIGINT", {"signal": int(signal.SIGINT)})
+            elif ev is not None and id(ev) != self._reported and not isinstance(ev, SystemExit):
+                self._on_exception(ev, step)
+        except Exception:
+            self._internal_error()
+        self._prev_excepthook(et, ev, tb)
+
     def _on_exception(self, exc: BaseException, step: int | None) -> None:
+        self._reported = id(exc)
         try:
             text = "".join(traceback.format_exception(exc))[-8000:]
         except Exception:
