@@ -1,5 +1,5 @@
 """Real training code under torchrun with faults done from outside: does the server get them
-right? (issue 32; the harness is tests/realjobs.py, the codes tests/realcode.)
+right? (issue 32; the harness is bench/_realjobs.py, the codes tests/realcode.)
 
 For each code (nanoGPT-style ``train.py``, HF ``Trainer``, Lightning) and each fault on rank 2
 (none, slow: stopped 30 ms of every 100 ms from a step on; hang: stopped ``--hang-s`` seconds;
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit  # noqa: E402
 
-from tests.realjobs import CODES, Fault, JobResult, fresh_server, run_job  # noqa: E402
+from bench._realjobs import CODES, Fault, JobResult, fresh_server, run_job  # noqa: E402
 
 TRUTH = {"none": "FINISHED", "slow": "FINISHED", "hang": "FINISHED", "crash": "FAILED"}
 _ITER = re.compile(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms", re.M)

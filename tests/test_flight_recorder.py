@@ -262,7 +262,7 @@ def _known(server: Server, run_id: str) -> bool:
 def test_the_jobs_hang_limit_is_the_servers_hang_rule() -> None:
     """The training process cannot import the server's rule; its copy must say the same."""
     from fleetlens.analysis.hangs import HangRule
-    from fleetlens.sdk.run import NullRun
+    from fleetlens.sdk import NullRun
     from fleetlens.torch.flight_recorder import HangDump
 
     for k, floor, steps in [(10.0, 60.0, [0.5, 0.7, 9.0]), (10.0, 3.0, [1.0]), (4.0, 5.0, [])]:

@@ -1,7 +1,7 @@
 """Real training code, instrumented as the docs show and launched with torchrun as users launch
 it (4 gloo ranks on CPU), against a real server: what a user relies on at the end of the job.
 
-The codes are in tests/realcode; tests/realjobs.py launches them and does the faults from
+The codes are in tests/realcode; bench/_realjobs.py launches them and does the faults from
 outside the processes. Each test has its own server and a few dozen steps.
 """
 
@@ -13,8 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .helpers import Server
-from .realjobs import Fault, JobResult, fresh_server, run_job
+from bench._realjobs import Fault, JobResult, Server, fresh_server, run_job
 
 pytest.importorskip("torch")
 

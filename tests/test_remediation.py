@@ -25,9 +25,9 @@ from fleetlens.remediation.controller import Controller
 from fleetlens.remediation.machine import State
 from fleetlens.remediation.policy import RemediationPolicy, RunContext, decide
 from fleetlens.remediation.positions import Instruction, Position
+from fleetlens.sdk import NullRun
 from fleetlens.sdk.config import SDKConfig
 from fleetlens.sdk.control import ControlChannel
-from fleetlens.sdk.run import NullRun
 from fleetlens.store.access import AccessStore
 from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.findings import FindingRow, FindingsStore

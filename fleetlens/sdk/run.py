@@ -1,10 +1,9 @@
-"""The run object the training loop talks to, and ``init`` that makes it.
+"""The run object the training loop talks to (``init`` in ``start`` makes it).
 
 Every per-step method is a length check and a ``deque.append`` of a small tuple: no lock, no
 encoding, no I/O (the exporter thread does those). After ``init`` nothing raises into the training
 loop: each public method swallows and counts its own failures, except that the user's exception
-leaving ``with run.step(...)`` is re-raised untouched. Disabled means free: ``init`` then returns
-a :class:`NullRun` whose methods return at once and which starts no thread.
+leaving ``with run.step(...)`` is re-raised untouched.
 """
 
 from __future__ import annotations
@@ -17,12 +16,10 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from types import FrameType, TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from ..schema import DATA_SCALARS, EVENT_KINDS, P0_EVENT_KINDS
-from .agree import agree_run_id
 from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, RecordBuffer
 from .config import SDKConfig
 from .exporter import Exporter
@@ -33,13 +30,12 @@ from .spool import Spool
 from .tables import Identity
 from .transport import Transport
 
-__all__ = ["NullRun", "Run", "init"]
+__all__ = ["Run"]
 
 _PHASE_NAMES = tuple(PHASES)
 
 VERSION = "0.1.0"
 _NAN = float("nan")
-F = TypeVar("F", bound=Callable[..., Any])
 _time = time.time
 
 
@@ -478,67 +474,6 @@ class Run:
                 os.kill(os.getpid(), signum)
 
 
-class NullRun(Run):
-    """What a disabled ``init`` returns: every method returns at once, no thread, no I/O."""
-
-    def __init__(self, cfg: SDKConfig | None = None) -> None:  # no super(): nothing to start
-        self.config = cfg or SDKConfig(enabled=False)
-
-    def step(self, n: int | None = None, *, tokens: int = 0) -> Step:
-        return _NULL  # type: ignore[return-value]
-
-    def phase(self, name: str) -> Phase:
-        return _NULL  # type: ignore[return-value]
-
-    def add_phase(self, name: str, seconds: float) -> None:
-        return None
-
-    def record_step(self, step: int, **kwargs: Any) -> None:
-        return None
-
-    def log(self, step: int, /, **scalars: float) -> None:
-        return None
-
-    def data(self, step: int, /, **kwargs: Any) -> None:
-        return None
-
-    def event(self, kind: str, step: int | None = None, message: str = "", **attrs: Any) -> None:
-        return None
-
-    def collective(self, **kwargs: Any) -> None:
-        return None
-
-    def checkpoint(self, step: int | None = None, **kwargs: Any) -> Checkpoint:
-        return _NULL  # type: ignore[return-value]
-
-    def flush(self, timeout: float = 5.0) -> bool:
-        return True
-
-    def finish(self, status: str = "ok", message: str = "") -> None:
-        return None
-
-    def stats(self) -> dict[str, Any]:
-        return {"enabled": False}
-
-
-class _NullSpan:
-    """A context manager and decorator that does nothing, shared by every disabled call."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> _NullSpan:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def __call__(self, fn: F) -> F:
-        return fn
-
-
-_NULL = _NullSpan()
-
-
 def _environment() -> dict[str, Any]:
     """Framework and driver versions, read once at start from what is already loaded."""
     env: dict[str, Any] = {"python": sys.version.split()[0]}
@@ -555,59 +490,3 @@ def _environment() -> dict[str, Any]:
     except OSError:
         pass
     return env
-
-
-def init(
-    project: str | None = None,
-    run_id: str | None = None,
-    server: str | None = None,
-    tenant: str | None = None,
-    experiment_id: str | None = None,
-    job_id: str | None = None,
-    config: dict[str, Any] | None = None,
-    token: str | None = None,
-    enabled: bool | None = None,
-    spool_dir: str | None = None,
-    *,
-    transport: Transport | None = None,
-    dataset: str | dict[str, Any] | None = None,
-    code: str | dict[str, Any] | None = None,
-    **more_cfg: Any,
-) -> Run:
-    """Start recording this process's part of a run; raises ConfigError on bad settings.
-
-    Explicit arguments beat ``FLEETLENS_*`` variables, which beat launcher variables (torchrun,
-    Slurm), which beat defaults. ``more_cfg`` takes any other :class:`SDKConfig` field.
-    ``dataset`` (``"name:version"`` or ``{name, version, content_hash, shards}``) and ``code``
-    (a commit, or ``{repo, commit, dirty}``) travel with the job_start event into the run graph.
-    """
-    explicit: dict[str, Any] = {
-        "project": project,
-        "run_id": run_id,
-        "server": server,
-        "tenant": tenant,
-        "experiment_id": experiment_id,
-        "job_id": job_id,
-        "config": config,
-        "token": token,
-        "enabled": enabled,
-        "spool_dir": spool_dir,
-        **more_cfg,
-    }
-    cfg = SDKConfig.resolve(explicit, os.environ, agree_run_id)
-    if not cfg.enabled:
-        return NullRun(cfg)
-    lineage: dict[str, Any] = {}
-    if dataset is not None:
-        lineage["dataset"] = dataset
-    if code is not None:
-        lineage["code"] = code
-    run = Run(cfg, transport, lineage=lineage)
-    if cfg.torch_split and cfg.world_size > 1 and "torch" in sys.modules:
-        try:  # a torch job: tell its ranks' compute from their waiting (fleetlens.torch.auto)
-            from ..torch.auto import install
-
-            run._watch = install(run)
-        except Exception:
-            run._internal_error()
-    return run

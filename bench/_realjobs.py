@@ -20,6 +20,7 @@ with the fault's onset and the job's timings, for ``tests/test_real_jobs.py`` an
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -29,13 +30,15 @@ import threading
 import time
 import urllib.error
 import urllib.parse
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .helpers import Server, free_port
+from bench._common import free_port, start_server, stop_server
 
-REALCODE = Path(__file__).resolve().parent / "realcode"
+REALCODE = Path(__file__).resolve().parent.parent / "tests" / "realcode"
 CODES = ("nanogpt", "hf", "lightning")
 FAULTS = ("none", "slow", "hang", "crash")
 LAUNCHES = ("rdzv", "master-port")
@@ -218,6 +221,17 @@ def _signal(pid: int, sig: int) -> bool:
 
 
 # ---- the server ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Server:
+    """A running ``fleetlens serve``: where it listens, and its JSON answers."""
+
+    url: str
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            return json.load(r)
+
+
 def _get(server: Server, path: str) -> Any:
     try:
         return server.get(path)
@@ -443,11 +457,11 @@ def _run_job(
 
 
 @contextlib.contextmanager
-def fresh_server(env: dict[str, str] | None = None) -> Any:
+def fresh_server(env: dict[str, str] | None = None) -> Iterator[Server]:
     """A ``fleetlens serve`` of its own (data directory, port) for one job."""
     with tempfile.TemporaryDirectory(prefix="realjob-server-") as tmp:
-        srv = Server(os.path.join(tmp, "data"), env=dict(env or {})).start()
+        proc, url = start_server(os.path.join(tmp, "data"), env=env)
         try:
-            yield srv
+            yield Server(url)
         finally:
-            srv.stop()
+            stop_server(proc)
