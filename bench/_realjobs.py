@@ -6,8 +6,10 @@ Each job is one of the codes in ``tests/realcode`` (a nanoGPT-style ``train.py``
 controller thread here finds one rank's process (the torchrun worker whose environment has
 ``RANK=r``) and, once the run reaches a step on the server, does to it what a fault does:
 
-- ``slow``: stops and continues it on a duty cycle (``SIGSTOP`` for ``stopped_s`` of every
-  ``period_s``) until it exits: a rank that computes slower from that step on;
+- ``slow``: throttles it until it exits to ``keep`` of the CPU it was using before the onset (a
+  rank that computes slower from that step on, every step alike, as a throttled GPU does): a
+  kernel-enforced cap (cgroup ``cpu.max``, or v1 ``cpu.cfs_quota_us``, per 10 ms) where a cpu
+  cgroup is writable, else a duty cycle of ``SIGSTOP``/``SIGCONT`` per 20 ms;
 - ``hang``: stops it for ``stop_s`` seconds, then continues it;
 - ``crash``: ``SIGKILL``.
 
@@ -72,17 +74,13 @@ class Fault:
     at_step: int = 0
     rank: int = 2
     stop_s: float = 150.0  # hang: how long the rank stays stopped
-    stopped_s: float = 0.03  # slow: stopped this long in every period
-    period_s: float = 0.1
+    keep: float = 0.7  # slow: the share of its CPU pace before the onset the rank keeps
 
     def __post_init__(self) -> None:
         if self.kind not in FAULTS:
             raise ValueError(f"fault kind {self.kind!r}; one of {', '.join(FAULTS)}")
-        if self.kind == "slow" and not 0 < self.stopped_s < self.period_s:
-            raise ValueError(
-                f"slow fault stops {self.stopped_s} s of every {self.period_s} s; "
-                "0 < stopped_s < period_s"
-            )
+        if self.kind == "slow" and not 0 < self.keep < 1:
+            raise ValueError(f"slow fault keeps {self.keep} of the rank's CPU; 0 < keep < 1")
 
 
 @dataclass
@@ -104,6 +102,7 @@ class JobResult:
     onset_step: int | None = None  # the run's last step on the server when the fault began
     onset_time: float | None = None
     fault_pid: int | None = None
+    fault_how: str = ""  # slow: "cgroup N cores" or "sigstop" (see the module docstring)
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -220,6 +219,62 @@ def _signal(pid: int, sig: int) -> bool:
         return False
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of the process (all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_CG_PERIOD_US = 10_000
+
+
+def _throttle(pid: int, cores: float) -> Path | None:
+    """Cap ``pid`` (its threads, and children it starts) at ``cores`` CPUs in a cgroup of its
+    own, enforced by the kernel per 10 ms; the cgroup, or None where none can be made."""
+    quota = max(1000, int(cores * _CG_PERIOD_US))
+    for root, v2 in ((Path("/sys/fs/cgroup"), True), (Path("/sys/fs/cgroup/cpu"), False)):
+        if v2 and "cpu" not in _read(root / "cgroup.controllers").split():
+            continue
+        if v2 and "cpu" not in _read(root / "cgroup.subtree_control").split():
+            with contextlib.suppress(OSError):
+                (root / "cgroup.subtree_control").write_text("+cpu")
+        if not v2 and not (root / "cpu.cfs_quota_us").exists():
+            continue
+        cg = root / f"fleetlens-slow-{pid}"
+        try:
+            cg.mkdir(exist_ok=True)
+            if v2:
+                (cg / "cpu.max").write_text(f"{quota} {_CG_PERIOD_US}")
+            else:
+                (cg / "cpu.cfs_period_us").write_text(str(_CG_PERIOD_US))
+                (cg / "cpu.cfs_quota_us").write_text(str(quota))
+            (cg / "cgroup.procs").write_text(str(pid))
+            return cg
+        except OSError:
+            with contextlib.suppress(OSError):
+                cg.rmdir()
+    return None
+
+
+def _unthrottle(cg: Path) -> None:
+    """Move what is left in the cgroup back to its parent and remove it."""
+    for task in _read(cg / "cgroup.procs").split():
+        with contextlib.suppress(OSError):
+            (cg.parent / "cgroup.procs").write_text(task)
+    with contextlib.suppress(OSError):
+        cg.rmdir()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 # ---- the server ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Server:
@@ -254,7 +309,9 @@ class _Injector(threading.Thread):
         self.pid: int | None = None
         self.onset_step: int | None = None
         self.onset_time: float | None = None
+        self.how: str = ""
         self.error: str = ""
+        self._cgroup: Path | None = None
 
     def run(self) -> None:
         try:
@@ -264,12 +321,15 @@ class _Injector(threading.Thread):
 
     def _run(self) -> None:
         f = self.fault
+        paced: list[tuple[float, float]] = []  # (time, the rank's CPU seconds) while it trains
         while not self.done.is_set():
             self.pid = self.pid or worker_pid(self.agent.pid, f.rank)
             step = last_step(self.server)
-            if self.pid and step is not None and step >= f.at_step:
-                self.onset_step, self.onset_time = step, time.time()
-                break
+            if self.pid and step is not None:
+                paced = [*paced[-30:], (time.monotonic(), _cpu_seconds(self.pid))]
+                if step >= f.at_step:
+                    self.onset_step, self.onset_time = step, time.time()
+                    break
             time.sleep(0.1)
         else:
             self.error = f"the job ended before step {f.at_step} was seen"
@@ -283,19 +343,29 @@ class _Injector(threading.Thread):
             time.sleep(f.stop_s)
             _signal(pid, signal.SIGCONT)
         elif f.kind == "slow":
-            running = f.period_s - f.stopped_s
+            (t0, c0), (t1, c1) = paced[0], paced[-1]
+            cores = (c1 - c0) / (t1 - t0) if t1 > t0 else 0.5
+            self._cgroup = _throttle(pid, f.keep * max(cores, 0.05))
+            if self._cgroup is not None:
+                self.how = f"cgroup {f.keep * max(cores, 0.05):.2f} cores ({cores:.2f} before)"
+                return
+            self.how = "sigstop"
+            period = 0.02
             while not self.done.is_set() and _alive(pid):
                 if not _signal(pid, signal.SIGSTOP):
                     break
-                time.sleep(f.stopped_s)
+                time.sleep(period * (1 - f.keep))
                 _signal(pid, signal.SIGCONT)
-                time.sleep(running)
+                time.sleep(period * f.keep)
 
     def release(self) -> None:
-        """Never leave the rank stopped, whatever happened."""
+        """Never leave the rank stopped or throttled, whatever happened."""
         self.done.set()
         if self.pid:
             _signal(self.pid, signal.SIGCONT)
+        if self._cgroup is not None:
+            _unthrottle(self._cgroup)
+            self._cgroup = None
 
 
 def _tail(path: str, limit: int = 64_000) -> str:
@@ -432,6 +502,7 @@ def _run_job(
     if injector:
         result.onset_step, result.onset_time = injector.onset_step, injector.onset_time
         result.fault_pid = injector.pid
+        result.fault_how = injector.how
         if injector.error:
             result.output += f"\n[harness] fault not injected: {injector.error}"
     if run_id is None or not judge:

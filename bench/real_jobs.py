@@ -2,8 +2,8 @@
 right? (issue 32; the harness is bench/_realjobs.py, the codes tests/realcode.)
 
 For each code (nanoGPT-style ``train.py``, HF ``Trainer``, Lightning) and each fault on rank 2
-(none, slow: stopped 30 ms of every 100 ms from a step on; hang: stopped ``--hang-s`` seconds;
-crash: SIGKILL), ``--cases`` jobs of 4 gloo ranks, each against a fresh server. Figures:
+(none; slow: held from a step on to 70% of the CPU it was using, by a cgroup CPU cap where the
+kernel has one, else a SIGSTOP duty cycle; hang: stopped ``--hang-s`` seconds; crash: SIGKILL), ``--cases`` jobs of 4 gloo ranks, each against a fresh server. Figures:
 
 - ``slow_found``: a ``straggler.persistent`` finding naming rank 2 whose start is within 20
   steps of the onset (the step the server showed when the fault began);
@@ -134,7 +134,8 @@ def main() -> None:
                 print(
                     f"{code} {kind} #{case}: rc {r.returncode} runs {len(r.run_ids)} status "
                     f"{r.status} onset {r.onset_step} findings {seen} "
-                    f"hang {hang_seconds(r):.1f}s ({r.timings.get('total_s', 0):.0f} s)",
+                    f"hang {hang_seconds(r):.1f}s {r.fault_how} "
+                    f"({r.timings.get('total_s', 0):.0f} s)",
                     file=sys.stderr,
                 )
     with fresh_server() as srv:
@@ -172,6 +173,7 @@ def main() -> None:
         "status_right": status_right,
         "status_cases": len(results),
         "runs_per_job": runs_per_job,
+        "slow_how": sorted({r.fault_how.split()[0] for r in of("slow") if r.fault_how}),
         "overhead_pct": round(over, 2),
         "overhead_pct_pairs": [round(x, 2) for x in over_all],
         "seconds": round(time.monotonic() - t0, 1),

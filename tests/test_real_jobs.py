@@ -18,8 +18,8 @@ from bench._realjobs import Fault, JobResult, Server, fresh_server, run_job
 pytest.importorskip("torch")
 
 
-# rank 2 stopped half of every 100 ms from step 20 on
-_HALF_SPEED = Fault("slow", at_step=20, stopped_s=0.05, period_s=0.1)
+# rank 2 held to half the CPU it was using, from step 20 on
+_HALF_SPEED = Fault("slow", at_step=20, keep=0.5)
 
 
 @pytest.fixture
@@ -85,10 +85,8 @@ def test_nanogpt_slowed_rank_has_the_longest_compute_with_the_readme_instrumenta
     job_server: Server,
 ) -> None:
     """The README's phases alone (no TorchRun): DDP's all-reduce ends inside backward, so the
-    SDK's torch integration takes each rank's wait out of it (``comm``). Rank 2, stopped 50 ms
-    of every 100 ms from outside, computes longest; the others wait for it. (Half of every
-    period: on a machine busy with other work the scheduler hands a continued process back the
-    CPU it missed, so a lighter duty cycle can barely slow it.)"""
+    SDK's torch integration takes each rank's wait out of it (``comm``). Rank 2, held from
+    outside to half the CPU it was using, computes longest; the others wait for it."""
     r = run_job(job_server, "nanogpt", steps=160, fault=_HALF_SPEED, settle_s=60)
     assert r.returncode == 0, _show(r)
     ranks = {int(x["rank"]): x for x in r.ranks.get("ranks", [])}
