@@ -3,7 +3,8 @@ right? (issue 32; the harness is bench/_realjobs.py, the codes tests/realcode.)
 
 For each code (nanoGPT-style ``train.py``, HF ``Trainer``, Lightning) and each fault on rank 2
 (none; slow: held from a step on to 70% of the CPU it was using, by a cgroup CPU cap where the
-kernel has one, else a SIGSTOP duty cycle; hang: stopped ``--hang-s`` seconds; crash: SIGKILL), ``--cases`` jobs of 4 gloo ranks, each against a fresh server. Figures:
+kernel has one, else a SIGSTOP duty cycle; hang: stopped ``--hang-s`` seconds; crash: SIGKILL),
+``--cases`` jobs of 4 gloo ranks, each against a fresh server. Figures:
 
 - ``slow_found``: a ``straggler.persistent`` finding naming rank 2 whose start is within 20
   steps of the onset (the step the server showed when the fault began);
