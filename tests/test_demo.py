@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from .helpers import Server, free_port
 
+README = Path(__file__).resolve().parents[1] / "README.md"
 
-def test_demo_once_plays_the_scenario_and_leaves_it_readable(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    data = str(tmp_path / "data")
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """``fleetlens demo --once`` played once for the module: its data directory and output."""
+    data = str(tmp_path_factory.mktemp("demo") / "data")
     out = subprocess.run(
         [
             sys.executable,
@@ -27,7 +36,11 @@ def test_demo_once_plays_the_scenario_and_leaves_it_readable(tmp_path) -> None: 
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    text = out.stdout
+    return data, out.stdout
+
+
+def test_demo_once_plays_the_scenario_and_leaves_it_readable(demo: tuple[str, str]) -> None:
+    data, text = demo
     assert "256 ranks, 2400 steps in 2 job attempts" in text
     assert "where the time went:" in text and "rework" in text
     # The injected straggler (rank 37) is the slowest rank by compute.
@@ -89,3 +102,87 @@ def test_demo_stops_on_ctrl_c_with_exit_status_0(tmp_path) -> None:  # type: ign
     assert proc.returncode == 0, (proc.returncode, log[-3000:])
     assert "what fleetlens found" in out.decode()
     assert "Warning" not in log, log
+
+
+# ---- the README's commands and code, as written, against the demo's runs ------------------
+# A placeholder left once the demo's runs are put in (``FILE``, ``LOG``, ``DIR``, ``ID``,
+# ``MODEL``...) names what the demo cannot supply: a file to read (each importer has tests on
+# real files of its own) or an object the demo makes none of.
+_PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*(\.yaml)?(\[@[A-Z]+\])?$")
+# Commands that serve, or play or work until stopped (`demo` is the fixture above).
+_LONG_RUNNING = ("serve", "demo", "agent", "eval worker", "sim run")
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", README.read_text(), re.S | re.M)
+
+
+def _without_optional(line: str) -> str:
+    while (stripped := re.sub(r"\s*\[[^\[\]]*\]", "", line)) != line:
+        line = stripped
+    return line
+
+
+def readme_commands(runs: dict[str, str]) -> list[tuple[str, list[str] | None]]:
+    """Every ``fleetlens`` line of the README's shell blocks, as a synopsis reads: optional
+    ``[...]`` parts left out, each `` | `` alternative a command of its own (after the words
+    the first names before its subcommand), a ``a|b`` choice its first, ``RUN`` the demo's
+    simulated run and ``A B`` its two runs. ``None`` where the line needs what the demo has
+    not (see ``_PLACEHOLDER``) or runs until stopped."""
+    out: list[tuple[str, list[str] | None]] = []
+    for block in _blocks("sh"):
+        for raw in block.splitlines():
+            line = raw.split("  #", 1)[0].strip()
+            if not line.startswith("fleetlens "):
+                continue
+            for part in re.split(r",\s*(?=fleetlens )", line):
+                alts = [a.strip() for a in _without_optional(part).split(" | ")]
+                head = alts[0].split()
+                # the subcommand an alternative replaces: the first's last plain word before
+                # its arguments (an option, a placeholder)
+                plain = next((i for i, w in enumerate(head) if not w.islower() or w[0] == "-"),
+                             len(head))  # fmt: skip
+                sub = plain - 1
+                for i, alt in enumerate(alts):
+                    words = (head[:sub] if i else []) + alt.split()
+                    words = [w.split("|")[0] if "|" in w else w for w in words]
+                    words = [runs.get(w, w) for w in words]
+                    cmd = " ".join(words)
+                    if any(_PLACEHOLDER.match(w) for w in words) or any(
+                        cmd.startswith(f"fleetlens {x}") for x in _LONG_RUNNING
+                    ):
+                        out.append((cmd, None))
+                    else:
+                        out.append((cmd, words[1:]))
+    return out
+
+
+def test_every_readme_command_runs_as_written_against_the_demo(demo: tuple[str, str]) -> None:
+    """The README's CLI lines and its notebook block, as written, against the demo's data (a
+    server on it): each exits 0 and prints something. The instrumentation blocks are code a
+    training loop is made of; tests/realcode is instrumented exactly as they show."""
+    data, _ = demo
+    server = Server(data).start()
+    try:
+        runs = {r["runId"]: r for r in server.get("/v1/runs")["runs"]}
+        sim = next(r for r in runs if r.startswith("demo-run-"))
+        ddp = next(r for r in runs if r != sim)
+        env = {**os.environ, "FLEETLENS_SERVER": server.url, "FLEETLENS_DATA": data}
+        commands = readme_commands({"RUN": sim, "A": sim, "B": ddp})
+        ran = [(cmd, argv) for cmd, argv in commands if argv is not None]
+        assert len(ran) >= 15, commands
+        failed = []
+        for cmd, argv in ran:
+            out = subprocess.run([sys.executable, "-m", "fleetlens", *argv], env=env,
+                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+            if out.returncode != 0 or not out.stdout.strip():
+                failed.append((cmd, out.returncode, (out.stdout + out.stderr)[-800:]))
+        assert not failed, failed
+        (client,) = [b for b in _blocks("python") if "fleetlens.Client()" in b]
+        code = client.replace('"r918"', repr(sim))
+        assert code != client, "the notebook block names no run"
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+    finally:
+        server.stop()

@@ -37,6 +37,8 @@ def _suites(args: argparse.Namespace) -> int:
         elif args.suites_command == "list":
             out = c.get("/v1/evaluation-suites")
             if not args.json:
+                if not out["suites"]:
+                    print("no evaluation suites registered (fleetlens eval suites register FILE)")
                 for su in out["suites"]:
                     benches = ",".join(b["name"] for b in su["benchmarks"])
                     print(f"{su['name']}@{su['version']}  benchmarks {benches}  "
