@@ -111,3 +111,37 @@ def test_the_fault_that_ended_an_attempt_is_its_own_when_reported_after_its_last
         ]
     finally:
         server.stop()
+
+
+def test_a_gpu_fault_on_a_gpu_two_runs_held_at_once_says_so(tmp_path: Path) -> None:
+    """Two runs report the same node and GPU names at the same time (two simulated fleets on
+    one server, a placement reported wrong): an Xid on a GPU both held is found on each, and
+    each finding names the other run and says the fault is not known to be its own, at half
+    the confidence. A GPU only one run held stays that run's at full confidence."""
+    server = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}).start()
+    try:
+        t = time.time() - 3600
+        _fault(server, t + 20, "n2", 0, 79)
+        _fault(server, t + 20, "n9", 1, 79)
+        _attempt(server, "left", "left-a0", ("n1", "n2"), t, range(0, 60), "finish")
+        _attempt(server, "right", "right-a0", ("n2", "n9"), t + 5, range(0, 60), "finish")
+
+        def xid_findings(run: str) -> list[dict[str, Any]]:
+            found = server.get(f"/v1/runs/{run}/diagnosis")["findings"]
+            return [f for f in found if f["diagnosis"] == "fatal_xid"]
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (xid_findings("left") and
+                                                   len(xid_findings("right")) == 2):  # fmt: skip
+            time.sleep(0.5)
+        left = {g: f for f in xid_findings("left") for g in f["gpus"]}
+        right = {g: f for f in xid_findings("right") for g in f["gpus"]}
+        assert set(left) == {"n2:0"} and set(right) == {"n2:0", "n9:1"}, (left, right)
+        assert "also placed to run right" in left["n2:0"]["summary"], left
+        assert "also placed to run left" in right["n2:0"]["summary"], right
+        assert left["n2:0"]["confidence"] < right["n9:1"]["confidence"], (left, right)
+        assert "also placed" not in right["n9:1"]["summary"], right
+        placement = [e for e in left["n2:0"]["evidence"] if e.get("metric") == "placement"]
+        assert placement and placement[0]["runs"] == ["right"], left
+    finally:
+        server.stop()

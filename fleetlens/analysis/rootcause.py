@@ -230,6 +230,21 @@ def xid_diagnosis(
     )  # fmt: skip
 
 
+def shared_device(d: Diagnosis, others: list[str]) -> Diagnosis:
+    """A device fault on a GPU that other runs were placed on at the same time: it is not
+    known to be this run's, and the finding says so (half the confidence, the runs named)."""
+    if not others:
+        return d
+    d.confidence = round(d.confidence * 0.5, 3)
+    d.summary += (
+        f"; the GPU was also placed to run {', '.join(others)} at the time: which run it "
+        "served is not known (reused node names, or a placement reported wrong)"
+    )
+    d.evidence.append({"metric": "placement", "value": len(others) + 1, "runs": others,
+                       "source": "two or more runs placed on one GPU at once"})  # fmt: skip
+    return d
+
+
 def diagnose_instability(
     steps: Any, loss: Any, grad_norm: Any, lr: Any, spike_factor: float = 5.0
 ) -> Diagnosis | None:

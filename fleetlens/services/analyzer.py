@@ -43,7 +43,6 @@ from ..analysis.rootcause import (
     diagnose_instability,
     diagnose_slow_checkpoints,
     diagnose_straggler,
-    xid_diagnosis,
 )
 from ..analysis.stragglers import classify_episodes
 from ..analysis.topology import tp_split
@@ -53,6 +52,7 @@ from ..store.findings import FindingsStore, RunToAnalyze
 from ..store.models import Finding
 from ..store.telemetry import TelemetryStore
 from .data_stalls import data_stall
+from .devices import device_window, hardware, late_hardware, placed_until
 from .shifts import (
     fold_into_racks,
     network_diagnosis,
@@ -133,7 +133,9 @@ def analyze_run(
                 m = q.step_matrix(run.run_id, job.job_id, lo, job.last_step, job.world)
                 _hangs(ctx, job, m, q.placement(run.run_id, job.job_id, m.world), events, None)
             nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
-            watch = _late_hardware(ctx, job, events, nxt) or watch
+            late, watching = late_hardware(q, run.run_id, now, job, events, nxt)
+            ctx.found += late
+            watch = watching or watch
             continue
         lo = int(js["done"]) + 1
         per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
@@ -150,15 +152,14 @@ def analyze_run(
         ctx.found += tp_split(ctx.run.config, job.job_id, (job.first_step, job.last_step),
                               job.start, place.node, place.nvlink_domain, m.world)  # fmt: skip
         nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
-        _hardware(
-            ctx, job, m, place, last=hi == job.last_step, next_start=_placed_until(events, job, nxt)
-        )
+        ctx.found += hardware(q, run.run_id, job, m, place, last=hi == job.last_step,
+                              next_start=placed_until(events, job, nxt))  # fmt: skip
         # A NaN logged after the run's last step row (a step whose time was not finite, or
         # that never completed) still belongs to the last job.
         _instability(ctx, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62)
         if hi == job.last_step:
             _hangs(ctx, job, m, place, events, nxt)
-            watch = watch or _device_window(ctx, job, events, nxt) is not None
+            watch = watch or device_window(now, job, events, nxt) is not None
         js["done"] = hi
         js["t"] = [float(m.start.min()), float(m.end.max())] if len(m.steps) else js.get("t")
         js["steps"] = [job.first_step, hi]
@@ -350,94 +351,6 @@ def _episode(coll: dict[str, Any], job: JobSpan, s0: int, s1: int) -> str:
         coll["key"] = f"collectives:{job.job_id}:{s0}"
     coll.update(job=job.job_id, to=s1)
     return str(coll["key"])
-
-
-_DEVICE_LAG_S = 30.0
-"""A device sample of the fault that ended an attempt may be stamped this long after the
-attempt reported its end (DCGM samples every 10-30 s)."""
-
-
-def _placed_until(
-    events: list[dict[str, Any]], job: JobSpan, next_start: float | None
-) -> float | None:
-    """Until when the attempt held its nodes: how it ended (finish, failure, preemption) plus
-    :data:`_DEVICE_LAG_S`, at the latest the next attempt's start; None while it runs. Node and GPU
-    evidence after that belongs to whatever runs there next, not to this run."""
-    ends = [
-        float(e["time"])
-        for e in events
-        if e["job_id"] == job.job_id and e["kind"] in ("finish", "failure", "preemption")
-    ]
-    if not ends:
-        return next_start
-    until = max(ends) + _DEVICE_LAG_S
-    return until if next_start is None else min(until, next_start)
-
-
-def _device_window(
-    ctx: _Ctx, job: JobSpan, events: list[dict[str, Any]], nxt: float | None
-) -> float | None:
-    """Until when the ended attempt held its devices, while a sample of that time may still
-    arrive; None while it runs (its windows see it) or once it ended long ago."""
-    until = _placed_until(events, job, nxt)
-    return None if until is None or ctx.now > until + _DEVICE_LAG_S else until
-
-
-def _late_hardware(
-    ctx: _Ctx, job: JobSpan, events: list[dict[str, Any]], nxt: float | None
-) -> bool:
-    """The fault that ended an attempt is often reported after its last step was analysed (a
-    GPU that falls off the bus kills the step in flight; its Xid sample comes seconds later):
-    the devices of the attempt's final window are looked at again while that can still arrive,
-    until :data:`_DEVICE_LAG_S` after the attempt stopped holding its nodes. True while that
-    lasts: the loop passes over the run again even if nothing else of it arrives (a job that
-    died of the fault sends nothing more)."""
-    until = _device_window(ctx, job, events, nxt)
-    unknown = until is None and _placed_until(events, job, nxt) is None
-    if until is None and not (unknown and ctx.now - job.end <= _DEVICE_LAG_S):
-        return False
-    # No end known and no step for a while: it may have died of it (a killed rank reports no
-    # failure), or be between two slow steps; either way it still holds its nodes.
-    lo = max(job.first_step, job.last_step - RECENT_STEPS)
-    m = ctx.q.step_matrix(ctx.run.run_id, job.job_id, lo, job.last_step, job.world)
-    place = ctx.q.placement(ctx.run.run_id, job.job_id, m.world)
-    _hardware(ctx, job, m, place, last=True, next_start=until)
-    return until is not None
-
-
-def _hardware(
-    ctx: _Ctx, job: JobSpan, m: StepMatrix, place: Placement, last: bool,
-    next_start: float | None,
-) -> None:  # fmt: skip
-    """XIDs and climbing ECC on any GPU of the job over the window."""
-    if not len(m.steps):
-        return
-    t0 = float(m.start.min())
-    t1 = float(m.end.max()) + (600.0 if last else 0.0)
-    if last and next_start is not None:
-        t1 = min(t1, next_start)
-    nodes = sorted({n for n in place.node if n})
-    rank_of = {(place.node[r], int(place.gpu[r])): r for r in range(len(place.node))}
-    for (node, gpu), g in gpu_health(ctx.q.gpu_health_rows(nodes, t0, t1)).items():
-        rank = rank_of.get((node, gpu), -1)
-        for s in gpu_signals(g):
-            if s.name == "xid":
-                d = xid_diagnosis(int(s.value), node, gpu, rank, int(m.steps[-1]), None)
-                d.job_id = job.job_id
-                ctx.found.append(d)
-            elif s.name in ("ecc_rising", "ecc_uncorrectable"):
-                # dated by the counter's own first rise in the attempt, not by the window
-                rise = ctx.q.first_rise(node, gpu, "ecc_sbe_total", job.start, t1)
-                onset = ctx.q.step_at(ctx.run.run_id, job.job_id, rise) if rise else None
-                ctx.found.append(Diagnosis(
-                    f"gpu:{node}:{gpu}:ecc", "ecc_xid", "event", 0.6,
-                    f"correctable ECC errors climbing on {node} GPU {gpu} (+{g.sbe_delta:.0f}): "
-                    "a double-bit error (Xid 48) may follow; drain it",
-                    step=int(m.steps[-1]), end_step=-1,
-                    start_step=int(m.steps[0]) if onset is None else onset,
-                    time=float(m.end.max()),
-                    ranks=[rank] if rank >= 0 else [], nodes=[node], gpus=[f"{node}:{gpu}"],
-                    job_id=job.job_id, evidence=[s.to_dict()]))  # fmt: skip
 
 
 def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:

@@ -266,6 +266,44 @@ class DetectQueries:
                 out.setdefault(r["q_node"], []).append((min(float(r["q_t0"]), span[0]), span[1]))
         return out
 
+    def gpu_sharers(
+        self, run_id: str, gpus: list[tuple[str, int]], t0: float, t1: float
+    ) -> dict[tuple[str, int], list[str]]:
+        """(node, GPU) -> the other runs placed on it before ``t1`` that were stepping within
+        [t0, t1]: two runs holding one GPU at once (reused node names, a placement mix-up), so
+        a fault on it cannot be told to be either's."""
+        if not gpus:
+            return {}
+        rows = self.r.table(
+            "SELECT node_id AS s_node, gpu AS s_gpu, run_id AS s_run FROM {db}.placement"
+            " WHERE tenant = {tenant:String} AND run_id != {run:String}"
+            " AND node_id IN {nodes:Array(String)} AND time <= {t1:Float64}"
+            " GROUP BY node_id, gpu, run_id",
+            run=run_id,
+            nodes=sorted({n for n, _ in gpus}),
+            t1=t1,
+        ).to_pylist()
+        wanted = set(gpus)
+        rows = [r for r in rows if (r["s_node"], int(r["s_gpu"])) in wanted]
+        if not rows:
+            return {}
+        active = {
+            r["a_run"]
+            for r in self.r.table(
+                "SELECT DISTINCT run_id AS a_run FROM {db}.steps_by_step"
+                " WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
+                " AND end >= {t0:Float64} AND start <= {t1:Float64}",
+                runs=sorted({r["s_run"] for r in rows}),
+                t0=t0,
+                t1=t1,
+            ).to_pylist()
+        }
+        out: dict[tuple[str, int], list[str]] = {}
+        for r in rows:
+            if r["s_run"] in active:
+                out.setdefault((r["s_node"], int(r["s_gpu"])), []).append(r["s_run"])
+        return {k: sorted(v) for k, v in out.items()}
+
     def gpu_health_rows(self, nodes: list[str], t0: float, t1: float) -> list[dict[str, Any]]:
         """Per GPU of ``nodes`` over [t0, t1]: the DCGM fields the hardware rules read, one row
         per GPU keyed by the fields of :class:`fleetlens.analysis.hardware.GpuHealth`."""
