@@ -43,7 +43,7 @@ from bench._common import free_port, start_server, stop_server
 REALCODE = Path(__file__).resolve().parent.parent / "tests" / "realcode"
 CODES = ("nanogpt", "hf", "lightning")
 FAULTS = ("none", "slow", "hang", "crash")
-LAUNCHES = ("rdzv", "master-port")
+LAUNCHES = ("rdzv", "master-port", "accelerate")
 TERMINAL = ("FINISHED", "FAILED", "STOPPED")
 
 # The launcher's variables a harness started under torchrun (or Slurm) would otherwise pass on.
@@ -154,7 +154,13 @@ def script_args(code: str, steps: int, workdir: str) -> list[str]:
 
 def launch_command(args: list[str], launch: str, nproc: int, rdzv_id: str) -> list[str]:
     """torchrun as users type it: with a c10d rendezvous and an id, or (nanoGPT's docstring)
-    with only ``--master-port``, which leaves the run id ``none``."""
+    with only ``--master-port``, which leaves the run id ``none``; or ``accelerate launch``
+    (Hugging Face Accelerate's launcher, torchrun underneath, no run id either)."""
+    if launch == "accelerate":
+        return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                "--num_processes", str(nproc), "--num_machines", "1", "--mixed_precision", "no",
+                "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+                *args]  # fmt: skip
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
     if launch == "rdzv":
         endpoint = f"127.0.0.1:{free_port()}"

@@ -13,12 +13,14 @@ kernel has one, else a SIGSTOP duty cycle; hang: stopped ``--hang-s`` seconds; c
 - ``false_findings_healthy``: findings on the healthy jobs, all of them counted;
 - ``status_right`` of ``status_cases``: the final status as the truth (healthy, slow and hang
   FINISHED, the hang's rank having resumed; crash FAILED);
-- ``runs_per_job``: distinct runs on the server for one job, per launch style (``--rdzv-id`` and
-  nanoGPT's ``--master-port`` only), the most seen;
+- ``runs_per_job``: distinct runs on the server for one job, per launch style (``--rdzv-id``,
+  nanoGPT's ``--master-port`` only, and the HF Trainer under ``accelerate launch``; 0 there
+  when not all 4 ranks reported), the most seen;
 - ``overhead_pct``: nanoGPT's tokens/s without the instrumentation (FLEETLENS_DISABLED=1) over
   with it, minus 1, 2 ranks, runs alternated ``--overhead-pairs`` times, median of the pairs.
 
-``--quick``: nanoGPT only, healthy and crash, one case, one master-port job, one overhead pair.
+``--quick``: nanoGPT only, healthy and crash, one case, one master-port job, one accelerate job,
+one overhead pair.
 A figure short of its goal makes ``ok`` false; the script still exits 0.
 """
 
@@ -142,6 +144,9 @@ def main() -> None:
     with fresh_server() as srv:
         mp = run_job(srv, "nanogpt", steps=20, launch="master-port", settle_s=60)
     print(f"master-port: runs {mp.run_ids}", file=sys.stderr)
+    with fresh_server() as srv:  # Accelerate's launcher, as HF users start a Trainer
+        acc = run_job(srv, "hf", steps=20, launch="accelerate", settle_s=60)
+    print(f"accelerate: runs {acc.run_ids} ranks {acc.reporting_ranks}", file=sys.stderr)
     over, over_all = overhead_pct(pairs, 120 if args.quick else 300)
 
     def of(kind: str) -> list[JobResult]:
@@ -156,6 +161,7 @@ def main() -> None:
     runs_per_job = {
         "rdzv": max(len(r.run_ids) for r in results),
         "master-port": len(mp.run_ids),
+        "accelerate": len(acc.run_ids) if acc.reporting_ranks == [0, 1, 2, 3] else 0,
     }
 
     def full(score: str | None) -> bool:

@@ -81,6 +81,16 @@ def test_torchrun_master_port_without_rdzv_id_is_one_run(job_server: Server) -> 
     assert r.status == "FINISHED", _show(r)
 
 
+def test_hf_trainer_under_accelerate_launch_is_one_run(job_server: Server) -> None:
+    """``accelerate launch`` names no run id (torchrun underneath, ``TORCHELASTIC_RUN_ID``
+    none): the four ranks agree on one through the job's store."""
+    r = run_job(job_server, "hf", steps=20, launch="accelerate", settle_s=60)
+    assert r.returncode == 0, _show(r)
+    assert len(r.run_ids) == 1, _show(r)
+    assert r.reporting_ranks == [0, 1, 2, 3], _show(r)
+    assert r.status == "FINISHED", _show(r)
+
+
 def test_nanogpt_slowed_rank_has_the_longest_compute_with_the_readme_instrumentation(
     job_server: Server,
 ) -> None:
