@@ -18,7 +18,10 @@ const FLCharts = (() => {
   }
 
   function fmt(v) {
-    if (v === null || v === undefined || !isFinite(v)) return "–";
+    // evidence values are not all numbers: a hang's holds the ranks it waits for
+    if (Array.isArray(v)) return v.length ? v.map(fmt).join(",") : "–";
+    if (typeof v === "string") return v || "–";
+    if (typeof v !== "number" || !isFinite(v)) return "–";
     const a = Math.abs(v);
     if (a >= 1e12) return (v / 1e12).toFixed(1) + "T";
     if (a >= 1e9) return (v / 1e9).toFixed(1) + "G";
