@@ -25,9 +25,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "ATTEMPT_ENDS",
     "END_STATE_OF_EVENT",
     "GRACE_S",
     "LIVE",
+    "RANK_ENDS",
+    "RELEASES",
     "JobVerdict",
     "RankEnd",
     "job_verdict",
@@ -51,6 +54,16 @@ END_STATE_OF_EVENT = {
     "preemption": "stopped",
 }
 """The events that end a rank's part of an attempt, and the state each leaves it in."""
+
+RANK_ENDS = frozenset(END_STATE_OF_EVENT)
+"""The events that end a rank's part of an attempt (the keys of :data:`END_STATE_OF_EVENT`)."""
+
+ATTEMPT_ENDS = frozenset({"finish", "failure", "preemption"})
+"""The events that end an attempt as a whole: when it let its nodes go (a job's finish, its
+declared failure, its preemption)."""
+
+RELEASES = RANK_ENDS | {"drain", "maintenance"}
+"""The events after which an attempt holds nothing: a rank's end, or its nodes taken away."""
 
 _RANK = {"finished": 0, "stopped": 1, "failed": 2}
 

@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
+from ..lifecycle import RELEASES
 from .hangs import HangRule
 from .timeline import F64, Event, StepArrays
 from .timeline import events_from_rows as events_from_rows  # re-exported
@@ -91,16 +92,7 @@ FACTOR_OF: dict[str, str] = {
 """Which goodput factor each breakdown line belongs to (the reconciliation of the two views)."""
 
 _EXPLICIT_OK = frozenset(CATEGORIES) - {"productive", "straggler", "data_stall", "rework"}
-_TERMINAL = {
-    "failure",
-    "preemption",
-    "finish",
-    "exception",
-    "signal",
-    "oom",
-    "maintenance",
-    "drain",
-}
+_TERMINAL = RELEASES
 _FAILURE = {"failure", "exception", "signal", "oom", "nan", "hardware_fault", "hang"}
 # The moment a fault (or an eviction) hit: the step in flight then is lost work. ``failure`` is
 # not one: it marks when the job was declared failed, so the time up to it is detection.

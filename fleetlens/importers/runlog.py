@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from ..lifecycle import ATTEMPT_ENDS
 from ..wire import Table, TableBuilder, encode_batch
 
 __all__ = ["Attempt", "ImportedRun", "batches"]
 
 _MAX_ROWS = 200_000
 # What ends an attempt for the analysis (its hang check runs to the last of these, not to now).
-_ENDS = ("finish", "failure", "preemption")
 
 
 @dataclass
@@ -143,7 +143,7 @@ def _tables(a: Attempt, run: ImportedRun, first: bool, last: bool) -> list[dict[
         sc.add_packed("value", np.asarray(values[lo:hi], dtype="<f8").tobytes())
         out.append({"scalar": sc.build()})
     events = list(a.events)
-    if last and a.steps and not any(e["kind"] in _ENDS for e in events):
+    if last and a.steps and not any(e["kind"] in ATTEMPT_ENDS for e in events):
         # A log is history: it ends where the file ends. Without this the run would look live
         # and hung from its last line until now, and stay STALLED.
         events.append({

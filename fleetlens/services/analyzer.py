@@ -47,6 +47,7 @@ from ..analysis.rootcause import (
 from ..analysis.stragglers import classify_episodes
 from ..analysis.topology import tp_split
 from ..config import AnalyzerConfig
+from ..lifecycle import ATTEMPT_ENDS, RELEASES
 from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
 from ..store.findings import FindingsStore, RunToAnalyze
 from ..store.models import Finding
@@ -65,8 +66,8 @@ __all__ = ["analyze_once", "analyze_run"]
 
 log = logging.getLogger("fleetlens.analyzer")
 
-_TERMINAL = {"hardware_fault", "oom", "nan", "exception", "preemption", "drain", "maintenance",
-             "failure", "finish", "signal"}  # fmt: skip
+# after these an attempt is over for the hang rule: it let its devices go, or died of the fault
+_TERMINAL = RELEASES | {"hardware_fault", "nan"}
 
 
 DEFAULTS = AnalyzerConfig()
@@ -394,7 +395,7 @@ def _hangs(
     beats: dict[int, tuple[float, int, str, float]] = {}
     if next_start is not None:
         end = next_start
-    elif any(e["kind"] in ("finish", "failure", "preemption") for e in mine):
+    elif any(e["kind"] in ATTEMPT_ENDS for e in mine):
         end = max(e["time"] for e in mine)
     else:
         # The run's own clock (its newest record: steps, events, heartbeats), never the

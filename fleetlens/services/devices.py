@@ -8,6 +8,7 @@ from typing import Any
 from ..analysis.hangs import RECENT_STEPS
 from ..analysis.hardware import gpu_health, gpu_signals
 from ..analysis.rootcause import Diagnosis, shared_device, xid_diagnosis
+from ..lifecycle import ATTEMPT_ENDS
 from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
 
 __all__ = ["DEVICE_LAG_S", "device_window", "hardware", "late_hardware", "placed_until"]
@@ -24,9 +25,7 @@ def placed_until(
     :data:`DEVICE_LAG_S`, at the latest the next attempt's start; None while it runs. Node and GPU
     evidence after that belongs to whatever runs there next, not to this run."""
     ends = [
-        float(e["time"])
-        for e in events
-        if e["job_id"] == job.job_id and e["kind"] in ("finish", "failure", "preemption")
+        float(e["time"]) for e in events if e["job_id"] == job.job_id and e["kind"] in ATTEMPT_ENDS
     ]
     if not ends:
         return next_start
