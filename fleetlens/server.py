@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from .api.app import Services, create_api
 from .config import ServerConfig
+from .ui.headers import SecurityHeaders
 from .ui.model_pages import router as model_pages_router
 from .ui.pages import router as pages_router
 from .ui.runbook_page import router as runbook_router
@@ -23,4 +24,5 @@ def create_app(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(pages_router)
     app.include_router(model_pages_router)
     app.include_router(runbook_router)
+    app.add_middleware(SecurityHeaders)
     return app

@@ -52,3 +52,22 @@ def test_a_hung_runs_failure_page_renders(hung: tuple[Server, str], browser: Any
     page, errors = _open(browser, f"{srv.url}/runs/{run_id}/failure", None)
     assert errors == [], errors
     assert "Loading" not in page.inner_text("main")
+
+
+def test_pages_carry_security_headers_and_run_under_their_policy(hung: tuple[Server, str]) -> None:
+    """No sniffing on any answer; a page cannot be framed and runs only the server's scripts
+    (the run page above loaded under that policy with no console error)."""
+    import urllib.request
+
+    srv, run_id = hung
+    with urllib.request.urlopen(f"{srv.url}/runs/{run_id}") as r:
+        page = r.headers  # case-insensitive
+    assert page["X-Content-Type-Options"] == "nosniff"
+    assert page["X-Frame-Options"] == "DENY"
+    csp = page["Content-Security-Policy"]
+    assert "frame-ancestors 'none'" in csp and "script-src 'self' 'sha256-" in csp, csp
+    scripts = csp.split("script-src")[1].split(";")[0]
+    assert "unsafe-eval" not in csp and "'unsafe-inline'" not in scripts, csp
+    with urllib.request.urlopen(f"{srv.url}/v1/runs") as r:
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+        assert r.headers.get("Content-Security-Policy") is None  # JSON: nothing to run

@@ -174,7 +174,7 @@ def test_hovering_a_chart_shows_values_on_every_chart_at_that_step(
     before = page.locator("#chart-step canvas").first.bounding_box()["width"]
     page.set_viewport_size({"width": 900, "height": 900})
     width = "document.querySelector('#chart-step canvas').getBoundingClientRect().width"
-    page.wait_for_function(f"{width} < {before - 200}")
+    page.wait_for_function(f"() => {width} < {before - 200}")
     assert errors == []
 
 
@@ -318,7 +318,7 @@ def test_a_stalled_runs_page_refreshes_through_a_503_and_pauses(
     # The heatmap, below the fold, was fetched once; scrolled into view, it is refreshed.
     assert page.get_attribute("body", "data-heat-fetches") == "1"
     page.locator("#heat").scroll_into_view_if_needed()
-    page.wait_for_function("Number(document.body.dataset.heatFetches) >= 2")
+    page.wait_for_function("() => Number(document.body.dataset.heatFetches) >= 2")
     # Paused: no more requests until resumed.
     page.get_by_role("button", name="Pause updates").click()
     playwright.expect(page.locator("#age")).to_contain_text("paused")
