@@ -316,3 +316,23 @@ def test_a_gzip_bomb_costs_at_most_the_decoded_limit() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20, peak
+
+
+def test_infinite_and_absurd_step_and_phase_times_are_refused_by_name() -> None:
+    """+inf or 1e300 s in a step's duration or a phase (a timer gone wrong) would make a
+    run's wall time and goodput absurd: those rows are refused, each counted under its field;
+    a NaN phase (not measured) and the good rows are kept."""
+    tb = TableBuilder("step")
+    tb.add("step", [0, 1, 2, 3, 4, 5]).add("rank", [0] * 6).add("time", [1.7e9] * 6)
+    tb.add("duration", [0.5, float("inf"), 1e300, 0.5, 0.5, 0.5])
+    tb.add("forward", [0.1, 0.1, 0.1, float("inf"), 0.1, float("nan")])
+    tb.add("backward", [0.2, 0.2, 0.2, 0.2, 1e300, 0.2])
+    batch = decode_batch(encode_batch({"step": tb.build()}, CTX)[1])
+    rows, cols = batch.tables["step"]
+    assert rows == 2 and cols["step"].tolist() == [0, 5], batch.errors  # type: ignore[union-attr]
+    assert batch.rejected == {
+        "tables.step.cols.duration": 2,
+        "tables.step.cols.forward": 1,
+        "tables.step.cols.backward": 1,
+    }, batch.rejected
+    assert any("durations are finite, 0..2.592e+06 s" in e for e in batch.errors), batch.errors

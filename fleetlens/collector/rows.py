@@ -42,6 +42,7 @@ class DecodeLimits:
     max_step: int = 1 << 40
     max_future_s: float = 86_400.0
     skew_tolerance_s: float = 5.0
+    max_duration_s: float = 30 * 86_400.0  # a step, phase or span longer than this is absurd
 
     @property
     def max_json_bytes(self) -> int:
@@ -155,11 +156,15 @@ class Rules:
                     f"it is more than {lim.max_future_s:g}s ahead of the server's clock "
                     "(collector.max_future_s)",
                 )
+        longest = f"{lim.max_duration_s:g} s"
         if (d := self._num("duration")) is not None:
-            self._rule("duration", ~np.isfinite(d) | (d < 0), "durations are finite, >= 0")
+            self._rule("duration", ~np.isfinite(d) | (d < 0) | (d > lim.max_duration_s),
+                       f"durations are finite, 0..{longest}")  # fmt: skip
         for name in ("data_wait", "forward", "backward", "optimizer", "comm"):
             if (p := self._num(name)) is not None:
-                self._rule(name, p < 0, "phase times are >= 0 seconds (or NaN if unknown)")
+                with np.errstate(invalid="ignore"):
+                    bad = (p < 0) | np.isinf(p) | (p > lim.max_duration_s)
+                self._rule(name, bad, f"phase times are 0..{longest} (or NaN if unknown)")
         if (g := self._num("gpus")) is not None:
             self._rule("gpus", g <= 0, "an allocation holds at least one GPU")
         if event:
