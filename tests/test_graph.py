@@ -213,3 +213,32 @@ def test_api_registration_lineage_and_tenancy(server: Server, tmp_path: Path) ->
     assert infra["speed"]["n_steps"] == 5
     assert server.request("GET", "/v1/lineage/models/m/2")[0] == 404
     assert server.request("GET", "/v1/runs/compare?left=api-run")[0] == 400
+
+
+def _deep(levels: int) -> dict[str, object]:
+    out: dict[str, object] = {"lr": 1e-4}
+    for _ in range(levels - 1):
+        out = {"nested": out}
+    return out
+
+
+def test_a_config_nested_700_deep_is_refused_at_the_door_and_the_run_stays_readable(
+    server: Server,
+) -> None:
+    """A 700-deep config was stored and every GET of the run answered 500 after (its JSON too
+    deep to serialize). Refused by name through describe (422) and in a job_start event (the
+    row, by field); a real config's depth passes."""
+    _, body = step_batch("deep-run", range(0, 5), 2)
+    assert server.post(body)[0] == 200
+    st, err = server.request("POST", "/v1/runs/deep-run/describe", {"config": _deep(700)})
+    assert st == 422 and "nests deeper than 32 levels" in json.dumps(err), err
+    ev = TableBuilder("event")
+    ev.add("time", [1.7e9]).add("kind", ["job_start"])
+    ev.add("attrs", [json.dumps({"config": _deep(700)})])
+    _, evb = encode_batch({"event": ev.build()}, {"run_id": "deep-run", "job_id": "j1"})
+    st, answer, _ = server.post(evb)  # its only row refused: the batch is
+    assert st == 400 and "attrs.config nests deeper than 32 levels" in answer["detail"], answer
+    st, ok = server.request("POST", "/v1/runs/deep-run/describe", {"config": _deep(6)})
+    assert st == 200, ok
+    run = server.get("/v1/runs/deep-run")
+    assert run["config"] == _deep(6)

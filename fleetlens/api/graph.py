@@ -11,10 +11,11 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..analysis.flops import accelerator
 from ..errors import ConfigError, StoreError
+from ..schema import nesting_problem
 from ..services.compare import CompareQueries, compare_runs
 from ..store.graph import ARTIFACT_KINDS, GraphStore
 from ..store.graph_files import server_read_refusal
@@ -205,6 +206,13 @@ class DescribeBody(BaseModel):
     launchCommand: str | None = None
     environment: dict[str, Any] | None = None
     experimentId: str | None = None
+
+    @field_validator("config", "code", "dataset", "environment")
+    @classmethod
+    def _nesting(cls, v: Any) -> Any:
+        if (problem := nesting_problem(v)) is not None:
+            raise ValueError(problem)
+        return v
 
 
 @router.post(

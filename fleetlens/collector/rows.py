@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import EVENT_KINDS, HEARTBEAT_PHASES, RecordKind
+from ..schema import EVENT_KINDS, HEARTBEAT_PHASES, RecordKind, nesting_problem
 from ..store.batch import Col, StringColumn
 
 __all__ = ["NAME_RULE", "DecodeLimits", "Rules"]
@@ -86,6 +86,11 @@ def _attrs_problem(kind: str, a: dict[str, Any], max_step: int) -> str | None:
         ]
     elif kind == "job_start":
         checks = [
+            *(
+                f"attrs.{k} {p}"
+                for k in ("config", "environment", "code", "dataset")
+                if (p := nesting_problem(a.get(k))) is not None
+            ),
             typed("config", (dict,), "a JSON object"),
             typed("code", (dict, str), "a JSON object or a string"),
             typed("dataset", (dict, str), "a JSON object or a string"),
