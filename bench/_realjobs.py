@@ -534,10 +534,11 @@ def _run_job(
 
 
 @contextlib.contextmanager
-def fresh_server(env: dict[str, str] | None = None) -> Iterator[Server]:
-    """A ``fleetlens serve`` of its own (data directory, port) for one job."""
+def fresh_server(env: dict[str, str] | None = None, nice: int = 0) -> Iterator[Server]:
+    """A ``fleetlens serve`` of its own (data directory, port) for one job (``nice``: its
+    scheduling priority, see :func:`bench._common.start_server`)."""
     with tempfile.TemporaryDirectory(prefix="realjob-server-") as tmp:
-        proc, url = start_server(os.path.join(tmp, "data"), env=env)
+        proc, url = start_server(os.path.join(tmp, "data"), env=env, nice=nice)
         try:
             yield Server(url)
         finally:
