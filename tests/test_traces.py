@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import math
 import shutil
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from fleetlens.cli import traces as traces_cli
-from fleetlens.errors import TraceFormatError
+from fleetlens.errors import FleetlensError, TraceFormatError
 from fleetlens.traces.breakdown import merge_intervals, step_breakdown
 from fleetlens.traces.collectives import normalize_op
 from fleetlens.traces.importer import RankTrace, import_traces
@@ -267,3 +268,35 @@ def test_import_and_read_back(server: Server, capsys: pytest.CaptureFixture[str]
     assert {s["step"] for s in one_step["steps"]} == {552}
     status, _ = server.request("GET", "/v1/runs/tr1/traces?fromStep=9&toStep=1")
     assert status == 400
+
+
+_DRY = ["--run", "r", "--server", "http://127.0.0.1:9", "--dry-run"]
+
+
+def test_a_directory_is_searched_at_any_depth_and_json_is_alone_on_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A profiler writes a folder per worker: DIR's traces one level down were "no trace
+    files". With --json the summary is the only thing on stdout (for jq), no table."""
+    deep = tmp_path / "job" / "worker-0"
+    deep.mkdir(parents=True)
+    for f in W128.glob("*.json.gz"):
+        shutil.copy(f, deep / f.name)
+    assert _cli(["traces", "import", str(tmp_path), *_DRY, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted(r["rank"] for r in out["ranks"]) == [0, 1] and out["skipped"] == []
+
+
+def test_no_trace_or_no_profiler_step_is_an_error_before_any_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty folder printed a table header, then the error; a trace without ProfilerStep#
+    annotations said "1 rank trace(s) imported" and its run then answered 404."""
+    with pytest.raises(TraceFormatError, match="no trace files"):
+        _cli(["traces", "import", str(tmp_path), *_DRY])
+    assert capsys.readouterr().out == ""
+    stepless = REAL / "single_gpu" / "alexnet_benchmark_trace.json.gz"
+    with pytest.raises(FleetlensError, match="no trace with profiler steps among 1 file"):
+        _cli(["traces", "import", str(stepless), *_DRY])
+    captured = capsys.readouterr()
+    assert captured.out == "" and "no ProfilerStep# annotations" in captured.err

@@ -12,6 +12,7 @@ import contextlib
 import sys
 from typing import Any
 
+from ..errors import FleetlensError
 from ._common import client, client_opts
 from ._output import Table, fmt, print_json
 
@@ -50,15 +51,25 @@ def _row(s: dict[str, Any]) -> str:
 
 
 def cmd_traces_import(args: argparse.Namespace) -> int:
-    from ..traces.importer import RankTrace, batches, import_traces
+    from ..traces.importer import RankTrace, batches, find_trace_files, import_traces
 
-    print(_TABLE.header())
+    files = find_trace_files(args.paths)  # a path with no trace is an error before any output
     summaries: list[dict[str, Any]] = []
+    stepless: list[str] = []
     rt: RankTrace
     with contextlib.ExitStack() as stack:
         c = None if args.dry_run else stack.enter_context(client(args, timeout=120.0))
-        for rt in import_traces(args.paths):
+        for rt in import_traces(files):
             s = rt.summary()
+            if not s["steps"]:
+                # nothing to store: a run of it would have no step to show
+                stepless.append(s["file"])
+                print(
+                    f"fleetlens: {s['file']}: no ProfilerStep# annotations (profile with "
+                    "torch.profiler.schedule and call prof.step()); skipped",
+                    file=sys.stderr,
+                )
+                continue
             if s["clock"] == "trace":
                 print(
                     f"fleetlens: {s['file']}: no UNIX time base in the trace; times are the "
@@ -68,11 +79,18 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
             if c is not None:
                 _, body = batches(rt, args.run, args.job or "")
                 c.ingest(body, gzip=True)
-            print(_row(s))
+            if not args.json:
+                if not summaries:
+                    print(_TABLE.header())
+                print(_row(s))
             summaries.append(s)
         where = f"imported into {c.server}" if c is not None else ""
+    if not summaries:
+        raise FleetlensError(
+            f"no trace with profiler steps among {len(files)} file(s): nothing imported"
+        )
     if args.json:
-        print_json({"run": args.run, "ranks": summaries})
+        print_json({"run": args.run, "ranks": summaries, "skipped": stepless})
     what = where or "parsed (dry run, nothing sent)"
     print(f"{len(summaries)} rank trace(s) {what}, run {args.run}", file=sys.stderr)
     return 0
@@ -90,6 +108,6 @@ def add_parser(sub: Any) -> None:
     imp.add_argument("--run", required=True, help="run id the traces belong to")
     imp.add_argument("--job", default=None, help="job (attempt) id")
     imp.add_argument("--dry-run", action="store_true", help="parse and summarise, send nothing")
-    imp.add_argument("--json", action="store_true", help="also print the summary as JSON")
+    imp.add_argument("--json", action="store_true", help="print the summary as JSON, no table")
     client_opts(imp, json=False)
     imp.set_defaults(func=cmd_traces_import)

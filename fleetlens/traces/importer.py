@@ -82,11 +82,12 @@ class RankTrace:
 
 
 def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Expand directories into their trace files; keep files as given; sorted, no duplicates."""
+    """Expand directories into their trace files, at any depth (a profiler writes one folder
+    per worker or per run); keep files as given; sorted, no duplicates."""
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found += sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_SUFFIXES))
+            found += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_SUFFIXES))
         elif p.is_file():
             found.append(p)
         else:
