@@ -310,9 +310,13 @@ def test_import_a_training_log(fleet: Server) -> None:
     log = DATA / "training_logs" / "bigscience_megatron_deepspeed"
     log /= "meg_ds_3d_gpt2_perf_n16-ds-off.out"
     summary = json.loads(
-        ok("import", "megatron", str(log), "--run", "cli-imported", "--server", fleet.url)
+        ok("import", "megatron", str(log), "--run", "cli-imported", "--server", fleet.url, "--json")
     )
     assert summary["runId"] == "cli-imported" and summary["steps"] > 0
+    # without --json, a summary a person reads (it printed 70 lines of raw JSON)
+    text = ok("import", "megatron", str(log), "--run", "cli-imported", "--server", fleet.url)
+    assert text.startswith("run cli-imported  (megatron, ") and "median step" in text, text
+    assert "{" not in text.splitlines()[0]
     run = poll(lambda: [r for r in fleet.get("/v1/runs")["runs"] if r["runId"] == "cli-imported"])
     assert run, fleet.log()
 

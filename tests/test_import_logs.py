@@ -138,9 +138,9 @@ def test_lightning_and_hf_trainer(tmp_path: Path) -> None:
 
 
 def _cli(server: Server, *args: str) -> dict:
-    """The installed CLI, ``fleetlens ARGS --server URL``, as a user runs it."""
+    """The installed CLI, ``fleetlens ARGS --server URL --json``, as a user runs it."""
     out = subprocess.run(
-        [sys.executable, "-m", "fleetlens", *args, "--server", server.url],
+        [sys.executable, "-m", "fleetlens", *args, "--server", server.url, "--json"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import sys
 import urllib.parse
 from typing import Any
 
@@ -103,8 +105,36 @@ def cmd_import(args: argparse.Namespace) -> int:
                 for _, body in batches(run, rid, args.project or ""):
                     c.ingest(body, gzip=True)
             out.append(summary)
-    print_json(out if len(out) > 1 else out[0])
+        where = f"imported into {c.server}" if c is not None else "parsed (dry run, nothing sent)"
+    if args.json:
+        print_json(out if len(out) > 1 else out[0])
+        return 0
+    for summary in out:
+        _print_log(summary)
+    print(f"{len(out)} log(s) {where}", file=sys.stderr)
     return 0
+
+
+def _print_log(s: dict[str, Any]) -> None:
+    """One imported log, as a person reads it (``--json``: the summary as it is)."""
+    attempts = s.get("attempts") or []
+    print(f"run {s['runId']}  ({s['source']}, {s['file']})")
+    print(f"  steps {s['fromStep']}-{s['toStep']} ({s['steps']}), median step "
+          f"{fmt(s.get('medianStepSeconds'), '.3f')} s, world size {fmt(s.get('worldSize'))}, "
+          f"clock {s.get('clock', '-')}")  # fmt: skip
+    print(f"  attempts {len(attempts)} ({', '.join(map(str, attempts)) or '-'}), restarts "
+          f"{s.get('restarts', 0)}, start-up {fmt(s.get('startupSeconds'), '.1f')} s")  # fmt: skip
+    for e in s.get("events") or []:
+        print(f"  {e['kind']} at step {e.get('step', '-')}: {e.get('message', '')}"[:160])
+    slow = s.get("slowPeriods") or []
+    print(f"  slow periods: {len(slow) or 'none'}")
+    for p in slow:
+        print(f"    {json.dumps(p)[:150]}")
+    if s.get("nonFinite"):
+        print(f"  non-finite values: {json.dumps(s['nonFinite'])}")
+    print(f"  scalars: {', '.join(s.get('scalars') or []) or '-'}")
+    for note in s.get("notes") or []:
+        print(f"  note: {note}")
 
 
 def _model_version(text: str) -> tuple[str, str]:
@@ -186,7 +216,7 @@ def add_parsers(sub: Any) -> None:
     )
     imp.add_argument("--dry-run", action="store_true", help="parse and summarise only")
     scheduler.add_options(imp)
-    client_opts(imp, json=False)
+    client_opts(imp)  # --json: a log's summary as JSON (scheduler records always print it)
     imp.set_defaults(func=cmd_import)
 
     ln = sub.add_parser("lineage", help="lineage of a run or a model version")
