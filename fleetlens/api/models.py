@@ -36,6 +36,7 @@ __all__ = [
     "BreakdownOut",
     "CeilingGainOut",
     "CheckpointAdviceOut",
+    "CompletionOut",
     "DiagnosisOut",
     "FactorsOut",
     "FindingOut",
@@ -150,6 +151,17 @@ class MfuOut(ApiModel):
     missing: str | None = Field(description="why MFU is not computed; null when it is")
 
 
+class CompletionOut(ApiModel):
+    """Time to result: the steps left to the config's target at the recent wall-clock pace."""
+
+    total_steps: int
+    target_key: str = Field(description="the config key the target came from")
+    steps_left: int
+    seconds_per_step: float
+    seconds: float
+    finish_at: float = Field(description="UNIX time")
+
+
 class RunDetailOut(RunOut):
     """One run: the list's fields, its config and jobs, progress, speed and latest scalars."""
 
@@ -169,6 +181,16 @@ class RunDetailOut(RunOut):
         "and tokensPerSecond over the window; null where not finite"
     )
     mfu: MfuOut | None = Field(default=None, description="MFU over the window's steps")
+    wall_seconds_per_step: float | None = Field(
+        default=None,
+        description="wall-clock seconds per step over the window, step end to step end (what "
+        "happens between steps counts)",
+    )
+    completion: CompletionOut | None = Field(
+        default=None,
+        description="when a RUNNING run reaches the target step its config names (total_steps, "
+        "max_steps, train_iters, max_iters...); null otherwise",
+    )
 
 
 # ---- ranks --------------------------------------------------------------------------------

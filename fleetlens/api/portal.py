@@ -26,7 +26,7 @@ from ..services.goodput import program_spec
 from ..services.portal import HEATMAP_ROWS_BUDGET, PortalQueries, run_summary, step_buckets
 from ..services.portal_costs import finding_costs
 from ..services.portal_rank import RankQueries
-from ..services.runs import RunQueries
+from ..services.runs import RunQueries, completion
 from ..services.scheduler import scheduling_factor
 from ..services.series import SeriesQueries
 from ..store.findings import FindingsStore
@@ -50,7 +50,6 @@ SCALARS = ("loss", "lr", "grad_norm")
 FAILURE_KINDS = ("failure", "hardware_fault", "nan", "oom", "exception", "hang", "restart")
 FAULT_KINDS = ("hardware_fault", "failure")
 DRAIN_KINDS = ("drain", "drain_start", "drain_end", "maintenance")
-TOTAL_KEYS = ("total_steps", "max_steps", "train_steps", "steps")
 ON_CALL_STATES = ("recommended", "awaiting_approval", *ACTIVE)
 """Remediation states the on-call page lists: waiting for a person to approve (a recommendation
 is approved the same way), or taking a node out."""
@@ -108,14 +107,6 @@ def _window(hi_lo: tuple[int, int, int], world: int, heat_steps: int | None) -> 
     lo, hi, _ = hi_lo
     span = heat_steps or max(50, HEATMAP_ROWS_BUDGET // max(1, world))
     return max(lo, hi - span + 1), hi
-
-
-def _total_steps(config: dict[str, Any]) -> int | None:
-    for k in TOTAL_KEYS:
-        v = config.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
 
 
 @router.get(
@@ -197,13 +188,7 @@ async def overview(
         clock.mark("findings")
         out["remediations"] = _remediations(svc, scope, run_id)
         clock.mark("remediation")
-        total = _total_steps(info.config or {})
-        step_s = summary["metrics"].get("stepTimeMs")
-        eta = None
-        if total and step_s and summary.get("step") is not None:
-            left = max(0, total - 1 - int(summary["step"]))
-            eta = {"totalSteps": total, "stepsLeft": left, "seconds": left * step_s / 1000.0}
-        out["completion"] = eta
+        out["completion"] = completion(info.config or {}, summary, info.status)
         return json_response(request, out, clock)
 
     return await anyio.to_thread.run_sync(work)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from ..errors import ConfigError
 from ..services.goodput import summary_mfu
-from ..services.runs import MAX_TIMELINE_STEPS, RunQueries
+from ..services.runs import MAX_TIMELINE_STEPS, RunQueries, completion
 from ..store.metadata import RunInfo
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
@@ -105,8 +105,16 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
             if declared > summary["worldSize"]:
                 summary["worldSize"] = declared
         mfu = summary_mfu_out(info.config or {}, summary)
+        eta = completion(info.config or {}, summary, info.status)
         return RunDetailOut.model_validate(
-            {**run_json(info), "config": info.config, "jobIds": job_ids, **summary, "mfu": mfu}
+            {
+                **run_json(info),
+                "config": info.config,
+                "jobIds": job_ids,
+                **summary,
+                "mfu": mfu,
+                "completion": eta,
+            }
         )
 
     return await anyio.to_thread.run_sync(work)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from ._common import client, client_opts
@@ -67,6 +68,14 @@ def cmd_run_show(args: argparse.Namespace) -> int:
         f"{run.get('window', {}).get('steps', 0)} steps)  tokens/s "
         f"{fmt(m.get('tokensPerSecond'), ',.0f')}  loss {fmt(m.get('loss'), '.4g')}"
     )
+    done = run.get("completion")
+    if done:
+        at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(done["finishAt"]))
+        print(
+            f"  completion: step {fmt(run.get('step'), ',')} of {done['totalSteps']:,} "
+            f"({done['targetKey']}), {fmt(done['secondsPerStep'], '.3g')} s/step lately: "
+            f"{_hours(done['seconds'])} left, about {at}"
+        )
     mfu = run.get("mfu") or {}
     if mfu.get("value") is not None:
         hfu = f"  HFU {fmt(mfu['hfu'], '.1%')}" if mfu.get("hfu") is not None else ""
@@ -103,6 +112,12 @@ def cmd_run_show(args: argparse.Namespace) -> int:
                 )
             )
     return 0
+
+
+def _hours(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def add_parsers(sub: Any) -> None:

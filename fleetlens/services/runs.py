@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,10 +95,15 @@ def summarize(
             "tokensPerSecond": _f(np.sum(recent.tokens) / busy) if busy > 0 else None,
         }
     )
+    span = int(recent.step[-1] - recent.step[0])
+    wall = float(recent.end[-1] - recent.end[0]) / span if span > 0 else None
     return {
         "steps": steps,
         "step": last_step,
         "tokensProcessed": tokens,
+        # wall-clock seconds per step over the window, from step end to step end: with what
+        # happens between steps (data stalls, checkpoints, evaluation, logging)
+        "wallSecondsPerStep": _f(wall) if wall is not None and wall > 0 else None,
         "worldSize": int(recent.ranks[-1]),
         "window": {
             "fromStep": int(recent.step[0]),
@@ -106,6 +112,34 @@ def summarize(
         },
         "metrics": metrics,
     }
+
+
+TARGET_KEYS = ("total_steps", "max_steps", "train_steps", "train_iters", "max_iters",
+               "num_training_steps", "steps")  # fmt: skip
+"""Config keys naming a run's last step count, first found wins: generic, HF ``max_steps``
+(Lightning's too), Megatron ``train_iters``, nanoGPT ``max_iters``."""
+
+
+def completion(
+    config: dict[str, Any], summary: dict[str, Any], status: str
+) -> dict[str, Any] | None:
+    """When a live run will reach its target step: the steps left (from the config's target,
+    :data:`TARGET_KEYS`) at the recent wall-clock pace (``wallSecondsPerStep``: what happens
+    between steps counts); None unless it is RUNNING (ended, hung or stalled: no pace to go
+    by), or without a target or a pace. ``finishAt`` is UNIX time."""
+    key = next((k for k in TARGET_KEYS if _count(config.get(k))), None)
+    pace, step = summary.get("wallSecondsPerStep"), summary.get("step")
+    if key is None or status != "RUNNING" or not pace or step is None:
+        return None
+    total = int(config[key])
+    left = max(0, total - 1 - int(step))  # steps count from 0: the last is total - 1
+    return {"totalSteps": total, "targetKey": key, "stepsLeft": left,
+            "secondsPerStep": pace, "seconds": left * pace,
+            "finishAt": time.time() + left * pace}  # fmt: skip
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 class RunQueries:

@@ -88,6 +88,14 @@
     return `${F(c.gpuHours)} GPU-h · ${c.goodputPoints.toFixed(1)} pts`;
   }
 
+  // Time to result (GET /v1/runs/{id}'s completion): only a RUNNING run has a pace to go by.
+  function etaText(eta, status) {
+    if (eta) return `${dur(eta.seconds)} (${F(eta.stepsLeft)} steps left to ${F(eta.totalSteps)})`;
+    if (!A.LIVE_STATUSES.includes(status)) return "– (the run ended)";
+    if (status !== "RUNNING") return `– (${status.toLowerCase()})`;
+    return "unknown: no target step count (total_steps, max_steps, train_iters, max_iters) in the run config";
+  }
+
   function evidenceLine(f) {
     const span = document.createElement("span");
     span.className = "oneline";
@@ -222,7 +230,7 @@
       ["Status", d.run.status], ["Goodput (job)", pct(f.jobProduct)], ["Runtime goodput", pct(f.runtime)],
       ["Step", text(s.step)], ["Ranks", text(s.worldSize)], ["Step time (slowest rank)", `${F(m.stepTimeMs)} ms`],
       ["Tokens/s", F(m.tokensPerSecond)], ["MFU", mfuText(d.mfu)], ["Tokens consumed", F(s.tokensProcessed)],
-      ["Loss", F(m.loss)], ["Est. completion", eta ? `${dur(eta.seconds)} (${F(eta.stepsLeft)} steps left)` : "unknown: no total_steps in the run config"],
+      ["Loss", F(m.loss)], ["Est. completion", etaText(eta, d.run.status)],
     ].concat(act ? [["Remediation", `${act.node} ${A.stateLabel(act.state)}`]] : []));
     const lines = (bd.lines || []).filter((l) => l.seconds > 0);
     FLCharts.bars(document.getElementById("goodput-bars"), lines.map((l) => ({ label: l.category, value: l.seconds / 3600,
