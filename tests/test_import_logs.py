@@ -188,6 +188,9 @@ def test_cli_import_dry_run(gserver: Server) -> None:
     assert s["worldSize"] == 32  # world_size in the log's arguments: 8 nodes x 4 GPUs
     run = gserver.get("/v1/runs/bs-base")
     assert run["steps"] == 200 and run["worldSize"] == 32
+    # the run page says what the API says (it said "Ranks 1": the one rank the log stands for)
+    summary = gserver.get("/v1/runs/bs-base/overview")["summary"]
+    assert summary["worldSize"] == 32 and summary["ranksReporting"] == 1, summary
     assert run["config"]["devices"] == 32 and run["config"]["dtype"] == "fp16"
 
 

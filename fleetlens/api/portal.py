@@ -26,7 +26,7 @@ from ..services.goodput import program_spec
 from ..services.portal import HEATMAP_ROWS_BUDGET, PortalQueries, run_summary, step_buckets
 from ..services.portal_costs import finding_costs
 from ..services.portal_rank import RankQueries
-from ..services.runs import RunQueries, completion
+from ..services.runs import RunQueries, completion, declared_world
 from ..services.scheduler import scheduling_factor
 from ..services.series import SeriesQueries
 from ..store.findings import FindingsStore
@@ -143,7 +143,7 @@ async def overview(
         per_step = executions.latest()
         clock.mark("steps")
         latest = pq.latest_scalars(run_id)
-        summary = run_summary(per_step, latest)
+        summary = declared_world(run_summary(per_step, latest), svc.metadata.jobs(scope, run_id))
         out["summary"] = summary
         # MFU as GET /v1/runs/{id} has it (or why there is none)
         out["mfu"] = summary_mfu_out(info.config or {}, summary).model_dump(by_alias=True)

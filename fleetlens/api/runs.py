@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from ..errors import ConfigError
 from ..services.goodput import summary_mfu
-from ..services.runs import MAX_TIMELINE_STEPS, RunQueries, completion
+from ..services.runs import MAX_TIMELINE_STEPS, RunQueries, completion, declared_world
 from ..store.metadata import RunInfo
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
@@ -96,14 +96,7 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
         summary = RunQueries(svc.telemetry, scope).summary(run_id)
         jobs = svc.metadata.jobs(scope, run_id)
         job_ids = [j["jobId"] for j in jobs]
-        # The telemetry's world size (ranks of the latest steps) once there are steps; the
-        # metadata's before. A job that declared more ranks than report steps (an imported
-        # log: one rank's rows stand for the job) has its declared size.
-        declared = int(jobs[-1]["worldSize"]) if jobs else 0
-        if summary.get("worldSize"):
-            summary["ranksReporting"] = summary["worldSize"]
-            if declared > summary["worldSize"]:
-                summary["worldSize"] = declared
+        declared_world(summary, jobs)  # the metadata's world size before any step
         mfu = summary_mfu_out(info.config or {}, summary)
         eta = completion(info.config or {}, summary, info.status)
         return RunDetailOut.model_validate(

@@ -114,6 +114,18 @@ def summarize(
     }
 
 
+def declared_world(summary: dict[str, Any], jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's world size as the job declared it, with the ranks that report steps as
+    ``ranksReporting``: the telemetry's count is the ranks of the newest step, which is fewer
+    when some ranks do not report (or an imported log's one rank stands for the job). The one
+    rule of the API's run and the run page."""
+    declared = int(jobs[-1]["worldSize"]) if jobs else 0
+    if summary.get("worldSize"):
+        summary["ranksReporting"] = summary["worldSize"]
+        summary["worldSize"] = max(declared, int(summary["worldSize"]))
+    return summary
+
+
 TARGET_KEYS = ("total_steps", "max_steps", "train_steps", "train_iters", "max_iters",
                "num_training_steps", "steps")  # fmt: skip
 """Config keys naming a run's last step count, first found wins: generic, HF ``max_steps``
