@@ -23,14 +23,11 @@ def free_port() -> int:
 
 
 def start_server(
-    data_dir: str, env: dict[str, str] | None = None, nice: int = 0
+    data_dir: str, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """``fleetlens serve`` on a free port (``nice``: at that scheduling priority, as a server on
-    other cores would leave the measured processes the CPU); the process and its URL."""
     port = free_port()
     proc = subprocess.Popen(
-        ["nice", "-n", str(nice)] * bool(nice)
-        + [sys.executable, "-m", "fleetlens", "serve", "--data", data_dir, "--port", str(port)],
+        [sys.executable, "-m", "fleetlens", "serve", "--data", data_dir, "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},

@@ -534,11 +534,10 @@ def _run_job(
 
 
 @contextlib.contextmanager
-def fresh_server(env: dict[str, str] | None = None, nice: int = 0) -> Iterator[Server]:
-    """A ``fleetlens serve`` of its own (data directory, port) for one job (``nice``: its
-    scheduling priority, see :func:`bench._common.start_server`)."""
+def fresh_server(env: dict[str, str] | None = None) -> Iterator[Server]:
+    """A ``fleetlens serve`` of its own (data directory, port) for one job."""
     with tempfile.TemporaryDirectory(prefix="realjob-server-") as tmp:
-        proc, url = start_server(os.path.join(tmp, "data"), env=env, nice=nice)
+        proc, url = start_server(os.path.join(tmp, "data"), env=env)
         try:
             yield Server(url)
         finally:

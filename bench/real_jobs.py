@@ -17,10 +17,7 @@ kernel has one, else a SIGSTOP duty cycle; hang: stopped ``--hang-s`` seconds; c
   nanoGPT's ``--master-port`` only, and the HF Trainer under ``accelerate launch``; 0 there
   when not all 4 ranks reported), the most seen;
 - ``overhead_pct``: nanoGPT's tokens/s without the instrumentation (FLEETLENS_DISABLED=1) over
-  with it, minus 1, 2 ranks (one per core), runs alternated ``--overhead-pairs`` times, median
-  of the pairs; the real server ingests and analyses the instrumented runs at ``nice 19``
-  (``--server-nice``): deployed it runs elsewhere, and at the ranks' priority on these two cores
-  it takes 10-15% of them, which is the server's cost, not the instrumentation's.
+  with it, minus 1, 2 ranks, runs alternated ``--overhead-pairs`` times, median of the pairs.
 
 ``--quick``: nanoGPT only, healthy and crash, one case, one master-port job, one accelerate job,
 one overhead pair.
@@ -87,8 +84,8 @@ def tokens_per_s(r: JobResult, warm: int = 10) -> float:
     return tokens / (statistics.median(times) / 1000.0)
 
 
-def overhead_pct(pairs: int, steps: int, nice: int) -> tuple[float, list[float]]:
-    with tempfile.TemporaryDirectory() as tmp, fresh_server(nice=nice) as srv:
+def overhead_pct(pairs: int, steps: int) -> tuple[float, list[float]]:
+    with tempfile.TemporaryDirectory() as tmp, fresh_server() as srv:
         data = f"{tmp}/work"
         Path(data).mkdir()
         out: list[float] = []
@@ -114,13 +111,6 @@ def main() -> None:
     ap.add_argument("--faults", default="none,slow,hang,crash")
     ap.add_argument("--hang-s", type=float, default=150.0)
     ap.add_argument("--overhead-pairs", type=int, default=3)
-    ap.add_argument(
-        "--server-nice",
-        type=int,
-        default=19,
-        help="the overhead jobs' server at this priority (deployed, it runs on other machines; "
-        "0: it competes with the ranks for the two cores)",
-    )
     args = ap.parse_args()
     codes = ["nanogpt"] if args.quick else args.codes.split(",")
     faults = ["none", "crash"] if args.quick else args.faults.split(",")
@@ -157,7 +147,7 @@ def main() -> None:
     with fresh_server() as srv:  # Accelerate's launcher, as HF users start a Trainer
         acc = run_job(srv, "hf", steps=20, launch="accelerate", settle_s=60)
     print(f"accelerate: runs {acc.run_ids} ranks {acc.reporting_ranks}", file=sys.stderr)
-    over, over_all = overhead_pct(pairs, 120 if args.quick else 300, args.server_nice)
+    over, over_all = overhead_pct(pairs, 120 if args.quick else 300)
 
     def of(kind: str) -> list[JobResult]:
         return [r for r in results if r.fault.kind == kind]
@@ -193,7 +183,6 @@ def main() -> None:
         "slow_how": sorted({r.fault_how.split()[0] for r in of("slow") if r.fault_how}),
         "overhead_pct": round(over, 2),
         "overhead_pct_pairs": [round(x, 2) for x in over_all],
-        "overhead_server_nice": args.server_nice,
         "seconds": round(time.monotonic() - t0, 1),
         "goal": "all found, 0 false findings, statuses right, 1 run per job, overhead < 1%",
     }
