@@ -23,15 +23,17 @@ def free_port() -> int:
 
 
 def start_server(
-    data_dir: str, env: dict[str, str] | None = None
+    data_dir: str, env: dict[str, str] | None = None, log: str | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
+    """``fleetlens serve`` on a free port, its output to ``log`` (else discarded)."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetlens", "serve", "--data", data_dir, "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
+    with open(log or os.devnull, "ab") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetlens", "serve", "--data", data_dir, "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

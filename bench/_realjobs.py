@@ -284,13 +284,17 @@ def _read(path: Path) -> str:
 # ---- the server ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Server:
-    """A running ``fleetlens serve``: where it listens, and its JSON answers."""
+    """A running ``fleetlens serve``: where it listens, its JSON answers and its log."""
 
     url: str
+    log_path: str = ""
 
     def get(self, path: str) -> Any:
         with urllib.request.urlopen(self.url + path, timeout=30) as r:
             return json.load(r)
+
+    def log(self) -> str:
+        return _tail(self.log_path, 8_000) if self.log_path else ""
 
 
 def _get(server: Server, path: str) -> Any:
@@ -516,6 +520,8 @@ def _run_job(
     t1 = time.monotonic()
     result.run = settle(server, run_id, settle_s, quiet_s)
     timings["settle_s"] = time.monotonic() - t1
+    if not result.run:  # the server answered nothing: what it was doing
+        result.output += f"\n[harness] the server did not answer; its log:\n{server.log()}"
     q = urllib.parse.quote(run_id)
     result.runs = (_get(server, "/v1/runs") or {}).get("runs", result.runs)
     result.run_ids = [r["runId"] for r in result.runs]
@@ -537,8 +543,9 @@ def _run_job(
 def fresh_server(env: dict[str, str] | None = None) -> Iterator[Server]:
     """A ``fleetlens serve`` of its own (data directory, port) for one job."""
     with tempfile.TemporaryDirectory(prefix="realjob-server-") as tmp:
-        proc, url = start_server(os.path.join(tmp, "data"), env=env)
+        log = os.path.join(tmp, "server.log")
+        proc, url = start_server(os.path.join(tmp, "data"), env=env, log=log)
         try:
-            yield Server(url)
+            yield Server(url, log)
         finally:
             stop_server(proc)

@@ -26,14 +26,13 @@ from ..services.goodput import GoodputQueries, ProgramSpec, program_spec
 from ..services.scheduler import scheduling_factor
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, UNKNOWN_NAME_RESPONSE, require
+from .fleet_models import FleetGoodputOut, PoolGoodputOut
 from .models import (
     AdviceOut,
     BreakdownOut,
     CeilingGainOut,
     CheckpointAdviceOut,
     FactorsOut,
-    FleetGoodputOut,
-    PoolGoodputOut,
     ProgramOut,
     RunGoodputOut,
     RunSchedulingOut,

@@ -17,7 +17,7 @@ from ..services.portal import PortalQueries
 from ..store.findings import FindingsStore
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require_any
-from .models import PoolGoodputOut
+from .fleet_models import PoolGoodputOut
 from .portal import DRAIN_KINDS, FAULT_KINDS, NODE_FAULTS, PENDING_STATES, Reader, _pending
 from .runs import run_json
 
