@@ -4,48 +4,24 @@ one-JSON-line result."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from fleetlens.testing import Server
 
 
 def start_server(
     data_dir: str, env: dict[str, str] | None = None, log: str | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """``fleetlens serve`` on a free port, its output to ``log`` (else discarded)."""
-    port = free_port()
-    with open(log or os.devnull, "ab") as out:  # the child keeps its own descriptor
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetlens", "serve", "--data", data_dir, "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=1):
-                return proc, url
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError("server exited during start") from None
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("server did not start in 60 s")
+    """``fleetlens serve`` on a free port (``fleetlens.testing.Server``), its output to ``log``
+    (else a file in ``data_dir``)."""
+    srv = Server(data_dir, env=dict(env or {}), log_path=log or "").start()
+    assert srv.proc is not None
+    return srv.proc, srv.url
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench._common import free_port
+from fleetlens.testing import free_port
 
 
 def _binary(*names: str) -> str:

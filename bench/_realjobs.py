@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._common import free_port, start_server, stop_server
+from bench._common import start_server, stop_server
+from fleetlens.testing import free_port
 
 REALCODE = Path(__file__).resolve().parent.parent / "tests" / "realcode"
 CODES = ("nanogpt", "hf", "lightning")

@@ -36,11 +36,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, free_port
+from _common import emit
 
 import fleetlens
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
+from fleetlens.testing import free_port
 from fleetlens.wire import TableBuilder, encode_batch
 
 

@@ -1,11 +1,75 @@
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from .helpers import Server, postgres
+from fleetlens.testing import InProcessServer, Server, postgres
+
+# The tiers (pyproject's markers): every test carries one. `scripts/check --fast` runs the first
+# two. A test that starts a process (a server, torchrun, PostgreSQL, Chromium) is e2e; a unit or
+# api test that tries fails at once, so a tier cannot silently grow slow.
+TIERS = ("unit", "api", "e2e")
+_real_execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+_running: list[pytest.Item] = []  # the test being set up, run or torn down
+_fixtures: list[str] = []  # the fixtures being set up, innermost last
+_spawned_by: set[str] = set()  # tests and fixtures that started a process
+
+
+def _execute_child(self: subprocess.Popen[Any], args: Any, *rest: Any) -> Any:
+    if _running:
+        item = _running[-1]
+        if item.get_closest_marker("e2e") is None:
+            raise AssertionError(f"{item.nodeid} started a process ({args!r}): mark it e2e")
+        _spawned_by.add(_fixtures[-1] if _fixtures else item.nodeid)
+    return _real_execute_child(self, args, *rest)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    subprocess.Popen._execute_child = _execute_child  # type: ignore[attr-defined]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    untiered = [i.nodeid for i in items if not any(i.get_closest_marker(t) for t in TIERS)]
+    if untiered:
+        raise pytest.UsageError(
+            "tests without a tier marker (unit, api or e2e): " + ", ".join(untiered[:10])
+        )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _running.append(item)
+    yield
+    _running.pop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: Any, request: pytest.FixtureRequest) -> Iterator[None]:
+    _fixtures.append(fixturedef.argname)
+    yield
+    _fixtures.pop()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """``FLEETLENS_TIER_REPORT=FILE``: the e2e tests that started no process, neither themselves
+    nor through a fixture they use (candidates for the api or unit tier)."""
+    path = os.environ.get("FLEETLENS_TIER_REPORT")
+    if not path:
+        return
+    idle = [
+        i.nodeid
+        for i in session.items
+        if i.get_closest_marker("e2e")
+        and i.nodeid not in _spawned_by
+        and not _spawned_by & set(getattr(i, "fixturenames", ()))
+    ]
+    with open(path, "w") as fh:
+        json.dump(idle, fh, indent=1)
 
 
 @pytest.fixture
@@ -17,20 +81,28 @@ def server(tmp_path) -> Iterator[Server]:  # type: ignore[no-untyped-def]
         srv.stop()
 
 
+@pytest.fixture
+def app(tmp_path) -> Iterator[InProcessServer]:  # type: ignore[no-untyped-def]
+    """The server in this process (the api tier): what ``server`` answers, without a process."""
+    with InProcessServer(str(tmp_path / "data")) as srv:
+        yield srv
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     with postgres() as url:
         yield url
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def metadata_url(request, tmp_path, pg_url) -> str:  # type: ignore[no-untyped-def]
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.e2e)])
+def metadata_url(request, tmp_path) -> str:  # type: ignore[no-untyped-def]
     """Each metadata test runs on both engines; PostgreSQL gets a fresh schema per test."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/meta.db"
     import sqlalchemy as sa
 
     schema = f"t_{abs(hash(str(tmp_path))) % 10**9}"
+    pg_url: str = request.getfixturevalue("pg_url")  # started only for the PostgreSQL half
     engine = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
         conn.execute(sa.text(f"CREATE DATABASE {schema}"))

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .helpers import free_port
+from fleetlens.testing import free_port
 
 INSTALL = "apt-get install slurm-wlm munge slurmdbd mariadb-server (.ci/run does this)"
 

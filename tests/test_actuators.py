@@ -30,9 +30,11 @@ from fleetlens.remediation.actuators import (
     TorchrunActuator,
     build_actuators,
 )
+from fleetlens.testing import free_port
 
-from .helpers import free_port
 from .slurmstack import SlurmCluster, binary, slurm_cluster, write_conf
+
+pytestmark = pytest.mark.e2e
 
 REASON = "fleetlens #1: fatal_xid"
 

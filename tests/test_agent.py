@@ -20,8 +20,9 @@ from fleetlens.analysis.hardware import NodeHealth, node_signals
 from fleetlens.sdk.config import SDKConfig
 from fleetlens.sdk.recorder import Recorder
 from fleetlens.store.chdb_store import ChdbStore
+from fleetlens.testing import Server
 
-from .helpers import Server
+pytestmark = pytest.mark.e2e
 
 REAL = Path(__file__).resolve().parent / "data" / "real" / "dcgm" / "metrics_scrapes"
 

@@ -8,11 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench._promstack import alertmanager, get_json, prometheus
 from fleetlens.alerts.policy import DEFAULT_POLICY
+from fleetlens.testing import Server, step_batch
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch
+pytestmark = pytest.mark.e2e
 
 
 def _wait(fn: Any, timeout: float = 60.0, every: float = 0.25) -> Any:

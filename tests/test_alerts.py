@@ -28,6 +28,8 @@ from fleetlens.store.findings import FindingRow, FindingsStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass
 class Recorder:
@@ -124,6 +126,7 @@ EXPECTED = {  # scenario -> the alert that must fire, and its severity
 }
 
 
+@pytest.mark.e2e  # a whole job replayed pass by pass (tens of seconds)
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_each_fault_notifies_once_at_the_right_severity(live: Live, name: str) -> None:
     truth = live.play(name)
@@ -142,6 +145,7 @@ def test_each_fault_notifies_once_at_the_right_severity(live: Live, name: str) -
     assert delay < 15 * 60, f"{name}: notified {delay:.0f}s after the fault"
 
 
+@pytest.mark.e2e  # a whole job replayed pass by pass (tens of seconds)
 def test_a_healthy_run_stays_silent(live: Live) -> None:
     live.play("_small")
     assert [a.labels["alertname"] for _, a in live.rec.sent] == []

@@ -17,9 +17,10 @@ from fleetlens.api import fleet_models as fm
 from fleetlens.api import models as m
 from fleetlens.api import scheduler_models as sm
 from fleetlens.sim import run_scenario
+from fleetlens.testing import Server
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server
+pytestmark = pytest.mark.e2e
 
 RUN = "api-models"
 EMPTY = "api-models-no-steps"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from fleetlens.store.detect_queries import by_arrival
+
+pytestmark = pytest.mark.unit
 
 NAN = np.nan
 

@@ -8,6 +8,8 @@ import pytest
 from fleetlens.analysis.attribution import LOSS_LINES, FindingWindow, attribute, severity
 from fleetlens.analysis.breakdown import CATEGORIES, Breakdown
 
+pytestmark = pytest.mark.unit
+
 
 def _breakdown(**seconds: float) -> Breakdown:
     return Breakdown(

@@ -9,8 +9,9 @@ import torch
 
 import fleetlens
 import fleetlens.callbacks
+from fleetlens.testing import Server
 
-from .helpers import Server
+pytestmark = pytest.mark.e2e
 
 
 def _run(server: Server, run_id: str, tmp_path: Path) -> fleetlens.Run:

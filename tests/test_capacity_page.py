@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from .helpers import Server, step_batch
+from fleetlens.testing import Server, step_batch
+
 from .test_importers import SACCT
-from .test_portal import _open, playwright, pytestmark  # noqa: F401 - Chromium or skip
+from .test_portal import _open, playwright, pytestmark  # noqa: F401 - e2e, Chromium or skip
 from .test_scheduler_import import SINFO, T0
 
 PRICE = 3.0

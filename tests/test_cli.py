@@ -20,8 +20,9 @@ import pytest
 
 from fleetlens import cli
 from fleetlens.config import ServerConfig
+from fleetlens.testing import Server, step_batch
 
-from .helpers import Server, step_batch
+pytestmark = pytest.mark.e2e
 
 DATA = Path(__file__).resolve().parent / "data" / "real"
 STRAGGLER = "sim-straggler_persistent"  # rank 13 (node-0001 GPU 5) 15% slow for the whole run

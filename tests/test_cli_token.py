@@ -22,8 +22,9 @@ import pytest
 from fleetlens import cli
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
+from fleetlens.testing import Server
 
-from .helpers import Server
+pytestmark = pytest.mark.e2e
 
 REAL = Path(__file__).resolve().parent / "data" / "real"
 TRACE = REAL / "kineto_traces" / "hta" / "amd_rocm" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"

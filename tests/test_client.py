@@ -20,8 +20,9 @@ from fleetlens.client import (
 )
 from fleetlens.config import ServerConfig
 from fleetlens.errors import FleetlensError, NotFound, TransportError
+from fleetlens.testing import Server
 
-from .helpers import Server
+pytestmark = pytest.mark.e2e
 
 RUN = "sim-straggler_persistent"  # rank 13 is 15% slow for the whole run
 

@@ -7,9 +7,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from fleetlens.testing import Server, step_batch
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch
+pytestmark = pytest.mark.e2e
 
 
 def test_a_running_run_with_a_target_has_its_completion_and_an_ended_one_none(

@@ -24,9 +24,11 @@ import torch  # noqa: F401 - the integration needs it installed; CI installs it
 from fleetlens.errors import FleetlensError
 from fleetlens.remediation.controller import PHASES
 from fleetlens.remediation.drill import Drill
+from fleetlens.testing import Server
 
-from .helpers import Server
 from .test_cli import fleetlens_cmd
+
+pytestmark = pytest.mark.e2e
 
 
 def _server(tmp_path: Path, mode: str, straggler_persist_s: float = 3600.0) -> Server:
@@ -108,7 +110,10 @@ def _check_resumed(srv: Server, run: str, a: dict[str, Any]) -> None:
     # Continuous: the restored model picks up where it left off (a fresh one is at ~4.85).
     assert abs(sum(after) / 5 - sum(before) / 5) < 0.5 * (sum(before) / 5), (before, after)
     fresh = a["stopStep"] + 2  # steps only the new attempt ran (a hang's are re-run before)
-    ranks = srv.get(f"/v1/runs/{run}/ranks?fromStep={fresh}&toStep={fresh + 10}")["ranks"]
+    # Each node sends on its own clock: wait until both have sent those steps, not only rank 0.
+    window = f"/v1/runs/{run}/ranks?fromStep={fresh}&toStep={fresh + 10}"
+    while len(ranks := srv.get(window)["ranks"]) < 2 and time.monotonic() < deadline + 60:
+        time.sleep(0.5)
     assert sorted(r["node"] for r in ranks) == ["node-a", "node-b"]
     # Every phase is on the timeline, and the goodput breakdown charges the pause to recovery.
     tl = srv.get(f"/v1/runs/{run}/timeline?fromStep={max(0, resume - 100)}&toStep={resume + 3}")

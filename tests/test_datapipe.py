@@ -15,12 +15,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import fleetlens
 from fleetlens.analysis.datapipe import data_causes
 from fleetlens.schema import DATA_SCALARS
+from fleetlens.testing import Server, wait_until
 
-from .helpers import Server, wait_until
+pytestmark = pytest.mark.e2e
 
 _SLOW = "s3://corpus/v3/shard-00005"
 

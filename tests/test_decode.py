@@ -14,6 +14,8 @@ from fleetlens.collector.decode import DecodeLimits, StringColumn, decode_batch
 from fleetlens.errors import BatchTooLarge, UnsupportedVersion, WireError
 from fleetlens.wire import TableBuilder, encode_batch
 
+pytestmark = pytest.mark.unit
+
 CTX = {"run_id": "r1", "job_id": "j1"}
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import Server, free_port
+from fleetlens.testing import Server, free_port
+
+pytestmark = pytest.mark.e2e
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

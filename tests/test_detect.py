@@ -21,6 +21,8 @@ from fleetlens.analysis.stragglers import classify_episodes
 from fleetlens.analysis.xid import classify_xid, xid_catalog
 from fleetlens.sim.truth import score_detections
 
+pytestmark = pytest.mark.unit
+
 REAL = Path(__file__).resolve().parent / "data" / "real"
 FR = REAL / "nccl_flight_recorder" / "nvidia_resiliency_ext_16rank"
 

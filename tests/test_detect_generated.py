@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench._generated import FleetPlayer, PlayedRun
 from fleetlens.analysis.rootcause import Diagnosis
@@ -23,6 +24,8 @@ from fleetlens.sim.steps import StepChunk
 from fleetlens.store.detect_queries import DetectQueries, JobSpan
 from fleetlens.store.findings import FindingsStore
 from fleetlens.store.metadata import MetadataStore
+
+pytestmark = pytest.mark.unit
 
 
 def _play(tmp: Path, *faults: FaultSpec, nodes: int = 4, gpn: int = 4, steps: int = 360,

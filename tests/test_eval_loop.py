@@ -20,10 +20,12 @@ from fleetlens.alerts.policy import DEFAULT_POLICY
 from fleetlens.evaluation.gates import evaluate_gate, parse_policies
 from fleetlens.evaluation.performance import performance, price_for
 from fleetlens.evaluation.regressions import find_regressions
+from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch, wait_until
 from .test_eval_support import start_worker, wait_for
+
+pytestmark = pytest.mark.e2e
 
 # -- models and a classifier, imported by the worker processes by name ------------------------
 

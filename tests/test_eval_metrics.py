@@ -18,6 +18,8 @@ from fleetlens.evaluation.scheduler import lease_key, plan_shards
 
 from .test_eval_support import CompletionServer
 
+pytestmark = pytest.mark.e2e
+
 
 def test_pass_at_k_matches_its_closed_form() -> None:
     for n in range(1, 16):

@@ -18,6 +18,8 @@ from fleetlens.store.scope import Scope
 
 from .test_eval_support import toy_suite
 
+pytestmark = pytest.mark.unit
+
 A = Scope(tenant="acme", role="admin", actor="alice")
 EDITOR = Scope(tenant="acme", role="editor", actor="ed")
 B = Scope(tenant="bolt", role="admin", actor="bob")

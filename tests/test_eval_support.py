@@ -1,6 +1,7 @@
 """Shared pieces of the evaluation tests (no tests here): model callables the worker processes
+import pytest
 import by name, a loopback completion endpoint, and the worker and wait helpers for tests that run
-the real ``fleetlens serve`` (tests.helpers.Server)."""
+the real ``fleetlens serve`` (fleetlens.testing.Server)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .helpers import Server, wait_until
+import pytest
+
+from fleetlens.testing import Server, wait_until
+
+pytestmark = pytest.mark.e2e
 
 # -- models (imported by worker processes as tests.test_eval_support:NAME) --------------------
 

@@ -19,10 +19,12 @@ from typing import Any
 
 import pytest
 
+from fleetlens.testing import Server, step_batch
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch
 from .test_cli import fleetlens_cmd
+
+pytestmark = pytest.mark.e2e
 
 FR = Path(__file__).resolve().parent / "data" / "real" / "nccl_flight_recorder"
 NVRX = FR / "nvidia_resiliency_ext_16rank"

@@ -8,6 +8,8 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from bench._generated import FleetPlayer
 from fleetlens.sim.emit import MemorySink
 from fleetlens.sim.generate import (
@@ -23,6 +25,8 @@ from fleetlens.sim.match import match_findings
 from fleetlens.sim.model import FaultSpec
 from fleetlens.sim.placement import Placement
 from fleetlens.sim.truth import GroundTruth, TruthFault
+
+pytestmark = pytest.mark.unit
 
 
 def test_same_seed_same_fleets_other_seed_other_fleets() -> None:

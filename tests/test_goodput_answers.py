@@ -33,10 +33,12 @@ from fleetlens.analysis.goodput import Factors, factors_from_breakdown
 from fleetlens.errors import UnknownName
 from fleetlens.sim import MemorySink, load_scenario, readback, run_scenario
 from fleetlens.sim.emit import HttpSink
+from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch, wait_until
 from .test_cli import fleetlens_cmd, ok
+
+pytestmark = pytest.mark.e2e
 
 RUN = "answers"
 N_PARAMS = 1.2e9

@@ -33,6 +33,8 @@ from fleetlens.analysis.goodput import Factors, factors_from_breakdown, loss_sha
 from fleetlens.errors import ConfigError
 from fleetlens.importers.chronicle import load_chronicle, replay
 
+pytestmark = pytest.mark.unit
+
 HOUR, DAY = 3600.0, 86400.0
 DATA = Path(__file__).parent / "data"
 

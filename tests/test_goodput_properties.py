@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from fleetlens.analysis.breakdown import CATEGORIES, FACTOR_OF, Event, StepArrays, breakdown
 from fleetlens.analysis.goodput import Factors, factors_from_breakdown, telescoped
 
+pytestmark = pytest.mark.unit
+
 attempt = st.fixed_dictionaries(
     {
         "gap": st.floats(0, 50),

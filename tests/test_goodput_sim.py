@@ -35,8 +35,9 @@ from fleetlens.sim import (
 )
 from fleetlens.sim.emit import HttpSink
 from fleetlens.sim.model import Scenario
+from fleetlens.testing import Server
 
-from .helpers import Server
+pytestmark = pytest.mark.e2e
 
 SCENARIOS = [
     "fatal_xid",

@@ -17,6 +17,8 @@ from fleetlens.services.goodput import (
 )
 from fleetlens.store.chdb_store import ChdbStore
 
+pytestmark = pytest.mark.unit
+
 RANKS = 4
 
 

@@ -12,9 +12,10 @@ from fleetlens.errors import ConfigError, NotFound
 from fleetlens.store.graph import GraphStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
+from fleetlens.testing import Server, step_batch
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch
+pytestmark = pytest.mark.e2e
 
 A = Scope(tenant="acme", role="editor", actor="alice")
 B = Scope(tenant="bolt", role="editor", actor="bob")

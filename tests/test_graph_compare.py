@@ -11,9 +11,10 @@ import pytest
 
 from fleetlens.analysis.compare import RunFigures, conclude, config_diff
 from fleetlens.sim.library import load_scenario, run_scenario
+from fleetlens.testing import Server, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, wait_until
+pytestmark = pytest.mark.e2e
 
 CONFIG = {
     "model": "8b",

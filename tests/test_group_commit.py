@@ -26,8 +26,9 @@ from fleetlens.collector.pacing import Pacer
 from fleetlens.store.batch import StringColumn
 from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.telemetry import Part, merged_table, slice_columns
+from fleetlens.testing import Server, step_batch
 
-from .helpers import Server, step_batch
+pytestmark = pytest.mark.e2e
 
 
 def _metric(server: Server, name: str) -> float:

@@ -15,6 +15,8 @@ import pytest
 
 from bench._lag_replay import LagReplay
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def replay(tmp_path: Path) -> Iterator[LagReplay]:
@@ -25,6 +27,7 @@ def replay(tmp_path: Path) -> Iterator[LagReplay]:
         r.shutdown()
 
 
+@pytest.mark.e2e  # a whole job replayed pass by pass (tens of seconds)
 @pytest.mark.parametrize("lag", [0.0, 300.0])
 def test_the_injected_hang_and_only_it_is_found_whatever_the_senders_lag(
     replay: LagReplay, lag: float
@@ -38,6 +41,7 @@ def test_the_injected_hang_and_only_it_is_found_whatever_the_senders_lag(
     assert played.false_hangs() == 0
 
 
+@pytest.mark.e2e  # a whole job replayed pass by pass (tens of seconds)
 def test_a_lagging_healthy_sender_is_not_hung(replay: LagReplay) -> None:
     played = replay.play("straggler_persistent", 300.0)
     assert played.hangs == []

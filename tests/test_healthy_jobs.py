@@ -18,11 +18,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import fleetlens
 from fleetlens.analysis.nanstats import nanmedian, nanmin
+from fleetlens.testing import Server, wait_until
 
-from .helpers import Server, wait_until
+pytestmark = pytest.mark.e2e
 
 STEPS = 200
 STEP_S = 0.1

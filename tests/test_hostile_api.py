@@ -11,7 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from .helpers import Server, step_batch, wait_until
+from fleetlens.testing import Server, step_batch, wait_until
+
+pytestmark = pytest.mark.e2e
 
 MAX_SIGNED_64 = 2**63
 

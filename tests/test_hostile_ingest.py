@@ -13,12 +13,14 @@ import zlib
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
+from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch, wait_until
+pytestmark = pytest.mark.e2e
 
 
 def _runs(server: Server, token: str | None = None) -> dict[str, dict]:  # type: ignore[type-arg]

@@ -18,9 +18,10 @@ from fleetlens.importers.hf_trainer import parse_trainer_state
 from fleetlens.importers.lightning import read_lightning
 from fleetlens.importers.megatron import read_megatron
 from fleetlens.importers.steplog import read_nemo, read_torchtitan
+from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch, wait_until
+pytestmark = pytest.mark.e2e
 
 REAL = Path(__file__).resolve().parent / "data" / "real" / "training_logs"
 BIG = REAL / "bigscience_megatron_deepspeed"

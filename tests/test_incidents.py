@@ -23,9 +23,10 @@ from fleetlens.cli.incidents import parse_since
 from fleetlens.errors import ConfigError
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
+from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch, wait_until
+pytestmark = pytest.mark.e2e
 
 FAILED, CRASHED = "acme-xid-run", "acme-crash-run"
 NODE = "acme-node-7"

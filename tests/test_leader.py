@@ -20,9 +20,10 @@ import sqlalchemy as sa
 from fleetlens.config import ServerConfig
 from fleetlens.errors import ConfigError
 from fleetlens.store.leader import open_election
+from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch, wait_until
+pytestmark = pytest.mark.e2e
 
 
 def _database(pg_url: str, name: str) -> str:

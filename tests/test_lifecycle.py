@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from fleetlens.lifecycle import GRACE_S, RankEnd, job_verdict, peer_error
+from fleetlens.testing import Server, wait_until
 
-from .helpers import Server, wait_until
+pytestmark = pytest.mark.e2e
 
 GLOO = (
     "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "

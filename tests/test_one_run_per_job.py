@@ -13,7 +13,11 @@ import subprocess
 import sys
 import textwrap
 
-from .helpers import Server, free_port, wait_until
+import pytest
+
+from fleetlens.testing import Server, free_port, wait_until
+
+pytestmark = pytest.mark.e2e
 
 _WORKER = textwrap.dedent(
     """

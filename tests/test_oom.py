@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from fleetlens.sdk.oom import oom_attrs
+from fleetlens.testing import Server, wait_until
 
-from .helpers import Server, wait_until
+pytestmark = pytest.mark.e2e
 
 pytest.importorskip("torch")
 

@@ -2,8 +2,8 @@
 run was placed on that node. Node names are reused: run ``early`` used n1/n2 in its first
 attempt, failed, and resumed on n3/n4; run ``late`` used n1/n2 in between. A GPU fault on
 n2 during ``late`` is ``late``'s, not ``early``'s; an Xid on n1 while no run held it is
-nobody's. Checked through a real server: the analysis loop's findings, the ranks endpoint's
-hardware column and the run lineage's infrastructure."""
+nobody's. Checked through the server (in this process): the analysis loop's findings, the
+ranks endpoint's hardware column and the run lineage's infrastructure."""
 
 from __future__ import annotations
 
@@ -12,14 +12,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from fleetlens.testing import InProcessServer, step_batch, wait_passes
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch
+pytestmark = pytest.mark.api
 
+FAST_PASSES = {"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}
 GPUS = {0: ("n1", 0), 1: ("n1", 1), 2: ("n2", 0), 3: ("n2", 1)}
 
 
-def _attempt(server: Server, run: str, job: str, nodes: tuple[str, str], t0: float,
+def _attempt(server: InProcessServer, run: str, job: str, nodes: tuple[str, str], t0: float,
              steps: range, end: str) -> None:  # fmt: skip
     ctx = {"run_id": run, "job_id": job, "project": "llm"}
     pl = TableBuilder("placement")
@@ -35,7 +39,7 @@ def _attempt(server: Server, run: str, job: str, nodes: tuple[str, str], t0: flo
     assert server.post(step_batch(run, steps, 4, job_id=job, t0=t0, base=0.5)[1])[0] == 200
 
 
-def _fault(server: Server, t: float, node: str, gpu: int, xid: int, run: str = "") -> None:
+def _fault(server: InProcessServer, t: float, node: str, gpu: int, xid: int, run: str = "") -> None:
     g = TableBuilder("gpu")
     g.add("time", [t]).add("node_id", [node]).add("gpu", [gpu]).add("xid", [float(xid)])
     assert server.post(encode_batch({"gpu": g.build()}, {})[1])[0] == 200
@@ -47,13 +51,13 @@ def _fault(server: Server, t: float, node: str, gpu: int, xid: int, run: str = "
         assert server.post(encode_batch({"event": ev.build()}, ctx)[1])[0] == 200
 
 
-def _xids(server: Server, run: str, lo: int, hi: int) -> dict[int, list[int]]:
+def _xids(server: InProcessServer, run: str, lo: int, hi: int) -> dict[int, list[int]]:
     ranks = server.get(f"/v1/runs/{run}/ranks?fromStep={lo}&toStep={hi}")["ranks"]
     return {r["rank"]: (r.get("hardware") or {}).get("xids", []) for r in ranks}
 
 
 def test_node_evidence_applies_to_a_run_only_while_it_was_placed_there(tmp_path: Path) -> None:
-    server = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}).start()
+    server = InProcessServer(str(tmp_path / "data"), env=FAST_PASSES).start()
     try:
         t = time.time() - 3600
         # Device samples come in as they happen, before the runs' step records are analysed.
@@ -69,7 +73,7 @@ def test_node_evidence_applies_to_a_run_only_while_it_was_placed_there(tmp_path:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not any(f["gpus"] for f in findings("late")):
             time.sleep(0.5)
-        time.sleep(2.0)  # a few more passes
+        wait_passes(server, 3)  # later passes find nothing more
         late = [f for f in findings("late") if f["gpus"]]
         assert late and {g for f in late for g in f["gpus"]} == {"n2:0"}, late
         assert [f for f in findings("early") if f["gpus"] or f["nodes"]] == []
@@ -92,14 +96,14 @@ def test_the_fault_that_ended_an_attempt_is_its_own_when_reported_after_its_last
 ) -> None:
     """A GPU that falls off the bus kills the step in flight; its Xid sample arrives seconds
     later, after the attempt's last step was analysed. It is still found, on that node."""
-    server = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}).start()
+    server = InProcessServer(str(tmp_path / "data"), env=FAST_PASSES).start()
     try:
         t = time.time() - 40
         _attempt(server, "gone", "gone-a0", ("n1", "n2"), t, range(0, 60), "failure")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and server.get("/v1/runs/gone")["step"] != 59:
             time.sleep(0.5)
-        time.sleep(3.0)  # several passes: the attempt's last step is analysed, nothing found
+        wait_passes(server, 3)  # the attempt's last step is analysed, nothing found
         assert not [f for f in server.get("/v1/runs/gone/diagnosis")["findings"] if f["gpus"]]
         _fault(server, t + 30.5, "n2", 1, 79)  # stamped just after the last step, sent late
         found: list[dict[str, Any]] = []
@@ -118,7 +122,7 @@ def test_a_gpu_fault_on_a_gpu_two_runs_held_at_once_says_so(tmp_path: Path) -> N
     one server, a placement reported wrong): an Xid on a GPU both held is found on each, and
     each finding names the other run and says the fault is not known to be its own, at half
     the confidence. A GPU only one run held stays that run's at full confidence."""
-    server = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}).start()
+    server = InProcessServer(str(tmp_path / "data"), env=FAST_PASSES).start()
     try:
         t = time.time() - 3600
         _fault(server, t + 20, "n2", 0, 79)

@@ -34,9 +34,8 @@ from fleetlens.services.portal import Executions, run_summary, step_buckets
 from fleetlens.sim.library import load_scenario, run_scenario
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
+from fleetlens.testing import Server, step_batch
 from fleetlens.wire import TableBuilder, encode_batch
-
-from .helpers import Server, step_batch
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -92,10 +91,13 @@ class PortalServer(Server):
         raise RuntimeError(f"server did not come up in {timeout}s:\n{self.log()}")
 
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(CHROMIUM) or shutil.which("chromium") is None,
-    reason="needs Debian's chromium (apt-get install chromium)",
-)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM) or shutil.which("chromium") is None,
+        reason="needs Debian's chromium (apt-get install chromium)",
+    ),
+]
 playwright = pytest.importorskip("playwright.sync_api")
 
 RUN = "demo-run"

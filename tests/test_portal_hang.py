@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 from fleetlens.sim.library import run_scenario
+from fleetlens.testing import Server, wait_until
 
-from .helpers import Server, wait_until
 from .test_portal import _open
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from fleetlens.sim.library import load_scenario, run_scenario
+from fleetlens.testing import Server
 
-from .helpers import Server
 from .test_eval_loop import _adapter, _run_with_checkpoints, _stop, _suite
 from .test_eval_support import start_worker, wait_for
-from .test_portal import _open, playwright, pytestmark  # noqa: F401 - Chromium or skip
+from .test_portal import _open, playwright, pytestmark  # noqa: F401 - e2e, Chromium or skip
 
 CONFIG = {"model": "8b", "optim": {"lr": 3e-4}, "global_batch_size": 512, "seq_length": 8192}
 GATES = [

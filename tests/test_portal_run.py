@@ -18,8 +18,11 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from fleetlens.testing import Server, step_batch
+
 from . import test_portal as base
-from .helpers import Server, step_batch
+
+pytestmark = pytest.mark.e2e
 
 RUN = base.RUN
 playwright = base.playwright

@@ -15,6 +15,8 @@ import pytest
 
 from bench._realjobs import Fault, JobResult, Server, fresh_server, run_job
 
+pytestmark = pytest.mark.e2e
+
 pytest.importorskip("torch")
 
 

@@ -35,9 +35,10 @@ from fleetlens.sdk.config import SDKConfig
 from fleetlens.sdk.transport import UnixHTTPConnection
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
+from fleetlens.testing import Server, free_port, step_batch, wait_until
 from fleetlens.wire import BATCHES_CONTENT_TYPE, BatchFrame, encode_frames
 
-from .helpers import Server, free_port, step_batch, wait_until
+pytestmark = pytest.mark.e2e
 
 
 class Agent:

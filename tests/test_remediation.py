@@ -33,9 +33,10 @@ from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.findings import FindingRow, FindingsStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
+from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.torch import TorchRun, latest_checkpoint, save_verified
 
-from .helpers import Server, step_batch, wait_until
+pytestmark = pytest.mark.e2e
 
 NOW = 1_800_000_000.0
 

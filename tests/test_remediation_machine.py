@@ -32,6 +32,8 @@ from fleetlens.remediation.machine import (
 )
 from fleetlens.remediation.positions import Instruction
 
+pytestmark = pytest.mark.unit
+
 NOW = 1000.0
 LIMITS = Limits(stop_timeout_s=300.0, remove_timeout_s=15.0, resume_timeout_s=900.0)
 DETECTED = {"detection": (890.0, 900.0)}

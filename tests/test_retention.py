@@ -24,8 +24,9 @@ from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.retention import retention_days, stored_bytes
 from fleetlens.store.scope import Scope
+from fleetlens.testing import Server, step_batch
 
-from .helpers import Server, step_batch
+pytestmark = pytest.mark.unit
 
 ACME = Scope(tenant="acme", role="admin", actor="alice")
 DAY = 86_400.0
@@ -219,6 +220,7 @@ def test_expired_rows_go_and_the_rollups_and_preserved_windows_stay(
     assert stored_bytes(store)["preserved_steps"] > 0
 
 
+@pytest.mark.e2e  # the flag as `fleetlens serve` parses it
 def test_the_retention_flag_reaches_the_ddl_and_metrics_show_the_operator_stored_bytes(
     tmp_path: Path,
 ) -> None:

@@ -17,6 +17,8 @@ from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
 
+pytestmark = pytest.mark.unit
+
 RANKS, STEPS, SLOW = 8, 30, 5
 CTX = {"tenant": "acme", "run_id": "r1", "job_id": "a0", "project": "p"}
 

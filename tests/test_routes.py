@@ -1,4 +1,4 @@
-"""Every route the server documents is served by its handler, on the real ``fleetlens serve``.
+"""Every route the server documents is served by its handler, in the app ``fleetlens serve`` runs.
 
 A router left out of the app, or included after a route that shadows it, is invisible to tests
 that only call the routes they know. These read the server's own OpenAPI document and call every
@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .helpers import Server
+import pytest
+
+from fleetlens.testing import InProcessServer
+
+pytestmark = pytest.mark.api
 
 # At least one path of every router, so that dropping any `include_router` fails the test.
 EXPECTED = {
@@ -104,8 +108,8 @@ def _problem(template: str, status: int, body: Any) -> str | None:
     return None
 
 
-def test_openapi_documents_every_routers_paths(server: Server) -> None:
-    doc = server.get("/openapi.json")
+def test_openapi_documents_every_routers_paths(app: InProcessServer) -> None:
+    doc = app.get("/openapi.json")
     documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
     missing = {
         router: [f"{m} {p}" for m, p in routes if (m, p) not in documented]
@@ -113,18 +117,18 @@ def test_openapi_documents_every_routers_paths(server: Server) -> None:
     }
     assert {r: m for r, m in missing.items() if m} == {}, "routers missing from the app"
     # The premise of the next test: an unknown route gets the framework's default 404.
-    assert server.request("GET", "/v1/no-such-route") == (404, DEFAULT_404)
+    assert app.request("GET", "/v1/no-such-route") == (404, DEFAULT_404)
 
 
-def test_every_documented_route_is_answered_by_its_handler(server: Server) -> None:
-    doc = server.get("/openapi.json")
+def test_every_documented_route_is_answered_by_its_handler(app: InProcessServer) -> None:
+    doc = app.get("/openapi.json")
     problems = []
     calls = 0
     for template, ops in doc["paths"].items():
         for method, op in ops.items():
             path, query = _fill(template, op.get("parameters", []))
             body = {} if method in ("post", "put", "patch") else None
-            status, out = server.request(method.upper(), path + query, body)
+            status, out = app.request(method.upper(), path + query, body)
             calls += 1
             why = _problem(template, status, out)
             if why:
@@ -133,7 +137,7 @@ def test_every_documented_route_is_answered_by_its_handler(server: Server) -> No
     assert problems == [], "\n".join(problems)
 
     for page in PAGES:
-        status, out = server.request("GET", page)
+        status, out = app.request("GET", page)
         assert status == 200 and isinstance(out, str) and out, (page, status, out)
-    status, out = server.request("GET", f"/runs/{MISSING_ID}")
+    status, out = app.request("GET", f"/runs/{MISSING_ID}")
     assert _problem("/runs/{run_id}", status, out) is None, out

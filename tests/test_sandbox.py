@@ -21,6 +21,8 @@ import pytest
 from fleetlens.errors import ConfigError, SandboxUnavailable
 from fleetlens.evaluation.sandbox import SandboxLimits, run_program, sandbox_mode
 
+pytestmark = pytest.mark.e2e
+
 
 def _procs_named(comm: str) -> list[int]:
     """Host processes whose name (``/proc/PID/comm``) is ``comm``."""

@@ -27,12 +27,14 @@ from fleetlens.importers.alibaba import parse_pods
 from fleetlens.importers.sacct import parse_sacct
 from fleetlens.importers.sinfo import COMMAND as SINFO_COMMAND
 from fleetlens.importers.sinfo import parse_sinfo
+from fleetlens.testing import Server, step_batch
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch
 from .slurmstack import binary, slurm_cluster
 from .test_cli import fleetlens_cmd
 from .test_importers import ALIBABA, SACCT
+
+pytestmark = pytest.mark.e2e
 
 K8S = Path(__file__).resolve().parent / "data" / "k8s" / "pods_events.json"
 T0 = 1714521600.0  # 2024-05-01T00:00:00Z, the first submit of SACCT and the k8s list's origin

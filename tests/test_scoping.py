@@ -42,6 +42,8 @@ from fleetlens.store.scoped import all_tenants, infra_scoped, scoped
 
 from .test_eval_support import toy_suite
 
+pytestmark = pytest.mark.unit
+
 A = Scope(tenant="acme", role="admin", actor="alice")
 B = Scope(tenant="bolt", role="admin", actor="bob")
 ONCALL = Scope(tenant="ops", role="oncall", actor="olga")

@@ -28,6 +28,8 @@ from fleetlens.sdk import NullRun, SDKConfig
 from fleetlens.sdk.spool import Spool
 from fleetlens.wire import Batch, DictColumn, TableBuilder, encode_batch
 
+pytestmark = pytest.mark.e2e
+
 # -- a real collector on loopback ------------------------------------------------------------
 
 

@@ -6,9 +6,12 @@ import statistics
 import threading
 import time
 
-import fleetlens
+import pytest
 
-from .helpers import Server, free_port, wait_until
+import fleetlens
+from fleetlens.testing import Server, free_port, wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 def _train(run: fleetlens.Run, steps: range, ranks_tokens: int = 512) -> list[float]:

@@ -9,10 +9,12 @@ import threading
 import time
 
 import msgspec
+import pytest
 
+from fleetlens.testing import Server, step_batch
 from fleetlens.wire import TableBuilder, encode_batch
 
-from .helpers import Server, step_batch
+pytestmark = pytest.mark.e2e
 
 
 def _count_steps(server: Server, run_id: str) -> int:

@@ -18,8 +18,9 @@ from fleetlens.errors import ConfigError, NotFound
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
+from fleetlens.testing import InProcessServer
 
-from .helpers import Server
+pytestmark = pytest.mark.unit
 
 
 def _candidate(rule: str, run: str, node: str = "") -> Candidate:
@@ -91,17 +92,18 @@ def test_oncall_silences_every_tenants_infrastructure_alerts_and_nothing_else(
     meta.close()
 
 
-def test_silences_over_http(server: Server) -> None:
+@pytest.mark.api
+def test_silences_over_http(app: InProcessServer) -> None:
     body = {"matchers": {"alertname": "JobHang", "run_id": "r1"}, "comment": "debugging",
             "durationSeconds": 3600}  # fmt: skip
-    st, sil = server.request("POST", "/v1/silences", body)
+    st, sil = app.request("POST", "/v1/silences", body)
     assert st == 201 and sil["createdBy"] and sil["endsAt"] - sil["startsAt"] == 3600
-    assert [s["id"] for s in server.get("/v1/silences")["silences"]] == [sil["id"]]
-    st, err = server.request("POST", "/v1/silences", {**body, "endsAt": time.time() + 60})
+    assert [s["id"] for s in app.get("/v1/silences")["silences"]] == [sil["id"]]
+    st, err = app.request("POST", "/v1/silences", {**body, "endsAt": time.time() + 60})
     assert st == 400 and "one of them" in err["detail"]
-    st, _ = server.request("POST", "/v1/silences", {**body, "matchers": {}})
+    st, _ = app.request("POST", "/v1/silences", {**body, "matchers": {}})
     assert st == 422
-    st, out = server.request("DELETE", f"/v1/silences/{sil['id']}")
+    st, out = app.request("DELETE", f"/v1/silences/{sil['id']}")
     assert st == 200 and out["endsAt"] <= time.time()
-    st, err = server.request("DELETE", "/v1/silences/999999")
+    st, err = app.request("DELETE", "/v1/silences/999999")
     assert st == 404 and "999999" in err["detail"]

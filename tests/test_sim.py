@@ -19,6 +19,8 @@ from fleetlens.sim import (
 )
 from fleetlens.sim.model import FaultSpec, Noise, Scenario
 
+pytestmark = pytest.mark.unit
+
 
 def _base(**job: object) -> Scenario:
     scn = load_scenario("straggler_persistent")

@@ -12,6 +12,8 @@ import pytest
 from fleetlens.sim import CALIBRATION, MemorySink, derive_calibration, load_scenario, run_scenario
 from fleetlens.sim.rates import LLAMA3_INTERRUPTIONS
 
+pytestmark = pytest.mark.unit
+
 REAL = Path(__file__).resolve().parent / "data" / "real"
 
 

@@ -9,8 +9,9 @@ import pytest
 from fleetlens.errors import SimError
 from fleetlens.sim import load_scenario, run_scenario
 from fleetlens.sim.emit import HttpSink
+from fleetlens.testing import Server
 
-from .helpers import Server
+pytestmark = pytest.mark.e2e
 
 
 def test_straggler_scenario_end_to_end(server: Server) -> None:

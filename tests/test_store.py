@@ -13,8 +13,9 @@ from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.metadata import MetadataStore, run_status
 from fleetlens.store.scope import Scope
 from fleetlens.store.telemetry import batch_tables
+from fleetlens.testing import step_batch
 
-from .helpers import step_batch
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ from bench._delivery import Player, Way, from_matrix, straggler_verdict
 from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers
 from fleetlens.analysis.stragglers import classify_episodes
 
+pytestmark = pytest.mark.unit
+
 PAI = (
     Path(__file__).resolve().parent
     / "data" / "real" / "cluster_traces" / "alibaba_pai_v2020_minibatch_time"
@@ -108,6 +110,7 @@ def player(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Player]:
         p.close()
 
 
+@pytest.mark.e2e  # a whole job replayed pass by pass (tens of seconds)
 @pytest.mark.parametrize("job", ["2", "3"])
 def test_a_real_job_through_the_server_live_or_at_once_gives_the_labels(
     player: Player, job: str

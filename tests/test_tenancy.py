@@ -16,6 +16,7 @@ import pytest
 
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
+from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.wire import (
     BATCHES_CONTENT_TYPE,
     BatchFrame,
@@ -24,7 +25,7 @@ from fleetlens.wire import (
     encode_frames,
 )
 
-from .helpers import Server, step_batch, wait_until
+pytestmark = pytest.mark.e2e
 
 
 @dataclass

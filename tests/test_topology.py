@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import fleetlens
 from fleetlens.analysis.topology import split_tp_groups, tp_size
+from fleetlens.testing import Server, wait_until
 
-from .helpers import Server, wait_until
+pytestmark = pytest.mark.e2e
 
 
 def _train(server: Server, tmp: Path, run_id: str, node_of: list[str]) -> None:

@@ -20,6 +20,8 @@ from fleetlens.torch.cuda import MAX_PENDING_STEPS
 
 from .fake_cuda import BASE, DDP, Cluster, Gpu, RecordingRun
 
+pytestmark = pytest.mark.unit
+
 FWD, BWD, OPT, TRANSFER, COPY = 0.010, 0.020, 0.005, 0.004, 0.001
 STEP = FWD + BWD + COPY + TRANSFER + OPT  # 40 ms: the last bucket's all-reduce is exposed
 

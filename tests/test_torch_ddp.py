@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 import torch  # noqa: F401 - the integration needs it installed; CI installs it
 
-from .helpers import Server
+from fleetlens.testing import Server
+
+pytestmark = pytest.mark.e2e
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "fleetlens" / "examples" / "ddp_train.py"
 

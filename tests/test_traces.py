@@ -19,12 +19,13 @@ import pytest
 
 from fleetlens.cli import traces as traces_cli
 from fleetlens.errors import FleetlensError, TraceFormatError
+from fleetlens.testing import Server
 from fleetlens.traces.breakdown import merge_intervals, step_breakdown
 from fleetlens.traces.collectives import normalize_op
 from fleetlens.traces.importer import RankTrace, import_traces
 from fleetlens.traces.kineto import COMM, COMPUTE, MEMORY, read_trace
 
-from .helpers import Server
+pytestmark = pytest.mark.e2e
 
 REAL = Path(__file__).resolve().parent / "data" / "real" / "kineto_traces" / "hta"
 W16 = REAL / "world16_a100_80gb" / "rank0.json.gz"

@@ -15,6 +15,8 @@ from bench._delivery import Player, Way, findings_verdict, record, straggler_ver
 from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers
 from fleetlens.analysis.stragglers import classify_episodes
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def player(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Player]:
@@ -25,6 +27,7 @@ def player(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Player]:
         p.close()
 
 
+@pytest.mark.e2e  # a whole job replayed pass by pass (tens of seconds)
 def test_live_replay_finds_what_the_bulk_load_finds(player: Player) -> None:
     # The case: ranks that deliver at their own pace, analysed as the rows come in.
     rec = record("straggler_persistent", 400, seed=5)
@@ -45,6 +48,7 @@ def test_live_replay_finds_what_the_bulk_load_finds(player: Player) -> None:
     tick=st.integers(3, 25),
     chunks=st.integers(2, 30),
 )
+@pytest.mark.e2e  # a whole job replayed pass by pass (tens of seconds)
 def test_same_findings_live_in_bursts_out_of_order_and_at_once(
     player: Player, name: str, sim_seed: int, seed: int, max_lag: int, tick: int, chunks: int
 ) -> None:

@@ -37,7 +37,7 @@ from ..collector.pacing import Pacer
 from ..collector.quota import TenantLimiter
 from ..config import ServerConfig
 from ..errors import ConfigError, FleetlensError, http_status
-from ..services.monitor import Monitor
+from ..services.monitor import Monitor, MonitorMetrics
 from ..store.access import AccessStore
 from ..store.leader import open_election
 from ..store.metadata import MetadataStore
@@ -173,6 +173,7 @@ class Services:
         if ingestor.committer is not None:
             registry.register(CommitMetrics(ingestor.committer))
         monitor = Monitor.build(config, telemetry, metadata, access, job_metrics)
+        registry.register(MonitorMetrics(monitor))
         return cls(
             config,
             telemetry,

@@ -15,11 +15,13 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import yaml
+from prometheus_client.core import CounterMetricFamily, Metric
 from sqlalchemy import select
 
 from ..alerts.engine import (
@@ -61,7 +63,7 @@ from .goodput import goodput_window, summary_mfu
 from .run_signals import metric_samples
 from .runs import RunQueries
 
-__all__ = ["Monitor"]
+__all__ = ["Monitor", "MonitorMetrics"]
 
 log = logging.getLogger("fleetlens.monitor")
 
@@ -404,3 +406,26 @@ class Monitor:
             except Exception:
                 self.errors += 1
                 log.exception("preserving failure window %s failed", p.id)
+
+
+class MonitorMetrics:
+    """The monitor's passes on ``/metrics`` (read at scrape): a wait for "N more passes" counts
+    passes instead of sleeping, and a stalled monitor shows as a flat counter."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "fleetlens_monitor_passes",
+            "Monitoring passes finished: analysis, alerts, remediation",
+            value=self.monitor.passes,
+        )
+        yield CounterMetricFamily(
+            "fleetlens_monitor_errors",
+            "Steps of a pass that failed (logged, retried next pass)",
+            value=self.monitor.errors,
+        )

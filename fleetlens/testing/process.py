@@ -1,4 +1,4 @@
-"""Shared test machinery: a real server in a subprocess, a real PostgreSQL, batch builders."""
+"""The server as users run it (``fleetlens serve`` in a process of its own) and a PostgreSQL."""
 
 from __future__ import annotations
 
@@ -15,34 +15,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-import numpy as np
-
-from fleetlens.wire import TableBuilder, encode_batch
-
-T = TypeVar("T")
-
-
-def wait_until(
-    probe: Callable[[], T | None], timeout: float = 60.0, every: float = 0.1, what: str = ""
-) -> T:
-    """Poll ``probe`` until it returns something truthy, and return that; fail after ``timeout``.
-
-    For conditions that become true eventually (a background pass, a worker's progress): a
-    deadline that is generous on a loaded machine instead of a fixed sleep, so the test waits no
-    longer than it must and does not flake when the machine is slow.
-    """
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"{what or 'condition'} not met within {timeout} s (last: {last!r})")
+from typing import Any
 
 
 def free_port() -> int:
@@ -67,7 +42,7 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> Server:
-        self.log_path = os.path.join(self.data_dir, f"server-{self.port}.log")
+        self.log_path = self.log_path or os.path.join(self.data_dir, f"server-{self.port}.log")
         os.makedirs(self.data_dir, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
@@ -163,36 +138,6 @@ class Server:
                 return r.status, json.load(r), dict(r.headers)
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}"), dict(exc.headers)
-
-
-def step_batch(
-    run_id: str,
-    steps: range,
-    ranks: int,
-    *,
-    job_id: str = "j1",
-    base: float = 0.4,
-    slow: dict[int, float] | None = None,
-    t0: float | None = None,
-    tokens: int = 1000,
-    batch_id: str | None = None,
-    ctx: dict[str, str] | None = None,
-) -> tuple[str, bytes]:
-    """A batch of per-rank step records; ``slow`` maps rank -> slowdown factor."""
-    n_steps = len(steps)
-    step = np.repeat(np.asarray(steps, dtype="<i8"), ranks)
-    rank = np.tile(np.arange(ranks, dtype="<i4"), n_steps)
-    dur = np.full(len(step), base)
-    for r, factor in (slow or {}).items():
-        dur[rank == r] = base * factor
-    start = (t0 if t0 is not None else time.time() - 60) + (step - steps.start) * base * 1.2
-    tb = TableBuilder("step")
-    tb.add_packed("step", step.tobytes()).add_packed("rank", rank.tobytes())
-    tb.add_packed("time", start.astype("<f8").tobytes())
-    tb.add_packed("duration", dur.astype("<f8").tobytes())
-    tb.add_packed("tokens", np.full(len(step), tokens, dtype="<i8").tobytes())
-    context = {"run_id": run_id, "job_id": job_id, "project": "test", **(ctx or {})}
-    return encode_batch({"step": tb.build()}, context, batch_id=batch_id)
 
 
 def _pg_bin() -> str:
