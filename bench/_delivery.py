@@ -166,7 +166,7 @@ class Player:
         for tick in _ticks(rec, way):
             for ctx, tables in tick:
                 self.ing.ingest(encode(ctx, tables), "application/msgpack", "", tenant)
-            self.ing.flush_registry()
+            self.ing.registry.flush()
             analyze_once(self.tel, self.store, time.time(), self.cfg)
         for _ in range(200):
             if not self.store.runs_with_new_data():

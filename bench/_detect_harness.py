@@ -59,7 +59,7 @@ class Bench:
         # each scenario is its own tenant: device samples are per node, not per run
         truth = simulate(scn, _IngestSink(self.ing, name), speed=0,
                          start_time=time.time() - 2 * 86400)  # fmt: skip
-        self.ing.flush_registry()
+        self.ing.registry.flush()
         for _ in range(100):  # the loop, pass after pass, 100 steps at a time (as if live)
             analyze_once(self.tel, self.store, time.time(), AnalyzerConfig(max_steps=100))
             if not self.store.runs_with_new_data():

@@ -78,7 +78,7 @@ class FleetPlayer:
         for scn in fleet.runs:
             sink = _Sink(self.ing, fleet.name)
             truth = simulate(scn, sink, speed=0, start_time=scn.start_time)
-            self.ing.flush_registry()
+            self.ing.registry.flush()
             played.append((truth, sink.step_start))
         now = max(t.end_time for t, _ in played) + 3600.0
         for _ in range(400):

@@ -99,7 +99,7 @@ class LagReplay:
         for b in sorted(slices):
             for ctx, tables in slices[b]:
                 self.ing.ingest(encode(ctx, tables), "application/msgpack", "", tenant)
-            self.ing.flush_registry()
+            self.ing.registry.flush()
             # The slice of data time [b, b + 1) ticks has just arrived, ``lag`` late.
             self.mon.run_once(now=t0 + (b + 1) * self.tick + lag)
             self.delivery.wait_idle(10.0)

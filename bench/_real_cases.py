@@ -110,7 +110,7 @@ def _play_import(player: Player, run: ImportedRun, run_id: str) -> list[dict[str
     tenant = f"import{player._n}"
     for _, body in batches(run, run_id):
         player.ing.ingest(body, "application/msgpack", "gzip", tenant)
-    player.ing.flush_registry()
+    player.ing.registry.flush()
     for _ in range(200):
         analyze_once(player.tel, player.store, time.time(), player.cfg)
         if not player.store.runs_with_new_data():

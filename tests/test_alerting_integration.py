@@ -12,7 +12,7 @@ import pytest
 
 from bench._promstack import alertmanager, get_json, prometheus
 from fleetlens.alerts.policy import DEFAULT_POLICY
-from fleetlens.testing import Server, step_batch
+from fleetlens.testing import Server, step_batch, wait_passes
 from fleetlens.wire import TableBuilder, encode_batch
 
 pytestmark = pytest.mark.e2e
@@ -88,7 +88,7 @@ def test_fatal_xid_reaches_alertmanager_as_one_alert_and_resolves_when_cleared(
             (mine,) = server.get("/v1/alerts?state=firing")["alerts"]
             incident = server.get(f"/v1/incidents/{mine['incidentId']}")
             assert incident["status"] == "open" and incident["findings"] == [mine["finding"]]
-            time.sleep(2.0)
+            wait_passes(server, 4)
             assert len(firing()) == 1  # still one: passes do not re-send it as new alerts
 
             _event(server, "xid-run", "drain", time.time(), "n2", planned=False)

@@ -70,7 +70,7 @@ class Live:
     def _advance(self, until: float) -> None:
         while self.next_tick <= until:
             self.rec.clock[0] = self.next_tick
-            self.ing.flush_registry()
+            self.ing.registry.flush()
             self.mon.run_once(now=self.next_tick)
             assert self.delivery.wait_idle(10.0)
             self.next_tick += self.tick

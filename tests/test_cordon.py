@@ -24,7 +24,7 @@ import torch  # noqa: F401 - the integration needs it installed; CI installs it
 from fleetlens.errors import FleetlensError
 from fleetlens.remediation.controller import PHASES
 from fleetlens.remediation.drill import Drill
-from fleetlens.testing import Server
+from fleetlens.testing import Server, wait_passes
 
 from .test_cli import fleetlens_cmd
 
@@ -147,7 +147,7 @@ def test_fatal_xid_on_a_node_is_drained_after_approval_and_the_job_resumes_witho
     )
     assert pending["reason"] == "fatal_xid" and pending["node"] == "node-c"
     # Nothing happens to the job until someone approves: it is still at world size 3.
-    time.sleep(2)
+    wait_passes(srv, 3)
     assert all(drill.alive(n) for n in drill.nodes)
     # The on-call engineer approves it from the command line.
     listed = fleetlens_cmd("remediations", "list", "--server", srv.url)

@@ -20,7 +20,7 @@ from fleetlens.alerts.policy import DEFAULT_POLICY
 from fleetlens.evaluation.gates import evaluate_gate, parse_policies
 from fleetlens.evaluation.performance import performance, price_for
 from fleetlens.evaluation.regressions import find_regressions
-from fleetlens.testing import Server, step_batch, wait_until
+from fleetlens.testing import Server, step_batch, wait_passes, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
 from .test_eval_support import start_worker, wait_for
@@ -434,7 +434,7 @@ def test_a_safety_regression_pages_through_alertmanager_and_shows_in_compare(
             )  # fmt: skip
             assert labels["evaluation_id"] == cand["evaluationId"]
             assert labels["baseline_version"] == "1" and labels["metric"] == "safety/unsafe_rate"
-            time.sleep(1.5)  # later passes neither resolve it nor raise it again
+            wait_passes(srv, 3)  # later passes neither resolve it nor raise it again
             assert len(paged()) == 1
             mine = srv.get("/v1/alerts?state=firing")["alerts"]
             assert [a["alertname"] for a in mine if a["alertname"].startswith("Eval")] == [

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from fleetlens.config import ServerConfig
 from fleetlens.errors import ConfigError
 from fleetlens.store.leader import open_election
-from fleetlens.testing import Server, step_batch, wait_until
+from fleetlens.testing import Server, monitor_passes, step_batch, wait_passes, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
 pytestmark = pytest.mark.e2e
@@ -220,13 +220,13 @@ def test_an_alert_raised_while_two_servers_run_is_notified_once(
             ]
 
         wait_until(fatal, timeout=60, what="the fatal XID to be notified")
-        time.sleep(3.0)  # ten more passes on each server
+        wait_passes(servers[0], 10)  # later passes on the leader send it no second time
         (sent,) = fatal()
         assert sent["status"] == "firing" and sent["labels"]["node"] == "n2"
         # The follower ran no monitoring pass: the run's series come from the leader alone.
         leader, follower = ([ln for ln in _metrics(s) if 'run_id="xid-run"' in ln] for s in servers)
         assert any(ln.startswith("fleetlens_run_last_step_age_seconds") for ln in leader)
-        assert follower == []
+        assert follower == [] and monitor_passes(servers[1]) == 0
     finally:
         for srv in servers:
             srv.stop()

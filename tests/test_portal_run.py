@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from fleetlens.testing import Server, step_batch
+from fleetlens.testing import Server, step_batch, wait_passes
 
 from . import test_portal as base
 
@@ -36,8 +36,8 @@ WIDE = {"width": 1440, "height": 900}
 @pytest.fixture(scope="module", autouse=True)
 def settled(played: Server) -> None:
     """The analysis loop goes on after the fixture saw its first findings (the thermal and data
-    stall ones, windows growing): wait until two reads 2 s apart rank the same findings with the
-    same costs, so that a page and the API read after it agree."""
+    stall ones, windows growing): wait until two reads two monitoring passes apart rank the same
+    findings with the same costs, so that a page and the API read after it agree."""
 
     def ranking() -> list[tuple[str, int, Any, float]]:
         doc = played.get(f"/v1/runs/{RUN}/overview")
@@ -49,7 +49,7 @@ def settled(played: Server) -> None:
     deadline = time.monotonic() + 60
     last = ranking()
     while True:
-        time.sleep(2.0)
+        wait_passes(played, 2)
         now = ranking()
         if now == last and len(now) >= 4:
             return

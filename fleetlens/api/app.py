@@ -237,7 +237,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
             evals.fire(tenant, project, "checkpoint", run_id=run_id,
                        checkpoint_id=ck["checkpointId"], checkpoint_uri=ck["uri"])  # fmt: skip
 
-        svc.ingestor.on_verified_checkpoint = on_checkpoint
+        svc.ingestor.registry.on_verified_checkpoint = on_checkpoint
         app.state.body_budget = BodyBudget(svc.config.collector.max_queue_bytes)
 
         await anyio.to_thread.run_sync(svc.refresh_quotas)
@@ -246,7 +246,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
             while True:
                 await asyncio.sleep(2.0)
                 try:
-                    await anyio.to_thread.run_sync(svc.ingestor.flush_registry)
+                    await anyio.to_thread.run_sync(svc.ingestor.registry.flush)
                     await anyio.to_thread.run_sync(svc.refresh_quotas)
                 except Exception:  # keep serving; the next round retries
                     log.exception("run registry flush failed")
