@@ -88,8 +88,7 @@ def huggingface(run: Run) -> Any:
             self.steps.end(seen - self.seen if seen > self.seen else None)
             self.seen = max(self.seen, seen)
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
-                   **kw: Any) -> None:  # fmt: skip
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             values = _numbers(logs)
             if "learning_rate" in values:
                 values["lr"] = values.pop("learning_rate")
@@ -114,12 +113,14 @@ def lightning(run: Run) -> Any:
         def __init__(self) -> None:
             self.steps = _Steps(run)
 
-        def on_train_batch_start(self, trainer: Any, module: Any, batch: Any,
-                                 batch_idx: int) -> None:  # fmt: skip
+        def on_train_batch_start(
+            self, trainer: Any, module: Any, batch: Any, batch_idx: int
+        ) -> None:
             self.steps.begin(int(trainer.global_step), _tokens(batch))
 
-        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any,
-                               batch_idx: int) -> None:  # fmt: skip
+        def on_train_batch_end(
+            self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
             step = int(trainer.global_step) - 1  # Lightning counts the step just taken
             self.steps.end()
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs

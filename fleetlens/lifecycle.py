@@ -31,6 +31,7 @@ __all__ = [
     "LIVE",
     "RANK_ENDS",
     "RELEASES",
+    "STOPS",
     "JobVerdict",
     "RankEnd",
     "job_verdict",
@@ -64,6 +65,10 @@ declared failure, its preemption)."""
 
 RELEASES = RANK_ENDS | {"drain", "maintenance"}
 """The events after which an attempt holds nothing: a rank's end, or its nodes taken away."""
+
+STOPS = RELEASES | {"hardware_fault", "nan"}
+"""The events that end an attempt's progress for the hang rule: it let its devices go, or died
+of the fault (a stall after one is explained, not a hang)."""
 
 _RANK = {"finished": 0, "stopped": 1, "failed": 2}
 

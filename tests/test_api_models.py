@@ -14,6 +14,7 @@ import pydantic
 import pytest
 
 from fleetlens.api import fleet_models as fm
+from fleetlens.api import goodput_models as gm
 from fleetlens.api import models as m
 from fleetlens.api import scheduler_models as sm
 from fleetlens.sim import run_scenario
@@ -44,7 +45,7 @@ ROUTES: list[tuple[str, str, type[m.ApiModel]]] = [
     ("/v1/runs/{run_id}/timeline", f"/v1/runs/{RUN}/timeline?fromStep=0&toStep=900", m.TimelineOut),
     ("/v1/runs/{run_id}/stragglers", f"/v1/runs/{RUN}/stragglers", m.StragglersOut),
     ("/v1/runs/{run_id}/diagnosis", f"/v1/runs/{RUN}/diagnosis", m.DiagnosisOut),
-    ("/v1/runs/{run_id}/goodput", f"/v1/runs/{RUN}/goodput?price={PRICE}", m.RunGoodputOut),
+    ("/v1/runs/{run_id}/goodput", f"/v1/runs/{RUN}/goodput?price={PRICE}", gm.RunGoodputOut),
     ("/v1/fleet/goodput", "/v1/fleet/goodput", fm.FleetGoodputOut),
     ("/v1/scheduler/allocations", "/v1/scheduler/allocations", sm.AllocationsOut),
     ("/v1/scheduler/capacity", "/v1/scheduler/capacity", sm.CapacityOut),

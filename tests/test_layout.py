@@ -37,6 +37,28 @@ def test_no_module_is_over_600_lines() -> None:
     assert not long, f"split by concept (CONVENTIONS.md): {long}"
 
 
+def test_the_formatter_is_turned_off_only_for_data_tables() -> None:
+    """``# fmt: skip`` packs code under the line ceiling instead of splitting it: allowed only on
+    a module-level assignment (a table of constants aligned by hand)."""
+    packed = []
+    for p in _python_files("fleetlens"):
+        src = p.read_text()
+        if "# fmt: skip" not in src:
+            continue
+        data = {
+            line
+            for node in ast.parse(src).body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+        }
+        packed += [
+            f"{p.relative_to(ROOT)}:{i}"
+            for i, text in enumerate(src.splitlines(), 1)
+            if "# fmt: skip" in text and i not in data
+        ]
+    assert packed == [], packed
+
+
 def test_the_package_and_the_benchmarks_never_import_tests() -> None:
     bad = {}
     for p in _python_files("fleetlens", "bench", "examples"):

@@ -373,8 +373,11 @@ class Relay:
             self._failed(f"cannot reach {self.cfg.server}: {exc}", None)
             return False
         if status in (404, 405):  # a server from before multi-batch requests
-            log.warning("relay: %s has no multi-batch route (%d); forwarding batch by batch",
-                        self.cfg.server, status)  # fmt: skip
+            log.warning(
+                "relay: %s has no multi-batch route (%d); forwarding batch by batch",
+                self.cfg.server,
+                status,
+            )
             self._single_until = time.monotonic() + _SINGLE_RETRY_S
             return all(self._send_alone(auth, entry, frame) for entry, frame in items)
         if status in _LATER or status >= 500:
@@ -407,8 +410,11 @@ class Relay:
     def _send_alone(self, auth: str, entry: SpoolEntry, frame: BatchFrame) -> bool:
         """One batch to ``POST /v1/ingest``, as its rank would have sent it; True when the
         server answered for it (stored, or refused as bad)."""
-        headers = {"Content-Type": frame.type, "X-Fleetlens-Sent-At": f"{time.time():.3f}",
-                   "X-Fleetlens-Flush-S": f"{self.interval:.3f}"}  # fmt: skip
+        headers = {
+            "Content-Type": frame.type,
+            "X-Fleetlens-Sent-At": f"{time.time():.3f}",
+            "X-Fleetlens-Flush-S": f"{self.interval:.3f}",
+        }
         if frame.encoding:
             headers["Content-Encoding"] = frame.encoding
         if auth:

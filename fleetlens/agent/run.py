@@ -123,11 +123,13 @@ def start_relay(args: argparse.Namespace, server: str) -> Relay | None:
         relay = Relay(cfg).start()
     except (OSError, ValueError) as exc:
         where = " and ".join(x for x in (listen, args.relay_socket) if x)
-        print(f"fleetlens agent: no relay on {where} ({exc}); ranks send directly",
-              file=sys.stderr)  # fmt: skip
+        print(f"fleetlens agent: no relay on {where} ({exc}); ranks send directly", file=sys.stderr)
         return None
-    print(f"fleetlens agent: relay on {relay.where()} -> {server}, spool {spool}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"fleetlens agent: relay on {relay.where()} -> {server}, spool {spool}",
+        file=sys.stderr,
+        flush=True,
+    )
     return relay
 
 
@@ -161,8 +163,7 @@ def main(args: argparse.Namespace) -> int:
             try:
                 nvml = load_nvml()
             except Exception as exc:
-                print(f"fleetlens agent: no NVML ({exc}); sampling the host only",
-                      file=sys.stderr)  # fmt: skip
+                print(f"fleetlens agent: no NVML ({exc}); sampling the host only", file=sys.stderr)
         recorder = Recorder(cfg)
         agent = Agent(recorder, node, nvml=nvml, dcgm_url=args.dcgm_url)
         if args.once:
@@ -176,8 +177,7 @@ def main(args: argparse.Namespace) -> int:
             recorder.close(5.0)
         if relay is not None:
             relay.stop(5.0)
-            print(f"fleetlens agent: relay stopped: {json.dumps(relay.stats())}",
-                  file=sys.stderr)  # fmt: skip
+            print(f"fleetlens agent: relay stopped: {json.dumps(relay.stats())}", file=sys.stderr)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return 0

@@ -97,8 +97,14 @@ class SilenceStore:
             s.add(row)
             s.flush()
             out = silence_json(row)
-        self.access.audit(scope.tenant, scope.actor, "silence.create", f"silence:{out['id']}",
-                          {"matchers": matchers, "endsAt": ends_at}, scope.remote)  # fmt: skip
+        self.access.audit(
+            scope.tenant,
+            scope.actor,
+            "silence.create",
+            f"silence:{out['id']}",
+            {"matchers": matchers, "endsAt": ends_at},
+            scope.remote,
+        )
         return out
 
     def _visible(self, scope: Scope) -> Any:
@@ -123,8 +129,9 @@ class SilenceStore:
                 raise NotFound(f"silence {silence_id} does not exist")
             row.ends_at = min(row.ends_at, now)
             out = silence_json(row)
-        self.access.audit(scope.tenant, scope.actor, "silence.expire", f"silence:{silence_id}",
-                          {}, scope.remote)  # fmt: skip
+        self.access.audit(
+            scope.tenant, scope.actor, "silence.expire", f"silence:{silence_id}", {}, scope.remote
+        )
         return out
 
 

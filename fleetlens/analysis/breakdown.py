@@ -257,8 +257,9 @@ class _Attempts:
 
     def __init__(self, by_job: dict[str, _Attempt]) -> None:
         self.by_job = by_job
-        self.names = sorted((j for j in by_job if by_job[j].start < math.inf),
-                            key=lambda j: by_job[j].start)  # fmt: skip
+        self.names = sorted(
+            (j for j in by_job if by_job[j].start < math.inf), key=lambda j: by_job[j].start
+        )
         self.starts = [by_job[j].start for j in self.names]
         self.ends: list[float] = []  # set once the events are read
 

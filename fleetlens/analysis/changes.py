@@ -73,16 +73,21 @@ def metric_changes(
         for i in np.flatnonzero(spike).tolist():
             out.append(MetricChange(int(steps[i]), name, float(values[i]), float(prev[i]), "spike"))
     if since is not None:
-        out = [_clip(c, since, steps, values) for c in out
-               if (c.step if c.end_step is None else c.end_step) >= since]  # fmt: skip
+        out = [
+            _clip(c, since, steps, values)
+            for c in out
+            if (c.step if c.end_step is None else c.end_step) >= since
+        ]
     out.sort(key=lambda c: (c.step, c.name))
     return out
 
 
 def _settings(
-    name: str, steps: npt.NDArray[np.int64], values: npt.NDArray[np.float64],
+    name: str,
+    steps: npt.NDArray[np.int64],
+    values: npt.NDArray[np.float64],
     moved: npt.NDArray[np.bool_],
-) -> list[MetricChange]:  # fmt: skip
+) -> list[MetricChange]:
     """The moves of a scheduled scalar: runs of moves are schedules, the rest (and the jumps
     inside a run) discrete changes."""
     at = np.flatnonzero(moved)
@@ -118,15 +123,26 @@ def _changed(
 
 
 def _schedule(
-    name: str, steps: npt.NDArray[np.int64], values: npt.NDArray[np.float64],
-    at: npt.NDArray[np.int64], piece: list[int],
-) -> list[MetricChange]:  # fmt: skip
+    name: str,
+    steps: npt.NDArray[np.int64],
+    values: npt.NDArray[np.float64],
+    at: npt.NDArray[np.int64],
+    piece: list[int],
+) -> list[MetricChange]:
     """One entry for a stretch of moves; a stretch cut too short by jumps is its moves."""
     if len(piece) < SCHEDULE_MIN_MOVES:
         return [_changed(name, steps, values, int(at[k])) for k in piece]
     i, j = int(at[piece[0]]), int(at[piece[-1]])
-    return [MetricChange(int(steps[i]), name, float(values[j]), float(values[i - 1]), "schedule",
-                         end_step=int(steps[j]))]  # fmt: skip
+    return [
+        MetricChange(
+            int(steps[i]),
+            name,
+            float(values[j]),
+            float(values[i - 1]),
+            "schedule",
+            end_step=int(steps[j]),
+        )
+    ]
 
 
 def _clip(

@@ -92,9 +92,14 @@ def analyze_collectives(
         else:
             verdict.append("ok")
     return CollectiveReport(
-        key[starts] if n else key, step[starts] if n else step, last, transfer, late, count,
+        key[starts] if n else key,
+        step[starts] if n else step,
+        last,
+        transfer,
+        late,
+        count,
         verdict,
-    )  # fmt: skip
+    )
 
 
 def transfer_times(comm: Arr) -> Arr:

@@ -112,27 +112,34 @@ def data_causes(
     of the attempt, ``scalars`` name -> (steps, ranks, values) of :data:`DATA_SCALARS`."""
     world = stalled.shape[1]
     phrases, evidence = _shards(steps, stalled, shard_events)
-    lat_s, lat_o = _split(_grid(steps, world, scalars.get(DATA_SCALARS["read_latency_s"])),
-                          stalled)  # fmt: skip
+    lat_s, lat_o = _split(_grid(steps, world, scalars.get(DATA_SCALARS["read_latency_s"])), stalled)
     if len(lat_s) and len(lat_o):
         p_s, p_o = float(np.percentile(lat_s, 99)), float(np.percentile(lat_o, 99))
         if p_o > 0 and p_s >= _LATENCY_RATIO * p_o:
-            phrases.append(f"storage read latency p99 {p_s * 1000:.0f} ms (typical "
-                           f"{p_o * 1000:.0f} ms)")  # fmt: skip
-            evidence.append({"metric": DATA_SCALARS["read_latency_s"] + " p99", "value": p_s,
-                             "baseline": p_o})  # fmt: skip
+            phrases.append(
+                f"storage read latency p99 {p_s * 1000:.0f} ms (typical {p_o * 1000:.0f} ms)"
+            )
+            evidence.append(
+                {"metric": DATA_SCALARS["read_latency_s"] + " p99", "value": p_s, "baseline": p_o}
+            )
     q_s, q_o = _split(_grid(steps, world, scalars.get(DATA_SCALARS["queue_depth"])), stalled)
     if len(q_s) and len(q_o):
         m_s, m_o = float(np.median(q_s)), float(np.median(q_o))
         if m_s < 0.5 <= 1.0 <= m_o:
             phrases.append(f"prefetch queue empty (typical depth {m_o:.0f})")
-            evidence.append({"metric": DATA_SCALARS["queue_depth"] + " median", "value": m_s,
-                             "baseline": m_o})  # fmt: skip
+            evidence.append(
+                {"metric": DATA_SCALARS["queue_depth"] + " median", "value": m_s, "baseline": m_o}
+            )
     c_s, c_o = _split(_grid(steps, world, scalars.get(DATA_SCALARS["cache_hit_rate"])), stalled)
     if len(c_s) and len(c_o):
         h_s, h_o = float(np.median(c_s)), float(np.median(c_o))
         if h_s <= h_o - _CACHE_DROP:
             phrases.append(f"cache hit rate {h_s:.0%} (typical {h_o:.0%})")
-            evidence.append({"metric": DATA_SCALARS["cache_hit_rate"] + " median", "value": h_s,
-                             "baseline": h_o})  # fmt: skip
+            evidence.append(
+                {
+                    "metric": DATA_SCALARS["cache_hit_rate"] + " median",
+                    "value": h_s,
+                    "baseline": h_o,
+                }
+            )
     return phrases, evidence

@@ -18,11 +18,16 @@ __all__ = ["diagnose_ends", "rank_ends"]
 def rank_ends(events: Sequence[dict[str, Any]], job_id: str) -> list[RankEnd]:
     """The events of ``job_id`` that end a rank's part of it."""
     return [
-        RankEnd(int(e["rank"]), END_STATE_OF_EVENT[e["kind"]], float(e["time"]), int(e["step"]),
-                str(e.get("message") or ""))
+        RankEnd(
+            int(e["rank"]),
+            END_STATE_OF_EVENT[e["kind"]],
+            float(e["time"]),
+            int(e["step"]),
+            str(e.get("message") or ""),
+        )
         for e in events
         if e["job_id"] == job_id and e["kind"] in END_STATE_OF_EVENT
-    ]  # fmt: skip
+    ]
 
 
 def diagnose_ends(
@@ -46,12 +51,19 @@ def diagnose_ends(
     if verdict.status != "FAILED" or not silent:
         return [], False
     peers = sorted({e.rank for e in ends if e.peer})
-    placed = {int(e["rank"]): str(e["node_id"]) for e in events
-              if e["job_id"] == job_id and e["kind"] == "job_start" and e["node_id"]}  # fmt: skip
+    placed = {
+        int(e["rank"]): str(e["node_id"])
+        for e in events
+        if e["job_id"] == job_id and e["kind"] == "job_start" and e["node_id"]
+    }
     evidence: list[dict[str, Any]] = [
-        {"metric": "ranks with no finish, error or signal", "value": silent[:64],
-         "world": world, "lastStep": last_step},
-    ]  # fmt: skip
+        {
+            "metric": "ranks with no finish, error or signal",
+            "value": silent[:64],
+            "world": world,
+            "lastStep": last_step,
+        },
+    ]
     evidence += [
         {"metric": f"rank {e.rank} ended: {e.state}", "value": e.message[:500], "time": e.at}
         for e in sorted(ends, key=lambda e: e.at)[:8]
@@ -61,9 +73,18 @@ def diagnose_ends(
     )
     return [
         Diagnosis(
-            f"lost:{job_id}:{silent[0]}", "rank_lost", "failure", 0.8, summary,
-            step=last_step, start_step=last_step, end_step=last_step, time=last_seen,
-            ranks=silent, nodes=sorted({placed[r] for r in silent if r in placed}),
-            job_id=job_id, evidence=evidence,
+            f"lost:{job_id}:{silent[0]}",
+            "rank_lost",
+            "failure",
+            0.8,
+            summary,
+            step=last_step,
+            start_step=last_step,
+            end_step=last_step,
+            time=last_seen,
+            ranks=silent,
+            nodes=sorted({placed[r] for r in silent if r in placed}),
+            job_id=job_id,
+            evidence=evidence,
         )
-    ], False  # fmt: skip
+    ], False

@@ -194,10 +194,18 @@ def analyze_dumps(dumps: Mapping[int, dict[str, Any]], world: int = 0) -> Flight
     stuck = []
     for s in missing_from_groups(last, members, ops):
         e = _entry(dumps, s.group, s.seq)
-        stuck.append(StuckCollective(
-            s.group, _desc(dumps, s.group), s.members, s.seq, s.op, s.missing,
-            _plain(e.get("input_sizes") or []), _plain(e.get("input_dtypes") or []),
-        ))  # fmt: skip
+        stuck.append(
+            StuckCollective(
+                s.group,
+                _desc(dumps, s.group),
+                s.members,
+                s.seq,
+                s.op,
+                s.missing,
+                _plain(e.get("input_sizes") or []),
+                _plain(e.get("input_dtypes") or []),
+            )
+        )
     progress = [
         GroupProgress(g, _desc(dumps, g), dict(sorted(per.items())))
         for g, per in sorted(_progress(dumps).items(), key=lambda kv: (len(kv[0]), kv[0]))
@@ -220,8 +228,13 @@ def group_summary(report: FlightRecorderReport, limit: int = 64) -> dict[str, di
     return out
 
 
-def diagnoses(report: FlightRecorderReport, where: Where, job_id: str = "", step: int = -1,
-              time: float | None = None) -> list[Diagnosis]:  # fmt: skip
+def diagnoses(
+    report: FlightRecorderReport,
+    where: Where,
+    job_id: str = "",
+    step: int = -1,
+    time: float | None = None,
+) -> list[Diagnosis]:
     """One ``hang`` finding per stuck collective, naming the missing ranks with their nodes and
     GPUs, with the last completed collectives (of the group per rank, of every group in short)
     as evidence. ``step`` is the step the job had reached, when known."""
@@ -238,23 +251,53 @@ def diagnoses(report: FlightRecorderReport, where: Where, job_id: str = "", step
         )
         name = f"{s.desc} ({s.group})" if s.desc else s.group
         done = by_group.get(s.group)
-        out.append(Diagnosis(
-            f"fr:{job_id}:{s.group}:{s.seq}", "hang", "hang", 0.95,
-            f"Flight Recorder: {s.op or 'a collective'} #{s.seq} of process group {name} "
-            f"waits for rank(s) {at}, which never entered it",
-            step=step, start_step=step, end_step=step, time=time, ranks=list(s.missing),
-            nodes=nodes, gpus=gpus, rack=racks[0] if len(racks) == 1 else "", job_id=job_id,
-            evidence=[
-                {"metric": "stuck collective", "source": "flight_recorder", "group": s.group,
-                 "desc": s.desc, "op": s.op, "seq": s.seq, "sizes": s.sizes[:8],
-                 "dtypes": s.dtypes[:8], "members": list(s.members[:256])},
-                {"metric": "ranks missing from the collective", "value": list(s.missing[:64]),
-                 "where": [{"rank": r, "node": node or None, "gpu": gpu if gpu >= 0 else None}
-                           for r, node, gpu, _ in homes[:64]]},
-                {"metric": "last completed collective per rank", "group": s.group,
-                 "value": {str(r): v for r, v in list((done.last_completed if done else {})
-                                                      .items())[:256]}},
-                {"metric": "last completed collective per group", "value": groups},
-            ],
-        ))  # fmt: skip
+        out.append(
+            Diagnosis(
+                f"fr:{job_id}:{s.group}:{s.seq}",
+                "hang",
+                "hang",
+                0.95,
+                f"Flight Recorder: {s.op or 'a collective'} #{s.seq} of process group {name} "
+                f"waits for rank(s) {at}, which never entered it",
+                step=step,
+                start_step=step,
+                end_step=step,
+                time=time,
+                ranks=list(s.missing),
+                nodes=nodes,
+                gpus=gpus,
+                rack=racks[0] if len(racks) == 1 else "",
+                job_id=job_id,
+                evidence=[
+                    {
+                        "metric": "stuck collective",
+                        "source": "flight_recorder",
+                        "group": s.group,
+                        "desc": s.desc,
+                        "op": s.op,
+                        "seq": s.seq,
+                        "sizes": s.sizes[:8],
+                        "dtypes": s.dtypes[:8],
+                        "members": list(s.members[:256]),
+                    },
+                    {
+                        "metric": "ranks missing from the collective",
+                        "value": list(s.missing[:64]),
+                        "where": [
+                            {"rank": r, "node": node or None, "gpu": gpu if gpu >= 0 else None}
+                            for r, node, gpu, _ in homes[:64]
+                        ],
+                    },
+                    {
+                        "metric": "last completed collective per rank",
+                        "group": s.group,
+                        "value": {
+                            str(r): v
+                            for r, v in list((done.last_completed if done else {}).items())[:256]
+                        },
+                    },
+                    {"metric": "last completed collective per group", "value": groups},
+                ],
+            )
+        )
     return out

@@ -118,15 +118,28 @@ def gpu_signals(g: GpuHealth) -> list[Signal]:
     out: list[Signal] = []
     if g.throttle & _THERMAL or (g.clock_ratio_median < 0.93 and g.temp_max > 83):
         out.append(
-            Signal("thermal", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", float(g.throttle), 0.0,
-                   {"reasons": throttle_names(g.throttle), "gpuTempMax": g.temp_max,
-                    "smClockRatioMin": g.clock_ratio_min})
-        )  # fmt: skip
+            Signal(
+                "thermal",
+                "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+                float(g.throttle),
+                0.0,
+                {
+                    "reasons": throttle_names(g.throttle),
+                    "gpuTempMax": g.temp_max,
+                    "smClockRatioMin": g.clock_ratio_min,
+                },
+            )
+        )
     elif g.throttle & _POWER:
         out.append(
-            Signal("power", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", float(g.throttle), 0.0,
-                   {"reasons": throttle_names(g.throttle), "powerMax": g.power_max})
-        )  # fmt: skip
+            Signal(
+                "power",
+                "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+                float(g.throttle),
+                0.0,
+                {"reasons": throttle_names(g.throttle), "powerMax": g.power_max},
+            )
+        )
     elif g.clock_ratio_median < 0.9:
         out.append(Signal("clock_low", "DCGM_FI_DEV_SM_CLOCK", g.clock_ratio_median, 0.9))
     if g.sbe_delta >= 10:
@@ -136,15 +149,30 @@ def gpu_signals(g: GpuHealth) -> list[Signal]:
     for x in g.xids:
         info = classify_xid(x)
         out.append(
-            Signal("xid", "DCGM_FI_DEV_XID_ERRORS", float(x), 0.0,
-                   {"xid": x, "severity": info.severity, "mnemonic": info.mnemonic,
-                    "action": info.action, "ecc": info.ecc})
-        )  # fmt: skip
+            Signal(
+                "xid",
+                "DCGM_FI_DEV_XID_ERRORS",
+                float(x),
+                0.0,
+                {
+                    "xid": x,
+                    "severity": info.severity,
+                    "mnemonic": info.mnemonic,
+                    "action": info.action,
+                    "ecc": info.ecc,
+                },
+            )
+        )
     if g.nvlink_crc_delta >= 10:
         out.append(
-            Signal("nvlink_errors", "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-                   g.nvlink_crc_delta, 10.0, {"bandwidthMin": g.nvlink_bw_min})
-        )  # fmt: skip
+            Signal(
+                "nvlink_errors",
+                "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                g.nvlink_crc_delta,
+                10.0,
+                {"bandwidthMin": g.nvlink_bw_min},
+            )
+        )
     if g.pcie_replay_delta >= 100:
         out.append(
             Signal("pcie_replay", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", g.pcie_replay_delta, 100.0)

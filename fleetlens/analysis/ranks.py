@@ -121,12 +121,21 @@ class RankState:
         z = np.zeros(world)
         m = np.full(world, -1, dtype=np.int64)
         return cls(
-            z.copy(), m.copy(), m.copy(), z.copy(), np.zeros(world, dtype=np.int64),
-            prev=np.full(world, np.nan), gap_excess=z.copy(), gap_count=m.copy(),
-            before=np.full(world, np.nan), c_slow=z.copy(), since_slow=m.copy(),
-            excess_slow=z.copy(), count_slow=np.zeros(world, dtype=np.int64),
+            z.copy(),
+            m.copy(),
+            m.copy(),
+            z.copy(),
+            np.zeros(world, dtype=np.int64),
+            prev=np.full(world, np.nan),
+            gap_excess=z.copy(),
+            gap_count=m.copy(),
+            before=np.full(world, np.nan),
+            c_slow=z.copy(),
+            since_slow=m.copy(),
+            excess_slow=z.copy(),
+            count_slow=np.zeros(world, dtype=np.int64),
             opened=np.zeros(world, dtype=np.int8),
-        )  # fmt: skip
+        )
 
     def to_json(self) -> dict[str, Any]:
         live = np.flatnonzero((self.c > 0) | (self.since >= 0))
@@ -313,10 +322,18 @@ def scan_stragglers(
             if alarm[r] >= 0 and excess[r] >= p.min_slowdown * count[r]:
                 n = int(count[r])
                 b = float(before[r]) if np.isfinite(before[r]) else None
-                state.episodes.append(Episode(
-                    r, int(since[r]), int(alarm[r]), s - 1, float(excess[r] / n), n, b,
-                    bool(opened[r] == 1),
-                ))  # fmt: skip
+                state.episodes.append(
+                    Episode(
+                        r,
+                        int(since[r]),
+                        int(alarm[r]),
+                        s - 1,
+                        float(excess[r] / n),
+                        n,
+                        b,
+                        bool(opened[r] == 1),
+                    )
+                )
                 gx[r], gn[r], before[r] = 0.0, 0, np.nan
             since[r], alarm[r], excess[r], count[r], opened[r] = -1, -1, 0.0, 0, 0
     return state
@@ -335,9 +352,15 @@ def _open(state: RankState, r: int, s: int) -> None:
 def open_episodes(state: RankState) -> list[Episode]:
     """Episodes still running at the end of the last window (``end`` = -1)."""
     return [
-        Episode(int(r), int(state.since[r]), int(state.alarm[r]), -1,
-                float(state.excess[r] / max(state.count[r], 1)), int(state.count[r]),
-                float(state.before[r]) if np.isfinite(state.before[r]) else None,
-                bool(state.opened[r] == 1))
+        Episode(
+            int(r),
+            int(state.since[r]),
+            int(state.alarm[r]),
+            -1,
+            float(state.excess[r] / max(state.count[r], 1)),
+            int(state.count[r]),
+            float(state.before[r]) if np.isfinite(state.before[r]) else None,
+            bool(state.opened[r] == 1),
+        )
         for r in np.flatnonzero(state.alarm >= 0).tolist()
-    ]  # fmt: skip
+    ]

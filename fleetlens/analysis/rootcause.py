@@ -121,8 +121,11 @@ def diagnose_straggler(
     nodes = sorted({place[r][0] for r in c.ranks if r in place})
     gpus = sorted({f"{place[r][0]}:{place[r][1]}" for r in c.ranks if r in place})
     racks = {place[r][2] for r in c.ranks if r in place}
-    where = ", ".join(f"rank {r} ({place[r][0]} GPU {place[r][1]}, {place[r][2] or '-'})"
-                      for r in c.ranks[:5] if r in place)  # fmt: skip
+    where = ", ".join(
+        f"rank {r} ({place[r][0]} GPU {place[r][1]}, {place[r][2] or '-'})"
+        for r in c.ranks[:5]
+        if r in place
+    )
     summary = {
         "straggler.persistent": f"persistent straggler: {where} {c.slowdown:.1%} slower",
         "straggler.intermittent": f"intermittent straggler in {c.episodes} episodes: {where}",
@@ -131,11 +134,21 @@ def diagnose_straggler(
     }[diag]
     key_rank = "moving" if diag == "straggler.moving" else str(c.ranks[0])
     return Diagnosis(
-        key=f"straggler:{key_rank}", diagnosis=diag, kind="straggler", confidence=conf,
-        summary=summary, step=c.detected, start_step=c.start, end_step=c.end,
-        time=(time_of_step or {}).get(c.detected), ranks=list(c.ranks), nodes=nodes, gpus=gpus,
-        rack=racks.pop() if len(racks) == 1 else "", evidence=ev,
-    )  # fmt: skip
+        key=f"straggler:{key_rank}",
+        diagnosis=diag,
+        kind="straggler",
+        confidence=conf,
+        summary=summary,
+        step=c.detected,
+        start_step=c.start,
+        end_step=c.end,
+        time=(time_of_step or {}).get(c.detected),
+        ranks=list(c.ranks),
+        nodes=nodes,
+        gpus=gpus,
+        rack=racks.pop() if len(racks) == 1 else "",
+        evidence=ev,
+    )
 
 
 def diagnose_events(events: list[dict[str, Any]]) -> list[Diagnosis]:
@@ -154,27 +167,76 @@ def diagnose_events(events: list[dict[str, Any]]) -> list[Diagnosis]:
         if kind == "hardware_fault" and "xid" in attrs:
             out.append(xid_diagnosis(int(attrs["xid"]), node, gpu, rank, step, float(e["time"])))
         elif kind == "hardware_fault" and attrs.get("component") == "host":
-            out.append(Diagnosis(f"host:{node}", "host", "failure", 0.9, f"host {node} failed",
-                                 ranks=ranks, nodes=nodes, evidence=[ev], **base))  # fmt: skip
+            out.append(
+                Diagnosis(
+                    f"host:{node}",
+                    "host",
+                    "failure",
+                    0.9,
+                    f"host {node} failed",
+                    ranks=ranks,
+                    nodes=nodes,
+                    evidence=[ev],
+                    **base,
+                )
+            )
         elif kind == "hardware_fault" and attrs.get("component") == "nic":
-            out.append(Diagnosis(f"nic:{node}", "network", "failure", 0.9, f"NIC down on {node}",
-                                 ranks=ranks, nodes=nodes, evidence=[ev], **base))  # fmt: skip
+            out.append(
+                Diagnosis(
+                    f"nic:{node}",
+                    "network",
+                    "failure",
+                    0.9,
+                    f"NIC down on {node}",
+                    ranks=ranks,
+                    nodes=nodes,
+                    evidence=[ev],
+                    **base,
+                )
+            )
         elif kind == "oom":
             out.append(_oom(attrs, rank, ev, ranks=ranks, nodes=nodes, gpus=gpus, **base))
         elif kind == "preemption":
-            out.append(Diagnosis(f"preemption:{step}", "preemption", "event", 0.95,
-                                 "the scheduler preempted the job", evidence=[ev],
-                                 **base))  # fmt: skip
+            out.append(
+                Diagnosis(
+                    f"preemption:{step}",
+                    "preemption",
+                    "event",
+                    0.95,
+                    "the scheduler preempted the job",
+                    evidence=[ev],
+                    **base,
+                )
+            )
         elif kind == "maintenance":
-            out.append(Diagnosis(f"maintenance:{node}:{step}", "maintenance", "event", 0.95,
-                                 f"planned maintenance on {node or 'the job'}", nodes=nodes,
-                                 evidence=[ev], **base))  # fmt: skip
+            out.append(
+                Diagnosis(
+                    f"maintenance:{node}:{step}",
+                    "maintenance",
+                    "event",
+                    0.95,
+                    f"planned maintenance on {node or 'the job'}",
+                    nodes=nodes,
+                    evidence=[ev],
+                    **base,
+                )
+            )
         elif kind == "exception" and not peer_error(str(e.get("message", ""))):
             # A peer's error ("Connection closed by peer") is the consequence of another
             # rank's end (fleetlens.analysis.ends), not this rank's crash.
-            out.append(Diagnosis(f"crash:{step}:{rank}", "software_crash", "failure", 0.7,
-                                 f"exception in the training loop on rank {rank}", ranks=ranks,
-                                 nodes=nodes, evidence=[ev], **base))  # fmt: skip
+            out.append(
+                Diagnosis(
+                    f"crash:{step}:{rank}",
+                    "software_crash",
+                    "failure",
+                    0.7,
+                    f"exception in the training loop on rank {rank}",
+                    ranks=ranks,
+                    nodes=nodes,
+                    evidence=[ev],
+                    **base,
+                )
+            )
     return out
 
 
@@ -187,8 +249,16 @@ def _oom(attrs: dict[str, Any], rank: int, ev: dict[str, Any], **where: Any) -> 
     for on which device, the batch shape when the run's config gave it, the device's memory."""
     seq, batch, asked = attrs.get("seq_len"), attrs.get("batch_size"), attrs.get("requested_bytes")
     device, step = attrs.get("device"), where["step"]
-    ev.update({"seqLen": seq, "batchSize": batch, "requestedBytes": asked, "device": device,
-               "step": step, "rank": rank})  # fmt: skip
+    ev.update(
+        {
+            "seqLen": seq,
+            "batchSize": batch,
+            "requestedBytes": asked,
+            "device": device,
+            "step": step,
+            "rank": rank,
+        }
+    )
     for k in ("memory_stats", "device_free_bytes", "device_total_bytes"):
         if k in attrs:
             ev[k] = attrs[k]
@@ -199,9 +269,15 @@ def _oom(attrs: dict[str, Any], rank: int, ev: dict[str, Any], **where: Any) -> 
         p for p in (f"asking {_gib(asked)}" if asked else "", f"on {device}" if device else "") if p
     )
     summary = f"out of memory at step {step} on rank {rank}" + (f" {detail}" if detail else "")
-    return Diagnosis(f"oom:{step}:{rank}", "oom", "failure", 0.95,
-                     summary + (f" ({shape})" if shape else ""), evidence=[ev],
-                     **where)  # fmt: skip
+    return Diagnosis(
+        f"oom:{step}:{rank}",
+        "oom",
+        "failure",
+        0.95,
+        summary + (f" ({shape})" if shape else ""),
+        evidence=[ev],
+        **where,
+    )
 
 
 def xid_diagnosis(
@@ -218,16 +294,30 @@ def xid_diagnosis(
         diag = "xid_recoverable"
     key = f"gpu:{node}:{gpu}:ecc" if diag == "ecc_xid" else f"xid:{node}:{gpu}:{xid}"
     return Diagnosis(
-        key, diag, "failure" if info.fatal else "event", 0.95 if info.fatal else 0.7,
+        key,
+        diag,
+        "failure" if info.fatal else "event",
+        0.95 if info.fatal else 0.7,
         f"Xid {xid} ({info.mnemonic or 'unknown'}, {info.severity}) on {node} GPU {gpu}; "
         f"catalog action {info.action or '-'}",
-        step=step, start_step=step, end_step=step, time=time,
-        ranks=[rank] if rank >= 0 else [], nodes=[node] if node else [],
+        step=step,
+        start_step=step,
+        end_step=step,
+        time=time,
+        ranks=[rank] if rank >= 0 else [],
+        nodes=[node] if node else [],
         gpus=[f"{node}:{gpu}"] if node else [],
-        evidence=[{"metric": "DCGM_FI_DEV_XID_ERRORS", "value": xid, "severity": info.severity,
-                   "mnemonic": info.mnemonic, "action": info.action,
-                   "source": "NVIDIA Xid catalog + NVSentinel mapping"}],
-    )  # fmt: skip
+        evidence=[
+            {
+                "metric": "DCGM_FI_DEV_XID_ERRORS",
+                "value": xid,
+                "severity": info.severity,
+                "mnemonic": info.mnemonic,
+                "action": info.action,
+                "source": "NVIDIA Xid catalog + NVSentinel mapping",
+            }
+        ],
+    )
 
 
 def shared_device(d: Diagnosis, others: list[str]) -> Diagnosis:
@@ -240,8 +330,14 @@ def shared_device(d: Diagnosis, others: list[str]) -> Diagnosis:
         f"; the GPU was also placed to run {', '.join(others)} at the time: which run it "
         "served is not known (reused node names, or a placement reported wrong)"
     )
-    d.evidence.append({"metric": "placement", "value": len(others) + 1, "runs": others,
-                       "source": "two or more runs placed on one GPU at once"})  # fmt: skip
+    d.evidence.append(
+        {
+            "metric": "placement",
+            "value": len(others) + 1,
+            "runs": others,
+            "source": "two or more runs placed on one GPU at once",
+        }
+    )
     return d
 
 
@@ -262,8 +358,9 @@ def diagnose_instability(
         return None
     first = int(s[spikes[0]]) if len(spikes) else int(s[bad[0]])
     if len(spikes):
-        ev.append({"metric": "grad_norm", "step": first, "value": float(gn[spikes[0]]),
-                   "baseline": ref})  # fmt: skip
+        ev.append(
+            {"metric": "grad_norm", "step": first, "value": float(gn[spikes[0]]), "baseline": ref}
+        )
     if len(bad):
         ev.append({"metric": "loss", "step": int(s[bad[0]]), "value": "nan"})
     fin = np.isfinite(lr_a)
@@ -272,17 +369,31 @@ def diagnose_instability(
     conf = 0.7
     if before:
         i = before[-1]
-        ev.insert(0, {"metric": "lr", "step": int(s[i]), "value": float(lr_a[i]),
-                      "baseline": float(lr_a[i - 1])})  # fmt: skip
+        ev.insert(
+            0,
+            {
+                "metric": "lr",
+                "step": int(s[i]),
+                "value": float(lr_a[i]),
+                "baseline": float(lr_a[i - 1]),
+            },
+        )
         conf = 0.9
     return Diagnosis(
-        f"instability:{first}", "instability", "failure", conf,
-        "training instability: " + " -> ".join(
+        f"instability:{first}",
+        "instability",
+        "failure",
+        conf,
+        "training instability: "
+        + " -> ".join(
             {"lr": "LR change", "grad_norm": "grad-norm spike", "loss": "NaN loss"}[e["metric"]]
-            for e in ev),
-        step=first, start_step=int(s[before[-1]]) if before else first,
-        end_step=int(s[bad[0]]) if len(bad) else -1, evidence=ev,
-    )  # fmt: skip
+            for e in ev
+        ),
+        step=first,
+        start_step=int(s[before[-1]]) if before else first,
+        end_step=int(s[bad[0]]) if len(bad) else -1,
+        evidence=ev,
+    )
 
 
 def diagnose_slow_checkpoints(
@@ -299,11 +410,23 @@ def diagnose_slow_checkpoints(
         if ref > 0 and d[i] > factor * ref:
             out.append(
                 Diagnosis(
-                    "slow_checkpoint", "slow_checkpoint", "slowdown", 0.85,
+                    "slow_checkpoint",
+                    "slow_checkpoint",
+                    "slowdown",
+                    0.85,
                     f"checkpoint at step {int(s[i])} took {d[i]:.1f}s vs {ref:.1f}s usual",
-                    step=int(s[i]), start_step=int(s[i]), end_step=int(s[i]), time=float(t[i]),
-                    evidence=[{"metric": "checkpoint duration", "value": float(d[i]),
-                               "baseline": ref, "step": int(s[i])}],
+                    step=int(s[i]),
+                    start_step=int(s[i]),
+                    end_step=int(s[i]),
+                    time=float(t[i]),
+                    evidence=[
+                        {
+                            "metric": "checkpoint duration",
+                            "value": float(d[i]),
+                            "baseline": ref,
+                            "step": int(s[i]),
+                        }
+                    ],
                 )
-            )  # fmt: skip
+            )
     return out

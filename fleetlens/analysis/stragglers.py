@@ -60,9 +60,12 @@ class StragglerClass:
 
 
 def classify_episodes(
-    episodes: list[Episode], merge_gap: int = 5, moving_min_ranks: int = 3,
-    persistent_cover: float = 0.8, passing_steps: int = 60,
-) -> list[StragglerClass]:  # fmt: skip
+    episodes: list[Episode],
+    merge_gap: int = 5,
+    moving_min_ranks: int = 3,
+    persistent_cover: float = 0.8,
+    passing_steps: int = 60,
+) -> list[StragglerClass]:
     """Turn a run's episodes into findings (see the module docstring)."""
     faint = [e for e in episodes if e.faint]
     by_rank: dict[int, list[Episode]] = {}
@@ -80,17 +83,20 @@ def classify_episodes(
     # turns beside it are never alone
     long = {r: by_rank[r] for r, n in flagged.items() if len(flagged) > 3 and n >= 3 * typical}
     background = {
-        r for r in long
-        if _alone(long, r) >= 0.5 or not any(_together(long[r], es, merge_gap)
-                                             for q, es in long.items() if q != r)
-    }  # fmt: skip
+        r
+        for r in long
+        if _alone(long, r) >= 0.5
+        or not any(_together(long[r], es, merge_gap) for q, es in long.items() if q != r)
+    }
     # nor do the ranks slow again and again (an intermittent straggler beside the turns)
     again = {r for r, es in by_rank.items() if len(_spells(es, merge_gap)) >= 3}
     movers = [
-        r for r in by_rank
-        if r not in background and flagged[r] <= 0.5 * total
+        r
+        for r in by_rank
+        if r not in background
+        and flagged[r] <= 0.5 * total
         and _alone(by_rank, r, background | again) >= 0.5
-    ]  # fmt: skip
+    ]
     # The slow rank of a moving straggler comes back to a rank only after its turns on the
     # others: a rank slow again and again while the others took one turn each is an
     # intermittent straggler beside it.
@@ -113,10 +119,16 @@ def classify_episodes(
         hi = max(_stop(e) for r in movers for e in by_rank[r])
         most = max(flagged[r] for r in movers)
         movers += [
-            r for r, es in by_rank.items()
-            if r not in movers and r not in background and len(es) == 1 and es[0].end >= 0
-            and flagged[r] <= most and es[0].start <= hi and _stop(es[0]) >= lo
-        ]  # fmt: skip
+            r
+            for r, es in by_rank.items()
+            if r not in movers
+            and r not in background
+            and len(es) == 1
+            and es[0].end >= 0
+            and flagged[r] <= most
+            and es[0].start <= hi
+            and _stop(es[0]) >= lo
+        ]
         # so is a rank the slow lane alone saw slow once, as briefly, then
         times = Counter(e.rank for e in faint)
         for e in faint:
@@ -131,20 +143,29 @@ def classify_episodes(
             seen.append(by_rank[pair[1]][0].detected)
         out.append(
             StragglerClass(
-                "straggler.moving", tuple(sorted(movers)), min(e.start for e in es),
-                min(seen), _end(es),
-                float(np.mean([e.slowdown for e in es])), len(es), sum(e.steps for e in es),
+                "straggler.moving",
+                tuple(sorted(movers)),
+                min(e.start for e in es),
+                min(seen),
+                _end(es),
+                float(np.mean([e.slowdown for e in es])),
+                len(es),
+                sum(e.steps for e in es),
             )
-        )  # fmt: skip
+        )
         moved = es
         by_rank = {r: v for r, v in by_rank.items() if r not in movers}
     return out + _per_rank(by_rank, faint, moved, merge_gap, persistent_cover, passing_steps)
 
 
 def _per_rank(
-    by_rank: dict[int, list[Episode]], faint: list[Episode], moved: list[Episode],
-    merge_gap: int, persistent_cover: float, passing_steps: int,
-) -> list[StragglerClass]:  # fmt: skip
+    by_rank: dict[int, list[Episode]],
+    faint: list[Episode],
+    moved: list[Episode],
+    merge_gap: int,
+    persistent_cover: float,
+    passing_steps: int,
+) -> list[StragglerClass]:
     """Each rank that is no mover, its faint episodes (no part of telling a moving straggler:
     the slow lane sees more of its turns, longer) with the others: persistent or intermittent."""
     out: list[StragglerClass] = []
@@ -164,12 +185,17 @@ def _per_rank(
         start = _own_onset(es[0], moved, merge_gap)
         out.append(
             StragglerClass(
-                diag, (r,), start, max(detected, start), _end(es),
+                diag,
+                (r,),
+                start,
+                max(detected, start),
+                _end(es),
                 _slowdown(es),
-                len(merged), sum(e.steps for e in es),
+                len(merged),
+                sum(e.steps for e in es),
                 len(merged) == 1 and _end(es) >= 0 and covered < passing_steps,
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -191,9 +217,10 @@ def _handover(
     straggler of its own, an intermittent one) count for none of it."""
     by_rank = {r: es for r, es in by_rank.items() if r not in ignore}
     once = sorted(
-        (es[0].start, r) for r, es in by_rank.items()
+        (es[0].start, r)
+        for r, es in by_rank.items()
         if len(_spells(es, gap)) == 1 and _union(es) <= most
-    )  # fmt: skip
+    )
     starts = sorted(es[0].start for es in by_rank.values())
     ends = sorted(_end(es) for es in by_rank.values())
 

@@ -57,9 +57,14 @@ def split_tp_groups(
 
 
 def tp_split(
-    config: dict[str, Any], job_id: str, steps: tuple[int, int], start: float,
-    node: Sequence[str], nvlink_domain: Sequence[str], world: int,
-) -> list[Diagnosis]:  # fmt: skip
+    config: dict[str, Any],
+    job_id: str,
+    steps: tuple[int, int],
+    start: float,
+    node: Sequence[str],
+    nvlink_domain: Sequence[str],
+    world: int,
+) -> list[Diagnosis]:
     """The attempt's ``topology`` finding when its TP groups are split (else none); ``steps``
     are its first and last step, ``start`` its start time."""
     tp = tp_size(config)
@@ -70,17 +75,34 @@ def tp_split(
         return []
     first = split[0]
     ranks = sorted({r for g in split for r in g.ranks})
-    return [Diagnosis(
-        f"topology:{job_id}", "topology", "slowdown", 0.95,
-        f"{len(split)} of {world // tp} tensor-parallel groups of {tp} ranks span NVLink "
-        f"domains (ranks {first.ranks[0]}-{first.ranks[-1]} on {', '.join(first.domains[:4])}): "
-        "their every-layer all-reduces cross the network; place each group on one node or "
-        "NVLink domain (Slurm --distribution=block, a topology-aware scheduler)",
-        step=steps[0], start_step=steps[0], end_step=steps[1], time=start,
-        ranks=ranks[:256], nodes=sorted({d for g in split for d in g.domains})[:64],
-        job_id=job_id,
-        evidence=[{"metric": "tensor-parallel groups split", "value": len(split),
-                   "of": world // tp, "tp": tp,
-                   "groups": [{"ranks": list(g.ranks), "domains": list(g.domains)}
-                              for g in split[:8]]}],
-    )]  # fmt: skip
+    return [
+        Diagnosis(
+            f"topology:{job_id}",
+            "topology",
+            "slowdown",
+            0.95,
+            f"{len(split)} of {world // tp} tensor-parallel groups of {tp} ranks span NVLink "
+            f"domains (ranks {first.ranks[0]}-{first.ranks[-1]} on "
+            f"{', '.join(first.domains[:4])}): "
+            "their every-layer all-reduces cross the network; place each group on one node or "
+            "NVLink domain (Slurm --distribution=block, a topology-aware scheduler)",
+            step=steps[0],
+            start_step=steps[0],
+            end_step=steps[1],
+            time=start,
+            ranks=ranks[:256],
+            nodes=sorted({d for g in split for d in g.domains})[:64],
+            job_id=job_id,
+            evidence=[
+                {
+                    "metric": "tensor-parallel groups split",
+                    "value": len(split),
+                    "of": world // tp,
+                    "tp": tp,
+                    "groups": [
+                        {"ranks": list(g.ranks), "domains": list(g.domains)} for g in split[:8]
+                    ],
+                }
+            ],
+        )
+    ]

@@ -102,12 +102,15 @@ InfraReader = Annotated[Scope, Depends(require_any("read", "read:infra"))]
 class SilenceBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    matchers: dict[Annotated[str, Field(min_length=1, max_length=128)],
-                   Annotated[str, Field(min_length=1, max_length=512)]] = Field(
-        min_length=1, max_length=16,
+    matchers: dict[
+        Annotated[str, Field(min_length=1, max_length=128)],
+        Annotated[str, Field(min_length=1, max_length=512)],
+    ] = Field(
+        min_length=1,
+        max_length=16,
         description="label -> value, all equal for an alert to be held back "
         '(e.g. {"alertname": "FatalHardwareFault", "node": "gpu-17"})',
-    )  # fmt: skip
+    )
     comment: str = Field(min_length=1, max_length=1024, description="why; shown to whoever looks")
     durationSeconds: float | None = Field(None, gt=0, allow_inf_nan=False)
     endsAt: float | None = Field(None, gt=0, allow_inf_nan=False, description="or an end time")

@@ -234,8 +234,14 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
 
         def on_checkpoint(tenant: str, run_id: str, ck: dict[str, Any]) -> None:
             project = svc.metadata.get_run(Scope(tenant=tenant, role="viewer"), run_id).project
-            evals.fire(tenant, project, "checkpoint", run_id=run_id,
-                       checkpoint_id=ck["checkpointId"], checkpoint_uri=ck["uri"])  # fmt: skip
+            evals.fire(
+                tenant,
+                project,
+                "checkpoint",
+                run_id=run_id,
+                checkpoint_id=ck["checkpointId"],
+                checkpoint_uri=ck["uri"],
+            )
 
         svc.ingestor.registry.on_verified_checkpoint = on_checkpoint
         app.state.body_budget = BodyBudget(svc.config.collector.max_queue_bytes)

@@ -369,9 +369,15 @@ async def set_alias(
         )
         project = str(out.pop("project", ""))
         out["triggered"] = evals.fire(
-            scope.tenant, project, "alias", model_id=model_id, version=body.version, alias=alias,
-            run_id=str(out.pop("runId", "")), checkpoint_id=str(out.pop("checkpointId", "")),
-        )  # fmt: skip
+            scope.tenant,
+            project,
+            "alias",
+            model_id=model_id,
+            version=body.version,
+            alias=alias,
+            run_id=str(out.pop("runId", "")),
+            checkpoint_id=str(out.pop("checkpointId", "")),
+        )
         return out
 
     return dict(await _run(work))

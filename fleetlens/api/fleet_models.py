@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .models import ApiModel, TimeWindowOut
+from .goodput_models import TimeWindowOut
+from .models import ApiModel
 
 if TYPE_CHECKING:
     from ..analysis.scheduling import SchedulingResult

@@ -27,7 +27,7 @@ from ..services.scheduler import scheduling_factor
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, UNKNOWN_NAME_RESPONSE, require
 from .fleet_models import FleetGoodputOut, PoolGoodputOut
-from .models import (
+from .goodput_models import (
     AdviceOut,
     BreakdownOut,
     CeilingGainOut,

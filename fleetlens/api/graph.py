@@ -292,9 +292,13 @@ async def add_checkpoint(
         if out["checksum"] and out["ok"]:  # verified: its content hash is known
             project = svc.metadata.get_run(scope, run_id).project
             out["triggered"] = evals.fire(
-                scope.tenant, project, "checkpoint", run_id=run_id,
-                checkpoint_id=out["checkpointId"], checkpoint_uri=out["uri"],
-            )  # fmt: skip
+                scope.tenant,
+                project,
+                "checkpoint",
+                run_id=run_id,
+                checkpoint_id=out["checkpointId"],
+                checkpoint_uri=out["uri"],
+            )
         return out
 
     return dict(await _run(work))
@@ -387,14 +391,23 @@ async def register_model(request: Request, body: ModelBody, scope: Writer) -> di
         )
         graph = GraphStore(svc.metadata)
         ck = next(
-            (c for c in graph.checkpoints(scope, body.runId)
-             if c["checkpointId"] == out["checkpointId"]), {},
-        )  # fmt: skip
+            (
+                c
+                for c in graph.checkpoints(scope, body.runId)
+                if c["checkpointId"] == out["checkpointId"]
+            ),
+            {},
+        )
         out["triggered"] = evals.fire(
-            scope.tenant, svc.metadata.get_run(scope, body.runId).project, "model",
-            model_id=body.modelId, version=body.version, run_id=body.runId,
-            checkpoint_id=out["checkpointId"], checkpoint_uri=str(ck.get("uri", "")),
-        )  # fmt: skip
+            scope.tenant,
+            svc.metadata.get_run(scope, body.runId).project,
+            "model",
+            model_id=body.modelId,
+            version=body.version,
+            run_id=body.runId,
+            checkpoint_id=out["checkpointId"],
+            checkpoint_uri=str(ck.get("uri", "")),
+        )
         return out
 
     return dict(await _run(work))

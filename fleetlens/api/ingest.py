@@ -253,9 +253,12 @@ def _prepare_frames(
     out frame by frame)."""
     frames = decode_frames(body, encoding)
     prepared = ingestor.prepare_frames(
-        frames, scope.tenant, scope.project or None,
-        received_at=received_at, transmitted_at=transmitted_at,
-    )  # fmt: skip
+        frames,
+        scope.tenant,
+        scope.project or None,
+        received_at=received_at,
+        transmitted_at=transmitted_at,
+    )
     return frames, prepared
 
 

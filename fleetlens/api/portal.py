@@ -34,7 +34,7 @@ from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
 from .findings import finding_json
 from .goodput import advice
-from .models import BreakdownOut, FactorsOut
+from .goodput_models import BreakdownOut, FactorsOut
 from .portal_json import Clock, json_response
 from .remediation import action_view
 from .runs import run_json, summary_mfu_out
@@ -329,8 +329,11 @@ async def failure(request: Request, run_id: str, scope: Reader) -> dict[str, Any
         out["stepTime"] = pq.step_series(run_id, lo, at, 5)
         ranks = rq.ranks(run_id, lo, at, "compute", True, 3)
         if failed and failed.get("rank") is not None:
-            mine = [r for r in rq.ranks(run_id, lo, at, "rank", False, 100_000)
-                    if r["rank"] == failed["rank"]]  # fmt: skip
+            mine = [
+                r
+                for r in rq.ranks(run_id, lo, at, "rank", False, 100_000)
+                if r["rank"] == failed["rank"]
+            ]
             if mine and failed.get("node"):
                 # Placement answers with the rank's latest home (a spare after the restart);
                 # the failure happened where the event says.

@@ -65,13 +65,23 @@ def _alert_nodes(
             continue
         n = nodes.get(node)
         if n is None:
-            n = nodes[node] = {"node": node, "fatal": 0, "recoverable": 0, "events": [],
-                               "fromAlerts": True}  # fmt: skip
+            n = nodes[node] = {
+                "node": node,
+                "fatal": 0,
+                "recoverable": 0,
+                "events": [],
+                "fromAlerts": True,
+            }
         if n.get("fromAlerts"):  # else its fault events have counted it already
             n[severity] += 1
             if len(n["events"]) < 5:
-                n["events"].append({"time": a["startsAt"], "kind": a["alertname"],
-                                    "message": a["annotations"].get("summary", "")})  # fmt: skip
+                n["events"].append(
+                    {
+                        "time": a["startsAt"],
+                        "kind": a["alertname"],
+                        "message": a["annotations"].get("summary", ""),
+                    }
+                )
     for n in nodes.values():
         n["jobs"] = placed.get(n["node"], [])
 
@@ -175,9 +185,13 @@ def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
             n["runs"].append(run)
         if len(n["events"]) < 5:
             n["events"].append(
-                {"time": a["startsAt"], "kind": a["alertname"], "gpu": a["gpu"],
-                 "message": a["summary"]}
-            )  # fmt: skip
+                {
+                    "time": a["startsAt"],
+                    "kind": a["alertname"],
+                    "gpu": a["gpu"],
+                    "message": a["summary"],
+                }
+            )
     incidents: dict[int, dict[str, Any]] = {}
     for a in alerts:
         if a["incidentId"]:

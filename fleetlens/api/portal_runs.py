@@ -66,10 +66,11 @@ async def runs_list(
 
     def work() -> dict[str, Any]:
         runs = [
-            r for r in svc.metadata.list_runs(scope, None, RUNS_MAX, 0)
+            r
+            for r in svc.metadata.list_runs(scope, None, RUNS_MAX, 0)
             if (not wanted or r.status in wanted)
             and (not needle or needle in r.run_id.lower() or needle in r.project.lower())
-        ]  # fmt: skip
+        ]
         ids = [r.run_id for r in runs]
         speed = CompareQueries(svc.telemetry, scope).speed(ids) if ids else {}
         findings = FindingsStore(svc.metadata).diagnoses(scope, ids)
@@ -80,17 +81,19 @@ async def runs_list(
         for r in runs:
             sp = speed.get(r.run_id, {})
             median = sp.get("median_step_s")
-            rows.append({
-                **run_json(r),
-                "goodput": None,
-                "stepTimeMs": None if median is None else median * 1000.0,
-                "tokensPerSecond": sp.get("tokens_per_s"),
-                "findings": findings.get(r.run_id, {}),
-                "findingsCount": sum(findings.get(r.run_id, {}).values()),
-                "alertsFiring": alerts.get(r.run_id, 0),
-                "durationSeconds": max(0.0, r.last_seen - r.first_seen),
-                "_config": r.config or {},
-            })  # fmt: skip
+            rows.append(
+                {
+                    **run_json(r),
+                    "goodput": None,
+                    "stepTimeMs": None if median is None else median * 1000.0,
+                    "tokensPerSecond": sp.get("tokens_per_s"),
+                    "findings": findings.get(r.run_id, {}),
+                    "findingsCount": sum(findings.get(r.run_id, {}).values()),
+                    "alertsFiring": alerts.get(r.run_id, 0),
+                    "durationSeconds": max(0.0, r.last_seen - r.first_seen),
+                    "_config": r.config or {},
+                }
+            )
         gq = GoodputQueries(svc.telemetry, scope)
 
         def fill_goodput(some: list[dict[str, Any]]) -> None:
@@ -111,7 +114,14 @@ async def runs_list(
         fill_goodput(page)
         for row in page:
             del row["_config"]
-        return {"runs": page, "total": len(rows), "offset": offset, "limit": limit,
-                "sort": sort, "order": order, "sortedWithin": within}  # fmt: skip
+        return {
+            "runs": page,
+            "total": len(rows),
+            "offset": offset,
+            "limit": limit,
+            "sort": sort,
+            "order": order,
+            "sortedWithin": within,
+        }
 
     return await anyio.to_thread.run_sync(work)

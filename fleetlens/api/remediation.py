@@ -82,8 +82,14 @@ def instruction_json(i: Instruction | None) -> dict[str, Any] | None:
     """What a rank's control poll is told (the SDK's control channel reads it)."""
     if i is None:
         return None
-    return {"id": i.id, "phase": i.phase, "node": i.node, "jobId": i.job_id, "force": i.force,
-            "world": i.world}  # fmt: skip
+    return {
+        "id": i.id,
+        "phase": i.phase,
+        "node": i.node,
+        "jobId": i.job_id,
+        "force": i.force,
+        "world": i.world,
+    }
 
 
 router = APIRouter(prefix="/v1", tags=["remediation"], responses=ERROR_RESPONSES)

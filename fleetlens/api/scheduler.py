@@ -65,13 +65,15 @@ class SchedulerImport(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
         "requestBody": {"required": True, "content": {"application/json": {"schema": _SCHEMA}}}
     },
     responses={
-        400: {"description": "The file is not in the format (the error names the line or "
-                             "field); nothing stored"},
+        400: {
+            "description": "The file is not in the format (the error names the line or "
+            "field); nothing stored"
+        },
         408: {"description": "The body did not arrive in time; retry later"},
         413: {"description": f"Over {MAX_BODY_BYTES} bytes; nothing stored"},
         429: {"description": "The server holds as many bodies as it may; retry after Retry-After"},
     },
-)  # fmt: skip
+)
 async def post_scheduler_import(
     request: Request, scope: Annotated[Scope, Depends(require_any("write", "ingest"))]
 ) -> SchedulerImportOut:
@@ -89,9 +91,15 @@ async def post_scheduler_import(
         if up.run_id:
             svc.metadata.get_run(scope, up.run_id)  # 404 unless the caller may see the run
         parsed = scheduler.parse_records(
-            up.format, up.data, nodes=up.nodes, pool=up.pool, run_id=up.run_id, tz=up.tz,
-            epoch=up.epoch, time=up.time,
-        )  # fmt: skip
+            up.format,
+            up.data,
+            nodes=up.nodes,
+            pool=up.pool,
+            run_id=up.run_id,
+            tz=up.tz,
+            epoch=up.epoch,
+            time=up.time,
+        )
         if up.dry_run:
             out: dict[str, Any] = {**scheduler.summary(parsed), "stored": False}
         else:

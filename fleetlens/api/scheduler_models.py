@@ -4,7 +4,8 @@ refused."""
 
 from __future__ import annotations
 
-from .models import ApiModel, RunSchedulingOut
+from .goodput_models import RunSchedulingOut
+from .models import ApiModel
 
 __all__ = ["AllocationOut", "AllocationsOut", "CapacityOut", "CapacityRowOut", "SchedulerImportOut"]
 

@@ -44,8 +44,13 @@ async def get_traces(
         q = TraceQueries(svc.telemetry, scope)
         full = q.window(run_id)
         if full is None:
-            return {"runId": run_id, "fromStep": from_step, "toStep": to_step, "ranks": [],
-                    "steps": []}  # fmt: skip
+            return {
+                "runId": run_id,
+                "fromStep": from_step,
+                "toStep": to_step,
+                "ranks": [],
+                "steps": [],
+            }
         lo = from_step if from_step is not None else full[0]
         hi = to_step if to_step is not None else full[1]
         return {

@@ -41,8 +41,10 @@ def _suites(args: argparse.Namespace) -> int:
                     print("no evaluation suites registered (fleetlens eval suites register FILE)")
                 for su in out["suites"]:
                     benches = ",".join(b["name"] for b in su["benchmarks"])
-                    print(f"{su['name']}@{su['version']}  benchmarks {benches}  "
-                          f"gates {len(su.get('gates') or [])}")  # fmt: skip
+                    print(
+                        f"{su['name']}@{su['version']}  benchmarks {benches}  "
+                        f"gates {len(su.get('gates') or [])}"
+                    )
                 return 0
         else:
             raise FleetlensError("name a command: fleetlens eval suites register|list|show")
@@ -53,9 +55,14 @@ def _suites(args: argparse.Namespace) -> int:
 def _triggers(args: argparse.Namespace) -> int:
     with client(args) as c:
         if args.triggers_command == "add":
-            body: dict[str, Any] = {"on": args.on, "suite": args.suite, "project": args.project,
-                                    "modelId": args.model, "alias": args.alias,
-                                    "priority": args.priority}  # fmt: skip
+            body: dict[str, Any] = {
+                "on": args.on,
+                "suite": args.suite,
+                "project": args.project,
+                "modelId": args.model,
+                "alias": args.alias,
+                "priority": args.priority,
+            }
             if args.adapter:
                 try:
                     body["adapter"] = json.loads(args.adapter)
@@ -95,8 +102,12 @@ def lm_eval_request(
         raise FleetlensError(f"cannot read lm-eval task {task}: {exc}") from exc
     name = os.path.splitext(os.path.basename(task))[0]
     bench = {"name": name, "version": digest, "source": "lm_eval", "task": os.path.abspath(task)}
-    return {"adapter": spec, "suite": {"name": name, "version": digest, "benchmarks": [bench]},
-            "shardSize": shard_size, "noCache": no_cache}  # fmt: skip
+    return {
+        "adapter": spec,
+        "suite": {"name": name, "version": digest, "benchmarks": [bench]},
+        "shardSize": shard_size,
+        "noCache": no_cache,
+    }
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -149,12 +160,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
         elif cmd == "status":
             out = c.get(f"/v1/evaluations/{args.evaluation_id}")
         elif cmd == "gate":
-            body = {"modelId": args.model, "version": args.version,
-                    "policies": _load(args.policies), "baselineAlias": args.baseline}  # fmt: skip
+            body = {
+                "modelId": args.model,
+                "version": args.version,
+                "policies": _load(args.policies),
+                "baselineAlias": args.baseline,
+            }
             out = c.post("/v1/gates", body)
         else:
-            body = {"version": args.version, "decisionId": args.decision or "",
-                    "overrideReason": args.override_reason or ""}  # fmt: skip
+            body = {
+                "version": args.version,
+                "decisionId": args.decision or "",
+                "overrideReason": args.override_reason or "",
+            }
             out = c.post(f"/v1/models/{args.model}/aliases/{args.alias}", body)
     if cmd == "status" and not args.json:
         p = out.get("progress", {})

@@ -28,10 +28,13 @@ def dump_paths(paths: list[str]) -> list[str]:
     for p in paths:
         if os.path.isdir(p):
             found = sorted(
-                (os.path.join(p, n) for n in os.listdir(p)
-                 if os.path.isfile(os.path.join(p, n)) and rank_from_name(n) is not None),
+                (
+                    os.path.join(p, n)
+                    for n in os.listdir(p)
+                    if os.path.isfile(os.path.join(p, n)) and rank_from_name(n) is not None
+                ),
                 key=lambda f: rank_from_name(f) or 0,
-            )  # fmt: skip
+            )
             if not found:
                 raise ConfigError(f"{p}: no dump files in it (names ending in the rank number)")
             out += found
@@ -49,14 +52,18 @@ def cmd_fr_import(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
         return 0
-    print(f"run {out['runId']} job {out.get('jobId') or '-'}: {len(files)} dump(s), "
-          f"world {out['world']}")  # fmt: skip
+    print(
+        f"run {out['runId']} job {out.get('jobId') or '-'}: {len(files)} dump(s), "
+        f"world {out['world']}"
+    )
     if not out["stuck"]:
         print("no stuck collective: every rank reached the same collective in every group")
     for s in out["stuck"]:
         name = f"{s['desc']} ({s['group']})" if s["desc"] else s["group"]
-        print(f"stuck: {s['op'] or 'collective'} #{s['seq']} in {name}; "
-              f"missing ranks {','.join(map(str, s['missing']))}")  # fmt: skip
+        print(
+            f"stuck: {s['op'] or 'collective'} #{s['seq']} in {name}; "
+            f"missing ranks {','.join(map(str, s['missing']))}"
+        )
     for m in out["missing"]:
         where = f"{m['node']} GPU {m['gpu'] if m['gpu'] is not None else '?'}" if m["node"] else ""
         print(f"  rank {m['rank']}: {where or 'placement unknown'}")

@@ -119,11 +119,15 @@ def _print_log(s: dict[str, Any]) -> None:
     """One imported log, as a person reads it (``--json``: the summary as it is)."""
     attempts = s.get("attempts") or []
     print(f"run {s['runId']}  ({s['source']}, {s['file']})")
-    print(f"  steps {s['fromStep']}-{s['toStep']} ({s['steps']}), median step "
-          f"{fmt(s.get('medianStepSeconds'), '.3f')} s, world size {fmt(s.get('worldSize'))}, "
-          f"clock {s.get('clock', '-')}")  # fmt: skip
-    print(f"  attempts {len(attempts)} ({', '.join(map(str, attempts)) or '-'}), restarts "
-          f"{s.get('restarts', 0)}, start-up {fmt(s.get('startupSeconds'), '.1f')} s")  # fmt: skip
+    print(
+        f"  steps {s['fromStep']}-{s['toStep']} ({s['steps']}), median step "
+        f"{fmt(s.get('medianStepSeconds'), '.3f')} s, world size {fmt(s.get('worldSize'))}, "
+        f"clock {s.get('clock', '-')}"
+    )
+    print(
+        f"  attempts {len(attempts)} ({', '.join(map(str, attempts)) or '-'}), restarts "
+        f"{s.get('restarts', 0)}, start-up {fmt(s.get('startupSeconds'), '.1f')} s"
+    )
     for e in s.get("events") or []:
         print(f"  {e['kind']} at step {e.get('step', '-')}: {e.get('message', '')}"[:160])
     slow = s.get("slowPeriods") or []
@@ -183,9 +187,9 @@ def add_parsers(sub: Any) -> None:
     c.set_defaults(func=cmd_compare)
 
     imp = sub.add_parser(
-        "import", help="import a training log as a run, or scheduler records (sacct, sinfo, k8s, "
-        "alibaba)"
-    )  # fmt: skip
+        "import",
+        help="import a training log as a run, or scheduler records (sacct, sinfo, k8s, alibaba)",
+    )
     imp.add_argument(
         "format",
         choices=(

@@ -61,9 +61,15 @@ def cmd_sched_import(args: argparse.Namespace) -> int:
         from ..services.scheduler import parse_records, summary
 
         parsed = parse_records(
-            args.format, body["data"], nodes=body.get("nodes"), pool=args.pool, run_id=args.run,
-            tz=args.tz or "UTC", epoch=args.epoch or 0.0, time=args.time,
-        )  # fmt: skip
+            args.format,
+            body["data"],
+            nodes=body.get("nodes"),
+            pool=args.pool,
+            run_id=args.run,
+            tz=args.tz or "UTC",
+            epoch=args.epoch or 0.0,
+            time=args.time,
+        )
         print_json({**summary(parsed), "stored": False})
         return 0
     with contextlib.ExitStack() as stack:
@@ -75,9 +81,10 @@ def cmd_sched_import(args: argparse.Namespace) -> int:
 def add_options(imp: argparse.ArgumentParser) -> None:
     """The scheduler formats' options on ``fleetlens import``."""
     imp.add_argument(
-        "--pool", help="k8s, alibaba, sacct: the pool the records belong to (k8s: `k8s`, "
-        "alibaba: `openb`, sacct: each job's Partition)"
-    )  # fmt: skip
+        "--pool",
+        help="k8s, alibaba, sacct: the pool the records belong to (k8s: `k8s`, "
+        "alibaba: `openb`, sacct: each job's Partition)",
+    )
     imp.add_argument("--tz", help="sacct: the cluster's time zone, e.g. Europe/Paris (UTC)")
     imp.add_argument(
         "--epoch", type=float, help="alibaba: UNIX time of the trace's second 0 (default 0)"
@@ -95,9 +102,12 @@ def _utc(t: float | None) -> str:
 def cmd_fleet_allocations(args: argparse.Namespace) -> int:
     with client(args) as c:
         data = c.get(
-            "/v1/scheduler/allocations", runId=args.run, jobId=args.job, pool=args.pool,
+            "/v1/scheduler/allocations",
+            runId=args.run,
+            jobId=args.job,
+            pool=args.pool,
             limit=args.limit,
-        )  # fmt: skip
+        )
     if args.json:
         print_json(data)
         return 0
@@ -114,13 +124,25 @@ def cmd_fleet_allocations(args: argparse.Namespace) -> int:
     print(t.header())
     for a in data["allocations"]:
         start, end = a["start"], a["end"]
-        gang = "never" if a["gangNeverComplete"] else (
-            fmt(a["gangComplete"] - start, ".0f") if start is not None else None
-        )  # fmt: skip
+        gang = (
+            "never"
+            if a["gangNeverComplete"]
+            else (fmt(a["gangComplete"] - start, ".0f") if start is not None else None)
+        )
         held = (end - start) / 3600 if start is not None and end is not None else None
         wait = fmt(a["queueWaitSeconds"], ".0f")
-        print(t.row(a["pool"], a["jobId"], a["gpus"], _utc(a["submit"]), wait, gang,
-                    fmt(held, ".2f"), a["state"]))  # fmt: skip
+        print(
+            t.row(
+                a["pool"],
+                a["jobId"],
+                a["gpus"],
+                _utc(a["submit"]),
+                wait,
+                gang,
+                fmt(held, ".2f"),
+                a["state"],
+            )
+        )
     s = data.get("scheduling")
     if s:
         print(f"run {args.run}: scheduling factor {s['factor']:.3f} ({s['basis']})")

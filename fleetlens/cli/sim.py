@@ -22,8 +22,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a scenario (a shipped name or a YAML path)")
     run.add_argument("scenario")
     client_opts(run, json=False)
-    run.add_argument("--speed", type=float, default=None,
-                     help="simulated seconds per wall second; 0 = as fast as possible")  # fmt: skip
+    run.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        help="simulated seconds per wall second; 0 = as fast as possible",
+    )
     run.add_argument("--out", default=None, help="directory for batch files and ground truth")
     run.add_argument("--seed", type=int, default=None)
     run.add_argument(
@@ -57,8 +61,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
     # Scenarios played into one server are separate fleets unless told to share one: their
     # node names are the server's only way to tell one fleet's hardware from another's.
     cluster = dataclasses.replace(scn.cluster, fleet=args.fleet or scn.job.run_id)
-    res = run_scenario(scn, server=args.server, out_dir=args.out, speed=args.speed,
-                       seed=args.seed, token=args.token, cluster=cluster)  # fmt: skip
+    res = run_scenario(
+        scn,
+        server=args.server,
+        out_dir=args.out,
+        speed=args.speed,
+        seed=args.seed,
+        token=args.token,
+        cluster=cluster,
+    )
     t = res.truth
     print(
         f"{t.run_id}: {sum(res.records.values()):,} records in {res.elapsed_s:.1f}s, "
@@ -67,6 +78,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
     )
     if res.truth_path:
         print(f"ground truth: {res.truth_path}", file=sys.stderr)
-    print(json.dumps({"run_id": t.run_id, "job_ids": t.job_ids, "records": res.records,
-                      "losses": t.losses, "faults": [f.id for f in t.faults]}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "run_id": t.run_id,
+                "job_ids": t.job_ids,
+                "records": res.records,
+                "losses": t.losses,
+                "faults": [f.id for f in t.faults],
+            }
+        )
+    )
     return 0

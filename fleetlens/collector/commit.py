@@ -195,6 +195,7 @@ class CommitMetrics:
             value=s.retried_pieces,
         )
         yield GaugeMetricFamily(
-            "fleetlens_ingest_commit_waiting", "Requests waiting for the next group insert",
+            "fleetlens_ingest_commit_waiting",
+            "Requests waiting for the next group insert",
             value=self.committer.pending(),
-        )  # fmt: skip
+        )

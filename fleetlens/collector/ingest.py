@@ -178,9 +178,14 @@ class Ingestor:
         """Store a batch for ``tenant`` and wait until it is durable (:meth:`prepare`,
         :meth:`store`, :meth:`finish` in one call, for callers off the event loop)."""
         prepared = self.prepare(
-            body, content_type, content_encoding, tenant, project,
-            received_at=received_at, transmitted_at=transmitted_at,
-        )  # fmt: skip
+            body,
+            content_type,
+            content_encoding,
+            tenant,
+            project,
+            received_at=received_at,
+            transmitted_at=transmitted_at,
+        )
         self.store(prepared).result()
         return self.finish(prepared)
 
@@ -240,9 +245,14 @@ class Ingestor:
                 continue
             try:
                 prepared = self.prepare(
-                    frame.body, frame.type, frame.encoding, tenant, project,
-                    received_at=received_at, transmitted_at=transmitted_at,
-                )  # fmt: skip
+                    frame.body,
+                    frame.type,
+                    frame.encoding,
+                    tenant,
+                    project,
+                    received_at=received_at,
+                    transmitted_at=transmitted_at,
+                )
             except WireError as exc:
                 out.append(exc)
                 continue
@@ -299,10 +309,13 @@ class Ingestor:
             self.corrected_batches += 1 if batch.shift_s else 0
             log.warning(
                 "clock skew: batch %s of %s/%s is %.1fs %s the server's clock (%s)",
-                batch.batch_id, ctx["tenant"], ctx.get("run_id", ""), abs(batch.skew_s),
+                batch.batch_id,
+                ctx["tenant"],
+                ctx.get("run_id", ""),
+                abs(batch.skew_s),
                 "behind" if batch.skew_s > 0 else "ahead of",
                 "times corrected" if batch.shift_s else "flagged, not corrected",
-            )  # fmt: skip
+            )
         return IngestResult(
             batch.batch_id,
             {kind: n for kind, (n, _) in batch.tables.items()},

@@ -187,8 +187,9 @@ class RunRegistry:
         for i, kind in enumerate(values):
             if kind in _GRAPH_EVENTS and attr_values is not None:
                 step = int(steps[i]) if isinstance(steps, np.ndarray) else -1
-                self._graph_event(tenant, run_id, job_id, kind, float(times[i]), step,
-                                  attr_values[i])  # fmt: skip
+                self._graph_event(
+                    tenant, run_id, job_id, kind, float(times[i]), step, attr_values[i]
+                )
             state = END_STATE_OF_EVENT.get(kind)
             if state is not None and job_id:
                 rank = int(ranks[i]) if isinstance(ranks, np.ndarray) else -1
@@ -229,13 +230,19 @@ class RunRegistry:
             if kind == "checkpoint_end":
                 size, dur = a.get("size_bytes"), a.get("duration_s")
                 ck = graph.record_checkpoint(
-                    scope, run_id, int(a.get("step", step)), uri=str(a.get("path") or ""),
-                    job_id=job_id, size_bytes=int(size) if isinstance(size, (int, float)) else None,
+                    scope,
+                    run_id,
+                    int(a.get("step", step)),
+                    uri=str(a.get("path") or ""),
+                    job_id=job_id,
+                    size_bytes=int(size) if isinstance(size, (int, float)) else None,
                     checksum=_checksum(a),
                     duration_s=float(dur) if isinstance(dur, (int, float)) else None,
-                    sync=bool(a.get("sync", True)), ok=bool(a.get("ok", True)), at=at,
+                    sync=bool(a.get("sync", True)),
+                    ok=bool(a.get("ok", True)),
+                    at=at,
                     checkpoint_id=str(a.get("checkpoint_id") or ""),
-                )  # fmt: skip
+                )
                 hook = self.on_verified_checkpoint
                 if hook is not None and ck["checksum"] and ck["ok"]:
                     try:
@@ -247,9 +254,13 @@ class RunRegistry:
                 env.update(a.get("environment") or {})
                 launch = a.get("launch_command")
                 graph.describe_run(
-                    scope, run_id, code=a.get("code") or None, dataset=a.get("dataset") or None,
-                    launch_command=str(launch) if launch else None, environment=env or None,
-                )  # fmt: skip
+                    scope,
+                    run_id,
+                    code=a.get("code") or None,
+                    dataset=a.get("dataset") or None,
+                    launch_command=str(launch) if launch else None,
+                    environment=env or None,
+                )
             elif kind == "config_change" and "key" in a:
                 info = self.metadata.get_run(scope, run_id)
                 graph.describe_run(

@@ -163,8 +163,11 @@ class Rules:
                 )
         longest = f"{lim.max_duration_s:g} s"
         if (d := self._num("duration")) is not None:
-            self._rule("duration", ~np.isfinite(d) | (d < 0) | (d > lim.max_duration_s),
-                       f"durations are finite, 0..{longest}")  # fmt: skip
+            self._rule(
+                "duration",
+                ~np.isfinite(d) | (d < 0) | (d > lim.max_duration_s),
+                f"durations are finite, 0..{longest}",
+            )
         for name in ("data_wait", "forward", "backward", "optimizer", "comm"):
             if (p := self._num(name)) is not None:
                 with np.errstate(invalid="ignore"):

@@ -175,8 +175,14 @@ class OpenAIAdapter:
 
         from .loglikelihood import echo_loglikelihood
 
-        body = {"model": self._model, "prompt": [context + c for c in continuations],
-                "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0.0}  # fmt: skip
+        body = {
+            "model": self._model,
+            "prompt": [context + c for c in continuations],
+            "max_tokens": 0,
+            "echo": True,
+            "logprobs": 1,
+            "temperature": 0.0,
+        }
         try:
             r = self._client.post(self._url, json=body)
             r.raise_for_status()
@@ -191,8 +197,14 @@ class OpenAIAdapter:
             )
         scored = [echo_loglikelihood(c, len(context)) for c in choices]
         tin = (doc.get("usage") or {}).get("prompt_tokens")
-        return Generation([], [], int(tin) if isinstance(tin, int) else None, 0,
-                          [s[0] for s in scored], [s[1] for s in scored])  # fmt: skip
+        return Generation(
+            [],
+            [],
+            int(tin) if isinstance(tin, int) else None,
+            0,
+            [s[0] for s in scored],
+            [s[1] for s in scored],
+        )
 
 
 class HFAdapter:

@@ -187,8 +187,14 @@ def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dic
 
 def aggregate(per_example: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean and standard error of every per-example metric; perplexity over all tokens."""
-    names = sorted({k for s in per_example.values() for k, v in s.items()
-                    if not isinstance(v, str) and k not in USAGE})  # fmt: skip
+    names = sorted(
+        {
+            k
+            for s in per_example.values()
+            for k, v in s.items()
+            if not isinstance(v, str) and k not in USAGE
+        }
+    )
     out: dict[str, dict[str, float]] = {}
     for name in names:
         if name in ("logprob_sum", "tokens"):

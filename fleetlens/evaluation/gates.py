@@ -98,12 +98,21 @@ def _check(pol: Policy, cand: Scores, base: Scores | None) -> dict[str, Any]:
     c_rows = cand.get(pol.benchmark, {})
     c_vals = [s[pol.name] for s in c_rows.values() if pol.name in s]
     out: dict[str, Any] = {
-        "metric": pol.metric, "direction": pol.direction, "hard": pol.hard, "test": pol.test,
-        "confidence": pol.confidence, "maxRegression": pol.max_regression,
-        "candidate": _mean(c_vals) if c_vals else None, "baseline": None, "paired": 0,
-        "difference": None, "interval": None, "pValue": None, "regression": False,
+        "metric": pol.metric,
+        "direction": pol.direction,
+        "hard": pol.hard,
+        "test": pol.test,
+        "confidence": pol.confidence,
+        "maxRegression": pol.max_regression,
+        "candidate": _mean(c_vals) if c_vals else None,
+        "baseline": None,
+        "paired": 0,
+        "difference": None,
+        "interval": None,
+        "pValue": None,
+        "regression": False,
         "reasons": [],
-    }  # fmt: skip
+    }
     if not c_vals:
         out["regression"] = True
         out["reasons"].append(f"the candidate has no {pol.metric} scores")
@@ -153,11 +162,21 @@ def _check_perf(pol: Policy, cand: Aggregates, base: Aggregates | None) -> dict[
     c = (cand.get(pol.name) or {}).get("mean")
     b = (base or {}).get(pol.name, {}).get("mean") if base is not None else None
     out: dict[str, Any] = {
-        "metric": pol.metric, "direction": pol.direction, "hard": pol.hard, "test": "figure",
-        "confidence": None, "maxRegression": pol.max_regression, "candidate": c,
-        "baseline": b, "paired": 0, "difference": None if c is None or b is None else c - b,
-        "interval": None, "pValue": None, "regression": False, "reasons": [],
-    }  # fmt: skip
+        "metric": pol.metric,
+        "direction": pol.direction,
+        "hard": pol.hard,
+        "test": "figure",
+        "confidence": None,
+        "maxRegression": pol.max_regression,
+        "candidate": c,
+        "baseline": b,
+        "paired": 0,
+        "difference": None if c is None or b is None else c - b,
+        "interval": None,
+        "pValue": None,
+        "regression": False,
+        "reasons": [],
+    }
     if c is None:
         out["regression"] = True
         out["reasons"].append(f"the candidate has no {pol.metric} (no usage, or no price)")

@@ -44,22 +44,36 @@ class JudgeConfig:
             raise ConfigError("metric 'judge' needs a 'judge' object in the benchmark spec")
         missing = [k for k in REQUIRED if not j.get(k)]
         if missing:
-            raise ConfigError(f"judge configuration is missing {missing}; every field that can "
-                              "change a verdict is versioned")  # fmt: skip
+            raise ConfigError(
+                f"judge configuration is missing {missing}; every field that can "
+                "change a verdict is versioned"
+            )
         validate_spec(dict(j["adapter"]))
-        cfg = cls(dict(j["adapter"]), str(j["model"]), str(j["modelVersion"]), str(j["prompt"]),
-                  str(j["promptVersion"]), str(j["rubricVersion"]),
-                  float(j.get("temperature", 0.0)), int(j.get("samples", 1)),
-                  int(j.get("maxTokens", 256)))  # fmt: skip
+        cfg = cls(
+            dict(j["adapter"]),
+            str(j["model"]),
+            str(j["modelVersion"]),
+            str(j["prompt"]),
+            str(j["promptVersion"]),
+            str(j["rubricVersion"]),
+            float(j.get("temperature", 0.0)),
+            int(j.get("samples", 1)),
+            int(j.get("maxTokens", 256)),
+        )
         if cfg.samples < 1 or cfg.temperature < 0:
             raise ConfigError("judge samples must be >= 1 and temperature >= 0")
         return cfg
 
     def provenance(self) -> dict[str, Any]:
-        return {"model": self.model, "modelVersion": self.model_version,
-                "promptVersion": self.prompt_version, "rubricVersion": self.rubric_version,
-                "temperature": self.temperature, "samples": self.samples,
-                "adapter": {k: v for k, v in self.adapter.items() if k != "apiKeyEnv"}}  # fmt: skip
+        return {
+            "model": self.model,
+            "modelVersion": self.model_version,
+            "promptVersion": self.prompt_version,
+            "rubricVersion": self.rubric_version,
+            "temperature": self.temperature,
+            "samples": self.samples,
+            "adapter": {k: v for k, v in self.adapter.items() if k != "apiKeyEnv"},
+        }
 
 
 @functools.lru_cache(maxsize=8)
@@ -67,8 +81,9 @@ def _adapter(spec_json: str) -> Adapter:
     return adapter_from_spec(json.loads(spec_json))
 
 
-def judge(cfg: JudgeConfig, example_id: str, prompt: str, response: str,
-          reference: str) -> tuple[float, str]:  # fmt: skip
+def judge(
+    cfg: JudgeConfig, example_id: str, prompt: str, response: str, reference: str
+) -> tuple[float, str]:
     """The judge's score (mean over samples) and its first rationale."""
     ask = cfg.prompt.format(prompt=prompt, response=response, reference=reference)
     gen = _adapter(json.dumps(cfg.adapter, sort_keys=True)).generate(

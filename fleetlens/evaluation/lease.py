@@ -53,17 +53,23 @@ class Leases:
                 )
                 local = case((EvalShard.locality == prefer_locality, 0), else_=1)
                 q = q.order_by(
-                    EvalShard.priority, EvalShard.deadline, local, EvalShard.created_at,
+                    EvalShard.priority,
+                    EvalShard.deadline,
+                    local,
+                    EvalShard.created_at,
                     EvalShard.id,
-                ).limit(4)  # fmt: skip
+                ).limit(4)
                 if self._dialect == "postgresql":
                     q = q.with_for_update(skip_locked=True)
                 candidates = s.scalars(q).all()
                 if not candidates:
                     return None
                 for c in candidates:
-                    seen = (EvalShard.id == c.id, EvalShard.state == c.state,
-                            EvalShard.lease_token == c.lease_token)  # fmt: skip
+                    seen = (
+                        EvalShard.id == c.id,
+                        EvalShard.state == c.state,
+                        EvalShard.lease_token == c.lease_token,
+                    )
                     if c.state == "leased" and c.attempts >= c.max_attempts:
                         # Its last allowed attempt died without a word: the shard failed.
                         res = s.execute(

@@ -253,8 +253,7 @@ def _documents(cfg: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     if not split:
         raise ConfigError("an lm-eval task needs test_split or validation_split")
     try:
-        ds = datasets.load_dataset(path=cfg["dataset_path"], name=cfg.get("dataset_name"),
-                                   **kwargs)  # fmt: skip
+        ds = datasets.load_dataset(path=cfg["dataset_path"], name=cfg.get("dataset_name"), **kwargs)
         docs = ds[split]
     except KeyError as exc:
         raise ConfigError(f"the task's dataset has no split {split!r}") from exc

@@ -123,9 +123,14 @@ class Registry:
             now = time.time()
             if current is None:
                 current = ModelAlias(
-                    tenant=scope.tenant, project=mv.project, model_id=model_id, alias=alias,
-                    version=version, updated_at=now, updated_by=scope.actor,
-                )  # fmt: skip
+                    tenant=scope.tenant,
+                    project=mv.project,
+                    model_id=model_id,
+                    alias=alias,
+                    version=version,
+                    updated_at=now,
+                    updated_by=scope.actor,
+                )
                 s.add(current)
             current.version, current.updated_at, current.updated_by = version, now, scope.actor
             s.add(
@@ -144,16 +149,29 @@ class Registry:
             )
         if self._access is not None:
             self._access.audit(
-                scope.tenant, scope.actor,
+                scope.tenant,
+                scope.actor,
                 "model.alias.override" if override else "model.alias.move",
                 f"model:{model_id}:{alias}",
-                {"from": before or None, "to": version, "decisionId": decision_id or None,
-                 "reason": override_reason},
+                {
+                    "from": before or None,
+                    "to": version,
+                    "decisionId": decision_id or None,
+                    "reason": override_reason,
+                },
                 scope.remote,
-            )  # fmt: skip
-        return {"modelId": model_id, "alias": alias, "version": version, "from": before or None,
-                "override": override, "decisionId": decision_id or None, "project": project,
-                "runId": run_id, "checkpointId": checkpoint_id}  # fmt: skip
+            )
+        return {
+            "modelId": model_id,
+            "alias": alias,
+            "version": version,
+            "from": before or None,
+            "override": override,
+            "decisionId": decision_id or None,
+            "project": project,
+            "runId": run_id,
+            "checkpointId": checkpoint_id,
+        }
 
     def _guard(
         self, s: Session, scope: Scope, model_id: str, alias: str, version: str, decision_id: str
@@ -292,5 +310,11 @@ class Registry:
 
 
 def _decision_json(d: GateDecision) -> dict[str, Any]:
-    return {"decisionId": d.decision_id, "modelId": d.model_id, "version": d.candidate_version,
-            "actor": d.actor, "createdAt": d.created_at, **d.report}  # fmt: skip
+    return {
+        "decisionId": d.decision_id,
+        "modelId": d.model_id,
+        "version": d.candidate_version,
+        "actor": d.actor,
+        "createdAt": d.created_at,
+        **d.report,
+    }

@@ -44,13 +44,23 @@ def default_policies(
             if bench == PERFORMANCE:
                 if name == "latency_p95_ms":
                     base = float(base_metrics[bench][name]["mean"])
-                    out.append({"metric": f"{bench}/{name}", "direction": "lower",
-                                "maxRegression": base * LATENCY_ALLOWANCE})  # fmt: skip
+                    out.append(
+                        {
+                            "metric": f"{bench}/{name}",
+                            "direction": "lower",
+                            "maxRegression": base * LATENCY_ALLOWANCE,
+                        }
+                    )
                 continue
             if name == "perplexity":
                 continue  # one figure over all tokens, not per example
-            out.append({"metric": f"{bench}/{name}", "test": "bootstrap",
-                        "direction": "lower" if name in _LOWER else "higher"})  # fmt: skip
+            out.append(
+                {
+                    "metric": f"{bench}/{name}",
+                    "test": "bootstrap",
+                    "direction": "lower" if name in _LOWER else "higher",
+                }
+            )
     return out
 
 

@@ -83,8 +83,10 @@ def judge_regressions(
         return [{"kind": "benchmark", "metric": "", "status": "error", "reasons": [str(exc)]}]
     if found is None:
         return None
-    baseline = {"baselineVersion": prod.version if prod else None,
-                "baselineEvaluation": base.evaluation_id if base else None}  # fmt: skip
+    baseline = {
+        "baselineVersion": prod.version if prod else None,
+        "baselineEvaluation": base.evaluation_id if base else None,
+    }
     return [{**r, **baseline} for r in found]
 
 

@@ -67,19 +67,31 @@ class EvalStore:
         A trigger that cannot submit (its suite was removed, a bad template) is reported, and
         never fails the registration that fired it."""
         out: dict[str, list[str]] = {"evaluations": [], "errors": []}
-        values = {"modelId": model_id, "modelVersion": version, "runId": run_id,
-                  "checkpointId": checkpoint_id, "checkpointUri": checkpoint_uri}  # fmt: skip
-        key = {"model_id": model_id, "model_version": version, "run_id": run_id,
-               "checkpoint_id": checkpoint_id}  # fmt: skip
+        values = {
+            "modelId": model_id,
+            "modelVersion": version,
+            "runId": run_id,
+            "checkpointId": checkpoint_id,
+            "checkpointUri": checkpoint_uri,
+        }
+        key = {
+            "model_id": model_id,
+            "model_version": version,
+            "run_id": run_id,
+            "checkpoint_id": checkpoint_id,
+        }
         for t in self.suites.matching(tenant, project, on, model_id, alias):
             if self.suites.already_fired(tenant, t["triggerId"], key):
                 continue
-            scope = Scope(tenant=tenant, role="editor", project=project,
-                          actor=f"trigger:{t['triggerId']}")  # fmt: skip
+            scope = Scope(
+                tenant=tenant, role="editor", project=project, actor=f"trigger:{t['triggerId']}"
+            )
             req: dict[str, Any] = {
-                "benchmarkSuite": t["suite"], "priority": t["priority"],
-                "adapter": fill_template(t["adapter"], values), "triggerId": t["triggerId"],
-            }  # fmt: skip
+                "benchmarkSuite": t["suite"],
+                "priority": t["priority"],
+                "adapter": fill_template(t["adapter"], values),
+                "triggerId": t["triggerId"],
+            }
             if model_id:
                 req.update(modelId=model_id, modelVersion=version)
             else:

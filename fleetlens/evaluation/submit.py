@@ -205,17 +205,31 @@ class Submissions:
                     .order_by(Evaluation.id)
                 ).first()
             row = Evaluation(
-                tenant=scope.tenant, project=scope.project, evaluation_id=eid,
-                model_id=model["modelId"], model_version=model["modelVersion"],
-                run_id=model["runId"], checkpoint_id=model["checkpointId"], adapter=adapter,
-                suite={**{k: v for k, v in suite.items() if k not in _NOT_SPEC},
-                       "benchmarks": specs},
+                tenant=scope.tenant,
+                project=scope.project,
+                evaluation_id=eid,
+                model_id=model["modelId"],
+                model_version=model["modelVersion"],
+                run_id=model["runId"],
+                checkpoint_id=model["checkpointId"],
+                adapter=adapter,
+                suite={
+                    **{k: v for k, v in suite.items() if k not in _NOT_SPEC},
+                    "benchmarks": specs,
+                },
                 priority=priority,
                 deadline=float(req["deadline"]) if req.get("deadline") else None,
-                state="QUEUED", cache_key=key, cached_from="", provenance=provenance,
-                metrics={}, error="", created_at=now, completed_at=None, created_by=scope.actor,
+                state="QUEUED",
+                cache_key=key,
+                cached_from="",
+                provenance=provenance,
+                metrics={},
+                error="",
+                created_at=now,
+                completed_at=None,
+                created_by=scope.actor,
                 trigger_id=str(req.get("triggerId") or ""),
-            )  # fmt: skip
+            )
             if hit is not None:
                 row.state, row.metrics, row.completed_at = "COMPLETED", dict(hit.metrics), now
                 row.cached_from = hit.cached_from or hit.evaluation_id

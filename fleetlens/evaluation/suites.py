@@ -100,14 +100,29 @@ def fill_template(adapter: dict[str, Any], values: dict[str, str]) -> dict[str, 
 
 
 def _suite_json(r: EvalSuite) -> dict[str, Any]:
-    return {**r.spec, "name": r.name, "version": r.version, "specHash": r.spec_hash,
-            "createdAt": r.created_at, "createdBy": r.created_by}  # fmt: skip
+    return {
+        **r.spec,
+        "name": r.name,
+        "version": r.version,
+        "specHash": r.spec_hash,
+        "createdAt": r.created_at,
+        "createdBy": r.created_by,
+    }
 
 
 def _trigger_json(r: EvalTrigger) -> dict[str, Any]:
-    return {"triggerId": r.trigger_id, "project": r.project, "on": r.on, "modelId": r.model_id,
-            "alias": r.alias, "suite": r.suite, "adapter": r.adapter, "priority": r.priority,
-            "createdAt": r.created_at, "createdBy": r.created_by}  # fmt: skip
+    return {
+        "triggerId": r.trigger_id,
+        "project": r.project,
+        "on": r.on,
+        "modelId": r.model_id,
+        "alias": r.alias,
+        "suite": r.suite,
+        "adapter": r.adapter,
+        "priority": r.priority,
+        "createdAt": r.created_at,
+        "createdBy": r.created_by,
+    }
 
 
 class SuiteRegistry:
@@ -132,9 +147,15 @@ class SuiteRegistry:
                         "other content; a version is immutable, register a new version"
                     )
                 return {**_suite_json(row), "created": False}
-            row = EvalSuite(tenant=scope.tenant, name=spec["name"], version=spec["version"],
-                            spec=spec, spec_hash=digest, created_at=time.time(),
-                            created_by=scope.actor)  # fmt: skip
+            row = EvalSuite(
+                tenant=scope.tenant,
+                name=spec["name"],
+                version=spec["version"],
+                spec=spec,
+                spec_hash=digest,
+                created_at=time.time(),
+                created_by=scope.actor,
+            )
             s.add(row)
             s.flush()
             return {**_suite_json(row), "created": True}
@@ -176,11 +197,19 @@ class SuiteRegistry:
             raise ConfigError("adapter is missing: give the trigger one, or the suite a default")
         validate_spec(adapter)
         with self._session() as s:
-            row = EvalTrigger(tenant=scope.tenant, trigger_id="et-" + uuid.uuid4().hex[:12],
-                              project=project, on=on, model_id=str(body.get("modelId") or ""),
-                              alias=str(body.get("alias") or ""), suite=str(body["suite"]),
-                              adapter=adapter, priority=str(body.get("priority") or "P1"),
-                              created_at=time.time(), created_by=scope.actor)  # fmt: skip
+            row = EvalTrigger(
+                tenant=scope.tenant,
+                trigger_id="et-" + uuid.uuid4().hex[:12],
+                project=project,
+                on=on,
+                model_id=str(body.get("modelId") or ""),
+                alias=str(body.get("alias") or ""),
+                suite=str(body["suite"]),
+                adapter=adapter,
+                priority=str(body.get("priority") or "P1"),
+                created_at=time.time(),
+                created_by=scope.actor,
+            )
             s.add(row)
             s.flush()
             return _trigger_json(row)

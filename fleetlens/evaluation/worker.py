@@ -96,8 +96,11 @@ class Worker:
             raise
 
     def lease(self) -> dict[str, Any] | None:
-        body = {"workerId": self.worker_id, "preferLocality": self._locality,
-                "leaseS": self.config.lease_s}  # fmt: skip
+        body = {
+            "workerId": self.worker_id,
+            "preferLocality": self._locality,
+            "leaseS": self.config.lease_s,
+        }
         shard = self._post("/v1/eval-shards/lease", body)
         return dict(shard) if shard else None
 

@@ -69,11 +69,15 @@ def _drop_nonfinite(run: ImportedRun, a: Attempt) -> None:
     a.durations, a.tokens = [a.durations[i] for i in keep], [a.tokens[i] for i in keep]
     run.nonfinite["iteration_time"] = run.nonfinite.get("iteration_time", 0) + len(bad)
     a.event(
-        at, "custom", steps[0],
+        at,
+        "custom",
+        steps[0],
         f"{len(bad)} iterations with a non-finite time (steps {steps[0]}..{steps[-1]}) "
         "left out of the step rows",
-        nonfinite_iteration_time=len(bad), first_step=steps[0], last_step=steps[-1],
-    )  # fmt: skip
+        nonfinite_iteration_time=len(bad),
+        first_step=steps[0],
+        last_step=steps[-1],
+    )
 
 
 def _split(a: Attempt, i0: int) -> Attempt:
@@ -122,8 +126,14 @@ def _spikes(run: ImportedRun, median: float, factor: float) -> None:
                 continue
             run.notes.append(f"restart inferred: {info}")
             b = _split(a, i)
-            b.event(began, "restart", b.steps[0], f"restart inferred: {info}",
-                    inferred="iteration time", excess_s=excess)  # fmt: skip
+            b.event(
+                began,
+                "restart",
+                b.steps[0],
+                f"restart inferred: {info}",
+                inferred="iteration time",
+                excess_s=excess,
+            )
             todo.insert(0, b)
             break
         out.append(a)
@@ -148,15 +158,21 @@ def _slow_periods(run: ImportedRun, median: float, factor: float) -> None:
     for ep in slow_episodes(steps, durs, factor, min_points=2):
         lo, owner = first[ep["fromStep"]]
         hi = ep["toStep"]
-        period = {**ep, "fromStep": lo, "runMedianSeconds": median,
-                  "slowdown": ep["medianSeconds"] / median}  # fmt: skip
+        period = {
+            **ep,
+            "fromStep": lo,
+            "runMedianSeconds": median,
+            "slowdown": ep["medianSeconds"] / median,
+        }
         run.slow_periods.append(period)
         owner.event(
-            owner.time_at(lo), "custom", lo,
+            owner.time_at(lo),
+            "custom",
+            lo,
             f"slow period: steps {lo}..{hi} at {ep['medianSeconds']:.4g} s per iteration, "
             f"{period['slowdown']:.1f} x the median {median:.4g} s",
             slow_period=period,
-        )  # fmt: skip
+        )
 
 
 def _nan_losses(run: ImportedRun) -> None:
@@ -171,10 +187,14 @@ def _nan_losses(run: ImportedRun) -> None:
             if any(e["kind"] == "nan" and e["step"] == step for e in a.events):
                 continue
             a.event(
-                a.time_at(step), "nan", step,
+                a.time_at(step),
+                "nan",
+                step,
                 f"{name} is {v[bad[0]]} at step {step} ({len(bad)} non-finite values logged)",
-                metric=name, value=str(v[bad[0]]), count=len(bad),
-            )  # fmt: skip
+                metric=name,
+                value=str(v[bad[0]]),
+                count=len(bad),
+            )
 
 
 def settle(

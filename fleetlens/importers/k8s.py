@@ -217,8 +217,9 @@ def parse_k8s(doc: Any, pool: str = "k8s", gpu_only: bool = True) -> KubeJobs:
         state = next(
             (s for s in ("Failed", "Pending", "Running", "Unknown") if s in phases), "Succeeded"
         )
-        rows.append((j, sum(p.gpus for p in ps), min(p.created for p in ps), start, gang, end,
-                     state))  # fmt: skip
+        rows.append(
+            (j, sum(p.gpus for p in ps), min(p.created for p in ps), start, gang, end, state)
+        )
     k = len(rows)
     gpus = np.array([r[1] for r in rows], dtype=np.int32)
     alloc = Allocations(

@@ -120,9 +120,12 @@ def _model(run: ImportedRun, padded_vocab: int) -> None:
         c.update(n_layers=layers, d_model=hidden, seq_len=seq, n_params=float(n_params))
         run.notes.append(
             f"n_params {n_params:.4g} estimated from num_layers, hidden_size, ffn_hidden_size"
-            + (f" and the padded vocabulary ({padded_vocab})" if padded_vocab else
-               " (vocabulary size not in the log: embeddings not counted)")
-        )  # fmt: skip
+            + (
+                f" and the padded vocabulary ({padded_vocab})"
+                if padded_vocab
+                else " (vocabulary size not in the log: embeddings not counted)"
+            )
+        )
     if "dtype" not in c:
         c["dtype"] = "bf16" if c.get("bf16") is True else "fp16" if c.get("fp16") is True else ""
         if not c["dtype"]:
@@ -192,11 +195,22 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
             gap = stamp - (it - last_iter) * dur - prev_end
             med = sorted(attempt.durations)[len(attempt.durations) // 2]
             if gap > 0 and "checkpoint" in between:
-                attempt.event(prev_end + gap, "checkpoint_end", last_iter,
-                              "checkpoint saved between iteration lines", duration=gap)  # fmt: skip
+                attempt.event(
+                    prev_end + gap,
+                    "checkpoint_end",
+                    last_iter,
+                    "checkpoint saved between iteration lines",
+                    duration=gap,
+                )
             elif gap > 0 and "evaluation" in between:
-                attempt.event(prev_end, "custom", last_iter, "evaluation between iteration lines",
-                              category="evaluation", duration=gap)  # fmt: skip
+                attempt.event(
+                    prev_end,
+                    "custom",
+                    last_iter,
+                    "evaluation between iteration lines",
+                    category="evaluation",
+                    duration=gap,
+                )
             elif gap >= max(60.0, 10.0 * med):
                 attempt = None  # a wall-clock gap no save or evaluation explains: a restart
         between = ""
@@ -219,8 +233,9 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
         gbs = f.get("global batch size") or float(run.config.get("global_batch_size") or 0)
         seq = float(run.config.get("seq_length") or 0)
         if attempt.steps:
-            t = attempt.times[-1] + (attempt.durations[-1] if math.isfinite(attempt.durations[-1])
-                                     else 0.0)  # fmt: skip
+            t = attempt.times[-1] + (
+                attempt.durations[-1] if math.isfinite(attempt.durations[-1]) else 0.0
+            )
         else:
             t = attempt.start
         if stamp is not None:
@@ -293,8 +308,7 @@ def parse_golden_values(
         # CI writes "nan" where nothing was recorded (between log intervals, after the run
         # stopped). A non-finite loss where other metrics were recorded is a NaN loss.
         keep = metric == "lm loss"
-        return sorted((k, x) for k, x in vals.items()
-                      if math.isfinite(x) or (keep and recorded(k)))  # fmt: skip
+        return sorted((k, x) for k, x in vals.items() if math.isfinite(x) or (keep and recorded(k)))
 
     times = series("iteration-time")
     if not times:

@@ -65,8 +65,9 @@ class Attempt:
         if not self.steps:
             return np.full(len(steps), self.start, dtype=np.float64)
         i = np.searchsorted(np.asarray(self.steps), np.asarray(steps, dtype=np.int64))
-        times = np.append(np.asarray(self.times, dtype=np.float64),
-                          self.times[-1] + self.durations[-1])  # fmt: skip
+        times = np.append(
+            np.asarray(self.times, dtype=np.float64), self.times[-1] + self.durations[-1]
+        )
         return times[i]
 
 
@@ -146,10 +147,15 @@ def _tables(a: Attempt, run: ImportedRun, first: bool, last: bool) -> list[dict[
     if last and a.steps and not any(e["kind"] in ATTEMPT_ENDS for e in events):
         # A log is history: it ends where the file ends. Without this the run would look live
         # and hung from its last line until now, and stay STALLED.
-        events.append({
-            "time": a.times[-1] + a.durations[-1], "kind": "finish", "step": a.steps[-1],
-            "message": "the imported log ends here", "attrs": {"inferred": "end of log"},
-        })  # fmt: skip
+        events.append(
+            {
+                "time": a.times[-1] + a.durations[-1],
+                "kind": "finish",
+                "step": a.steps[-1],
+                "message": "the imported log ends here",
+                "attrs": {"inferred": "end of log"},
+            }
+        )
     for e in events:
         if e["kind"] == "job_start":
             e["attrs"] = {

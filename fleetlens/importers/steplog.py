@@ -160,8 +160,11 @@ def read_nemo(path: str | Path, *, start: float = 1.7e9, job_id: str = "a0") -> 
             continue  # the same bar step again
         a = runs.at(step, start)
         seen[step] = (len(run.attempts), dur)
-        t = a.times[-1] + (a.durations[-1] if math.isfinite(a.durations[-1]) else 0.0) \
-            if a.steps else a.start  # fmt: skip
+        t = (
+            a.times[-1] + (a.durations[-1] if math.isfinite(a.durations[-1]) else 0.0)
+            if a.steps
+            else a.start
+        )
         a.steps.append(step)
         a.times.append(t)
         a.durations.append(dur)
@@ -202,8 +205,9 @@ def read_torchtitan(path: str | Path, *, start: float = 0.0, job_id: str = "a0")
         cm = _TITAN_CKPT.search(line)
         if cm and runs.current is not None and prev is not None and stamp is not None:
             saving += float(cm.group(1))
-            runs.current.event(stamp, "checkpoint_end", prev[0], "checkpoint saved",
-                               duration=float(cm.group(1)))  # fmt: skip
+            runs.current.event(
+                stamp, "checkpoint_end", prev[0], "checkpoint saved", duration=float(cm.group(1))
+            )
             continue
         hs = _TITAN_START.search(line)
         if hs:

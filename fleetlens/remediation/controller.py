@@ -207,8 +207,14 @@ class Controller:
         with self._lock:
             a = self.get(scope, rid)
             a = self._drive(a, self._observe(a, now, verb=verb, actor=scope.actor), now)
-        self.access.audit(a.tenant, scope.actor, f"remediation.{verb}", f"remediation:{rid}",
-                          {"run": a.run_id, "node": a.node}, scope.remote)  # fmt: skip
+        self.access.audit(
+            a.tenant,
+            scope.actor,
+            f"remediation.{verb}",
+            f"remediation:{rid}",
+            {"run": a.run_id, "node": a.node},
+            scope.remote,
+        )
         return a
 
     # -- the monitoring pass -------------------------------------------------------------------
@@ -397,8 +403,13 @@ class Controller:
         if a.state is State.FAILED:
             log.error("remediation %s failed: %s", a.id, a.error)
         elif a.state is State.RESUMED:
-            log.warning("remediation %s: resumed at step %s, world %s, %.1fs after the decision",
-                        a.id, a.resume_step, a.world_after, a.recovery_s or 0.0)  # fmt: skip
+            log.warning(
+                "remediation %s: resumed at step %s, world %s, %.1fs after the decision",
+                a.id,
+                a.resume_step,
+                a.world_after,
+                a.recovery_s or 0.0,
+            )
         else:
             log.info("remediation %s: %s", a.id, a.state.value)
 

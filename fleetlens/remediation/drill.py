@@ -70,15 +70,29 @@ class Drill:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "torch.distributed.run",
-            f"--nnodes=2:{len(self.nodes)}", "--nproc-per-node=1", "--max-restarts=3",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{self.port}",
-            f"--rdzv-id={self.run_id}", f"--rdzv-conf={RDZV_CONF}", "--monitor-interval=0.5",
-            "-m", "fleetlens.examples.ddp_train", "--steps", str(self.steps),
-            "--checkpoint-dir", str(self.checkpoint_dir), "--min-nodes", "2",
-            "--lost-gpu-dir", str(self.lost_gpu_dir),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes=2:{len(self.nodes)}",
+            "--nproc-per-node=1",
+            "--max-restarts=3",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{self.port}",
+            f"--rdzv-id={self.run_id}",
+            f"--rdzv-conf={RDZV_CONF}",
+            "--monitor-interval=0.5",
+            "-m",
+            "fleetlens.examples.ddp_train",
+            "--steps",
+            str(self.steps),
+            "--checkpoint-dir",
+            str(self.checkpoint_dir),
+            "--min-nodes",
+            "2",
+            "--lost-gpu-dir",
+            str(self.lost_gpu_dir),
             *self.example_args,
-        ]  # fmt: skip
+        ]
 
     def env(self, node: str) -> dict[str, str]:
         env = {
@@ -160,11 +174,22 @@ class Drill:
         http = ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
         threading.Thread(target=http.serve_forever, daemon=True).start()
         try:
-            argv = [sys.executable, "-m", "fleetlens", "agent", "--server", self.server,
-                    "--node", node, "--once",
-                    "--dcgm-url", f"http://127.0.0.1:{http.server_port}/metrics"]  # fmt: skip
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                                 env=self.env(node))  # fmt: skip
+            argv = [
+                sys.executable,
+                "-m",
+                "fleetlens",
+                "agent",
+                "--server",
+                self.server,
+                "--node",
+                node,
+                "--once",
+                "--dcgm-url",
+                f"http://127.0.0.1:{http.server_port}/metrics",
+            ]
+            out = subprocess.run(
+                argv, capture_output=True, text=True, timeout=60, env=self.env(node)
+            )
             if out.returncode != 0:
                 raise FleetlensError(f"fleetlens agent failed: {out.stderr[-2000:]}")
         finally:

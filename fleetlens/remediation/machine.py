@@ -327,8 +327,13 @@ def _draining(
         if not obs.verified:
             return a, [Verify(str(man.get("path", "")))]
         t_stop = obs.stopped_at
-        stopped = {"event": "stopped", "ranks": obs.stopped, "time": t_stop, "jobId": a.job_id,
-                   "received": now}  # fmt: skip
+        stopped = {
+            "event": "stopped",
+            "ranks": obs.stopped,
+            "time": t_stop,
+            "jobId": a.job_id,
+            "received": now,
+        }
         t_ck = min(float(c.get("started", t_stop)), t_stop)
         a = replace(
             a,
@@ -344,8 +349,10 @@ def _draining(
         verified_by = "rank 0 (read-back checksum)"
         if obs.server_sha256 is not None:  # the server can read it too (shared FS, object store)
             if obs.server_sha256 != man.get("sha256"):
-                why = (f"checkpoint {man.get('path', '')} has sha256 {obs.server_sha256}, the job "
-                       f"wrote {man.get('sha256')}: not removing the node")  # fmt: skip
+                why = (
+                    f"checkpoint {man.get('path', '')} has sha256 {obs.server_sha256}, the job "
+                    f"wrote {man.get('sha256')}: not removing the node"
+                )
                 return _fail(a, now, why, [])  # forgets the stops too
             verified_by = "server (read-back checksum) and rank 0"
         a = replace(
@@ -374,8 +381,11 @@ def _removing(
         phases = {k: v for k, v in a.phases.items() if k != "remove"}
         return _restart(replace(a, phases=phases), now), []  # done already: nothing to wait for
     if a.lost:  # one answer is enough: the node's agent (and every worker it started) stops
-        gone = {int(x["rank"]) for x in a.acks
-                if x.get("event") == "agent_stopping" and x.get("node") == a.node}  # fmt: skip
+        gone = {
+            int(x["rank"])
+            for x in a.acks
+            if x.get("event") == "agent_stopping" and x.get("node") == a.node
+        }
         all_gone = bool(gone)
     else:
         gone = {int(x["rank"]) for x in _acks(a, "agent_stopping")}
@@ -384,8 +394,10 @@ def _removing(
     if not all_gone and now - started <= limits.remove_timeout_s:
         return a, []
     if not all_gone:
-        error = (f"no answer from the node's workers in {limits.remove_timeout_s:.0f}s; "
-                 "restarting without it")  # fmt: skip
+        error = (
+            f"no answer from the node's workers in {limits.remove_timeout_s:.0f}s; "
+            "restarting without it"
+        )
         a = replace(a, error=error)
     return _restart(replace(a, phases={**a.phases, "remove": (started, now)}), now), []
 
@@ -422,8 +434,12 @@ def _finish(
     t0 = a.phase_start("rendezvous")
     t1 = max(t0, loaded - load_s)
     t2 = max(t1, loaded)
-    phases = {**a.phases, "rendezvous": (t0, t1), "reload": (t1, t2),
-              "warmup": (t2, max(t2, t_first))}  # fmt: skip
+    phases = {
+        **a.phases,
+        "rendezvous": (t0, t1),
+        "reload": (t1, t2),
+        "warmup": (t2, max(t2, t_first)),
+    }
     resume_step = int(first.get("step", -1))
     stop_step = a.stop_step
     if stop_step < 0 and resume_step >= 0:
@@ -433,8 +449,13 @@ def _finish(
     for name, (p0, p1) in phases.items():
         if p0 is None or p1 is None or name in ("detection", "approval"):
             continue  # training went on meanwhile: not a pause
-        attrs = {"remediation": a.id, "phase": name, "duration": max(0.0, p1 - p0),
-                 "category": "recovery", "node": a.node}  # fmt: skip
+        attrs = {
+            "remediation": a.id,
+            "phase": name,
+            "duration": max(0.0, p1 - p0),
+            "category": "recovery",
+            "node": a.node,
+        }
         effects.append(
             Emit("remediation", p0, attrs, new_job if name in ("reload", "warmup") else a.job_id)
         )

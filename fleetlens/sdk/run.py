@@ -171,8 +171,12 @@ class Run:
         storage or the prefetch. The numbers are scalars (P2, names in
         :data:`fleetlens.schema.DATA_SCALARS`); the shard is an event sent when it changes."""
         try:
-            values = {"queue_depth": queue_depth, "cache_hit_rate": cache_hit_rate,
-                      "read_latency_s": read_latency_s, "bytes_read": bytes_read}  # fmt: skip
+            values = {
+                "queue_depth": queue_depth,
+                "cache_hit_rate": cache_hit_rate,
+                "read_latency_s": read_latency_s,
+                "bytes_read": bytes_read,
+            }
             scalars = {DATA_SCALARS[k]: float(v) for k, v in values.items() if v is not None}
             if scalars:
                 self.log(step, **scalars)

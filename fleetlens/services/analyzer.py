@@ -11,7 +11,6 @@ analysis cursor, so the loop survives restarts and holds no module state.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -26,34 +25,27 @@ from ..analysis.baseline import (
     steady_prefix,
     workload_signature,
 )
-from ..analysis.collectives import analyze_collectives, transfer_times
+from ..analysis.collectives import transfer_times
 from ..analysis.ends import diagnose_ends
-from ..analysis.hangs import RECENT_STEPS, HangRule, behind_ranks, find_stalls, recent_step_time
-from ..analysis.hardware import (
-    GpuHealth,
-    Signal,
-    gpu_health,
-    gpu_signals,
-)
+from ..analysis.hangs import RECENT_STEPS
 from ..analysis.nanstats import nanmedian
-from ..analysis.ranks import RankState, open_episodes, scan_stragglers
+from ..analysis.ranks import RankState, scan_stragglers
 from ..analysis.rootcause import (
     Diagnosis,
     diagnose_events,
     diagnose_instability,
     diagnose_slow_checkpoints,
-    diagnose_straggler,
 )
-from ..analysis.stragglers import classify_episodes
 from ..analysis.topology import tp_split
 from ..config import AnalyzerConfig
-from ..lifecycle import ATTEMPT_ENDS, RELEASES
+from ..lifecycle import STOPS
 from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
 from ..store.findings import FindingsStore, RunToAnalyze
 from ..store.models import Finding
 from ..store.telemetry import TelemetryStore
 from .data_stalls import data_stall
 from .devices import device_window, hardware, late_hardware, placed_until
+from .hang_findings import find_hangs
 from .shifts import (
     fold_into_racks,
     network_diagnosis,
@@ -61,23 +53,22 @@ from .shifts import (
     shift_diagnosis,
     throttled_racks,
 )
+from .straggler_findings import straggler_findings
 
 __all__ = ["analyze_once", "analyze_run"]
 
 log = logging.getLogger("fleetlens.analyzer")
-
-# after these an attempt is over for the hang rule: it let its devices go, or died of the fault
-_TERMINAL = RELEASES | {"hardware_fault", "nan"}
-
 
 DEFAULTS = AnalyzerConfig()
 _TAIL_PASSES = 10  # passes a run with an incomplete, unchanged step tail is still revisited
 
 
 def analyze_once(
-    telemetry: TelemetryStore, store: FindingsStore, now: float,
+    telemetry: TelemetryStore,
+    store: FindingsStore,
+    now: float,
     config: AnalyzerConfig = DEFAULTS,
-) -> list[Finding]:  # fmt: skip
+) -> list[Finding]:
     """One pass of the loop over every run with new data; returns the findings it wrote."""
     out: list[Finding] = []
     for run in store.runs_with_new_data(config.max_runs):
@@ -104,9 +95,12 @@ class _Ctx:
 
 
 def analyze_run(
-    telemetry: TelemetryStore, store: FindingsStore, run: RunToAnalyze, now: float,
+    telemetry: TelemetryStore,
+    store: FindingsStore,
+    run: RunToAnalyze,
+    now: float,
     cfg: AnalyzerConfig = DEFAULTS,
-) -> tuple[list[Diagnosis], list[Diagnosis], dict[str, Any], bool]:  # fmt: skip
+) -> tuple[list[Diagnosis], list[Diagnosis], dict[str, Any], bool]:
     """Analyse a run's new windows: (findings, the run's straggler findings, state, pending)."""
     q = DetectQueries(telemetry, run.tenant)
     ctx = _Ctx(q, run, cfg, now)
@@ -132,7 +126,17 @@ def analyze_run(
             if i + 1 == len(jobs):  # no new step: is the newest attempt hung by its own clock?
                 lo = max(job.first_step, job.last_step - RECENT_STEPS)
                 m = q.step_matrix(run.run_id, job.job_id, lo, job.last_step, job.world)
-                _hangs(ctx, job, m, q.placement(run.run_id, job.job_id, m.world), events, None)
+                ctx.found += find_hangs(
+                    ctx.q,
+                    ctx.run,
+                    cfg,
+                    now,
+                    job,
+                    m,
+                    q.placement(run.run_id, job.job_id, m.world),
+                    events,
+                    None,
+                )
             nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
             late, watching = late_hardware(q, run.run_id, now, job, events, nxt)
             ctx.found += late
@@ -150,16 +154,30 @@ def analyze_run(
             pending = True
             break
         place = q.placement(run.run_id, job.job_id, m.world)
-        ctx.found += tp_split(ctx.run.config, job.job_id, (job.first_step, job.last_step),
-                              job.start, place.node, place.nvlink_domain, m.world)  # fmt: skip
+        ctx.found += tp_split(
+            ctx.run.config,
+            job.job_id,
+            (job.first_step, job.last_step),
+            job.start,
+            place.node,
+            place.nvlink_domain,
+            m.world,
+        )
         nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
-        ctx.found += hardware(q, run.run_id, job, m, place, last=hi == job.last_step,
-                              next_start=placed_until(events, job, nxt))  # fmt: skip
+        ctx.found += hardware(
+            q,
+            run.run_id,
+            job,
+            m,
+            place,
+            last=hi == job.last_step,
+            next_start=placed_until(events, job, nxt),
+        )
         # A NaN logged after the run's last step row (a step whose time was not finite, or
         # that never completed) still belongs to the last job.
         _instability(ctx, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62)
         if hi == job.last_step:
-            _hangs(ctx, job, m, place, events, nxt)
+            ctx.found += find_hangs(ctx.q, ctx.run, cfg, now, job, m, place, events, nxt)
             watch = watch or device_window(now, job, events, nxt) is not None
         js["done"] = hi
         js["t"] = [float(m.start.min()), float(m.end.max())] if len(m.steps) else js.get("t")
@@ -172,23 +190,27 @@ def analyze_run(
         over = i + 1 < len(jobs)
         width = max(job.world, run.world)
         left = _advance_stragglers(ctx, job, jstate, width, over, tails)
-        ended = over or any(e["job_id"] == job.job_id and e["kind"] in _TERMINAL for e in events)
+        ended = over or any(e["job_id"] == job.job_id and e["kind"] in STOPS for e in events)
         if left | _advance_blocks(ctx, job, jstate[job.job_id], width, ended, bl):
             pending = True
             break
     ctx.found += diagnose_events(events)
     newest = jobs[-1]
-    lost, ending = diagnose_ends(events, newest.job_id, max(newest.world, run.world),
-                                 run.last_seen, now, newest.last_step)  # fmt: skip
+    lost, ending = diagnose_ends(
+        events, newest.job_id, max(newest.world, run.world), run.last_seen, now, newest.last_step
+    )
     ctx.found += lost
     pending = pending or ending
     ckpt = [e for e in events if e["kind"] == "checkpoint_end" and "duration" in e["attrs"]]
     ctx.found += diagnose_slow_checkpoints(
-        [e["step"] for e in ckpt], [float(e["attrs"]["duration"]) for e in ckpt],
+        [e["step"] for e in ckpt],
+        [float(e["attrs"]["duration"]) for e in ckpt],
         [e["time"] for e in ckpt],
-    )  # fmt: skip
+    )
     hot = [h for js in jstate.values() for h in js.get("hot", [])]
-    stragglers = fold_into_racks(_stragglers(ctx, jobs, jstate, tails), hot, cfg.block_steps)
+    stragglers = fold_into_racks(
+        straggler_findings(ctx.q, run, jobs, jstate, tails), hot, cfg.block_steps
+    )
     for metric, b in bl.items():
         state[f"bl_{metric}"] = b.to_json()
         if b.ready:
@@ -197,9 +219,13 @@ def analyze_run(
 
 
 def _advance_stragglers(
-    ctx: _Ctx, job: JobSpan, jstate: dict[str, Any], expected: int, superseded: bool,
+    ctx: _Ctx,
+    job: JobSpan,
+    jstate: dict[str, Any],
+    expected: int,
+    superseded: bool,
     tails: dict[str, RankState],
-) -> bool:  # fmt: skip
+) -> bool:
     """Carry one attempt's straggler state over its *complete* steps, in step order.
 
     The state is committed only through the last step every rank of the world has reported
@@ -248,9 +274,13 @@ def _advance_stragglers(
 
 
 def _advance_blocks(
-    ctx: _Ctx, job: JobSpan, js: dict[str, Any], width: int, ended: bool,
+    ctx: _Ctx,
+    job: JobSpan,
+    js: dict[str, Any],
+    width: int,
+    ended: bool,
     bl: dict[str, Baseline],
-) -> bool:  # fmt: skip
+) -> bool:
     """The absolute checks (:func:`_blocks`) over whole blocks of committed steps, blocks keyed
     by step number (``first_step + j * block_steps``), so they are the same whatever the passes;
     the last, partial block once the attempt is over. Returns whether work is left."""
@@ -274,14 +304,22 @@ def _advance_blocks(
 
 
 def _topology(place: Placement) -> dict[str, list[str]]:
-    return {"rack": place.rack, "switch": place.switch, "nvlink_domain": place.nvlink_domain,
-            "node": place.node}  # fmt: skip
+    return {
+        "rack": place.rack,
+        "switch": place.switch,
+        "nvlink_domain": place.nvlink_domain,
+        "node": place.node,
+    }
 
 
 def _blocks(
-    ctx: _Ctx, job: JobSpan, m: StepMatrix, place: Placement, bl: dict[str, Baseline],
+    ctx: _Ctx,
+    job: JobSpan,
+    m: StepMatrix,
+    place: Placement,
+    bl: dict[str, Baseline],
     js: dict[str, Any],
-) -> None:  # fmt: skip
+) -> None:
     """Absolute (baseline) checks of compute and transfer, and data stalls, per block of steps."""
     cfg = ctx.cfg
     n = len(m.steps)
@@ -311,8 +349,20 @@ def _blocks(
             ctx.found.append(d)
             note_hot(js, d)
         for sh in shifts:
-            for d in shift_diagnosis(ctx.q, ctx.signature, job, sh, place, bl["compute"],
-                                     s0, s1, t0, t1, rank_vals, peer=peer):  # fmt: skip
+            for d in shift_diagnosis(
+                ctx.q,
+                ctx.signature,
+                job,
+                sh,
+                place,
+                bl["compute"],
+                s0,
+                s1,
+                t0,
+                t1,
+                rank_vals,
+                peer=peer,
+            ):
                 ctx.found.append(d)
                 if d.diagnosis == "rack_cooling":
                     note_hot(js, d)
@@ -322,10 +372,14 @@ def _blocks(
             tb, cfg.network_min_shift
         )
         if slow_transfer:
-            ctx.found.append(network_diagnosis(ctx.q, job, place, tr, tb, s0, s1, t0, t1,
-                                               _episode(ctx.coll, job, s0, s1)))  # fmt: skip
-        stalls = data_stall(ctx.q, ctx.run.run_id, job, m, place, a, z,
-                            float(nanmedian(step_time[a:z])))  # fmt: skip
+            ctx.found.append(
+                network_diagnosis(
+                    ctx.q, job, place, tr, tb, s0, s1, t0, t1, _episode(ctx.coll, job, s0, s1)
+                )
+            )
+        stalls = data_stall(
+            ctx.q, ctx.run.run_id, job, m, place, a, z, float(nanmedian(step_time[a:z]))
+        )
         ctx.found += stalls
         # Each baseline learns from the blocks healthy for its own metric: the transfer (the
         # last arrival's wait) does not move with a slow rank, a hot rack or a late input, nor
@@ -355,8 +409,9 @@ def _episode(coll: dict[str, Any], job: JobSpan, s0: int, s1: int) -> str:
 
 
 def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:
-    sc = ctx.q.scalars(ctx.run.run_id, ["loss", "grad_norm", "lr"], max(0, lo - 200), hi,
-                       job.job_id)  # fmt: skip
+    sc = ctx.q.scalars(
+        ctx.run.run_id, ["loss", "grad_norm", "lr"], max(0, lo - 200), hi, job.job_id
+    )
     if "loss" not in sc and "grad_norm" not in sc:
         return
     steps = np.unique(np.concatenate([v[0] for v in sc.values()]))
@@ -371,142 +426,3 @@ def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:
     if d is not None and d.step >= lo - 200:
         d.job_id = job.job_id
         ctx.found.append(d)
-
-
-def _hangs(
-    ctx: _Ctx,
-    job: JobSpan,
-    m: StepMatrix,
-    place: Placement,
-    events: list[dict[str, Any]],
-    next_start: float | None,
-) -> None:
-    mine = [e for e in events if e["job_id"] == job.job_id]
-    first = float(m.start.min()) if len(m.start) else 0.0
-    marks = [float(x) for x in np.concatenate((m.start, m.end)) if np.isfinite(x)]
-    marks += [
-        e["time"]
-        for e in mine
-        if e["kind"] in ("checkpoint_begin", "checkpoint_end") and e["time"] >= first
-    ]
-    if not marks:
-        return
-    ended = [e["time"] for e in mine if e["kind"] in _TERMINAL]
-    beats: dict[int, tuple[float, int, str, float]] = {}
-    if next_start is not None:
-        end = next_start
-    elif any(e["kind"] in ATTEMPT_ENDS for e in mine):
-        end = max(e["time"] for e in mine)
-    else:
-        # The run's own clock (its newest record: steps, events, heartbeats), never the
-        # server's: a sender behind its own timestamps, or an imported log, is not a hang.
-        beats = ctx.q.heartbeats(ctx.run.run_id, job.job_id)
-        end = min(ctx.now, max([ctx.run.last_seen, *marks, *(b[0] for b in beats.values())]))
-    rule = HangRule(ctx.cfg.hang_k, ctx.cfg.hang_floor_s)
-    thr = rule.threshold(recent_step_time(m.end - m.start))
-    for st in find_stalls(np.asarray(marks), end, thr, np.asarray(ended)):
-        after = m.steps[m.end <= st.since + 1e-6]
-        step = int(after.max()) + 1 if len(after) else int(m.steps[0])
-        col = ctx.q.collectives(ctx.run.run_id, job.job_id, step, step)
-        entered = set(col["rank"].tolist())
-        missing = sorted(set(range(m.world)) - entered) if entered else []
-        why = "never entered the collective"
-        behind = behind_ranks(beats, end, thr) if st.until >= end else []
-        if behind:  # hung now: the heartbeats say whom the others wait for
-            missing, why = behind, "stopped behind the others (heartbeats)"
-        ctx.found.append(Diagnosis(
-            f"hang:{job.job_id}:{step}", "hang", "hang", 0.9 if missing else 0.7,
-            f"no progress for {st.until - st.since:.0f}s (threshold {thr:.0f}s) at step {step}"
-            + (f"; ranks {missing[:16]} {why}" if missing else ""),
-            step=step, start_step=step, end_step=-1 if st.until >= end else step,
-            time=st.detected_at, ranks=missing,
-            nodes=sorted({place.node[r] for r in missing if r < len(place.node) and place.node[r]}),
-            job_id=job.job_id,
-            evidence=[{"metric": "seconds without progress", "value": st.until - st.since,
-                       "threshold": thr, "since": st.since},
-                      {"metric": "ranks missing from the collective", "value": missing[:64],
-                       "entered": len(entered), "world": m.world},
-                      *([{"metric": "rank heartbeats (time, step, phase, since)",
-                          "value": {str(r): list(beats[r]) for r in behind[:64]}}]
-                        if behind else [])],
-        ))  # fmt: skip
-
-
-def _stragglers(
-    ctx: _Ctx, jobs: list[JobSpan], jstate: dict[str, Any], tails: dict[str, RankState]
-) -> list[Diagnosis]:
-    episodes = []
-    places: dict[int, tuple[str, int, str]] = {}
-    for job in jobs:
-        js = jstate.get(job.job_id)
-        if not js or "cusum" not in js:
-            continue
-        rs = tails.get(job.job_id) or RankState.from_json(
-            js["cusum"], int(js["cusum"].get("world", 0))
-        )
-        still = open_episodes(rs)
-        if job is not jobs[-1]:  # a later attempt exists: this one's episodes ended with it
-            for e in still:
-                e.end = int(js.get("sealed", job.last_step))
-        eps = rs.episodes + still
-        if eps:
-            place = ctx.q.placement(ctx.run.run_id, job.job_id, rs.c.shape[0])
-            for e in eps:
-                places[e.rank] = place.of(e.rank)
-        episodes += eps
-    out = []
-    span = {j.job_id: j for j in jobs}
-
-    def t_of(step: int) -> float:
-        for j in span.values():
-            if j.first_step <= step <= j.last_step and j.last_step > j.first_step:
-                return j.start + (step - j.first_step) / (j.last_step - j.first_step) * (
-                    j.end - j.start
-                )
-        return jobs[-1].end
-
-    for c in classify_episodes(episodes):
-        t0, t1 = t_of(c.start), t_of(c.end if c.end >= 0 else jobs[-1].last_step)
-        sigs: dict[int, list[Signal]] = {}
-        if c.diagnosis != "straggler.moving":
-            nodes = [places[r][0] for r in c.ranks if r in places]
-            gh: dict[tuple[str, int], GpuHealth] = gpu_health(ctx.q.gpu_health_rows(nodes, t0, t1))
-            for r in c.ranks:
-                g = gh.get(places.get(r, ("", -1, ""))[:2])
-                sigs[r] = [s for s in gpu_signals(g) if s.name != "xid"] if g else []
-        step_time = float(np.median([(j.end - j.start) / max(j.last_step - j.first_step + 1, 1)
-                                     for j in jobs]))  # fmt: skip
-        d = diagnose_straggler(c, sigs, places, step_time, {c.detected: t_of(c.detected)})
-        if c.passing and d.diagnosis == "straggler.persistent":
-            continue  # one short slow spell, over: not a straggler (a hot GPU's still is)
-        d.evidence.extend(_last_arrivals(ctx, jobs, c.ranks, c.start, c.end))
-        out.append(d)
-    return out
-
-
-def _last_arrivals(
-    ctx: _Ctx, jobs: list[JobSpan], ranks: Sequence[int], start: int, end: int
-) -> list[dict[str, Any]]:
-    """The clock-free collective evidence: how often the straggler arrived last."""
-    job = jobs[-1]
-    hi = end if end >= 0 else job.last_step
-    lo = max(start, hi - 200)  # bounded: the recent part of the episode says enough
-    col = ctx.q.collectives(ctx.run.run_id, job.job_id, lo, hi)
-    if not len(col["step"]):
-        return []
-    rep = analyze_collectives(col["step"], col["seq"], col["rank"], col["enter"], col["exit"])
-    counts = rep.last_rank_counts()
-    total = len(rep.verdict)
-    return [
-        {
-            "signal": "last_arriver",
-            "metric": "collectives where this rank arrived last",
-            "rank": r,
-            "value": counts.get(r, 0) / total,
-            "collectives": total,
-            "waitedForMedianS": float(np.median(rep.lateness_s[rep.last_rank == r]))
-            if counts.get(r)
-            else 0.0,
-        }
-        for r in ranks[:4]
-    ]

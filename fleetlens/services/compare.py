@@ -115,9 +115,13 @@ class CompareQueries:
         for r in table.to_pylist():
             m = out.setdefault(
                 r["metric"],
-                {"fromStep": r["x_lo"], "toStep": r["x_hi"], "matchedSteps": r["x_cnt"],
-                 "buckets": {}},
-            )  # fmt: skip
+                {
+                    "fromStep": r["x_lo"],
+                    "toStep": r["x_hi"],
+                    "matchedSteps": r["x_cnt"],
+                    "buckets": {},
+                },
+            )
             b = m["buckets"].setdefault(
                 r["bucket"], {"fromStep": r["x_from"], "toStep": r["x_to"], "values": {}}
             )
@@ -211,17 +215,28 @@ class CompareQueries:
                 t1=float(t1 or t0),
             ).to_pylist():
                 if here(r["node_id"], r["time"]):
-                    first = {"node_id": r["node_id"], "gpu": r["gpu"], "first": r["time"],
-                             "max_xid": r["xid"], "n": 0}  # fmt: skip
+                    first = {
+                        "node_id": r["node_id"],
+                        "gpu": r["gpu"],
+                        "first": r["time"],
+                        "max_xid": r["xid"],
+                        "n": 0,
+                    }
                     g = per.setdefault((r["node_id"], r["gpu"]), first)
                     g["max_xid"], g["n"] = max(g["max_xid"], r["xid"]), g["n"] + 1
             xid = [per[k] for k in sorted(per)]
         steps, durs = self.step_times(run_id)
         ends = [
-            {"time": e["time"], "kind": e["kind"], "jobId": e["job_id"] or None,
-             "message": e["message"], "attrs": e["attrs"]}
-            for e in ev_rows if e["kind"] in ("failure", "preemption") and e["of_run"] == run_id
-        ]  # fmt: skip
+            {
+                "time": e["time"],
+                "kind": e["kind"],
+                "jobId": e["job_id"] or None,
+                "message": e["message"],
+                "attrs": e["attrs"],
+            }
+            for e in ev_rows
+            if e["kind"] in ("failure", "preemption") and e["of_run"] == run_id
+        ]
         return {
             "runId": run_id,
             "nodes": [
@@ -418,10 +433,15 @@ def evaluation_deltas(
         if not any(latest):
             return None
         flat = [
-            {f"{b}/{k}": float(v["mean"]) for b, ms in (ev.metrics or {}).items()
-             for k, v in ms.items()} if ev is not None else {}  # type: ignore[attr-defined]
+            {
+                f"{b}/{k}": float(v["mean"])
+                for b, ms in (ev.metrics or {}).items()
+                for k, v in ms.items()  # type: ignore[attr-defined]
+            }
+            if ev is not None
+            else {}
             for ev in latest
-        ]  # fmt: skip
+        ]
         by_run = [
             None
             if ev is None

@@ -26,9 +26,15 @@ COST_SPAN = 25
 
 
 def data_stall(
-    q: DetectQueries, run_id: str, job: JobSpan, m: StepMatrix, place: Placement, a: int, z: int,
+    q: DetectQueries,
+    run_id: str,
+    job: JobSpan,
+    m: StepMatrix,
+    place: Placement,
+    a: int,
+    z: int,
     step_time: float,
-) -> list[Diagnosis]:  # fmt: skip
+) -> list[Diagnosis]:
     """Ranks of one block of steps (``a:z`` of ``m``) whose data wait passes max(10 x the
     block's typical wait, 10% of the step) in 3 steps or more and whose wait beyond the typical
     costs at least :data:`MIN_COST` of the step time from the rank's first such step (at least
@@ -65,21 +71,42 @@ def data_stall(
     out = []
     for node in nodes:
         mine = np.asarray([r for r in ranks if place.node[r] == node], dtype=np.int64)
-        cpu = [s.to_dict() | {"node": node} for s in node_signals(nh[node])
-               if s.name == "host_cpu"] if node in nh else []  # fmt: skip
+        cpu = (
+            [s.to_dict() | {"node": node} for s in node_signals(nh[node]) if s.name == "host_cpu"]
+            if node in nh
+            else []
+        )
         first = int(m.steps[a + int(np.argmax(over[:, mine].any(axis=1)))])
         val = float(np.nanmean(dw[:, mine]))
-        out.append(Diagnosis(
-            f"data_stall:{node}", "data_stall", "slowdown", 0.9,
-            f"input pipeline: {len(mine)} ranks on {node or 'unknown nodes'} wait {_dur(val)} per"
-            f" step for data (typical {typical * 1000:.1f} ms of a {_dur(step_time)} step)"
-            + (f"; {', '.join(causes)}" if causes else ""),
-            step=first, start_step=first, end_step=int(m.steps[z - 1]), time=float(m.start[a]),
-            ranks=[int(r) for r in mine], nodes=[node] if node else [], job_id=job.job_id,
-            evidence=[{"metric": "data_wait", "value": val, "baseline": typical, "threshold": thr,
-                       "window": {"fromStep": int(m.steps[a]), "toStep": int(m.steps[z - 1])}},
-                      *cause_ev, *cpu],
-        ))  # fmt: skip
+        out.append(
+            Diagnosis(
+                f"data_stall:{node}",
+                "data_stall",
+                "slowdown",
+                0.9,
+                f"input pipeline: {len(mine)} ranks on {node or 'unknown nodes'} wait"
+                f" {_dur(val)} per step for data (typical {typical * 1000:.1f} ms of a"
+                f" {_dur(step_time)} step)" + (f"; {', '.join(causes)}" if causes else ""),
+                step=first,
+                start_step=first,
+                end_step=int(m.steps[z - 1]),
+                time=float(m.start[a]),
+                ranks=[int(r) for r in mine],
+                nodes=[node] if node else [],
+                job_id=job.job_id,
+                evidence=[
+                    {
+                        "metric": "data_wait",
+                        "value": val,
+                        "baseline": typical,
+                        "threshold": thr,
+                        "window": {"fromStep": int(m.steps[a]), "toStep": int(m.steps[z - 1])},
+                    },
+                    *cause_ev,
+                    *cpu,
+                ],
+            )
+        )
     return out
 
 
@@ -93,9 +120,13 @@ def _causes(
     """The shard, storage, prefetch and cache signals of the job's ranks over a stalled window
     (``Run.data``), read only once a stall is found."""
     lo, hi = int(steps[0]), int(steps[-1])
-    shards = [(int(e["rank"]), int(e["step"]), str(e["attrs"].get("shard")))
-              for e in q.events(run_id)
-              if e["kind"] == "data_shard" and e["job_id"] == job.job_id
-              and e["attrs"].get("shard") is not None and e["step"] <= hi]  # fmt: skip
+    shards = [
+        (int(e["rank"]), int(e["step"]), str(e["attrs"].get("shard")))
+        for e in q.events(run_id)
+        if e["kind"] == "data_shard"
+        and e["job_id"] == job.job_id
+        and e["attrs"].get("shard") is not None
+        and e["step"] <= hi
+    ]
     scalars = q.rank_scalars(run_id, job.job_id, list(DATA_SCALARS.values()), lo, hi)
     return data_causes(steps, stalled, shards, scalars)

@@ -43,9 +43,13 @@ def device_window(
 
 
 def late_hardware(
-    q: DetectQueries, run_id: str, now: float, job: JobSpan, events: list[dict[str, Any]],
+    q: DetectQueries,
+    run_id: str,
+    now: float,
+    job: JobSpan,
+    events: list[dict[str, Any]],
     nxt: float | None,
-) -> tuple[list[Diagnosis], bool]:  # fmt: skip
+) -> tuple[list[Diagnosis], bool]:
     """The fault that ended an attempt is often reported after its last step was analysed (a
     GPU that falls off the bus kills the step in flight; its Xid sample comes seconds later):
     the devices of the attempt's final window are looked at again while that can still arrive,
@@ -69,9 +73,14 @@ _DEVICE_FAULTS = {"xid", "ecc_rising", "ecc_uncorrectable"}  # a finding of the 
 
 
 def hardware(
-    q: DetectQueries, run_id: str, job: JobSpan, m: StepMatrix, place: Placement, last: bool,
+    q: DetectQueries,
+    run_id: str,
+    job: JobSpan,
+    m: StepMatrix,
+    place: Placement,
+    last: bool,
     next_start: float | None,
-) -> list[Diagnosis]:  # fmt: skip
+) -> list[Diagnosis]:
     """XIDs and climbing ECC on any GPU of the job over the window; a GPU other runs were
     placed on at the same time is said to be so (:func:`shared_device`)."""
     found: list[Diagnosis] = []
@@ -98,13 +107,27 @@ def hardware(
                 # dated by the counter's own first rise in the attempt, not by the window
                 rise = q.first_rise(node, gpu, "ecc_sbe_total", job.start, t1)
                 onset = q.step_at(run_id, job.job_id, rise) if rise else None
-                found.append(shared_device(Diagnosis(
-                    f"gpu:{node}:{gpu}:ecc", "ecc_xid", "event", 0.6,
-                    f"correctable ECC errors climbing on {node} GPU {gpu} (+{g.sbe_delta:.0f}): "
-                    "a double-bit error (Xid 48) may follow; drain it",
-                    step=int(m.steps[-1]), end_step=-1,
-                    start_step=int(m.steps[0]) if onset is None else onset,
-                    time=float(m.end.max()),
-                    ranks=[rank] if rank >= 0 else [], nodes=[node], gpus=[f"{node}:{gpu}"],
-                    job_id=job.job_id, evidence=[s.to_dict()]), others))  # fmt: skip
+                found.append(
+                    shared_device(
+                        Diagnosis(
+                            f"gpu:{node}:{gpu}:ecc",
+                            "ecc_xid",
+                            "event",
+                            0.6,
+                            f"correctable ECC errors climbing on {node} GPU {gpu} "
+                            f"(+{g.sbe_delta:.0f}): "
+                            "a double-bit error (Xid 48) may follow; drain it",
+                            step=int(m.steps[-1]),
+                            end_step=-1,
+                            start_step=int(m.steps[0]) if onset is None else onset,
+                            time=float(m.end.max()),
+                            ranks=[rank] if rank >= 0 else [],
+                            nodes=[node],
+                            gpus=[f"{node}:{gpu}"],
+                            job_id=job.job_id,
+                            evidence=[s.to_dict()],
+                        ),
+                        others,
+                    )
+                )
     return found

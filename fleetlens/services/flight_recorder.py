@@ -92,8 +92,12 @@ def _report_json(rep: FlightRecorderReport) -> dict[str, Any]:
 
 
 def _home(rank: int, node: str, gpu: int, rack: str) -> dict[str, Any]:
-    return {"rank": rank, "node": node or None, "gpu": gpu if gpu >= 0 else None,
-            "rack": rack or None}  # fmt: skip
+    return {
+        "rank": rank,
+        "node": node or None,
+        "gpu": gpu if gpu >= 0 else None,
+        "rack": rack or None,
+    }
 
 
 def import_flight_recorder(

@@ -158,9 +158,11 @@ def summary_mfu(
     m = summary.get("metrics", {})
     step_ms = m.get("stepTimeMs")
     value = window_mfu(
-        spec, m.get("tokensPerSecond"), step_ms / 1000.0 if step_ms else None,
+        spec,
+        m.get("tokensPerSecond"),
+        step_ms / 1000.0 if step_ms else None,
         summary.get("worldSize"),
-    )  # fmt: skip
+    )
     return value, spec
 
 

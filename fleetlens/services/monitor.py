@@ -238,17 +238,28 @@ class Monitor:
             )
             for ev in s.scalars(q).all():  # the newest first: the first of a version is its latest
                 latest.setdefault((ev.tenant, ev.model_id, ev.model_version), ev)
-            tenants = {t for (t,) in s.execute(all_tenants(
-                select(Evaluation.tenant).where(Evaluation.regressions.is_not(None)).distinct()
-            ))}  # fmt: skip
+            tenants = {
+                t
+                for (t,) in s.execute(
+                    all_tenants(
+                        select(Evaluation.tenant)
+                        .where(Evaluation.regressions.is_not(None))
+                        .distinct()
+                    )
+                )
+            }
         by_tenant: dict[str, list[Any]] = {t: [] for t in tenants}
         for (tenant, _, _), ev in latest.items():
             sig = EvaluationSignals(
-                tenant=tenant, project=ev.project, run_id=ev.run_id, model_id=ev.model_id,
-                model_version=ev.model_version, evaluation_id=ev.evaluation_id,
+                tenant=tenant,
+                project=ev.project,
+                run_id=ev.run_id,
+                model_id=ev.model_id,
+                model_version=ev.model_version,
+                evaluation_id=ev.evaluation_id,
                 completed_at=float(ev.completed_at or ev.created_at),
                 regressions=list(ev.regressions or []),
-            )  # fmt: skip
+            )
             by_tenant[tenant].extend(evaluate_evaluation(self.policy_for(ev.project, {}), sig))
         for tenant, cands in by_tenant.items():
             self.delivery.submit(self.alerts.apply(tenant, None, cands, now, names=names))
@@ -275,8 +286,11 @@ class Monitor:
             "'failure', 'preemption', 'finish', 'restart', 'checkpoint_begin', 'checkpoint_end')",
             run=run.run_id,
         )
-        drains = [(float(r["time"]), str(r["node_id"])) for r in stops
-                  if r["kind"] in ("drain", "maintenance")]  # fmt: skip
+        drains = [
+            (float(r["time"]), str(r["node_id"]))
+            for r in stops
+            if r["kind"] in ("drain", "maintenance")
+        ]
         # A checkpoint is progress (the one hang rule counts it so), not a stop.
         progress = [float(r["time"]) for r in stops if r["kind"].startswith("checkpoint_")]
         stopped = [

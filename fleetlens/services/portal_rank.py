@@ -79,8 +79,15 @@ class RankQueries:
                 w=width,
             ).to_pylist()
         }
-        keys = {"k_fw": "forward", "k_bw": "backward", "k_opt": "optimizer", "k_compute": "compute",
-                "k_comm": "comm", "k_wait": "dataWait", "k_dur": "duration"}  # fmt: skip
+        keys = {
+            "k_fw": "forward",
+            "k_bw": "backward",
+            "k_opt": "optimizer",
+            "k_compute": "compute",
+            "k_comm": "comm",
+            "k_wait": "dataWait",
+            "k_dur": "duration",
+        }
         out = []
         for r in mine:
             row: dict[str, Any] = {"step": int(r["k_step"]), "t": _f(r["k_t"], 2)}

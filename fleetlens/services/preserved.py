@@ -154,8 +154,10 @@ class PreservedWindows:
         """One table's rows in one window, in time order: ``limit`` of them from ``offset``."""
         kind = _KINDS.get(table)
         if kind is None:
-            raise ConfigError(f"table {table!r} is not kept in a failure window; use one of "
-                              f"{', '.join(PRESERVED_TABLES)}")  # fmt: skip
+            raise ConfigError(
+                f"table {table!r} is not kept in a failure window; use one of "
+                f"{', '.join(PRESERVED_TABLES)}"
+            )
         found = self._windows(run_id, window_id, limit=1)
         if not found:
             raise NotFound(f"failure window {window_id} of run {run_id!r} does not exist")

@@ -145,9 +145,14 @@ def completion(
         return None
     total = int(config[key])
     left = max(0, total - 1 - int(step))  # steps count from 0: the last is total - 1
-    return {"totalSteps": total, "targetKey": key, "stepsLeft": left,
-            "secondsPerStep": pace, "seconds": left * pace,
-            "finishAt": time.time() + left * pace}  # fmt: skip
+    return {
+        "totalSteps": total,
+        "targetKey": key,
+        "stepsLeft": left,
+        "secondsPerStep": pace,
+        "seconds": left * pace,
+        "finishAt": time.time() + left * pace,
+    }
 
 
 def _count(v: Any) -> bool:

@@ -123,8 +123,10 @@ def parse_records(
                 ) from None
             jobs = parse_k8s(doc, pool=pool or "k8s")
             out.allocations, out.pods, out.pending_reasons = (
-                jobs.allocations, jobs.pods, jobs.pending_reasons
-            )  # fmt: skip
+                jobs.allocations,
+                jobs.pods,
+                jobs.pending_reasons,
+            )
         else:
             from ..importers.alibaba import parse_nodes, parse_pods
 
@@ -133,8 +135,15 @@ def parse_records(
                 out.pools = parse_nodes(_lines(nodes), pool=pool or "openb", time=epoch)
     except FleetlensError as exc:
         raise _bad_input(fmt, exc) from exc
-    except (LookupError, TypeError, AttributeError, ValueError, ArithmeticError, RecursionError,
-            OSError) as exc:  # fmt: skip
+    except (
+        LookupError,
+        TypeError,
+        AttributeError,
+        ValueError,
+        ArithmeticError,
+        RecursionError,
+        OSError,
+    ) as exc:
         # A file the parsers' own checks let through (an object where a string belongs, a GPU
         # count past int32): still the file's fault, never the server's.
         raise TraceFormatError(f"{fmt}: the file is not shaped as expected ({exc!r})") from exc
@@ -275,11 +284,12 @@ def allocations(
     where, params = _where(run_id, job_id, pool, jobs)
     rows = TenantReader(telemetry, scope).rows(
         "SELECT pool, job_id, run_id, gpus, submit, start, gang_complete, `end`, state"
-        " FROM {db}.sched_allocations FINAL WHERE tenant = {tenant:String}" + where
+        " FROM {db}.sched_allocations FINAL WHERE tenant = {tenant:String}"
+        + where
         + " ORDER BY submit, job_id LIMIT {limit:UInt32}",
         limit=limit,
         **params,
-    )  # fmt: skip
+    )
     return [_alloc_json(r) for r in rows]
 
 
@@ -294,10 +304,14 @@ def capacity(
         **params,
     )
     return [
-        {"pool": r["pool"], "time": r["time"], "capacityGpus": int(r["capacity_gpus"]),
-         "inServiceGpus": int(r["in_service_gpus"])}
+        {
+            "pool": r["pool"],
+            "time": r["time"],
+            "capacityGpus": int(r["capacity_gpus"]),
+            "inServiceGpus": int(r["in_service_gpus"]),
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def _has_capacity(telemetry: TelemetryStore, scope: Scope, pool: str) -> bool:
@@ -315,8 +329,11 @@ def run_scheduling(telemetry: TelemetryStore, scope: Scope, run_id: str) -> dict
     Per pool the run drew from: that pool's scheduling goodput over the interval the run held it
     (basis ``pool``), or, without the pool's capacity, the run's own complete-gang share (basis
     ``own_allocations``); pools are weighted by the GPU-time the run held in each."""
-    rows = [a for a in allocations(telemetry, scope, run_id=run_id, limit=10000)
-            if a["start"] is not None]  # fmt: skip
+    rows = [
+        a
+        for a in allocations(telemetry, scope, run_id=run_id, limit=10000)
+        if a["start"] is not None
+    ]
     if not rows:
         return None
     q = GoodputQueries(telemetry, scope)
@@ -349,8 +366,16 @@ def run_scheduling(telemetry: TelemetryStore, scope: Scope, run_id: str) -> dict
         bases.add(basis)
         total += held
         weighted += held * factor
-        pools_out.append({"pool": pool, "factor": factor, "basis": basis, "from": lo, "to": hi,
-                          "heldGpuSeconds": held})  # fmt: skip
+        pools_out.append(
+            {
+                "pool": pool,
+                "factor": factor,
+                "basis": basis,
+                "from": lo,
+                "to": hi,
+                "heldGpuSeconds": held,
+            }
+        )
     if total <= 0:
         return None
     return {

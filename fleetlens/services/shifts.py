@@ -18,10 +18,19 @@ __all__ = ["network_diagnosis", "shift_diagnosis", "throttled_racks"]
 
 
 def shift_diagnosis(
-    q: DetectQueries, signature: str, job: JobSpan, sh: GroupShift, place: Placement,
-    b: Baseline, s0: int, s1: int, t0: float, t1: float, rank_vals: Any = None,
+    q: DetectQueries,
+    signature: str,
+    job: JobSpan,
+    sh: GroupShift,
+    place: Placement,
+    b: Baseline,
+    s0: int,
+    s1: int,
+    t0: float,
+    t1: float,
+    rank_vals: Any = None,
     peer: bool = False,
-) -> list[Diagnosis]:  # fmt: skip
+) -> list[Diagnosis]:
     """A group of ranks slower than the workload's baseline over steps ``s0..s1``: the level it
     sits at (rack, switch, NVLink domain, node, job) and whether its GPUs throttled say why.
 
@@ -38,8 +47,7 @@ def shift_diagnosis(
     if peer and frac < 0.5:
         return []
     if sh.level in _BELOW_RACK and frac >= 0.5 and len(racks) == 1:
-        hot_rack = _hot_rack(q, signature, job, sh, place, b, s0, s1, t0, t1, rank_vals,
-                             racks[0])  # fmt: skip
+        hot_rack = _hot_rack(q, signature, job, sh, place, b, s0, s1, t0, t1, rank_vals, racks[0])
         if hot_rack:
             return hot_rack
     if sh.level == "job" and frac >= 0.5 and len(racks) > 1 and rank_vals is not None:
@@ -51,8 +59,18 @@ def shift_diagnosis(
                 continue
             with np.errstate(all="ignore"):
                 ratio = float(nanmedian(np.asarray(rank_vals)[list(rr)])) / b.median
-            out += shift_diagnosis(q, signature, job, GroupShift("rack", rack, ratio, rr,
-                                   sh.ratio), place, b, s0, s1, t0, t1)  # fmt: skip
+            out += shift_diagnosis(
+                q,
+                signature,
+                job,
+                GroupShift("rack", rack, ratio, rr, sh.ratio),
+                place,
+                b,
+                s0,
+                s1,
+                t0,
+                t1,
+            )
         if out:
             return out
     if sh.level == "rack" or (sh.level == "job" and frac >= 0.5):
@@ -65,31 +83,59 @@ def shift_diagnosis(
         diag = "thermal" if frac > 0 else "host"
     else:
         diag = "inefficient_compute"
-    ev = [{"metric": "median rank compute / " + ("the other ranks'" if peer else
-                                                  "workload baseline"), "value": sh.ratio,
-           "baseline": 1.0, "baselineMedianS": b.median if b.ready else None,
-           "threshold": None if peer else 1 + shift_threshold(b, 0.03),
-           "othersRatio": sh.others_ratio if np.isfinite(sh.others_ratio) else None,
-           "window": {"fromStep": s0, "toStep": s1}, "signature": signature},
-          {"metric": "GPUs with thermal throttle reasons", "value": thermal,
-           "of": seen}]  # fmt: skip
-    return [Diagnosis(
-        f"shift:{sh.level}:{sh.group}", diag, "slowdown", 0.85 if thermal else 0.6,
-        f"{sh.level} {sh.group}: {len(sh.ranks)} ranks {sh.ratio - 1:.1%} slower than "
-        + ("the job's other ranks, its GPUs throttling for heat" if peer else
-           "the workload baseline while the others are not (absolute check)"),
-        step=s1, start_step=s0, end_step=s1, time=t1, ranks=list(sh.ranks), nodes=nodes,
-        rack=racks[0] if len(racks) == 1 else "", job_id=job.job_id, evidence=ev,
-    )]  # fmt: skip
+    ev = [
+        {
+            "metric": "median rank compute / "
+            + ("the other ranks'" if peer else "workload baseline"),
+            "value": sh.ratio,
+            "baseline": 1.0,
+            "baselineMedianS": b.median if b.ready else None,
+            "threshold": None if peer else 1 + shift_threshold(b, 0.03),
+            "othersRatio": sh.others_ratio if np.isfinite(sh.others_ratio) else None,
+            "window": {"fromStep": s0, "toStep": s1},
+            "signature": signature,
+        },
+        {"metric": "GPUs with thermal throttle reasons", "value": thermal, "of": seen},
+    ]
+    return [
+        Diagnosis(
+            f"shift:{sh.level}:{sh.group}",
+            diag,
+            "slowdown",
+            0.85 if thermal else 0.6,
+            f"{sh.level} {sh.group}: {len(sh.ranks)} ranks {sh.ratio - 1:.1%} slower than "
+            + (
+                "the job's other ranks, its GPUs throttling for heat"
+                if peer
+                else "the workload baseline while the others are not (absolute check)"
+            ),
+            step=s1,
+            start_step=s0,
+            end_step=s1,
+            time=t1,
+            ranks=list(sh.ranks),
+            nodes=nodes,
+            rack=racks[0] if len(racks) == 1 else "",
+            job_id=job.job_id,
+            evidence=ev,
+        )
+    ]
 
 
 _BELOW_RACK = ("switch", "nvlink_domain", "node")
 
 
 def throttled_racks(
-    q: DetectQueries, signature: str, job: JobSpan, place: Placement, s0: int, s1: int,
-    t0: float, t1: float, rank_vals: Any,
-) -> list[Diagnosis]:  # fmt: skip
+    q: DetectQueries,
+    signature: str,
+    job: JobSpan,
+    place: Placement,
+    s0: int,
+    s1: int,
+    t0: float,
+    t1: float,
+    rank_vals: Any,
+) -> list[Diagnosis]:
     """Racks most of whose GPUs throttle for heat over steps ``s0..s1``, while the workload's
     baseline is still being learned: there is no baseline to measure a slowdown against yet,
     and when the hot rack holds the whole job no other rack to compare it with either, so the
@@ -110,19 +156,41 @@ def throttled_racks(
         rest = [r for r, k in enumerate(place.rack) if k != rack]
         with np.errstate(all="ignore"):
             ratio = float(nanmedian(vals[rr]) / nanmedian(vals[rest])) if rest else None
-        versus = (f", {ratio - 1:.1%} slower than the job's other ranks"
-                  if ratio is not None and np.isfinite(ratio) else "")  # fmt: skip
-        ev = [{"metric": "GPUs with thermal throttle reasons", "value": n_hot, "of": len(mine),
-               "window": {"fromStep": s0, "toStep": s1}, "signature": signature,
-               "baseline": None, "othersRatio": ratio}]  # fmt: skip
-        out.append(Diagnosis(
-            f"shift:rack:{rack}", "rack_cooling", "slowdown", 0.7,
-            f"rack {rack}: {n_hot} of its {len(mine)} GPUs throttling for heat{versus}"
-            " (the workload's baseline is still being learned)",
-            step=s1, start_step=s0, end_step=s1, time=t1, ranks=rr,
-            nodes=sorted({place.node[r] for r in rr if place.node[r]}), rack=rack,
-            job_id=job.job_id, evidence=ev,
-        ))  # fmt: skip
+        versus = (
+            f", {ratio - 1:.1%} slower than the job's other ranks"
+            if ratio is not None and np.isfinite(ratio)
+            else ""
+        )
+        ev = [
+            {
+                "metric": "GPUs with thermal throttle reasons",
+                "value": n_hot,
+                "of": len(mine),
+                "window": {"fromStep": s0, "toStep": s1},
+                "signature": signature,
+                "baseline": None,
+                "othersRatio": ratio,
+            }
+        ]
+        out.append(
+            Diagnosis(
+                f"shift:rack:{rack}",
+                "rack_cooling",
+                "slowdown",
+                0.7,
+                f"rack {rack}: {n_hot} of its {len(mine)} GPUs throttling for heat{versus}"
+                " (the workload's baseline is still being learned)",
+                step=s1,
+                start_step=s0,
+                end_step=s1,
+                time=t1,
+                ranks=rr,
+                nodes=sorted({place.node[r] for r in rr if place.node[r]}),
+                rack=rack,
+                job_id=job.job_id,
+                evidence=ev,
+            )
+        )
     return out
 
 
@@ -141,9 +209,19 @@ def _gpus(place: Placement, ranks: Any) -> set[tuple[str, int]]:
 
 
 def _hot_rack(
-    q: DetectQueries, signature: str, job: JobSpan, sh: GroupShift, place: Placement,
-    b: Baseline, s0: int, s1: int, t0: float, t1: float, rank_vals: Any, rack: str,
-) -> list[Diagnosis]:  # fmt: skip
+    q: DetectQueries,
+    signature: str,
+    job: JobSpan,
+    sh: GroupShift,
+    place: Placement,
+    b: Baseline,
+    s0: int,
+    s1: int,
+    t0: float,
+    t1: float,
+    rank_vals: Any,
+    rack: str,
+) -> list[Diagnosis]:
     """A group inside one rack, its GPUs throttling for heat, while half the rack's GPUs or more
     throttle: the rack's cooling, seen first where its slowdown crossed the threshold (a rack
     hot from the middle of a block is slow in the median of some of its nodes only; the
@@ -155,10 +233,23 @@ def _hot_rack(
     if 2 * len(hot) < seen:
         return []
     with np.errstate(all="ignore"):
-        ratio = (float(nanmedian(np.asarray(rank_vals)[list(rr)])) / b.median
-                 if rank_vals is not None else sh.ratio)  # fmt: skip
-    return shift_diagnosis(q, signature, job, GroupShift("rack", rack, ratio, rr,
-                           sh.others_ratio), place, b, s0, s1, t0, t1)  # fmt: skip
+        ratio = (
+            float(nanmedian(np.asarray(rank_vals)[list(rr)])) / b.median
+            if rank_vals is not None
+            else sh.ratio
+        )
+    return shift_diagnosis(
+        q,
+        signature,
+        job,
+        GroupShift("rack", rack, ratio, rr, sh.others_ratio),
+        place,
+        b,
+        s0,
+        s1,
+        t0,
+        t1,
+    )
 
 
 # The host signals that put a slow collective on the network, and how a summary names them.
@@ -167,9 +258,17 @@ _NET_SIGNALS = {"retransmits": "TCP retransmits", "nic_errors": "NIC errors",
 
 
 def network_diagnosis(
-    q: DetectQueries, job: JobSpan, place: Placement, tr: float, tb: Baseline,
-    s0: int, s1: int, t0: float, t1: float, key: str,
-) -> Diagnosis:  # fmt: skip
+    q: DetectQueries,
+    job: JobSpan,
+    place: Placement,
+    tr: float,
+    tb: Baseline,
+    s0: int,
+    s1: int,
+    t0: float,
+    t1: float,
+    key: str,
+) -> Diagnosis:
     """Collectives slower than the baseline with every rank on time: NVLink when its GPUs count
     NVLink errors, else the network (with the hosts' TCP, NIC and InfiniBand signals).
 
@@ -186,27 +285,58 @@ def network_diagnosis(
     )
     net = [s for h in nh.values() for s in node_signals(h) if s.name in _NET_SIGNALS]
     ev: list[dict[str, Any]] = [
-        {"metric": "collective transfer time (least wait of any rank)", "value": tr,
-         "baseline": tb.median, "window": {"fromStep": s0, "toStep": s1},
-         "verdict": "slow_network: every rank on time, the transfer itself longer"}
-    ]  # fmt: skip
+        {
+            "metric": "collective transfer time (least wait of any rank)",
+            "value": tr,
+            "baseline": tb.median,
+            "window": {"fromStep": s0, "toStep": s1},
+            "verdict": "slow_network: every rank on time, the transfer itself longer",
+        }
+    ]
     if nv:
-        ev += [s.to_dict() for g in gh.values() if g.node in nv for s in gpu_signals(g)
-               if s.name == "nvlink_errors"][:8]  # fmt: skip
+        ev += [
+            s.to_dict()
+            for g in gh.values()
+            if g.node in nv
+            for s in gpu_signals(g)
+            if s.name == "nvlink_errors"
+        ][:8]
         ranks = [r for r, n in enumerate(place.node) if n in nv]
-        return Diagnosis(key, "nvlink", "slowdown", 0.85,
-                         f"NVLink errors on {', '.join(nv)}; collectives "
-                         f"{tr / tb.median:.2f}x slower",
-                         step=s1, start_step=s0, end_step=s1, time=t1, ranks=ranks, nodes=nv,
-                         job_id=job.job_id, evidence=ev)  # fmt: skip
-    ev += [s.to_dict() | {"node": h} for h in sorted(nh) for s in node_signals(nh[h])
-           if s.name in _NET_SIGNALS][:8]  # fmt: skip
-    return Diagnosis(key, "network", "slowdown", 0.85 if net else 0.6,
-                     f"collectives {tr / tb.median:.2f}x slower with every rank on time"
-                     + (f" ; {', '.join(sorted({_NET_SIGNALS[s.name] for s in net}))} up"
-                        if net else ""),
-                     step=s1, start_step=s0, end_step=s1, time=t1, job_id=job.job_id,
-                     evidence=ev)  # fmt: skip
+        return Diagnosis(
+            key,
+            "nvlink",
+            "slowdown",
+            0.85,
+            f"NVLink errors on {', '.join(nv)}; collectives {tr / tb.median:.2f}x slower",
+            step=s1,
+            start_step=s0,
+            end_step=s1,
+            time=t1,
+            ranks=ranks,
+            nodes=nv,
+            job_id=job.job_id,
+            evidence=ev,
+        )
+    ev += [
+        s.to_dict() | {"node": h}
+        for h in sorted(nh)
+        for s in node_signals(nh[h])
+        if s.name in _NET_SIGNALS
+    ][:8]
+    return Diagnosis(
+        key,
+        "network",
+        "slowdown",
+        0.85 if net else 0.6,
+        f"collectives {tr / tb.median:.2f}x slower with every rank on time"
+        + (f" ; {', '.join(sorted({_NET_SIGNALS[s.name] for s in net}))} up" if net else ""),
+        step=s1,
+        start_step=s0,
+        end_step=s1,
+        time=t1,
+        job_id=job.job_id,
+        evidence=ev,
+    )
 
 
 def note_hot(js: dict[str, Any], d: Diagnosis) -> None:

@@ -80,8 +80,17 @@ class Engine:
             c["tenant"] = self.job.tenant
         return c
 
-    def event(self, t: float, kind: str, step: int = -1, rank: int = -1, msg: str = "",
-              node: str = "", gpu: int = -1, **attrs: Any) -> None:  # fmt: skip
+    def event(
+        self,
+        t: float,
+        kind: str,
+        step: int = -1,
+        rank: int = -1,
+        msg: str = "",
+        node: str = "",
+        gpu: int = -1,
+        **attrs: Any,
+    ) -> None:
         self.events.append((t, kind, step, rank, node, gpu, msg, json.dumps(attrs, default=str)))
 
     def flush_events(self) -> None:
@@ -107,8 +116,10 @@ class Engine:
         if now - self.last_progress > 5.0:
             self.last_progress = now
             done = sum(self.batcher.total.values())
-            self.progress(f"sim {self.job.run_id}: {self.job_ids[-1]} t+{self.t - self.t0:,.0f}s, "
-                          f"{done:,} records")  # fmt: skip
+            self.progress(
+                f"sim {self.job.run_id}: {self.job_ids[-1]} t+{self.t - self.t0:,.0f}s, "
+                f"{done:,} records"
+            )
 
     # ---- one chunk of steps ---------------------------------------------------------------
     def chunk(self, s0: int, s1: int) -> StepChunk:
@@ -159,8 +170,13 @@ class Engine:
         rows = np.flatnonzero(c.steps % every == 0)
         ranks = np.arange(w if em.collective_ranks <= 0 else min(w, em.collective_ranks))
         if len(rows):
-            self.collectives(c.steps[rows], c.starts[rows], c.arrive[np.ix_(rows, ranks)],
-                             c.duration[np.ix_(rows, ranks)], ranks)  # fmt: skip
+            self.collectives(
+                c.steps[rows],
+                c.starts[rows],
+                c.arrive[np.ix_(rows, ranks)],
+                c.duration[np.ix_(rows, ranks)],
+                ranks,
+            )
 
     def collectives(self, steps: Arr, starts: Arr, enter: Arr, leave: Arr, ranks: Arr) -> None:
         k, w = enter.shape

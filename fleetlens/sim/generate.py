@@ -82,8 +82,9 @@ def _magnitude(rng: np.random.Generator) -> float:
     return round(float(rng.uniform(lo, hi)), 4)
 
 
-def _slow(kind: str, rng: np.random.Generator, steps: int, node: int, gpn: int,
-          npr: int) -> FaultSpec:  # fmt: skip
+def _slow(
+    kind: str, rng: np.random.Generator, steps: int, node: int, gpn: int, npr: int
+) -> FaultSpec:
     m = _magnitude(rng)
     onset = int(rng.integers(20, int(steps * 0.5)))
     left = steps - onset
@@ -95,27 +96,50 @@ def _slow(kind: str, rng: np.random.Generator, steps: int, node: int, gpn: int,
         period = int(rng.integers(40, 70))
         params = {"period": period, "episode": int(rng.integers(10, period // 2))}
         dur = max(3 * period, int(rng.uniform(0.6, 1.0) * left))
-        return FaultSpec(kind, step=onset, ranks=(rank,), magnitude=m, duration_steps=dur,
-                         params=params)  # fmt: skip
+        return FaultSpec(
+            kind, step=onset, ranks=(rank,), magnitude=m, duration_steps=dur, params=params
+        )
     if kind == "straggler.moving":
         params = {"period": int(rng.integers(20, 50))}
-        return FaultSpec(kind, step=onset, magnitude=m, params=params,
-                         duration_steps=int(rng.uniform(0.6, 1.0) * left))  # fmt: skip
+        return FaultSpec(
+            kind,
+            step=onset,
+            magnitude=m,
+            params=params,
+            duration_steps=int(rng.uniform(0.6, 1.0) * left),
+        )
     if kind == "thermal":
         params = {"ramp_steps": int(rng.integers(5, 30))}
-        return FaultSpec(kind, step=onset, ranks=(rank,), magnitude=m, params=params,
-                         duration_steps=int(rng.uniform(0.4, 1.0) * left))  # fmt: skip
+        return FaultSpec(
+            kind,
+            step=onset,
+            ranks=(rank,),
+            magnitude=m,
+            params=params,
+            duration_steps=int(rng.uniform(0.4, 1.0) * left),
+        )
     if kind == "data_stall":
         k = int(rng.integers(1, gpn + 1))
         dur = int(rng.integers(30, max(31, left // 2)))
-        return FaultSpec(kind, step=onset, ranks=tuple(range(node * gpn, node * gpn + k)),
-                         magnitude=m, duration_steps=dur)  # fmt: skip
+        return FaultSpec(
+            kind,
+            step=onset,
+            ranks=tuple(range(node * gpn, node * gpn + k)),
+            magnitude=m,
+            duration_steps=dur,
+        )
     if kind == "rack_cooling":
-        return FaultSpec(kind, step=onset, rack=node // npr, magnitude=m,
-                         duration_steps=int(rng.uniform(0.4, 1.0) * left))  # fmt: skip
+        return FaultSpec(
+            kind,
+            step=onset,
+            rack=node // npr,
+            magnitude=m,
+            duration_steps=int(rng.uniform(0.4, 1.0) * left),
+        )
     # network, nvlink
-    return FaultSpec(kind, step=onset, node=node, magnitude=m,
-                     duration_steps=int(rng.uniform(0.3, 1.0) * left))  # fmt: skip
+    return FaultSpec(
+        kind, step=onset, node=node, magnitude=m, duration_steps=int(rng.uniform(0.3, 1.0) * left)
+    )
 
 
 def _event(kind: str, rng: np.random.Generator, steps: int, node: int, gpn: int) -> FaultSpec:
@@ -133,8 +157,9 @@ def _event(kind: str, rng: np.random.Generator, steps: int, node: int, gpn: int)
     return FaultSpec(kind, step=step, ranks=(rank,))  # hang, oom
 
 
-def _run(rng: np.random.Generator, cfg: GenConfig, name: str, start: float,
-         workloads: dict[int, float]) -> Scenario:  # fmt: skip
+def _run(
+    rng: np.random.Generator, cfg: GenConfig, name: str, start: float, workloads: dict[int, float]
+) -> Scenario:
     gpn = int(rng.choice(cfg.gpus_per_node))
     nodes = int(rng.integers(cfg.nodes[0], cfg.nodes[1] + 1))
     steps = int(rng.integers(cfg.steps[0], cfg.steps[1] + 1))
@@ -165,18 +190,31 @@ def _run(rng: np.random.Generator, cfg: GenConfig, name: str, start: float,
             kind = str(rng.choice(cfg.event_kinds))
             faults.append(_event(kind, rng, steps, free.pop(), gpn))
     return Scenario(
-        name=name, description="generated", seed=int(rng.integers(2**31)), start_time=start,
-        cluster=Cluster(nodes=nodes, gpus_per_node=gpn, nodes_per_rack=npr, nodes_per_switch=2,
-                        spare_nodes=2),
-        job=Job(run_id=name, steps=steps, step_time=step_time, checkpoint_every=100,
-                checkpoint_write_s=5.0, startup_s=30.0, detect_s=30.0, restart_s=30.0,
-                hang_timeout_s=max(120.0, 30 * step_time), preempt_wait_s=120.0,
-                maintenance_s=120.0),
+        name=name,
+        description="generated",
+        seed=int(rng.integers(2**31)),
+        start_time=start,
+        cluster=Cluster(
+            nodes=nodes, gpus_per_node=gpn, nodes_per_rack=npr, nodes_per_switch=2, spare_nodes=2
+        ),
+        job=Job(
+            run_id=name,
+            steps=steps,
+            step_time=step_time,
+            checkpoint_every=100,
+            checkpoint_write_s=5.0,
+            startup_s=30.0,
+            detect_s=30.0,
+            restart_s=30.0,
+            hang_timeout_s=max(120.0, 30 * step_time),
+            preempt_wait_s=120.0,
+            maintenance_s=120.0,
+        ),
         noise=Noise(rank_cov=round(float(rng.uniform(*cfg.noise)), 4)),
         pool=Pool(other_jobs=2, partial_gangs=0),
         emission=Emission(collective_every=10, sample_s=10.0),
         faults=tuple(faults),
-    )  # fmt: skip
+    )
 
 
 def _span(scn: Scenario) -> float:

@@ -87,9 +87,13 @@ def _nominal(scn: Scenario) -> float:
 
 
 def simulate(
-    scn: Scenario, sink: Sink, *, seed: int | None = None, speed: float | None = None,
+    scn: Scenario,
+    sink: Sink,
+    *,
+    seed: int | None = None,
+    speed: float | None = None,
     start_time: float | None = None,
-) -> GroundTruth:  # fmt: skip
+) -> GroundTruth:
     """Run ``scn`` into ``sink``; returns the ground truth."""
     seed = scn.seed if seed is None else seed
     speed = scn.speed if speed is None else speed
@@ -109,23 +113,41 @@ def simulate(
     _pool_records(eng)
     eng.batcher.flush()
     return GroundTruth(
-        scenario=scn.name, run_id=scn.job.run_id, seed=seed, world_size=scn.world_size,
-        start_time=start_time, end_time=eng.t, steps=scn.job.steps, job_ids=eng.job_ids,
-        faults=[_truth(eng, f) for f in faults if f.start_time is not None], losses=eng.loss,
-        injected=eng.injected, records=dict(eng.batcher.total),
-    )  # fmt: skip
+        scenario=scn.name,
+        run_id=scn.job.run_id,
+        seed=seed,
+        world_size=scn.world_size,
+        start_time=start_time,
+        end_time=eng.t,
+        steps=scn.job.steps,
+        job_ids=eng.job_ids,
+        faults=[_truth(eng, f) for f in faults if f.start_time is not None],
+        losses=eng.loss,
+        injected=eng.injected,
+        records=dict(eng.batcher.total),
+    )
 
 
 def _truth(e: Engine, f: Injected) -> TruthFault:
     gpn = e.place.gpn
     return TruthFault(
-        id=f.id, kind=f.kind, diagnosis=f.info.diagnosis, owner=f.info.owner,
-        ranks=list(f.ranks), nodes=[e.place.name(n) for n in f.nodes],
+        id=f.id,
+        kind=f.kind,
+        diagnosis=f.info.diagnosis,
+        owner=f.info.owner,
+        ranks=list(f.ranks),
+        nodes=[e.place.name(n) for n in f.nodes],
         gpus=[f"{e.place.name(g // gpn)}:{g % gpn}" for g in f.gpus],
         rack=e.place.rack(f.nodes[0]) if f.rack >= 0 and f.nodes else "",
-        start_step=f.start, end_step=f.end, start_time=f.start_time, end_time=f.end_time,
-        job_ids=f.job_ids, fatal=f.trigger >= 0, magnitude=f.magnitude, params=f.params,
-    )  # fmt: skip
+        start_step=f.start,
+        end_step=f.end,
+        start_time=f.start_time,
+        end_time=f.end_time,
+        job_ids=f.job_ids,
+        fatal=f.trigger >= 0,
+        magnitude=f.magnitude,
+        params=f.params,
+    )
 
 
 def _pool_records(e: Engine) -> None:
@@ -139,11 +161,17 @@ def _pool_records(e: Engine) -> None:
         down += np.where((ts >= a) & (ts < b), g, 0)
     n = len(ts)
     ctx = {"run_id": e.job.run_id, "job_id": e.job_ids[-1]}
-    e.batcher.add(ctx, "sched_pool", n, {
-        "pool": ([pool.name], np.zeros(n, np.uint32)), "time": ts,
-        "capacity_gpus": np.full(n, cap, np.int32),
-        "in_service_gpus": np.maximum(cap - oos - down, 0).astype(np.int32),
-    })  # fmt: skip
+    e.batcher.add(
+        ctx,
+        "sched_pool",
+        n,
+        {
+            "pool": ([pool.name], np.zeros(n, np.uint32)),
+            "time": ts,
+            "capacity_gpus": np.full(n, cap, np.int32),
+            "in_service_gpus": np.maximum(cap - oos - down, 0).astype(np.int32),
+        },
+    )
     rng = np.random.default_rng(e.seed + 11)
     span = max(e.t - e.t0, 1.0)
     k = pool.other_jobs
@@ -153,13 +181,22 @@ def _pool_records(e: Engine) -> None:
     start = submit + rng.exponential(120.0, k)
     gang = start + np.where(np.arange(k) < pool.partial_gangs, rng.uniform(300, 1800, k), 5.0)
     end = gang + rng.uniform(0.1, 0.5, k) * span
-    e.batcher.add(ctx, "sched_alloc", k, {
-        "pool": [pool.name] * k, "job_id": [f"other-{i:03d}" for i in range(k)],
-        "run_id": [""] * k, "gpus": (8 * rng.integers(1, 9, k)).astype(np.int32),
-        "submit": submit, "start": start, "gang_complete": gang,
-        "end": np.where(end <= e.t, end, np.nan),
-        "state": ["COMPLETED" if x <= e.t else "RUNNING" for x in end],
-    })  # fmt: skip
+    e.batcher.add(
+        ctx,
+        "sched_alloc",
+        k,
+        {
+            "pool": [pool.name] * k,
+            "job_id": [f"other-{i:03d}" for i in range(k)],
+            "run_id": [""] * k,
+            "gpus": (8 * rng.integers(1, 9, k)).astype(np.int32),
+            "submit": submit,
+            "start": start,
+            "gang_complete": gang,
+            "end": np.where(end <= e.t, end, np.nan),
+            "state": ["COMPLETED" if x <= e.t else "RUNNING" for x in end],
+        },
+    )
 
 
 def run_scenario(

@@ -40,8 +40,9 @@ class Placement:
     def _refresh(self) -> None:
         self.phys = self.slot_nodes[self.rank_slot] * self.gpn + self.rank_gpu
         self.node_names = [self.name(int(n)) for n in self.slot_nodes]
-        self.uuids = [f"GPU-{self.pre}sim{int(p) // self.gpn:05d}-{int(p) % self.gpn:02d}"
-                      for p in self.phys]  # fmt: skip
+        self.uuids = [
+            f"GPU-{self.pre}sim{int(p) // self.gpn:05d}-{int(p) % self.gpn:02d}" for p in self.phys
+        ]
 
     def replace(self, node: int) -> int | None:
         """Swap physical ``node`` out for a spare; returns the spare, or None if none is left."""

@@ -42,8 +42,16 @@ def step_executions(sink: MemorySink) -> StepArrays:
         dur = col("duration").astype(np.float64)
         compute = np.where(np.isfinite(phases), phases, dur - _finite(col("comm")) - dw)
         t = col("time").astype(np.float64)
-        parts.append({"step": col("step"), "job": ctx.get("job_id", ""), "time": t,
-                      "end": t + dur, "compute": compute, "dw": dw})  # fmt: skip
+        parts.append(
+            {
+                "step": col("step"),
+                "job": ctx.get("job_id", ""),
+                "time": t,
+                "end": t + dur,
+                "compute": compute,
+                "dw": dw,
+            }
+        )
     if not sum(len(p["step"]) for p in parts):
         return StepArrays.empty()
     step = np.concatenate([p["step"] for p in parts]).astype(np.int64)
@@ -80,7 +88,12 @@ def events(sink: MemorySink) -> list[Event]:
         times, kinds = np.asarray(cols["time"]), cols["kind"]
         steps, attrs = np.asarray(cols["step"]), cols.get("attrs", [""] * n)
         for i in range(n):
-            row = {"time": times[i], "kind": kinds[i], "job_id": ctx.get("job_id", ""),
-                   "step": int(steps[i]), "attrs": attrs[i]}  # fmt: skip
+            row = {
+                "time": times[i],
+                "kind": kinds[i],
+                "job_id": ctx.get("job_id", ""),
+                "step": int(steps[i]),
+                "attrs": attrs[i],
+            }
             out.append(Event.from_row(row))
     return out

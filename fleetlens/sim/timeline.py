@@ -85,8 +85,16 @@ def _checkpoint(e: Engine, b: _Book, step: int, force_sync: bool = False) -> Non
     ckpt = f"{job.run_id}-step{step}"
     size = int(job.model_params * 14)
     e.event(e.t, "checkpoint_begin", step, checkpoint_id=ckpt, sync=sync)
-    e.event(e.t + write, "checkpoint_end", step, checkpoint_id=ckpt, size_bytes=size, sync=sync,
-            ok=True, duration=write)  # fmt: skip
+    e.event(
+        e.t + write,
+        "checkpoint_end",
+        step,
+        checkpoint_id=ckpt,
+        size_bytes=size,
+        sync=sync,
+        ok=True,
+        duration=write,
+    )
     for f in e.faults:
         if f.info.mode == "checkpoint" and f.start <= step - 1 < f.end:
             if e.job_ids[-1] not in f.job_ids:
@@ -145,8 +153,14 @@ def _fail(e: Engine, b: _Book, f: Injected, step: int) -> str:
         e.loss["hang"] += t_fail - e.t
         b.poll(e, e.t)
         b.lose(e)
-        e.event(t_fail, "hang", step, -1, f"NCCL watchdog: all_reduce seq {step} timed out after "
-                f"{job.hang_timeout_s:.0f}s", timeout_s=job.hang_timeout_s)  # fmt: skip
+        e.event(
+            t_fail,
+            "hang",
+            step,
+            -1,
+            f"NCCL watchdog: all_reduce seq {step} timed out after {job.hang_timeout_s:.0f}s",
+            timeout_s=job.hang_timeout_s,
+        )
         detect = 0.0
     else:
         t_fail = e.t + float(f.params.get("at_fraction", 0.5)) * job.step_time
@@ -157,8 +171,16 @@ def _fail(e: Engine, b: _Book, f: Injected, step: int) -> str:
         detect = job.detect_s if mode == "fatal" else 0.0
     f.start_time = t_fail if f.start_time is None else f.start_time
     f.end_time = t_fail
-    e.event(t_fail + detect, "failure", step, rank, f"attempt {e.job_ids[-1]} failed: {f.kind}",
-            node, gpu, cause=f.info.diagnosis)  # fmt: skip
+    e.event(
+        t_fail + detect,
+        "failure",
+        step,
+        rank,
+        f"attempt {e.job_ids[-1]} failed: {f.kind}",
+        node,
+        gpu,
+        cause=f.info.diagnosis,
+    )
     e.t = t_fail
     e.flush_events()
     e.sched_end("PREEMPTED" if mode == "preempt" else "FAILED")
@@ -166,8 +188,15 @@ def _fail(e: Engine, b: _Book, f: Injected, step: int) -> str:
         spare = e.place.replace(f.nodes[0])
         if spare is not None:
             # unplanned: a consequence of the failure, not maintenance (the seed's "planned drains")
-            e.event(t_fail + detect, "drain", step, -1, f"{node} drained after {f.kind}", node,
-                    planned=False)  # fmt: skip
+            e.event(
+                t_fail + detect,
+                "drain",
+                step,
+                -1,
+                f"{node} drained after {f.kind}",
+                node,
+                planned=False,
+            )
     gap_cat = _GAP[mode]
     gap = detect + job.restart_s + (job.preempt_wait_s if mode == "preempt" else 0.0)
     e.loss[gap_cat] += gap
@@ -175,13 +204,22 @@ def _fail(e: Engine, b: _Book, f: Injected, step: int) -> str:
     return gap_cat
 
 
-def _fault_events(e: Engine, f: Injected, step: int, rank: int, node: str, gpu: int,
-                  t: float) -> None:  # fmt: skip
+def _fault_events(
+    e: Engine, f: Injected, step: int, rank: int, node: str, gpu: int, t: float
+) -> None:
     kind = f.info.event
     if f.kind in _XID or f.kind == "fatal_xid":
         xid = int(f.params.get("xid", _XID.get(f.kind, 79)))
-        e.event(t, "hardware_fault", step, rank, f"NVRM: Xid {xid} on {node} GPU {gpu}", node, gpu,
-                xid=xid)  # fmt: skip
+        e.event(
+            t,
+            "hardware_fault",
+            step,
+            rank,
+            f"NVRM: Xid {xid} on {node} GPU {gpu}",
+            node,
+            gpu,
+            xid=xid,
+        )
         e.xid_sample(t, rank, xid)
     elif kind == "nan":
         e.event(t, "nan", step, 0, "loss is NaN", loss=float("nan"))

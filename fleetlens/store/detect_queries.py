@@ -146,8 +146,15 @@ class DetectQueries:
         )
         if not tab.num_rows:
             e = np.empty(0)
-            return StepMatrix(np.empty(0, dtype=np.int64), world, np.empty((0, world)),
-                              np.empty((0, world)), np.empty((0, world)), e, e)  # fmt: skip
+            return StepMatrix(
+                np.empty(0, dtype=np.int64),
+                world,
+                np.empty((0, world)),
+                np.empty((0, world)),
+                np.empty((0, world)),
+                e,
+                e,
+            )
         step = tab.column("step").to_numpy()
         rank = tab.column("rank").to_numpy().astype(np.int64)
         # Columns are ranks 0..W-1, so W comes from the ranks, but never from one absurd rank:
@@ -160,8 +167,11 @@ class DetectQueries:
         if not keep.all():
             log.warning(
                 "run %s job %s: %d rows with ranks outside 0..%d left out of the analysis",
-                run_id, job_id, int((~keep).sum()), cap - 1,
-            )  # fmt: skip
+                run_id,
+                job_id,
+                int((~keep).sum()),
+                cap - 1,
+            )
             step, rank, t, e = step[keep], rank[keep], t[keep], e[keep]
             cols = {c: v[keep] for c, v in cols.items()}
             if not len(step):
@@ -230,10 +240,14 @@ class DetectQueries:
             job=job_id,
         ).to_pylist()
         return {
-            int(r["h_rank"]): (float(r["h_time"]), int(r["h_step"]), str(r["h_phase"]),
-                               float(r["h_since"]))
+            int(r["h_rank"]): (
+                float(r["h_time"]),
+                int(r["h_step"]),
+                str(r["h_phase"]),
+                float(r["h_since"]),
+            )
             for r in rows
-        }  # fmt: skip
+        }
 
     def placed(self, run_id: str) -> dict[str, list[tuple[float, float]]]:
         """Node -> when the run was placed on it: per job attempt that put a rank there, from
@@ -488,8 +502,9 @@ class DetectQueries:
         read more than its first sample in [t0, t1]: the time of that sample, None if it never
         did."""
         if column not in ("ecc_sbe_total", "nvlink_crc_errors"):
-            raise ValueError(f"column {column!r} is no GPU counter; use ecc_sbe_total or "
-                             "nvlink_crc_errors")  # fmt: skip
+            raise ValueError(
+                f"column {column!r} is no GPU counter; use ecc_sbe_total or nvlink_crc_errors"
+            )
         rows = self.r.table(
             f"SELECT time AS c_t, {column} AS c_v FROM {{db}}.gpu_samples"
             " WHERE tenant = {tenant:String} AND node_id = {node:String} AND gpu = {gpu:Int64}"

@@ -61,8 +61,15 @@ class FindingInput(Protocol):
 
 
 class RunToAnalyze:
-    def __init__(self, tenant: str, run_id: str, last_seen: float, world: int,
-                 config: dict[str, Any], state: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tenant: str,
+        run_id: str,
+        last_seen: float,
+        world: int,
+        config: dict[str, Any],
+        state: dict[str, Any],
+    ) -> None:
         self.tenant, self.run_id, self.last_seen = tenant, run_id, last_seen
         self.world, self.config, self.state = world, config, state
 
@@ -158,13 +165,25 @@ class FindingsStore:
             ).first()
             now = time.time()
             if c is None:
-                s.add(AnalysisCursor(tenant=tenant, run_id=run_id, seen_last=seen_last,
-                                     state=state, updated_at=now))  # fmt: skip
+                s.add(
+                    AnalysisCursor(
+                        tenant=tenant,
+                        run_id=run_id,
+                        seen_last=seen_last,
+                        state=state,
+                        updated_at=now,
+                    )
+                )
             else:
                 c.seen_last, c.state, c.updated_at = seen_last, state, now
 
-    def upsert(self, tenant: str, run_id: str, found: Sequence[FindingInput],
-               replace_kind: str | None = None) -> list[Finding]:  # fmt: skip
+    def upsert(
+        self,
+        tenant: str,
+        run_id: str,
+        found: Sequence[FindingInput],
+        replace_kind: str | None = None,
+    ) -> list[Finding]:
         """Insert or update findings by key; the earliest detection is kept (a straggler's is
         restated from the data each pass; ``first_seen`` keeps when it first appeared). With
         ``replace_kind``, findings of that kind not in ``found`` are removed (reclassified)."""
@@ -183,9 +202,17 @@ class FindingsStore:
             for d in found:
                 old = existing.get(d.key)
                 if old is None:
-                    f = Finding(tenant=tenant, run_id=run_id, key=d.key, first_seen=now,
-                                step=d.step, time=d.time, start_step=d.start_step,
-                                end_step=d.end_step, confidence=0.0)  # fmt: skip
+                    f = Finding(
+                        tenant=tenant,
+                        run_id=run_id,
+                        key=d.key,
+                        first_seen=now,
+                        step=d.step,
+                        time=d.time,
+                        start_step=d.start_step,
+                        end_step=d.end_step,
+                        confidence=0.0,
+                    )
                     s.add(f)
                     existing[d.key] = f
                 else:
@@ -212,8 +239,10 @@ class FindingsStore:
                     # Who the others waited for is seen while the hang lasts (heartbeats); a
                     # pass after it ended restates its length and keeps whom it named.
                     f.summary = f"{d.summary}; ranks {kept[:16]} stopped behind the others"[:1024]
-                    f.evidence = [*d.evidence[:49], {"metric": "ranks named while hung",
-                                                     "value": kept[:64]}]  # fmt: skip
+                    f.evidence = [
+                        *d.evidence[:49],
+                        {"metric": "ranks named while hung", "value": kept[:64]},
+                    ]
                     f.updated_at = now
                     if f not in out:
                         out.append(f)
@@ -245,8 +274,15 @@ class FindingsStore:
                 )
             ).first()
             if b is None:
-                s.add(WorkloadBaseline(tenant=tenant, signature=signature, metric=metric,
-                                       values=values, updated_at=time.time()))  # fmt: skip
+                s.add(
+                    WorkloadBaseline(
+                        tenant=tenant,
+                        signature=signature,
+                        metric=metric,
+                        values=values,
+                        updated_at=time.time(),
+                    )
+                )
             else:
                 b.values, b.updated_at = values, time.time()
 

@@ -31,9 +31,14 @@ class Datasets(GraphPart):
     ) -> dict[str, Any]:
         """A dataset version; without ``version`` it is the content hash (content-addressed)."""
         ds = dataset_ref(
-            {"name": name, "version": version, "content_hash": content_hash, "uri": uri,
-             "shards": shards or []}
-        )  # fmt: skip
+            {
+                "name": name,
+                "version": version,
+                "content_hash": content_hash,
+                "uri": uri,
+                "shards": shards or [],
+            }
+        )
         with self._session() as s:
             upsert_dataset(s, scope.tenant, scope.project, ds)
         return self.dataset(scope, ds["name"], ds["version"])
@@ -75,9 +80,15 @@ def upsert_dataset(s: Session, tenant: str, project: str, ds: dict[str, Any]) ->
     ).first()
     if row is None:
         row = DatasetVersion(
-            tenant=tenant, project=project, name=ds["name"], version=ds["version"],
-            content_hash="", uri="", shards=[], created_at=time.time(),
-        )  # fmt: skip
+            tenant=tenant,
+            project=project,
+            name=ds["name"],
+            version=ds["version"],
+            content_hash="",
+            uri="",
+            shards=[],
+            created_at=time.time(),
+        )
         s.add(row)
     row.content_hash = str(ds.get("content_hash") or row.content_hash)
     row.uri = str(ds.get("uri") or row.uri)

@@ -97,8 +97,9 @@ def verify(ck: dict[str, Any], dataset: dict[str, Any] | None) -> dict[str, Any]
             checks.append({"what": what, "uri": uri, "ok": False, "reason": str(exc)})
             return
         ok = digest == bare(expected)
-        checks.append({"what": what, "uri": uri, "ok": ok, "expected": bare(expected),
-                       "actual": digest})  # fmt: skip
+        checks.append(
+            {"what": what, "uri": uri, "ok": ok, "expected": bare(expected), "actual": digest}
+        )
 
     check("checkpoint", ck.get("uri", ""), ck.get("checksum", ""))
     for shard in (dataset or {}).get("shards", []) or []:

@@ -141,9 +141,20 @@ class Lineage(GraphPart):
             "evaluation": {"evaluationId": evaluation_id} if evaluation_id else None,
             "checkpoint": ck,
             "step": ck["step"],
-            "run": {k: run[k] for k in ("runId", "project", "experimentId", "config", "code",
-                                        "dataset", "launchCommand", "environment")},
-        }  # fmt: skip
+            "run": {
+                k: run[k]
+                for k in (
+                    "runId",
+                    "project",
+                    "experimentId",
+                    "config",
+                    "code",
+                    "dataset",
+                    "launchCommand",
+                    "environment",
+                )
+            },
+        }
         if verify:
             out["verification"] = verify_files(ck, run.get("dataset"))
         return out

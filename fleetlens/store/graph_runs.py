@@ -89,8 +89,14 @@ class RunRecords(GraphPart):
                 )
             ).first()
             if row is None:
-                row = Checkpoint(tenant=scope.tenant, run_id=run_id, checkpoint_id=cid, uri="",
-                                 checksum="", job_id="")  # fmt: skip
+                row = Checkpoint(
+                    tenant=scope.tenant,
+                    run_id=run_id,
+                    checkpoint_id=cid,
+                    uri="",
+                    checksum="",
+                    job_id="",
+                )
                 s.add(row)
             row.step, row.sync, row.ok = int(step), bool(sync), bool(ok)
             row.uri = uri or row.uri
@@ -136,8 +142,9 @@ class RunRecords(GraphPart):
                 )
             ).first()
             if row is None:
-                row = Artifact(tenant=scope.tenant, run_id=run_id, name=name, uri=uri,
-                               created_at=time.time())  # fmt: skip
+                row = Artifact(
+                    tenant=scope.tenant, run_id=run_id, name=name, uri=uri, created_at=time.time()
+                )
                 s.add(row)
             row.kind, row.uri, row.sha256, row.size_bytes = kind, uri, bare(sha256), size
             return _artifact_json(row)

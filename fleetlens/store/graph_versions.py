@@ -64,10 +64,16 @@ class ModelVersions(GraphPart):
                 )
             if row is None:
                 row = ModelVersion(
-                    tenant=scope.tenant, project=run.project, model_id=model_id, version=version,
-                    run_id=run_id, checkpoint_id=ck.checkpoint_id, metrics={},
-                    created_at=time.time(), created_by=scope.actor,
-                )  # fmt: skip
+                    tenant=scope.tenant,
+                    project=run.project,
+                    model_id=model_id,
+                    version=version,
+                    run_id=run_id,
+                    checkpoint_id=ck.checkpoint_id,
+                    metrics={},
+                    created_at=time.time(),
+                    created_by=scope.actor,
+                )
                 s.add(row)
             if evaluation_id is not None:
                 row.evaluation_id = evaluation_id

@@ -153,18 +153,23 @@ class AdvisoryLock:
             self._drop()
             self._leader_url = ""
             if self._leading:
-                log.error("lost the lead: the lock's database connection failed (%s)",
-                          str(exc).splitlines()[0])  # fmt: skip
+                log.error(
+                    "lost the lead: the lock's database connection failed (%s)",
+                    str(exc).splitlines()[0],
+                )
                 self._set(False)
             else:
-                log.warning("cannot reach the metadata database to take the lead: %s",
-                            str(exc).splitlines()[0])  # fmt: skip
+                log.warning(
+                    "cannot reach the metadata database to take the lead: %s",
+                    str(exc).splitlines()[0],
+                )
         return self._leading
 
     def _set(self, leading: bool) -> None:
         if leading and not self._leading:
-            log.warning("this server (%s) leads: it runs monitoring, alerts and remediation",
-                        self.advertise)  # fmt: skip
+            log.warning(
+                "this server (%s) leads: it runs monitoring, alerts and remediation", self.advertise
+            )
         self._leading = leading
 
     def _drop(self) -> None:

@@ -147,8 +147,9 @@ class MetadataStore:
 
         def write() -> None:
             with self.session() as s:
-                self._observe(s, tenant, run_id, job_id, project, experiment_id, first, last,
-                              step, world_size)  # fmt: skip
+                self._observe(
+                    s, tenant, run_id, job_id, project, experiment_id, first, last, step, world_size
+                )
 
         retry_conflicts(write)
 
@@ -309,9 +310,11 @@ class MetadataStore:
     def _hung(s: Session, run: Run, job_id: str) -> bool:
         """Whether the analysis holds a hang of this attempt open (no end step yet)."""
         q = scoped(select(Finding.id), run.tenant).where(
-            Finding.run_id == run.run_id, Finding.kind == "hang", Finding.job_id == job_id,
+            Finding.run_id == run.run_id,
+            Finding.kind == "hang",
+            Finding.job_id == job_id,
             Finding.end_step < 0,
-        )  # fmt: skip
+        )
         return s.scalars(q.limit(1)).first() is not None
 
     def status_of(self, run: Run, now: float) -> tuple[str, JobVerdict | None]:

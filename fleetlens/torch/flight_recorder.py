@@ -148,8 +148,9 @@ class HangDump:
             fh.write(self._dump())
         os.replace(tmp, path)  # a reader never sees half a dump
         self.dumps += 1
-        log.warning("fleetlens: no step for %.0fs; flight recorder dumped to %s",
-                    self.limit(), path)  # fmt: skip
+        log.warning(
+            "fleetlens: no step for %.0fs; flight recorder dumped to %s", self.limit(), path
+        )
         if self.rank != 0:
             return
         deadline = time.monotonic() + self.gather_s
@@ -167,8 +168,9 @@ class HangDump:
             self.uploads += 1
         except Exception as exc:  # counted and said once; training goes on (or stays hung)
             self.errors += 1
-            log.warning("fleetlens: the flight recorder dumps in %s were not sent: %s",
-                        self.directory, exc)  # fmt: skip
+            log.warning(
+                "fleetlens: the flight recorder dumps in %s were not sent: %s", self.directory, exc
+            )
 
     def _post(self, paths: list[str]) -> dict[str, Any]:
         """The route's body, sent with the SDK's own transport (no server extras needed)."""

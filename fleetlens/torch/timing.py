@@ -282,8 +282,15 @@ class StepTiming:
     ) -> None:
         """One all-reduce: host times on CPU, device events (when marked) on CUDA."""
         if self._dev is None:
-            self.run.collective(step=step, seq=seq, op="all_reduce", group=name, enter=enter,
-                                exit=time.time(), bytes=nbytes)  # fmt: skip
+            self.run.collective(
+                step=step,
+                seq=seq,
+                op="all_reduce",
+                group=name,
+                enter=enter,
+                exit=time.time(),
+                bytes=nbytes,
+            )
         elif mark is not None:
             self._device_collective(step, seq, name, nbytes, mark)
 

@@ -41,9 +41,11 @@ class SecurityHeaders:
         self.app = app
 
     async def __call__(
-        self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+        self,
+        scope: Scope,
+        receive: Callable[[], Awaitable[Message]],
         send: Callable[[Message], Awaitable[None]],
-    ) -> None:  # fmt: skip
+    ) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
