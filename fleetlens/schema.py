@@ -490,23 +490,3 @@ KINDS: dict[str, RecordKind] = {
         HEARTBEAT,
     )
 }
-
-
-OBJECT_MAX_DEPTH = 32
-"""How deeply a config, environment, code or dataset object may nest (a real config is 3-6
-levels; the run page and the API serialize what was stored, so a 700-deep one would fail every
-read after it). Refused at the door, by name."""
-
-
-def nesting_problem(value: object, max_depth: int = OBJECT_MAX_DEPTH) -> str | None:
-    """What is wrong with the nesting of a JSON value, or None: it goes deeper than
-    ``max_depth`` objects and arrays (walked without recursion, so any depth is safe)."""
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, dict | list):
-            if depth > max_depth:
-                return f"nests deeper than {max_depth} levels"
-            items = v.values() if isinstance(v, dict) else v
-            stack.extend((x, depth + 1) for x in items if isinstance(x, dict | list))
-    return None

@@ -40,14 +40,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from ..errors import ConfigError
-from ..lifecycle import RELEASES
 from .hangs import HangRule
+from .run_structure import (
+    TERMINAL,
+    Attempts,
+    Executions,
+    cause_of,
+    read_attempts,
+    read_executions,
+)
 from .timeline import F64, Event, StepArrays
 from .timeline import events_from_rows as events_from_rows  # re-exported
 
@@ -92,13 +97,6 @@ FACTOR_OF: dict[str, str] = {
 """Which goodput factor each breakdown line belongs to (the reconciliation of the two views)."""
 
 _EXPLICIT_OK = frozenset(CATEGORIES) - {"productive", "straggler", "data_stall", "rework"}
-_TERMINAL = RELEASES
-_FAILURE = {"failure", "exception", "signal", "oom", "nan", "hardware_fault", "hang"}
-# The moment a fault (or an eviction) hit: the step in flight then is lost work. ``failure`` is
-# not one: it marks when the job was declared failed, so the time up to it is detection.
-_SIGNAL = {"exception", "signal", "oom", "nan", "hardware_fault", "preemption"}
-_UNPLANNED_DRAIN = "drain:unplanned"
-_START = {"job_start", "gang_complete"}
 _PRIO_EXPLICIT, _PRIO_HANG, _PRIO_ATTEMPT = 3, 2, 1
 _HANG_RULE = HangRule()
 
@@ -164,31 +162,6 @@ class Breakdown:
         }
 
 
-def _cause(kinds: set[str]) -> str:
-    if "preemption" in kinds:
-        return "preemption"
-    if kinds & {"maintenance", "drain"}:
-        return "maintenance"
-    if kinds & (_FAILURE | {_UNPLANNED_DRAIN}):
-        return "recovery"
-    if "finish" in kinds:
-        return "finish"
-    return "recovery"
-
-
-def _kind(e: Event, seen: set[str]) -> str:
-    """An event's kind for the cause; a drain is maintenance only when it was planned.
-
-    ``attrs.planned = false``, or a drain after a failure signal of the same attempt (a node
-    taken out because it failed), is part of the recovery from that failure.
-    """
-    if e.kind != "drain" or e.attrs.get("planned") is True:
-        return e.kind
-    if e.attrs.get("planned") is False or seen & _FAILURE:
-        return _UNPLANNED_DRAIN
-    return e.kind
-
-
 _REWORK_KEY = {"recovery": "failure", "preemption": "preemption", "maintenance": "maintenance"}
 _CAUSES = ("failure", "preemption", "maintenance")
 _LINES = CATEGORIES + tuple(f"rework:{k}" for k in _CAUSES)
@@ -196,115 +169,6 @@ _LINES = CATEGORIES + tuple(f"rework:{k}" for k in _CAUSES)
 
 # (start, end, line, precedence, held by the job)
 _Interval = tuple[float, float, str, int, bool]
-
-
-@dataclass(frozen=True)
-class _Executions:
-    """Step executions in time order, each clipped to the next one's start so none overlap."""
-
-    n: int
-    start: F64
-    wall: F64
-    jobs: npt.NDArray[Any]
-    retained: npt.NDArray[np.bool_]  # the last execution of its step number
-    data_wait: F64  # within the execution
-    straggler: F64  # slowest rank minus the mean rank, within the execution less its data wait
-
-
-def _executions(steps: StepArrays) -> _Executions:
-    n = len(steps.step)
-    start = np.asarray(steps.start, dtype=np.float64)
-    order = np.argsort(start, kind="stable")
-    st = start[order]
-    wall = np.maximum(np.asarray(steps.end, np.float64)[order] - st, 0.0)
-    if n > 1:
-        wall[:-1] = np.minimum(wall[:-1], np.maximum(st[1:] - st[:-1], 0.0))
-    step_no = np.asarray(steps.step)[order]
-    jobs = np.asarray(steps.job_id).astype(str)[order] if n else np.zeros(0, dtype=str)
-    # The retained execution of a step number is its last one; earlier ones were reworked.
-    retained = np.zeros(n, dtype=bool)
-    if n:
-        by_step = np.lexsort((st, step_no))
-        last = np.r_[step_no[by_step][1:] != step_no[by_step][:-1], True]
-        retained[by_step[last]] = True
-    dw = np.zeros(n) if steps.data_wait is None else np.asarray(steps.data_wait, np.float64)[order]
-    dw = np.clip(np.nan_to_num(dw, nan=0.0), 0.0, wall)
-    strag = (
-        np.asarray(steps.max_compute, np.float64)[order]
-        - np.asarray(steps.mean_compute, np.float64)[order]
-    )
-    strag = np.clip(np.nan_to_num(strag, nan=0.0), 0.0, wall - dw)
-    return _Executions(n, st, wall, jobs, retained, dw, strag)
-
-
-@dataclass
-class _Attempt:
-    held: float | None = None  # its first job_start / gang_complete
-    first: float | None = None  # its first step's start
-    last: float | None = None  # its last step's end
-    end: float | None = None  # its last terminal event
-    kinds: set[str] = field(default_factory=set)
-    hit: list[float] = field(default_factory=list)  # fault signals
-
-    @property
-    def start(self) -> float:
-        cands = [x for x in (self.held, self.first) if x is not None]
-        return min(cands) if cands else math.inf
-
-
-class _Attempts:
-    """The run's attempts (one per job id) that started, in time order."""
-
-    def __init__(self, by_job: dict[str, _Attempt]) -> None:
-        self.by_job = by_job
-        self.names = sorted(
-            (j for j in by_job if by_job[j].start < math.inf), key=lambda j: by_job[j].start
-        )
-        self.starts = [by_job[j].start for j in self.names]
-        self.ends: list[float] = []  # set once the events are read
-
-    def owner(self, e: Event) -> str | None:
-        """The attempt an event belongs to: its job's, else the one running at its time."""
-        if e.job_id in self.by_job and self.by_job[e.job_id].start < math.inf:
-            return e.job_id
-        k = int(np.searchsorted(self.starts, e.time, side="right")) - 1
-        return self.names[k] if k >= 0 else (self.names[0] if self.names else None)
-
-
-def _attempts(ex: _Executions, evs: list[Event]) -> _Attempts:
-    """Attempts: their held start, first step, last step end, end and what ended them."""
-    job_names = list(dict.fromkeys(ex.jobs.tolist()))
-    for e in evs:
-        if e.job_id and e.job_id not in job_names and (e.kind in _START or e.kind in _TERMINAL):
-            job_names.append(e.job_id)
-    att = {j: _Attempt() for j in job_names}
-    if ex.n:
-        uj, inv = np.unique(ex.jobs, return_inverse=True)
-        first = np.full(len(uj), np.inf)
-        np.minimum.at(first, inv, ex.start)
-        last_end = np.full(len(uj), -np.inf)
-        np.maximum.at(last_end, inv, ex.start + ex.wall)
-        for k, j in enumerate(uj.tolist()):
-            att[j].first, att[j].last = float(first[k]), float(last_end[k])
-    for e in evs:
-        if e.job_id in att and e.kind in _START:
-            a = att[e.job_id]
-            a.held = e.time if a.held is None else min(a.held, e.time)
-    attempts = _Attempts(att)
-    for e in evs:
-        j = attempts.owner(e)
-        if j is not None:
-            a = att[j]
-            a.kinds.add(_kind(e, a.kinds))
-            if e.kind in _SIGNAL:
-                a.hit.append(e.time)
-            if e.kind in _TERMINAL:
-                a.end = e.time if a.end is None else max(a.end, e.time)
-    attempts.ends = [
-        max(x for x in (a.last, a.end, a.held) if x is not None)
-        for a in (att[j] for j in attempts.names)
-    ]
-    return attempts
 
 
 def _explicit(evs: list[Event]) -> tuple[list[tuple[float, float, str]], list[Event], int]:
@@ -342,7 +206,7 @@ def _explicit(evs: list[Event]) -> tuple[list[tuple[float, float, str]], list[Ev
     return explicit, hangs, checkpoints
 
 
-def _attempt_intervals(attempts: _Attempts) -> tuple[list[_Interval], dict[str, str]]:
+def _attempt_intervals(attempts: Attempts) -> tuple[list[_Interval], dict[str, str]]:
     """Startup, the step in flight at a fault, the recovery after it and the gap between
     attempts, each charged to its cause; and each attempt's cause."""
     intervals: list[_Interval] = []
@@ -351,8 +215,8 @@ def _attempt_intervals(attempts: _Attempts) -> tuple[list[_Interval], dict[str, 
     names, starts, ends = attempts.names, attempts.starts, attempts.ends
     for k, j in enumerate(names):
         a = attempts.by_job[j]
-        cause = _cause(a.kinds)
-        if k == len(names) - 1 and not (a.kinds & (_TERMINAL - {"finish"})):
+        cause = cause_of(a.kinds)
+        if k == len(names) - 1 and not (a.kinds & (TERMINAL - {"finish"})):
             cause = "finish"
         causes[j] = cause
         s, f, last, end = starts[k], a.first, a.last, ends[k]
@@ -372,7 +236,7 @@ def _attempt_intervals(attempts: _Attempts) -> tuple[list[_Interval], dict[str, 
 
 
 def _hang_intervals(
-    hangs: list[Event], ex: _Executions, attempts: _Attempts, t0: float, t1: float
+    hangs: list[Event], ex: Executions, attempts: Attempts, t0: float, t1: float
 ) -> list[_Interval]:
     """A hang without a duration: from the last step end before it to the next step start."""
     st, wall, n = ex.start, ex.wall, ex.n
@@ -396,7 +260,7 @@ class _Tally:
     rework_by_cause: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_CAUSES, 0.0))
 
 
-def _stalled_steps(ex: _Executions, rule: HangRule) -> list[tuple[float, float]]:
+def _stalled_steps(ex: Executions, rule: HangRule) -> list[tuple[float, float]]:
     """Executions that lasted past the hang rule's threshold (a rank stopped mid-step holds
     every rank's step open): its time past the attempt's typical step and its data wait (a
     stall of its own) is a hang."""
@@ -413,7 +277,7 @@ def _stalled_steps(ex: _Executions, rule: HangRule) -> list[tuple[float, float]]
     return out
 
 
-def _hung_within(ex: _Executions, hangs: list[tuple[float, float]]) -> F64:
+def _hung_within(ex: Executions, hangs: list[tuple[float, float]]) -> F64:
     """Seconds of each execution inside a hang interval (a rank stopped mid-step holds every
     rank's step open: that step's length is the hang's, not work)."""
     out = np.zeros(ex.n)
@@ -423,7 +287,7 @@ def _hung_within(ex: _Executions, hangs: list[tuple[float, float]]) -> F64:
 
 
 def _charge_steps(
-    ex: _Executions,
+    ex: Executions,
     t0: float,
     t1: float,
     causes: dict[str, str],
@@ -444,7 +308,7 @@ def _charge_steps(
         lo, hi = np.clip(st, t0, t1), np.clip(st + wall, t0, t1)
         frac = np.divide(hi - lo, wall, out=np.zeros(n), where=wall > 0)
         tally.seconds["hang"] += float(np.sum(hung * frac))
-        ex = _Executions(n, st, wall - hung, jobs, retained, dw, strag)
+        ex = Executions(n, st, wall - hung, jobs, retained, dw, strag)
         st, wall = ex.start, ex.wall
     seconds, rework_by_cause = tally.seconds, tally.rework_by_cause
     lo = np.clip(st, t0, t1)
@@ -467,7 +331,7 @@ def _charge_steps(
 
 
 def _charge_segments(
-    ex: _Executions, intervals: list[_Interval], t0: float, t1: float, tally: _Tally
+    ex: Executions, intervals: list[_Interval], t0: float, t1: float, tally: _Tally
 ) -> None:
     """Everything else: elementary segments between interval ends, minus the step time in them,
     each charged to the line of highest precedence that covers it (or ``unaccounted``)."""
@@ -531,8 +395,8 @@ def breakdown(
     """Partition the run's wall-clock (or ``window``) into the lines of :data:`CATEGORIES`.
     ``hang_rule`` finds steps held open by a hang (None: step time is never a hang)."""
     evs = sorted(events, key=lambda e: e.time)
-    ex = _executions(steps)
-    attempts = _attempts(ex, evs)
+    ex = read_executions(steps)
+    attempts = read_attempts(ex, evs)
     explicit, hangs, checkpoints = _explicit(evs)
     if window is None:
         t0 = min(attempts.starts) if attempts.starts else 0.0

@@ -14,8 +14,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..analysis.flops import accelerator
+from ..collector.rows import nesting_problem
 from ..errors import ConfigError, StoreError
-from ..schema import nesting_problem
 from ..services.compare import CompareQueries, compare_runs
 from ..store.graph import ARTIFACT_KINDS, GraphStore
 from ..store.graph_files import server_read_refusal

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import EVENT_KINDS, HEARTBEAT_PHASES, RecordKind, nesting_problem
+from ..schema import EVENT_KINDS, HEARTBEAT_PHASES, RecordKind
 from ..store.batch import Col, StringColumn
 
-__all__ = ["NAME_RULE", "DecodeLimits", "Rules"]
+__all__ = ["NAME_RULE", "OBJECT_MAX_DEPTH", "DecodeLimits", "Rules", "nesting_problem"]
 
 NAME_RULE = "1-256 printable characters (no tabs, newlines or other control characters)"
 """Scalar names: ``train/loss``, ``eval/acc@1`` are fine."""
@@ -261,3 +261,23 @@ def _attr_problem(raw: str, kind: str, limits: DecodeLimits) -> str | None:
     if not isinstance(parsed, dict):
         return "attrs must be a JSON object"
     return _attrs_problem(kind, parsed, limits.max_step)
+
+
+OBJECT_MAX_DEPTH = 32
+"""How deeply a config, environment, code or dataset object may nest (a real config is 3-6
+levels; the run page and the API serialize what was stored, so a 700-deep one would fail every
+read after it). Refused at the door, by name."""
+
+
+def nesting_problem(value: object, max_depth: int = OBJECT_MAX_DEPTH) -> str | None:
+    """What is wrong with the nesting of a JSON value, or None: it goes deeper than
+    ``max_depth`` objects and arrays (walked without recursion, so any depth is safe)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict | list):
+            if depth > max_depth:
+                return f"nests deeper than {max_depth} levels"
+            items = v.values() if isinstance(v, dict) else v
+            stack.extend((x, depth + 1) for x in items if isinstance(x, dict | list))
+    return None

@@ -10,7 +10,7 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .pages import EARLY_OVERVIEW
+from .templates import EARLY_OVERVIEW
 
 __all__ = ["CSP", "SecurityHeaders"]
 
