@@ -37,7 +37,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     @property
     def relay(self) -> Relay:
-        return cast(Relay, getattr(self.server, "relay"))  # noqa: B009 - set on our servers
+        return cast("Relay", getattr(self.server, "relay"))  # noqa: B009 - set on our servers
 
     def do_GET(self) -> None:
         if self.path.split("?")[0] != "/v1/relay":
