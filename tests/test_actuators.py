@@ -34,7 +34,7 @@ from fleetlens.testing import free_port
 
 from .slurmstack import SlurmCluster, binary, slurm_cluster, write_conf
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 REASON = "fleetlens #1: fatal_xid"
 
@@ -49,6 +49,7 @@ def slurm(monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmCluster]:
         yield cluster
 
 
+@pytest.mark.e2e
 def test_slurm_drains_the_node_with_our_reason(slurm: SlurmCluster) -> None:
     assert slurm.state() == "IDLE"
 
@@ -73,6 +74,7 @@ def test_slurm_drains_the_node_with_our_reason(slurm: SlurmCluster) -> None:
     assert slurm.reason() == ("fleetlens #2: ecc_uncorrectable " + "x" * 300)[:200]
 
 
+@pytest.mark.e2e
 def test_slurm_unknown_node_fails_with_scontrols_error(slurm: SlurmCluster) -> None:
     out = SlurmActuator().apply("no-such-node", REASON)
 
@@ -81,6 +83,7 @@ def test_slurm_unknown_node_fails_with_scontrols_error(slurm: SlurmCluster) -> N
     assert slurm.state() == "IDLE"
 
 
+@pytest.mark.e2e
 def test_slurm_refuses_a_user_who_is_not_an_operator(slurm: SlurmCluster, tmp_path: Path) -> None:
     # What a server running as an ordinary user gets: the controller (munge-authenticated uid)
     # says no, and the outcome carries it. runuser keeps the environment, SLURM_CONF included.
@@ -100,6 +103,7 @@ def test_slurm_refuses_a_user_who_is_not_an_operator(slurm: SlurmCluster, tmp_pa
         time.sleep(0.05)
 
 
+@pytest.mark.e2e
 def test_slurm_controller_unreachable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The real scontrol with a config whose controller is not running (nothing on that port).
     conf = write_conf(
@@ -302,6 +306,7 @@ def test_kubernetes_without_the_right_token_is_refused(token: str) -> None:
         assert not _cordoned(httpd)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
 def test_kubernetes_in_cluster_uses_the_service_account(
     host: str,
@@ -323,6 +328,7 @@ def test_kubernetes_in_cluster_uses_the_service_account(
         assert _cordoned(httpd)
 
 
+@pytest.mark.e2e
 def test_kubernetes_in_cluster_verifies_the_api_server_against_the_ca(
     cert: tuple[Path, Path], in_cluster: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

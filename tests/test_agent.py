@@ -22,7 +22,7 @@ from fleetlens.sdk.recorder import Recorder
 from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.testing import Server
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 REAL = Path(__file__).resolve().parent / "data" / "real" / "dcgm" / "metrics_scrapes"
 
@@ -206,6 +206,7 @@ def test_infiniband_errors_are_network_evidence() -> None:
     assert node_signals(NodeHealth("n1", samples=5, ib_errors_per_s=0.0)) == []
 
 
+@pytest.mark.e2e
 def test_agent_scrapes_dcgm_exporter_and_delivers_to_the_server(tmp_path: Path) -> None:
     scrape = (REAL / "h100x8_aicr_dcgm-exporter_sampled_lines.prom").read_bytes()
 

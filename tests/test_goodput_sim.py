@@ -37,7 +37,7 @@ from fleetlens.sim.emit import HttpSink
 from fleetlens.sim.model import Scenario
 from fleetlens.testing import Server
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 SCENARIOS = [
     "fatal_xid",
@@ -147,6 +147,7 @@ class _Tee:
         self.http.close()
 
 
+@pytest.mark.e2e
 def test_server_goodput_gives_back_the_ground_truth(server: Server) -> None:
     scn = load_scenario("fatal_xid")
     scn = replace(scn, job=replace(scn.job, run_id="goodput-sim"))

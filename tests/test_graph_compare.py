@@ -14,7 +14,7 @@ from fleetlens.sim.library import load_scenario, run_scenario
 from fleetlens.testing import Server, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 CONFIG = {
     "model": "8b",
@@ -65,6 +65,7 @@ def test_config_diff_shows_only_what_differs_changed_first() -> None:
     assert keys == ["derived.tokens_per_step", "global_batch_size"]
 
 
+@pytest.mark.e2e
 def test_compare_lr_vs_straggler(gserver: Server) -> None:
     for run in ("base", "lr"):
         _sim(gserver, "_small", f"sim-{run}")

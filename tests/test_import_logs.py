@@ -21,7 +21,7 @@ from fleetlens.importers.steplog import read_nemo, read_torchtitan
 from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 REAL = Path(__file__).resolve().parent / "data" / "real" / "training_logs"
 BIG = REAL / "bigscience_megatron_deepspeed"
@@ -150,6 +150,7 @@ def _cli(server: Server, *args: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.e2e
 def test_imported_runs_in_the_store(gserver: Server) -> None:
     """Import through the wire and the server: the run's timeline, its anomaly, its end."""
     from fleetlens.importers.runlog import batches
@@ -176,6 +177,7 @@ def test_imported_runs_in_the_store(gserver: Server) -> None:
     assert gp["breakdown"]["wallSeconds"] > 0
 
 
+@pytest.mark.e2e
 def test_cli_import_dry_run(gserver: Server) -> None:
     s = _cli(
         gserver,
@@ -195,6 +197,7 @@ def test_cli_import_dry_run(gserver: Server) -> None:
     assert run["config"]["devices"] == 32 and run["config"]["dtype"] == "fp16"
 
 
+@pytest.mark.e2e
 def test_an_imported_log_is_history_not_a_hung_run(tmp_path: Path) -> None:
     """Logs that end without an end line (the DeepSpeed runs, the golden values) were called
     hung from their last line until now ("no progress for 96,017,582 s") and STALLED."""
@@ -303,6 +306,7 @@ def test_golden_values_nan_is_a_gap_unless_other_metrics_were_recorded() -> None
     assert [e["step"] for e in g.attempts[1].events if e["kind"] == "nan"] == [7]
 
 
+@pytest.mark.e2e
 def test_imported_history_through_the_cli_is_a_real_run(tmp_path: Path) -> None:
     """Through the CLI into a server: the NaN is a finding, restarts and start-up are not
     productive time, the world size and MFU come from the log's arguments."""
@@ -361,6 +365,7 @@ def test_nemo_and_torchtitan_logs_and_what_their_numbers_say() -> None:
     assert titan.attempts[-1].events[-1]["kind"] == "finish"
 
 
+@pytest.mark.e2e
 def test_nemo_and_torchtitan_through_the_cli_are_real_runs(tmp_path: Path) -> None:
     srv = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "1"}).start()
     try:

@@ -17,7 +17,7 @@ from fleetlens.importers.sacct import parse_sacct
 from fleetlens.services.goodput import GoodputQueries
 from fleetlens.store.chdb_store import ChdbStore
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 ALIBABA = (
     Path(__file__).resolve().parent / "data" / "real" / "cluster_traces" / "alibaba_openb_v2023"

@@ -20,7 +20,7 @@ import pytest
 from fleetlens.lifecycle import GRACE_S, RankEnd, job_verdict, peer_error
 from fleetlens.testing import Server, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 GLOO = (
     "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
@@ -128,6 +128,7 @@ def _reap(procs: list[subprocess.Popen[Any]]) -> None:
         p.communicate(timeout=30)
 
 
+@pytest.mark.e2e
 def test_ranks_that_finish_make_a_finished_run_with_every_finish_on_its_timeline(
     server: Server,
 ) -> None:
@@ -146,6 +147,7 @@ def test_ranks_that_finish_make_a_finished_run_with_every_finish_on_its_timeline
     assert ranks_of == {"job_start": [0, 1, 2, 3], "finish": [0, 1, 2, 3]}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("victim", [2])
 def test_a_rank_killed_from_outside_fails_the_run_naming_it(server: Server, victim: int) -> None:
     procs = _ranks(server, "kill", -1)
@@ -182,6 +184,7 @@ def test_a_rank_killed_from_outside_fails_the_run_naming_it(server: Server, vict
         _reap(procs)
 
 
+@pytest.mark.e2e
 def test_sigterm_to_every_rank_is_a_stopped_run(server: Server) -> None:
     procs = _ranks(server, "term", -1)
     try:
@@ -214,6 +217,7 @@ _RAISES = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_an_exception_outside_any_step_is_the_rank_s_last_word(server: Server) -> None:
     """A trainer's callbacks see no exception: the SDK reports the one that ends the process."""
     env = {

@@ -20,7 +20,7 @@ import pytest
 from fleetlens.sdk.oom import oom_attrs
 from fleetlens.testing import Server, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 pytest.importorskip("torch")
 
@@ -49,6 +49,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_a_real_cpu_out_of_memory_is_an_oom_finding_with_its_step(
     server: Server, tmp_path: Path
 ) -> None:

@@ -36,7 +36,7 @@ from fleetlens.store.scope import Scope
 from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.torch import TorchRun, latest_checkpoint, save_verified
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 NOW = 1_800_000_000.0
 
@@ -402,6 +402,7 @@ def test_live_hang_names_the_rank_behind_the_others(ctl: Controller) -> None:
     assert "periodic" in a.checkpoint["source"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("last_poll_s", "hung"), [(29.0, False), (1.0, True)])
 def test_ranks_that_stopped_polling_when_they_stopped_are_dead_not_hung(
     ctl: Controller, last_poll_s: float, hung: bool
@@ -437,6 +438,7 @@ def test_the_live_hang_threshold_scales_with_the_step_time(
     assert f.diagnosis == "hang" and f.evidence[0]["threshold"] == 10.0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("silent_s", "stop_after_s", "hung"), [
     (59.0, None, False),  # under the floor (60 s > 10 x 1 s steps)
     (61.0, None, True),
@@ -513,6 +515,7 @@ def test_resume_skips_a_checkpoint_whose_file_no_longer_matches(tmp_path: Path) 
     assert latest_checkpoint(str(tmp_path))[0]["step"] == 100  # type: ignore[index]
 
 
+@pytest.mark.e2e
 def test_a_big_job_polls_no_faster_than_the_server_allows(server: Server) -> None:
     _, body = step_batch("big-run", range(0, 3), 2)
     assert server.post(body)[0] == 200

@@ -28,7 +28,7 @@ from fleetlens.sdk import NullRun, SDKConfig
 from fleetlens.sdk.spool import Spool
 from fleetlens.wire import Batch, DictColumn, TableBuilder, encode_batch
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 # -- a real collector on loopback ------------------------------------------------------------
 
@@ -743,6 +743,7 @@ while True:
 """
 
 
+@pytest.mark.e2e
 def test_sigterm_delivers_a_signal_event_and_the_process_still_dies(
     tmp_path: Path, collector: Collector
 ) -> None:
@@ -770,6 +771,7 @@ def test_sigterm_delivers_a_signal_event_and_the_process_still_dies(
     assert sig["attrs"] == {"signal": int(signal.SIGTERM)} and "SIGTERM" in sig["message"]
 
 
+@pytest.mark.e2e
 def test_import_is_light_reads_no_environment_and_starts_nothing(tmp_path: Path) -> None:
     code = (
         "import sys, threading, os\n"

@@ -17,7 +17,7 @@ import fleetlens
 from fleetlens.analysis.topology import split_tp_groups, tp_size
 from fleetlens.testing import Server, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 
 def _train(server: Server, tmp: Path, run_id: str, node_of: list[str]) -> None:
@@ -40,6 +40,7 @@ def _findings(server: Server, run_id: str) -> list[dict]:  # type: ignore[type-a
     return list(server.get(f"/v1/runs/{run_id}/diagnosis")["findings"])
 
 
+@pytest.mark.e2e
 def test_tensor_parallel_groups_split_over_nodes_are_found(server: Server, tmp_path: Path) -> None:
     _train(server, tmp_path, "cyclic", [f"node-{r % 2}" for r in range(8)])
     _train(server, tmp_path, "block", [f"node-{r // 4}" for r in range(8)])

@@ -25,7 +25,7 @@ from fleetlens.traces.collectives import normalize_op
 from fleetlens.traces.importer import RankTrace, import_traces
 from fleetlens.traces.kineto import COMM, COMPUTE, MEMORY, read_trace
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.unit
 
 REAL = Path(__file__).resolve().parent / "data" / "real" / "kineto_traces" / "hta"
 W16 = REAL / "world16_a100_80gb" / "rank0.json.gz"
@@ -242,6 +242,7 @@ def test_dry_run_parses_and_sends_nothing(capsys: pytest.CaptureFixture[str]) ->
     assert "551-551" in out and "rank-34" in out
 
 
+@pytest.mark.e2e
 def test_import_and_read_back(server: Server, capsys: pytest.CaptureFixture[str]) -> None:
     assert (
         _cli(["traces", "import", str(W128), "--run", "tr1", "--job", "j1", "--server", server.url])
