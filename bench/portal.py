@@ -72,9 +72,10 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, free_port, stop_server
+from _common import emit, stop_server
 from ingest import post_all
 
+from fleetlens.testing import free_port
 from fleetlens.wire import TableBuilder, encode_batch
 
 STEP_S, SLOW_RANK, TOKENS_PER_RANK = 2.0, 777, 4096

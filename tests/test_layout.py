@@ -68,6 +68,33 @@ def test_the_package_and_the_benchmarks_never_import_tests() -> None:
     assert not bad, bad
 
 
+def test_what_a_benchmark_imports_from_the_shared_harness_exists() -> None:
+    """The benchmarks run only in scripts/check's last stage (and mypy does not read them): a
+    name a bench imports from ``bench/_*.py`` that is gone fails here, at once."""
+    defined: dict[str, set[str]] = {}
+    for p in (ROOT / "bench").glob("_*.py"):
+        names: set[str] = set()
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        defined[p.stem] = names
+    missing = [
+        f"{p.name}: {node.module}.{a.name}"
+        for p in _python_files("bench")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and node.module
+        and (mod := node.module.removeprefix("bench.")) in defined
+        for a in node.names
+        if a.name not in defined[mod]
+    ]
+    assert missing == [], missing
+
+
 def test_nothing_outside_the_checkout_is_read() -> None:
     """A clone with nothing beside it must pass: no test, bench or module reads ../shared."""
     bad = [
