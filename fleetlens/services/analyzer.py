@@ -43,6 +43,7 @@ from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
 from ..store.findings import FindingsStore, RunToAnalyze
 from ..store.models import Finding
 from ..store.telemetry import TelemetryStore
+from .cursor import CursorVersionError, migrate
 from .data_stalls import data_stall
 from .devices import device_window, hardware, late_hardware, placed_until
 from .hang_findings import find_hangs
@@ -74,6 +75,9 @@ def analyze_once(
     for run in store.runs_with_new_data(config.max_runs):
         try:
             found, stragglers, state, pending = analyze_run(telemetry, store, run, now, config)
+        except CursorVersionError as exc:  # a newer server's state: left as it is, not reset
+            log.warning("run %s not analysed: %s", run.run_id, exc)
+            continue
         except Exception:  # one bad run must not stop the loop; the next pass retries it
             log.exception("analysis of run %s failed", run.run_id)
             continue
@@ -104,7 +108,7 @@ def analyze_run(
     """Analyse a run's new windows: (findings, the run's straggler findings, state, pending)."""
     q = DetectQueries(telemetry, run.tenant)
     ctx = _Ctx(q, run, cfg, now)
-    state = dict(run.state)
+    state = migrate(run.state)
     jobs = q.jobs(run.run_id)
     if not jobs:
         return [], [], state, False
@@ -115,13 +119,11 @@ def analyze_run(
         m: Baseline.from_json(state.get(f"bl_{m}") or store.baseline(run.tenant, ctx.signature, m))
         for m in ("compute", "transfer")
     }
-    jstate: dict[str, Any] = state.setdefault("jobs", {})
-    ctx.coll = state.setdefault("coll", {})
-    for js in jstate.values():  # a cursor from before blocks had their own: they went with done
-        js.setdefault("blocked", js["done"])
+    jstate: dict[str, Any] = state["jobs"]
+    ctx.coll = state["coll"]
     pending = watch = False
     for i, job in enumerate(jobs):
-        js = jstate.setdefault(job.job_id, {"done": job.first_step - 1})
+        js = jstate.setdefault(job.job_id, _new_attempt(job))
         if job.last_step <= js["done"]:
             if i + 1 == len(jobs):  # no new step: is the newest attempt hung by its own clock?
                 lo = max(job.first_step, job.last_step - RECENT_STEPS)
@@ -218,6 +220,12 @@ def analyze_run(
     return ctx.found, stragglers, state, pending or watch
 
 
+def _new_attempt(job: JobSpan) -> dict[str, Any]:
+    """An attempt's state before its first step is analysed (cursor version 2)."""
+    before = job.first_step - 1
+    return {"done": before, "blocked": before, "sealed": before}
+
+
 def _advance_stragglers(
     ctx: _Ctx,
     job: JobSpan,
@@ -235,8 +243,8 @@ def _advance_stragglers(
     was superseded or it is a whole window (``per`` steps) behind the attempt's newest step:
     its missing rows are lost, or later than the analysis waits. Returns whether work is left.
     """
-    js = jstate.setdefault(job.job_id, {"done": job.first_step - 1})
-    sealed = int(js.get("sealed", js["done"] if "cusum" in js else job.first_step - 1))
+    js = jstate.setdefault(job.job_id, _new_attempt(job))
+    sealed = int(js.get("sealed", job.first_step - 1))  # none: nothing committed yet
     if sealed >= job.last_step:
         return False
     cfg, q = ctx.cfg, ctx.q
@@ -285,7 +293,7 @@ def _advance_blocks(
     by step number (``first_step + j * block_steps``), so they are the same whatever the passes;
     the last, partial block once the attempt is over. Returns whether work is left."""
     b = ctx.cfg.block_steps
-    blocked = int(js.setdefault("blocked", job.first_step - 1))
+    blocked = int(js["blocked"])
     sealed = int(js.get("sealed", job.first_step - 1))
     if ended and sealed >= job.last_step:
         top = job.last_step
