@@ -155,7 +155,8 @@ def test_ranks_through_the_relay_survive_a_server_outage_and_are_stored_once(
 ) -> None:
     server = Server(str(tmp_path / "data")).start()
     agent = Agent(server.url, tmp_path / "spool", port=free_port())
-    with running(server, agent.start()):
+    with running(server, agent):  # both stopped, whatever fails
+        agent.start()
         runs = _ranks(agent.url, tmp_path, "relayed", 4)
         _train(runs, range(0, 100))
         assert all(run.flush(10) for run in runs)
@@ -226,7 +227,8 @@ def test_the_relay_forwards_each_rank_with_its_own_token(tmp_path: Path) -> None
     meta.close()
     server = Server(str(data), extra_args=("--auth", "required")).start()
     agent = Agent(server.url, tmp_path / "spool", port=free_port())
-    with running(server, agent.start()):
+    with running(server, agent):  # both stopped, whatever fails
+        agent.start()
         runs = {
             name: fleetlens.init(
                 project="p",
@@ -462,7 +464,8 @@ def test_a_relay_in_front_of_an_older_server_forwards_batch_by_batch(tmp_path: P
     agent = Agent(f"http://127.0.0.1:{older.server_address[1]}", tmp_path / "spool",
                   port=free_port())  # fmt: skip
     try:
-        with running(server, agent.start()):
+        with running(server, agent):  # both stopped, whatever fails
+            agent.start()
             runs = _ranks(agent.url, tmp_path, "older", 2)
             _train(runs, range(0, 40))
             for run in runs:
