@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ..errors import StoreError
 from ..schema import KINDS
-from .ddl import Layout, insert_settings, views
+from .ddl import Layout, View, insert_settings, views
 from .retention import ensure_schema
 from .telemetry import context_for
 
@@ -173,8 +173,12 @@ class ChdbStore:
         of a piece stored in part are deleted, so that its retry stores it whole.
 
         The engine writes a table and then its materialized views: a crash between the two
-        leaves rows the views never saw. So every group of every view that the interrupted
-        rows fall in is computed again from the table (:meth:`View.rebuild_sql`)."""
+        leaves rows a view never saw. Each view is asked whether it saw the insert (two counts,
+        :meth:`View.seen_sql`) and one that missed it is fed the insert's rows alone
+        (:meth:`View.catch_up_sql`): the cost is a few reads and at most one insert per view,
+        whatever the size of the interrupted insert, so a restart is not held by it. Only what
+        a count cannot explain (a piece stored in part, a view off by some other number of
+        rows) falls back to computing its groups again (:meth:`_rebuild`)."""
         by_kind: dict[str, dict[int, int]] = {}
         for kind, key, rows in pieces:
             if kind in KINDS:
@@ -189,29 +193,40 @@ class ChdbStore:
             )
             if not got.num_rows:
                 continue  # none of it reached the table, so none reached its views
-            partial = []
-            for row in got.to_pylist():
-                key, n = int(row["k"]), int(row["n"])
-                if n >= want.get(key, 0):
-                    whole.add(key)
-                else:
-                    partial.append(key)
-            touched = [
-                (view, self.query(view.groups_sql(self.database, keys)).to_pylist())
-                for view in self._views
-                if view.source == KINDS[kind].table
-            ]
+            counts = {int(r["k"]): int(r["n"]) for r in got.to_pylist()}
+            whole |= {k for k, n in counts.items() if n >= want.get(k, 0)}
+            partial = [k for k, n in counts.items() if n < want.get(k, 0)]
+            views = [v for v in self._views if v.source == KINDS[kind].table]
             if partial:
-                self.command(
-                    f"ALTER TABLE {table} DELETE WHERE _batch IN "
-                    f"({', '.join(map(str, partial))}) SETTINGS mutations_sync = 1"
-                )
-            for view, groups in touched:
-                for i in range(0, len(groups), _REBUILD_GROUPS):
-                    literal = _tuples(groups[i : i + _REBUILD_GROUPS])
-                    for stmt in view.rebuild_sql(self.database, literal):
-                        self.command(stmt)
+                self._rebuild(table, views, keys, partial)
+                continue
+            present = sum(counts.values())
+            for view in views:
+                seen = self.query(view.seen_sql(self.database, keys)).to_pylist()[0]
+                missed = int(seen["source"] or 0) - int(seen["target"] or 0)
+                if missed == present:
+                    self.command(view.catch_up_sql(self.database, keys))
+                elif missed:
+                    self._rebuild(table, [view], keys, [])
         return whole
+
+    def _rebuild(self, table: str, views: list[View], keys: str, partial: list[int]) -> None:
+        """Delete the ``partial`` pieces' rows from ``table`` and compute every group of
+        ``views`` the pieces ``keys`` fall in again from it (synchronous mutations, slow on a
+        large insert: only for what :meth:`settle` cannot settle by counting)."""
+        touched = [
+            (view, self.query(view.groups_sql(self.database, keys)).to_pylist()) for view in views
+        ]
+        if partial:
+            self.command(
+                f"ALTER TABLE {table} DELETE WHERE _batch IN "
+                f"({', '.join(map(str, partial))}) SETTINGS mutations_sync = 1"
+            )
+        for view, groups in touched:
+            for i in range(0, len(groups), _REBUILD_GROUPS):
+                literal = _tuples(groups[i : i + _REBUILD_GROUPS])
+                for stmt in view.rebuild_sql(self.database, literal):
+                    self.command(stmt)
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         with self._lock:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass
 
 from ..schema import DTYPES, KINDS, Column, RecordKind
@@ -205,6 +206,35 @@ class View:
         """The groups the rows of the batches ``batches`` (a list of keys) fall in."""
         return (
             f"SELECT DISTINCT {self.key_select} FROM {db}.{self.source} WHERE _batch IN ({batches})"
+        )
+
+    @property
+    def count_column(self) -> str:
+        """The column that counts the source rows of a group (``count() AS ...``): it tells
+        whether the view saw an insert (:meth:`seen_sql`)."""
+        found = re.search(r"\bcount\(\) AS `?(\w+)`?", self.select)
+        if found is None:
+            raise ValueError(f"view {self.target} has no count() column")
+        return found.group(1)
+
+    def seen_sql(self, db: str, batches: str) -> str:
+        """One row (``source``, ``target``): the rows of every group the batches ``batches`` fall
+        in, counted in the source table and in this view. They differ by the batches' rows when
+        the view missed them (the engine was stopped between the table's insert and the view's),
+        and are equal when it saw them."""
+        groups = f"SELECT {self.key_exprs} FROM {db}.{self.source} WHERE _batch IN ({batches})"
+        return (
+            f"SELECT (SELECT count() FROM {db}.{self.source} WHERE ({self.key_exprs}) IN "
+            f"({groups})) AS source, (SELECT sum({self.count_column}) FROM {db}.{self.target} "
+            f"WHERE ({self.key_names}) IN ({groups})) AS target"
+        )
+
+    def catch_up_sql(self, db: str, batches: str) -> str:
+        """Feed the view the rows of the batches ``batches`` it missed: its aggregates combine
+        (sums, minima, maxima, states), so adding the missed rows' aggregates is exact and no
+        group is rewritten."""
+        return f"INSERT INTO {db}.{self.target} " + self._select(
+            db, f" WHERE _batch IN ({batches})"
         )
 
     def rebuild_sql(self, db: str, groups: str) -> tuple[str, str]:
