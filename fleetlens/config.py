@@ -48,9 +48,13 @@ class CollectorConfig:
     are corrected (when the skew is certain) or flagged; ``max_request_rate`` the ingest requests a
     second the server paces its senders to (:mod:`fleetlens.collector.pacing`); ``body_grace_s``
     how long an upload's body may take, plus a second per MiB received, before it is cut off with
-    408 (:mod:`fleetlens.api.bodies`)."""
+    408 (:mod:`fleetlens.api.bodies`); ``max_json_body_bytes`` the body of every other route (the
+    JSON API's: :mod:`fleetlens.api.body_limit`); ``header_timeout_s`` how long a request's
+    headers may take before the connection is answered 408 and closed
+    (:mod:`fleetlens.api.http_protocol`)."""
 
     max_body_bytes: int = 64 << 20
+    max_json_body_bytes: int = 16 << 20
     max_rows: int = 4_000_000
     max_inflight: int = 256
     max_queue_bytes: int = 512 << 20
@@ -62,6 +66,7 @@ class CollectorConfig:
     skew_tolerance_s: float = 5.0
     max_request_rate: float = 400.0
     body_grace_s: float = 30.0
+    header_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "readable_paths": ("", "readable_paths"),
     "advertise_url": ("", "advertise_url"),
     "max_body_bytes": ("collector", "max_body_bytes"),
+    "max_json_body_bytes": ("collector", "max_json_body_bytes"),
     "max_rows": ("collector", "max_rows"),
     "max_inflight": ("collector", "max_inflight"),
     "max_queue_bytes": ("collector", "max_queue_bytes"),
@@ -187,6 +193,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "decode_slots": ("collector", "decode_slots"),
     "max_request_rate": ("collector", "max_request_rate"),
     "body_grace_s": ("collector", "body_grace_s"),
+    "header_timeout_s": ("collector", "header_timeout_s"),
     "max_future_s": ("collector", "max_future_s"),
     "analysis_interval_s": ("monitor", "interval_s"),
     "hang_s": ("analyzer", "hang_floor_s"),

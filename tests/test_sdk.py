@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import math
 import os
 import signal
@@ -530,6 +531,58 @@ def test_spooled_batches_are_replayed_once_when_collector_returns(tmp_path: Path
         back.stop()
 
 
+def test_an_unwritable_spool_keeps_the_outage_in_memory_and_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The spool's directory cannot be made (its parent is a file: what a full or read-only
+    # disk does to every write). The outage's batches were lost (85% of the steps of an
+    # outage with a read-only spool); they are held in memory and replayed.
+    (tmp_path / "blocked").write_text("a file, not a directory")
+    collector = Collector()
+    port = collector.port
+    collector.stop()
+    with caplog.at_level(logging.WARNING, logger="fleetlens.sdk.spool"):
+        run = make_run(
+            tmp_path, f"http://127.0.0.1:{port}", spool_dir=str(tmp_path / "blocked" / "spool")
+        )
+        for i in range(200):
+            with run.step(i):
+                pass
+            run.log(i, loss=float(i))
+            if i % 20 == 19:
+                run.flush(0.05)
+        assert run.flush(1.0) is False
+    stats = run.stats()
+    assert stats["spool_in_memory_batches"] >= 5 and stats["dropped"] == 0, stats
+    assert "NotADirectoryError" in stats["spool_unwritable"]
+    warned = [r for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(warned) == 1 and "blocked" in warned[0].getMessage()
+    back = Collector(port)
+    try:
+        wait_for(lambda: run.stats()["spool_files"] == 0)
+        assert run.flush(2.0) is True
+        run.finish()
+        batches = back.acked()
+        assert sorted(s["step"] for s in rows(batches, "step")) == list(range(200))
+        assert sorted(r["value"] for r in rows(batches, "scalar")) == [float(i) for i in range(200)]
+    finally:
+        back.stop()
+
+
+def test_the_memory_held_for_an_unwritable_spool_is_bounded(tmp_path: Path) -> None:
+    (tmp_path / "blocked").write_text("")
+    spool = Spool(str(tmp_path / "blocked" / "s"), 1 << 20, memory_max_bytes=10_000)
+    for i in range(30):  # 30 batches of 1,000 bytes, P2, then one P0 when memory is full
+        assert spool.put(2, f"b{i}", bytes(1000), 10) is (i < 10)
+    assert spool.put(0, "urgent", bytes(1000), 5)  # evicts the oldest P2 held
+    assert len(spool) == 10 and spool.dropped[2] == 21 * 10 and spool.memory_batches == 11
+    got = spool.oldest()
+    assert got is not None and got[0].batch_id == "b1" and len(got[1]) == 1000
+    # The relay acknowledges what it spools: memory is not durable, so it gets the error.
+    with pytest.raises(OSError):
+        Spool(str(tmp_path / "blocked" / "r"), 1 << 20, fsync=True).put(0, "x", b"x", 1)
+
+
 def test_retry_after_is_honoured(tmp_path: Path, collector: Collector) -> None:
     collector.answers = [(429, {"Retry-After": "1"})]
     run = make_run(tmp_path, collector.url)
@@ -702,8 +755,11 @@ def test_spool_is_private_and_ignores_files_it_did_not_write(tmp_path: Path) -> 
         os.chown(theirs, 65534, 65534)
         taken = Spool(str(theirs), max_bytes=10_000_000)
         assert len(taken) == 0 and taken.foreign_files == 1
-        with pytest.raises(OSError, match="belongs to uid 65534"):
-            taken.put(0, "b", b"x", records=1)
+        before = sorted(os.listdir(theirs))
+        assert taken.put(0, "b", b"x", records=1)  # held in memory, not written there
+        assert sorted(os.listdir(theirs)) == before and "belongs to uid 65534" in taken.unwritable
+        with pytest.raises(OSError, match="belongs to uid 65534"):  # a relay's is refused
+            Spool(str(theirs), max_bytes=10_000_000, fsync=True).put(0, "b", b"x", records=1)
 
 
 def test_finish_flushes_stops_the_thread_and_is_idempotent(

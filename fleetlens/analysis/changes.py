@@ -9,12 +9,13 @@ schedule (a drop much larger than the moves beside it) is still its own entry.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MetricChange", "metric_changes"]
+__all__ = ["MetricChange", "metric_changes", "series_changes"]
 
 SCHEDULE_NAMES = frozenset({"lr", "learning_rate", "loss_scale", "batch_size", "seq_len"})
 """Scalars set by a schedule or config: every change of value is an event."""
@@ -51,34 +52,85 @@ def metric_changes(
     A spike is a value over ``spike_factor`` times the median magnitude of the previous
     ``history`` finite values; non-finite values are always reported.
     """
+    return series_changes([name], [0, len(values)], steps, values, spike_factor, history, since)
+
+
+def series_changes(
+    names: Sequence[str],
+    cuts: Sequence[int],
+    steps: npt.NDArray[np.int64],
+    values: npt.NDArray[np.float64],
+    spike_factor: float = 5.0,
+    history: int = 20,
+    since: int | None = None,
+) -> list[MetricChange]:
+    """:func:`metric_changes` of many series at once: series ``k`` is ``names[k]``, rows
+    ``cuts[k]:cuts[k + 1]`` of ``steps`` and ``values``. The spikes of every series are found
+    in one pass over the rows, so a run with 10,000 metric names costs its rows, not 10,000
+    calls; only the series with something to report are looked at one by one."""
     out: list[MetricChange] = []
     if len(values) == 0:
         return out
+    bounds = np.asarray(cuts, dtype=np.int64)
+    series = np.repeat(np.arange(len(names)), np.diff(bounds))
     finite = np.isfinite(values)
-    prev = np.concatenate(([np.nan], values[:-1]))
-    for i in np.flatnonzero(~finite).tolist():
-        out.append(MetricChange(int(steps[i]), name, float(values[i]), float(prev[i]), "nonfinite"))
-    if name in SCHEDULE_NAMES:
-        out += _settings(name, steps, values, finite & np.isfinite(prev) & (values != prev))
-    elif len(values) > 3:
-        # Each value against the median magnitude of the ``history`` finite values before it,
-        # vectorized: a Python loop here costs seconds on a 100,000-step series.
-        mags = np.where(finite, np.abs(values), np.nan)
-        padded = np.concatenate((np.full(history, np.nan), mags[:-1]))
-        windows = np.lib.stride_tricks.sliding_window_view(padded, history)
-        enough = np.sum(np.isfinite(windows), axis=1) >= 3
-        with np.errstate(all="ignore"):
-            base = np.nanmedian(np.where(enough[:, None], windows, 0.0), axis=1)
-        spike = finite & enough & (base > 0) & (mags > spike_factor * base)
-        for i in np.flatnonzero(spike).tolist():
-            out.append(MetricChange(int(steps[i]), name, float(values[i]), float(prev[i]), "spike"))
-    if since is not None:
-        out = [
-            _clip(c, since, steps, values)
-            for c in out
-            if (c.step if c.end_step is None else c.end_step) >= since
+    spikes = _spikes(values, bounds[series], spike_factor, history)
+    flagged = np.flatnonzero(spikes | ~finite)
+    todo = set(series[flagged].tolist())
+    todo |= {k for k, name in enumerate(names) if name in SCHEDULE_NAMES}
+    for k in sorted(todo):
+        a, z, name = int(bounds[k]), int(bounds[k + 1]), names[k]
+        s, v, fin = steps[a:z], values[a:z], finite[a:z]
+        prev = np.concatenate(([np.nan], v[:-1]))
+        found = [
+            MetricChange(int(s[i]), name, float(v[i]), float(prev[i]), "nonfinite")
+            for i in np.flatnonzero(~fin).tolist()
         ]
+        if name in SCHEDULE_NAMES:
+            found += _settings(name, s, v, fin & np.isfinite(prev) & (v != prev))
+        else:
+            found += [
+                MetricChange(int(s[i]), name, float(v[i]), float(prev[i]), "spike")
+                for i in np.flatnonzero(spikes[a:z]).tolist()
+            ]
+        if since is not None:
+            found = [
+                _clip(c, since, s, v)
+                for c in found
+                if (c.step if c.end_step is None else c.end_step) >= since
+            ]
+        out += found
     out.sort(key=lambda c: (c.step, c.name))
+    return out
+
+
+_ROWS_AT_ONCE = 1 << 16  # rows whose windows are held at once: ~10 MiB at 20 values each
+
+
+def _spikes(
+    values: npt.NDArray[np.float64],
+    first: npt.NDArray[np.int64],
+    spike_factor: float,
+    history: int,
+) -> npt.NDArray[np.bool_]:
+    """Rows whose magnitude is over ``spike_factor`` times the median magnitude of the finite
+    values among the ``history`` rows before them in their series (``first[i]``: the first row
+    of row ``i``'s series), when at least 3 of those are finite."""
+    finite = np.isfinite(values)
+    mags = np.where(finite, np.abs(values), np.nan)
+    out = np.zeros(len(values), dtype=bool)
+    back = np.arange(history, 0, -1)
+    for a in range(0, len(values), _ROWS_AT_ONCE):
+        rows = np.arange(a, min(len(values), a + _ROWS_AT_ONCE))
+        at = rows[:, None] - back
+        windows = np.where(at >= first[rows][:, None], mags[np.maximum(at, 0)], np.nan)
+        have = np.isfinite(windows).sum(axis=1)
+        windows.sort(axis=1)  # NaN last: the finite values first, in order
+        lo = np.take_along_axis(windows, np.maximum(have - 1, 0)[:, None] // 2, axis=1)[:, 0]
+        hi = np.take_along_axis(windows, np.minimum(have // 2, history - 1)[:, None], axis=1)
+        base = (lo + hi[:, 0]) / 2
+        with np.errstate(invalid="ignore"):
+            out[rows] = finite[rows] & (have >= 3) & (base > 0) & (mags[rows] > spike_factor * base)
     return out
 
 
@@ -93,7 +145,8 @@ def _settings(
     at = np.flatnonzero(moved)
     if not len(at):
         return []
-    delta = np.abs(np.diff(values))[at - 1]  # each move's size
+    with np.errstate(invalid="ignore"):  # inf - inf beside a non-finite value: not a move
+        delta = np.abs(np.diff(values))[at - 1]  # each move's size
     # Runs of moves at most SCHEDULE_GAP unmoved samples apart.
     cuts = np.flatnonzero(np.diff(at) > SCHEDULE_GAP + 1) + 1
     out: list[MetricChange] = []

@@ -49,6 +49,7 @@ from .admin import router as admin_router
 from .alerts import router as alerts_router
 from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import BodyBudget
+from .body_limit import OWN_BODY, BodyLimit
 from .evaluations import eval_stores
 from .evaluations import router as evaluations_router
 from .findings import router as findings_router
@@ -303,6 +304,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         redoc_url=None,
     )
     app.add_middleware(IngestFastPath)
+    app.add_middleware(BodyLimit)  # outside the fast path, which it lets through (OWN_BODY)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -334,13 +336,14 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         "/v1/ingest",
         summary="Ingest a columnar telemetry batch",
         openapi_extra={
+            OWN_BODY: True,
             "requestBody": {
                 "required": True,
                 "content": {
                     "application/msgpack": {"schema": {"type": "string", "format": "binary"}},
                     "application/json": {"schema": BATCH_JSON_SCHEMA},
                 },
-            }
+            },
         },
         responses={
             **ERROR_RESPONSES,
@@ -366,6 +369,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         "/v1/ingest/batches",
         summary="Ingest many batches in one request (a node relay's), each on its own",
         openapi_extra={
+            OWN_BODY: True,
             "requestBody": {
                 "required": True,
                 "content": {
@@ -386,7 +390,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
                         }
                     }
                 },
-            }
+            },
         },
         responses={
             **ERROR_RESPONSES,
@@ -394,7 +398,8 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
                 "description": "Every frame answered in `results`, in order: `status` 200 "
                 "(stored durably, or already stored) with `batchId`, `rows`, `rejected`; a 4xx "
                 "with `error` and `field` for a bad batch, refused alone; 429 for frames past "
-                "the request's row budget (send them again). `flushS`: the sender's interval"
+                "the request's budget of rows or decoded bytes (send them again). `flushS`: "
+                "the sender's interval"
             },
             400: {"description": "Not an array of batch frames; nothing stored"},
             413: {"description": "Request over the size limit; nothing stored"},

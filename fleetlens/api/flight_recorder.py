@@ -22,6 +22,7 @@ from ..services.flight_recorder import DumpFile, import_flight_recorder
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require_any
 from .bodies import BodyBudget, read_upload
+from .body_limit import OWN_BODY
 
 __all__ = ["MAX_BODY_BYTES", "MAX_FILES", "UPLOAD_COMPONENTS", "router"]
 
@@ -75,10 +76,11 @@ def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
     "placement), and the last collective each rank completed per process group; each stuck "
     "collective is stored as a `hang` finding of the run (`GET /v1/runs/{run_id}/diagnosis`).",
     openapi_extra={
+        OWN_BODY: True,
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": _SCHEMA}},
-        }
+        },
     },
     responses={
         400: {"description": "A file is not a dump (the error names it); nothing stored"},

@@ -192,11 +192,12 @@ async def ingest_batches(request: Request, scope: Scope) -> Response:
     The envelope is refused whole (400) only when it is not an array of batch frames; then every
     frame is decoded and validated alone and answered in ``results``, in order: ``status`` 200
     with what :func:`ingest_batch` answers, a 4xx naming the field of a bad batch (the others
-    are stored), or 429 for frames past the request's row budget (send them again). The good
-    ones are stored by one group-commit request and the answer comes once they are durable. A
-    retry of the whole request (the relay crashed before it read the answer) stores nothing
-    twice: every batch is keyed like a batch sent alone (:func:`fleetlens.collector.ledger.
-    batch_key`). The request counts as one sender for pacing: ``flushS`` is the relay's.
+    are stored), or 429 for frames past the request's budget of rows or decoded bytes (send them
+    again). The good ones are stored by one group-commit request and the answer comes once they
+    are durable. A retry of the whole request (the relay crashed before it read the answer)
+    stores nothing twice: every batch is keyed like a batch sent alone
+    (:func:`fleetlens.collector.ledger.batch_key`). The request counts as one sender for
+    pacing: ``flushS`` is the relay's.
     """
     svc: Any = request.app.state.services
     received_at = time.time()
@@ -234,7 +235,12 @@ async def ingest_batches(request: Request, scope: Scope) -> Response:
             results.append({**stored, "status": 200})
         elif p is None:
             svc.batches.labels("throttled").inc()
-            results.append({"status": 429, "error": "over the request's row budget; send again"})
+            results.append(
+                {
+                    "status": 429,
+                    "error": "over the request's budget of rows or decoded bytes; send again",
+                }
+            )
         else:
             svc.batches.labels("too_large" if isinstance(p, BatchTooLarge) else "rejected").inc()
             results.append({"status": http_status(p), "error": str(p), "field": p.field})

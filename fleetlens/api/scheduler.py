@@ -22,6 +22,7 @@ from ..services import scheduler
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import BodyBudget, read_upload
+from .body_limit import OWN_BODY
 from .scheduler_models import AllocationsOut, CapacityOut, SchedulerImportOut
 
 __all__ = ["IMPORT_COMPONENTS", "MAX_BODY_BYTES", "router"]
@@ -62,7 +63,8 @@ class SchedulerImport(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
     response_model=SchedulerImportOut,
     response_model_exclude_unset=True,
     openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _SCHEMA}}}
+        OWN_BODY: True,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _SCHEMA}}},
     },
     responses={
         400: {

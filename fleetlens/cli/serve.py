@@ -17,6 +17,7 @@ __all__ = ["add_config", "add_demo", "add_serve", "cmd_config", "cmd_demo", "cmd
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from ..api.http_protocol import timed_protocol
     from ..server import create_app
 
     cfg = server_config(args)
@@ -26,7 +27,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
+    uvicorn.run(
+        create_app(cfg),
+        host=cfg.host,
+        port=cfg.port,
+        log_level=cfg.log_level,
+        http=timed_protocol(cfg.collector.header_timeout_s),
+    )
     return 0
 
 

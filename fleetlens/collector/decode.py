@@ -106,6 +106,7 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
             chunk = d.decompress(data, min(_CHUNK, limit - size + 1))
             size += len(chunk)
             if size > limit:
+                chunks.clear()  # a refusal kept with its traceback must not keep the bomb
                 raise BatchTooLarge(f"decompressed body is over {limit} bytes")
             chunks.append(chunk)
             data = d.unconsumed_tail
@@ -178,7 +179,9 @@ def decode_batch(
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise WireError(f"batch is not valid {ctype}: {exc}") from exc
     now = time.time() if now is None else now
-    return _validate(batch, limits, now, transmitted_at, declared_world)
+    decoded = _validate(batch, limits, now, transmitted_at, declared_world)
+    decoded.nbytes = len(raw)
+    return decoded
 
 
 def _path(msg: str) -> str | None:

@@ -25,10 +25,10 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import FleetlensError, WireError
+from ..errors import BatchTooLarge, FleetlensError, WireError
 from ..store.metadata import MetadataStore
 from ..store.telemetry import Part, TelemetryStore, batch_tables, slice_columns
 from ..wire import BatchFrame
@@ -199,13 +199,15 @@ class Ingestor:
         *,
         received_at: float | None = None,
         transmitted_at: float | None = None,
+        limits: DecodeLimits | None = None,
     ) -> Prepared:
         """Decode and validate a batch for ``tenant``; a project-scoped caller writes into its
         project only. Raises :class:`~fleetlens.errors.WireError` naming the field; nothing is
         stored until :meth:`store`.
 
         ``received_at`` is when the request arrived (the skew is measured against it);
-        ``transmitted_at`` the sender's clock when it sent this attempt, if it said.
+        ``transmitted_at`` the sender's clock when it sent this attempt, if it said; ``limits``
+        replaces the ingestor's own for this batch.
         """
         t0 = time.perf_counter()
         with self._slots:
@@ -213,7 +215,7 @@ class Ingestor:
                 body,
                 content_type,
                 content_encoding,
-                self.limits,
+                limits or self.limits,
                 now=received_at,
                 transmitted_at=transmitted_at,
                 declared_world=lambda c: self.registry.declared(tenant, c),
@@ -234,15 +236,20 @@ class Ingestor:
         transmitted_at: float | None = None,
     ) -> list[Prepared | WireError | None]:
         """:meth:`prepare` each batch of a multi-batch request on its own: a bad one is its
-        :class:`WireError` in the answer and the others are unaffected. The rows held at once
-        are bounded like one request's (``max_rows``): the frames past it are None, "send again",
-        and are not decoded."""
+        :class:`WireError` in the answer and the others are unaffected. What the frames hold at
+        once is bounded like one request: ``max_rows`` rows and ``max_decoded_bytes`` of
+        decompressed bodies in all, each frame decoded under what the ones before it left. The
+        frames past either are None, "send again", and are not kept (a frame too large alone is
+        refused when it comes first)."""
         out: list[Prepared | WireError | None] = []
-        rows = 0
+        rows = held = 0
+        full = self.limits
         for frame in frames:
-            if rows >= self.limits.max_rows:
+            left = full.max_decoded_bytes - held
+            if rows >= full.max_rows or left <= 0:
                 out.append(None)
                 continue
+            limits = full if held == 0 else replace(full, max_decoded_bytes=left)
             try:
                 prepared = self.prepare(
                     frame.body,
@@ -252,11 +259,16 @@ class Ingestor:
                     project,
                     received_at=received_at,
                     transmitted_at=transmitted_at,
+                    limits=limits,
                 )
+            except BatchTooLarge as exc:
+                out.append(None if held else _bare(exc))
+                continue
             except WireError as exc:
-                out.append(exc)
+                out.append(_bare(exc))
                 continue
             rows += prepared.batch.rows
+            held += prepared.batch.nbytes
             out.append(prepared)
         return out
 
@@ -332,3 +344,10 @@ class Ingestor:
             self.committer.ledger.close()
         self.pool.shutdown(wait=True)
         self.registry.flush()
+
+
+def _bare(exc: WireError) -> WireError:
+    """A refusal kept for the answer without its traceback, whose frames hold the refused
+    body's decompressed bytes (a few bombs in one envelope held gigabytes)."""
+    exc.__traceback__ = exc.__cause__ = exc.__context__ = None
+    return exc

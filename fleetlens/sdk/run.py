@@ -270,6 +270,8 @@ class Run:
             out["spool_files"] = len(self._spool)
             out["spool_dropped_batches"] = self._spool.dropped_batches
             out["spool_foreign_files"] = self._spool.foreign_files
+            out["spool_in_memory_batches"] = self._spool.memory_batches
+            out["spool_unwritable"] = self._spool.unwritable
             out["internal_errors"] += self._errors
             out["exporter_alive"] = self._exporter.alive
             out["relay"] = self.relay or ""

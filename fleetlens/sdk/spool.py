@@ -19,12 +19,20 @@ planted must never be sent. A directory not owned by this process's user is not 
 a file that is not a regular file owned by it (a symlink, another user's file) is ignored and
 counted in ``foreign_files``. A batch the collector keeps failing on while others go through is
 moved aside to ``quarantine/`` (:meth:`Spool.quarantine`), so it never blocks the ones behind it.
+
+A directory that cannot be written (read-only, full, gone) does not lose an outage's batches:
+they are held in memory instead, up to ``memory_max_bytes`` (64 MiB by default, never more than
+the spool's own limit), replayed and evicted by the same rules, and the degradation is said once
+(a warning naming the directory and the error) and counted (``memory_batches``, ``unwritable``).
+An owner that acknowledges what it spools to someone else (``fsync``: the node relay) gets the
+error instead, since memory is not durable.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
 import os
 import stat
 import tempfile
@@ -40,6 +48,8 @@ QUARANTINE = "quarantine"
 # Quarantined batches kept for a person to look at; past this the oldest are deleted.
 _QUARANTINE_KEEP = 64
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_MEMORY_MAX = 64 << 20
+_log = logging.getLogger(__name__)
 
 
 def private_dir(path: str) -> None:
@@ -115,10 +125,23 @@ class Spool:
     fsync'd), for an owner that acknowledges it to someone else (a node relay); the SDK's own
     spool does without, since its batches are not acknowledged to anybody yet."""
 
-    def __init__(self, directory: str, max_bytes: int, *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str,
+        max_bytes: int,
+        *,
+        fsync: bool = False,
+        memory_max_bytes: int = _MEMORY_MAX,
+    ) -> None:
         self.dir = directory
         self.max_bytes = max_bytes
         self.fsync = fsync
+        self.memory_max_bytes = 0 if fsync else min(memory_max_bytes, max_bytes)
+        # Batches held in memory because the directory could not be written, by file name.
+        self._held: dict[str, bytes] = {}
+        self._held_bytes = 0
+        self.memory_batches = 0  # batches ever held in memory instead of on disk
+        self.unwritable = ""  # why the directory could not be written, once it could not
         self._lock = threading.Lock()
         self._entries: list[SpoolEntry] = []
         self._bytes = 0
@@ -212,16 +235,27 @@ class Spool:
                 f"p{priority}-{ns:020d}-{self._counter:06d}-{records}-{batch_id}" + _SUFFIX,
             )
             self._counter += 1
-            private_dir(self.dir)
             self._bytes += size  # held while it is written, so a concurrent put evicts for it
             if not self.fsync:
                 try:
+                    private_dir(self.dir)
                     self._write(entry, body)
-                except OSError:
-                    self._bytes -= size
-                    raise
+                except OSError as exc:
+                    if not self.memory_max_bytes:
+                        self._bytes -= size
+                        raise
+                    if not self._hold(entry, body, exc):
+                        self._bytes -= size
+                        self.dropped[priority] += records
+                        self.dropped_batches += 1
+                        return False
                 self._entries.append(entry)
                 return True
+            try:
+                private_dir(self.dir)
+            except OSError:
+                self._bytes -= size
+                raise
         # Durable writes happen outside the lock: concurrent writers' fsyncs then share the
         # file system's journal commits instead of waiting for each other's.
         try:
@@ -252,17 +286,52 @@ class Spool:
                 os.unlink(tmp)
             raise
 
-    def _victim(self, priority: int) -> SpoolEntry | None:
+    def _hold(self, entry: SpoolEntry, body: bytes, exc: OSError) -> bool:
+        """Keep a batch the directory would not take in memory, evicting held batches of lower
+        classes; False when the memory bound is full of its class or higher. The first time,
+        say why (once: a full disk must not also fill the job's log)."""
+        if not self.unwritable:
+            self.unwritable = f"{type(exc).__name__}: {exc}"
+            _log.warning(
+                "fleetlens: the spool %s cannot be written (%s); keeping up to %.1f MiB of "
+                "unsent batches in memory instead",
+                self.dir,
+                self.unwritable,
+                self.memory_max_bytes / (1 << 20),
+            )
+        while self._held_bytes + entry.size > self.memory_max_bytes:
+            victim = self._victim(entry.priority, held_only=True)
+            if victim is None:
+                return False
+            self._remove(victim)
+            self.dropped[victim.priority] += victim.records
+            self.dropped_batches += 1
+        self._held[entry.name] = body
+        self._held_bytes += entry.size
+        self.memory_batches += 1
+        return True
+
+    def _victim(self, priority: int, held_only: bool = False) -> SpoolEntry | None:
         """The oldest batch of the lowest class strictly below ``priority``."""
         lowest: SpoolEntry | None = None
         for e in self._entries:  # oldest first, so the first of a class is its oldest
+            if held_only and e.name not in self._held:
+                continue
             if e.priority > priority and (lowest is None or e.priority > lowest.priority):
                 lowest = e
         return lowest
 
+    def _forget(self, entry: SpoolEntry) -> bool:
+        """Drop a batch held in memory; False if it is a file."""
+        if self._held.pop(entry.name, None) is None:
+            return False
+        self._held_bytes -= entry.size
+        return True
+
     def _remove(self, entry: SpoolEntry) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(self.dir, entry.name))
+        if not self._forget(entry):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.dir, entry.name))
         self._entries.remove(entry)
         self._bytes -= entry.size
 
@@ -277,6 +346,9 @@ class Spool:
                 if entry.name in skip:
                     i += 1
                     continue
+                held = self._held.get(entry.name)
+                if held is not None:
+                    return entry, held
                 try:
                     fd = os.open(os.path.join(self.dir, entry.name), os.O_RDONLY | _NOFOLLOW)
                     with open(fd, "rb") as f:
@@ -296,6 +368,11 @@ class Spool:
             if entry not in self._entries:
                 return
             qdir = os.path.join(self.dir, QUARANTINE)
+            if self._forget(entry):  # held in memory: nowhere to put it aside, dropped
+                self._entries.remove(entry)
+                self._bytes -= entry.size
+                self.quarantined += 1
+                return
             try:
                 private_dir(qdir)
                 os.replace(os.path.join(self.dir, entry.name), os.path.join(qdir, entry.name))

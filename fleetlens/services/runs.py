@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..analysis.changes import MetricChange, metric_changes
+from ..analysis.changes import MetricChange, series_changes
 from ..analysis.hardware import GpuHealth, NodeHealth, gpu_health, node_health
 from ..errors import ConfigError
 from ..store.ddl import COMPUTE_SQL
@@ -417,27 +417,32 @@ class RunQueries:
             hi=to_step,
         )
         if series.num_rows:
-            names = np.asarray(series.column("name").to_pylist(), dtype=object)
+            names = series.column("name").to_pylist()
             steps = series.column("step").to_numpy()
             values = series.column("v").to_numpy()
             times = series.column("t").to_numpy()
-            for name in dict.fromkeys(names.tolist()):
-                sel = names == name
-                s, v, t = steps[sel], values[sel], times[sel]
-                for ch in metric_changes(name, s, v, since=from_step):
-                    items.append(
-                        {
-                            "step": ch.step,
-                            "endStep": ch.end_step,
-                            "time": float(t[np.searchsorted(s, ch.step)]),
-                            "source": "metric",
-                            "kind": ch.what,
-                            "metric": ch.name,
-                            "value": _json_num(ch.value),
-                            "previous": _json_num(ch.previous),
-                            "message": _describe(ch),
-                        }
-                    )
+            # Rows come ordered by name: each series is one slice, and the changes of all of
+            # them are found in one pass (a mask and a call per name made the timeline of a
+            # run with 10,000 metric names take minutes).
+            cuts = [0, *(i for i in range(1, len(names)) if names[i] != names[i - 1]), len(names)]
+            heads = [names[i] for i in cuts[:-1]]
+            where = {n: (cuts[k], cuts[k + 1]) for k, n in enumerate(heads)}
+            for ch in series_changes(heads, cuts, steps, values, since=from_step):
+                lo, hi = where[ch.name]
+                at = lo + int(np.searchsorted(steps[lo:hi], ch.step))
+                items.append(
+                    {
+                        "step": ch.step,
+                        "endStep": ch.end_step,
+                        "time": float(times[at]),
+                        "source": "metric",
+                        "kind": ch.what,
+                        "metric": ch.name,
+                        "value": _json_num(ch.value),
+                        "previous": _json_num(ch.previous),
+                        "message": _describe(ch),
+                    }
+                )
         items.sort(key=lambda i: (i["time"], i["step"] if i["step"] is not None else -1))
         return items
 

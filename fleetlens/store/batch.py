@@ -37,7 +37,8 @@ class DecodedBatch:
     few). ``digests`` is a content hash per table of what the client sent (before any row was
     refused or any time corrected): what makes a retry recognisable. ``skew_s`` is the server's
     clock minus the sender's as measured from ``sent_at`` (0.0 when unknown), ``shift_s`` what
-    was added to the batch's times to correct it."""
+    was added to the batch's times to correct it. ``nbytes`` is the size of the decompressed
+    body, which its columns are views of: what holding it costs."""
 
     batch_id: str
     ctx: dict[str, str]
@@ -49,6 +50,7 @@ class DecodedBatch:
     errors: list[str] = field(default_factory=list)
     skew_s: float = 0.0
     shift_s: float = 0.0
+    nbytes: int = 0  # the decompressed body its columns are views of: the memory it holds
 
     @property
     def rows(self) -> int:
