@@ -51,7 +51,8 @@ class CollectorConfig:
     408 (:mod:`fleetlens.api.bodies`); ``max_json_body_bytes`` the body of every other route (the
     JSON API's: :mod:`fleetlens.api.body_limit`); ``header_timeout_s`` how long a request's
     headers may take before the connection is answered 408 and closed
-    (:mod:`fleetlens.api.http_protocol`)."""
+    (:mod:`fleetlens.api.http_protocol`); ``min_free_bytes`` the space kept free in the data
+    directory: below it ingest is refused with 503 and Retry-After (:mod:`.collector.space`)."""
 
     max_body_bytes: int = 64 << 20
     max_json_body_bytes: int = 16 << 20
@@ -67,6 +68,7 @@ class CollectorConfig:
     max_request_rate: float = 400.0
     body_grace_s: float = 30.0
     header_timeout_s: float = 10.0
+    min_free_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "max_request_rate": ("collector", "max_request_rate"),
     "body_grace_s": ("collector", "body_grace_s"),
     "header_timeout_s": ("collector", "header_timeout_s"),
+    "min_free_bytes": ("collector", "min_free_bytes"),
     "max_future_s": ("collector", "max_future_s"),
     "analysis_interval_s": ("monitor", "interval_s"),
     "hang_s": ("analyzer", "hang_floor_s"),

@@ -35,6 +35,7 @@ from ..collector.decode import DecodeLimits
 from ..collector.ingest import Ingestor, IngestQueue
 from ..collector.pacing import Pacer
 from ..collector.quota import TenantLimiter
+from ..collector.space import SpaceMetrics
 from ..config import ServerConfig
 from ..errors import ConfigError, FleetlensError, http_status
 from ..services.monitor import Monitor, MonitorMetrics
@@ -147,6 +148,7 @@ class Services:
                 skew_tolerance_s=c.skew_tolerance_s,
             ),
             decode_slots=c.decode_slots,
+            min_free_bytes=c.min_free_bytes,
         )
         registry = CollectorRegistry()
         batches = Counter(
@@ -173,6 +175,8 @@ class Services:
         registry.register(job_metrics)
         if ingestor.committer is not None:
             registry.register(CommitMetrics(ingestor.committer))
+        if ingestor.space is not None:
+            registry.register(SpaceMetrics(ingestor.space))
         monitor = Monitor.build(config, telemetry, metadata, access, job_metrics)
         registry.register(MonitorMetrics(monitor))
         return cls(
@@ -326,7 +330,8 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         status = http_status(exc)
         if status == 503:
             log.error("store error: %s", exc)
-            return error_response(503, f"store unavailable: {exc}", retry_after=1)
+            retry = int(getattr(exc, "retry_after", 1))
+            return error_response(503, f"store unavailable: {exc}", retry_after=retry)
         if status == 500:
             log.error("unexpected %s: %s", type(exc).__name__, exc)
             return error_response(500, f"{type(exc).__name__}: {exc}")
@@ -414,10 +419,12 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     @app.get("/healthz", summary="Liveness, and whether this server leads (several servers)")
     async def healthz(request: Request) -> dict[str, Any]:
         leader = leader_of(request)
+        space = request.app.state.services.ingestor.space
         return {
             "status": "ok",
             "version": __version__,
             "leader": leader is None or leader.is_leader,
+            "storage": space.health() if space is not None else None,
         }
 
     @app.get(

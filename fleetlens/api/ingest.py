@@ -29,7 +29,7 @@ from starlette.types import Scope as AsgiScope
 
 from ..collector.decode import decode_frames
 from ..collector.ingest import Prepared
-from ..errors import BatchTooLarge, WireError, http_status
+from ..errors import BatchTooLarge, FleetlensError, WireError, http_status
 from ..store.scope import Scope
 from ..wire import BatchFrame
 from .auth import caller
@@ -71,6 +71,12 @@ async def _receive(request: Request, scope: Scope) -> bytes | Response:
     the caller gives back with :func:`_release`.
     """
     svc: Any = request.app.state.services
+    space = svc.ingestor.space
+    if space is not None and space.full():  # nothing is tried on a full disk
+        svc.batches.labels("out_of_space").inc()
+        await drain(request)
+        refusal = space.refusal()
+        return error_response(503, str(refusal), retry_after=refusal.retry_after)
     limit = svc.config.collector.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -300,4 +306,8 @@ class IngestFastPath:
             response = JSONResponse(
                 {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
             )
+        except FleetlensError as exc:  # the store's refusal (a full disk: 503, Retry-After)
+            status = http_status(exc)
+            retry = int(getattr(exc, "retry_after", 1)) if status == 503 else None
+            response = error_response(status, str(exc), getattr(exc, "field", None), retry)
         await response(scope, receive, send)

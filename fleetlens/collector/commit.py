@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from ..store.telemetry import Part, merged_table, part_shape
 from .ledger import Ledger
 from .ledger import Piece as LedgerPiece
+from .space import DiskSpace, is_out_of_space
 
 __all__ = ["CommitMetrics", "GroupCommitter", "RowWriter"]
 
@@ -65,10 +66,17 @@ class CommitStats:
 class GroupCommitter:
     """One thread that merges and inserts what the request threads hand it."""
 
-    def __init__(self, writer: RowWriter, ledger: Ledger, max_rows: int = 500_000) -> None:
+    def __init__(
+        self,
+        writer: RowWriter,
+        ledger: Ledger,
+        max_rows: int = 500_000,
+        space: DiskSpace | None = None,
+    ) -> None:
         self.writer = writer
         self.ledger = ledger
         self.max_rows = max_rows
+        self.space = space
         self.stats = CommitStats()
         self._waiting: deque[_Request] = deque()
         self._cv = threading.Condition()
@@ -148,15 +156,23 @@ class GroupCommitter:
             (target, parts) for target, chunks in by_table.items() for parts in chunks if parts
         ):
             pieces: list[LedgerPiece] = [(kind, part[3], part[2]) for part in parts]
-            self.ledger.intend(pieces)
+            if self.space is not None and self.space.full():
+                failed.update(dict.fromkeys((key for _, key, _ in pieces), self.space.refusal()))
+                continue  # nothing tried: the engine must not fail (or hang) on a full disk
             try:
+                self.ledger.intend(pieces)
                 merged = merged_table(kind, parts)
                 self.writer.insert_rows(kind, merged)
             except Exception as exc:
-                self.ledger.settle_failed()
+                error: BaseException = exc
+                if self.space is not None and is_out_of_space(exc):
+                    self.space.failed()
+                    error = self.space.refusal()  # settled by the next intent, with space
+                else:
+                    self.ledger.settle_failed()
                 for _, key, _ in pieces:
                     if not self.ledger.stored(key):
-                        failed[key] = exc
+                        failed[key] = error
                 continue
             self.ledger.commit()
             self.stats.inserts += 1

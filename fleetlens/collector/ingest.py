@@ -36,6 +36,7 @@ from .commit import GroupCommitter
 from .decode import DecodedBatch, DecodeLimits, decode_batch
 from .ledger import Ledger, batch_key
 from .registry import RunRegistry
+from .space import DiskSpace
 
 log = logging.getLogger("fleetlens.collector")
 
@@ -133,6 +134,7 @@ class Ingestor:
         decode_slots: int = 2,
         recover: bool = True,
         group_commit: bool = True,
+        min_free_bytes: int = 0,
     ) -> None:
         self.telemetry = telemetry
         self.metadata = metadata
@@ -147,7 +149,11 @@ class Ingestor:
         self.skewed_batches = 0
         self.corrected_batches = 0
         self.committer: GroupCommitter | None = None
+        # The free space of the data directory (an embedded engine's): below the floor no
+        # insert is tried and ingest is refused with 503 (fleetlens/collector/space.py).
+        self.space: DiskSpace | None = None
         if group_commit and isinstance(telemetry, GroupStore):
+            self.space = DiskSpace(telemetry.path, min_free_bytes)
             # Settling an insert a crash interrupted reads the tables: a store that cannot
             # answer fails the start rather than guess (a retry could be stored twice).
             ledger = Ledger(os.path.join(telemetry.path, "ingest.ledger"), telemetry.settle)
@@ -157,7 +163,9 @@ class Ingestor:
                     "stored whole; their retries will be acknowledged",
                     ledger.recovered,
                 )
-            self.committer = GroupCommitter(telemetry, ledger, telemetry.atomic_rows)
+            self.committer = GroupCommitter(
+                telemetry, ledger, telemetry.atomic_rows, space=self.space
+            )
         if recover:
             try:
                 self.registry.recover()

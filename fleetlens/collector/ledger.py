@@ -93,14 +93,22 @@ class Ledger:
         """Record what the next insert holds, before it runs."""
         if self._pending:  # the last insert failed with its fate unknown: settle it now
             self._settle_pending()
+        try:
+            self._write(_intent_line(time.time(), pieces))
+        except OSError:
+            self._pending = []  # not announced, so not to be tried
+            raise
         self._pending = list(pieces)
-        self._write(_intent_line(time.time(), pieces))
 
     def commit(self) -> None:
-        """The insert announced by :meth:`intend` returned: its keys are stored."""
+        """The insert announced by :meth:`intend` returned: its keys are stored. They are
+        remembered first: if the file cannot take the ``C`` (a full disk), a retry is still
+        acknowledged without a second copy, and a restart settles the intent against the
+        tables."""
         pieces, self._pending = self._pending, []
-        self._write("C\n")
         self._remember(time.time(), [key for _, key, _ in pieces])
+        with contextlib.suppress(OSError):
+            self._write("C\n")
 
     def settle_failed(self) -> None:
         """The insert announced last raised: find out what of it is stored (or leave it to the
