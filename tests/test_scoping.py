@@ -182,6 +182,27 @@ def test_alerts_and_incidents(meta: MetadataStore) -> None:
     assert alerts.incident(B, theirs["incidentId"])["status"] == "open"
 
 
+def test_oncall_acknowledges_every_tenants_infrastructure_alerts_and_nothing_else(
+    meta: MetadataStore,
+) -> None:
+    alerts = AlertStore(meta, AccessStore(meta))
+    job_rule = next(r for r in DEFAULT_POLICY.rules if r.audience != "infra_oncall")
+    job = Candidate(
+        job_rule,
+        {"tenant": "bolt", "alertname": job_rule.name, "run_id": "r1"},
+        {"summary": "bolt's job"},
+        starts_at=100.0,
+        finding_key="j",
+    )
+    alerts.apply("bolt", ["r1"], [_candidate("bolt"), job], now=200.0)
+    by_name = {a["alertname"]: a for a in alerts.list(B)}
+    infra = by_name[_candidate("bolt").rule.name]
+    assert alerts.ack(ONCALL, infra["id"])["ackedBy"] == "olga"
+    with pytest.raises(NotFound):  # a tenant's job alert is the tenant's to acknowledge
+        alerts.ack(ONCALL, by_name[job_rule.name]["id"])
+    assert alerts.get(B, by_name[job_rule.name]["id"])["ackedBy"] is None
+
+
 def _graph_of(g: GraphStore, scope: Scope, ck_size: int) -> None:
     g.register_dataset(scope, "web", "v1", content_hash=f"sha256:{scope.tenant}")
     g.describe_run(scope, "r1", code=scope.tenant, dataset="web:v1", experiment_id="e")
