@@ -9,7 +9,8 @@ Keys (goal in brackets):
   sdk_spool_unwritable_lost   steps an SDK job lost through an outage with a spool it cannot
                               write (within its memory bound) [0]
   peak_rss_mb                 the server's peak resident memory under every bomb: JSON bodies of
-                              256 MiB, relay envelopes of gzip bombs [< 1500]
+                              256 MiB, gzip bombs (4 MB -> 4 GiB) alone and in relay envelopes of
+                              10 and 15 frames [< 1500]
   timeline_10k_metrics_s      a timeline of a run with 10,000 metric names [< 2]
   slow_client_good_ratio      requests of a good client answered within 5 s while 50 clients
                               send headers and bodies a byte at a time [>= 0.9]
@@ -230,30 +231,34 @@ def _post_json(port: int, path: str, body: bytes) -> int:
 
 
 def bombs(root: str, json_mb: int, envelopes: int) -> dict[str, Any]:
-    """Three JSON bodies of ``json_mb`` at once on a JSON route, then relay envelopes of ten
-    4 MB gzip frames expanding to 4 GiB each: the server's peak memory, and that it still
-    answers."""
+    """Every bomb, one after the other on one server: three JSON bodies of ``json_mb`` at once
+    on a JSON route, four gzip bombs of 4 MB expanding to 4 GiB at once on ``/v1/ingest``, relay
+    envelopes of ten such frames, and one of fifteen (62.6 MB, under the 64 MiB body limit): the
+    server's peak memory, every answer, and that it still ingests."""
     server = Server(os.path.join(root, "bombs")).start()
     try:
         assert server.post(step_batch("bombed", range(0, 3), 2)[1])[0] == 200
         huge = b'{"config": {"pad": "' + b"x" * (json_mb << 20) + b'"}}'
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
             json_codes = list(
                 pool.map(
                     lambda _: _post_json(server.port, "/v1/runs/bombed/describe", huge), range(3)
                 )
             )
-        frame = BatchFrame(body=_bomb(4096), encoding="gzip")
+            bomb = _bomb(4096)
+            gzip_codes = list(pool.map(lambda _: server.post(bomb, encoding="gzip")[0], range(4)))
+        frame = BatchFrame(body=bomb, encoding="gzip")
         frame_codes = []
-        for _ in range(envelopes):
+        for frames in [10] * envelopes + [15]:
             status, answer, _ = server.post(
-                encode_frames([frame] * 10), BATCHES_CONTENT_TYPE, path="/v1/ingest/batches"
+                encode_frames([frame] * frames), BATCHES_CONTENT_TYPE, path="/v1/ingest/batches"
             )
             frame_codes += [r["status"] for r in answer.get("results", [])] or [status]
         after = server.post(step_batch("bombed", range(3, 6), 2)[1])[0]
         return {
             "peak_rss_mb": round(_peak_mb(server), 1),
             "json_codes": sorted(set(json_codes)),
+            "gzip_codes": sorted(set(gzip_codes)),
             "frame_codes": sorted(set(frame_codes)),
             "ingest_after": after,
         }
@@ -494,6 +499,7 @@ def main() -> None:
         and figures["sdk_spool_unwritable_lost"] == 0
         and figures["peak_rss_mb"] < 1500
         and bomb["json_codes"] == [413]
+        and bomb["gzip_codes"] == [413]
         and bomb["frame_codes"] == [413]
         and bomb["ingest_after"] == 200
         and figures["timeline_10k_metrics_s"] < 2
