@@ -482,14 +482,27 @@ def test_oncall_page_lists_the_drain_under_way(played: Server, browser: Any) -> 
 def test_approving_from_the_page_goes_through_the_api_with_its_token(
     played: Server, browser: Any
 ) -> None:
-    url = f"{played.url}/runs/{RUN}"
+    # The demo run has finished: its pending action offers no Approve (approving it once drained
+    # a node out of a finished run and rewrote its wall clock and goodput), and the API says so.
+    ended = _record(played, "node-0096", "awaiting_approval")
+    page, errors = _open(browser, f"{played.url}/runs/{RUN}", None)
+    row = page.locator("#remediations tbody tr", has_text="node-0096")
+    assert "the run has ended (finished)" in row.inner_text()
+    assert row.get_by_role("button").count() == 0 and errors == []
+    status, refused = played.request("POST", f"/v1/remediations/{ended}/approve")
+    assert status == 409 and "has ended (FINISHED)" in refused["error"], refused
+    assert played.request("POST", f"/v1/remediations/{ended}/reject")[0] == 200
+
+    live = "approve-run"  # a run still sending steps: its actions are approved from the page
+    _live_run_on(played, live, "node-0097")
+    url = f"{played.url}/runs/{live}"
     meta = _metadata(played)
     try:
         viewer, _ = AccessStore(meta).create_token("default", "viewer", name="portal test")
     finally:
         meta.close()
-    pending = _record(played, "node-0099", "awaiting_approval")
-    button = f"Approve action #{pending}: take node-0099 out of run {RUN}"
+    pending = _record(played, "node-0099", "awaiting_approval", run_id=live)
+    button = f"Approve action #{pending}: take node-0099 out of run {live}"
 
     # A viewer's page shows the pending action and, on approving, the API's 403.
     page, errors = _open(browser, url, None, token=viewer)
@@ -514,21 +527,21 @@ def test_approving_from_the_page_goes_through_the_api_with_its_token(
 
     # Approved from the page: the row shows what the controller did (no job polls its control
     # channel, so the node is drained and the job left alone).
-    pending = _record(played, "node-0098", "awaiting_approval")
+    pending = _record(played, "node-0098", "awaiting_approval", run_id=live)
     page, errors = _open(browser, url, None)
     # Dismissing the confirmation leaves it pending: nothing is sent.
     unsure, unsure_errors = _open(browser, url, None, confirm=False)
     unsure.get_by_role(
-        "button", name=f"Approve action #{pending}: take node-0098 out of run {RUN}"
+        "button", name=f"Approve action #{pending}: take node-0098 out of run {live}"
     ).click()
     assert unsure.dialogs == [
-        f"Take node-0098 out of run {RUN}? The job stops at its next step boundary, "
+        f"Take node-0098 out of run {live}? The job stops at its next step boundary, "
         "checkpoints and goes on without the node."
     ]
     assert played.get(f"/v1/remediations/{pending}")["state"] == "awaiting_approval"
     assert unsure_errors == []
     page.get_by_role(
-        "button", name=f"Approve action #{pending}: take node-0098 out of run {RUN}"
+        "button", name=f"Approve action #{pending}: take node-0098 out of run {live}"
     ).click()
     row = page.locator("#remediations tbody tr", has_text="node-0098")
     playwright.expect(row.locator(".state")).to_have_text("drained")

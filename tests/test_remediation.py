@@ -18,8 +18,9 @@ from sqlalchemy import select
 
 from fleetlens.analysis.hangs import HangRule
 from fleetlens.analysis.rootcause import Diagnosis
-from fleetlens.api.remediation import INFRA_KEYS, action_json, action_view
+from fleetlens.api.remediation import INFRA_KEYS, action_json, action_view, action_views
 from fleetlens.errors import ConfigError, NotFound, Refused
+from fleetlens.lifecycle import RankEnd
 from fleetlens.remediation.actuators import TorchrunActuator
 from fleetlens.remediation.controller import Controller
 from fleetlens.remediation.machine import State
@@ -200,6 +201,26 @@ def test_recommend_mode_records_the_action_and_tells_the_job_nothing(ctl: Contro
     other_tenant = Scope(tenant="bolt", role="admin", actor="mallory")
     with pytest.raises(NotFound):
         ctl.approve(other_tenant, a.id)
+
+
+def test_a_pending_action_of_a_run_that_ended_may_be_rejected_not_approved(
+    ctl: Controller,
+) -> None:
+    # Approving it drained a node out of a finished run and added the drain's time to the
+    # run's history: its wall clock grew from 0.84 h to 1.10 h and its goodput fell 17 points.
+    _positions(ctl)
+    _xid(ctl)
+    ctl.tick([_run(ctl)])
+    (a,) = ctl.actions(ADMIN, "r1")
+    meta = ctl.findings.metadata
+    for rank in range(3):  # every rank finished
+        meta.record_end("default", "r1", "r1-a0", RankEnd(rank, "finished", time.time(), 500))
+    with pytest.raises(Refused, match=r"run r1 has ended \(FINISHED\).*reject"):
+        ctl.approve(ADMIN, a.id)
+    assert ctl.get(ADMIN, a.id).state is State.RECOMMENDED  # nothing was done
+    (view,) = action_views(ctl, ADMIN, [a])
+    assert view["runEnded"] == "FINISHED"
+    assert ctl.reject(ADMIN, a.id).state is State.REJECTED
 
 
 def test_a_restarted_server_carries_on_with_the_actions_under_way(ctl: Controller) -> None:

@@ -36,7 +36,7 @@ from .findings import finding_json
 from .goodput import advice
 from .goodput_models import BreakdownOut, FactorsOut
 from .portal_json import Clock, json_response
-from .remediation import action_view
+from .remediation import action_views
 from .runs import run_json, summary_mfu_out
 
 __all__ = ["router"]
@@ -92,7 +92,7 @@ def _remediations(
     if ctl is None:
         return []
     found = [a for st in states for a in ctl.actions(scope, run_id, st, REMEDIATIONS_LIMIT)]
-    rows = [action_view(scope, a) for a in found]
+    rows = action_views(ctl, scope, found)
     return sorted(rows, key=lambda a: a["decidedAt"], reverse=True)
 
 

@@ -21,12 +21,20 @@ from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require, require_any
 from .leader import LEADER_HEADER, forward_to_leader, leader_of
 
-__all__ = ["INFRA_KEYS", "action_json", "action_view", "instruction_json", "router"]
+__all__ = [
+    "INFRA_KEYS",
+    "action_json",
+    "action_view",
+    "action_views",
+    "instruction_json",
+    "router",
+]
 
 INFRA_KEYS = ("id", "tenant", "runId", "node", "reason", "mode", "state", "decidedAt",
-              "updatedAt", "approvedBy", "error")  # fmt: skip
+              "updatedAt", "approvedBy", "error", "runEnded")  # fmt: skip
 """What infrastructure on-call sees of an action: not the run's checkpoint path, summary or
-cost (they come from the run's config: its steps left)."""
+cost (they come from the run's config: its steps left); whether the run has ended is hers to
+know (a pending action of an ended run is not hers to approve)."""
 
 
 def action_json(a: Action) -> dict[str, Any]:
@@ -71,11 +79,25 @@ def _seconds(start: float | None, end: float | None) -> float | None:
     return end - start if start is not None and end is not None else None
 
 
-def action_view(scope: Scope, a: Action) -> dict[str, Any]:
+def action_view(scope: Scope, a: Action, run_ended: str | None = None) -> dict[str, Any]:
     """An action as this caller may see it: whole for the tenant's own roles, trimmed to
-    :data:`INFRA_KEYS` for on-call, whose role reads no run contents."""
+    :data:`INFRA_KEYS` for on-call, whose role reads no run contents. ``runEnded`` is the
+    status of the action's run when it has ended (a pending action of it may only be
+    rejected)."""
     out = action_json(a)
+    out["runEnded"] = run_ended
     return out if scope.can("read") else {k: out[k] for k in INFRA_KEYS}
+
+
+def action_views(ctl: Controller, scope: Scope, actions: list[Action]) -> list[dict[str, Any]]:
+    """:func:`action_view` of each action, with whether its run has ended (asked once per
+    run)."""
+    now = time.time()
+    ended: dict[tuple[str, str], str | None] = {}
+    for a in actions:
+        if (a.tenant, a.run_id) not in ended:
+            ended[(a.tenant, a.run_id)] = ctl.repo.ended(a.tenant, a.run_id, now)
+    return [action_view(scope, a, ended[(a.tenant, a.run_id)]) for a in actions]
 
 
 def instruction_json(i: Instruction | None) -> dict[str, Any] | None:
@@ -211,14 +233,19 @@ async def list_remediations(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> dict[str, Any]:
     ctl = _controller(request)
-    rows = await anyio.to_thread.run_sync(lambda: ctl.actions(scope, run_id, state, limit))
-    return {"remediations": [action_view(scope, a) for a in rows], "mode": ctl.policy.mode}
+    rows = await anyio.to_thread.run_sync(
+        lambda: action_views(ctl, scope, ctl.actions(scope, run_id, state, limit))
+    )
+    return {"remediations": rows, "mode": ctl.policy.mode}
 
 
 @router.get("/remediations/{remediation_id}", summary="One action, with every phase timed")
 async def get_remediation(request: Request, remediation_id: Id, scope: Reader) -> dict[str, Any]:
     ctl = _controller(request)
-    return action_view(scope, await anyio.to_thread.run_sync(ctl.get, scope, remediation_id))
+    (out,) = await anyio.to_thread.run_sync(
+        lambda: action_views(ctl, scope, [ctl.get(scope, remediation_id)])
+    )
+    return out
 
 
 async def _decide(
@@ -229,14 +256,23 @@ async def _decide(
     ctl = _controller(request)
     fn = ctl.approve if approve else ctl.reject
     # Refused -> 409 by the app's error table
-    return action_view(scope, await anyio.to_thread.run_sync(fn, scope, remediation_id))
+    (out,) = await anyio.to_thread.run_sync(
+        lambda: action_views(ctl, scope, [fn(scope, remediation_id)])
+    )
+    return out
 
 
 @router.post(
     "/remediations/{remediation_id}/approve",
     summary="Carry out an action awaiting approval (audited)",
     response_model=None,
-    responses={409: {"description": "The action is not awaiting approval"}, **_FORWARDED},
+    responses={
+        409: {
+            "description": "The action is not awaiting approval, or its run has ended (a "
+            "pending action of an ended run may only be rejected)"
+        },
+        **_FORWARDED,
+    },
 )
 async def approve(request: Request, remediation_id: Id, scope: Writer) -> dict[str, Any] | Response:
     return await _decide(request, remediation_id, scope, True)

@@ -17,6 +17,7 @@ from sqlalchemy import Select, func, select
 
 from ..alerts.models import Alert
 from ..errors import NotFound
+from ..lifecycle import LIVE
 from ..store.metadata import MetadataStore
 from ..store.models import Run
 from ..store.reader import TenantReader
@@ -76,6 +77,7 @@ def _write(r: Remediation, a: Action) -> None:
 
 class Repository:
     def __init__(self, metadata: MetadataStore, telemetry: TelemetryStore) -> None:
+        self._metadata = metadata
         self._session = metadata.session
         self.telemetry = telemetry
 
@@ -168,6 +170,16 @@ class Repository:
         with self._session() as s:
             run = s.scalars(scoped(select(Run), tenant).where(Run.run_id == run_id)).first()
             return run.project if run is not None else None
+
+    def ended(self, tenant: str, run_id: str, now: float) -> str | None:
+        """The run's status when it has ended (FINISHED, FAILED, STOPPED): no job is left to
+        take a node out of; None while it runs (or is not registered)."""
+        with self._session() as s:
+            run = s.scalars(scoped(select(Run), tenant).where(Run.run_id == run_id)).first()
+            if run is None:
+                return None
+            status, _ = self._metadata.lifecycle(s, run, now)  # the run's status, as shown
+            return None if status in LIVE else status
 
     def alert_for(
         self, tenant: str, run_id: str, finding_key: str

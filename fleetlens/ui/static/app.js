@@ -196,6 +196,13 @@
       span.appendChild(e);
     }
     if (!APPROVABLE.includes(a.state)) return { node: span, cls: UNDER_WAY.includes(a.state) ? "pending" : "" };
+    if (a.runEnded) {  // nothing left to drain: approving would add a drain to a finished run
+      const e = document.createElement("div");
+      e.className = "note";
+      e.textContent = `Not offered: the run has ended (${a.runEnded.toLowerCase()}), no job is left to take ${a.node} out of.`;
+      span.appendChild(e);
+      return { node: span, cls: "" };
+    }
     const { b, msg } = actionButton("Approve",
       `Approve action #${a.id}: take ${a.node} out of run ${a.runId}${a.tenant && page === "oncall" ? ` of tenant ${a.tenant}` : ""}`);
     b.addEventListener("click", async () => {
