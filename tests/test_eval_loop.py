@@ -450,11 +450,20 @@ def test_a_safety_regression_pages_through_alertmanager_and_shows_in_compare(
             assert hit["cacheHit"] and [r["kind"] for r in hit["regressions"]] == ["safety"]
 
             # fleetlens compare: the evaluation difference between the two models' runs
-            cmp = srv.get("/v1/runs/compare?runs=v1-run,v2-run")["evaluations"]
+            compared = srv.get("/v1/runs/compare?runs=v1-run,v2-run")
+            cmp = compared["evaluations"]
             assert cmp["metrics"]["safety/unsafe_rate"] == {"values": [0.0, 1.0],
                                                             "deltas": [0.0, 1.0]}  # fmt: skip
+            # ...and the conclusion weighs it: a safety regression is a regression.
+            (concl,) = compared["conclusions"]
+            assert concl["evaluationRegressed"] and concl["cause"] != "none", concl
+            assert any(
+                "Evaluation of v2-run failed: safety regression in safety/unsafe_rate" in line
+                for line in concl["lines"]
+            ), concl["lines"]
             out = _fleetlens("compare", "v1-run", "v2-run", "--server", srv.url)
             assert out.returncode == 0, out.stderr
+            assert "Evaluation of v2-run failed" in out.stdout
             assert any(
                 line.startswith("safety/unsafe_rate") and "(+1)" in line
                 for line in out.stdout.splitlines()

@@ -155,3 +155,35 @@ def test_conclusion_rules() -> None:
         conclude(base, RunFigures("b", step_time_s=1.0, quality={"val_loss": 2.2}), [])["cause"]
         == "unexplained"
     )
+
+
+def test_a_candidate_that_lost_goodput_to_a_fatal_fault_and_failed_a_gate_regressed() -> None:
+    """Compare said "no regression" for a candidate whose goodput fell from 83.8% to 73.4% with
+    a fatal Xid and a failed safety gate: loss and step time alone decided (issue 37)."""
+    base = RunFigures("v141", step_time_s=1.0, quality={"val_loss": 2.0}, goodput=0.838)
+    cand = RunFigures(
+        "v142",
+        step_time_s=1.01,
+        quality={"val_loss": 2.0},
+        goodput=0.734,
+        faults={"hardware_fault": 1},
+        evaluation_failures=["safety regression in safety/unsafe_rate"],
+    )
+    lr = [{"key": "optim.lr", "values": [3e-4, 6e-4], "status": "changed"}]
+    c = conclude(base, cand, lr)
+    assert c["cause"] != "none" and c["goodputRegressed"] and c["faultsRegressed"]
+    assert c["evaluationRegressed"] and not c["qualityRegressed"] and not c["speedRegressed"]
+    assert not any("No regression" in line for line in c["lines"])
+    # Goodput, faults and the evaluation come before the configuration in what it says.
+    said = (
+        "Goodput fell: 83.8% -> 73.4% (-10.4 points)",
+        "More faults in v142",
+        "Evaluation of v142 failed: safety",
+        "Training configuration changed",
+    )
+    order = [next(i for i, line in enumerate(c["lines"]) if line.startswith(p)) for p in said]
+    assert order == sorted(order), c["lines"]
+    assert c["cause"] == "configuration and infrastructure"
+    # A goodput a point lower, no new fault, no failed gate: no regression.
+    close = RunFigures("v143", step_time_s=1.0, quality={"val_loss": 2.0}, goodput=0.83)
+    assert conclude(base, close, [])["cause"] == "none"

@@ -32,6 +32,7 @@ QUALITY_METRICS = ("val_loss", "validation_loss", "eval_loss", "lm_loss_validati
 # Thresholds of the conclusion rules (relative unless said otherwise).
 QUALITY_REGRESSION = 0.01  # 1% worse loss at matched steps
 SPEED_REGRESSION = 0.05  # 5% slower median step
+GOODPUT_REGRESSION = 0.02  # 2 points of goodput lost (absolute)
 STRAGGLER_SPREAD = 0.05  # slowest rank's compute 5% over the mean rank's
 SLOW_STEP_SHARE = 0.02  # 2% of steps over twice the median
 INFRA_FAULTS = ("hardware_fault", "hang", "failure", "restart", "preemption", "drain", "nan")
@@ -157,6 +158,9 @@ class RunFigures:
     # GPU, storage, host), by diagnosis: what fleetlens itself diagnosed in the run.
     findings: dict[str, int] = field(default_factory=dict)
     quality: dict[str, float] = field(default_factory=dict)  # metric -> value at matched steps
+    goodput: float | None = None  # the job's goodput, as its run page has it
+    # What its latest evaluation failed: gates, and regressions against the model's baseline.
+    evaluation_failures: list[str] = field(default_factory=list)
     dataset: str | None = None
     code: str | None = None
 
@@ -187,7 +191,10 @@ def conclude(
 ) -> dict[str, Any]:
     """A likely conclusion for ``other`` against ``base`` (section 23 of the requirements).
 
-    - regression (loss at matched steps >1% worse, or median step >5% slower)
+    - regression, weighed in this order: goodput more than 2 points lower, more fault events
+      (fatal hardware faults, failures, hangs, restarts), a failed evaluation gate or an
+      evaluation regression, loss at matched steps >1% worse (the last tenth of the steps both
+      runs logged), median step >5% slower
     - infrastructure changed: ``other`` has fault events, findings the analysis owns to the
       infrastructure (network, rack, stragglers, GPUs, storage, host), a straggler spread over
       5% or over 2% of its steps slower than twice its median, and ``base`` has less of it
@@ -209,6 +216,32 @@ def conclude(
         lines.append(f"Infrastructure changed in {other.run_id}: " + "; ".join(other_issues) + ".")
     else:
         lines.append("Infrastructure shows the same issues in both runs.")
+    goodput_delta = (
+        other.goodput - base.goodput
+        if other.goodput is not None and base.goodput is not None
+        else None
+    )
+    goodput_regressed = goodput_delta is not None and goodput_delta < -GOODPUT_REGRESSION
+    if goodput_regressed and base.goodput is not None and other.goodput is not None:
+        lines.append(
+            f"Goodput fell: {100 * base.goodput:.1f}% -> {100 * other.goodput:.1f}% "
+            f"({100 * (goodput_delta or 0):+.1f} points)."
+        )
+    faults_regressed = sum(other.faults.values()) > sum(base.faults.values())
+    if faults_regressed:
+        lines.append(
+            f"More faults in {other.run_id}: {sum(other.faults.values())} against "
+            f"{sum(base.faults.values())} ("
+            + ", ".join(f"{n} {k}" for k, n in sorted(other.faults.items()) if n)
+            + ")."
+        )
+    evaluation_regressed = bool(other.evaluation_failures) and set(other.evaluation_failures) - set(
+        base.evaluation_failures
+    )
+    if evaluation_regressed:
+        lines.append(
+            f"Evaluation of {other.run_id} failed: " + "; ".join(other.evaluation_failures) + "."
+        )
     config_keys = [d["key"] for d in diff if not str(d["key"]).startswith("derived.")]
     if config_keys:
         shown = ", ".join(
@@ -236,16 +269,32 @@ def conclude(
     if quality_regressed and quality_metric is not None:
         lines.append(
             f"{quality_metric} regressed: {base.quality[quality_metric]:.4g} -> "
-            f"{other.quality[quality_metric]:.4g} ({100 * (quality_delta or 0):+.1f}%) at "
-            "matched steps."
+            f"{other.quality[quality_metric]:.4g} ({100 * (quality_delta or 0):+.1f}%) over "
+            "the last tenth of the steps both runs logged."
         )
     if speed_regressed:
         lines.append(
             f"Step time regressed: {base.step_time_s:.4g} s -> {other.step_time_s:.4g} s "
             f"({100 * (speed_delta or 0):+.1f}%)."
         )
-    regressed = quality_regressed or speed_regressed
-    what = "Validation regression" if quality_regressed else "Slowdown"
+    regressed = bool(
+        goodput_regressed
+        or faults_regressed
+        or evaluation_regressed
+        or quality_regressed
+        or speed_regressed
+    )
+    what = (
+        "Goodput loss"
+        if goodput_regressed
+        else "Reliability regression"
+        if faults_regressed
+        else "Evaluation regression"
+        if evaluation_regressed
+        else "Validation regression"
+        if quality_regressed
+        else "Slowdown"
+    )
     if not regressed:
         cause = "none"
         lines.append(f"No regression of {other.run_id} against {base.run_id}.")
@@ -270,6 +319,9 @@ def conclude(
         "cause": cause,
         "infrastructureChanged": infra_changed,
         "configurationChanged": bool(config_keys),
+        "goodputRegressed": goodput_regressed,
+        "faultsRegressed": faults_regressed,
+        "evaluationRegressed": bool(evaluation_regressed),
         "qualityRegressed": quality_regressed,
         "speedRegressed": speed_regressed,
         "lines": lines,

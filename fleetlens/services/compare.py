@@ -24,7 +24,7 @@ from ..analysis.compare import (
 )
 from ..analysis.rootcause import owner_of
 from ..errors import ConfigError
-from ..evaluation.models import Evaluation
+from ..evaluation.models import Evaluation, GateDecision
 from ..store.detect_queries import DetectQueries
 from ..store.findings import FindingsStore
 from ..store.graph import GraphStore
@@ -361,10 +361,15 @@ def compare_runs(
     diff = config_diff([ln["config"] for ln in lineages])
     store = FindingsStore(metadata)
     goodput = _goodput(telemetry, scope, runs, [ln["config"] or {} for ln in lineages])
+    evaluations = evaluation_deltas(metadata, scope, runs)
+    failures = _evaluation_failures(metadata, scope, runs, evaluations)
     figures = [
         _figures(r, speed.get(r, {}), health[r], quality, ln, _infra_findings(store, scope, r))
         for r, ln in zip(runs, lineages, strict=True)
     ]
+    for f in figures:
+        f.goodput = goodput.get(f.run_id, {}).get("goodput")
+        f.evaluation_failures = failures[f.run_id]
     side = []
     for r, ln, f in zip(runs, lineages, figures, strict=True):
         sp = speed.get(r, {})
@@ -400,7 +405,7 @@ def compare_runs(
         },
         "side": side,
         "matchedSteps": quality,
-        "evaluations": evaluation_deltas(metadata, scope, runs),
+        "evaluations": evaluations,
         "conclusions": [
             conclude(figures[0], f, config_diff([lineages[0]["config"], ln["config"]]))
             for f, ln in zip(figures[1:], lineages[1:], strict=True)
@@ -416,6 +421,30 @@ def compare_runs(
             "the first run's, metric by metric (benchmark/metric, performance/latency...)",
         },
     }
+
+
+def _evaluation_failures(
+    metadata: MetadataStore, scope: Scope, runs: list[str], evaluations: dict[str, Any] | None
+) -> dict[str, list[str]]:
+    """What each run's latest evaluation failed: its regressions against the model's
+    baseline (by kind: safety, benchmark, latency, cost) and the quality gates decided on it."""
+    out: dict[str, list[str]] = {r: [] for r in runs}
+    if evaluations is None:
+        return out
+    with metadata.session() as s:
+        for r, ev in zip(runs, evaluations["byRun"], strict=True):
+            if ev is None:
+                continue
+            for reg in ev.get("regressions") or []:
+                out[r].append(f"{reg.get('kind', 'benchmark')} regression in {reg.get('metric')}")
+            failed = s.scalars(
+                scoped(select(GateDecision), scope).where(
+                    GateDecision.candidate_evaluation == ev["evaluationId"],
+                    GateDecision.passed.is_(False),
+                )
+            ).all()
+            out[r] += [f"quality gate {d.decision_id} failed" for d in failed]
+    return out
 
 
 def evaluation_deltas(
