@@ -19,8 +19,12 @@ named with the wrong class or too late included, per 1,000 rank-hours of every r
 ``healthy_run_findings_per_1000_rank_hours``, ``per_type_generated`` (recall and precision per
 magnitude bin, time to detect in steps and seconds, median and p90; a markdown table on
 stderr); ``real_data_correct`` / ``real_data_cases`` (bench/_real_cases.py: the PAI jobs'
-labelled stragglers, the BigScience and Megatron-LM logs). ``--only generated|real`` runs one of
-them. ``--quick`` runs fewer scenarios, fleets, real cases and repeats.
+labelled stragglers, the BigScience and Megatron-LM logs). ``import_restart_precision`` /
+``import_restart_recall`` (goal >= 0.95 each): the resumes the log importer infers from
+iteration times on randomized Megatron logs (resumes 3-20x the step time, 1-10% noise, slow
+stretches as distractors; bench/_import_restarts.py, 500 logs, 50 with ``--quick``).
+``--only generated|real`` runs one of them. ``--quick`` runs fewer scenarios, fleets, real cases
+and repeats.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import emit
 
 from bench._detect_harness import SCENARIOS, Bench
+from bench._import_restarts import import_restarts
 from bench._lag_replay import LagReplay
 from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers
 from fleetlens.services.runs import RunQueries
@@ -436,6 +441,7 @@ def main() -> None:
     result["ranks_query_ms"] = round(ranks_query_ms(3 if args.quick else 10), 1)
     result.update(verdict_consistency(3 if args.quick else 12))
     result.update(generated_quality(args.fleets or (3 if args.quick else 250)))
+    result.update(import_restarts(50 if args.quick else 500))
     result.update(real_data(args.quick))
     emit(result)
 

@@ -10,14 +10,20 @@ server's analyses read, as the SDK would have sent them:
 - A non-finite loss stays a NaN scalar (as the SDK keeps it) and adds a ``nan`` event at its step:
   the analysis diagnoses ``instability`` from it, and the goodput breakdown reads the event as a
   fault signal.
-- A logged interval ``restart_factor`` (10) times the run's median iteration time or slower is not
-  training. At the start of an attempt it is start-up (a resume, a compile): the excess becomes
-  the time before the first step. Later in an attempt it is a restart the log does not mark (a
-  record of iteration times only, such as Megatron-LM's CI golden values): the attempt ends
-  there and a new one, with a ``restart`` event, starts after the excess. The breakdown charges
-  that time to ``startup`` / ``recovery``, not to ``productive``.
-- Runs of two or more logged intervals ``slow_factor`` (2) times the median or slower are slow
-  periods: a ``custom`` event each (``attrs.slow_period``) and a line in the summary.
+- A logged interval far above its neighbours is not training: ``restart_factor`` (2.5) times the
+  median of the ``NEIGHBOURS`` (5) intervals on each side or more (more where the log's own
+  noise is large: ``exp(6 sigma)``, sigma the robust spread of its log times), while the
+  intervals beside it are not (a slow stretch is a level, not a spike). At the start of an
+  attempt it is start-up (a resume, a compile, a warm-up), from ``slow_factor`` up: the excess
+  becomes the time before the first step. Later in an attempt it is a restart the log does not mark (a record of iteration times
+  only, such as Megatron-LM's CI golden values: a resume took 9.7x the median there, under the
+  10x that was once the rule): the attempt ends there and a new one, with a ``restart`` event,
+  starts after the excess. The breakdown charges that time to ``startup`` / ``recovery``, not
+  to ``productive``.
+- A slow period is a change in level: consecutive logged intervals, however many, at
+  ``slow_factor`` (1.5) times the run's median or more (``exp(4.5 sigma)`` where the noise is
+  larger), once the spikes are set apart: a ``custom`` event each (``attrs.slow_period``) and a
+  line in the summary. A 2.4x interval beside a 1.7x one is one period of two intervals.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from .runlog import Attempt, ImportedRun
 
 __all__ = ["intervals", "settle"]
 
-RESTART_FACTOR = 10.0
-SLOW_FACTOR = 2.0
+RESTART_FACTOR = 2.5
+SLOW_FACTOR = 1.5
+NEIGHBOURS = 5
 
 
 def intervals(a: Attempt) -> list[tuple[int, int]]:
@@ -101,28 +108,65 @@ def _split(a: Attempt, i0: int) -> Attempt:
     return b
 
 
-def _spikes(run: ImportedRun, median: float, factor: float) -> None:
+def _noise(run: ImportedRun, median: float) -> float:
+    """The robust spread (sigma) of the log's interval times around their median, in log
+    units: 1.4826 x the median absolute deviation of log(time / median)."""
+    logs = [
+        math.log(a.durations[i] / median)
+        for a in run.attempts
+        for i, _ in intervals(a)
+        if a.durations[i] > 0
+    ]
+    if len(logs) < 3:
+        return 0.0
+    return 1.4826 * float(np.median(np.abs(np.asarray(logs) - np.median(logs))))
+
+
+def _spike_at(durs: list[float], k: int, factor: float, slow: float) -> float | None:
+    """Interval ``k``'s time over the median of its neighbours when it is a spike: ``factor``
+    times them or more while the intervals beside it are under ``slow`` times them (None
+    otherwise)."""
+    around = durs[max(0, k - NEIGHBOURS) : k] + durs[k + 1 : k + 1 + NEIGHBOURS]
+    if not around:
+        return None
+    local = float(np.median(around))
+    if local <= 0 or durs[k] < factor * local:
+        return None
+    beside = [durs[x] for x in (k - 1, k + 1) if 0 <= x < len(durs)]
+    if any(d >= slow * local for d in beside):
+        return None  # a level, not a spike: a slow period if anything
+    return local
+
+
+def _spikes(run: ImportedRun, median: float, factor: float, slow: float) -> None:
     out: list[Attempt] = []
     todo = list(run.attempts)
     while todo:
         a = todo.pop(0)
-        for k, (i, j) in enumerate(intervals(a)):
-            d = a.durations[i]
-            if not d >= factor * median:
+        spans = intervals(a)
+        durs = [a.durations[i] for i, _ in spans]
+        for k, (i, j) in enumerate(spans):
+            # The first interval of an attempt holds its warm-up: above the slow level, its
+            # excess is start-up, not a slow period.
+            local = _spike_at(durs, k, slow if k == 0 else factor, slow)
+            if local is None:
                 continue
+            d = a.durations[i]
             n, began = j - i, a.times[i]
-            excess = n * (d - median)
+            excess = n * (d - local)
             for x in range(i, j):
-                a.durations[x] = median
-                a.times[x] = began + excess + (x - i) * median
+                a.durations[x] = local
+                a.times[x] = began + excess + (x - i) * local
             info = (
                 f"iteration{'s' if n > 1 else ''} {a.steps[i]}"
                 + (f"..{a.steps[j - 1]}" if n > 1 else "")
-                + f" took {d:.4g} s each, {d / median:.1f} x the median {median:.4g} s"
+                + f" took {d:.4g} s each, {d / local:.1f} x the {local:.4g} s of the iterations"
+                " around"
             )
             if k == 0:
                 run.notes.append(f"start-up: {info}; {excess:.4g} s before the first step")
                 run.startup_seconds += excess
+                durs[0] = local
                 continue
             run.notes.append(f"restart inferred: {info}")
             b = _split(a, i)
@@ -155,7 +199,7 @@ def _slow_periods(run: ImportedRun, median: float, factor: float) -> None:
     steps = np.asarray([p[0] for p in pts])
     durs = np.asarray([p[2] for p in pts], dtype=np.float64)
     first = {p[0]: (p[1], p[3]) for p in pts}
-    for ep in slow_episodes(steps, durs, factor, min_points=2):
+    for ep in slow_episodes(steps, durs, factor, min_points=1):
         lo, owner = first[ep["fromStep"]]
         hi = ep["toStep"]
         period = {
@@ -208,7 +252,11 @@ def settle(
     if durs:
         median = float(np.median(durs))
         if median > 0:
-            _spikes(run, median, restart_factor)
-            _slow_periods(run, median, slow_factor)
+            sigma = _noise(run, median)
+            slow = max(slow_factor, math.exp(4.5 * sigma))
+            _spikes(run, median, max(restart_factor, math.exp(6.0 * sigma)), slow)
+            _slow_periods(
+                run, float(np.median([d for a in run.attempts for d in a.durations])), slow
+            )
     _nan_losses(run)
     return run
