@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench._generated import FleetPlayer, PlayedRun
-from fleetlens.analysis.rootcause import Diagnosis
+from fleetlens.analysis.rootcause import Diagnosis, diagnose_instability
 from fleetlens.config import AnalyzerConfig
 from fleetlens.services.analyzer import _episode
 from fleetlens.services.shifts import fold_into_racks
@@ -302,3 +302,34 @@ def test_an_nvlink_fault_from_step_22_of_a_workloads_first_run_is_not_learned(
         assert [f["diagnosis"] for f in run.findings] == ["nvlink"], run.findings
         found.append([(f["key"], f["start_step"], f["nodes"]) for f in run.findings])
     assert found[0] == found[1]
+
+
+def test_instability_reads_what_the_log_says_and_tells_the_chain_in_order() -> None:
+    """A Megatron log's first interval logged no loss (its 10 iterations were fp16 loss-scale
+    skips, "number of nan iterations: 0"): it was called "LR change -> grad-norm spike -> NaN
+    loss" at 90%, steps 30-10 (issue 36)."""
+    steps = np.arange(10, 210, 10)
+    loss = np.full(len(steps), 3.0)
+    loss[0] = np.nan  # not logged
+    logged = np.ones(len(steps), bool)
+    logged[0] = False
+    gn = np.full(len(steps), 2.0)
+    gn[0], gn[1], gn[2] = np.nan, 67.0, 81.0  # while the scaler searched, and just after
+    lr = np.linspace(0.0, 1.5e-4, len(steps))
+    skipped = np.zeros(len(steps))
+    skipped[:3] = [10, 8, 1]
+    assert diagnose_instability(steps, loss, gn, lr, loss_logged=logged, skipped=skipped) is None
+    # A real divergence later: a spike over the grad norms before it, then a NaN loss.
+    gn[12], loss[14] = 40.0, np.nan
+    d = diagnose_instability(steps, loss, gn, lr, loss_logged=logged, skipped=skipped)
+    assert (
+        d is not None
+        and d.summary == "training instability: LR change -> grad-norm spike -> NaN loss"
+    )
+    assert d.start_step <= d.step == 130 < d.end_step == 150
+    assert [e["step"] for e in d.evidence] == sorted(e["step"] for e in d.evidence)
+    # A NaN loss before any spike is told first: the chain never runs backwards.
+    gn[12], loss[5] = 2.0, np.nan
+    d = diagnose_instability(steps, loss, gn, np.full(len(steps), 1e-4), loss_logged=logged)
+    assert d is not None and d.summary == "training instability: NaN loss"
+    assert (d.start_step, d.step, d.end_step) == (60, 60, 60)

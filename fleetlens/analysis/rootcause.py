@@ -342,33 +342,60 @@ def shared_device(d: Diagnosis, others: list[str]) -> Diagnosis:
 
 
 def diagnose_instability(
-    steps: Any, loss: Any, grad_norm: Any, lr: Any, spike_factor: float = 5.0
+    steps: Any,
+    loss: Any,
+    grad_norm: Any,
+    lr: Any,
+    spike_factor: float = 5.0,
+    *,
+    loss_logged: Any = None,
+    skipped: Any = None,
+    history: int = 20,
+    min_history: int = 5,
 ) -> Diagnosis | None:
-    """NaN/Inf loss, or a grad-norm spike; with the LR change that preceded it as evidence."""
+    """A NaN/Inf loss, or a grad-norm spike; with the LR change that preceded it as evidence.
+
+    What the log says comes first: a loss that was not logged at a step (``loss_logged``
+    False: Megatron logs none for an interval whose iterations the fp16 loss scaler all
+    skipped) is not a NaN loss, and a step whose iterations the loss scaler skipped
+    (``skipped`` > 0) is not evidence of a spike: it is the scaler finding its scale. A spike is
+    judged against the ``history`` finite grad norms before it (at least ``min_history``), never
+    against later ones, and the chain is told in the order of its steps: a cause never follows
+    its effect."""
     s = np.asarray(steps, dtype=np.int64)
     if not len(s):
         return None
     loss_a, gn, lr_a = (np.asarray(v, dtype=np.float64) for v in (loss, grad_norm, lr))
-    ev: list[dict[str, Any]] = []
-    bad = np.flatnonzero(~np.isfinite(loss_a))
-    ok = np.isfinite(gn)
-    ref = float(np.median(gn[ok][: max(10, ok.sum() // 2)])) if ok.any() else float("nan")
-    spikes: Any = np.flatnonzero(ok & (gn > spike_factor * ref)) if np.isfinite(ref) else []
-    if not len(bad) and not len(spikes):
+    logged = np.ones(len(s), bool) if loss_logged is None else np.asarray(loss_logged, bool)
+    skip = np.zeros(len(s)) if skipped is None else np.nan_to_num(np.asarray(skipped, float))
+    bad = np.flatnonzero(logged & ~np.isfinite(loss_a))
+    ok = np.isfinite(gn) & (skip <= 0)
+    spikes = []
+    for i in np.flatnonzero(ok).tolist():
+        before = gn[:i][ok[:i]][-history:]
+        if len(before) >= min_history:
+            ref = float(np.median(before))
+            if ref > 0 and gn[i] > spike_factor * ref:
+                spikes.append((i, ref))
+                break
+    if not len(bad) and not spikes:
         return None
-    first = int(s[spikes[0]]) if len(spikes) else int(s[bad[0]])
-    if len(spikes):
+    ev: list[dict[str, Any]] = []
+    if spikes:
+        i, ref = spikes[0]
         ev.append(
-            {"metric": "grad_norm", "step": first, "value": float(gn[spikes[0]]), "baseline": ref}
+            {"metric": "grad_norm", "step": int(s[i]), "value": float(gn[i]), "baseline": ref}
         )
     if len(bad):
         ev.append({"metric": "loss", "step": int(s[bad[0]]), "value": "nan"})
+    ev.sort(key=lambda e: e["step"])
+    first = ev[0]["step"]
     fin = np.isfinite(lr_a)
     ch = np.flatnonzero(fin[1:] & fin[:-1] & (np.abs(np.diff(lr_a)) > 1e-3 * np.abs(lr_a[:-1])))
-    before = [int(i) + 1 for i in ch if s[int(i) + 1] <= first]
+    before_first = [int(i) + 1 for i in ch if s[int(i) + 1] <= first]
     conf = 0.7
-    if before:
-        i = before[-1]
+    if before_first:
+        i = before_first[-1]
         ev.insert(
             0,
             {
@@ -390,8 +417,8 @@ def diagnose_instability(
             for e in ev
         ),
         step=first,
-        start_step=int(s[before[-1]]) if before else first,
-        end_step=int(s[bad[0]]) if len(bad) else -1,
+        start_step=ev[0]["step"],
+        end_step=ev[-1]["step"],
         evidence=ev,
     )
 

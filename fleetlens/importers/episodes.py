@@ -15,11 +15,11 @@ server's analyses read, as the SDK would have sent them:
   noise is large: ``exp(6 sigma)``, sigma the robust spread of its log times), while the
   intervals beside it are not (a slow stretch is a level, not a spike). At the start of an
   attempt it is start-up (a resume, a compile, a warm-up), from ``slow_factor`` up: the excess
-  becomes the time before the first step. Later in an attempt it is a restart the log does not mark (a record of iteration times
-  only, such as Megatron-LM's CI golden values: a resume took 9.7x the median there, under the
-  10x that was once the rule): the attempt ends there and a new one, with a ``restart`` event,
-  starts after the excess. The breakdown charges that time to ``startup`` / ``recovery``, not
-  to ``productive``.
+  becomes the time before the first step. Later in an attempt it is a restart the log does not
+  mark (a record of iteration times only, such as Megatron-LM's CI golden values: a resume took
+  9.7x the median there, under the 10x that was once the rule): the attempt ends there and a
+  new one, with a ``restart`` event, starts after the excess. The breakdown charges that time
+  to ``startup`` / ``recovery``, not to ``productive``.
 - A slow period is a change in level: consecutive logged intervals, however many, at
   ``slow_factor`` (1.5) times the run's median or more (``exp(4.5 sigma)`` where the noise is
   larger), once the spikes are set apart: a ``custom`` event each (``attrs.slow_period``) and a

@@ -418,7 +418,11 @@ def _episode(coll: dict[str, Any], job: JobSpan, s0: int, s1: int) -> str:
 
 def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:
     sc = ctx.q.scalars(
-        ctx.run.run_id, ["loss", "grad_norm", "lr"], max(0, lo - 200), hi, job.job_id
+        ctx.run.run_id,
+        ["loss", "grad_norm", "lr", "skipped_iterations"],
+        max(0, lo - 200),
+        hi,
+        job.job_id,
     )
     if "loss" not in sc and "grad_norm" not in sc:
         return
@@ -430,7 +434,17 @@ def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:
             out[np.searchsorted(steps, sc[name][0])] = sc[name][1]
         return out
 
-    d = diagnose_instability(steps, col("loss"), col("grad_norm"), col("lr"))
+    logged = np.zeros(len(steps), bool)  # a step with no loss logged has no NaN loss either
+    if "loss" in sc:
+        logged[np.searchsorted(steps, sc["loss"][0])] = True
+    d = diagnose_instability(
+        steps,
+        col("loss"),
+        col("grad_norm"),
+        col("lr"),
+        loss_logged=logged,
+        skipped=col("skipped_iterations"),
+    )
     if d is not None and d.step >= lo - 200:
         d.job_id = job.job_id
         ctx.found.append(d)
