@@ -150,13 +150,13 @@ def _log_cases(player: Player, quick: bool) -> list[Case]:
         case(f"{name} world size", f"world size {want}",
              "the arguments block prints world_size (and the launcher --nnodes x --nproc_per_node)",
              lambda s=s, want=want: (s["worldSize"] == want, f"{s['worldSize']}"))  # fmt: skip
-        ends = [e for e in s["events"] if e["kind"] == "failure"]
+        ends = [e for e in s["events"] if e["kind"] == "preemption"]
         if "1809562" in name or "1999618" in name:
             reason = "cancelled" if "1809562" in name else "time_limit"
             case(f"{name} end", f"the job ended ({reason}) at its last iteration",
                  "slurmstepd's CANCELLED line after the last iteration line",
                  lambda run=run, reason=reason, ends=ends: (
-                     any(e["kind"] == "failure" and e["attrs"].get("end") == reason
+                     any(e["kind"] == "preemption" and e["attrs"].get("end") == reason
                          for a in run.attempts for e in a.events), str(ends)))  # fmt: skip
         else:
             case(f"{name} healthy", "one attempt, no restart, no NaN, no slow period",

@@ -63,12 +63,12 @@ def test_bigscience_logs_give_iterations_timing_loss_lr_and_job_end() -> None:
     assert b.job_id == "1809562" and b.steps[-1] == 200 and len(b.scalars["lr"][0]) == 20
     assert b.scalars["skipped_iterations"][1][:2] == [10.0, 8.0]
     end = b.events[-1]
-    assert end["kind"] == "failure" and end["attrs"]["end"] == "cancelled"
+    assert end["kind"] == "preemption" and end["attrs"]["end"] == "cancelled"
     assert "--tensor-model-parallel-size 4" in base.launch_command
 
     perf = read_megatron(BIG / "meg_gpt2_perf_n16-1999618.out")
     end = perf.attempts[0].events[-1]
-    assert end["kind"] == "failure" and end["attrs"]["end"] == "time_limit"
+    assert end["kind"] == "preemption" and end["attrs"]["end"] == "time_limit"
     assert perf.attempts[0].steps == [1, 2, 3, 4]
     # The clock: the log's datetime stamps, and the job end after the last iteration.
     assert perf.attempts[0].start == pytest.approx(1622151768.0)  # 2021-05-27 21:42:48 UTC
@@ -171,10 +171,14 @@ def test_imported_runs_in_the_store(gserver: Server) -> None:
     assert "pretrain_gpt.py" in bs["launchCommand"]
     ends = bs["infrastructure"]["jobEnds"]
     assert len(ends) == 1 and json.loads(ends[0]["attrs"])["end"] == "time_limit"
-    assert gserver.get("/v1/runs/bs-perf")["status"] == "FAILED"
+    # The scheduler stopped it at its time limit: stopped, not failed (it was FAILED, and its
+    # unlogged last iterations were charged as a recovery that never came).
+    assert gserver.get("/v1/runs/bs-perf")["status"] == "STOPPED"
     # Goodput is computed retroactively from the imported timeline.
     gp = gserver.get("/v1/runs/bs-perf/goodput")
     assert gp["breakdown"]["wallSeconds"] > 0
+    lines = {x["category"]: x["seconds"] for x in gp["breakdown"]["lines"]}
+    assert lines["recovery"] == 0.0
 
 
 @pytest.mark.e2e
@@ -187,7 +191,7 @@ def test_cli_import_dry_run(gserver: Server) -> None:
         "--run",
         "bs-base",
     )
-    assert s["steps"] == 200 and s["events"][-1]["kind"] == "failure"
+    assert s["steps"] == 200 and s["events"][-1]["kind"] == "preemption"
     assert s["worldSize"] == 32  # world_size in the log's arguments: 8 nodes x 4 GPUs
     run = gserver.get("/v1/runs/bs-base")
     assert run["steps"] == 200 and run["worldSize"] == 32

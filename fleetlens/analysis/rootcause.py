@@ -203,7 +203,7 @@ def diagnose_events(events: list[dict[str, Any]]) -> list[Diagnosis]:
                     "preemption",
                     "event",
                     0.95,
-                    "the scheduler preempted the job",
+                    _PREEMPTED.get(str(attrs.get("end", "")), "the scheduler preempted the job"),
                     evidence=[ev],
                     **base,
                 )
@@ -318,6 +318,14 @@ def xid_diagnosis(
             }
         ],
     )
+
+
+_PREEMPTED = {
+    "time_limit": "the scheduler stopped the job at its time limit",
+    "cancelled": "the job was cancelled through the scheduler (scancel)",
+}
+"""What a scheduler's end of the job (an importer's ``attrs.end``) says, where it says more
+than a preemption."""
 
 
 def shared_device(d: Diagnosis, others: list[str]) -> Diagnosis:

@@ -271,7 +271,10 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
         if reason == "finished":
             last.event(at, "finish", last.steps[-1], message)
         else:
-            last.event(at, "failure", last.steps[-1], message, end=reason, scheduler="slurm")
+            # The scheduler ended it (its time limit, or scancel): the job was stopped, not
+            # failed, and nothing recovers from it. Its last unlogged iterations are work lost
+            # to the scheduler, as to a preemption (the breakdown's rework by preemption).
+            last.event(at, "preemption", last.steps[-1], message, end=reason, scheduler="slurm")
     if log_interval > 1:
         run.notes.append(
             f"log interval {log_interval}: each iteration of an interval has the interval's mean"
