@@ -429,3 +429,18 @@ def test_a_resume_is_a_spike_over_its_neighbours_and_a_slow_stretch_a_level() ->
     assert len(run.attempts) == 1 and [(p["fromStep"], p["toStep"]) for p in run.slow_periods] == [
         (601, 630)
     ]
+
+
+def test_start_up_runs_from_the_launch_megatron_states_to_the_first_iteration() -> None:
+    """A log with thousands of lines before iteration 1 had a start-up of 0 s (issue 36)."""
+    head = (
+        " time to initialize megatron (seconds): 118.500\n"
+        "[after megatron is initialized] datetime: 2024-01-01 00:02:00 \n"
+        "[before the start of training step] datetime: 2024-01-01 00:02:05 \n"
+    )
+    body = _iteration_log([1.0] * 30)
+    run = parse_megatron_log(head + body, "launch.log")
+    launch = calendar.timegm((2024, 1, 1, 0, 2, 0)) - 118.5
+    assert run.attempts[0].start == pytest.approx(launch)
+    assert run.attempts[0].times[0] == pytest.approx(launch + 118.5 + 5)  # iterations: unmoved
+    assert run.startup_seconds == pytest.approx(123.5)

@@ -41,6 +41,7 @@ _PADDED_VOCAB = re.compile(r"padded vocab \(size: \d+\).*\(new size: (\d+)\)")
 _STAMP = re.compile(r"datetime:\s*(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 _DS_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.]\d+\]")
 _INIT = "[after megatron is initialized]"
+_INIT_TIME = re.compile(r"time to initialize megatron \(seconds\):\s*([\d.]+)")
 _CANCEL = re.compile(
     r"\*\*\* (JOB|STEP) (\S+) ON (\S+) CANCELLED AT (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(.*?)\*\*\*"
 )
@@ -147,6 +148,11 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
     padded_vocab = 0
     between = ""  # what the log said since the previous iteration line (saves, evaluations)
     end: tuple[str, float, str] | None = None
+    # The attempt's launch as the log tells it: its first stamp, or Megatron's own "time to
+    # initialize megatron" before its init stamp (start-up runs from there to iteration 1).
+    launched: float | None = None
+    init_s: float | None = None
+    begin = 0.0
     for line in lines:
         if "----- arguments -----" in line:
             in_args = True
@@ -170,6 +176,16 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
             clock = _utc(sm.group(1))
             if _INIT in line and seen_iter:
                 attempt = None  # Megatron initialised again: a restart
+                launched = None
+            if attempt is None:
+                # Megatron prints its init time just before its init stamp: the launch was
+                # that long before the stamp.
+                at = clock - init_s if init_s is not None else clock
+                launched = at if launched is None else min(launched, at)
+                init_s = None
+        im_init = _INIT_TIME.search(line)
+        if im_init and attempt is None:
+            init_s = float(im_init.group(1))
         cm = _CANCEL.search(line)
         if cm and cm.group(1) == "JOB":
             reason = "time_limit" if "TIME LIMIT" in cm.group(5) else "cancelled"
@@ -217,11 +233,22 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
         if attempt is None:
             k = len(run.attempts)
             prev = max(0, it - log_interval)
-            start = clock if clock is not None else 0.0
+            # Its iterations begin at the last stamp before them (Megatron's "before the start
+            # of training step"), else where its first line's stamp puts them; the attempt
+            # began at its launch (its first stamp, or Megatron's init time before its init
+            # stamp): the time between is its start-up.
+            begin = clock if clock is not None else 0.0
             if stamp is not None and math.isfinite(dur):
-                # From the last stamp before it (Megatron's init), else its first iterations.
                 first = stamp - max(1, it - prev) * dur
-                start = clock if clock is not None and clock <= first else first
+                begin = clock if clock is not None and clock <= first else first
+            start = min(launched, begin) if launched is not None else begin
+            launched = None
+            if begin > start:
+                run.startup_seconds += begin - start
+                run.notes.append(
+                    f"start-up: {begin - start:.4g} s from the attempt's launch (its first "
+                    "stamp, or Megatron's init time before it) to its first iteration"
+                )
             attempt = Attempt(job_id=base_job if k == 0 else f"{base_job}.r{k}", start=start)
             attempt.event(start, "job_start", prev, f"attempt {k}")
             if k:
@@ -237,7 +264,7 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
                 attempt.durations[-1] if math.isfinite(attempt.durations[-1]) else 0.0
             )
         else:
-            t = attempt.start
+            t = begin
         if stamp is not None:
             # The stamp is when the line was printed: the reported iterations end there.
             t = max(t, stamp - n * dur) if math.isfinite(dur) else max(t, stamp)
