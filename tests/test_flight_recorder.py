@@ -171,9 +171,22 @@ def test_bad_uploads_are_refused_naming_the_file(server: Server, tmp_path: Path)
         assert status == 400 and message in body["detail"], (message, status, body)
     status, body = _post(server, run_id, [f(f"r_{i}", b"{}") for i in range(8193)])
     assert status == 413 and "8193 files" in body["detail"], body
-    status, body = _post(server, "no-such-run", [f("r_0", good)])
-    assert status == 404 and "no-such-run" in body["detail"]
     assert _fr_findings(server, run_id) == []
+    # Dumps of a job the server has never seen make its run (they were a 404): its world size
+    # is the dumps' (their process groups name 16 ranks), its time theirs.
+    every = [f(p.name, p.read_bytes()) for p in sorted((NVRX / "gpu_error_1st").glob("_dump_*"))]
+    status, body = _post(server, "fr-unseen", every)
+    assert status == 200 and body["missingRanks"] == [12], body
+    run = server.get("/v1/runs/fr-unseen")
+    assert run["worldSize"] == 16 and run["lastSeen"] < time.time() - 3600
+    assert {x["diagnosis"] for x in _fr_findings(server, "fr-unseen")} == {"hang"}
+    # ...and dumps of a 16-rank job sent to a run of 10 ranks are refused, naming both.
+    ctx = {"run_id": "fr-ten", "job_id": "fr-ten-a0", "project": "llm"}
+    _, steps = step_batch("fr-ten", range(0, 5), 10, job_id="fr-ten-a0", ctx=ctx)
+    assert server.post(steps)[0] == 200
+    status, body = _post(server, "fr-ten", every)
+    assert status == 409 and "16 ranks" in body["detail"] and "fr-ten has 10" in body["detail"]
+    assert _fr_findings(server, "fr-ten") == []
 
 
 def test_cli_refuses_a_path_that_has_no_dumps(tmp_path: Path) -> None:

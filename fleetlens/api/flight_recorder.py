@@ -74,7 +74,8 @@ def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
     "its rank is the number that ends its name, or `rank`. The answer names the stuck "
     "collectives, the ranks missing from them with their nodes and GPUs (from the job's "
     "placement), and the last collective each rank completed per process group; each stuck "
-    "collective is stored as a `hang` finding of the run (`GET /v1/runs/{run_id}/diagnosis`).",
+    "collective is stored as a `hang` finding of the run (`GET /v1/runs/{run_id}/diagnosis`). "
+    "The dumps of a job the server has never seen make its run (world size from the dumps).",
     openapi_extra={
         OWN_BODY: True,
         "requestBody": {
@@ -85,6 +86,10 @@ def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
     responses={
         400: {"description": "A file is not a dump (the error names it); nothing stored"},
         408: {"description": "The body did not arrive in time; retry later"},
+        409: {
+            "description": "The dumps are of a job of another size than the run's (both named); "
+            "nothing stored"
+        },
         413: {"description": f"Over {MAX_BODY_BYTES} bytes or {MAX_FILES} files; nothing stored"},
         429: {"description": "The server holds as many bodies as it may; retry after Retry-After"},
     },
@@ -97,7 +102,6 @@ async def post_flight_recorder(
     budget: BodyBudget = request.app.state.body_budget
 
     def work() -> dict[str, Any]:
-        svc.metadata.get_run(scope, run_id)  # an unknown run is a 404 whatever the body
         files, job_id = _files(body)
         return import_flight_recorder(svc.telemetry, svc.metadata, scope, run_id, files, job_id)
 

@@ -21,7 +21,7 @@ from ..analysis.flight_recorder import (
     load_dump,
     rank_from_name,
 )
-from ..errors import TraceFormatError
+from ..errors import Conflict, NotFound, TraceFormatError
 from ..store.detect_queries import DetectQueries
 from ..store.findings import FindingsStore
 from ..store.metadata import MetadataStore
@@ -109,9 +109,33 @@ def import_flight_recorder(
     job_id: str | None = None,
 ) -> dict[str, Any]:
     """Analyse the dumps of one job of ``run_id`` and store a ``hang`` finding per stuck
-    collective; the answer is the analysis and the findings' keys."""
-    run = metadata.get_run(scope, run_id)  # 404 unless the caller may see the run
-    dumps = read_dumps(files)
+    collective; the answer is the analysis and the findings' keys.
+
+    The dumps of a job the server has never seen make its run (its world size from the dumps:
+    the ranks their process groups name; its time from their entries'). Dumps of a job of
+    another size than the run's are refused (409) naming both sizes: their ranks would be
+    mapped to the wrong nodes."""
+    dumps = read_dumps(files)  # a bad file is a 400 before anything is made
+    world = analyze_dumps(dumps).world
+    try:
+        run = metadata.get_run(scope, run_id)
+    except NotFound:
+        first, last = _span(dumps)
+        metadata.observe(
+            scope.tenant,
+            run_id,
+            job_id=job_id or "",
+            project=scope.project or "",
+            first=first,
+            last=last,
+            world_size=world,
+        )
+        run = metadata.get_run(scope, run_id)
+    if run.world_size and world != run.world_size:
+        raise Conflict(
+            f"the dumps are of a job of {world} ranks (the ranks their process groups name); "
+            f"run {run_id} has {run.world_size}: send them to the run of their job"
+        )
     q = DetectQueries(telemetry, scope.tenant)
     if not job_id:
         jobs = metadata.jobs(scope, run_id)
@@ -131,3 +155,17 @@ def import_flight_recorder(
         "missing": [_home(r, *where(r)) for r in rep.missing],
         "findings": [f.key for f in stored],
     }
+
+
+def _span(dumps: dict[int, dict[str, Any]]) -> tuple[float, float]:
+    """The first and last time the dumps' entries were created (now, when they say none)."""
+    ns = [
+        int(e["time_created_ns"])
+        for d in dumps.values()
+        for e in d.get("entries") or []
+        if isinstance(e, dict) and isinstance(e.get("time_created_ns"), int)
+    ]
+    if not ns:
+        now = time.time()
+        return now, now
+    return min(ns) / 1e9, max(ns) / 1e9
