@@ -19,7 +19,7 @@ import pytest
 
 from fleetlens.cli import traces as traces_cli
 from fleetlens.errors import FleetlensError, TraceFormatError
-from fleetlens.testing import Server
+from fleetlens.testing import Server, step_batch
 from fleetlens.traces.breakdown import merge_intervals, step_breakdown
 from fleetlens.traces.collectives import normalize_op
 from fleetlens.traces.importer import RankTrace, import_traces
@@ -270,6 +270,18 @@ def test_import_and_read_back(server: Server, capsys: pytest.CaptureFixture[str]
     assert {s["step"] for s in one_step["steps"]} == {552}
     status, _ = server.request("GET", "/v1/runs/tr1/traces?fromStep=9&toStep=1")
     assert status == 400
+    # Read back from the command line: the ranks' totals as the API has them.
+    capsys.readouterr()
+    assert _cli(["traces", "show", "tr1", "--server", server.url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "run tr1: steps 551-552, 2 rank(s)" and lines[1].split()[0] == "RANK"
+    row0 = lines[2].split()
+    assert row0[0] == "0" and row0[1] == "2" and float(row0[3]) == ranks[0]["computePct"]
+    assert _cli(["traces", "show", "tr1", "--server", server.url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ranks"] == data["ranks"]
+    with pytest.raises(FleetlensError, match="run no-traces has no imported trace"):
+        server.post(step_batch("no-traces", range(0, 2), 1)[1])
+        _cli(["traces", "show", "no-traces", "--server", server.url])
 
 
 _DRY = ["--run", "r", "--server", "http://127.0.0.1:9", "--dry-run"]

@@ -1,4 +1,5 @@
-"""``fleetlens traces import PATH... --run RUN``: parse traces here, send the tables to a server.
+"""``fleetlens traces import PATH... --run RUN``: parse traces here, send the tables to a server;
+``fleetlens traces show RUN``: read them back (per rank, where the device time went).
 
 Traces can be large, so they are parsed on the machine that has them and only the per-step and
 per-collective tables travel (one gzip batch per rank, to ``{server}/v1/ingest``, with
@@ -16,7 +17,7 @@ from ..errors import FleetlensError
 from ._common import client, client_opts
 from ._output import Table, fmt, print_json
 
-__all__ = ["add_parser", "cmd_traces_import"]
+__all__ = ["add_parser", "cmd_traces_import", "cmd_traces_show"]
 
 _TABLE = Table(
     ("RANK", ">5"),
@@ -96,8 +97,62 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
     return 0
 
 
+_SHOWN = Table(
+    ("RANK", ">5"),
+    ("STEPS", ">6"),
+    ("STEP_MS", ">9"),
+    ("COMPUTE%", ">8"),
+    ("COMM%", ">6"),
+    ("EXPOSED%", ">8"),
+    ("OVERLAP%", ">8"),
+    ("MEMCPY%", ">7"),
+    ("IDLE%", ">6"),
+    ("KERNELS", ">8"),
+    ("COLLS", ">6"),
+)
+
+
+def cmd_traces_show(args: argparse.Namespace) -> int:
+    """The imported traces of a run: per rank over the window (every imported step by
+    default), its mean step and where the device time went."""
+    # The table shows the ranks' totals: the per-step rows come with --json only.
+    params = {"fromStep": args.from_step, "toStep": args.to_step}
+    if not args.json:
+        params["limit"] = 1
+    with client(args) as c:
+        doc = c.get(
+            f"/v1/runs/{args.run}/traces", **{k: v for k, v in params.items() if v is not None}
+        )
+    if args.json:
+        print_json(doc)
+        return 0
+    if not doc["ranks"]:
+        raise FleetlensError(
+            f"run {args.run} has no imported trace (fleetlens traces import PATH --run {args.run})"
+        )
+    print(f"run {args.run}: steps {doc['fromStep']}-{doc['toStep']}, {len(doc['ranks'])} rank(s)")
+    print(_SHOWN.header())
+    for r in doc["ranks"]:
+        print(
+            _SHOWN.row(
+                r["rank"],
+                r["steps"],
+                fmt(r["meanStepMs"], ".1f"),
+                fmt(r["computePct"], ".1f"),
+                fmt(r["commPct"], ".1f"),
+                fmt(r["exposedCommPct"], ".1f"),
+                fmt(r["overlapPct"], ".1f"),
+                fmt(r["memcpyPct"], ".1f"),
+                fmt(r["idlePct"], ".1f"),
+                r["kernels"],
+                r["collectives"],
+            )
+        )
+    return 0
+
+
 def add_parser(sub: Any) -> None:
-    """Add ``traces import`` to the CLI's subcommands."""
+    """Add ``traces import`` and ``traces show`` to the CLI's subcommands."""
     sp = sub.add_parser("traces", help="PyTorch profiler (Kineto) traces")
     tsub = sp.add_subparsers(dest="traces_command", required=True)
     imp = tsub.add_parser(
@@ -111,3 +166,9 @@ def add_parser(sub: Any) -> None:
     imp.add_argument("--json", action="store_true", help="print the summary as JSON, no table")
     client_opts(imp, json=False)
     imp.set_defaults(func=cmd_traces_import)
+    show = tsub.add_parser("show", help="a run's imported traces, per rank: where the time went")
+    show.add_argument("run", help="run id")
+    show.add_argument("--from-step", type=int, default=None, help="first step (default: all)")
+    show.add_argument("--to-step", type=int, default=None, help="last step (default: all)")
+    client_opts(show)
+    show.set_defaults(func=cmd_traces_show)
