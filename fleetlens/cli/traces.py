@@ -19,35 +19,37 @@ from ._output import Table, fmt, print_json
 
 __all__ = ["add_parser", "cmd_traces_import", "cmd_traces_show"]
 
-_TABLE = Table(
-    ("RANK", ">5"),
-    ("STEPS", ">11"),
-    ("STEP_MS", ">9"),
-    ("COMPUTE%", ">8"),
-    ("COMM%", ">6"),
-    ("EXPOSED%", ">8"),
-    ("OVERLAP%", ">8"),
-    ("IDLE%", ">6"),
-    ("KERNELS", ">8"),
-    ("COLLS", ">6"),
-    (" FILE", ""),
+_SHARES = (
+    ("STEP_MS", "meanStepMs"),
+    ("COMPUTE%", "computePct"),
+    ("COMM%", "commPct"),
+    ("EXPOSED%", "exposedCommPct"),
+    ("OVERLAP%", "overlapPct"),
+    ("MEMCPY%", "memcpyPct"),
+    ("IDLE%", "idlePct"),
 )
+"""Where a rank's step time went, as ``traces import`` and ``traces show`` print it: the same
+columns from the same keys (the importer's summary and the API's ranks)."""
+
+
+def _table(steps_width: int, last: tuple[str, str] | None = None) -> Table:
+    cols = [("RANK", ">5"), ("STEPS", f">{steps_width}")]
+    cols += [(name, f">{max(6, len(name))}") for name, _ in _SHARES]
+    cols += [("KERNELS", ">8"), ("COLLS", ">6")]
+    return Table(*cols, *([last] if last else []))
+
+
+def _shares(r: dict[str, Any]) -> list[str]:
+    return [fmt(r[key], ".1f") for _, key in _SHARES]
+
+
+_TABLE = _table(11, (" FILE", ""))
 
 
 def _row(s: dict[str, Any]) -> str:
     steps = f"{s['fromStep']}-{s['toStep']}" if s["steps"] else "-"
     return _TABLE.row(
-        s["rank"],
-        steps,
-        fmt(s["meanStepMs"], ".1f"),
-        fmt(s["computePct"], ".1f"),
-        fmt(s["commPct"], ".1f"),
-        fmt(s["exposedCommPct"], ".1f"),
-        fmt(s["overlapPct"], ".1f"),
-        fmt(s["idlePct"], ".1f"),
-        s["kernels"],
-        s["collectives"],
-        f" {s['file']}",
+        s["rank"], steps, *_shares(s), s["kernels"], s["collectives"], f" {s['file']}"
     )
 
 
@@ -97,19 +99,7 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
     return 0
 
 
-_SHOWN = Table(
-    ("RANK", ">5"),
-    ("STEPS", ">6"),
-    ("STEP_MS", ">9"),
-    ("COMPUTE%", ">8"),
-    ("COMM%", ">6"),
-    ("EXPOSED%", ">8"),
-    ("OVERLAP%", ">8"),
-    ("MEMCPY%", ">7"),
-    ("IDLE%", ">6"),
-    ("KERNELS", ">8"),
-    ("COLLS", ">6"),
-)
+_SHOWN = _table(6)
 
 
 def cmd_traces_show(args: argparse.Namespace) -> int:
@@ -133,21 +123,7 @@ def cmd_traces_show(args: argparse.Namespace) -> int:
     print(f"run {args.run}: steps {doc['fromStep']}-{doc['toStep']}, {len(doc['ranks'])} rank(s)")
     print(_SHOWN.header())
     for r in doc["ranks"]:
-        print(
-            _SHOWN.row(
-                r["rank"],
-                r["steps"],
-                fmt(r["meanStepMs"], ".1f"),
-                fmt(r["computePct"], ".1f"),
-                fmt(r["commPct"], ".1f"),
-                fmt(r["exposedCommPct"], ".1f"),
-                fmt(r["overlapPct"], ".1f"),
-                fmt(r["memcpyPct"], ".1f"),
-                fmt(r["idlePct"], ".1f"),
-                r["kernels"],
-                r["collectives"],
-            )
-        )
+        print(_SHOWN.row(r["rank"], r["steps"], *_shares(r), r["kernels"], r["collectives"]))
     return 0
 
 
