@@ -51,6 +51,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "sim run": ["sim", "run", "hang"],
         "agent": ["agent", "--once", "--no-gpu", "--node", "tok-node"],
         "traces import": ["traces", "import", str(TRACE), "--run", run],
+        "traces show": ["traces", "show", run],
         "fr import": ["fr", "import", str(FR), "--run", run],
         "incidents": ["incidents"],
         "failure-window": ["failure-window", run],
