@@ -112,7 +112,8 @@ def import_flight_recorder(
     collective; the answer is the analysis and the findings' keys.
 
     The dumps of a job the server has never seen make its run (its world size from the dumps:
-    the ranks their process groups name; its time from their entries'). Dumps of a job of
+    the ranks their process groups name; its time from their entries'), when they hold a
+    collective at all. Dumps of a job of
     another size than the run's are refused (409) naming both sizes: their ranks would be
     mapped to the wrong nodes."""
     dumps = read_dumps(files)  # a bad file is a 400 before anything is made
@@ -120,6 +121,10 @@ def import_flight_recorder(
     try:
         run = metadata.get_run(scope, run_id)
     except NotFound:
+        if not any(d.get("entries") for d in dumps.values()):
+            raise NotFound(
+                f"run {run_id!r} does not exist, and the dumps hold no collective to make it from"
+            ) from None
         first, last = _span(dumps)
         metadata.observe(
             scope.tenant,
