@@ -192,28 +192,40 @@ def _log_cases(player: Player, quick: bool) -> list[Case]:
         "the iteration counter never goes back and no iteration takes 10x the median",
         lambda: (gs["restarts"] == 0, f"restarts {gs['restarts']}"),
     )
+    played: dict[str, list[dict[str, Any]]] = {}
+
+    def rows_of(name: str, run: ImportedRun) -> list[dict[str, Any]]:
+        """The findings of ``run`` played through the loop, played once for its cases."""
+        if name not in played:
+            played[name] = _play_import(player, run, f"imported-{name.split('.')[0]}")
+        return played[name]
+
+    def no_hang(rows: list[dict[str, Any]]) -> tuple[bool, str]:
+        return not [r for r in rows if r["kind"] == "hang"], str(
+            sorted({r["diagnosis"] for r in rows})
+        )
+
+    def no_instability(rows: list[dict[str, Any]]) -> tuple[bool, str]:
+        return not [r for r in rows if r["diagnosis"] == "instability"], str(
+            [(r["diagnosis"], r["summary"]) for r in rows]
+        )
+
     for name, run in [*runs.items(), *([] if quick else [("golden", golden)])]:
-        rid = f"imported-{name.split('.')[0]}"
-        played: list[list[dict[str, Any]]] = []
-
-        def rows_of(run: ImportedRun = run, rid: str = rid, played: list = played) -> list:  # type: ignore[type-arg]
-            if not played:
-                played.append(_play_import(player, run, rid))
-            return played[0]
-
-        case(f"{name} through the loop: no hang", "no hang finding",
-             "an imported log is history: nothing is waiting on it",
-             lambda rows_of=rows_of: (lambda rows: (
-                 not [r for r in rows if r["kind"] == "hang"],
-                 str(sorted({r["diagnosis"] for r in rows}))))(rows_of()))  # fmt: skip
+        case(
+            f"{name} through the loop: no hang",
+            "no hang finding",
+            "an imported log is history: nothing is waiting on it",
+            lambda name=name, run=run: no_hang(rows_of(name, run)),
+        )
         if "1809562" in name:
-            case(f"{name} through the loop: no instability", "no instability finding",
-                 "iteration 10 logged no loss because the fp16 loss scaler skipped all 10 of its "
-                 "iterations ('number of nan iterations: 0'); the early grad norms are the "
-                 "scaler finding its scale (10, 8, 1 iterations skipped), not a divergence",
-                 lambda rows_of=rows_of: (lambda rows: (
-                     not [r for r in rows if r["diagnosis"] == "instability"],
-                     str([(r["diagnosis"], r["summary"]) for r in rows])))(rows_of()))  # fmt: skip
+            case(
+                f"{name} through the loop: no instability",
+                "no instability finding",
+                "iteration 10 logged no loss because the fp16 loss scaler skipped all 10 of its "
+                "iterations ('number of nan iterations: 0'); the early grad norms are the "
+                "scaler finding its scale (10, 8, 1 iterations skipped), not a divergence",
+                lambda name=name, run=run: no_instability(rows_of(name, run)),
+            )
     return out
 
 

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit
 
 import fleetlens
-from fleetlens.testing import Server, free_port, step_batch, wait_until
+from fleetlens.testing import Server, free_port, scalar_grid, step_batch, wait_until
 from fleetlens.wire import (
     BATCHES_CONTENT_TYPE,
     BatchFrame,
@@ -313,17 +313,9 @@ def wide_timeline(root: str, names: int, steps: int) -> dict[str, Any]:
     try:
         t0 = time.time() - 3600
         assert server.post(step_batch("wide", range(steps), 1, t0=t0)[1])[0] == 200
-        n = names * steps
-        tb = TableBuilder("scalar")
-        tb.add_packed("step", np.repeat(np.arange(steps, dtype="<i8"), names).tobytes())
-        tb.add_packed("rank", np.zeros(n, dtype="<i4").tobytes())
-        tb.add_packed("time", (t0 + np.repeat(np.arange(steps, dtype="<f8"), names)).tobytes())
-        codes = np.tile(np.arange(names, dtype="<i4"), steps).tobytes()
-        tb.add_dict("name", [f"layers.{i}.grad_norm" for i in range(names)], codes)
-        values = np.random.default_rng(0).uniform(1.0, 1.5, n)
-        values[-1] = 100.0  # one spike, at the last step of the last name
-        tb.add_packed("value", values.astype("<f8").tobytes())
-        _, body = encode_batch({"scalar": tb.build()}, {"run_id": "wide"}, compress=True)
+        values = np.random.default_rng(0).uniform(1.0, 1.5, (steps, names))
+        values[-1, -1] = 100.0  # one spike, at the last step of the last name
+        body = scalar_grid("wide", [f"layers.{i}.grad_norm" for i in range(names)], values, t0)
         assert server.post(body, encoding="gzip")[0] == 200
         took = []
         for _ in range(3):

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from fleetlens.analysis.changes import metric_changes, series_changes
-from fleetlens.testing import InProcessServer, step_batch
-from fleetlens.wire import TableBuilder, encode_batch
+from fleetlens.testing import InProcessServer, scalar_grid, step_batch
 
 
 def _key(changes: list[Any]) -> list[tuple[Any, ...]]:
@@ -57,19 +56,11 @@ def test_the_timeline_of_a_run_with_thousands_of_metric_names_names_its_spikes(
     names, steps = 3000, 30
     t0 = time.time() - 3600
     assert app.post(step_batch("wide", range(steps), 1, t0=t0)[1])[0] == 200
-    n = names * steps
-    tb = TableBuilder("scalar")
-    tb.add_packed("step", np.repeat(np.arange(steps, dtype="<i8"), names).tobytes())
-    tb.add_packed("rank", np.zeros(n, dtype="<i4").tobytes())
-    tb.add_packed("time", (t0 + np.repeat(np.arange(steps, dtype="<f8"), names)).tobytes())
-    codes = np.tile(np.arange(names, dtype="<i4"), steps)
-    tb.add_dict("name", [f"layer{i}/grad_norm" for i in range(names)], codes.tobytes())
-    values = np.random.default_rng(0).uniform(1.0, 1.5, n).reshape(steps, names)
+    values = np.random.default_rng(0).uniform(1.0, 1.5, (steps, names))
     planted = {(12, 7): 50.0, (20, 1999): 80.0, (25, 2999): float("nan")}
     for (step, metric), value in planted.items():
         values[step, metric] = value
-    tb.add_packed("value", values.astype("<f8").ravel().tobytes())
-    _, body = encode_batch({"scalar": tb.build()}, {"run_id": "wide"}, compress=True)
+    body = scalar_grid("wide", [f"layer{i}/grad_norm" for i in range(names)], values, t0)
     assert app.post(body, encoding="gzip")[0] == 200
     timeline = app.get(f"/v1/runs/wide/timeline?fromStep=0&toStep={steps}")["items"]
     metric = [i for i in timeline if i["source"] == "metric"]

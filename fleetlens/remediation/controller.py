@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..analysis.hangs import RECENT_STEPS, HangRule, live_hang, recent_step_time
-from ..errors import ConfigError, NotFound, Refused
+from ..errors import ConfigError, NotFound
 from ..store.access import AccessStore
 from ..store.findings import FindingsStore
 from ..store.graph_files import server_read_refusal, sha256_of
@@ -62,7 +62,6 @@ from .machine import (
     ACTIVE as ACTIVE_STATES,
 )
 from .machine import (
-    PENDING,
     PHASES,
     Action,
     Actuate,
@@ -208,14 +207,8 @@ class Controller:
         with self._lock:
             a = self.get(scope, rid)
             ended = self.repo.ended(a.tenant, a.run_id, now) if verb == "approve" else None
-            if ended is not None and a.state in PENDING:
-                # Carried out, it would add a drain to a run that is over (and its time to the
-                # run's wall clock): a pending action of an ended run may only be declined.
-                raise Refused(
-                    f"run {a.run_id} has ended ({ended}): there is no job left to take "
-                    f"{a.node} out of; reject the action instead"
-                )
-            a = self._drive(a, self._observe(a, now, verb=verb, actor=scope.actor), now)
+            seen = self._observe(a, now, verb=verb, actor=scope.actor, run_ended=ended or "")
+            a = self._drive(a, seen, now)
         self.access.audit(
             a.tenant,
             scope.actor,

@@ -159,6 +159,7 @@ class Observations:
 
     verb: str = ""  # a person's answer: "approve" or "reject"
     actor: str = ""  # ... and who
+    run_ended: str = ""  # the run's status when it has ended (FINISHED, FAILED, STOPPED)
     answer: dict[str, Any] | None = None  # a rank's answer (the control channel's POST body)
     job_id: str = ""  # the job attempt whose ranks poll now ("": none does)
     world: int = 0  # ... its world size
@@ -254,6 +255,13 @@ def advance(
             raise Refused(
                 f"remediation {a.id} is {a.state.value}; only a pending one can be "
                 f"{'rejected' if obs.verb == 'reject' else 'approved'}"
+            )
+        if obs.verb == "approve" and obs.run_ended:
+            # Carried out, it would add a drain to a run that is over (and its time to the
+            # run's wall clock): a pending action of an ended run may only be declined.
+            raise Refused(
+                f"run {a.run_id} has ended ({obs.run_ended}): there is no job left to take "
+                f"{a.node} out of; reject the action instead"
             )
         a = replace(a, approved_by=obs.actor)
         if obs.verb == "reject":

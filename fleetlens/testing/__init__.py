@@ -4,13 +4,14 @@
   ``InProcessServer``: the same app in this process through ASGI (the API tier). Both answer
   ``get``, ``request`` and ``post`` alike.
 - ``postgres``: a throwaway PostgreSQL cluster; ``free_port``.
-- ``step_batch``: a wire batch of per-rank step records; ``wait_until``: poll, never sleep;
+- ``step_batch``: a wire batch of per-rank step records; ``scalar_grid``: one of many metric
+  names at every step; ``wait_until``: poll, never sleep;
   ``wait_passes``: wait for the server's monitoring passes.
 """
 
 from __future__ import annotations
 
-from .batches import step_batch
+from .batches import scalar_grid, step_batch
 from .inprocess import InProcessServer
 from .process import Server, free_port, postgres
 from .waits import monitor_passes, wait_passes, wait_until
@@ -21,6 +22,7 @@ __all__ = [
     "free_port",
     "monitor_passes",
     "postgres",
+    "scalar_grid",
     "step_batch",
     "wait_passes",
     "wait_until",

@@ -1,4 +1,5 @@
-"""Wire batches as the SDK sends them, built from arrays (per-rank step records)."""
+"""Wire batches as the SDK sends them, built from arrays (per-rank step records, and the
+scalars of a run that logs many metric names)."""
 
 from __future__ import annotations
 
@@ -37,3 +38,16 @@ def step_batch(
     tb.add_packed("tokens", np.full(len(step), tokens, dtype="<i8").tobytes())
     context = {"run_id": run_id, "job_id": job_id, "project": "test", **(ctx or {})}
     return encode_batch({"step": tb.build()}, context, batch_id=batch_id)
+
+
+def scalar_grid(run_id: str, names: list[str], values: np.ndarray, t0: float) -> bytes:
+    """A gzip batch of rank 0's scalars: ``values[s, k]`` is metric ``names[k]`` at step ``s``,
+    logged at ``t0 + s`` (a run that logs a value of every name at every step)."""
+    steps, width = values.shape
+    tb = TableBuilder("scalar")
+    tb.add_packed("step", np.repeat(np.arange(steps, dtype="<i8"), width).tobytes())
+    tb.add_packed("rank", np.zeros(steps * width, dtype="<i4").tobytes())
+    tb.add_packed("time", (t0 + np.repeat(np.arange(steps, dtype="<f8"), width)).tobytes())
+    tb.add_dict("name", names, np.tile(np.arange(width, dtype="<i4"), steps).tobytes())
+    tb.add_packed("value", values.astype("<f8").ravel().tobytes())
+    return encode_batch({"scalar": tb.build()}, {"run_id": run_id}, compress=True)[1]
