@@ -303,10 +303,14 @@ def test_gpu_lost_for_real_its_workers_die_and_the_job_resumes_from_its_newest_v
     assert not any(Path(f"/proc/{pid}").exists() for pid in victims)
     assert drill.alive("node-a") and drill.alive("node-b")
     assert "no GPU on node-c" not in drill.log("node-c", 20_000)  # removed, not failed
-    # It resumed from the newest checkpoint verified before the kill; the steps since, redone.
+    # It resumed from a verified checkpoint no older than the newest one verified before the
+    # kill and verified before the job's first step after it (rank 0 may finish the checkpoint
+    # of a step every rank completed while node-c dies: newer and just as good); the steps
+    # since, redone.
     verified = [json.loads(m.read_text()) for m in drill.checkpoint_dir.glob("ckpt-*.json")]
     before = max(m["step"] for m in verified if m["time"] <= killed_at)
-    assert a["resumeStep"] == before, (a, verified)
+    usable = {m["step"] for m in verified if m["time"] <= a["decidedAt"] + a["recoveryS"]}
+    assert a["resumeStep"] in usable and a["resumeStep"] >= before, (a, verified)
     assert 0 <= a["stepsLost"] <= every and a["stepsLost"] == a["stopStep"] - a["resumeStep"]
     assert a["stopStep"] > 50
     # Recovery timed from the kill: the survivors' failure detection is part of it.
