@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from .dcgm_fields import DCGM_FIELDS
 from .errors import ConfigError
 
 __all__ = [
@@ -199,44 +200,6 @@ COLLECTIVE = RecordKind(
     order_by=("tenant", "run_id", "step", "seq", "rank"),
     priority=Priority.P2,
 )
-
-# DCGM field names (dcgm-exporter's DCGM_FI_* counters) mapped to our columns; NaN = not sampled.
-DCGM_FIELDS: dict[str, str] = {
-    "gpu_temp": "DCGM_FI_DEV_GPU_TEMP",
-    "memory_temp": "DCGM_FI_DEV_MEMORY_TEMP",
-    "power_usage": "DCGM_FI_DEV_POWER_USAGE",
-    "power_limit": "DCGM_FI_DEV_POWER_MGMT_LIMIT",
-    "sm_clock": "DCGM_FI_DEV_SM_CLOCK",
-    "sm_clock_max": "DCGM_FI_DEV_MAX_SM_CLOCK",
-    "mem_clock": "DCGM_FI_DEV_MEM_CLOCK",
-    "gpu_util": "DCGM_FI_DEV_GPU_UTIL",
-    "mem_copy_util": "DCGM_FI_DEV_MEM_COPY_UTIL",
-    "fb_used": "DCGM_FI_DEV_FB_USED",
-    "fb_free": "DCGM_FI_DEV_FB_FREE",
-    "throttle_reasons": "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
-    "ecc_sbe_total": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-    "ecc_dbe_total": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-    "xid": "DCGM_FI_DEV_XID_ERRORS",
-    "pcie_replay": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-    "nvlink_bandwidth": "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    "nvlink_crc_errors": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "sm_active": "DCGM_FI_PROF_SM_ACTIVE",
-    "tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
-    # DCGM profiling (DCP) fields of seed 001 s5/s7: occupancy, pipes, engine, PCIe and NVLink
-    "sm_occupancy": "DCGM_FI_PROF_SM_OCCUPANCY",
-    "gr_engine_active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    "fp16_active": "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
-    "fp32_active": "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
-    "fp64_active": "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
-    "pcie_tx_bytes": "DCGM_FI_PROF_PCIE_TX_BYTES",
-    "pcie_rx_bytes": "DCGM_FI_PROF_PCIE_RX_BYTES",
-    "nvlink_tx_bytes": "DCGM_FI_PROF_NVLINK_TX_BYTES",
-    "nvlink_rx_bytes": "DCGM_FI_PROF_NVLINK_RX_BYTES",
-    # memory row remapping (a GPU that needs a reset to remap: seed 001 s12)
-    "row_remap_pending": "DCGM_FI_DEV_ROW_REMAP_PENDING",
-    "row_remap_failure": "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-}
 
 GPU = RecordKind(
     name="gpu",
@@ -437,6 +400,27 @@ TRACE_STEP = RecordKind(
     priority=Priority.P3,
 )
 
+TRACE_KERNEL = RecordKind(
+    name="trace_kernel",
+    table="trace_kernels",
+    doc="The heaviest device kernels of one rank's step in a profiler (Kineto) trace: the ten "
+    "with the most device time, by name.",
+    ctx=_RUN_CTX,
+    ctx_required=("run_id",),
+    columns=(
+        _c("step", "int64", "optimizer step (ProfilerStep#N)", required=True),
+        _c("rank", "int32", "global rank", required=True),
+        _c("time", "float64", "UNIX time at step start, seconds (trace clock)", required=True),
+        _c("name", "string", "kernel name (first 200 characters)", required=True),
+        _c("category", "string", "compute, comm, memcpy or other", default=""),
+        _c("calls", "int64", "launches of the kernel in the step", default=0),
+        _c("total", "float64", "device time of those launches, seconds (summed)", required=True),
+        _c("source", "string", "trace file it came from", default=""),
+    ),
+    order_by=("tenant", "run_id", "step", "rank"),
+    priority=Priority.P3,
+)
+
 HEARTBEAT_PHASES = (
     "idle",
     "step",
@@ -487,6 +471,7 @@ KINDS: dict[str, RecordKind] = {
         SCHED_ALLOC,
         SCHED_POOL,
         TRACE_STEP,
+        TRACE_KERNEL,
         HEARTBEAT,
     )
 }

@@ -179,6 +179,9 @@ def test_bad_uploads_are_refused_naming_the_file(server: Server, tmp_path: Path)
     assert status == 200 and body["missingRanks"] == [12], body
     run = server.get("/v1/runs/fr-unseen")
     assert run["worldSize"] == 16 and run["lastSeen"] < time.time() - 3600
+    # A run made from dumps is a recording: neither live nor stalled (it led on-call's live
+    # jobs, in red, as STALLED).
+    assert run["status"] == "RECORDED", run
     assert {x["diagnosis"] for x in _fr_findings(server, "fr-unseen")} == {"hang"}
     # ...and dumps of a 16-rank job sent to a run of 10 ranks are refused, naming both.
     ctx = {"run_id": "fr-ten", "job_id": "fr-ten-a0", "project": "llm"}

@@ -2,7 +2,7 @@
 
 dcgm-exporter (NVIDIA/dcgm-exporter) serves one line per field and GPU, labelled ``gpu``,
 ``UUID`` and ``Hostname``; the field names are DCGM's (``DCGM_FI_DEV_GPU_TEMP``, ...), which
-:data:`fleetlens.schema.DCGM_FIELDS` maps to our columns. Fields we do not store are ignored;
+:data:`fleetlens.dcgm_fields.DCGM_FIELDS` maps to our columns. Fields we do not store are ignored;
 Kubernetes attribution labels (``pod``, ``namespace``, ``container``) are kept per GPU.
 """
 
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schema import DCGM_FIELDS
+from ..dcgm_fields import DCGM_FIELDS
 
 __all__ = ["DcgmGpu", "parse_exposition"]
 

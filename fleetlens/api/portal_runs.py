@@ -52,7 +52,7 @@ async def runs_list(
         str,
         Query(
             max_length=64,
-            description="comma-separated: RUNNING,HUNG,STALLED,FINISHED,FAILED,STOPPED",
+            description="comma-separated: RUNNING,HUNG,STALLED,FINISHED,FAILED,STOPPED,RECORDED",
         ),
     ] = "",
     sort: Sort = "lastSeen",

@@ -24,8 +24,9 @@ Reader = Annotated[Scope, Depends(require("read"))]
     description="From `fleetlens traces import`: per rank and ProfilerStep, the step time and "
     "its device breakdown (compute, communication, exposed communication, overlap, memcpy, "
     "idle; compute + exposedComm + memcpy + idle = duration), and per rank the totals over "
-    "the window with each line as a percentage of step time. Without a window: every "
-    "imported step.",
+    "the window with each line as a percentage of step time; the kernels (`topKernels`, "
+    "each step's ten heaviest per rank, summed) and collective operations (`topCollectives`) "
+    "with the most device time. Without a window: every imported step.",
 )
 async def get_traces(
     request: Request,
@@ -34,6 +35,9 @@ async def get_traces(
     from_step: Annotated[int | None, Query(alias="fromStep", ge=0, le=2**62)] = None,
     to_step: Annotated[int | None, Query(alias="toStep", ge=0, le=2**62)] = None,
     limit: Annotated[int, Query(ge=1, le=1_000_000)] = 100_000,
+    rank: Annotated[
+        int | None, Query(ge=0, le=2**31 - 1, description="only this rank's steps")
+    ] = None,
 ) -> dict[str, Any]:
     svc = request.app.state.services
     if from_step is not None and to_step is not None and from_step > to_step:
@@ -49,6 +53,8 @@ async def get_traces(
                 "fromStep": from_step,
                 "toStep": to_step,
                 "ranks": [],
+                "topKernels": [],
+                "topCollectives": [],
                 "steps": [],
             }
         lo = from_step if from_step is not None else full[0]
@@ -58,7 +64,9 @@ async def get_traces(
             "fromStep": lo,
             "toStep": hi,
             "ranks": q.ranks(run_id, lo, hi),
-            "steps": q.steps(run_id, lo, hi, limit),
+            "topKernels": q.top_kernels(run_id, lo, hi),
+            "topCollectives": q.top_collectives(run_id, lo, hi),
+            "steps": q.steps(run_id, lo, hi, limit, rank),
         }
 
     return await anyio.to_thread.run_sync(work)

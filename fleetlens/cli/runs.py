@@ -56,6 +56,11 @@ def cmd_run_show(args: argparse.Namespace) -> int:
     ended = run.get("ended")
     if ended:
         print(f"  ended: {ended['reason']}")
+    if run["status"] == "RECORDED":
+        print(
+            f"  known only from recordings (traces, dumps), steps up to {run['lastStep']}: "
+            f"fleetlens traces show {run['runId']}"
+        )
     print(
         f"  step {fmt(run.get('step'))}  tokens {fmt(run.get('tokensProcessed'), ',')}  "
         f"ranks {run.get('worldSize')}  jobs {run.get('jobs')}"

@@ -124,7 +124,31 @@ def cmd_traces_show(args: argparse.Namespace) -> int:
     print(_SHOWN.header())
     for r in doc["ranks"]:
         print(_SHOWN.row(r["rank"], r["steps"], *_shares(r), r["kernels"], r["collectives"]))
+    if doc["topKernels"]:
+        print("\nheaviest kernels (device time, every rank)")
+        print(_KERNELS.header())
+        for k in doc["topKernels"]:
+            print(
+                _KERNELS.row(
+                    fmt(k["totalMs"], ".1f"),
+                    fmt(k["pctOfStepTime"], ".1f"),
+                    k["calls"],
+                    k["category"],
+                    f" {k['name'][:100]}",
+                )
+            )
+    if doc["topCollectives"]:
+        print("\nheaviest collectives (enter to exit, every rank)")
+        print(_COLLS.header())
+        for c in doc["topCollectives"]:
+            print(_COLLS.row(fmt(c["totalMs"], ".1f"), c["calls"], c["bytes"], f" {c['op']}"))
     return 0
+
+
+_KERNELS = Table(
+    ("TOTAL_MS", ">10"), ("STEP%", ">6"), ("CALLS", ">7"), ("KIND", "<8"), ("NAME", "")
+)
+_COLLS = Table(("TOTAL_MS", ">10"), ("CALLS", ">7"), ("BYTES", ">14"), ("OP", ""))
 
 
 def add_parser(sub: Any) -> None:

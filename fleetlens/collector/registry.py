@@ -50,6 +50,18 @@ class _Seen:
     written_at: float = 0.0
     dirty: bool = True
     declared: int = 0  # the world size the job's placement declared
+    recorded: bool = False  # every batch so far a recording (a profiler trace), none live
+
+
+_RECORDINGS = frozenset({"trace_step", "trace_kernel", "collective"})
+"""What an import of a profiler trace sends: a run made of these alone is RECORDED, not live."""
+
+
+def _recording(batch: DecodedBatch) -> bool:
+    """Whether the batch's run records are a recording of the past (a profiler trace's steps
+    and collectives) rather than live telemetry (steps, events, heartbeats)."""
+    kinds = {k for k, (n, _) in batch.tables.items() if n and "run_id" in KINDS[k].ctx}
+    return "trace_step" in kinds and kinds <= _RECORDINGS
 
 
 class RunRegistry:
@@ -131,10 +143,10 @@ class RunRegistry:
             if isinstance(t, np.ndarray):
                 times += [float(t.min()), float(t.max())]
             s = cols.get("step")
-            if kind == "step" and isinstance(s, np.ndarray):
+            if kind in ("step", "trace_step") and isinstance(s, np.ndarray):
                 step = max(step, int(s.max()))
             r = cols.get("rank")
-            if kind == "step" and isinstance(r, np.ndarray):
+            if kind in ("step", "trace_step") and isinstance(r, np.ndarray):
                 world = max(world, int(r.max()) + 1)
             w = cols.get("world_size")
             if kind == "placement" and isinstance(w, np.ndarray):
@@ -146,6 +158,7 @@ class RunRegistry:
         key = (tenant, run_id, job_id)
         now = time.monotonic()
         world = declared or world  # a declared world size wins over the ranks seen
+        recorded = _recording(batch)
         with self._lock:
             seen = self._seen.get(key)
             if seen is None:
@@ -157,19 +170,28 @@ class RunRegistry:
                     step,
                     world,
                     declared=declared,
+                    recorded=recorded,
                 )
+                was_recorded = recorded
             else:
+                was_recorded = seen.recorded
                 seen.first, seen.last = min(seen.first, *times), max(seen.last, *times)
                 seen.step = max(seen.step, step)
                 seen.declared = max(seen.declared, declared)
                 seen.world_size = seen.declared or max(seen.world_size, world)
+                seen.recorded = seen.recorded and recorded
                 seen.dirty = True
             write = seen.written_at == 0.0 or now - seen.written_at >= _OBSERVE_EVERY_S
+            # A recording (one batch per traced rank, imported once) is written at once, so
+            # the run has its ranks when the import returns; live data after a recording too:
+            # the run is live from then on.
+            write = write or recorded or was_recorded != seen.recorded
             if write:
                 seen.written_at, seen.dirty = now, False
                 record = _Seen(**seen.__dict__)
             else:  # only this batch's span: lifecycle events below need the run to exist
                 record = _Seen("", "", min(times), max(times), step, seen.world_size)
+                record.recorded = recorded
         events = batch.tables.get("event")
         if write or events:
             self._observe(key, record)
@@ -290,6 +312,7 @@ class RunRegistry:
             last=s.last,
             step=s.step,
             world_size=s.world_size,
+            recorded=s.recorded,
         )
 
 

@@ -134,6 +134,7 @@ def import_flight_recorder(
             first=first,
             last=last,
             world_size=world,
+            recorded=True,  # a dump is a recording: the run is not live for it
         )
         run = metadata.get_run(scope, run_id)
     if run.world_size and world != run.world_size:

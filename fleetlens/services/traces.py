@@ -46,17 +46,23 @@ class TraceQueries:
         )[0]
         return (int(row["lo"]), int(row["hi"])) if row["n"] else None
 
-    def steps(self, run_id: str, lo: int, hi: int, limit: int) -> list[dict[str, Any]]:
-        """One row per (step, rank): a re-imported trace (another batch) counts once."""
+    def steps(
+        self, run_id: str, lo: int, hi: int, limit: int, rank: int | None = None
+    ) -> list[dict[str, Any]]:
+        """One row per (step, rank), of one rank when given: a re-imported trace (another
+        batch) counts once."""
         lines = ", ".join(f"any({c}) AS {c}" for c in TRACE_LINES)
+        one = "" if rank is None else " AND rank = {rank:Int32}"
         rows = self.r.rows(
             f"SELECT step, rank, any(time) AS time, any(duration) AS duration, {lines}, "
             "any(kernels) AS kernels, any(source) AS source FROM {db}.trace_steps "
-            f"WHERE {self._where()} GROUP BY step, rank ORDER BY step, rank LIMIT {{limit:UInt64}}",
+            f"WHERE {self._where()}{one} GROUP BY step, rank ORDER BY step, rank "
+            "LIMIT {limit:UInt64}",
             run=run_id,
             lo=lo,
             hi=hi,
             limit=limit,
+            **({} if rank is None else {"rank": rank}),
         )
         out = []
         for r in rows:
@@ -116,3 +122,65 @@ class TraceQueries:
             item["collectives"] = colls.get(int(r["rank"]), 0)
             out.append(item)
         return out
+
+    def top_kernels(self, run_id: str, lo: int, hi: int, limit: int = 10) -> list[dict[str, Any]]:
+        """The kernels with the most device time over the window, every traced rank summed
+        (each rank's step keeps its ten heaviest, so a kernel light everywhere is not here),
+        with their share of the ranks' summed step time."""
+        total = self.r.rows(
+            "SELECT sum(duration) AS d FROM (SELECT any(duration) AS duration FROM "
+            f"{{db}}.trace_steps WHERE {self._where()} GROUP BY step, rank)",
+            run=run_id,
+            lo=lo,
+            hi=hi,
+        )[0]["d"]
+        rows = self.r.rows(
+            "SELECT name, any(category) AS category, sum(calls) AS calls, sum(total) AS total, "
+            "uniqExact(rank) AS ranks FROM (SELECT step, rank, name, any(category) AS category, "
+            "any(calls) AS calls, any(total) AS total FROM {db}.trace_kernels "
+            f"WHERE {self._where()} GROUP BY step, rank, name) "
+            "GROUP BY name ORDER BY total DESC, name LIMIT {limit:UInt64}",
+            run=run_id,
+            lo=lo,
+            hi=hi,
+            limit=limit,
+        )
+        step_time = float(total or 0.0)
+        return [
+            {
+                "name": r["name"],
+                "category": r["category"],
+                "calls": int(r["calls"]),
+                "totalMs": _ms(r["total"]),
+                "pctOfStepTime": (
+                    round(100.0 * float(r["total"]) / step_time, 2) if step_time > 0 else None
+                ),
+                "ranks": int(r["ranks"]),
+            }
+            for r in rows
+        ]
+
+    def top_collectives(
+        self, run_id: str, lo: int, hi: int, limit: int = 10
+    ) -> list[dict[str, Any]]:
+        """The collective operations with the most time between enter and exit over the
+        window, every rank summed."""
+        rows = self.r.rows(
+            "SELECT op, count() AS calls, sum(exit - enter) AS total, sum(bytes) AS bytes, "
+            "uniqExact(rank) AS ranks FROM {db}.collectives "
+            f"WHERE {self._where()} GROUP BY op ORDER BY total DESC, op LIMIT {{limit:UInt64}}",
+            run=run_id,
+            lo=lo,
+            hi=hi,
+            limit=limit,
+        )
+        return [
+            {
+                "op": r["op"],
+                "calls": int(r["calls"]),
+                "totalMs": _ms(r["total"]),
+                "bytes": int(r["bytes"]),
+                "ranks": int(r["ranks"]),
+            }
+            for r in rows
+        ]

@@ -28,9 +28,14 @@ from .models import Finding, Job, RankEndRow, Run
 from .scope import Scope
 from .scoped import all_tenants, scoped
 
-__all__ = ["MetadataStore", "RunInfo", "retry_conflicts", "run_status"]
+__all__ = ["RECORDED", "MetadataStore", "RunInfo", "retry_conflicts", "run_status"]
 
 T = TypeVar("T")
+
+RECORDED = "RECORDED"
+"""The status of a run known only from recordings of its past (profiler traces, Flight Recorder
+dumps): nothing live ever came from it, so it is neither running nor stalled, and nothing says
+how it ended. Its first live data makes it a live run like any other."""
 
 STALE_AFTER_S = 300.0
 """A run with no data for this long is reported STALLED rather than RUNNING (HUNG while the
@@ -57,7 +62,10 @@ class RunInfo:
 
 
 def run_status(stored: str, status_at: float, last_seen: float, now: float) -> str:
-    """FINISHED or FAILED if that was the last word and no data came after it; else by age."""
+    """RECORDED for a run known only from recordings; FINISHED or FAILED if that was the last
+    word and no data came after it; else by age."""
+    if stored == RECORDED:
+        return RECORDED
     if stored in ("FINISHED", "FAILED") and status_at >= last_seen - 1e-6:
         return stored
     return "RUNNING" if now - last_seen < STALE_AFTER_S else "STALLED"
@@ -142,13 +150,26 @@ class MetadataStore:
         last: float,
         step: int = -1,
         world_size: int = 0,
+        recorded: bool = False,
     ) -> None:
-        """Record that data of a run (and job attempt) covering ``first..last`` arrived."""
+        """Record that data of a run (and job attempt) covering ``first..last`` arrived: live
+        data, or a recording of the past (``recorded``: a profiler trace, a dump), which makes a
+        run it creates :data:`RECORDED` until live data of it arrives."""
 
         def write() -> None:
             with self.session() as s:
                 self._observe(
-                    s, tenant, run_id, job_id, project, experiment_id, first, last, step, world_size
+                    s,
+                    tenant,
+                    run_id,
+                    job_id,
+                    project,
+                    experiment_id,
+                    first,
+                    last,
+                    step,
+                    world_size,
+                    recorded,
                 )
 
         retry_conflicts(write)
@@ -165,6 +186,7 @@ class MetadataStore:
         last: float,
         step: int,
         world_size: int,
+        recorded: bool = False,
     ) -> None:
         run = s.scalars(scoped(select(Run), tenant).where(Run.run_id == run_id)).first()
         if run is None:
@@ -173,7 +195,7 @@ class MetadataStore:
                 run_id=run_id,
                 project=project,
                 experiment_id=experiment_id,
-                status="RUNNING",
+                status=RECORDED if recorded else "RUNNING",
                 status_at=0.0,
                 first_seen=first,
                 last_seen=last,
@@ -188,8 +210,10 @@ class MetadataStore:
             run.last_step = max(run.last_step, step)
             run.project = run.project or project
             run.experiment_id = run.experiment_id or experiment_id
-            if world_size:
-                run.world_size = world_size
+            if world_size and (run.status == RECORDED or not recorded):
+                run.world_size = world_size  # the ranks a trace holds do not size a live run
+            if run.status == RECORDED and not recorded:
+                run.status = "RUNNING"  # live at last: judged like any other run from now on
         if not job_id:
             return
         job = s.scalars(
@@ -295,6 +319,8 @@ class MetadataStore:
                 )
             ).all()
         )
+        if run.status == RECORDED:
+            return RECORDED, None
         if job is not None and not rows and self._hung(s, run, job.job_id):
             return "HUNG", None
         if job is None or not rows:

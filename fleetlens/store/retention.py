@@ -32,7 +32,15 @@ __all__ = [
     "stored_bytes",
 ]
 
-EXPIRING = ("steps", "scalars", "collectives", "gpu_samples", "node_samples", "trace_steps")
+EXPIRING = (
+    "steps",
+    "scalars",
+    "collectives",
+    "gpu_samples",
+    "node_samples",
+    "trace_steps",
+    "trace_kernels",
+)
 """The per-rank tables that ``retention.raw_days`` applies to."""
 
 _OURS = re.compile(r" TTL greatest\(toDateTime\(\w+\), _stored\) \+ toIntervalDay\((\d+)\)")

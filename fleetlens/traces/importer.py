@@ -1,4 +1,5 @@
-"""Per-rank Kineto traces -> ``trace_step`` and ``collective`` tables -> wire batches.
+"""Per-rank Kineto traces -> ``trace_step``, ``trace_kernel`` and ``collective`` tables -> wire
+batches.
 
 A directory (every ``*.json`` / ``*.json.gz`` in it) or a list of files, one file per rank. The
 rank comes from ``distributedInfo.rank``; a trace without it (single-GPU and some ROCm traces)
@@ -31,12 +32,35 @@ from .breakdown import (
     step_breakdown,
 )
 from .collectives import Collectives, extract_collectives
-from .kineto import COMM, MEMORY, KinetoTrace, read_trace
+from .kineto import COMM, COMPUTE, MEMORY, OTHER, DeviceEvents, KinetoTrace, read_trace
 
-__all__ = ["RankTrace", "analyze", "batches", "find_trace_files", "import_traces"]
+__all__ = [
+    "TOP_KERNELS",
+    "RankTrace",
+    "TopKernel",
+    "analyze",
+    "batches",
+    "find_trace_files",
+    "import_traces",
+]
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _SUFFIXES = (".json", ".json.gz")
+TOP_KERNELS = 10
+"""Kernels kept per rank and step: the heaviest by device time."""
+_NAME_CHARS = 200
+_CATEGORY = {COMPUTE: "compute", COMM: "comm", MEMORY: "memcpy", OTHER: "other"}
+
+
+@dataclass(frozen=True)
+class TopKernel:
+    """One of a step's heaviest kernels on a rank: its launches and their summed device time."""
+
+    step: int
+    name: str
+    category: str
+    calls: int
+    total: float  # seconds
 
 
 @dataclass
@@ -53,6 +77,7 @@ class RankTrace:
     kernels: np.ndarray  # int64 per step
     collectives: Collectives  # enter/exit in seconds (same clock as `time`)
     hta: dict[str, float]  # HTA-compatible whole-trace temporal breakdown + overlap %
+    top_kernels: list[TopKernel]  # per step, its TOP_KERNELS heaviest, heaviest first
 
     def summary(self) -> dict[str, Any]:
         b = self.breakdown
@@ -112,6 +137,38 @@ def _hta_view(trace: KinetoTrace) -> dict[str, float]:
     return out
 
 
+def _top_kernels(d: DeviceEvents, steps: np.ndarray, step_idx: np.ndarray) -> list[TopKernel]:
+    """Per step, the :data:`TOP_KERNELS` kernel names with the most device time (launches
+    summed; the step a kernel belongs to is its launch's, as HTA has it)."""
+    ok = step_idx >= 0
+    if not ok.any():
+        return []
+    names, first, code = np.unique(
+        np.asarray(d.names, dtype=object)[ok], return_index=True, return_inverse=True
+    )
+    first_kind = d.kind[ok][first]  # the kind of each name's first launch
+    key = step_idx[ok] * len(names) + code
+    size = len(steps) * len(names)
+    total = np.bincount(key, weights=(d.end - d.start)[ok], minlength=size)
+    calls = np.bincount(key, minlength=size)
+    total, calls = total.reshape(len(steps), -1), calls.reshape(len(steps), -1)
+    out: list[TopKernel] = []
+    for i, step in enumerate(steps):
+        heavy = np.argsort(-total[i], kind="stable")[:TOP_KERNELS]
+        out += [
+            TopKernel(
+                int(step),
+                str(names[j])[:_NAME_CHARS],
+                _CATEGORY.get(int(first_kind[j]), "other"),
+                int(calls[i, j]),
+                float(total[i, j]) / 1e6,
+            )
+            for j in heavy
+            if calls[i, j]
+        ]
+    return out
+
+
 def analyze(trace: KinetoTrace, rank: int | None = None) -> RankTrace:
     """Per-step breakdown, kernel counts and collectives of one parsed trace."""
     r = rank if rank is not None else trace.rank
@@ -127,8 +184,9 @@ def analyze(trace: KinetoTrace, rank: int | None = None) -> RankTrace:
         kind = np.full(len(gloo), COMM, dtype=np.int8)
     bd_us = step_breakdown(trace.step_start, trace.step_dur, start, end, kind)
     bd = StepBreakdown(*(np.asarray(v) / 1e6 for v in vars(bd_us).values()))
-    launched = np.where(np.isnan(d.launch), d.start, d.launch)[d.kind != MEMORY]
-    idx = assign_steps(launched, trace.step_start, trace.step_dur)
+    launched = np.where(np.isnan(d.launch), d.start, d.launch)
+    every = assign_steps(launched, trace.step_start, trace.step_dur)
+    idx = every[d.kind != MEMORY]
     kernels = np.bincount(idx[idx >= 0], minlength=len(trace.steps)).astype(np.int64)
     coll = extract_collectives(trace)
     coll.enter = list(trace.to_unix(np.asarray(coll.enter, dtype=np.float64)))
@@ -144,6 +202,7 @@ def analyze(trace: KinetoTrace, rank: int | None = None) -> RankTrace:
         kernels=kernels,
         collectives=coll,
         hta=_hta_view(trace),
+        top_kernels=_top_kernels(d, trace.steps, every),
     )
 
 
@@ -174,7 +233,7 @@ def import_traces(paths: Iterable[str | Path]) -> Iterator[RankTrace]:
 
 
 def tables(rt: RankTrace) -> dict[str, Table]:
-    """The ``trace_step`` and ``collective`` tables of one rank."""
+    """The ``trace_step``, ``trace_kernel`` and ``collective`` tables of one rank."""
     n = len(rt.steps)
     b = rt.breakdown
     ts = TableBuilder("trace_step")
@@ -186,6 +245,20 @@ def tables(rt: RankTrace) -> dict[str, Table]:
     ts.add_packed("kernels", rt.kernels.astype("<i8").tobytes())
     ts.add("source", [Path(rt.path).name] * n)
     out = {"trace_step": ts.build()}
+    if rt.top_kernels:
+        start = dict(
+            zip(rt.steps.tolist(), np.asarray(rt.time, dtype=np.float64).tolist(), strict=True)
+        )
+        k = rt.top_kernels
+        tk = TableBuilder("trace_kernel")
+        tk.add_packed("step", np.array([x.step for x in k], dtype="<i8").tobytes())
+        tk.add_packed("rank", np.full(len(k), rt.rank, dtype="<i4").tobytes())
+        tk.add_packed("time", np.array([start[x.step] for x in k], dtype="<f8").tobytes())
+        tk.add("name", [x.name for x in k]).add("category", [x.category for x in k])
+        tk.add_packed("calls", np.array([x.calls for x in k], dtype="<i8").tobytes())
+        tk.add_packed("total", np.array([x.total for x in k], dtype="<f8").tobytes())
+        tk.add("source", [Path(rt.path).name] * len(k))
+        out["trace_kernel"] = tk.build()
     c = rt.collectives
     if len(c):
         ct = TableBuilder("collective")

@@ -110,7 +110,8 @@ RUNS = """
 <label><input type="checkbox" name="status" value="STALLED"> stalled</label>
 <label><input type="checkbox" name="status" value="FINISHED"> finished</label>
 <label><input type="checkbox" name="status" value="FAILED"> failed</label>
-<label><input type="checkbox" name="status" value="STOPPED"> stopped</label></fieldset>
+<label><input type="checkbox" name="status" value="STOPPED"> stopped</label>
+<label><input type="checkbox" name="status" value="RECORDED"> recorded</label></fieldset>
 <button type="submit">Apply</button></form>
 <section aria-labelledby="h-runs"><h2 id="h-runs">Runs</h2>
 <table id="runs"><caption>Runs, most recently active first</caption><thead><tr>
@@ -184,6 +185,20 @@ first</caption><thead><tr><th scope="col">Action</th><th scope="col">Node</th>
 <th scope="col">Steps lost</th><th scope="col">Recovery</th>
 <th scope="col">Checkpoint verified by</th></tr></thead><tbody></tbody></table>
 <div id="rem-phases"></div></section>
+<section aria-labelledby="h-traces" id="traces" hidden><h2 id="h-traces">Profiler traces</h2>
+<p id="traces-note"></p>
+<table id="trace-ranks"><caption>Where each traced rank's step time went on the device (imported
+Kineto traces)</caption><thead><tr><th scope="col">Rank</th><th scope="col">Steps</th>
+<th scope="col">Step (ms)</th><th scope="col">Compute</th><th scope="col">Comm</th>
+<th scope="col">Exposed comm</th><th scope="col">Memcpy</th><th scope="col">Idle</th>
+<th scope="col">Kernels</th><th scope="col">Collectives</th></tr></thead><tbody></tbody></table>
+<table id="trace-kernels"><caption>Heaviest kernels, every traced rank summed</caption><thead><tr>
+<th scope="col">Kernel</th><th scope="col">Kind</th><th scope="col">Calls</th>
+<th scope="col">Device time</th><th scope="col">Share of step time</th></tr></thead>
+<tbody></tbody></table>
+<table id="trace-colls"><caption>Heaviest collectives (enter to exit), every traced rank
+summed</caption><thead><tr><th scope="col">Operation</th><th scope="col">Calls</th>
+<th scope="col">Time</th><th scope="col">Ranks</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-tl"><h2 id="h-tl">Correlated timeline</h2>
 <table id="timeline"><caption>Events, config and metric changes, alerts, checkpoints,
 restarts</caption><thead><tr><th scope="col">Step</th><th scope="col">Source</th>
@@ -202,6 +217,14 @@ it), with the Xids its GPU reported there</caption><thead><tr><th scope="col">Jo
 $controls
 <h3>This rank's phases (ms, mean per bucket) and the mean rank's compute</h3>
 <div id="chart-phases" class="chart-host"></div></section>
+<section aria-labelledby="h-rtrace" id="rank-traces" hidden>
+<h2 id="h-rtrace">Its profiler trace</h2>
+<table id="rank-trace-steps"><caption>Where each traced step's time went on this rank's device
+(imported Kineto trace)</caption><thead><tr><th scope="col">Step</th>
+<th scope="col">Step (ms)</th>
+<th scope="col">Compute</th><th scope="col">Comm</th><th scope="col">Exposed comm</th>
+<th scope="col">Memcpy</th><th scope="col">Idle</th><th scope="col">Kernels</th>
+<th scope="col">File</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-gpu"><h2 id="h-gpu">Its GPU's samples (wall clock, UTC)</h2>
 <h3>SM clock (MHz) and its maximum</h3><div id="chart-clock" class="chart-host"></div>
 <h3>Temperature (°C)</h3><div id="chart-temp" class="chart-host"></div>

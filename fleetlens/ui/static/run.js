@@ -91,6 +91,7 @@
   // Time to result (GET /v1/runs/{id}'s completion): only a RUNNING run has a pace to go by.
   function etaText(eta, status) {
     if (eta) return `${dur(eta.seconds)} (${F(eta.stepsLeft)} steps left to ${F(eta.totalSteps)})`;
+    if (status === "RECORDED") return "– (a recording: nothing live)";
     if (!A.LIVE_STATUSES.includes(status)) return "– (the run ended)";
     if (status !== "RUNNING") return `– (${status.toLowerCase()})`;
     return "unknown: no target step count (total_steps, max_steps, train_iters, max_iters) in the run config";
@@ -228,7 +229,7 @@
     whatsWrong(d);
     A.cards("#now", [
       ["Status", d.run.status], ["Goodput (job)", pct(f.jobProduct)], ["Runtime goodput", pct(f.runtime)],
-      ["Step", text(s.step)], ["Ranks", text(s.worldSize)], ["Step time (slowest rank)", `${F(m.stepTimeMs)} ms`],
+      ["Step", text(s.step)], ["Ranks", text(s.worldSize ?? (d.run.worldSize || null))], ["Step time (slowest rank)", `${F(m.stepTimeMs)} ms`],
       ["Tokens/s", F(m.tokensPerSecond)], ["MFU", mfuText(d.mfu)], ["Tokens consumed", F(s.tokensProcessed)],
       ["Loss", F(m.loss)], ["Est. completion", etaText(eta, d.run.status)],
     ].concat(act ? [["Remediation", `${act.node} ${A.stateLabel(act.state)}`]] : []));
@@ -261,7 +262,32 @@
     A.body.dataset.painted = "true";
     if (!refreshing || heatKey !== q || heatInView) await heatSection(q);
     else heatStale = true;
+    if (traceKey !== q) await traceSection(q, d.run.status);
     return A.LIVE_STATUSES.includes(d.run.status);
+  }
+
+  // Imported profiler traces (fleetlens traces import): per traced rank, where the device time
+  // went, and the kernels and collectives that dominate. Hidden when the run has none; fetched
+  // once per range (a trace does not change while the page is open).
+  let traceKey = null;
+  const share = (v) => (typeof v === "number" ? pct(v / 100) : "–");
+  const shareCells = (r) => [share(r.computePct), share(r.commPct), share(r.exposedCommPct), share(r.memcpyPct), share(r.idlePct)];
+
+  async function traceSection(q, status) {
+    const t = await getJSON(`/v1/runs/${enc(runId)}/traces?limit=1${q}`);
+    traceKey = q;
+    const sec = document.getElementById("traces");
+    sec.hidden = !(t.ranks && t.ranks.length);
+    if (sec.hidden) return;
+    document.getElementById("traces-note").textContent =
+      `${t.ranks.length} traced rank(s), steps ${t.fromStep}–${t.toStep}` +
+      (status === "RECORDED" ? ". This run is known only from recordings (traces or dumps): nothing live came from it." : ".");
+    fill("trace-ranks", t.ranks.slice(0, 256).map((r) => [{ th: r.rank, node: link(rankHref(r.rank), String(r.rank)) }, r.steps,
+      F(r.meanStepMs), ...shareCells(r), r.kernels, r.collectives]));
+    fill("trace-kernels", (t.topKernels || []).map((k) => [{ th: k.name }, k.category, k.calls, `${F(k.totalMs)} ms`,
+      share(k.pctOfStepTime)]), "no kernel in the traces (a CPU-only trace)");
+    fill("trace-colls", (t.topCollectives || []).map((c) => [{ th: c.op }, c.calls, `${F(c.totalMs)} ms`, c.ranks]),
+      "no collective in the traces");
   }
 
   function mfuText(x) {
@@ -384,7 +410,18 @@
       return [{ th: p.jobId || "–" }, p.node, p.gpu, when(p.time), xids.length ? xids.map((x) => `Xid ${x}`).join(", ") : "none"];
     }), "no placement recorded for this rank");
     rankCharts();
+    await rankTrace(rank);
     return false;
+  }
+
+  async function rankTrace(rank) {
+    const t = await getJSON(`/v1/runs/${enc(runId)}/traces?rank=${rank}&limit=2000${rangeQuery()}`);
+    const sec = document.getElementById("rank-traces");
+    sec.hidden = !(t.steps && t.steps.length);
+    if (sec.hidden) return;
+    const stepPct = (s, ms) => (s.durationMs > 0 && typeof ms === "number" ? pct(ms / s.durationMs) : "–");
+    fill("rank-trace-steps", t.steps.map((s) => [{ th: s.step }, F(s.durationMs), stepPct(s, s.computeMs), stepPct(s, s.commMs),
+      stepPct(s, s.exposedCommMs), stepPct(s, s.memcpyMs), stepPct(s, s.idleMs), s.kernels, s.source]));
   }
 
   A.pages.run = runPage;
