@@ -52,7 +52,9 @@ class CollectorConfig:
     JSON API's: :mod:`fleetlens.api.body_limit`); ``header_timeout_s`` how long a request's
     headers may take before the connection is answered 408 and closed
     (:mod:`fleetlens.api.http_protocol`); ``min_free_bytes`` the space kept free in the data
-    directory: below it ingest is refused with 503 and Retry-After (:mod:`.collector.space`)."""
+    directory: below it ingest is refused with 503 and Retry-After (:mod:`.collector.space`);
+    ``max_trace_file_bytes`` a profiler trace file kept for Perfetto (gzip-compressed, streamed
+    to disk: :mod:`fleetlens.traces.files`)."""
 
     max_body_bytes: int = 64 << 20
     max_json_body_bytes: int = 16 << 20
@@ -69,6 +71,7 @@ class CollectorConfig:
     body_grace_s: float = 30.0
     header_timeout_s: float = 10.0
     min_free_bytes: int = 256 << 20
+    max_trace_file_bytes: int = 2 << 30
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "advertise_url": ("", "advertise_url"),
     "max_body_bytes": ("collector", "max_body_bytes"),
     "max_json_body_bytes": ("collector", "max_json_body_bytes"),
+    "max_trace_file_bytes": ("collector", "max_trace_file_bytes"),
     "max_rows": ("collector", "max_rows"),
     "max_inflight": ("collector", "max_inflight"),
     "max_queue_bytes": ("collector", "max_queue_bytes"),

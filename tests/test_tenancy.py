@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 
 from fleetlens.store.access import AccessStore
@@ -84,6 +86,13 @@ def _b_data(t: Tenants) -> None:
     _, steps = step_batch("bolt-secret-run", range(0, 5), 2, ctx=ctx)
     assert t.server.post(steps, token=t.tokens["b-ingest"])[0] == 200
     paths = t.server.get("/openapi.json", token=t.tokens["b-admin"])["paths"]
+    if "/v1/runs/{run_id}/traces/files/{rank}" in paths:  # a kept trace file naming a secret
+        kept = httpx.put(
+            f"{t.server.url}/v1/runs/bolt-secret-run/traces/files/0",
+            content=gzip.compress(b'{"traceEvents": [], "note": "bolt-private-dataset"}'),
+            headers={"Authorization": f"Bearer {t.tokens['b-ingest']}"},
+        )
+        assert kept.status_code == 201, kept.text
     if "/v1/models" in paths:  # the run graph: a dataset, a checkpoint, a model version
         tok = t.tokens["b-admin"]
         for path, body in (
@@ -255,6 +264,8 @@ BODIES = {
         "files": [{"name": "nccl_trace_rank_0", "data": "eyJlbnRyaWVzIjogW119"}]
     },
     ("post", "/v1/runs/{run_id}/whatif"): {"ratios": {"program": 1.1}},
+    # A trace file's bytes (the run is looked up first: tenant B's is not acme's).
+    ("put", "/v1/runs/{run_id}/traces/files/{rank}"): "not a trace",
     # Scheduler records: a sacct header and no jobs (stored under the caller's tenant).
     ("post", "/v1/scheduler/import"): {
         "format": "sacct",

@@ -69,6 +69,7 @@ from .runs import router as runs_router
 from .scheduler import IMPORT_COMPONENTS
 from .scheduler import router as scheduler_router
 from .series import router as series_router
+from .trace_files import router as trace_files_router
 from .traces import router as traces_router
 
 __all__ = ["Services", "create_api"]
@@ -462,6 +463,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(alerts_router)
     app.include_router(incidents_router)
     app.include_router(traces_router)
+    app.include_router(trace_files_router)
     app.include_router(goodput_router)
     app.include_router(admin_router)
     app.include_router(portal_router)

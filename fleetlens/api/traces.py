@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from ..services.traces import TraceQueries
 from ..store.scope import Scope
+from ..traces.files import TraceFiles
 from .auth import ERROR_RESPONSES, require
 
 __all__ = ["router"]
@@ -26,7 +27,9 @@ Reader = Annotated[Scope, Depends(require("read"))]
     "idle; compute + exposedComm + memcpy + idle = duration), and per rank the totals over "
     "the window with each line as a percentage of step time; the kernels (`topKernels`, "
     "each step's ten heaviest per rank, summed) and collective operations (`topCollectives`) "
-    "with the most device time. Without a window: every imported step.",
+    "with the most device time; `fileBytes`: the size of the rank's kept trace file (`GET "
+    "/v1/runs/{run_id}/traces/files/{rank}`), null when none was uploaded. Without a window: "
+    "every imported step.",
 )
 async def get_traces(
     request: Request,
@@ -59,11 +62,15 @@ async def get_traces(
             }
         lo = from_step if from_step is not None else full[0]
         hi = to_step if to_step is not None else full[1]
+        ranks = q.ranks(run_id, lo, hi)
+        kept = TraceFiles(svc.config.data_dir).sizes(scope.tenant, run_id)
+        for r in ranks:
+            r["fileBytes"] = kept.get(r["rank"])
         return {
             "runId": run_id,
             "fromStep": lo,
             "toStep": hi,
-            "ranks": q.ranks(run_id, lo, hi),
+            "ranks": ranks,
             "topKernels": q.top_kernels(run_id, lo, hi),
             "topCollectives": q.top_collectives(run_id, lo, hi),
             "steps": q.steps(run_id, lo, hi, limit, rank),

@@ -82,6 +82,8 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
             if c is not None:
                 _, body = batches(rt, args.run, args.job or "")
                 c.ingest(body, gzip=True)
+                if args.upload_files:
+                    _upload(c, args.run, rt)
             if not args.json:
                 if not summaries:
                     print(_TABLE.header())
@@ -97,6 +99,22 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
     what = where or "parsed (dry run, nothing sent)"
     print(f"{len(summaries)} rank trace(s) {what}, run {args.run}", file=sys.stderr)
     return 0
+
+
+def _upload(c: Any, run: str, rt: Any) -> None:
+    """Send the rank's file itself (gzip-compressed, as the portal opens it in Perfetto)."""
+    import gzip
+    from pathlib import Path
+
+    raw = Path(rt.path).read_bytes()
+    body = raw if raw[:2] == b"\x1f\x8b" else gzip.compress(raw, compresslevel=6)
+    c.request(
+        "PUT",
+        f"/v1/runs/{run}/traces/files/{rt.rank}",
+        content=body,
+        headers={"Content-Type": "application/gzip"},
+        timeout=600.0,
+    )
 
 
 _SHOWN = _table(6)
@@ -164,6 +182,11 @@ def add_parser(sub: Any) -> None:
     imp.add_argument("--job", default=None, help="job (attempt) id")
     imp.add_argument("--dry-run", action="store_true", help="parse and summarise, send nothing")
     imp.add_argument("--json", action="store_true", help="print the summary as JSON, no table")
+    imp.add_argument(
+        "--upload-files",
+        action="store_true",
+        help="also keep the trace files on the server (the portal opens them in Perfetto)",
+    )
     client_opts(imp, json=False)
     imp.set_defaults(func=cmd_traces_import)
     show = tsub.add_parser("show", help="a run's imported traces, per rank: where the time went")

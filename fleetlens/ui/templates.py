@@ -191,7 +191,8 @@ first</caption><thead><tr><th scope="col">Action</th><th scope="col">Node</th>
 Kineto traces)</caption><thead><tr><th scope="col">Rank</th><th scope="col">Steps</th>
 <th scope="col">Step (ms)</th><th scope="col">Compute</th><th scope="col">Comm</th>
 <th scope="col">Exposed comm</th><th scope="col">Memcpy</th><th scope="col">Idle</th>
-<th scope="col">Kernels</th><th scope="col">Collectives</th></tr></thead><tbody></tbody></table>
+<th scope="col">Kernels</th><th scope="col">Collectives</th><th scope="col">Trace</th></tr>
+</thead><tbody></tbody></table><p id="traces-open" role="status" aria-live="polite"></p>
 <table id="trace-kernels"><caption>Heaviest kernels, every traced rank summed</caption><thead><tr>
 <th scope="col">Kernel</th><th scope="col">Kind</th><th scope="col">Calls</th>
 <th scope="col">Device time</th><th scope="col">Share of step time</th></tr></thead>

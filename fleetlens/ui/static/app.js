@@ -738,7 +738,7 @@
   }
 
   window.FLApp = {
-    F, page, runId, body, getJSON, fill, link, text, pct, dur, secs, when, enc, cards, hardware,
+    F, page, runId, body, getJSON, authHeaders, fill, link, text, pct, dur, secs, when, enc, cards, hardware,
     evidence, stateLabel, remediationSection, actions: () => runActions, UNDER_WAY, LIVE_STATUSES,
     pages: PAGES, status,
     // A new view (another step range): loads as a first load does (body[data-loaded] goes away).

@@ -273,6 +273,42 @@
   const share = (v) => (typeof v === "number" ? pct(v / 100) : "–");
   const shareCells = (r) => [share(r.computePct), share(r.commPct), share(r.exposedCommPct), share(r.memcpyPct), share(r.idlePct)];
 
+  // Perfetto's way to open a trace from another site: open its UI, PING it until it answers
+  // PONG, then post the file's bytes (docs: "Deep linking to the Perfetto UI"). The window is
+  // opened in the click itself, or the browser blocks it.
+  const PERFETTO = "https://ui.perfetto.dev";
+
+  function perfettoButton(rank) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = "Open in Perfetto";
+    b.setAttribute("aria-label", `Open rank ${rank}'s trace in Perfetto`);
+    b.addEventListener("click", () => { openInPerfetto(rank).catch((e) => say(`Could not open the trace: ${e.message}`)); });
+    return b;
+  }
+
+  const say = (t) => { document.getElementById("traces-open").textContent = t; };
+
+  async function openInPerfetto(rank) {
+    const win = window.open(PERFETTO);
+    if (!win) { say("The browser blocked the Perfetto window: allow pop-ups for this site."); return; }
+    say(`Loading rank ${rank}'s trace into Perfetto…`);
+    const r = await fetch(`/v1/runs/${enc(runId)}/traces/files/${rank}`, { headers: A.authHeaders() });
+    if (!r.ok) { say(`Could not fetch rank ${rank}'s trace: HTTP ${r.status}.`); return; }
+    const buffer = await r.arrayBuffer();
+    const ping = setInterval(() => win.postMessage("PING", PERFETTO), 100);
+    const stop = setTimeout(() => { clearInterval(ping); say("Perfetto did not answer within a minute."); }, 60000);
+    const onMessage = (e) => {
+      if (e.origin !== PERFETTO || e.data !== "PONG") return;
+      clearInterval(ping); clearTimeout(stop);
+      window.removeEventListener("message", onMessage);
+      const name = `${runId}-rank${rank}.json.gz`;
+      win.postMessage({ perfetto: { buffer, title: `${runId} rank ${rank}`, fileName: name } }, PERFETTO);
+      say(`Rank ${rank}'s trace (${F(buffer.byteLength)} bytes) sent to Perfetto.`);
+    };
+    window.addEventListener("message", onMessage);
+  }
+
   async function traceSection(q, status) {
     const t = await getJSON(`/v1/runs/${enc(runId)}/traces?limit=1${q}`);
     traceKey = q;
@@ -282,8 +318,10 @@
     document.getElementById("traces-note").textContent =
       `${t.ranks.length} traced rank(s), steps ${t.fromStep}–${t.toStep}` +
       (status === "RECORDED" ? ". This run is known only from recordings (traces or dumps): nothing live came from it." : ".");
+    const kept = t.ranks.some((r) => r.fileBytes);
+    if (!kept) document.getElementById("traces-note").textContent += " Import with --upload-files to open the traces in Perfetto.";
     fill("trace-ranks", t.ranks.slice(0, 256).map((r) => [{ th: r.rank, node: link(rankHref(r.rank), String(r.rank)) }, r.steps,
-      F(r.meanStepMs), ...shareCells(r), r.kernels, r.collectives]));
+      F(r.meanStepMs), ...shareCells(r), r.kernels, r.collectives, r.fileBytes ? { node: perfettoButton(r.rank) } : "–"]));
     fill("trace-kernels", (t.topKernels || []).map((k) => [{ th: k.name }, k.category, k.calls, `${F(k.totalMs)} ms`,
       share(k.pctOfStepTime)]), "no kernel in the traces (a CPU-only trace)");
     fill("trace-colls", (t.topCollectives || []).map((c) => [{ th: c.op }, c.calls, `${F(c.totalMs)} ms`, c.ranks]),

@@ -1,0 +1,141 @@
+"""A run's profiler trace files: kept when ``fleetlens traces import --upload-files`` sends them,
+served back for the portal's "Open in Perfetto" (:mod:`fleetlens.traces.files`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import FileResponse, Response
+from starlette.requests import ClientDisconnect
+
+from ..store.scope import Scope
+from ..traces.files import TraceFileRefused, TraceFiles
+from .auth import ERROR_RESPONSES, require_any
+from .bodies import BODY_MIN_BYTES_PER_S, drain
+from .body_limit import OWN_BODY
+from .ingest import error_response
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["traces"], responses=ERROR_RESPONSES)
+
+Rank = Annotated[int, Path(ge=0, le=2**31 - 1)]
+
+
+async def _timed(request: Request, grace: float) -> AsyncIterator[bytes]:
+    """The body's chunks under the upload deadline (``grace`` plus a second per MiB)."""
+    start, got = time.monotonic(), 0
+    stream = request.stream().__aiter__()
+    while True:
+        left = start + grace + got / BODY_MIN_BYTES_PER_S - time.monotonic()
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), max(left, 0.001))
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise TraceFileRefused("the trace file did not arrive in time", 408) from None
+        got += len(chunk)
+        yield chunk
+
+
+@router.put(
+    "/runs/{run_id}/traces/files/{rank}",
+    summary="Keep a rank's profiler trace file (gzip-compressed Kineto JSON) for Perfetto",
+    description="The file as the profiler wrote it (`*.json.gz`; `fleetlens traces import "
+    "--upload-files` sends it after the rank's tables), streamed to disk under the data "
+    "directory and replaced whole: a reader gets the previous file or the new one. At most "
+    "`collector.max_trace_file_bytes`.",
+    status_code=201,
+    openapi_extra={
+        OWN_BODY: True,
+        "requestBody": {
+            "required": True,
+            "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
+        },
+    },
+    responses={
+        400: {"description": "An empty file; nothing kept"},
+        408: {"description": "The file did not arrive in time; nothing kept"},
+        413: {"description": "Over `collector.max_trace_file_bytes`; nothing kept"},
+        415: {"description": "Not gzip-compressed; nothing kept"},
+        503: {"description": "The data directory is below its free-space floor; retry later"},
+    },
+)
+async def put_trace_file(
+    request: Request,
+    run_id: str,
+    rank: Rank,
+    scope: Annotated[Scope, Depends(require_any("write", "ingest"))],
+) -> Any:
+    svc = request.app.state.services
+    collector = svc.config.collector
+    space = svc.ingestor.space
+    if space is not None and space.full():
+        await drain(request)
+        refusal = space.refusal()
+        return error_response(503, str(refusal), retry_after=refusal.retry_after)
+    declared = request.headers.get("content-length")
+    if (
+        declared is not None
+        and declared.isdigit()
+        and int(declared) > collector.max_trace_file_bytes
+    ):
+        await drain(request)
+        return error_response(
+            413,
+            f"the trace file is {declared} bytes; the limit is {collector.max_trace_file_bytes} "
+            "(collector.max_trace_file_bytes)",
+            None,
+        )
+    await anyio.to_thread.run_sync(svc.metadata.get_run, scope, run_id)  # 404 before a byte
+    files = TraceFiles(svc.config.data_dir)
+    try:
+        size = await files.store(
+            scope.tenant,
+            run_id,
+            rank,
+            _timed(request, collector.body_grace_s),
+            collector.max_trace_file_bytes,
+        )
+    except TraceFileRefused as refused:
+        if refused.status != 408:
+            await drain(request)
+        return error_response(refused.status, str(refused), None)
+    except ClientDisconnect:
+        return Response(status_code=400)
+    return {"runId": run_id, "rank": rank, "bytes": size}
+
+
+@router.get(
+    "/runs/{run_id}/traces/files/{rank}",
+    summary="A rank's kept profiler trace file (gzip-compressed Kineto JSON)",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"application/gzip": {}}, "description": "The file as it was sent"},
+        404: {"description": "No such run, or no file kept for this rank"},
+    },
+)
+async def get_trace_file(
+    request: Request,
+    run_id: str,
+    rank: Rank,
+    scope: Annotated[Scope, Depends(require_any("read"))],
+) -> Any:
+    svc = request.app.state.services
+    await anyio.to_thread.run_sync(svc.metadata.get_run, scope, run_id)
+    path = TraceFiles(svc.config.data_dir).path(scope.tenant, run_id, rank)
+    if not path.is_file():
+        return error_response(
+            404,
+            f"run {run_id} keeps no trace file of rank {rank} (fleetlens traces import "
+            f"PATH --run {run_id} --upload-files)",
+            None,
+        )
+    return FileResponse(
+        path, media_type="application/gzip", filename=f"{run_id}-rank{rank}.json.gz"
+    )
