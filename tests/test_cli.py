@@ -318,6 +318,13 @@ def test_import_a_training_log(fleet: Server) -> None:
     text = ok("import", "megatron", str(log), "--run", "cli-imported", "--server", fleet.url)
     assert text.startswith("run cli-imported  (megatron, ") and "median step" in text, text
     assert "{" not in text.splitlines()[0]
+    # Each format has its own --help with its own options (megatron's was the generic help,
+    # Slurm flags and all).
+    meg = ok("import", "megatron", "--help")
+    assert "Megatron-LM" in meg and "--accelerator" in meg
+    assert "--pool" not in meg and "--tz" not in meg
+    sacct = ok("import", "sacct", "--help")
+    assert "--tz" in sacct and "--accelerator" not in sacct and "--nodes" not in sacct
     run = poll(lambda: [r for r in fleet.get("/v1/runs")["runs"] if r["runId"] == "cli-imported"])
     assert run, fleet.log()
 

@@ -24,15 +24,45 @@ from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.testing import Server
 
+from .test_scheduler_import import SACCT, SINFO
+
 pytestmark = pytest.mark.unit
 
-REAL = Path(__file__).resolve().parent / "data" / "real"
+DATA = Path(__file__).resolve().parent / "data"
+REAL = DATA / "real"
+CONSTRUCTED = DATA / "constructed"
 TRACE = REAL / "kineto_traces" / "hta" / "amd_rocm" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
 LOG = REAL / "training_logs" / "bigscience_megatron_deepspeed" / "meg_ds_3d_gpt2_perf_n16-ds-on.out"
 FR = REAL / "nccl_flight_recorder" / "nvidia_resiliency_ext_16rank" / "gpu_error_1st"
 
 # Group commands that only print a usage error without a subcommand (they contact nothing).
 NO_CONTACT = {"eval", "eval suites", "eval triggers"}
+
+
+def _imports(tmp: Path) -> dict[str, list[str]]:
+    """``import FORMAT``, each format with a file of its kind (real ones where we have them)."""
+    (tmp / "metrics.csv").write_text("epoch,step,train_loss,time\n0,1,2.5,1.0\n0,2,2.4,2.0\n")
+    hf = '{"log_history": [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.4, "train_runtime": 2}]}'
+    (tmp / "trainer_state.json").write_text(hf)
+    (tmp / "sacct.txt").write_text(SACCT)
+    (tmp / "sinfo.txt").write_text(SINFO)
+    files = {
+        "megatron": LOG,
+        "nemo": CONSTRUCTED / "nemo" / "nemo2_llama3_8b.log",
+        "torchtitan": CONSTRUCTED / "torchtitan" / "torchtitan_llama3_8b.log",
+        "lightning": tmp / "metrics.csv",
+        "hf": tmp / "trainer_state.json",
+        "hf-trainer": tmp / "trainer_state.json",
+        "sacct": tmp / "sacct.txt",
+        "sinfo": tmp / "sinfo.txt",
+        "k8s": DATA / "k8s" / "pods_events.json",
+        "alibaba": REAL / "cluster_traces" / "alibaba_openb_v2023" / "openb_pod_list_default.csv",
+    }
+    logs = ("megatron", "nemo", "torchtitan", "lightning", "hf", "hf-trainer")
+    return {
+        f"import {f}": ["import", f, str(path), *(["--run", f"tok-{f}"] if f in logs else [])]
+        for f, path in files.items()
+    }
 
 
 def invocations(tmp: Path) -> dict[str, list[str]]:
@@ -68,7 +98,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "stragglers": ["stragglers", run],
         "diagnose": ["diagnose", run],
         "compare": ["compare", run, "tok-other"],
-        "import": ["import", "megatron", str(LOG), "--run", "tok-imported"],
+        **_imports(tmp),
         "lineage": ["lineage", "run", run],
         "models register": ["models", "register", "tok-model:1", "--run", run],
         "eval worker": ["eval", "worker", "--idle-exit", "0", "--max-shards", "1"],

@@ -71,7 +71,7 @@ def _run(server: Server, run_id: str, slurm_job: str | None = None) -> None:
 
 
 def _import(server: Server, fmt: str, path: Path, *args: str) -> dict:  # type: ignore[type-arg]
-    out = fleetlens_cmd("import", fmt, str(path), *args, "--server", server.url)
+    out = fleetlens_cmd("import", fmt, str(path), *args, "--server", server.url, "--json")
     assert out.returncode == 0, out.stderr
     return dict(json.loads(out.stdout))
 
@@ -86,6 +86,17 @@ def test_sacct_and_sinfo_give_the_librarys_figures_and_the_runs_scheduling_facto
     assert (got["stored"], got["allocations"], got["started"], got["pending"]) == (True, 4, 3, 1)
     cap = _import(server, "sinfo", tmp_path / "sinfo.txt", "--time", str(T0))
     assert cap["capacity"] == [{"pool": "gpu", "time": T0, "capacityGpus": 32, "inServiceGpus": 32}]
+    # Without --json, the summary a person reads (the convention of every importer).
+    dry = fleetlens_cmd("import", "sacct", str(tmp_path / "sacct.txt"), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines()[:2] == [
+        "sacct: parsed (dry run, nothing stored)",
+        f"  allocations 4 (3 started, 1 pending), {got['gpus']} GPUs, pools gpu",
+    ], dry.stdout
+    table = fleetlens_cmd("import", "sinfo", str(tmp_path / "sinfo.txt"), "--time", str(T0),
+                          "--server", server.url).stdout.splitlines()  # fmt: skip
+    assert table[0] == "sinfo: stored" and table[1].split()[0] == "POOL", table
+    assert table[2].split() == ["gpu", "2024-05-01", "00:00:00", "32", "32"], table
     # The pool's figure over the 12 hours: what tests/test_importers.py computes, 206 / 384.
     fleet = server.get(f"/v1/fleet/goodput?pool=gpu&from={T0}&to={T0 + 12 * 3600}")
     (pool,) = fleet["pools"]

@@ -27,6 +27,7 @@ COMMANDS = (
     "agent",
     "traces",
     "fr",
+    "import",
     "alerts",
     "incidents",
     "failure-window",
@@ -34,7 +35,6 @@ COMMANDS = (
     "stragglers",
     "diagnose",
     "compare",
-    "import",
     "lineage",
     "models",
     "eval",
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         flight_recorder,
         goodput,
         graph,
+        imports,
         incidents,
         remediations,
         runs,
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_parser(sub)
     traces.add_parser(sub)
     flight_recorder.add_parser(sub)
+    imports.add_parser(sub)
     alerts.add_parser(sub)
     incidents.add_parsers(sub)
     remediations.add_parser(sub)

@@ -1,20 +1,16 @@
-"""``fleetlens compare``, ``import``, ``lineage`` and ``models``: the run graph."""
+"""``fleetlens compare``, ``lineage`` and ``models``: the run graph."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import sys
 import urllib.parse
 from typing import Any
 
 from ..errors import FleetlensError
-from . import scheduler
 from ._common import client, client_opts
 from ._output import fmt, print_json, value
 
-__all__ = ["add_parsers", "cmd_compare", "cmd_import", "cmd_lineage", "cmd_models_register"]
+__all__ = ["add_parsers", "cmd_compare", "cmd_lineage", "cmd_models_register"]
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -67,80 +63,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_import(args: argparse.Namespace) -> int:
-    if args.format in scheduler.FORMATS:
-        return scheduler.cmd_sched_import(args)
-    from ..importers.runlog import batches
-
-    if not args.run:
-        raise FleetlensError(f"`import {args.format}` needs --run, the run id to store it under")
-    if args.format == "megatron":
-        from ..importers.megatron import read_megatron as read
-    elif args.format == "lightning":
-        from ..importers.lightning import read_lightning as read
-    elif args.format == "nemo":
-        from ..importers.steplog import read_nemo as read
-    elif args.format == "torchtitan":
-        from ..importers.steplog import read_torchtitan as read
-    else:
-        from ..importers.hf_trainer import read_hf_trainer as read
-    acc_name = ""
-    if args.accelerator:
-        from ..analysis.flops import accelerator
-
-        # "h100", "NVIDIA H100 80GB HBM3"...: stored under the table's name; an unknown name
-        # fails here, listing the known ones
-        acc_name = accelerator(args.accelerator).name
-    out: list[dict[str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        c = None if args.dry_run else stack.enter_context(client(args, timeout=120.0))
-        for log in args.logs:
-            run = read(log, start=args.start)
-            if acc_name:
-                run.config["accelerator"] = acc_name
-            summary = run.summary()
-            rid = args.run if len(args.logs) == 1 else f"{args.run}-{len(out)}"
-            summary["runId"] = rid
-            if c is not None:
-                for _, body in batches(run, rid, args.project or ""):
-                    c.ingest(body, gzip=True)
-            out.append(summary)
-        where = f"imported into {c.server}" if c is not None else "parsed (dry run, nothing sent)"
-    if args.json:
-        print_json(out if len(out) > 1 else out[0])
-        return 0
-    for summary in out:
-        _print_log(summary)
-    print(f"{len(out)} log(s) {where}", file=sys.stderr)
-    return 0
-
-
-def _print_log(s: dict[str, Any]) -> None:
-    """One imported log, as a person reads it (``--json``: the summary as it is)."""
-    attempts = s.get("attempts") or []
-    print(f"run {s['runId']}  ({s['source']}, {s['file']})")
-    print(
-        f"  steps {s['fromStep']}-{s['toStep']} ({s['steps']}), median step "
-        f"{fmt(s.get('medianStepSeconds'), '.3f')} s, world size {fmt(s.get('worldSize'))}, "
-        f"clock {s.get('clock', '-')}"
-    )
-    print(
-        f"  attempts {len(attempts)} ({', '.join(map(str, attempts)) or '-'}), restarts "
-        f"{s.get('restarts', 0)}, start-up {fmt(s.get('startupSeconds'), '.1f')} s"
-    )
-    for e in s.get("events") or []:
-        print(f"  {e['kind']} at step {e.get('step', '-')}: {e.get('message', '')}"[:160])
-    slow = s.get("slowPeriods") or []
-    print(f"  slow periods: {len(slow) or 'none'}")
-    for p in slow:
-        print(f"    {json.dumps(p)[:150]}")
-    if s.get("nonFinite"):
-        print(f"  non-finite values: {json.dumps(s['nonFinite'])}")
-    print(f"  scalars: {', '.join(s.get('scalars') or []) or '-'}")
-    for note in s.get("notes") or []:
-        print(f"  note: {note}")
-
-
 def _model_version(text: str) -> tuple[str, str]:
     model, _, version = text.partition(":")
     if not version:
@@ -178,50 +100,13 @@ def cmd_models_register(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: Any) -> None:
-    """Add ``compare``, ``import``, ``lineage`` and ``models`` to the CLI's subparsers."""
+    """Add ``compare``, ``lineage`` and ``models`` to the CLI's subparsers."""
     c = sub.add_parser("compare", help="compare runs: config diff, speed, health, a conclusion")
     c.add_argument(
         "runs", nargs="+", metavar="RUN", help="two or more runs; the first is the baseline"
     )
     client_opts(c)
     c.set_defaults(func=cmd_compare)
-
-    imp = sub.add_parser(
-        "import",
-        help="import a training log as a run, or scheduler records (sacct, sinfo, k8s, alibaba)",
-    )
-    imp.add_argument(
-        "format",
-        choices=(
-            "megatron",
-            "nemo",
-            "torchtitan",
-            "lightning",
-            "hf",
-            "hf-trainer",
-            *scheduler.FORMATS,
-        ),
-    )
-    imp.add_argument("logs", nargs="+", metavar="FILE", help="training logs, or one scheduler file")
-    imp.add_argument(
-        "--run",
-        help="run id to store a log under (required for logs); for scheduler records, the run "
-        "they belong to (its scheduling factor is computed from them)",
-    )
-    imp.add_argument("--project", default="")
-    imp.add_argument(
-        "--start", type=float, default=1.7e9, help="UNIX start time for logs without a clock"
-    )
-    imp.add_argument(
-        "--accelerator",
-        default="",
-        help="the GPU the job ran on (e.g. h100, 'NVIDIA A100-SXM4-80GB', V100-SXM2): with the "
-        "model size and world size from the log's arguments it gives the run's MFU",
-    )
-    imp.add_argument("--dry-run", action="store_true", help="parse and summarise only")
-    scheduler.add_options(imp)
-    client_opts(imp)  # --json: a log's summary as JSON (scheduler records always print it)
-    imp.set_defaults(func=cmd_import)
 
     ln = sub.add_parser("lineage", help="lineage of a run or a model version")
     ln.add_argument("what", choices=("run", "model"))

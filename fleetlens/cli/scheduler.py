@@ -21,13 +21,19 @@ from ._output import Table, fmt, print_json
 __all__ = [
     "FORMATS",
     "add_fleet_parsers",
-    "add_options",
+    "add_import_parsers",
     "cmd_fleet_allocations",
     "cmd_fleet_capacity",
     "cmd_sched_import",
+    "print_sched",
+    "utc",
 ]
 
 FORMATS = ("sacct", "sinfo", "k8s", "alibaba")
+_CAPACITY = Table(
+    ("POOL", "<16"), ("TIME (UTC)", "<19"), ("INSTALLED", ">9"), ("IN SERVICE", ">10")
+)
+"""A pool's GPUs at a time, as ``import sinfo`` and ``fleet capacity`` print them."""
 
 
 def _read(path: str, what: str) -> str:
@@ -41,10 +47,6 @@ def _read(path: str, what: str) -> str:
 
 
 def cmd_sched_import(args: argparse.Namespace) -> int:
-    if len(args.logs) != 1:
-        raise ConfigError(f"`import {args.format}` takes one FILE, not {len(args.logs)}")
-    if args.nodes and args.format != "alibaba":
-        raise ConfigError("--nodes (the GPU node list) goes with `import alibaba` only")
     body: dict[str, Any] = {"format": args.format, "data": _read(args.logs[0], args.format)}
     for key, value in (
         ("runId", args.run),
@@ -70,30 +72,84 @@ def cmd_sched_import(args: argparse.Namespace) -> int:
             epoch=args.epoch or 0.0,
             time=args.time,
         )
-        print_json({**summary(parsed), "stored": False})
-        return 0
-    with contextlib.ExitStack() as stack:
-        c = stack.enter_context(client(args, timeout=300.0))
-        print_json(c.post("/v1/scheduler/import", body))
+        done = {**summary(parsed), "stored": False}
+    else:
+        with contextlib.ExitStack() as stack:
+            c = stack.enter_context(client(args, timeout=300.0))
+            done = c.post("/v1/scheduler/import", body)
+    if args.json:
+        print_json(done)
+    else:
+        print_sched(done)
     return 0
 
 
-def add_options(imp: argparse.ArgumentParser) -> None:
-    """The scheduler formats' options on ``fleetlens import``."""
-    imp.add_argument(
-        "--pool",
-        help="k8s, alibaba, sacct: the pool the records belong to (k8s: `k8s`, "
-        "alibaba: `openb`, sacct: each job's Partition)",
-    )
-    imp.add_argument("--tz", help="sacct: the cluster's time zone, e.g. Europe/Paris (UTC)")
-    imp.add_argument(
-        "--epoch", type=float, help="alibaba: UNIX time of the trace's second 0 (default 0)"
-    )
-    imp.add_argument("--nodes", help="alibaba: openb_node_list_gpu_node.csv, the pool's capacity")
-    imp.add_argument("--time", type=float, help="sinfo: UNIX time it ran (default now)")
+def print_sched(s: dict[str, Any]) -> None:
+    """A scheduler file's summary, as a person reads it (``--json``: the summary as it is)."""
+    stored = "stored" if s.get("stored") else "parsed (dry run, nothing stored)"
+    print(f"{s['format']}: {stored}")
+    if "started" in s:
+        print(
+            f"  allocations {s['allocations']} ({s['started']} started, {s['pending']} "
+            f"pending), {s['gpus']} GPUs, pools {', '.join(s.get('pools') or []) or '-'}"
+        )
+        if s.get("runIds"):
+            print(f"  runs: {', '.join(s['runIds'])}")
+        for reason, n in (s.get("pendingReasons") or {}).items():
+            print(f"  pending: {n} x {reason}")
+    cap = s.get("capacity") or []
+    if cap:
+        t = _CAPACITY
+        print(t.header())
+        for p in cap[:50]:
+            print(t.row(p["pool"], utc(p["time"]), p["capacityGpus"], p["inServiceGpus"]))
+        if len(cap) > 50:
+            print(f"  ... {len(cap) - 50} more capacity records (--json for all)")
 
 
-def _utc(t: float | None) -> str:
+_SCHED_HELP = {
+    "sacct": "Slurm accounting (sacct --allocations --parsable2 --format=JobID,JobName,"
+    "Partition,AllocTRES,Submit,Start,End,State,NNodes): allocations, queue waits, gang "
+    "completion",
+    "sinfo": "Slurm nodes (sinfo --Node --format='%N|%P|%T|%G'): each pool's installed and "
+    "in-service GPUs at one time",
+    "k8s": "Kubernetes pods and events (kubectl get pods,events -o json) that request GPUs: "
+    "allocations",
+    "alibaba": "Alibaba cluster-trace-gpu-v2023 openb pod list (with --nodes, its node list: "
+    "the pool's capacity)",
+}
+
+
+def add_import_parsers(isub: Any) -> None:
+    """``import sacct|sinfo|k8s|alibaba``: each with its own options and ``--help``."""
+    for name in FORMATS:
+        what = _SCHED_HELP[name]
+        # help is %-formatted by argparse, the description is not
+        p = isub.add_parser(name, help=what.replace("%", "%%"), description=f"Import {what}.")
+        p.add_argument("logs", nargs=1, metavar="FILE", help="the file the command printed")
+        if name != "sinfo":
+            p.add_argument(
+                "--run",
+                help="the run the records belong to (its scheduling factor is computed from them)",
+            )
+        if name in ("sacct", "k8s", "alibaba"):
+            default = {"sacct": "each job's Partition", "k8s": "k8s", "alibaba": "openb"}[name]
+            p.add_argument("--pool", help=f"the pool the records belong to (default {default})")
+        if name == "sacct":
+            p.add_argument("--tz", help="the cluster's time zone, e.g. Europe/Paris (UTC)")
+        if name == "alibaba":
+            p.add_argument("--epoch", type=float, help="UNIX time of the trace's second 0 (0)")
+            p.add_argument("--nodes", help="openb_node_list_gpu_node.csv, the pool's capacity")
+        if name == "sinfo":
+            p.add_argument("--time", type=float, help="UNIX time it ran (default now)")
+        p.add_argument("--dry-run", action="store_true", help="parse and summarise, store nothing")
+        client_opts(p)  # --json: the summary as JSON, alone on stdout
+        unset = dict.fromkeys(("run", "pool", "tz", "epoch", "nodes", "time"))
+        p.set_defaults(**unset, func=cmd_sched_import, format=name)
+
+
+def utc(t: float | None) -> str:
+    """A UNIX time as the tables print it (UTC), or "-"."""
     if t is None:
         return "-"
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
@@ -136,7 +192,7 @@ def cmd_fleet_allocations(args: argparse.Namespace) -> int:
                 a["pool"],
                 a["jobId"],
                 a["gpus"],
-                _utc(a["submit"]),
+                utc(a["submit"]),
                 wait,
                 gang,
                 fmt(held, ".2f"),
@@ -155,10 +211,10 @@ def cmd_fleet_capacity(args: argparse.Namespace) -> int:
     if args.json:
         print_json(data)
         return 0
-    t = Table(("POOL", "<16"), ("TIME (UTC)", "<19"), ("INSTALLED", ">9"), ("IN SERVICE", ">10"))
+    t = _CAPACITY
     print(t.header())
     for p in data["pools"]:
-        print(t.row(p["pool"], _utc(p["time"]), p["capacityGpus"], p["inServiceGpus"]))
+        print(t.row(p["pool"], utc(p["time"]), p["capacityGpus"], p["inServiceGpus"]))
     return 0
 
 
