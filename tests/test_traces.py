@@ -194,6 +194,13 @@ def test_amd_rocm_trace_without_distributed_info() -> None:
     assert rt.rank == 0 and rt.steps.tolist() == [1, 2]  # the GPU-side ProfilerStep is ignored
     assert rt.kernels.sum() == 14 and len(rt.collectives) == 0
     assert_lines_sum(rt)
+    # Why: the GPU-side range of step 1 (1.03 ms) ends before half the step's device work (the
+    # backward pass, the optimizer) runs, inside the CPU step; its idle is the GPU waiting.
+    t = read_trace(AMD)
+    gpu_end = 4203669603454.205 + 1031.368  # the trace's gpu_user_annotation ProfilerStep#1
+    after = (t.device.start >= gpu_end) & (t.device.end <= t.step_start[0] + t.step_dur[0])
+    assert int(after.sum()) == 8 and len(t.device) == 16
+    assert rt.breakdown.idle[0] > 0.9 * rt.breakdown.duration[0]
 
 
 def test_bad_input_is_refused_with_the_file_named(tmp_path: Path) -> None:
