@@ -150,6 +150,10 @@ def _log_cases(player: Player, quick: bool) -> list[Case]:
         case(f"{name} world size", f"world size {want}",
              "the arguments block prints world_size (and the launcher --nnodes x --nproc_per_node)",
              lambda s=s, want=want: (s["worldSize"] == want, f"{s['worldSize']}"))  # fmt: skip
+        case(f"{name} start-up", "start-up from the launch to the first iteration (> 0 s)",
+             "the log's launch ('time to initialize megatron' before its init stamp, or its first "
+             "stamp) comes minutes of lines before iteration 1; it was charged 0 s",
+             lambda s=s: (s["startupSeconds"] > 0, f"{s['startupSeconds']} s"))  # fmt: skip
         ends = [e for e in s["events"] if e["kind"] == "preemption"]
         if "1809562" in name or "1999618" in name:
             reason = "cancelled" if "1809562" in name else "time_limit"
