@@ -84,10 +84,12 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
                 c.ingest(body, gzip=True)
                 if args.upload_files:
                     _upload(c, args.run, rt)
-            if not args.json:
+            if not args.json:  # a row per rank as it is done: the table is the progress
                 if not summaries:
                     print(_TABLE.header())
-                print(_row(s))
+                print(_row(s), flush=True)
+            else:  # stdout is the JSON's alone
+                print(f"{len(summaries) + 1}/{len(files)} {s['file']}", file=sys.stderr)
             summaries.append(s)
         where = f"imported into {c.server}" if c is not None else ""
     if not summaries:
