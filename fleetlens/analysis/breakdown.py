@@ -391,20 +391,27 @@ def breakdown(
     window: tuple[float, float] | None = None,
     tolerance: float = 0.01,
     hang_rule: HangRule | None = _HANG_RULE,
+    held_only: bool = False,
 ) -> Breakdown:
     """Partition the run's wall-clock (or ``window``) into the lines of :data:`CATEGORIES`.
-    ``hang_rule`` finds steps held open by a hang (None: step time is never a hang)."""
+    ``hang_rule`` finds steps held open by a hang (None: step time is never a hang).
+    ``held_only``: the window is cut to the run's own span (its first attempt's start to its
+    last one's end), the time it held its GPUs in it; an empty cut is an empty breakdown."""
     evs = sorted(events, key=lambda e: e.time)
     ex = read_executions(steps)
     attempts = read_attempts(ex, evs)
     explicit, hangs, checkpoints = _explicit(evs)
+    first = min(attempts.starts) if attempts.starts else 0.0
+    last = max(attempts.ends) if attempts.ends else first
     if window is None:
-        t0 = min(attempts.starts) if attempts.starts else 0.0
-        t1 = max(attempts.ends) if attempts.ends else t0
+        t0, t1 = first, last
     else:
         t0, t1 = float(window[0]), float(window[1])
-    if t1 < t0:
-        raise ConfigError(f"window ends ({t1}) before it starts ({t0})")
+        if t1 < t0:
+            raise ConfigError(f"window ends ({t1}) before it starts ({t0})")
+        if held_only:
+            t0, t1 = max(t0, first), min(t1, last)
+            t1 = max(t0, t1)
 
     intervals, causes = _attempt_intervals(attempts)
     intervals += _hang_intervals(hangs, ex, attempts, t0, t1)

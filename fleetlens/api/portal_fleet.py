@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from ..alerts.silences import SilenceStore
 from ..lifecycle import LIVE
+from ..services.capacity import FleetSeries, held
 from ..services.goodput import GoodputQueries, program_spec
 from ..services.portal import PortalQueries
 from ..store.findings import FindingsStore
@@ -213,6 +214,10 @@ def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
     }
 
 
+MAX_CAPACITY_RUNS = 2000
+"""Runs a capacity document weighs (each is one goodput read); more: the newest, said so."""
+
+
 def _period(
     runs: list[Any], pools: list[tuple[str, tuple[float, float]]], now: float, hours: float | None
 ) -> tuple[float, float]:
@@ -253,9 +258,12 @@ async def capacity(
         now = time.time()
         gq = GoodputQueries(svc.telemetry, scope)
         spans = [(p, sp) for p in gq.pools() if (sp := gq.time_span(p)) is not None]
-        all_runs = svc.metadata.list_runs(scope, None, 200, 0)
+        since = None if period_hours is None else now - period_hours * 3600.0
+        all_runs = svc.metadata.list_runs(scope, None, MAX_CAPACITY_RUNS + 1, 0, since=since)
         t0, t1 = _period(all_runs, spans, now, period_hours)
         runs = [r for r in all_runs if r.last_seen >= t0 and r.first_seen <= t1]
+        truncated = len(runs) > MAX_CAPACITY_RUNS
+        runs = runs[:MAX_CAPACITY_RUNS]
         pools = []
         for p, (lo, hi) in spans:
             a, b = max(lo, t0), min(hi, t1)
@@ -265,10 +273,23 @@ async def capacity(
         seconds: dict[str, float] = {}
         interruptions: dict[str, int] = {}
         gpu_held = gpu_useful = runtime_lost = program_lost = 0.0
-        window = None if period_hours is None else (t0, t1)
+        series = FleetSeries(gq, spans, t0, t1)
         for r in runs:
-            bd, f, meta = gq.run_goodput(r.run_id, program_spec(r.config or {}), window=window)
+            # The part of the period the run held its GPUs (services.capacity.held): the
+            # period's wall clock outside it is not the run's (counting it made GPU-hours grow
+            # with the period chosen). Its steps and events are read once for every figure.
+            window, held_only = held(r, t0, t1)
+            reads = (gq.step_executions(r.run_id, t0, t1), gq.events(r.run_id))
+            bd, f, meta = gq.run_goodput(
+                r.run_id,
+                program_spec(r.config or {}),
+                window=window,
+                held_only=held_only,
+                executions=reads[0],
+                events=reads[1],
+            )
             gpus = float(meta.get("devices") or r.world_size or 0)
+            series.add_run(r, reads, window, held_only, gpus, f.program)
             for k, v in bd.seconds.items():
                 seconds[k] = seconds.get(k, 0.0) + v * gpus / 3600.0
             for k, n in bd.interruptions.items():
@@ -292,6 +313,11 @@ async def capacity(
                 f"runs held {gpu_held:.1f} GPU-hours, {over:.1f} more than the pools had in "
                 f"service ({in_service:.1f}): the capacity records miss GPUs, or several runs "
                 "report the same GPUs; shares are taken of the GPU-hours held"
+            )
+        if truncated:
+            warnings.append(
+                f"the period holds more than {MAX_CAPACITY_RUNS} runs: the "
+                f"{MAX_CAPACITY_RUNS} most recently active are counted; choose a shorter period"
             )
         if not pools:
             warnings.append(
@@ -323,6 +349,7 @@ async def capacity(
             "price": price,
             "costPerUsefulGpuHour": price * base / useful if useful > 0 else None,
             "runs": len(runs),
+            "series": series.as_json(price),
             "warnings": warnings,
         }
 

@@ -227,17 +227,22 @@ class GoodputQueries:
         window: tuple[float, float] | None = None,
         scheduling: float = 1.0,
         executions: tuple[StepArrays, dict[str, float]] | None = None,
+        held_only: bool = False,
+        events: list[Event] | None = None,
     ) -> tuple[Breakdown, Factors, dict[str, Any]]:
         """The run's breakdown and factors (program goodput = MFU over retained steps).
 
         ``executions`` are the whole run's step executions when the caller has read them
-        already (the run page reads the rollup once for several figures)."""
-        if executions is not None and window is None:
+        already (the run page reads the rollup once for several figures; the fleet's series
+        one window after another), ``events`` its events likewise. ``held_only``: the window cut
+        to the run's own span (:func:`~fleetlens.analysis.breakdown.breakdown`)."""
+        if executions is not None:
             steps, extra = executions
         else:
             pad = None if window is None else (window[0], window[1])
             steps, extra = self.step_executions(run_id, *(pad or (None, None)))
-        bd = breakdown(steps, self.events(run_id), window=window)
+        evs = self.events(run_id) if events is None else events
+        bd = breakdown(steps, evs, window=window, held_only=held_only)
         spec = spec or ProgramSpec()
         devices = spec.devices or int(extra.get("ranks", 0)) or None
         flops = None
@@ -304,10 +309,16 @@ class GoodputQueries:
         return [r["pool"] for r in rows]
 
     def time_span(self, pool: str | None) -> tuple[float, float] | None:
+        """The first and last time the pool's records (allocations, capacity) speak of; None
+        without any. A pool known only from capacity snapshots (sinfo) has a span too."""
+        where = " WHERE tenant = {tenant:String}" + (" AND pool = {pool:String}" if pool else "")
         rows = self.r.table(
-            "SELECT min(submit) AS lo, max(greatest(submit, if(isNaN(`end`), start, `end`)))"
-            " AS hi, count() AS n FROM {db}.sched_allocations FINAL"
-            " WHERE tenant = {tenant:String}" + (" AND pool = {pool:String}" if pool else ""),
+            "SELECT min(a) AS lo, max(b) AS hi, sum(c) AS n FROM ("
+            "SELECT min(submit) AS a, max(greatest(submit, if(isNaN(`end`), start, `end`)))"
+            " AS b, count() AS c FROM {db}.sched_allocations FINAL" + where + " UNION ALL "
+            "SELECT min(time) AS a, max(time) AS b, count() AS c FROM {db}.sched_pool"
+            + where
+            + ") WHERE c > 0",
             pool=pool or "",
         ).to_pylist()[0]
         if not rows["n"]:

@@ -369,13 +369,21 @@ class MetadataStore:
         )
 
     def list_runs(
-        self, scope: Scope, project: str | None = None, limit: int = 100, offset: int = 0
+        self,
+        scope: Scope,
+        project: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        since: float | None = None,
     ) -> list[RunInfo]:
+        """Runs, most recently active first; ``since``: only those with data at or after it."""
         now = time.time()
         with self.session() as s:
             q = scoped(select(Run), scope, within="project")
             if project:
                 q = q.where(Run.project == project)
+            if since is not None:
+                q = q.where(Run.last_seen >= since)
             q = q.order_by(Run.last_seen.desc(), Run.run_id).limit(limit).offset(offset)
             return [self._info(s, r, now) for r in s.scalars(q).all()]
 

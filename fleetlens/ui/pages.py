@@ -193,7 +193,7 @@ async def oncall_page(request: Request, scope: OnCallReader) -> HTMLResponse:
 
 @router.get("/capacity", response_class=HTMLResponse)
 async def capacity_page(request: Request, scope: Reader) -> HTMLResponse:
-    return _page(request, "capacity", "Capacity", CAPACITY)
+    return _page(request, "capacity", "Capacity", CAPACITY, plots=True)
 
 
 @router.get("/ui/static/{name}")

@@ -312,6 +312,16 @@ CAPACITY = """
 <div id="cap-warnings" role="alert"></div>
 <section aria-labelledby="h-util" class="cards" id="cap-now"><h2 id="h-util">Fleet</h2><div></div>
 </section>
+<section aria-labelledby="h-time" id="cap-time"><h2 id="h-time">The fleet over time</h2>
+<h3>Utilization and goodput (share of in-service GPU-hours)</h3>
+<div id="chart-fleet-share" class="chart-host"></div>
+<h3>GPU-hours: in service, held by runs, useful</h3>
+<div id="chart-fleet-hours" class="chart-host"></div>
+<table id="fleet-series"><caption>The period bucket by bucket (UTC): where the GPU-hours
+went</caption><thead><tr><th scope="col">From</th><th scope="col">In service</th>
+<th scope="col">Held</th><th scope="col">Useful</th><th scope="col">Utilization</th>
+<th scope="col">Goodput</th><th scope="col">Largest loss</th>
+<th scope="col">Cost per useful GPU-hour</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-wf"><h2 id="h-wf">Goodput waterfall (GPU-hours)</h2>
 <div id="chart-waterfall" class="chart-host"></div>
 <table id="waterfall"><caption>From in-service GPU-hours to useful GPU-hours</caption><thead>

@@ -542,9 +542,35 @@
     const fails = Object.entries(d.interruptions).map(([k, v]) => [`interruption: ${k}`, v])
       .concat(Object.entries(d.findingsByCause).map(([k, v]) => [`diagnosis: ${k}`, v]));
     fill("failures", fails.map(([k, v]) => [{ th: k }, v]), "no failures");
+    fleetOverTime(d.series || [], d.price);
     fill("pools", d.pools.map((p) => [{ th: p.pool }, pct(p.schedulingGoodput), pct(p.availability),
       F(p.queueWaitSeconds ? p.queueWaitSeconds.p90 : null), p.jobs]), "no pools");
     return true;
+  }
+
+  // The period bucket by bucket (hours up to two days, then days): the planner's "where did the
+  // fleet's time go this week".
+  function fleetOverTime(series, price) {
+    const x = series.map((b) => b.from);
+    const base = { x, xMode: "utc", sync: "fleet-time", height: 180 };
+    FLPlots.line(document.getElementById("chart-fleet-share"), Object.assign({}, base, {
+      label: "Fleet utilization and goodput per bucket, percent of in-service GPU-hours", yLabel: "%", unit: "%",
+      series: [{ name: "utilization", values: series.map((b) => (b.utilization === null ? null : 100 * b.utilization)), color: "#2563eb" },
+        { name: "goodput", values: series.map((b) => (b.goodput === null ? null : 100 * b.goodput)), color: "#059669" }],
+    }));
+    FLPlots.line(document.getElementById("chart-fleet-hours"), Object.assign({}, base, {
+      label: "GPU-hours per bucket: in service, held by runs, useful", yLabel: "GPU-hours", unit: "GPU-h",
+      series: [{ name: "in service", values: series.map((b) => b.inServiceGpuHours), color: "#9ca3af" },
+        { name: "held", values: series.map((b) => b.heldGpuHours), color: "#2563eb" },
+        { name: "useful", values: series.map((b) => b.usefulGpuHours), color: "#059669" }],
+    }));
+    const top = (loss) => {
+      const [k, v] = Object.entries(loss).sort((a, b) => b[1] - a[1])[0] || [];
+      return k ? `${k} ${F(v)} GPU-h` : "–";
+    };
+    fill("fleet-series", series.map((b) => [{ th: when(b.from) }, F(b.inServiceGpuHours), F(b.heldGpuHours),
+      F(b.usefulGpuHours), pct(b.utilization), pct(b.goodput), top(b.lossByCause),
+      b.costPerUsefulGpuHour ? `$${b.costPerUsefulGpuHour.toFixed(2)} at $${price.toFixed(2)}/GPU-h` : "–"]), "no data in this period");
   }
 
   // A run's page refreshes until the run ends: RUNNING, HUNG (a hang is open), and STALLED (no

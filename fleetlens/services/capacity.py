@@ -1,0 +1,137 @@
+"""The planner's view of a period: where the fleet's GPU-hours went, bucket by bucket.
+
+A run counts for the part of a bucket it held its GPUs (:func:`held`): from its first record
+to its last, or to the bucket's end while it is hung (no step shows a hang, its GPUs stay
+held). Each run's steps and events are read once for the period and broken down per bucket in
+memory (:func:`fleetlens.analysis.breakdown.breakdown`), so a series costs a read per run, not
+per run and bucket. Useful GPU-hours are the held ones times the runtime factor of the bucket
+and the program factor of the run over the period (MFU needs the run's FLOPs over its retained
+steps, which one bucket may not hold). In-service GPU-hours are the pools' capacity records,
+between a pool's first record and its last (as the period's totals have them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..analysis.breakdown import Event, StepArrays
+from ..store.metadata import RunInfo
+from .goodput import GoodputQueries, program_spec
+
+__all__ = ["BUCKETS_MAX", "FleetBucket", "FleetSeries", "buckets", "held"]
+
+BUCKETS_MAX = 120
+"""Buckets a series has at most (hours up to two days, then days, then wider)."""
+
+
+def held(run: RunInfo, t0: float, t1: float) -> tuple[tuple[float, float], bool]:
+    """The window to break ``run`` down over for ``[t0, t1]`` and whether it is cut to the
+    run's own span (``held_only``): always, but for a hung run, whose GPUs stay held up to
+    ``t1`` after its last step."""
+    if run.status == "HUNG":
+        return (max(t0, run.first_seen), max(t1, max(t0, run.first_seen))), False
+    return (t0, t1), True
+
+
+def buckets(t0: float, t1: float) -> list[tuple[float, float]]:
+    """Consecutive windows covering ``[t0, t1]``: whole UTC hours for up to two days, whole
+    days beyond, wider past :data:`BUCKETS_MAX` days; the first and last cut to the period."""
+    span = max(0.0, t1 - t0)
+    width = 3600.0 if span <= 48 * 3600.0 else 86400.0
+    while math.ceil(span / width) > BUCKETS_MAX:
+        width *= 2
+    edge = math.floor(t0 / width) * width
+    out = []
+    while edge < t1:
+        a, b = max(t0, edge), min(t1, edge + width)
+        if b > a:
+            out.append((a, b))
+        edge += width
+    return out
+
+
+@dataclass
+class FleetBucket:
+    """One bucket's GPU-hours: in service, held by runs, useful, lost by cause."""
+
+    start: float
+    end: float
+    in_service: float | None = None
+    held: float = 0.0
+    useful: float = 0.0
+    lost: dict[str, float] = field(default_factory=dict)
+
+    def as_json(self, price: float) -> dict[str, Any]:
+        base = max(self.in_service or 0.0, self.held)
+        return {
+            "from": self.start,
+            "to": self.end,
+            "inServiceGpuHours": self.in_service,
+            "heldGpuHours": self.held,
+            "usefulGpuHours": self.useful,
+            "utilization": self.held / base if base else None,
+            "goodput": self.useful / base if base else None,
+            "lossByCause": {k: v for k, v in self.lost.items() if v > 0},
+            "costPerUsefulGpuHour": price * base / self.useful if self.useful > 0 else None,
+        }
+
+
+class FleetSeries:
+    """The period bucket by bucket (:func:`buckets`): the pools' in-service GPU-hours, then
+    each run's share added with its steps and events read once (:meth:`add_run`)."""
+
+    def __init__(
+        self,
+        gq: GoodputQueries,
+        pools: list[tuple[str, tuple[float, float]]],
+        t0: float,
+        t1: float,
+    ) -> None:
+        self.gq = gq
+        self.buckets = [FleetBucket(a, b) for a, b in buckets(t0, t1)]
+        for bucket in self.buckets:
+            if not pools:
+                continue
+            bucket.in_service = 0.0
+            for p, (lo, hi) in pools:  # a pool counts between its first and last record
+                a, b = max(lo, bucket.start), min(hi, bucket.end)
+                if b > a:
+                    result = gq.pool_scheduling(p, a, b)
+                    bucket.in_service += result.in_service_gpu_s / 3600.0
+
+    def add_run(
+        self,
+        run: RunInfo,
+        reads: tuple[tuple[StepArrays, dict[str, float]], list[Event]],
+        window: tuple[float, float],
+        held_only: bool,
+        gpus: float,
+        program: float,
+    ) -> None:
+        """Add the run's GPU-hours to the buckets its ``window`` overlaps: ``reads`` its step
+        executions and events, ``program`` its program factor over the period."""
+        executions, events = reads
+        spec = program_spec(run.config or {})
+        for bucket in self.buckets:
+            lo, hi = max(window[0], bucket.start), min(window[1], bucket.end)
+            if hi <= lo or not gpus:
+                continue
+            bd, f, _ = self.gq.run_goodput(
+                run.run_id,
+                spec,
+                (lo, hi),
+                executions=executions,
+                events=events,
+                held_only=held_only,
+            )
+            h = bd.held_s * gpus / 3600.0
+            bucket.held += h
+            bucket.useful += h * f.runtime * program
+            for k, v in bd.seconds.items():
+                if k != "productive":
+                    bucket.lost[k] = bucket.lost.get(k, 0.0) + v * gpus / 3600.0
+
+    def as_json(self, price: float) -> list[dict[str, Any]]:
+        return [b.as_json(price) for b in self.buckets]

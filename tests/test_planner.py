@@ -1,0 +1,151 @@
+"""A planner's week: runs over several days on a 32-GPU pool, read back from the capacity API and
+page, against a hand computation.
+
+Before: a run's GPU-hours held were the whole period's wall clock (the time before it started
+and after it ended counted as "unaccounted"): 480 GPU-hours held in 24 h by runs that held 72,
+4,704 in 7 days for 136; a pool known only from its capacity snapshots (sinfo) counted for
+nothing; and there was no fleet goodput over time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from fleetlens.testing import Server, step_batch, wait_until
+
+from .test_portal_run import _wide
+
+pytestmark = pytest.mark.e2e
+
+H = 3600.0
+PERIOD = 72.0  # a step starts every 72 s (step_batch: 1.2 x its duration) and lasts 60 s
+STEP = 60.0
+GPUS = 32
+PRICE = 2.0
+
+
+def _runs(t: float) -> dict[str, tuple[int, float, int]]:
+    """Run -> (ranks, first step's start, steps): 4 h five days ago, 6 h across the 24 h
+    boundary, 2 h in the last three hours."""
+    return {
+        "plan-a": (8, t - 5 * 24 * H, 200),
+        "plan-b": (16, t - 26 * H, 300),
+        "plan-c": (4, t - 3 * H, 100),
+    }
+
+
+@pytest.fixture(scope="module")
+def week(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Server, dict[str, Any], float]]:
+    srv = Server(str(tmp_path_factory.mktemp("planner") / "data")).start()
+    try:
+        t = time.time()
+        runs = _runs(t)
+        for rid, (ranks, start, n) in runs.items():
+            for lo in range(0, n, 100):
+                ctx = {"project": "planning"}
+                _, body = step_batch(
+                    rid, range(lo, min(n, lo + 100)), ranks, job_id=f"{rid}-a0", base=STEP,
+                    t0=start + lo * PERIOD, ctx=ctx,
+                )  # fmt: skip
+                assert srv.post(body)[0] == 200
+        # The pool's capacity: 4 nodes of 8 GPUs, in service since before the week.
+        sinfo = "NODELIST|PARTITION|STATE|GRES\n" + "".join(
+            f"n{i}|gpu|mixed|gpu:8\n" for i in range(4)
+        )
+        for at in (t - 8 * 24 * H, t):  # a snapshot before the week, and one now
+            body = {"format": "sinfo", "data": sinfo, "time": at}
+            got = srv.request("POST", "/v1/scheduler/import", body)
+            assert got[0] == 200, got
+
+        def registered() -> bool:  # the run registry is written behind ingest (every 2 s)
+            last = {r["runId"]: r["lastStep"] for r in srv.get("/v1/runs")["runs"]}
+            return all(last.get(rid) == n - 1 for rid, (_, _, n) in runs.items())
+
+        wait_until(registered, what="every run's last step in the registry")
+        yield srv, runs, t
+    finally:
+        srv.stop()
+
+
+def _by_hand(
+    runs: dict[str, tuple[int, float, int]], t0: float, t1: float, pool_end: float = math.inf
+) -> dict[str, float]:
+    """GPU-hours held (a run's first step's start to its last step's end, cut to the period)
+    and useful (the steps' time in the period: no fault, no straggler, so every step is
+    productive and the gaps between them are not)."""
+    held = useful = 0.0
+    for ranks, start, n in runs.values():
+        end = start + (n - 1) * PERIOD + STEP
+        held += ranks * max(0.0, min(t1, end) - max(t0, start)) / H
+        for i in range(n):
+            a = start + i * PERIOD
+            useful += ranks * max(0.0, min(t1, a + STEP) - max(t0, a)) / H
+    in_service = GPUS * (min(t1, pool_end) - t0) / H  # from the pool's snapshots, to its last
+    base = max(in_service, held)
+    return {
+        "inService": in_service,
+        "held": held,
+        "useful": useful,
+        "utilization": held / base,
+        "goodput": useful / base,
+        "cost": PRICE * base / useful,
+    }
+
+
+@pytest.mark.parametrize("hours", [24, 168])
+def test_capacity_gpu_hours_goodput_and_cost_equal_a_hand_computation(
+    week: tuple[Server, dict[str, Any], float], hours: int
+) -> None:
+    srv, runs, now = week
+    d = srv.get(f"/v1/portal/capacity?periodHours={hours}&price={PRICE}")
+    want = _by_hand(runs, d["period"]["from"], d["period"]["to"], now)
+    assert d["warnings"] == [] and d["runs"] == (2 if hours == 24 else 3)
+    assert d["inServiceGpuHours"] == pytest.approx(want["inService"], rel=1e-9)
+    assert d["heldGpuHours"] == pytest.approx(want["held"], rel=1e-6)
+    assert d["goodput"] == pytest.approx(want["goodput"], rel=1e-6)
+    assert d["utilization"] == pytest.approx(want["utilization"], rel=1e-6)
+    assert d["costPerUsefulGpuHour"] == pytest.approx(want["cost"], rel=1e-6)
+    useful = next(w["gpuHours"] for w in d["waterfall"] if w["step"] == "useful")
+    assert useful == pytest.approx(want["useful"], rel=1e-6)
+    # Bucket by bucket (hours for a day, days for a week), adding up to the period's figures.
+    series = d["series"]
+    assert len(series) == (25 if hours == 24 else 8), [b["from"] for b in series]
+    assert series[0]["from"] == d["period"]["from"] and series[-1]["to"] == d["period"]["to"]
+    for key, total in (("heldGpuHours", want["held"]), ("usefulGpuHours", want["useful"]),
+                       ("inServiceGpuHours", want["inService"])):  # fmt: skip
+        assert sum(b[key] for b in series) == pytest.approx(total, rel=1e-6), key
+    # One bucket by hand: plan-c alone, a whole hour inside its two.
+    one = next(b for b in series if b["from"] <= runs["plan-c"][1] + 1.5 * H < b["to"])
+    if one["to"] - one["from"] == H:
+        hand = _by_hand({"c": runs["plan-c"]}, one["from"], one["to"])
+        assert one["inServiceGpuHours"] == pytest.approx(GPUS, rel=1e-9)
+        assert one["heldGpuHours"] == pytest.approx(hand["held"], rel=1e-6)
+        assert one["usefulGpuHours"] == pytest.approx(hand["useful"], rel=1e-6)
+
+
+def test_the_capacity_page_shows_the_same_figures(
+    week: tuple[Server, dict[str, Any], float], browser: Any
+) -> None:
+    """Everything on record: the runs ended and the pool's last snapshot is past, so the
+    figures do not move between the API's read and the page's."""
+    srv, _, _ = week
+    d = srv.get(f"/v1/portal/capacity?price={PRICE}")
+    page, errors = _wide(browser, f"{srv.url}/capacity?period=&price=2")
+    cards = page.inner_text("#cap-now")
+    assert f"{100 * d['utilization']:.1f}%" in cards and f"{100 * d['goodput']:.1f}%" in cards
+    assert f"${d['costPerUsefulGpuHour']:.2f} at $2.00/GPU-h" in cards, cards
+    rows = page.locator("#fleet-series tbody tr")
+    assert rows.count() == len(d["series"]) >= 9  # a day a bucket over the nine on record
+    held = [float(t.replace(",", "")) for t in rows.locator("td:nth-child(3)").all_inner_texts()]
+    assert sum(held) == pytest.approx(d["heldGpuHours"], abs=0.1 * len(held))
+    assert page.locator("#chart-fleet-share canvas").count() >= 1
+    assert page.locator("#chart-fleet-hours canvas").count() >= 1
+    page.close()
+    assert errors == []
