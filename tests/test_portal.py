@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fleetlens.alerts.store import queue_order
 from fleetlens.remediation.models import Remediation
 from fleetlens.services.portal import Executions, run_summary, step_buckets
 from fleetlens.sim.library import load_scenario, run_scenario
@@ -368,6 +369,34 @@ def test_oncall_page_lists_jobs_faulty_nodes_and_alerts(played: Server, browser:
     assert errors == []
 
 
+def test_oncall_alerts_are_a_queue_pages_first_then_unhandled_then_oldest(
+    played: Server, browser: Any
+) -> None:
+    """They were listed as the store last touched them: a ticket could sit above a page, an
+    acknowledged alert above one nobody had seen."""
+
+    def alert(name: str, severity: str, starts: float, acked: bool = False) -> dict[str, Any]:
+        return {"alertname": name, "severity": severity, "startsAt": starts,
+                "ackedBy": "ana" if acked else None, "silencedBy": []}  # fmt: skip
+
+    mixed = [
+        alert("old-ticket", "ticket", 1.0),
+        alert("new-page-acked", "page", 3.0, acked=True),
+        alert("new-page", "page", 3.0),
+        alert("old-page", "page", 2.0),
+    ]
+    assert [a["alertname"] for a in sorted(mixed, key=queue_order)] == [
+        "old-page", "new-page", "new-page-acked", "old-ticket"
+    ]  # fmt: skip
+    # The on-call document and page list them in that order.
+    alerts = played.get("/v1/portal/oncall")["alerts"]
+    assert alerts and [queue_order(a) for a in alerts] == sorted(map(queue_order, alerts))
+    page, errors = _open(browser, f"{played.url}/oncall", None)
+    shown = [t.split("\n")[0].strip() for t in page.locator("#alerts tbody th").all_inner_texts()]
+    assert shown == [a["alertname"] for a in alerts][: len(shown)], shown
+    assert errors == []
+
+
 def test_silencing_an_alert_from_the_oncall_page(played: Server, browser: Any) -> None:
     # The page refreshes every second here: a silence being written is not redrawn away.
     page, errors = _open(browser, f"{played.url}/oncall?refresh=1", None)
@@ -376,7 +405,17 @@ def test_silencing_an_alert_from_the_oncall_page(played: Server, browser: Any) -
         a for a in played.get("/v1/alerts?state=firing")["alerts"]
         if a["alertname"] == "FatalHardwareFault" and a["runId"] == RUN
     ]  # fmt: skip
-    row.get_by_role("button", name=f"Silence alert FatalHardwareFault #{alert['id']}").click()
+    # Escape and Cancel close the form and send nothing (it had neither).
+    opener = row.get_by_role("button", name=f"Silence alert FatalHardwareFault #{alert['id']}")
+    opener.click()
+    row.get_by_label("because").press("Escape")
+    playwright.expect(row.locator("form.silence-form")).to_be_hidden()
+    playwright.expect(opener).to_be_visible()
+    opener.click()
+    row.get_by_role("button", name="Cancel").click()
+    playwright.expect(row.locator("form.silence-form")).to_be_hidden()
+    assert played.get("/v1/silences")["silences"] == []
+    opener.click()
     row.get_by_label("for").select_option("14400")
     row.get_by_role("button", name="Silence", exact=True).click()  # no reason yet: refused
     playwright.expect(row.get_by_role("alert").filter(has_text="Say why")).to_have_count(1)
@@ -393,6 +432,7 @@ def test_silencing_an_alert_from_the_oncall_page(played: Server, browser: Any) -
     assert played.get(f"/v1/alerts/{alert['id']}")["state"] == "firing"  # still firing
     listed = page.locator("#silences tbody tr", has_text=f"#{sil['id']}")
     assert "GPU swap scheduled" in listed.inner_text() and "in force" in listed.inner_text()
+    assert "UTC UTC" not in listed.inner_text()
     listed.get_by_role("button", name=f"Expire silence #{sil['id']}").click()
     playwright.expect(page.locator("#silences tbody tr", has_text=f"#{sil['id']}")).to_contain_text(
         "ended"

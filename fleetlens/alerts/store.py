@@ -28,13 +28,20 @@ from .runbooks import runbook_url
 from .silences import ActiveSilences
 from .silences import active as active_silences
 
-__all__ = ["PRESERVE_S", "AlertStore", "alert_json"]
+__all__ = ["PRESERVE_S", "AlertStore", "alert_json", "queue_order"]
 
 PRESERVE_S = 600.0
 """A failure window keeps raw telemetry from T-10 min to T+10 min at full resolution."""
 
 _SEVERITY_RANK = {"page": 2, "ticket": 1, "never": 0}
 Alerts = list[dict[str, Any]]
+
+
+def queue_order(a: dict[str, Any]) -> tuple[int, bool, float]:
+    """On-call's order of firing alerts (as :func:`alert_json` has them): pages before tickets,
+    the ones nobody acknowledged or silenced first, then the longest firing."""
+    handled = bool(a.get("ackedBy")) or bool(a.get("silencedBy"))
+    return (-_SEVERITY_RANK.get(a["severity"], 0), handled, float(a["startsAt"]))
 
 
 def alert_json(a: Alert) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import anyio
 from fastapi import APIRouter, Depends, Query, Request
 
 from ..alerts.silences import SilenceStore
+from ..alerts.store import queue_order
 from ..lifecycle import LIVE
 from ..services.capacity import FleetSeries, held
 from ..services.goodput import GoodputQueries, program_spec
@@ -121,7 +122,7 @@ def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         n["fatal" if fatal else "recoverable"] += 1
         if len(n["events"]) < 5:
             n["events"].append(e)
-    alerts = svc.alert_store.list(scope, "firing", None, 200)
+    alerts = sorted(svc.alert_store.list(scope, "firing", None, 200), key=queue_order)
     for a in alerts:
         a["live"] = a["runId"] in live
     _alert_nodes(nodes, alerts, pq.nodes_of(sorted(live)))
@@ -172,6 +173,7 @@ def _infra_alert(a: dict[str, Any]) -> dict[str, Any]:
 def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
     now = time.time()
     alerts = [_infra_alert(a) for a in svc.alert_store.list_infra(scope, "firing", 500)]
+    alerts.sort(key=queue_order)
     nodes: dict[str, dict[str, Any]] = {}
     for a in sorted(alerts, key=lambda a: a["startsAt"], reverse=True):
         severity = NODE_FAULTS.get(a["alertname"])

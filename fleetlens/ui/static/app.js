@@ -393,8 +393,12 @@
     form.innerHTML = `<label for="${id}-for">for</label><select id="${id}-for"><option value="3600">1 hour</option>`
       + `<option value="14400">4 hours</option><option value="86400">24 hours</option></select>`
       + `<label for="${id}-why">because</label><input id="${id}-why" type="text" aria-required="true" size="18">`
-      + `<button type="submit">Silence</button>`;
+      + `<button type="submit">Silence</button><button type="button" class="cancel">Cancel</button>`;
     open.addEventListener("click", () => { open.hidden = true; form.hidden = false; form.querySelector("input").focus(); });
+    // Cancel or Escape: the form closes and nothing is sent; the next refresh redraws.
+    const close = () => { form.hidden = true; open.hidden = false; msg.textContent = ""; open.focus(); };
+    form.querySelector(".cancel").addEventListener("click", close);
+    form.addEventListener("keydown", (ev) => { if (ev.key === "Escape") { ev.preventDefault(); close(); } });
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       msg.textContent = "";
@@ -427,7 +431,7 @@
         state = { node: span };
       }
       return [{ th: `#${x.id}` }, Object.entries(x.matchers).map(([k, v]) => `${k}=${v}`).join(", "),
-        `${when(x.endsAt)} UTC`, x.comment, x.createdBy, state];
+        when(x.endsAt), x.comment, x.createdBy, state];
     });
   }
 
