@@ -14,9 +14,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fleetlens.testing import Server, step_batch, wait_until
+from fleetlens.wire import TableBuilder, encode_batch
 
 from .test_portal_run import _wide
 
@@ -59,6 +61,15 @@ def week(
         sinfo = "NODELIST|PARTITION|STATE|GRES\n" + "".join(
             f"n{i}|gpu|mixed|gpu:8\n" for i in range(4)
         )
+        # plan-a failed, plan-c finished (a job's own word, for all its ranks); plan-b said
+        # nothing (stalled).
+        for rid, kind in (("plan-a", "failure"), ("plan-c", "finish")):
+            ranks, start, n = runs[rid]
+            ev = TableBuilder("event")
+            ev.add("time", [start + (n - 1) * PERIOD + STEP]).add("kind", [kind])
+            ev.add_packed("rank", np.array([-1], dtype="<i4").tobytes())
+            ctx = {"run_id": rid, "job_id": f"{rid}-a0", "project": "planning"}
+            assert srv.post(encode_batch({"event": ev.build()}, ctx)[1])[0] == 200
         for at in (t - 8 * 24 * H, t):  # a snapshot before the week, and one now
             body = {"format": "sinfo", "data": sinfo, "time": at}
             got = srv.request("POST", "/v1/scheduler/import", body)
@@ -93,9 +104,9 @@ def _by_hand(
         "inService": in_service,
         "held": held,
         "useful": useful,
-        "utilization": held / base,
-        "goodput": useful / base,
-        "cost": PRICE * base / useful,
+        "utilization": held / base if base else math.nan,
+        "goodput": useful / base if base else math.nan,
+        "cost": PRICE * base / useful if useful else math.nan,
     }
 
 
@@ -121,6 +132,28 @@ def test_capacity_gpu_hours_goodput_and_cost_equal_a_hand_computation(
     for key, total in (("heldGpuHours", want["held"]), ("usefulGpuHours", want["useful"]),
                        ("inServiceGpuHours", want["inService"])):  # fmt: skip
         assert sum(b[key] for b in series) == pytest.approx(total, rel=1e-6), key
+    # How the runs ended, and their GPU-hours by size.
+    jobs = d["jobs"]
+    if hours == 168:
+        assert jobs["byStatus"] == {"FAILED": 1, "FINISHED": 1, "STALLED": 1}, jobs
+        assert (jobs["ended"], jobs["successRate"]) == (2, 0.5)
+    else:
+        assert jobs["byStatus"] == {"FINISHED": 1, "STALLED": 1} and jobs["successRate"] == 1.0
+    sizes = {c["size"]: c for c in jobs["cohorts"]}
+    small = {k: v for k, v in runs.items() if k != "plan-b"}  # 8 and 4 GPUs
+    for size, members in (("1-8 GPUs", small), ("9-64 GPUs", {"plan-b": runs["plan-b"]})):
+        hand = _by_hand(members, d["period"]["from"], d["period"]["to"])
+        assert sizes[size]["heldGpuHours"] == pytest.approx(hand["held"], rel=1e-6)
+        assert sizes[size]["usefulGpuHours"] == pytest.approx(hand["useful"], rel=1e-6)
+    # The spare pool at its tightest bucket (the hours plan-b held 16 of the 32 GPUs, when the
+    # buckets are hours).
+    spare = []
+    for b in d["series"]:
+        hand = _by_hand(runs, b["from"], b["to"], now)
+        spare.append((hand["inService"] - hand["held"]) * H / (b["to"] - b["from"]))
+    assert d["spareGpusMin"] == pytest.approx(min(spare), rel=1e-6)
+    if hours == 24:
+        assert d["spareGpusMin"] == pytest.approx(GPUS - 16, rel=1e-6)
     # One bucket by hand: plan-c alone, a whole hour inside its two.
     one = next(b for b in series if b["from"] <= runs["plan-c"][1] + 1.5 * H < b["to"])
     if one["to"] - one["from"] == H:
@@ -145,6 +178,10 @@ def test_the_capacity_page_shows_the_same_figures(
     assert rows.count() == len(d["series"]) >= 9  # a day a bucket over the nine on record
     held = [float(t.replace(",", "")) for t in rows.locator("td:nth-child(3)").all_inner_texts()]
     assert sum(held) == pytest.approx(d["heldGpuHours"], abs=0.1 * len(held))
+    jobs = page.inner_text("#cap-jobs-text")
+    assert "Success rate 50.0% of 2 ended runs (1 failed, 1 finished, 1 stalled)" in jobs, jobs
+    sizes = page.locator("#cohorts tbody th").all_inner_texts()
+    assert sizes == ["1-8 GPUs", "9-64 GPUs"], sizes
     assert page.locator("#chart-fleet-share canvas").count() >= 1
     assert page.locator("#chart-fleet-hours canvas").count() >= 1
     page.close()

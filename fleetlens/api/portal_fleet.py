@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from ..alerts.silences import SilenceStore
 from ..alerts.store import queue_order
 from ..lifecycle import LIVE
-from ..services.capacity import FleetSeries, held
+from ..services.capacity import FleetSeries, JobTally, held
 from ..services.goodput import GoodputQueries, program_spec
 from ..services.portal import PortalQueries
 from ..store.findings import FindingsStore
@@ -276,6 +276,7 @@ async def capacity(
         interruptions: dict[str, int] = {}
         gpu_held = gpu_useful = runtime_lost = program_lost = 0.0
         series = FleetSeries(gq, spans, t0, t1)
+        jobs = JobTally()
         for r in runs:
             # The part of the period the run held its GPUs (services.capacity.held): the
             # period's wall clock outside it is not the run's (counting it made GPU-hours grow
@@ -297,10 +298,13 @@ async def capacity(
             for k, n in bd.interruptions.items():
                 interruptions[k] = interruptions.get(k, 0) + n
             h = bd.held_s * gpus / 3600.0
+            jobs.add(r, gpus, h, h * f.runtime * f.program)
             runtime_lost += h * (1 - f.runtime)
             program_lost += h * f.runtime * (1 - f.program)
             gpu_useful += h * f.runtime * f.program
             gpu_held += h
+        buckets = series.as_json(price)
+        spare = [b["spareGpus"] for b in buckets if b["spareGpus"] is not None]
         causes: dict[str, int] = {}
         for r in runs:
             for fnd in FindingsStore(svc.metadata).rows(scope, r.run_id):
@@ -351,7 +355,9 @@ async def capacity(
             "price": price,
             "costPerUsefulGpuHour": price * base / useful if useful > 0 else None,
             "runs": len(runs),
-            "series": series.as_json(price),
+            "series": buckets,
+            "spareGpusMin": min(spare) if spare else None,
+            "jobs": jobs.as_json(),
             "warnings": warnings,
         }
 

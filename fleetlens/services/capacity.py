@@ -20,7 +20,7 @@ from ..analysis.breakdown import Event, StepArrays
 from ..store.metadata import RunInfo
 from .goodput import GoodputQueries, program_spec
 
-__all__ = ["BUCKETS_MAX", "FleetBucket", "FleetSeries", "buckets", "held"]
+__all__ = ["BUCKETS_MAX", "COHORTS", "FleetBucket", "FleetSeries", "JobTally", "buckets", "held"]
 
 BUCKETS_MAX = 120
 """Buckets a series has at most (hours up to two days, then days, then wider)."""
@@ -75,6 +75,12 @@ class FleetBucket:
             "goodput": self.useful / base if base else None,
             "lossByCause": {k: v for k, v in self.lost.items() if v > 0},
             "costPerUsefulGpuHour": price * base / self.useful if self.useful > 0 else None,
+            # GPUs in service that no run held, on average over the bucket: the spare pool
+            "spareGpus": (
+                max(0.0, self.in_service - self.held) * 3600.0 / (self.end - self.start)
+                if self.in_service is not None and self.end > self.start
+                else None
+            ),
         }
 
 
@@ -135,3 +141,50 @@ class FleetSeries:
 
     def as_json(self, price: float) -> list[dict[str, Any]]:
         return [b.as_json(price) for b in self.buckets]
+
+
+COHORTS = ((1, 8, "1-8 GPUs"), (9, 64, "9-64 GPUs"), (65, 512, "65-512 GPUs"))
+"""Job sizes the planner compares (a node, a few racks, more); beyond: 513+ GPUs."""
+
+
+def cohort(gpus: float) -> str:
+    for lo, hi, name in COHORTS:
+        if lo <= gpus <= hi:
+            return name
+    return "513+ GPUs" if gpus > 512 else "unknown size"
+
+
+@dataclass
+class JobTally:
+    """The period's jobs as the planner weighs them: how they ended (a success rate over the
+    runs that ended) and their GPU-hours by size (the many-short-jobs view)."""
+
+    status: dict[str, int] = field(default_factory=dict)
+    cohorts: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def add(self, run: RunInfo, gpus: float, held_h: float, useful_h: float) -> None:
+        self.status[run.status] = self.status.get(run.status, 0) + 1
+        c = self.cohorts.setdefault(cohort(gpus), {"runs": 0, "held": 0.0, "useful": 0.0})
+        c["runs"] += 1
+        c["held"] += held_h
+        c["useful"] += useful_h
+
+    def as_json(self) -> dict[str, Any]:
+        ended = sum(self.status.get(k, 0) for k in ("FINISHED", "FAILED", "STOPPED"))
+        order = [name for _, _, name in COHORTS] + ["513+ GPUs", "unknown size"]
+        return {
+            "byStatus": dict(sorted(self.status.items())),
+            "ended": ended,
+            "successRate": self.status.get("FINISHED", 0) / ended if ended else None,
+            "cohorts": [
+                {
+                    "size": name,
+                    "runs": int(c["runs"]),
+                    "heldGpuHours": c["held"],
+                    "usefulGpuHours": c["useful"],
+                    "goodput": c["useful"] / c["held"] if c["held"] > 0 else None,
+                }
+                for name in order
+                if (c := self.cohorts.get(name)) is not None
+            ],
+        }

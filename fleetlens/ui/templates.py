@@ -322,6 +322,12 @@ went</caption><thead><tr><th scope="col">From</th><th scope="col">In service</th
 <th scope="col">Held</th><th scope="col">Useful</th><th scope="col">Utilization</th>
 <th scope="col">Goodput</th><th scope="col">Largest loss</th>
 <th scope="col">Cost per useful GPU-hour</th></tr></thead><tbody></tbody></table></section>
+<section aria-labelledby="h-jobs" id="cap-jobs"><h2 id="h-jobs">Jobs</h2>
+<p id="cap-jobs-text"></p>
+<table id="cohorts"><caption>Runs by size: GPU-hours held and useful, and goodput (many short
+jobs or a few large ones)</caption><thead><tr><th scope="col">Size</th><th scope="col">Runs</th>
+<th scope="col">Held (GPU-h)</th><th scope="col">Useful (GPU-h)</th>
+<th scope="col">Goodput</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-wf"><h2 id="h-wf">Goodput waterfall (GPU-hours)</h2>
 <div id="chart-waterfall" class="chart-host"></div>
 <table id="waterfall"><caption>From in-service GPU-hours to useful GPU-hours</caption><thead>

@@ -547,6 +547,14 @@
       .concat(Object.entries(d.findingsByCause).map(([k, v]) => [`diagnosis: ${k}`, v]));
     fill("failures", fails.map(([k, v]) => [{ th: k }, v]), "no failures");
     fleetOverTime(d.series || [], d.price);
+    const jobs = d.jobs || { byStatus: {}, cohorts: [] };
+    const waits = d.pools.map((p) => p.queueWaitSeconds && p.queueWaitSeconds.p90).filter((x) => typeof x === "number");
+    document.getElementById("cap-jobs-text").textContent =
+      `Success rate ${pct(jobs.successRate)} of ${text(jobs.ended)} ended runs (` +
+      (Object.entries(jobs.byStatus).map(([k, v]) => `${v} ${k.toLowerCase()}`).join(", ") || "none") + `); ` +
+      `queue wait p90 ${waits.length ? dur(Math.max(...waits)) : "– (no allocation records)"}; ` +
+      `spare GPUs at the tightest ${d.spareGpusMin === null || d.spareGpusMin === undefined ? "– (no capacity records)" : F(d.spareGpusMin)}.`;
+    fill("cohorts", jobs.cohorts.map((c) => [{ th: c.size }, c.runs, F(c.heldGpuHours), F(c.usefulGpuHours), pct(c.goodput)]), "no runs");
     fill("pools", d.pools.map((p) => [{ th: p.pool }, pct(p.schedulingGoodput), pct(p.availability),
       F(p.queueWaitSeconds ? p.queueWaitSeconds.p90 : null), p.jobs]), "no pools");
     return true;
