@@ -45,10 +45,16 @@ def test_dcgm_exporter_scrape_of_an_l4_is_parsed_into_our_columns() -> None:
     assert "pcie_rx_bytes" in g.values
 
 
+SCRAPES = {"h100": (REAL / "h100x8_aicr_dcgm-exporter_sampled_lines.prom").read_text()}
+
+
 def test_dcgm_sampled_h100_node_keeps_each_gpu_and_pod_attribution() -> None:
     gpus = parse_exposition((REAL / "h100x8_aicr_dcgm-exporter_sampled_lines.prom").read_text())
     assert [g.gpu for g in gpus] == list(range(8))
     assert {g.node_id for g in gpus} == {"gpu-node-1"}
+    # The agent's node id wins over the exporter's Hostname (the exporter pod's, on
+    # Kubernetes): its GPUs were filed under another node than its host samples and placement.
+    assert {g.node_id for g in parse_exposition(SCRAPES["h100"], node="n9")} == {"n9"}
     assert gpus[0].attribution["pod"].startswith("vllm-agg-0")
     # MEM_COPY_UTIL is only in the excerpt for gpus 0-5.
     assert [("mem_copy_util" in g.values) for g in gpus] == [True] * 6 + [False] * 2
@@ -58,7 +64,7 @@ def test_dcgm_sampled_h100_node_keeps_each_gpu_and_pod_attribution() -> None:
 
 def test_dcgm_parser_skips_garbage_lines() -> None:
     text = 'DCGM_FI_DEV_GPU_TEMP{gpu="x"} 3\nnot a metric\nDCGM_FI_DEV_GPU_TEMP{gpu="1"} NaN\n'
-    (g,) = parse_exposition(text, default_node="n7")
+    (g,) = parse_exposition(text, node="n7")
     assert g.node_id == "n7" and g.gpu == 1 and math.isnan(g.values["gpu_temp"])
 
 

@@ -52,8 +52,9 @@ def _float(raw: str) -> float:
     return v if math.isfinite(v) else math.nan
 
 
-def parse_exposition(text: str, default_node: str = "") -> list[DcgmGpu]:
-    """GPUs found in one scrape, in order of first appearance; malformed lines are skipped."""
+def parse_exposition(text: str, node: str = "") -> list[DcgmGpu]:
+    """GPUs found in one scrape, in order of first appearance; malformed lines are skipped.
+    ``node``: the agent's node id, which names every GPU (without one, the Hostname label)."""
     gpus: dict[tuple[str, int], DcgmGpu] = {}
     for line in text.splitlines():
         line = line.strip()
@@ -72,12 +73,14 @@ def parse_exposition(text: str, default_node: str = "") -> list[DcgmGpu]:
             number = _float(value)
         except ValueError:
             continue
-        node = labels.get("Hostname") or default_node
-        key = (node, index)
+        # The agent's node id wins: its host samples and the ranks' placement use it, and
+        # the exporter's Hostname is often not the node's (on Kubernetes, the exporter pod's).
+        where = node or labels.get("Hostname", "")
+        key = (where, index)
         g = gpus.get(key)
         if g is None:
             g = gpus[key] = DcgmGpu(
-                node, index, labels.get("UUID", ""), labels.get("modelName", "")
+                where, index, labels.get("UUID", ""), labels.get("modelName", "")
             )
         g.values[column] = number
         for k in ("pod", "namespace", "container"):

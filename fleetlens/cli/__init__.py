@@ -29,6 +29,7 @@ COMMANDS = (
     "fr",
     "import",
     "alerts",
+    "grafana",
     "incidents",
     "failure-window",
     "remediations",
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         evaluation,
         flight_recorder,
         goodput,
+        grafana,
         graph,
         imports,
         incidents,
@@ -75,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     flight_recorder.add_parser(sub)
     imports.add_parser(sub)
     alerts.add_parser(sub)
+    grafana.add_parser(sub)
     incidents.add_parsers(sub)
     remediations.add_parser(sub)
     detect.add_parsers(sub)

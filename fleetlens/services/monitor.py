@@ -60,6 +60,7 @@ from ..store.scoped import all_tenants
 from ..store.telemetry import TelemetryStore
 from .analyzer import analyze_once
 from .goodput import goodput_window, summary_mfu
+from .portal import PortalQueries
 from .run_signals import metric_samples
 from .runs import RunQueries
 
@@ -324,11 +325,14 @@ class Monitor:
             clock=run.last_seen,  # the newest time the run's own records carry
         )
         m = summary.get("metrics", {})
+        spread = PortalQueries(self.telemetry, scope).recent_spread(run.run_id, window=50)
         metrics = RunMetrics(
             tenant=run.tenant,
             project=run.project,
             run_id=run.run_id,
             goodput=series[-1][1] if series else None,
+            # the on-call page's spread (it was exported, never filled)
+            spread=spread["spread"] if spread else None,
             step_time_max=step_ms / 1000.0 if step_ms else None,
             step_time_median=(m.get("meanRankStepTimeMs") or 0) / 1000.0 or None,
             tokens_per_s=m.get("tokensPerSecond"),

@@ -107,7 +107,9 @@ class DeviceQueries:
             " maxIf(ecc_dbe_total, isFinite(ecc_dbe_total))"
             "  - minIf(ecc_dbe_total, isFinite(ecc_dbe_total)) AS g_dbe,"
             " maxIf(ecc_dbe_total, isFinite(ecc_dbe_total)) AS g_dbe_max,"
-            " groupUniqArrayIf(toInt64(xid), isFinite(xid) AND xid > 0) AS g_xids,"
+            # if(): toInt64 runs on every row, the condition after it (NaN: not sampled)
+            " groupUniqArrayIf(toInt64(if(isFinite(xid), xid, 0)), isFinite(xid) AND xid > 0)"
+            " AS g_xids,"
             " maxIf(nvlink_crc_errors, isFinite(nvlink_crc_errors))"
             "  - minIf(nvlink_crc_errors, isFinite(nvlink_crc_errors)) AS g_crc,"
             " minIf(nvlink_bandwidth, isFinite(nvlink_bandwidth)) AS g_bw_min,"
