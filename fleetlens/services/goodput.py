@@ -327,22 +327,29 @@ class GoodputQueries:
 
 
 def goodput_window(
-    telemetry: TelemetryStore, tenant: str | Scope, run_id: str, window_s: float, now: float
+    telemetry: TelemetryStore,
+    tenant: str | Scope,
+    run_id: str,
+    window_s: float,
+    now: float,
+    started: float | None = None,
 ) -> dict[str, Any]:
     """A run's goodput over the last ``window_s`` seconds before ``now``, for alerts and series.
 
     Runtime goodput over the window's held time; program goodput's straggler-only bound (MFU
     needs the run's FLOPs, which the caller may add). Steps after the window's last checkpoint
-    count as retained until a later attempt replays them.
+    count as retained until a later attempt replays them. ``started``: the run's first record;
+    the window begins no earlier (a run younger than the window did not hold its GPUs before it
+    began: it read 0% goodput for its first minutes). The window ends at ``now`` whatever the
+    run's last step: a hang's time after it is held.
     """
     if window_s <= 0:
         raise ConfigError(f"window_s is {window_s}; a window has a positive length")
-    bd, f, _meta = GoodputQueries(telemetry, tenant).run_goodput(
-        run_id, window=(now - window_s, now)
-    )
+    t0 = now - window_s if started is None else min(now, max(now - window_s, started))
+    bd, f, _meta = GoodputQueries(telemetry, tenant).run_goodput(run_id, window=(t0, now))
     return {
         "runId": run_id,
-        "from": now - window_s,
+        "from": t0,
         "to": now,
         "windowSeconds": window_s,
         "runtimeGoodput": bd.runtime_goodput,

@@ -368,7 +368,12 @@ class Monitor:
         if series and now - series[-1][0] < self.config.goodput_every_s:
             return series
         w = goodput_window(
-            self.telemetry, run.tenant, run.run_id, self.config.goodput_window_s, now
+            self.telemetry,
+            run.tenant,
+            run.run_id,
+            self.config.goodput_window_s,
+            now,
+            started=run.first_seen,
         )
         g = w.get("jobProduct")
         if g is None or not math.isfinite(g):
