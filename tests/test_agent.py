@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +19,7 @@ from fleetlens.analysis.hardware import NodeHealth, node_signals
 from fleetlens.sdk.config import SDKConfig
 from fleetlens.sdk.recorder import Recorder
 from fleetlens.store.chdb_store import ChdbStore
-from fleetlens.testing import Server
+from fleetlens.testing import Server, serve_page
 
 pytestmark = pytest.mark.unit
 
@@ -215,19 +214,8 @@ def test_infiniband_errors_are_network_evidence() -> None:
 @pytest.mark.e2e
 def test_agent_scrapes_dcgm_exporter_and_delivers_to_the_server(tmp_path: Path) -> None:
     scrape = (REAL / "h100x8_aicr_dcgm-exporter_sampled_lines.prom").read_bytes()
-
-    class Exporter(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(scrape)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    exporter = contextlib.ExitStack()
+    url = exporter.enter_context(serve_page(scrape))
     data = str(tmp_path / "data")
     server = Server(data).start()
     try:
@@ -246,7 +234,7 @@ def test_agent_scrapes_dcgm_exporter_and_delivers_to_the_server(tmp_path: Path) 
         agent = Agent(
             recorder,
             "gpu-node-1",
-            dcgm_url=f"http://127.0.0.1:{httpd.server_port}/metrics",
+            dcgm_url=url,
             sys_root=str(tmp_path / "sys"),
         )
         assert agent.tick() == 9  # the host, and 8 GPUs
@@ -255,8 +243,7 @@ def test_agent_scrapes_dcgm_exporter_and_delivers_to_the_server(tmp_path: Path) 
         assert recorder.stats()["dropped"] == 0 and agent.errors == 0
     finally:
         server.stop()
-        httpd.shutdown()
-        httpd.server_close()
+        exporter.close()
     store = ChdbStore(f"{data}/telemetry")
     try:
         rows = store.query(

@@ -16,11 +16,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ import pytest
 
 from bench._promstack import get_json, prometheus
 from fleetlens import grafana
-from fleetlens.testing import Server, wait_until
+from fleetlens.testing import Server, serve_page, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
 pytestmark = pytest.mark.e2e
@@ -43,25 +41,8 @@ SCRAPE = (
 @pytest.fixture
 def exporter() -> Iterator[str]:
     """dcgm-exporter's recorded output of an H100 node, served as it serves it."""
-    body = SCRAPE.read_bytes()
-
-    class Exporter(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Exporter)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_port}/metrics"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serve_page(SCRAPE.read_bytes()) as url:
+        yield url
 
 
 def _xid(server: Server, job_id: str, step: int) -> None:

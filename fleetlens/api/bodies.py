@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
@@ -33,6 +34,7 @@ __all__ = [
     "drain",
     "read_body",
     "read_upload",
+    "timed_chunks",
 ]
 
 BODY_GRACE_S = 30.0
@@ -72,6 +74,36 @@ class BodyRefused(Exception):
     retry_after: int | None = None
 
 
+async def timed_chunks(
+    request: Request, grace_s: float = BODY_GRACE_S, min_rate: float = BODY_MIN_BYTES_PER_S
+) -> AsyncIterator[bytes]:
+    """The body's chunks under the deadline: ``grace_s`` plus a second per ``min_rate`` bytes
+    received. Raises :class:`BodyRefused` (408, or 400 when the client went away)."""
+    start = time.monotonic()
+    size = 0
+    stream = request.stream().__aiter__()
+    while True:
+        left = start + grace_s + size / min_rate - time.monotonic()
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), max(left, 0.001))
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise BodyRefused(
+                408,
+                f"the body did not arrive in time ({size} bytes in "
+                f"{time.monotonic() - start:.0f} s; allowed: {grace_s:.0f} s plus 1 s per "
+                f"{min_rate / (1 << 20):.0f} MiB); retry later",
+                "too_slow",
+                retry_after=1,
+            ) from None
+        except ClientDisconnect:
+            raise BodyRefused(400, "the client went away mid-body", "rejected") from None
+        if chunk:
+            size += len(chunk)
+            yield chunk
+
+
 async def read_body(
     request: Request,
     limit: int,
@@ -79,32 +111,13 @@ async def read_body(
     grace_s: float = BODY_GRACE_S,
     min_rate: float = BODY_MIN_BYTES_PER_S,
 ) -> bytes:
-    """The whole body, charged to ``budget`` as it arrives; the caller gives back ``len(body)``
-    when done with it. Raises :class:`BodyRefused` (having given its bytes back)."""
-    start = time.monotonic()
+    """The whole body (:func:`timed_chunks`), charged to ``budget`` as it arrives; the caller
+    gives back ``len(body)`` when done with it. Raises :class:`BodyRefused` (having given its
+    bytes back)."""
     chunks: list[bytes] = []
     size = 0
-    stream = request.stream().__aiter__()
     try:
-        while True:
-            left = start + grace_s + size / min_rate - time.monotonic()
-            try:
-                chunk = await asyncio.wait_for(stream.__anext__(), max(left, 0.001))
-            except StopAsyncIteration:
-                break
-            except TimeoutError:
-                raise BodyRefused(
-                    408,
-                    f"the body did not arrive in time ({size} bytes in "
-                    f"{time.monotonic() - start:.0f} s; allowed: {grace_s:.0f} s plus 1 s per "
-                    f"{min_rate / (1 << 20):.0f} MiB); retry later",
-                    "too_slow",
-                    retry_after=1,
-                ) from None
-            except ClientDisconnect:
-                raise BodyRefused(400, "the client went away mid-body", "rejected") from None
-            if not chunk:
-                continue
+        async for chunk in timed_chunks(request, grace_s, min_rate):
             if size + len(chunk) > limit:
                 raise BodyRefused(413, f"body is over the limit of {limit} bytes", "too_large")
             if not budget.take(len(chunk), size):

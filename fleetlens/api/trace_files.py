@@ -3,20 +3,16 @@ served back for the portal's "Open in Perfetto" (:mod:`fleetlens.traces.files`).
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Path, Request
-from fastapi.responses import FileResponse, Response
-from starlette.requests import ClientDisconnect
+from fastapi.responses import FileResponse
 
 from ..store.scope import Scope
 from ..traces.files import TraceFileRefused, TraceFiles
 from .auth import ERROR_RESPONSES, require_any
-from .bodies import BODY_MIN_BYTES_PER_S, drain
+from .bodies import BodyRefused, drain, timed_chunks
 from .body_limit import OWN_BODY
 from .ingest import error_response
 
@@ -25,22 +21,6 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1", tags=["traces"], responses=ERROR_RESPONSES)
 
 Rank = Annotated[int, Path(ge=0, le=2**31 - 1)]
-
-
-async def _timed(request: Request, grace: float) -> AsyncIterator[bytes]:
-    """The body's chunks under the upload deadline (``grace`` plus a second per MiB)."""
-    start, got = time.monotonic(), 0
-    stream = request.stream().__aiter__()
-    while True:
-        left = start + grace + got / BODY_MIN_BYTES_PER_S - time.monotonic()
-        try:
-            chunk = await asyncio.wait_for(stream.__anext__(), max(left, 0.001))
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise TraceFileRefused("the trace file did not arrive in time", 408) from None
-        got += len(chunk)
-        yield chunk
 
 
 @router.put(
@@ -99,15 +79,14 @@ async def put_trace_file(
             scope.tenant,
             run_id,
             rank,
-            _timed(request, collector.body_grace_s),
+            timed_chunks(request, collector.body_grace_s),
             collector.max_trace_file_bytes,
         )
     except TraceFileRefused as refused:
-        if refused.status != 408:
-            await drain(request)
+        await drain(request)
         return error_response(refused.status, str(refused), None)
-    except ClientDisconnect:
-        return Response(status_code=400)
+    except BodyRefused as refused:  # too slow (408), or the client went away
+        return error_response(refused.status, refused.message, None, refused.retry_after)
     return {"runId": run_id, "rank": rank, "bytes": size}
 
 

@@ -6,12 +6,14 @@
 - ``postgres``: a throwaway PostgreSQL cluster; ``free_port``.
 - ``step_batch``: a wire batch of per-rank step records; ``scalar_grid``: one of many metric
   names at every step; ``wait_until``: poll, never sleep;
-  ``wait_passes``: wait for the server's monitoring passes.
+  ``wait_passes``: wait for the server's monitoring passes; ``serve_page``: a recorded exporter
+  page (dcgm-exporter's) served on loopback.
 """
 
 from __future__ import annotations
 
 from .batches import scalar_grid, step_batch
+from .exporter import serve_page
 from .inprocess import InProcessServer
 from .process import Server, free_port, postgres
 from .waits import monitor_passes, wait_passes, wait_until
@@ -23,6 +25,7 @@ __all__ = [
     "monitor_passes",
     "postgres",
     "scalar_grid",
+    "serve_page",
     "step_batch",
     "wait_passes",
     "wait_until",
