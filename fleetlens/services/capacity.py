@@ -31,7 +31,8 @@ def held(run: RunInfo, t0: float, t1: float) -> tuple[tuple[float, float], bool]
     run's own span (``held_only``): always, but for a hung run, whose GPUs stay held up to
     ``t1`` after its last step."""
     if run.status == "HUNG":
-        return (max(t0, run.first_seen), max(t1, max(t0, run.first_seen))), False
+        start = max(t0, run.first_seen)
+        return (start, max(t1, start)), False
     return (t0, t1), True
 
 
