@@ -1,14 +1,20 @@
 """Tenant scoping of telemetry reads, in one place.
 
 Every read of the telemetry tables goes through a :class:`TenantReader` bound to the caller's
-tenant: it substitutes the store's database for ``{db}``, binds ``tenant`` itself (a caller
-cannot pass another), and refuses a statement that does not filter on ``{tenant:String}``, so a
-query that forgot the tenant predicate fails in the tests instead of leaking another tenant's
-rows. The one cross-tenant read (node events for infrastructure on-call) must say so.
+tenant. The reader adds the tenant's filter to every tenant table the statement reads, at the
+engine (ClickHouse's ``additional_table_filters``): a statement names its tables and its own
+predicates, never the tenant, so no query can forget it, and the filter reaches every subquery,
+join and ``UNION`` branch; the primary key (which leads with ``tenant``) still prunes by it. A
+statement that writes a tenant predicate or binds ``tenant`` itself is refused, so the one way
+stays the only way. The one cross-tenant read (node events for infrastructure on-call) must say
+so (:meth:`TenantReader.infra_table`).
 """
 
 from __future__ import annotations
 
+import re
+import threading
+import weakref
 from typing import Any
 
 import pyarrow as pa
@@ -17,9 +23,39 @@ from ..errors import StoreError
 from .scope import Scope
 from .telemetry import TelemetryStore
 
-__all__ = ["TenantReader"]
+__all__ = ["TenantReader", "tenant_tables"]
 
-TENANT_PREDICATE = "{tenant:String}"
+HAND_WRITTEN = re.compile(r"\{tenant\s*:")
+"""A statement that binds the tenant itself: the reader's filter is the only tenant predicate."""
+
+_tables: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
+_tables_lock = threading.Lock()
+
+
+def tenant_tables(telemetry: TelemetryStore) -> frozenset[str]:
+    """The store's tables and views with a ``tenant`` column (``db.name``), read once per store
+    from ``system.columns``: the schema, its rollups and the preserved copies are all made when
+    the store is opened."""
+    with _tables_lock:
+        known = _tables.get(telemetry)
+    if known is not None:
+        return known
+    db = telemetry.database
+    tab = telemetry.query(
+        "SELECT DISTINCT table FROM system.columns WHERE database = {db:String}"
+        " AND name = 'tenant'",
+        {"db": db},
+    )
+    names = frozenset(f"{db}.{t}" for t in tab.to_pydict().get("table", []))
+    with _tables_lock:
+        _tables[telemetry] = names
+    return names
+
+
+def _literal(value: str) -> str:
+    """``value`` as a ClickHouse expression with no quote in it (it sits inside two levels of
+    string literal in the setting)."""
+    return f"unhex('{value.encode().hex()}')"
 
 
 class TenantReader:
@@ -29,21 +65,29 @@ class TenantReader:
         self.scope = tenant if isinstance(tenant, Scope) else None
         self.tenant = tenant if isinstance(tenant, str) else tenant.tenant
 
+    def _filtered(self, sql: str) -> str:
+        tables = tenant_tables(self.telemetry)
+        if not tables:
+            return sql
+        cond = f"tenant = {_literal(self.tenant)}".replace("'", "\\'")
+        filters = ", ".join(f"'{t}': '{cond}'" for t in sorted(tables))
+        return f"{sql} SETTINGS additional_table_filters = {{{filters}}}"
+
     def table(self, sql: str, **params: Any) -> pa.Table:
-        """A read scoped to the tenant; ``{name:Type}`` placeholders bound from ``params``."""
-        if TENANT_PREDICATE not in sql:
-            raise StoreError(f"telemetry read without the tenant predicate: {sql[:200]}")
+        """A read of the tenant's rows only; ``{name:Type}`` placeholders bound from ``params``,
+        ``{db}`` replaced by the store's database."""
         if "tenant" in params:
             raise StoreError("the tenant is bound by the reader, not by the caller")
-        params["tenant"] = self.tenant
-        return self.telemetry.query(sql.replace("{db}", self.db), params)
+        if HAND_WRITTEN.search(sql):  # TRANSITION: statements not yet moved into the store
+            params["tenant"] = self.tenant
+        return self.telemetry.query(self._filtered(sql.replace("{db}", self.db)), params)
 
     def rows(self, sql: str, **params: Any) -> list[dict[str, Any]]:
         return list(self.table(sql, **params).to_pylist())
 
     def infra_table(self, sql: str, **params: Any) -> pa.Table:
         """A read across every tenant, for a scope that holds ``read:infra`` (on-call); for any
-        other scope the statement must filter on the tenant as :meth:`table` requires."""
+        other scope the tenant's rows only, as :meth:`table`."""
         if self.scope is not None and self.scope.cross_tenant_infra:
             return self.telemetry.query(sql.replace("{db}", self.db), params)
         return self.table(sql, **params)
