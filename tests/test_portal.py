@@ -1161,6 +1161,21 @@ def test_dark_mode_follows_the_system_setting(played: Server, browser: Any) -> N
         assert luminance(bg) < 0.15 and luminance(fg) > 0.8, (bg, fg)
         head = page.evaluate("getComputedStyle(document.querySelector('thead th')).backgroundColor")
         assert luminance(head) < 0.2, head
+        # The heatmap's cells are dark too (they were a white block), the slow row still red.
+        page.locator("#heatmap").scroll_into_view_if_needed()
+        page.wait_for_selector("#heatmap[role=img]", timeout=30_000)
+        cells = page.evaluate(
+            """() => { const c = document.getElementById('heatmap'), k = window.devicePixelRatio;
+            const w = c.width - (58 + 112) * k, h = Math.min(c.height - (8 + 38) * k, 200 * k);
+            const d = c.getContext('2d').getImageData(58 * k, 8 * k, w, h).data;
+            let sum = 0, red = 0;
+            for (let i = 0; i < d.length; i += 4) {
+              sum += (0.2126 * d[i] + 0.7152 * d[i + 1] + 0.0722 * d[i + 2]) / 255;
+              if (d[i] > 150 && d[i + 1] < 90) red++;
+            }
+            return [sum / (d.length / 4), red]; }"""
+        )
+        assert cells[0] < 0.3 and cells[1] > 0, cells
         if shots := os.environ.get("FLEETLENS_SCREENSHOTS"):
             page.screenshot(path=os.path.join(shots, "run-dark.png"))
     finally:

@@ -168,8 +168,15 @@ const FLPlots = (() => {
   const HOT = 1.1;
   const M = { l: 58, r: 112, t: 8, b: 38 };
 
+  // On a dark ground (prefers-color-scheme: dark) the scale starts dark and deepens to red, so
+  // the page is not a white block with the slow row lost in it.
+  const DARK = window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)");
   function colour(ratio) {
     const k = Math.max(0, Math.min(1, (ratio - 1) / 0.25));
+    if (DARK && DARK.matches) {
+      if (ratio < 1) return "#172033";
+      return `rgb(${Math.round(45 + 195 * k)},${Math.round(35 + 15 * k)},${Math.round(40 + 5 * k)})`;
+    }
     if (ratio < 1) return "#eef2ff";
     return `rgb(255,${Math.round(247 - 200 * k)},${Math.round(237 - 210 * k)})`;
   }
@@ -268,7 +275,7 @@ const FLPlots = (() => {
     }
     const hot = data.hot;
     if (hot && hot.ratio >= HOT) {
-      ctx.strokeStyle = "#b91c1c"; ctx.lineWidth = 1.5;
+      ctx.strokeStyle = DARK && DARK.matches ? "#fca5a5" : "#b91c1c"; ctx.lineWidth = 1.5;
       ctx.strokeRect(M.l - 0.5, M.t + hot.row * cellH - 1, w + 1, cellH + 2);
     }
     // Axes: ranks down the left, steps along the bottom, each with its label.
