@@ -299,7 +299,8 @@ def test_run_page_shows_goodput_charts_and_the_stragglers_heatmap_row(
     thermal = page.locator("#ranks tbody tr", has_text="node-0011").inner_text()
     assert "throttle" in thermal  # the thermal rank's hardware evidence
     findings = page.inner_text("#findings")
-    assert "straggler.persistent" in findings and "infrastructure" in findings
+    assert "Slow rank (every step)" in findings and "infrastructure" in findings
+    assert page.locator("#findings [title='straggler.persistent']").count()
     timeline = page.inner_text("#timeline")
     assert "checkpoint_end" in timeline and "restart" in timeline.lower()
     assert "FatalHardwareFault" in timeline
@@ -312,7 +313,8 @@ def test_failure_page_names_the_injected_cause(played: Server, browser: Any) -> 
     what = page.inner_text("#f-what")
     assert "Xid 79" in what or "xid" in what.lower()
     assert "node-0018" in what
-    assert page.inner_text("#cause-diagnosis") == "fatal_xid"
+    assert page.inner_text("#cause-diagnosis") == "GPU failure (fatal Xid)"
+    assert page.get_attribute("#cause-diagnosis [data-code]", "title") == "fatal_xid"
     assert "loss" in page.inner_text("#f-training")
     assert "node-0018" in page.inner_text("#f-infra")
     assert page.inner_text("#f-rec").strip()
@@ -598,7 +600,8 @@ def test_capacity_page_shows_waterfall_losses_and_cost(played: Server, browser: 
     for step in ("in service", "scheduling loss", "runtime loss", "program loss", "useful"):
         assert step in wf
     assert "straggler" in page.inner_text("#loss-cause")
-    assert "fatal_xid" in page.inner_text("#failures")
+    assert "finding: GPU failure (fatal Xid)" in page.inner_text("#failures")
+    assert page.locator("#failures [data-code=fatal_xid]").count()
     assert page.locator("#chart-waterfall svg rect").count() >= 5
 
 
@@ -1138,6 +1141,18 @@ def test_every_page_fits_a_phone_without_scrolling_sideways(played: Server, brow
             page.wait_for_selector("body[data-loaded]", timeout=30_000)
             wide = page.evaluate("document.documentElement.scrollWidth")
             assert wide <= PHONE["width"], (path, wide)
+            # The tables one acts from are a card per row: no cell (Cost, Action, Acknowledge,
+            # Silence) is scrolled out of sight to the right.
+            hidden, cells = page.evaluate(
+                """() => { const c = [...document.querySelectorAll(
+                  'table.stack tbody td, table.stack tbody th')].filter((e) => e.offsetParent);
+                return [c.filter((e) => e.getBoundingClientRect().right > innerWidth + 1)
+                  .map((e) => e.dataset.label || e.textContent.slice(0, 30)), c.length]; }"""
+            )
+            assert hidden == [], (path, hidden)
+            if path == f"/runs/{RUN}":
+                assert page.locator("#wrong-table td[data-label=Action]").count() > 0
+                assert cells > 0
             if path == f"/runs/{RUN}" and (shots := os.environ.get("FLEETLENS_SCREENSHOTS")):
                 page.screenshot(path=os.path.join(shots, "run-phone.png"))
             page.close()

@@ -46,7 +46,8 @@ def test_a_hung_runs_page_renders_its_hang(hung: tuple[Server, str], browser: An
     assert any(isinstance(v, list) for v in _hang_evidence(srv, run_id)), "no list to format"
     page, errors = _open(browser, f"{srv.url}/runs/{run_id}", None)
     assert errors == [], errors
-    assert "hang" in page.inner_text("#findings").lower()
+    assert "Job hung" in page.inner_text("#findings")
+    assert page.locator("#findings [data-code=hang]").count()
 
 
 def test_a_hung_runs_failure_page_renders(hung: tuple[Server, str], browser: Any) -> None:

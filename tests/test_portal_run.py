@@ -94,7 +94,7 @@ def test_whats_wrong_is_above_the_fold_with_each_findings_cost(
         assert box is not None and box["y"] + box["height"] <= 900, i
     # Most costly first: the fatal Xid's recovery and rework, then the straggler's slow steps.
     (strag,) = [f for f in doc["findings"] if f["diagnosis"] == "straggler.persistent"]
-    row = page.locator("#wrong-table tbody tr", has_text="straggler.persistent")
+    row = page.locator("#wrong-table tbody tr:has([data-code='straggler.persistent'])")
     cells = [c.strip() for c in row.locator("th, td").all_inner_texts()]
     assert cells[0] == str(strag["rank"])
     assert cells[2] == "rank 37 · node-0004 · GPU 5"
@@ -105,12 +105,15 @@ def test_whats_wrong_is_above_the_fold_with_each_findings_cost(
     assert cells[7] == f"{strag['cost']['gpuHours']:.2f} GPU-h · {points:.1f} pts"
     assert strag["cost"]["seconds"].keys() == {"straggler"}
     # The links: to the finding's evidence below and to the action on its node.
-    evidence = row.get_by_role("link", name="straggler.persistent").get_attribute("href")
-    assert page.locator(f"#findings tbody tr{evidence}").inner_text().startswith("straggler")
+    # The finding reads as its plain name, its code in the tooltip.
+    name = row.get_by_role("link", name="Slow rank (every step)")
+    assert name.get_attribute("title") == "straggler.persistent"
+    evidence = name.get_attribute("href")
+    assert page.locator(f"#findings tbody tr{evidence}").inner_text().startswith("Slow rank")
     action = row.get_by_role("link", name=re.compile(r"^action #\d+")).get_attribute("href")
     assert "node-0004" in page.locator(f"#remediations tbody tr{action}").inner_text()
     first = [c.strip() for c in rows.first.locator("th, td").all_inner_texts()]
-    assert first[1] == "fatal_xid" and "node-0018" in first[2]
+    assert first[1] == "GPU failure (fatal Xid)" and "node-0018" in first[2]
     assert "findings plus unexplained add up to them" in page.inner_text("#wrong-note")
 
 
@@ -204,8 +207,8 @@ def test_brushing_a_step_range_zooms_charts_and_tables_and_a_reload_keeps_it(
         playwright.expect(page.locator("#heat-caption")).to_contain_text(f"Steps {lo}–{hi}.")
         steps = [int(s) for s in page.locator("#timeline tbody th").all_inner_texts() if s != "–"]
         assert steps and all(lo <= s <= hi for s in steps), steps
-        assert "thermal" in page.inner_text("#findings")  # 605-1003 overlaps
-        assert "data_stall" not in page.inner_text("#findings")  # 2000-2099 does not
+        assert page.locator("#findings [data-code=thermal]").count()  # 605-1003 overlaps
+        assert not page.locator("#findings [data-code=data_stall]").count()  # 2000-2099 not
         # The step chart's x axis now spans the range only.
         page.mouse.move(box["x"] + 2, y)
         assert lo <= int(_legend_values(page, "chart-step")[0]) <= lo + (hi - lo) // 10

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..lifecycle import peer_error
+from ..names import action_name
 from .hardware import Signal
 from .stragglers import StragglerClass
 from .xid import classify_xid
@@ -299,7 +300,7 @@ def xid_diagnosis(
         "failure" if info.fatal else "event",
         0.95 if info.fatal else 0.7,
         f"Xid {xid} ({info.mnemonic or 'unknown'}, {info.severity}) on {node} GPU {gpu}; "
-        f"catalog action {info.action or '-'}",
+        f"catalog action: {action_name(info.action)}",
         step=step,
         start_step=step,
         end_step=step,

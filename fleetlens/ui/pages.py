@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import gzip
 import html
+import json
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Annotated, Any
@@ -37,6 +38,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from ..api.auth import require_any
 from ..errors import NotFound
+from ..names import DIAGNOSES, XID_ACTIONS
 from ..store.scope import Scope
 from .templates import (
     CAPACITY,
@@ -52,6 +54,10 @@ from .templates import (
     SHELL,
     SIGNIN,
 )
+
+# The codes' plain names (fleetlens/names.py), in every page for app.js's labels: a code keeps
+# its name in a tooltip. "</" cannot end the script element early.
+NAMES_JSON = json.dumps({"diagnoses": DIAGNOSES, "xidActions": XID_ACTIONS}).replace("</", "<\\/")
 
 __all__ = ["Reader", "page", "router"]
 
@@ -120,6 +126,7 @@ def page(
         body=body,
         head=PLOT_HEAD if plots else "",
         early=early,
+        names=NAMES_JSON,
         scripts=(PLOT_SCRIPTS if plots else "")
         + (f'\n<script src="/ui/static/{html.escape(script)}"></script>' if script else ""),
     )

@@ -67,6 +67,7 @@ href="/oncall">On-call</a><a href="/capacity">Capacity</a>
 $signin
 <div id="content">$body</div>
 </main>
+<script type="application/json" id="fl-names">$names</script>
 <script src="/ui/static/charts.js"></script>
 <script src="/ui/static/app.js"></script>
 $scripts
@@ -136,7 +137,8 @@ CONTROLS = """<div id="chart-controls" class="controls" role="group" aria-label=
 
 RUN = """
 <section aria-labelledby="h-wrong" id="wrong"><h2 id="h-wrong">What's wrong</h2>
-<table id="wrong-table"><caption>Findings, most costly first: each one's share of the time the
+<table id="wrong-table" class="stack">
+<caption>Findings, most costly first: each one's share of the time the
 run lost (the breakdown's loss lines), in GPU-hours and goodput points</caption><thead><tr>
 <th scope="col">#</th><th scope="col">Finding</th><th scope="col">Where</th>
 <th scope="col">Since (UTC)</th><th scope="col">Confidence</th><th scope="col">Owner</th>
@@ -173,12 +175,14 @@ $controls
 <th scope="col">Compute (ms)</th><th scope="col">× median</th><th scope="col">Comm wait (ms)</th>
 <th scope="col">Hardware evidence</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-diag"><h2 id="h-diag">Diagnosis</h2>
-<table id="findings"><caption>Findings with evidence and owner</caption><thead><tr>
+<table id="findings" class="stack">
+<caption>Findings with evidence and owner</caption><thead><tr>
 <th scope="col">Diagnosis</th><th scope="col">Owner</th><th scope="col">Confidence</th>
 <th scope="col">Steps</th><th scope="col">Summary</th><th scope="col">Evidence</th></tr></thead>
 <tbody></tbody></table></section>
 <section aria-labelledby="h-rem" id="remediation"><h2 id="h-rem">Remediation</h2>
-<table id="remediations"><caption>Actions that took (or would take) a node out of the run, newest
+<table id="remediations" class="stack">
+<caption>Actions that took (or would take) a node out of the run, newest
 first</caption><thead><tr><th scope="col">Action</th><th scope="col">Node</th>
 <th scope="col">Reason</th><th scope="col">State</th><th scope="col">Decided at (UTC)</th>
 <th scope="col">World before → after</th><th scope="col">Stop → resume step</th>
@@ -267,19 +271,22 @@ ONCALL = """
 <p id="jobs-hidden" class="note" hidden>Not shown to the on-call role: jobs' goodput and
 per-rank spread are their runs' contents, which the tenant's viewers, editors and admins read.
 </p>
-<table id="jobs"><caption>Jobs running (or hung), lowest goodput first; below threshold marked
+<table id="jobs" class="stack">
+<caption>Jobs running (or hung), lowest goodput first; below threshold marked
 </caption><thead>
 <tr><th scope="col">Run</th><th scope="col">Status</th><th scope="col">Goodput</th>
 <th scope="col">Threshold</th><th scope="col">Per-rank spread</th><th scope="col">Ranks</th>
 </tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-nodes"><h2 id="h-nodes">Nodes with faults</h2>
-<table id="nodes"><caption>Nodes with fatal or recoverable faults (fault events and firing
+<table id="nodes" class="stack">
+<caption>Nodes with fatal or recoverable faults (fault events and firing
 hardware alerts), with the live jobs they hurt</caption><thead><tr>
 <th scope="col">Node</th><th scope="col">Fatal</th><th scope="col">Recoverable</th>
 <th scope="col">Live jobs on it</th><th scope="col">Latest</th></tr></thead><tbody></tbody>
 </table></section>
 <section aria-labelledby="h-drains"><h2 id="h-drains">Drains</h2>
-<table id="actions"><caption>Drains in progress: remediation actions recommended or awaiting
+<table id="actions" class="stack">
+<caption>Drains in progress: remediation actions recommended or awaiting
 approval, or taking a node out (draining, removing, restarting)</caption><thead><tr>
 <th scope="col">Node</th><th scope="col">Run</th><th scope="col">State</th>
 <th scope="col">Age</th><th scope="col">Reason</th></tr></thead><tbody></tbody></table>
@@ -287,15 +294,18 @@ approval, or taking a node out (draining, removing, restarting)</caption><thead>
 <th scope="col">Node</th><th scope="col">Run</th><th scope="col">Step</th>
 <th scope="col">Message</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-alerts"><h2 id="h-alerts">Firing alerts and incidents</h2>
-<table id="alerts"><caption>Firing alerts, each linked to its runbook</caption><thead><tr>
+<table id="alerts" class="stack">
+<caption>Firing alerts, each linked to its runbook</caption><thead><tr>
 <th scope="col">Alert</th><th scope="col">Severity</th><th scope="col">Run</th>
 <th scope="col">Summary</th><th scope="col">Age</th><th scope="col">Acknowledged</th>
 <th scope="col">Silence</th><th scope="col">Incident</th></tr></thead><tbody></tbody></table>
-<table id="silences"><caption>Silences in force, to come, or ended in the last day: the alerts
+<table id="silences" class="stack">
+<caption>Silences in force, to come, or ended in the last day: the alerts
 they match keep firing but notify no one</caption><thead><tr><th scope="col">Silence</th>
 <th scope="col">Matchers</th><th scope="col">Until</th><th scope="col">Comment</th>
 <th scope="col">By</th><th scope="col">State</th></tr></thead><tbody></tbody></table>
-<table id="incidents"><caption>Open incidents</caption><thead><tr><th scope="col">Incident</th>
+<table id="incidents" class="stack">
+<caption>Open incidents</caption><thead><tr><th scope="col">Incident</th>
 <th scope="col">Run</th><th scope="col">Title</th><th scope="col">Status</th></tr></thead>
 <tbody></tbody></table></section>
 """

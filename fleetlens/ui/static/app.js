@@ -93,21 +93,28 @@
       td.textContent = empty || "none";
       return;
     }
+    // Each cell carries its column's name: a table of class "stack" is a card per row on a
+    // phone (style.css), every cell labelled, none scrolled out of sight.
+    const heads = Array.from(document.querySelectorAll(`#${tableId} thead th`), (h) => h.textContent);
     for (const row of rows) {
       const tr = tb.insertRow();
-      for (const c of row) {
+      row.forEach((c, i) => {
+        let cell;
         if (c && c.th !== undefined) {
-          const th = document.createElement("th");
-          th.scope = "row";
-          if (c.node) th.appendChild(c.node); else th.textContent = text(c.th);
-          tr.appendChild(th);
+          cell = document.createElement("th");
+          cell.scope = "row";
+          if (c.node) cell.appendChild(c.node); else cell.textContent = text(c.th);
+          tr.appendChild(cell);
         } else if (c && c.node) {
-          tr.insertCell().appendChild(c.node);
+          cell = tr.insertCell();
+          cell.appendChild(c.node);
         } else {
-          tr.insertCell().textContent = text(c);
+          cell = tr.insertCell();
+          cell.textContent = text(c);
         }
+        if (heads[i]) cell.dataset.label = heads[i];
         if (c && c.cls) tr.className = c.cls;
-      }
+      });
     }
   }
 
@@ -142,6 +149,23 @@
     if (h.pcieReplays) out.push(`PCIe replays ${h.pcieReplays}`);
     if (h.nicErrorsPerS) out.push(`NIC errors ${F(h.nicErrorsPerS)}/s`);
     return out.join("; ") || "nominal";
+  }
+
+  // The codes' plain names, from the page (fleetlens/names.py): a finding reads as its name, its
+  // code (what the API, alerts and the CLI key on) in the tooltip and in data-code.
+  const NAMES = (() => {
+    try { return JSON.parse(document.getElementById("fl-names").textContent); } catch (e) { return {}; }
+  })();
+  function findingName(code) {
+    const known = (NAMES.diagnoses || {})[code];
+    return known || String(code == null ? "" : code).replace(/\./g, ": ").replace(/_/g, " ");
+  }
+  function named(code, href) {
+    const el = href ? link(href, findingName(code)) : document.createElement("span");
+    if (!href) el.textContent = findingName(code);
+    el.title = `${code}`;
+    el.dataset.code = `${code}`;
+    return el;
   }
 
   function evidence(ev) {
@@ -307,7 +331,7 @@
       const h = document.createElement("p");
       h.id = "cause-diagnosis";
       h.className = "big";
-      h.textContent = d.cause.diagnosis;
+      h.append(named(d.cause.diagnosis));
       const s = document.createElement("p");
       s.textContent = `${d.cause.summary} Owner: ${d.cause.owner}; confidence ${pct(d.cause.confidence)}. Evidence: ${evidence(d.cause.evidence) || "–"}`;
       c.append(h, s);
@@ -543,9 +567,13 @@
     FLCharts.bars(document.getElementById("chart-loss-cause"), loss.map(([k, v]) => ({ label: k, value: v, color: "#dc2626" })),
       { label: "GPU-hours lost by cause" });
     fill("loss-cause", loss.map(([k, v]) => [{ th: k }, F(v)]));
-    const fails = Object.entries(d.interruptions).map(([k, v]) => [`interruption: ${k}`, v])
-      .concat(Object.entries(d.findingsByCause).map(([k, v]) => [`diagnosis: ${k}`, v]));
-    fill("failures", fails.map(([k, v]) => [{ th: k }, v]), "no failures");
+    const fails = Object.entries(d.interruptions).map(([k, v]) => [{ th: `interruption: ${k}` }, v])
+      .concat(Object.entries(d.findingsByCause).map(([k, v]) => {
+        const n = named(k);
+        n.prepend("finding: ");
+        return [{ th: k, node: n }, v];
+      }));
+    fill("failures", fails, "no failures");
     fleetOverTime(d.series || [], d.price);
     const jobs = d.jobs || { byStatus: {}, cohorts: [] };
     const waits = d.pools.map((p) => p.queueWaitSeconds && p.queueWaitSeconds.p90).filter((x) => typeof x === "number");
@@ -777,7 +805,7 @@
 
   window.FLApp = {
     F, page, runId, body, getJSON, authHeaders, fill, link, text, pct, dur, secs, when, enc, cards, hardware,
-    evidence, stateLabel, remediationSection, actions: () => runActions, UNDER_WAY, LIVE_STATUSES,
+    evidence, named, findingName, stateLabel, remediationSection, actions: () => runActions, UNDER_WAY, LIVE_STATUSES,
     pages: PAGES, status,
     // A new view (another step range): loads as a first load does (body[data-loaded] goes away).
     reload: () => { delete body.dataset.loaded; return load(); },

@@ -122,7 +122,7 @@
     const fs = d.findings || [];
     const acts = d.remediations || [];
     fill("wrong-table", fs.slice(0, 5).map((f) => [
-      { th: `${f.rank}` }, { node: link(`#finding-${f.rank}`, f.diagnosis) }, where(f),
+      { th: `${f.rank}` }, { node: A.named(f.diagnosis, `#finding-${f.rank}`) }, where(f),
       `${when(f.since.time)} · step ${f.since.step}`, pct(f.confidence), f.owner,
       { node: evidenceLine(f) }, costText(f.cost), { node: actionCell(f, acts) },
     ]), "No findings: nothing is known to be wrong with this run.");
@@ -245,7 +245,7 @@
     const r = range();
     const all = d.findings || [];
     const shown = r ? all.filter((x) => x.startStep <= r.to && (x.endStep === null || x.endStep >= r.from)) : all;
-    fill("findings", shown.map((x) => [{ th: x.diagnosis }, x.owner, pct(x.confidence),
+    fill("findings", shown.map((x) => [{ th: x.diagnosis, node: A.named(x.diagnosis) }, x.owner, pct(x.confidence),
       `${text(x.startStep)}–${text(x.endStep)}`, x.summary, A.evidence(x.evidence)]), r ? "no findings in these steps" : "no findings");
     document.querySelectorAll("#findings tbody tr").forEach((tr, i) => { if (shown[i]) tr.id = `finding-${shown[i].rank}`; });
     document.querySelector("#findings caption").textContent = r
