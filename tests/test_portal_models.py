@@ -237,3 +237,22 @@ def test_runs_list_for_triage_searches_filters_and_sorts_with_the_state_in_the_u
     cells = page.locator("#runs tbody tr:first-child td").all_inner_texts()
     assert cells[2].endswith("%") and cells[3].endswith(" ms")
     assert errors == []
+
+
+def test_runs_ticked_on_the_list_open_the_compare_page(played: Played, browser: Any) -> None:
+    """Two runs picked by their checkboxes (the first ticked is the baseline), kept through a
+    search of the list, open the compare page with both."""
+    page, errors = _open(browser, f"{played.srv.url}/", None)
+    assert page.locator("#runs-compare").is_disabled()
+    page.check("#runs input.pick[value=cmp-lr]")
+    assert page.locator("#runs-compare").is_disabled()  # one run is not a comparison
+    page.fill("#runs-q", "cmp-base")
+    page.click("#runs-filter button[type=submit]")
+    playwright.expect(page.locator("#runs tbody tr")).to_have_count(1)
+    page.check("#runs input.pick[value=cmp-base]")
+    assert "cmp-lr, cmp-base" in page.inner_text("#runs-picked")
+    page.click("#runs-compare")
+    page.wait_for_url(re.compile(r"/compare\?runs=cmp-lr,cmp-base$"))
+    page.wait_for_selector("body[data-loaded=true]")
+    assert "cmp-base against cmp-lr" in page.inner_text("#cmp-conclusion")
+    assert errors == []

@@ -118,7 +118,9 @@ RUNS = """
 <table id="runs"><caption>Runs, most recently active first</caption><thead><tr>
 <th scope="col">Run</th></tr></thead><tbody></tbody></table>
 <p class="inline-form"><button type="button" id="runs-prev">Previous</button>
-<span id="runs-range"></span><button type="button" id="runs-next">Next</button></p></section>
+<span id="runs-range"></span><button type="button" id="runs-next">Next</button></p>
+<p class="inline-form"><button type="button" id="runs-compare" disabled>Compare ticked runs</button>
+<span id="runs-picked" role="status"></span></p></section>
 """
 
 # The charts' controls (run and rank pages): what the x axis shows, smoothing, log scale and

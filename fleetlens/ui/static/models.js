@@ -4,7 +4,7 @@
 "use strict";
 
 (() => {
-  const { getJSON, fill, link, cards, text, pct, secs, when, enc, F } = FLApp;
+  const { getJSON, fill, link, cards, text, pct, secs, when, enc, F, findingName } = FLApp;
   const objectId = document.body.dataset.objectId;
   // counts as counts (40, not 40.00)
   const num = (v) => (typeof v === "number" && Number.isInteger(v) ? v.toLocaleString("en-US") : F(v));
@@ -36,7 +36,7 @@
     ["Run", "runId"], ["Project", null], ["Status", "status"], ["Goodput", "goodput"],
     ["Step time", "stepTime"], ["Findings", "findings"], ["Alerts firing", "alerts"],
     ["Duration", "duration"], ["Step", null], ["Ranks", "worldSize"], ["Last seen (UTC)", "lastSeen"],
-    ["Failure page", null],
+    ["Failure page", null], ["Compare", null],
   ];
   const PAGE = 50;
 
@@ -71,6 +71,36 @@
     document.getElementById("runs-prev").addEventListener("click", () => { const st = runsState(); st.offset = Math.max(0, st.offset - PAGE); setRunsState(st); });
     document.getElementById("runs-next").addEventListener("click", () => { const st = runsState(); st.offset += PAGE; setRunsState(st); });
     window.addEventListener("popstate", () => runsPage());
+    document.getElementById("runs-compare").addEventListener("click", () => {
+      window.location.href = "/compare?runs=" + picked().map(enc).join(",");
+    });
+  }
+
+  // Runs ticked for compare, in the order ticked (the first is the baseline); kept for the tab so
+  // that paging or filtering the list does not lose them.
+  const PICKS = "fleetlens.comparePicks";
+  const picked = () => { try { return JSON.parse(sessionStorage.getItem(PICKS) || "[]"); } catch (e) { return []; } };
+  function showPicks() {
+    const runs = picked();
+    const b = document.getElementById("runs-compare");
+    b.disabled = runs.length < 2;
+    document.getElementById("runs-picked").textContent = runs.length
+      ? `Ticked: ${runs.join(", ")}${runs.length < 2 ? " (tick one more)" : ""}` : "Tick two or more runs to compare them.";
+  }
+  function pickBox(runId) {
+    const box = document.createElement("input");
+    box.type = "checkbox";
+    box.className = "pick";
+    box.value = runId;
+    box.checked = picked().includes(runId);
+    box.setAttribute("aria-label", `Compare ${runId}`);
+    box.addEventListener("change", () => {
+      const runs = picked().filter((r) => r !== runId);
+      if (box.checked) runs.push(runId);
+      sessionStorage.setItem(PICKS, JSON.stringify(runs));
+      showPicks();
+    });
+    return box;
   }
 
   let runsDraws = 0;  // only the newest request's answer is drawn (see app.js's on-call page)
@@ -111,9 +141,9 @@
     fill("runs", d.runs.map((r) => [
       { th: r.runId, node: link(`/runs/${enc(r.runId)}`, r.runId) }, r.project, r.status, pct(r.goodput),
       r.stepTimeMs === null ? "–" : `${F(r.stepTimeMs)} ms`,
-      r.findingsCount ? `${r.findingsCount}: ${Object.keys(r.findings).join(", ")}` : "none",
+      r.findingsCount ? `${r.findingsCount}: ${Object.keys(r.findings).map(findingName).join(", ")}` : "none",
       r.alertsFiring, secs(r.durationSeconds), text(r.lastStep), text(r.worldSize), when(r.lastSeen),
-      { node: link(`/runs/${enc(r.runId)}/failure`, "failure page") },
+      { node: link(`/runs/${enc(r.runId)}/failure`, "failure page") }, { node: pickBox(r.runId) },
     ]), st.q || st.status.length ? "no run matches" : "no runs yet");
     const caption = `Runs, ${st.sort === "lastSeen" && st.order === "desc" ? "most recently active first" : `by ${st.sort} (${st.order === "desc" ? "highest" : "lowest"} first)`}`
       + (d.sortedWithin !== null ? `, among the ${d.sortedWithin} most recently active` : "");
@@ -122,6 +152,7 @@
       ? `${d.offset + 1}–${d.offset + d.runs.length} of ${d.total}` : "";
     document.getElementById("runs-prev").disabled = d.offset === 0;
     document.getElementById("runs-next").disabled = d.offset + d.runs.length >= d.total;
+    showPicks();
     return true;
   }
 
