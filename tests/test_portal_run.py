@@ -370,3 +370,25 @@ def test_rank_detail_of_a_run_without_placements(server: Server) -> None:
     assert server.post(body)[0] == 200
     d = server.get("/v1/runs/unplaced/ranks/1/detail?points=300")
     assert d["placements"] == [] and d["phases"] and d["fromStep"] == 0
+
+
+def test_any_logged_metric_can_be_charted_and_the_pick_is_kept_in_the_url(
+    played: Server, browser: Any
+) -> None:
+    metrics = played.get(f"/v1/runs/{RUN}/metrics")["metrics"]
+    names = [m["name"] for m in metrics]
+    other = max(metrics, key=lambda m: (m["points"], m["name"]))["name"]
+    page, errors = _wide(browser, f"{played.url}/runs/{RUN}")
+    page.wait_for_selector(f"#pick-metric option[value='{other}']", state="attached")
+    assert sorted(
+        page.eval_on_selector_all("#pick-metric option", "os => os.map(o => o.value)")
+    ) == sorted(["", *names])
+    assert page.locator("#chart-pick").is_hidden()
+    page.select_option("#pick-metric", other)
+    page.wait_for_selector(f"#chart-pick[data-metric='{other}'] canvas")
+    assert f"metric={other}" in page.url
+    assert other in (page.get_attribute("#chart-pick", "aria-label") or "")
+    page.reload()
+    page.wait_for_selector(f"#chart-pick[data-metric='{other}'] canvas")
+    assert page.input_value("#pick-metric") == other
+    assert errors == []

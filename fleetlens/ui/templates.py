@@ -164,6 +164,9 @@ $controls
 <h3>Learning rate</h3><div id="chart-lr" class="chart-host"></div>
 <h3>Gradient norm</h3><div id="chart-grad_norm" class="chart-host"></div>
 <h3>Tokens per second</h3><div id="chart-tps" class="chart-host"></div>
+<h3><label for="pick-metric">Any logged metric</label></h3>
+<select id="pick-metric"><option value="">choose one of the run's metrics</option></select>
+<div id="chart-pick" class="chart-host" hidden></div>
 <h3>Timeline (events by step)</h3><div id="chart-timeline" class="chart-host timeline-strip"></div>
 </section>
 <section aria-labelledby="h-heat" id="heat"><h2 id="h-heat">Rank × step heatmap of compute time</h2>

@@ -1,7 +1,8 @@
 // fleetlens run and rank pages: "What's wrong" first, then the run's figures and its charts
 // (plots.js), the heatmap and the tables. The chart controls live in the URL with the zoomed
 // step range: ?fromStep=&toStep= (dragging across any chart sets it; every chart and table
-// follows, and a reload keeps it), ?x=step|utc|local, ?smooth=N, ?log=1.
+// follows, and a reload keeps it), ?x=step|utc|local, ?smooth=N, ?log=1, and ?metric=NAME (the
+// chart of any metric the run logged).
 "use strict";
 
 (() => {
@@ -260,10 +261,43 @@
     // First paint is done. The heatmap and the slowest ranks, below the fold, come next: on a
     // refresh only while in view or for a new range (else when scrolled to).
     A.body.dataset.painted = "true";
+    await pickedMetric(q);
     if (!refreshing || heatKey !== q || heatInView) await heatSection(q);
     else heatStale = true;
     if (traceKey !== q) await traceSection(q, d.run.status);
     return A.LIVE_STATUSES.includes(d.run.status);
+  }
+
+  // Any metric the run logged, picked by name: the names are read once, the picked series for
+  // the range shown, on every refresh.
+  let metricNames = null;
+  async function pickedMetric(q) {
+    const sel = document.getElementById("pick-metric");
+    if (metricNames === null) {
+      const m = await getJSON(`/v1/runs/${enc(runId)}/metrics`).catch(() => ({ metrics: [] }));
+      metricNames = (m.metrics || []).map((x) => x.name);
+      for (const x of m.metrics || []) {
+        const o = document.createElement("option");
+        o.value = x.name;
+        o.textContent = `${x.name} (${x.points} points, steps ${x.fromStep}–${x.toStep})`;
+        sel.appendChild(o);
+      }
+      sel.addEventListener("change", () => { setParams({ metric: sel.value || null }); pickedMetric(rangeQuery()); });
+    }
+    const name = params().get("metric") || "";
+    sel.value = metricNames.includes(name) ? name : "";
+    const host = document.getElementById("chart-pick");
+    host.hidden = !sel.value;
+    if (!sel.value) return;
+    const s = await getJSON(`/v1/runs/${enc(runId)}/metrics?name=${enc(sel.value)}&points=400${q}`);
+    const pts = (s.points || []).filter((p) => typeof p.step === "number");
+    const v = view();
+    host.dataset.metric = sel.value;
+    FLPlots.line(host, {
+      label: `${sel.value} over steps (first value of each bucket, with its min-max band)`, yLabel: sel.value,
+      xMode: "step", smooth: v.smooth, log: v.log, onBrush: setRange, x: pts.map((p) => p.step),
+      series: [{ name: sel.value, values: pts.map((p) => p.value), band: [pts.map((p) => p.min), pts.map((p) => p.max)] }],
+    });
   }
 
   // Imported profiler traces (fleetlens traces import): per traced rank, where the device time
