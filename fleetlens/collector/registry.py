@@ -26,6 +26,7 @@ from ..lifecycle import END_STATE_OF_EVENT, RankEnd
 from ..schema import KINDS
 from ..store.metadata import MetadataStore
 from ..store.models import Job
+from ..store.run_queries import job_extents
 from ..store.scoped import all_tenants
 from ..store.telemetry import TelemetryStore
 from .decode import DecodedBatch, StringColumn
@@ -93,12 +94,7 @@ class RunRegistry:
         the truth: one GROUP BY per job, and a registry write only where it is behind. Returns
         the number of jobs brought up to date.
         """
-        db = self.telemetry.database
-        tab = self.telemetry.query(
-            "SELECT tenant AS r_tenant, run_id AS r_run, job_id AS r_job, max(step) AS r_step,"
-            " min(start) AS r_first, max(end) AS r_last"
-            f" FROM {db}.steps_by_step GROUP BY tenant, run_id, job_id"
-        )
+        tab = job_extents(self.telemetry)
         if not tab.num_rows:
             return 0
         with self.metadata.session() as s:

@@ -10,6 +10,12 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from ..errors import ConfigError
+from ..store.eval_queries import (
+    ExampleScores,
+    create_examples_table,
+    insert_examples,
+    read_examples,
+)
 from ..store.graph_models import ModelVersion
 from ..store.reader import TenantReader
 from ..store.scope import Scope
@@ -22,21 +28,6 @@ from .performance import performance, price_for
 from .regressions import find_regressions
 from .rows import TERMINAL, SessionFactory, evaluation_json, find_evaluation, shards_of
 from .suites import PERFORMANCE
-
-EXAMPLES_DDL = """
-CREATE TABLE IF NOT EXISTS {db}.eval_examples (
-    tenant LowCardinality(String),
-    evaluation_id String,
-    benchmark LowCardinality(String),
-    shard_index UInt32,
-    example_id String,
-    metric LowCardinality(String),
-    value Float64,
-    detail String DEFAULT '',
-    at DateTime64(3) DEFAULT now64(3)
-) ENGINE = ReplacingMergeTree
-ORDER BY (tenant, evaluation_id, benchmark, example_id, metric)
-"""
 
 
 def judge_regressions(
@@ -97,7 +88,7 @@ class Results:
         self._session = session
         self._telemetry = telemetry
         if telemetry is not None:
-            telemetry.command(EXAMPLES_DDL.format(db=telemetry.database))
+            create_examples_table(telemetry)
 
     def get(self, scope: Scope, evaluation_id: str) -> dict[str, Any]:
         with self._session() as s:
@@ -134,14 +125,7 @@ class Results:
             source = row.cached_from or row.evaluation_id
         if self._telemetry is None:
             return []
-        t = TenantReader(self._telemetry, scope).table(
-            "SELECT benchmark, shard_index, example_id, metric, value, detail "
-            "FROM {db}.eval_examples FINAL "
-            "WHERE tenant = {tenant:String} AND evaluation_id = {eid:String} "
-            "ORDER BY benchmark, example_id, metric LIMIT {lim:UInt32}",
-            eid=source,
-            lim=int(limit),
-        )
+        t = read_examples(TenantReader(self._telemetry, scope), source, limit)
         return [
             {
                 "benchmark": b,
@@ -174,22 +158,8 @@ class Results:
                 rationale = notes.get(metric.removesuffix("_score") + "_rationale")
                 mc = notes.get("loglikelihoods", "") if metric in _MC else ""
                 det.append(rationale or mc)
-        self._telemetry.command_params(
-            f"INSERT INTO {self._telemetry.database}.eval_examples "
-            "(tenant, evaluation_id, benchmark, shard_index, example_id, metric, value, detail) "
-            "SELECT {t:String}, {e:String}, {b:String}, {i:UInt32}, z.1, z.2, z.3, z.4 "
-            "FROM (SELECT arrayJoin(arrayZip({ex:Array(String)}, {met:Array(String)}, "
-            "{val:Array(Float64)}, {det:Array(String)})) AS z)",
-            {
-                "t": tenant,
-                "e": eid,
-                "b": bench,
-                "i": index,
-                "ex": ex,
-                "met": met,
-                "val": val,
-                "det": det,
-            },
+        insert_examples(
+            self._telemetry, tenant, eid, bench, index, ExampleScores(ex, met, val, det)
         )
 
     def finalize(self, tenant: str, evaluation_id: str) -> str:

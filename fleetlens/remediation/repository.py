@@ -21,6 +21,7 @@ from ..lifecycle import LIVE
 from ..store.metadata import MetadataStore
 from ..store.models import Run
 from ..store.reader import TenantReader
+from ..store.run_queries import RunTelemetryQueries
 from ..store.scope import Scope
 from ..store.scoped import all_tenants, infra_scoped, same_tenant, scoped
 from ..store.telemetry import TelemetryStore
@@ -204,27 +205,18 @@ class Repository:
 
     def step_durations(self, tenant: str, run_id: str, n: int) -> list[float]:
         """The durations of the run's last ``n`` steps, oldest first."""
-        t = TenantReader(self.telemetry, tenant).rows(
-            "SELECT max(`end`) - min(start) AS s FROM {db}.steps_by_step WHERE tenant = "
-            "{tenant:String} AND run_id = {run:String} GROUP BY step, job_id"
-            " ORDER BY step DESC LIMIT {n:UInt32}",
-            run=run_id,
-            n=int(n),
-        )
-        return [float(r["s"]) for r in reversed(t) if r["s"] is not None]
+        return [float(d) for d in self._run_reads(tenant).step_durations(run_id, int(n))]
 
     def last_step(self, tenant: str, run_id: str, job_id: str, exclude: str = "") -> int | None:
         """The last step job attempt ``job_id`` ran; ``job_id`` "": any attempt but
         ``exclude``."""
-        t = TenantReader(self.telemetry, tenant).rows(
-            "SELECT max(step) AS s FROM {db}.steps_by_step WHERE "
-            "tenant = {tenant:String} AND run_id = {run:String} AND "
-            + ("job_id = {job:String}" if job_id else "job_id != {job:String}"),
-            run=run_id,
-            job=job_id or exclude,
-        )
-        v = t[0]["s"] if t else None
-        return int(v) if v is not None else None
+        reads = self._run_reads(tenant)
+        if job_id:
+            return reads.attempt_last_step(run_id, job_id)
+        return reads.others_last_step(run_id, exclude)
+
+    def _run_reads(self, tenant: str) -> RunTelemetryQueries:
+        return RunTelemetryQueries(TenantReader(self.telemetry, tenant))
 
     def write_event(
         self, a: Action, kind: str, at: float, attrs: dict[str, Any], job_id: str

@@ -1,10 +1,8 @@
 """Comparison and infrastructure-lineage reads over one tenant's telemetry (chDB/ClickHouse).
 
-Everything per step is aggregated in SQL from the ``steps_by_step`` rollup and the scalars
-table; what comes back is a row per run (speed, health) or per run, metric and tenth of the
-matched step range (loss curves), so comparing twenty 100,000-step runs moves kilobytes.
-Aliases differ from the column names used inside aggregates (ClickHouse resolves an alias that
-shadows a column inside another aggregate to the alias).
+Everything per step is aggregated in the engine (:mod:`fleetlens.store.compare_queries`); what
+comes back is a row per run (speed, health) or per run, metric and tenth of the matched step
+range (loss curves), so comparing twenty 100,000-step runs moves kilobytes.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from ..analysis.compare import (
 from ..analysis.rootcause import owner_of
 from ..errors import ConfigError
 from ..evaluation.models import Evaluation, GateDecision
+from ..store.compare_queries import ComparisonQueries
 from ..store.detect_queries import DetectQueries
 from ..store.findings import FindingsStore
 from ..store.graph import GraphStore
@@ -45,44 +44,17 @@ FAULT_KINDS = (
 BUCKETS = 10
 
 
-_PER_STEP = (
-    # one row per (run, step): its last execution's duration, tokens and rank spread
-    "SELECT run_id, step, argMax(x_dur, x_start) AS s_dur, argMax(x_tok, x_start) AS s_tok,"
-    " argMax(x_spread, x_start) AS s_spread, argMax(x_ranks, x_start) AS s_ranks,"
-    " min(x_start) AS s_start, max(x_end) AS s_end, count() AS s_exec FROM ("
-    "  SELECT run_id, step, job_id, max(max_duration) AS x_dur, sum(tokens) AS x_tok,"
-    "  if(sum(sum_compute) > 0, max(max_compute) * sum(ranks) / sum(sum_compute) - 1, nan)"
-    "  AS x_spread, sum(ranks) AS x_ranks, min(start) AS x_start, max(`end`) AS x_end"
-    "  FROM {db}.steps_by_step WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
-    "  GROUP BY run_id, step, job_id"
-    ") GROUP BY run_id, step"
-)
-
-
 class CompareQueries:
     def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
         self.t = telemetry
-        self.db = telemetry.database
-        self.r = TenantReader(telemetry, scope)
+        self.q = ComparisonQueries(TenantReader(telemetry, scope))
         self.tenant = scope.tenant
 
     def speed(self, runs: list[str]) -> dict[str, dict[str, Any]]:
         """Per run: steps, median/mean step time, tokens/s, rank spread, slow-step share and
         the productive share of wall-clock (last execution of each step over first start to
         last end)."""
-        table = self.r.table(
-            f"WITH per AS ({_PER_STEP}), med AS (SELECT run_id, median(s_dur) AS m_dur FROM per"
-            " GROUP BY run_id) SELECT per.run_id AS run_id, count() AS n_steps,"
-            " max(per.step) AS last_step, any(med.m_dur) AS median_step_s,"
-            " avg(per.s_dur) AS mean_step_s, sum(per.s_tok) / sum(per.s_dur) AS tokens_per_s,"
-            " avgIf(per.s_spread, isFinite(per.s_spread)) AS spread, max(per.s_ranks) AS ranks,"
-            " countIf(per.s_dur > 2 * med.m_dur) / count() AS slow_share,"
-            " sum(per.s_dur) / (max(per.s_end) - min(per.s_start)) AS productive_share,"
-            " sum(per.s_exec) - count() AS replayed_steps,"
-            " min(per.s_start) AS t_first, max(per.s_end) AS t_last"
-            " FROM per INNER JOIN med ON per.run_id = med.run_id GROUP BY per.run_id",
-            runs=runs,
-        )
+        table = self.q.speed(runs)
         out = {}
         for r in table.to_pylist():
             out[str(r.pop("run_id"))] = {k: _clean(v) for k, v in r.items()}
@@ -91,26 +63,7 @@ class CompareQueries:
     def matched_scalars(self, runs: list[str], names: list[str]) -> dict[str, Any]:
         """Scalars at the steps every run logged: per metric the matched range and, per run,
         the mean over each tenth of it (the last tenth is what the conclusion reads)."""
-        # One pass with window functions: a CTE used three times would be computed three times.
-        table = self.r.table(
-            "SELECT run_id, name AS metric, bucket, avg(v) AS x_mean, min(step) AS x_from,"
-            " max(step) AS x_to, any(lo) AS x_lo, any(hi) AS x_hi, any(cnt) AS x_cnt FROM ("
-            f" SELECT run_id, name, step, v, lo, hi, cnt, intDiv((step - lo) * {BUCKETS},"
-            " (hi - lo + 1)) AS bucket FROM ("
-            "  SELECT run_id, name, step, v, min(step) OVER (PARTITION BY name) AS lo,"
-            "  max(step) OVER (PARTITION BY name) AS hi,"
-            "  intDiv(count() OVER (PARTITION BY name), {n:UInt32}) AS cnt FROM ("
-            "   SELECT run_id, name, step, v, count() OVER (PARTITION BY name, step) AS nruns"
-            "   FROM (SELECT run_id, name, step, avg(value) AS v FROM {db}.scalars"
-            "    WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
-            "    AND name IN {names:Array(String)} AND isFinite(value)"
-            "    GROUP BY run_id, name, step)"
-            "  ) WHERE nruns = {n:UInt32}))"
-            " GROUP BY run_id, metric, bucket ORDER BY metric, bucket, run_id",
-            runs=runs,
-            names=names,
-            n=len(runs),
-        )
+        table = self.q.matched_scalar_buckets(runs, names, BUCKETS)
         out: dict[str, Any] = {}
         for r in table.to_pylist():
             m = out.setdefault(
@@ -137,19 +90,8 @@ class CompareQueries:
 
     def health(self, runs: list[str]) -> dict[str, dict[str, Any]]:
         """Per run: fault and lifecycle events by kind, nodes named by them, nodes and GPUs used."""
-        ev = self.r.table(
-            "SELECT run_id, kind, count() AS n, groupUniqArray(node_id) AS nodes FROM {db}.events"
-            " WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
-            " AND kind IN {kinds:Array(String)} GROUP BY run_id, kind",
-            runs=runs,
-            kinds=list(FAULT_KINDS),
-        )
-        pl = self.r.table(
-            "SELECT run_id, uniqExact(node_id) AS n_nodes, uniqExact(node_id, gpu) AS n_gpus"
-            " FROM {db}.placement WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
-            " GROUP BY run_id",
-            runs=runs,
-        )
+        ev = self.q.events_by_kind(runs, list(FAULT_KINDS))
+        pl = self.q.placement_counts(runs)
         out: dict[str, dict[str, Any]] = {
             r: {"faults": {}, "faultNodes": [], "nodes": 0, "gpus": 0} for r in runs
         }
@@ -161,40 +103,19 @@ class CompareQueries:
             out[r["run_id"]].update(nodes=int(r["n_nodes"]), gpus=int(r["n_gpus"]))
         return out
 
-    def step_times(self, run_id: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        t = self.r.table(
-            f"SELECT step, s_dur FROM ({_PER_STEP}) ORDER BY step",
-            runs=[run_id],
-        )
-        if t.num_rows == 0:
-            return np.zeros(0, np.int64), np.zeros(0)
-        return (
-            t.column("step").to_numpy().astype(np.int64),
-            t.column("s_dur").to_numpy(zero_copy_only=False).astype(np.float64),
-        )
-
     def infrastructure(self, run_id: str) -> dict[str, Any]:
         """Run -> the nodes and GPUs it used -> their faults during the run; its slow episodes
         and how each job attempt ended."""
         span = self.speed([run_id]).get(run_id, {})
-        used = self.r.table(
-            "SELECT node_id, gpu, any(gpu_uuid) AS uuid, any(rack) AS rk, groupUniqArray(job_id)"
-            " AS jobs, min(rank) AS first_rank FROM {db}.placement WHERE tenant = {tenant:String}"
-            " AND run_id = {run:String} GROUP BY node_id, gpu ORDER BY node_id, gpu",
-            run=run_id,
-        ).to_pylist()
+        used = self.q.gpus_used(run_id).to_pylist()
         nodes = sorted({r["node_id"] for r in used})
         t0, t1 = span.get("t_first"), span.get("t_last")
-        ev_rows = self.r.table(
-            "SELECT time, kind, run_id AS of_run, job_id, step, node_id, gpu, message, attrs"
-            " FROM {db}.events WHERE tenant = {tenant:String} AND kind IN {kinds:Array(String)}"
-            " AND (run_id = {run:String} OR (node_id IN {nodes:Array(String)}"
-            " AND time BETWEEN {t0:Float64} AND {t1:Float64})) ORDER BY time",
-            run=run_id,
-            kinds=list(FAULT_KINDS),
-            nodes=nodes or [""],
-            t0=float(t0) if t0 is not None else 0.0,
-            t1=float(t1) if t1 is not None else 0.0,
+        ev_rows = self.q.events_of_run_or_nodes(
+            run_id,
+            list(FAULT_KINDS),
+            nodes or [""],
+            float(t0) if t0 is not None else 0.0,
+            float(t1) if t1 is not None else 0.0,
         ).to_pylist()
         # Another run's faults count only on a node while this run was placed on it.
         placed = DetectQueries(self.t, self.tenant).placed(run_id) if nodes else {}
@@ -206,14 +127,7 @@ class CompareQueries:
         xid: list[dict[str, Any]] = []
         if nodes and t0 is not None:
             per: dict[tuple[str, int], dict[str, Any]] = {}
-            for r in self.r.table(
-                "SELECT node_id, gpu, time, xid FROM {db}.gpu_samples WHERE tenant = "
-                "{tenant:String} AND node_id IN {nodes:Array(String)} AND time BETWEEN "
-                "{t0:Float64} AND {t1:Float64} AND xid > 0 ORDER BY time LIMIT 100000",
-                nodes=nodes,
-                t0=float(t0),
-                t1=float(t1 or t0),
-            ).to_pylist():
+            for r in self.q.xid_samples(nodes, float(t0), float(t1 or t0)).to_pylist():
                 if here(r["node_id"], r["time"]):
                     first = {
                         "node_id": r["node_id"],
@@ -225,7 +139,7 @@ class CompareQueries:
                     g = per.setdefault((r["node_id"], r["gpu"]), first)
                     g["max_xid"], g["n"] = max(g["max_xid"], r["xid"]), g["n"] + 1
             xid = [per[k] for k in sorted(per)]
-        steps, durs = self.step_times(run_id)
+        steps, durs = self.q.step_times(run_id)
         ends = [
             {
                 "time": e["time"],

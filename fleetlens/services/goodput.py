@@ -1,11 +1,11 @@
 """Goodput reads over one tenant's telemetry: a run's breakdown and factors, a pool's schedule.
 
-The rank -> step aggregation is the store's (the ``steps_by_step`` rollup, merged per step and
-attempt by one GROUP BY); what comes back is one row per step execution, which the pure
-functions in :mod:`fleetlens.analysis` turn into the breakdown and the factors. Per execution
-it reads the slowest and the mean rank's compute (the straggler line is their difference) and
-the longest input wait of any rank (the data-stall line): the definitions the simulator's
-ground truth shares (docs/goodput.md).
+The rank -> step aggregation is the store's (:mod:`fleetlens.store.goodput_queries`: the
+``steps_by_step`` rollup, merged per step and attempt in the engine); what comes back is one
+row per step execution, which the pure functions in :mod:`fleetlens.analysis` turn into the
+breakdown and the factors. Per execution it reads the slowest and the mean rank's compute (the
+straggler line is their difference) and the longest input wait of any rank (the data-stall
+line): the definitions the simulator's ground truth shares (docs/goodput.md).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ..analysis.flops import accelerator, dense_flops_per_token, dtype_name, mbu
 from ..analysis.goodput import Factors, factors_from_breakdown
 from ..analysis.scheduling import PoolCapacity, SchedulingResult, scheduling_goodput
 from ..errors import ConfigError, UnknownName
+from ..store.goodput_queries import GoodputInputQueries
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
@@ -168,29 +169,13 @@ def summary_mfu(
 
 class GoodputQueries:
     def __init__(self, telemetry: TelemetryStore, tenant: str | Scope) -> None:
-        self.t = telemetry
-        self.db = telemetry.database
-        self.r = TenantReader(telemetry, tenant)
-        self.tenant = tenant if isinstance(tenant, str) else tenant.tenant
+        self.q = GoodputInputQueries(TenantReader(telemetry, tenant))
 
     def step_executions(
         self, run_id: str, t0: float | None = None, t1: float | None = None
     ) -> tuple[StepArrays, dict[str, float]]:
         """One row per (step, attempt), merged from the rollup, with the steps' input wait."""
-        where = ""
-        params: dict[str, Any] = {"run": run_id}
-        if t0 is not None and t1 is not None:
-            where = " AND `end` >= {t0:Float64} AND `start` <= {t1:Float64}"
-            params.update(t0=t0, t1=t1)
-        # FINAL merges the rollup's partial rows per (step, attempt) in the engine -- what a
-        # GROUP BY step, job_id would do, several times cheaper; the window applies after it.
-        table = self.r.table(
-            "SELECT step, job_id, start AS x_start, `end` AS x_end, max_compute AS x_max,"
-            " sum_compute / ranks AS x_mean, max_data_wait AS x_wait, tokens AS x_tokens,"
-            " ranks AS x_ranks FROM {db}.steps_by_step FINAL"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}" + where,
-            **params,
-        )
+        table = self.q.step_executions(run_id, t0, t1)
         n = table.num_rows
         if n == 0:
             return StepArrays.empty(), {"tokens": 0.0, "ranks": 0.0}
@@ -213,12 +198,7 @@ class GoodputQueries:
         return arrays, extra
 
     def events(self, run_id: str) -> list[Event]:
-        rows = self.r.table(
-            "SELECT time, kind, job_id, step, attrs FROM {db}.events"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} ORDER BY time",
-            run=run_id,
-        ).to_pylist()
-        return [Event.from_row(r) for r in rows]
+        return [Event.from_row(r) for r in self.q.events(run_id).to_pylist()]
 
     def run_goodput(
         self,
@@ -269,19 +249,8 @@ class GoodputQueries:
 
     def pool_scheduling(self, pool: str, t0: float, t1: float) -> SchedulingResult:
         """Scheduling goodput of ``pool`` over [t0, t1] from ``sched_alloc`` and ``sched_pool``."""
-        alloc = self.r.table(
-            "SELECT gpus, submit, start, gang_complete, `end` FROM {db}.sched_allocations FINAL"
-            " WHERE tenant = {tenant:String} AND pool = {pool:String}"
-            " AND submit <= {t1:Float64} AND (isNaN(`end`) OR `end` >= {t0:Float64})",
-            pool=pool,
-            t0=t0,
-            t1=t1,
-        )
-        cap = self.r.table(
-            "SELECT time, capacity_gpus, in_service_gpus FROM {db}.sched_pool"
-            " WHERE tenant = {tenant:String} AND pool = {pool:String} ORDER BY time",
-            pool=pool,
-        )
+        alloc = self.q.allocations(pool, t0, t1)
+        cap = self.q.capacity(pool)
 
         def arr(table: Any, name: str) -> np.ndarray[Any, Any]:
             return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
@@ -303,27 +272,12 @@ class GoodputQueries:
         )
 
     def pools(self) -> list[str]:
-        rows = self.r.table(
-            "SELECT DISTINCT pool FROM {db}.sched_pool WHERE tenant = {tenant:String} ORDER BY pool"
-        ).to_pylist()
-        return [r["pool"] for r in rows]
+        return self.q.pools()
 
     def time_span(self, pool: str | None) -> tuple[float, float] | None:
         """The first and last time the pool's records (allocations, capacity) speak of; None
         without any. A pool known only from capacity snapshots (sinfo) has a span too."""
-        where = " WHERE tenant = {tenant:String}" + (" AND pool = {pool:String}" if pool else "")
-        rows = self.r.table(
-            "SELECT min(a) AS lo, max(b) AS hi, sum(c) AS n FROM ("
-            "SELECT min(submit) AS a, max(greatest(submit, if(isNaN(`end`), start, `end`)))"
-            " AS b, count() AS c FROM {db}.sched_allocations FINAL" + where + " UNION ALL "
-            "SELECT min(time) AS a, max(time) AS b, count() AS c FROM {db}.sched_pool"
-            + where
-            + ") WHERE c > 0",
-            pool=pool or "",
-        ).to_pylist()[0]
-        if not rows["n"]:
-            return None
-        return float(rows["lo"]), float(rows["hi"])
+        return self.q.time_span(pool)
 
 
 def goodput_window(

@@ -55,6 +55,7 @@ from ..store.findings import FindingsStore
 from ..store.metadata import MetadataStore
 from ..store.models import Run
 from ..store.reader import TenantReader
+from ..store.run_queries import RunTelemetryQueries
 from ..store.scope import Scope
 from ..store.scoped import all_tenants
 from ..store.telemetry import TelemetryStore
@@ -67,6 +68,18 @@ from .runs import RunQueries
 __all__ = ["Monitor", "MonitorMetrics"]
 
 log = logging.getLogger("fleetlens.monitor")
+
+_STOP_KINDS = (
+    "drain",
+    "maintenance",
+    "failure",
+    "preemption",
+    "finish",
+    "restart",
+    "checkpoint_begin",
+    "checkpoint_end",
+)
+"""The events a run's signals read: drains, stops and restarts, checkpoints (progress)."""
 
 
 @dataclass
@@ -273,20 +286,11 @@ class Monitor:
         q = RunQueries(self.telemetry, scope)
         summary = q.summary(run.run_id, window=50)
         reader = TenantReader(self.telemetry, scope)
-        last = reader.rows(
-            "SELECT max(`end`) AS t FROM {db}.steps_by_step "
-            "WHERE tenant = {tenant:String} AND run_id = {run:String}",
-            run=run.run_id,
-        )[0]["t"]
-        last_end = float(last) if last else None
+        reads = RunTelemetryQueries(reader)
+        last_end = reads.last_step_end(run.run_id) or None
         step_ms = summary.get("metrics", {}).get("stepTimeMs")
         findings = self.findings.rows(scope, run.run_id)
-        stops = reader.rows(
-            "SELECT time, node_id, kind FROM {db}.events WHERE tenant = "
-            "{tenant:String} AND run_id = {run:String} AND kind IN ('drain', 'maintenance', "
-            "'failure', 'preemption', 'finish', 'restart', 'checkpoint_begin', 'checkpoint_end')",
-            run=run.run_id,
-        )
+        stops = reads.events_of_kinds(run.run_id, _STOP_KINDS).to_pylist()
         drains = [
             (float(r["time"]), str(r["node_id"]))
             for r in stops

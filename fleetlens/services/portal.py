@@ -3,12 +3,11 @@
 A chart is a few hundred pixels wide, so nothing here returns more points than that: the step
 series comes from the per-step rollup ``steps_by_step`` bucketed to ``points`` step buckets, and
 the heatmap from the per-rank ``steps`` table bucketed to rank buckets x step buckets with the
-maximum compute time per cell (a max keeps one slow rank visible in a bucket of many). Every
-query is bound to the caller's tenant given at construction, as in :mod:`.runs`, but
-one: :meth:`PortalQueries.node_events` reads every tenant's node events for infrastructure
-on-call (``Scope.cross_tenant_infra``), and nothing of their runs but the run id. Aliases are
-prefixed (``b_``, ``h_``...): ClickHouse resolves a bare column name inside an aggregate to a
-same-named alias.
+maximum compute time per cell (a max keeps one slow rank visible in a bucket of many). The
+statements are those of :class:`~fleetlens.store.portal_queries.PortalStoreQueries`, bound to the
+caller's scope given at construction; :meth:`PortalQueries.node_events` reads every tenant's
+node events for infrastructure on-call (``Scope.cross_tenant_infra``), and nothing of their runs
+but the run id.
 
 The run page's first paint reads the rollup once: :meth:`PortalQueries.executions` returns every
 step execution (``FINAL`` merges the rollup's partial rows in the engine, far cheaper than a
@@ -31,7 +30,7 @@ import pyarrow.compute as pc
 from ..analysis.breakdown import Breakdown, StepArrays
 from ..analysis.goodput import Factors
 from ..analysis.nanstats import nanmedian
-from ..store.ddl import COMPUTE_SQL
+from ..store.portal_queries import PortalStoreQueries
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
@@ -198,47 +197,23 @@ def run_summary(
 class PortalQueries:
     def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
         self.t = telemetry
-        self.db = telemetry.database
-        self.r = TenantReader(telemetry, scope)
         self.tenant = scope.tenant
-        self.cross_tenant = scope.cross_tenant_infra
+        self.q = PortalStoreQueries(TenantReader(telemetry, scope))
 
     def step_range(self, run_id: str) -> tuple[int, int, int] | None:
         """First step, last step and the latest step's rank count (from the rollup: until the
         engine merges them, a step has a partial row per insert that held some of its ranks, so
         the last step's rows are added up, for its latest attempt)."""
-        row = self.r.table(
-            "SELECT min(step) AS r_lo, max(step) AS r_hi, count() AS r_n FROM {db}.steps_by_step"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}",
-            run=run_id,
-        ).to_pylist()[0]
-        if not row["r_n"]:
+        bounds = self.q.step_bounds(run_id)
+        if bounds is None:
             return None
-        world = self.r.table(
-            "SELECT sum(ranks) AS w_ranks, max(`end`) AS w_end FROM {db}.steps_by_step"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND step = {hi:Int64}"
-            " GROUP BY job_id ORDER BY w_end DESC LIMIT 1",
-            run=run_id,
-            hi=int(row["r_hi"]),
-        ).to_pylist()
-        return int(row["r_lo"]), int(row["r_hi"]), int(world[0]["w_ranks"]) if world else 0
+        return bounds[0], bounds[1], self.q.ranks_at(run_id, bounds[1])
 
     def executions(self, run_id: str, lo: int | None = None, hi: int | None = None) -> Executions:
         """Every step execution of the run, or of its steps in [lo, hi] (one scan of the rollup;
         ``FINAL`` merges its partial rows per step and attempt, as a GROUP BY step, job_id
         would)."""
-        window, bounds = "", {}
-        if lo is not None and hi is not None:
-            window, bounds = " AND step BETWEEN {lo:Int64} AND {hi:Int64}", {"lo": lo, "hi": hi}
-        table = self.r.table(
-            "SELECT step, job_id, start AS e_start, `end` AS e_end, max_duration AS e_dur,"
-            " sum_duration / ranks AS e_dmean, max_compute AS e_cmax,"
-            " sum_compute / ranks AS e_cmean, ranks AS e_ranks, tokens AS e_tokens,"
-            " max_data_wait AS e_wait FROM {db}.steps_by_step FINAL"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}" + window,
-            run=run_id,
-            **bounds,
-        )
+        table = self.q.executions(run_id, lo, hi)
 
         def num(name: str, dtype: type) -> Any:
             if not table.num_rows:
@@ -276,13 +251,7 @@ class PortalQueries:
 
     def latest_scalars(self, run_id: str, limit: int = 200) -> dict[str, float | None]:
         """Each scalar's latest value (highest step, then time), by name."""
-        rows = self.r.table(
-            "SELECT name, value FROM {db}.scalars"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
-            " ORDER BY name, step DESC, time DESC LIMIT 1 BY name LIMIT {limit:UInt32}",
-            run=run_id,
-            limit=limit,
-        ).to_pylist()
+        rows = self.q.latest_scalars(run_id, limit).to_pylist()
         return {r["name"]: _f(r["value"]) for r in rows}
 
     def scalar_series(
@@ -294,21 +263,7 @@ class PortalQueries:
         if not names:
             return {}
         width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
-        rows = self.r.table(
-            "SELECT name, intDiv(step - {lo:Int64}, {w:Int64}) AS b, min(step) AS v_step,"
-            " argMin(v, step) AS v_first, min(v) AS v_min, max(v) AS v_max, avg(v) AS v_mean,"
-            " countIf(NOT isFinite(v)) AS v_bad FROM ("
-            "  SELECT name, step, value AS v FROM {db}.scalars"
-            "  WHERE tenant = {tenant:String} AND run_id = {run:String}"
-            "  AND name IN {names:Array(String)} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
-            "  ORDER BY name, step, rank LIMIT 1 BY name, step)"
-            " GROUP BY name, b ORDER BY name, b",
-            run=run_id,
-            names=names,
-            lo=lo,
-            hi=hi,
-            w=width,
-        ).to_pylist()
+        rows = self.q.scalar_buckets(run_id, names, lo, hi, width).to_pylist()
         out: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
         for r in rows:
             out[r["name"]].append(
@@ -336,18 +291,7 @@ class PortalQueries:
         row the rank that was the slowest in most of its cells (``rowRank``)."""
         rw = max(1, math.ceil(max(world, 1) / max(1, rank_buckets)))
         sw = max(1, math.ceil((hi - lo + 1) / max(1, step_buckets)))
-        table = self.r.table(
-            f"SELECT intDiv(rank, {{rw:Int64}}) AS h_rb, intDiv(step - {{lo:Int64}}, {{sw:Int64}})"
-            f" AS h_sb, max({COMPUTE_SQL}) AS h_max, argMax(rank, {COMPUTE_SQL}) AS h_rank"
-            " FROM {db}.steps"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
-            " AND step BETWEEN {lo:Int64} AND {hi:Int64} GROUP BY h_rb, h_sb",
-            run=run_id,
-            lo=lo,
-            hi=hi,
-            rw=rw,
-            sw=sw,
-        )
+        table = self.q.compute_cells(run_id, lo, hi, rw, sw)
         n_rows = max(1, math.ceil(max(world, 1) / rw))
         n_cols = max(1, math.ceil((hi - lo + 1) / sw))
         grid = np.full((n_rows, n_cols), np.nan)
@@ -375,7 +319,7 @@ class PortalQueries:
                 "rankFrom": row * rw,
                 "rankTo": min(world, (row + 1) * rw) - 1,
                 "ratio": _r(row_score[row]),
-                "rank": self._slowest_rank(run_id, lo, hi, row * rw, (row + 1) * rw - 1),
+                "rank": self.q.slowest_rank(run_id, lo, hi, row * rw, (row + 1) * rw - 1),
             }
         cells = [[None if not math.isfinite(x) else round(float(x), 1) for x in r] for r in grid]
         return {
@@ -392,36 +336,14 @@ class PortalQueries:
             "rowRank": pick,
         }
 
-    def _slowest_rank(self, run_id: str, lo: int, hi: int, r0: int, r1: int) -> int | None:
-        rows = self.r.table(
-            f"SELECT rank, quantile(0.5)({COMPUTE_SQL}) AS k_c FROM {{db}}.steps"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
-            " AND step BETWEEN {lo:Int64} AND {hi:Int64} AND rank BETWEEN {r0:Int64} AND {r1:Int64}"
-            " GROUP BY rank ORDER BY k_c DESC, rank LIMIT 1",
-            run=run_id,
-            lo=lo,
-            hi=hi,
-            r0=r0,
-            r1=r1,
-        ).to_pylist()
-        return int(rows[0]["rank"]) if rows else None
-
     def recent_spread(self, run_id: str, window: int = 100) -> dict[str, Any] | None:
         """Per-rank spread over the last ``window`` steps: (slowest - mean compute) / mean."""
-        rows = self.r.table(
-            "SELECT avg(s_cmax) AS x_max, avg(s_cmean) AS x_mean, count() AS x_n FROM ("
-            " SELECT step, max(max_compute) AS s_cmax, sum(sum_compute) / sum(ranks) AS s_cmean"
-            " FROM {db}.steps_by_step WHERE tenant = {tenant:String} AND run_id = {run:String}"
-            " AND step > (SELECT max(step) FROM {db}.steps_by_step WHERE tenant ="
-            " {tenant:String} AND run_id = {run:String}) - {window:Int64} GROUP BY step)",
-            run=run_id,
-            window=window,
-        ).to_pylist()[0]
-        if not rows["x_n"]:
+        recent = self.q.recent_compute(run_id, window)
+        if not recent.steps:
             return None
-        mx, mean = _f(rows["x_max"]), _f(rows["x_mean"])
+        mx, mean = _f(recent.max_compute), _f(recent.mean_compute)
         return {
-            "steps": int(rows["x_n"]),
+            "steps": recent.steps,
             "computeMaxMs": None if mx is None else round(mx * 1000, 2),
             "computeMeanMs": None if mean is None else round(mean * 1000, 2),
             "spread": (mx - mean) / mean if mx is not None and mean else None,
@@ -431,17 +353,7 @@ class PortalQueries:
         self, kinds: tuple[str, ...], since: float, run_id: str | None = None, limit: int = 500
     ) -> list[dict[str, Any]]:
         """Events of the given kinds after ``since`` (all the tenant's runs, or one)."""
-        rows = self.r.table(
-            "SELECT time, run_id, job_id, step, rank, kind, node_id, gpu, message FROM {db}.events"
-            " WHERE tenant = {tenant:String} AND kind IN {kinds:Array(String)}"
-            " AND time >= {since:Float64}"
-            + (" AND run_id = {run:String}" if run_id else "")
-            + " ORDER BY time DESC LIMIT {limit:UInt32}",
-            kinds=list(kinds),
-            since=since,
-            run=run_id or "",
-            limit=limit,
-        ).to_pylist()
+        rows = self.q.events(kinds, since, run_id, limit).to_pylist()
         return [
             {
                 "time": r["time"],
@@ -463,15 +375,7 @@ class PortalQueries:
         """Events of the given kinds on a node after ``since``, each with its tenant, for
         infrastructure on-call: every tenant's for a cross-tenant scope (role oncall), else the
         caller's tenant's. Only where, when and what happened to the node: no rank or step."""
-        rows = self.r.infra_table(
-            "SELECT time, tenant AS n_tenant, run_id, kind, node_id, gpu, message FROM {db}.events"
-            " WHERE kind IN {kinds:Array(String)} AND time >= {since:Float64} AND node_id != ''"
-            + ("" if self.cross_tenant else " AND tenant = {tenant:String}")
-            + " ORDER BY time DESC LIMIT {limit:UInt32}",
-            kinds=list(kinds),
-            since=since,
-            limit=limit,
-        ).to_pylist()
+        rows = self.q.node_events(kinds, since, limit).to_pylist()
         return [
             {
                 "time": r["time"],
@@ -489,10 +393,5 @@ class PortalQueries:
         """Node -> the given runs placed on it (any of their job attempts)."""
         if not runs:
             return {}
-        rows = self.r.table(
-            "SELECT node_id AS p_node, groupUniqArray(run_id) AS p_runs FROM {db}.placement"
-            " WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
-            " AND node_id != '' GROUP BY node_id",
-            runs=runs,
-        ).to_pylist()
+        rows = self.q.nodes_of(runs).to_pylist()
         return {r["p_node"]: sorted(r["p_runs"]) for r in rows}

@@ -5,7 +5,8 @@ mean forward, backward, optimizer, compute, communication and input wait next to
 compute (from the rollup); where the rank ran (its placement in each job attempt: a restart may
 move it); and, per bucket of time over the window's span, its GPU's DCGM samples (SM clock and
 its maximum, temperature, power, framebuffer in use, the largest Xid). The heatmap's rows name
-their rank's node and GPU from here too. All bound to the caller's tenant.
+their rank's node and GPU from here too. The statements are
+those of :class:`~fleetlens.store.portal_queries.RankStoreQueries`, bound to the caller's tenant.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..store.ddl import COMPUTE_SQL
+from ..store.portal_queries import RankStoreQueries
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
@@ -30,17 +31,11 @@ def _f(x: Any, digits: int = 4) -> float | None:
 
 class RankQueries:
     def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
-        self.r = TenantReader(telemetry, scope)
+        self.q = RankStoreQueries(TenantReader(telemetry, scope))
 
     def placements(self, run_id: str, rank: int) -> list[dict[str, Any]]:
         """Where ``rank`` ran, one row per job attempt, oldest first."""
-        rows = self.r.table(
-            "SELECT job_id AS p_job, argMax(node_id, time) AS p_node, argMax(gpu, time) AS p_gpu,"
-            " min(time) AS p_time FROM {db}.placement WHERE tenant = {tenant:String}"
-            " AND run_id = {run:String} AND rank = {rank:Int32} GROUP BY job_id ORDER BY p_time",
-            run=run_id,
-            rank=rank,
-        ).to_pylist()
+        rows = self.q.placements(run_id, rank).to_pylist()
         return [
             {"jobId": r["p_job"], "node": r["p_node"], "gpu": int(r["p_gpu"]), "time": r["p_time"]}
             for r in rows
@@ -50,34 +45,10 @@ class RankQueries:
         """Per bucket of steps in [lo, hi]: the rank's mean phase timings (seconds) and the
         mean rank's compute; ``t``: the bucket's first start."""
         width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
-        mine = self.r.table(
-            "SELECT intDiv(step - {lo:Int64}, {w:Int64}) AS b, min(step) AS k_step,"
-            " min(time) AS k_t, avg(duration) AS k_dur, avgIf(forward, isFinite(forward)) AS k_fw,"
-            " avgIf(backward, isFinite(backward)) AS k_bw,"
-            " avgIf(optimizer, isFinite(optimizer)) AS k_opt,"
-            " avgIf(comm, isFinite(comm)) AS k_comm,"
-            " avgIf(data_wait, isFinite(data_wait)) AS k_wait,"
-            f" avg({COMPUTE_SQL}) AS k_compute FROM {{db}}.steps"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND rank = {rank:Int32}"
-            " AND step BETWEEN {lo:Int64} AND {hi:Int64} GROUP BY b ORDER BY b",
-            run=run_id,
-            rank=rank,
-            lo=lo,
-            hi=hi,
-            w=width,
-        ).to_pylist()
+        mine = self.q.phase_buckets(run_id, rank, lo, hi, width).to_pylist()
         mean = {
             int(r["b"]): r["m_c"]
-            for r in self.r.table(
-                "SELECT intDiv(step - {lo:Int64}, {w:Int64}) AS b,"
-                " sum(sum_compute) / sum(ranks) AS m_c FROM {db}.steps_by_step"
-                " WHERE tenant = {tenant:String} AND run_id = {run:String}"
-                " AND step BETWEEN {lo:Int64} AND {hi:Int64} GROUP BY b",
-                run=run_id,
-                lo=lo,
-                hi=hi,
-                w=width,
-            ).to_pylist()
+            for r in self.q.mean_compute_buckets(run_id, lo, hi, width).to_pylist()
         }
         keys = {
             "k_fw": "forward",
@@ -102,22 +73,7 @@ class RankQueries:
         """Per bucket of time in [t0, t1]: the GPU's mean SM clock (MHz), its maximum clock,
         mean temperature (°C), power (W), framebuffer in use (MiB) and the largest Xid."""
         width = max(1.0, (t1 - t0) / max(1, points))
-        rows = self.r.table(
-            "SELECT intDiv(toInt64(time - {t0:Float64}), {w:Int64}) AS b, min(time) AS g_t,"
-            " avgIf(sm_clock, isFinite(sm_clock)) AS g_clock,"
-            " maxIf(sm_clock_max, isFinite(sm_clock_max)) AS g_clock_max,"
-            " avgIf(gpu_temp, isFinite(gpu_temp)) AS g_temp,"
-            " avgIf(power_usage, isFinite(power_usage)) AS g_power,"
-            " avgIf(fb_used, isFinite(fb_used)) AS g_fb, maxIf(xid, isFinite(xid)) AS g_xid"
-            " FROM {db}.gpu_samples WHERE tenant = {tenant:String} AND node_id = {node:String}"
-            " AND gpu = {gpu:Int32} AND time BETWEEN {t0:Float64} AND {t1:Float64}"
-            " GROUP BY b ORDER BY b",
-            node=node,
-            gpu=gpu,
-            t0=t0,
-            t1=t1,
-            w=math.ceil(width),
-        ).to_pylist()
+        rows = self.q.gpu_sample_buckets(node, gpu, t0, t1, math.ceil(width)).to_pylist()
         return [
             {
                 "t": _f(r["g_t"], 2),
@@ -132,30 +88,15 @@ class RankQueries:
         ]
 
     def time_span(self, run_id: str, lo: int, hi: int) -> tuple[float, float] | None:
-        row = self.r.table(
-            "SELECT min(start) AS s_t0, max(`end`) AS s_t1, count() AS s_n FROM {db}.steps_by_step"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
-            " AND step BETWEEN {lo:Int64} AND {hi:Int64}",
-            run=run_id,
-            lo=lo,
-            hi=hi,
-        ).to_pylist()[0]
-        if not row["s_n"]:
-            return None
-        return float(row["s_t0"]), float(row["s_t1"])
+        """The first start and last end of steps [lo, hi] (None: no step)."""
+        return self.q.time_span(run_id, lo, hi)
 
     def rows(self, run_id: str, ranks: list[int]) -> dict[str, list[Any]]:
         """The heatmap's rows: the rank each opens (``ranks``, one per row) and its node and GPU
         (its latest placement)."""
         places = {
             int(r["rank"]): (r["x_node"], int(r["x_gpu"]))
-            for r in self.r.table(
-                "SELECT rank, argMax(node_id, time) AS x_node, argMax(gpu, time) AS x_gpu"
-                " FROM {db}.placement WHERE tenant = {tenant:String} AND run_id = {run:String}"
-                " AND rank IN {ranks:Array(Int32)} GROUP BY rank",
-                run=run_id,
-                ranks=ranks,
-            ).to_pylist()
+            for r in self.q.latest_placements(run_id, ranks).to_pylist()
         }
         return {
             "rank": ranks,

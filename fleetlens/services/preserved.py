@@ -2,7 +2,8 @@
 
 A page or ticket alert schedules a window (``Preservation``: T-10 min to T+10 min around the
 alert's start) and the monitoring loop copies the run's raw telemetry in it to the
-``preserved_<table>`` tables, which retention never trims (:mod:`fleetlens.alerts.preserve`).
+``preserved_<table>`` tables, which retention never trims (:mod:`fleetlens.alerts.preserve`,
+:mod:`fleetlens.store.preserved_queries`).
 This read model answers what those windows hold: the alert and the finding that caused each,
 the bounds, how far the copy got, and per table the count of rows kept; and, one table of one
 window at a time, the rows, bounded and paginated.
@@ -20,11 +21,11 @@ from typing import Any
 from sqlalchemy import select
 
 from ..alerts.models import Alert, Preservation
-from ..alerts.preserve import preserved_kinds, time_column, window_where
 from ..errors import ConfigError, NotFound
 from ..schema import RecordKind
 from ..store.findings import FindingRow, FindingsStore
 from ..store.metadata import MetadataStore
+from ..store.preserved_queries import PreservedQueries, preserved_kinds
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.scoped import same_tenant, scoped
@@ -70,7 +71,7 @@ class PreservedWindows:
     def __init__(self, metadata: MetadataStore, telemetry: TelemetryStore, scope: Scope) -> None:
         self.metadata = metadata
         self.scope = scope
-        self.reader = TenantReader(telemetry, scope)
+        self.queries = PreservedQueries(TenantReader(telemetry, scope))
 
     def _windows(
         self, run_id: str, window_id: int | None = None, limit: int = 100, offset: int = 0
@@ -93,17 +94,7 @@ class PreservedWindows:
             return [(p, a) for p, a in rows]
 
     def _count(self, kind: RecordKind, p: Preservation) -> int:
-        t = time_column(kind)
-        rows = self.reader.rows(
-            f"SELECT count() AS n FROM (SELECT DISTINCT * FROM {{db}}.preserved_{kind.table} "
-            f"WHERE {window_where(kind, list(p.nodes))} AND `{t}` >= {{t0:Float64}} "
-            f"AND `{t}` < {{t1:Float64}})",
-            run=p.run_id,
-            nodes=list(p.nodes),
-            t0=p.t0,
-            t1=p.t1,
-        )
-        return int(rows[0]["n"]) if rows else 0
+        return self.queries.kept_count(kind, p.run_id, list(p.nodes), p.t0, p.t1)
 
     def _json(
         self, p: Preservation, a: Alert | None, findings: dict[str, FindingRow], now: float
@@ -162,20 +153,9 @@ class PreservedWindows:
         if not found:
             raise NotFound(f"failure window {window_id} of run {run_id!r} does not exist")
         p, _ = found[0]
-        t = time_column(kind)
-        where = (
-            f"{window_where(kind, list(p.nodes))} AND `{t}` >= {{t0:Float64}} "
-            f"AND `{t}` < {{t1:Float64}}"
-        )
-        order = ", ".join(f"`{c}`" for c in (t, *kind.order_by) if c != "tenant")
-        params: dict[str, Any] = {"run": p.run_id, "nodes": list(p.nodes), "t0": p.t0, "t1": p.t1}
-        got = self.reader.rows(
-            f"SELECT DISTINCT * FROM {{db}}.preserved_{table} WHERE {where} ORDER BY {order} "
-            "LIMIT {limit:UInt64} OFFSET {offset:UInt64}",
-            limit=limit,
-            offset=offset,
-            **params,
-        )
+        got = self.queries.kept_rows(
+            kind, p.run_id, list(p.nodes), p.t0, p.t1, limit, offset
+        ).to_pylist()
         total = self._count(kind, p)
         return {
             "runId": run_id,

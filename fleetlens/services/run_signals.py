@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..schema import DATA_SCALARS
 from ..store.reader import TenantReader
+from ..store.run_queries import RunTelemetryQueries
 from .goodput import summary_mfu
 
 __all__ = ["RECENT_STEPS", "metric_samples"]
@@ -46,40 +46,12 @@ def metric_samples(
     if last is None:
         return out
     lo = int(last) - RECENT_STEPS + 1
-    shares = reader.rows(
-        "SELECT sum(if(isFinite(comm), comm, 0)) / sum(duration) AS c,"
-        " sum(if(isFinite(data_wait), data_wait, 0)) / sum(duration) AS d,"
-        " countIf(isFinite(comm)) AS nc, countIf(isFinite(data_wait)) AS nd"
-        " FROM {db}.steps WHERE tenant = {tenant:String} AND run_id = {run:String}"
-        " AND step >= {lo:Int64} AND duration > 0",
-        run=run_id,
-        lo=lo,
-    )[0]
-    out["comm_ratio"] = _num(shares["c"]) if shares["nc"] else None
-    out["data_wait_ratio"] = _num(shares["d"]) if shares["nd"] else None
-    depth, latency = DATA_SCALARS["queue_depth"], DATA_SCALARS["read_latency_s"]
-    data = reader.rows(
-        "SELECT avgIf(value < 1, name = {depth:String}) AS empty,"
-        " countIf(name = {depth:String}) AS nq,"
-        " quantileExactIf(0.99)(value, name = {lat:String}) AS p99,"
-        " countIf(name = {lat:String}) AS nl"
-        " FROM {db}.scalars WHERE tenant = {tenant:String} AND run_id = {run:String}"
-        " AND name IN ({depth:String}, {lat:String}) AND step >= {lo:Int64}",
-        run=run_id,
-        lo=lo,
-        depth=depth,
-        lat=latency,
-    )[0]
-    out["prefetch_empty_share"] = _num(data["empty"]) if data["nq"] else None
-    out["storage_read_p99_s"] = _num(data["p99"]) if data["nl"] else None
-    hot = reader.rows(
-        "SELECT maxIf(gpu_temp, isFinite(gpu_temp)) AS t, countIf(isFinite(gpu_temp)) AS n"
-        " FROM {db}.gpu_samples WHERE tenant = {tenant:String} AND time >= {since:Float64}"
-        " AND node_id IN (SELECT node_id FROM {db}.placement WHERE tenant = {tenant:String}"
-        "  AND run_id = {run:String} AND job_id = (SELECT argMax(job_id, time)"
-        "  FROM {db}.placement WHERE tenant = {tenant:String} AND run_id = {run:String}))",
-        run=run_id,
-        since=now - GPU_WINDOW_S,
-    )[0]
-    out["gpu_temp_max"] = _num(hot["t"]) if hot["n"] else None
+    q = RunTelemetryQueries(reader)
+    comm, data_wait = q.recent_shares(run_id, lo)
+    out["comm_ratio"] = _num(comm)
+    out["data_wait_ratio"] = _num(data_wait)
+    empty, read_p99 = q.recent_data(run_id, lo)
+    out["prefetch_empty_share"] = _num(empty)
+    out["storage_read_p99_s"] = _num(read_p99)
+    out["gpu_temp_max"] = _num(q.hottest_gpu(run_id, now - GPU_WINDOW_S))
     return out

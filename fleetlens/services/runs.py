@@ -1,8 +1,9 @@
-"""Read queries over one tenant's telemetry: run summaries, per-rank windows, timelines.
+"""What the API says of one tenant's run: its summary, per-rank windows, timeline.
 
-Every query here is bound to the caller's scope given at construction: an endpoint cannot forget
-to scope a query because it never writes one. The run itself is checked against the scope's
-project by the metadata store before any of these run (the API does that first).
+Every read is bound to the caller's scope given at construction, and its statement is in
+:mod:`fleetlens.store.run_queries`: an endpoint cannot forget to scope a query because it never
+writes one. The run itself is checked against the scope's project by the metadata store before
+any of these run (the API does that first).
 """
 
 from __future__ import annotations
@@ -19,22 +20,14 @@ import numpy.typing as npt
 from ..analysis.changes import MetricChange, series_changes
 from ..analysis.hardware import GpuHealth, NodeHealth, gpu_health, node_health
 from ..errors import ConfigError
-from ..store.ddl import COMPUTE_SQL
 from ..store.detect_queries import DetectQueries, by_placed_span
 from ..store.reader import TenantReader
+from ..store.run_queries import RANK_SORT_KEYS, RunTelemetryQueries
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 
-__all__ = ["RANK_SORT_KEYS", "RecentSteps", "RunQueries", "summarize"]
+__all__ = ["RecentSteps", "RunQueries", "summarize"]
 
-RANK_SORT_KEYS = {
-    "compute": "r_compute",
-    "step_time": "r_step_time",
-    "max_step_time": "r_max_step_time",
-    "data_wait": "r_data_wait",
-    "comm": "r_comm",
-    "rank": "rank",
-}
 MAX_TIMELINE_STEPS = 1_000_000
 
 
@@ -162,58 +155,21 @@ def _count(v: Any) -> bool:
 class RunQueries:
     def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
         self.t = telemetry
-        self.db = telemetry.database
-        self.r = TenantReader(telemetry, scope)
         self.tenant = scope.tenant
-
-    def _q(self, sql: str, **params: Any) -> list[dict[str, Any]]:
-        # SQL here is written as format strings ({{name:Type}} placeholders, {db}), some built
-        # with f-strings; normalise both to ClickHouse's {name:Type} binding syntax.
-        return self.r.rows(sql.replace("{{", "{").replace("}}", "}"), **params)
-
-    def per_step_sql(self) -> str:
-        """Per step, the latest attempt's figures (a restart replays steps; the replay counts)."""
-        return (
-            "SELECT step, argMax(s_tokens, s_start) AS tokens, max(s_start) AS start, "
-            "argMax(s_end, s_start) AS end, argMax(s_max, s_start) AS max_duration, "
-            "argMax(s_ranks, s_start) AS ranks, argMax(s_sum, s_start) AS sum_duration, "
-            "argMax(job_id, s_start) AS job_id FROM ("
-            " SELECT step, job_id, sum(ranks) AS s_ranks, sum(tokens) AS s_tokens, "
-            " min(start) AS s_start, max(end) AS s_end, max(max_duration) AS s_max, "
-            " sum(sum_duration) AS s_sum FROM {db}.steps_by_step"
-            " WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
-            " GROUP BY step, job_id) GROUP BY step"
-        )
+        self.q = RunTelemetryQueries(TenantReader(telemetry, scope))
 
     def summary(self, run_id: str, window: int = 100) -> dict[str, Any]:
         """Progress and speed: last step, tokens, and step time / tokens/s over recent steps
         (:func:`summarize` over the run's totals and its last ``window`` steps)."""
-        per_step = self.per_step_sql()
-        total = self._q(
-            f"SELECT count() AS steps, max(step) AS last_step, sum(tokens) AS total_tokens "
-            f"FROM ({per_step})",
-            run=run_id,
-        )[0]
-        if not total["steps"]:
+        total = self.q.step_totals(run_id)
+        if not total.steps:
             return summarize(0, 0, 0, RecentSteps.empty(), {})
-        recent = self._q(
-            f"SELECT step, start, end, max_duration, sum_duration / ranks AS mean_duration, "
-            f"tokens, ranks FROM ({per_step}) WHERE step > {{last:Int64}} - {{window:Int64}} "
-            f"ORDER BY step",
-            run=run_id,
-            last=total["last_step"],
-            window=window,
-        )
-        latest = self._q(
-            "SELECT name, argMax(value, (step, time)) AS latest, max(step) AS latest_step "
-            "FROM {db}.scalars WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} "
-            "GROUP BY name ORDER BY name LIMIT 200",
-            run=run_id,
-        )
+        recent = self.q.recent_steps(run_id, total.last_step, window).to_pylist()
+        latest = self.q.latest_scalars(run_id).to_pylist()
         return summarize(
-            int(total["steps"]),
-            int(total["last_step"]),
-            int(total["total_tokens"]),
+            total.steps,
+            total.last_step,
+            total.tokens,
             RecentSteps.from_rows(recent),
             {r["name"]: _f(r["latest"]) for r in latest},
         )
@@ -223,14 +179,10 @@ class RunQueries:
     ) -> tuple[int, int] | None:
         if from_step is not None and to_step is not None:
             return from_step, to_step
-        last = self._q(
-            "SELECT max(step) AS s, count() AS n FROM {db}.steps_by_step "
-            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}",
-            run=run_id,
-        )[0]
-        if not last["n"]:
+        last = self.q.last_step(run_id)
+        if last is None:
             return None
-        hi = to_step if to_step is not None else int(last["s"])
+        hi = to_step if to_step is not None else last
         lo = from_step if from_step is not None else max(0, hi - default + 1)
         return lo, hi
 
@@ -240,49 +192,11 @@ class RunQueries:
         """Per rank over a step window: compute (median), step time, data wait, communication."""
         if sort not in RANK_SORT_KEYS:
             raise ConfigError(f"unknown sort key {sort!r}")
-        order = f"{RANK_SORT_KEYS[sort]} {'DESC' if descending else 'ASC'}, rank ASC"
         # The window's latest job attempt places the ranks (a restart may move them).
-        job = (
-            self._q(
-                "SELECT argMax(job_id, start) AS j FROM {db}.steps_by_step WHERE tenant = "
-                "{{tenant:String}} AND run_id = {{run:String}} AND step BETWEEN {{lo:Int64}} "
-                "AND {{hi:Int64}}",
-                run=run_id,
-                lo=from_step,
-                hi=to_step,
-            )[0]["j"]
-            or ""
-        )
-        # Aliases are prefixed: ClickHouse resolves a bare column name to a same-named alias.
-        # Step time is the window's mean (in a synchronous job every rank's is the job's);
-        # compute, where ranks differ, is the median.
-        rows = self._q(
-            "WITH per_rank AS ("
-            " SELECT rank, count() AS r_steps, avg(duration) AS r_step_time,"
-            " max(duration) AS r_max_step_time,"
-            " avgIf(data_wait, isFinite(data_wait)) AS r_data_wait,"
-            " avgIf(comm, isFinite(comm)) AS r_comm,"
-            f" quantile(0.5)({COMPUTE_SQL}) AS r_compute"
-            " FROM {db}.steps WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
-            " AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}} GROUP BY rank),"
-            " place AS ("
-            " SELECT rank AS p_rank, argMax(node_id, time) AS p_node,"
-            " argMax(gpu, time) AS p_gpu, argMax(gpu_uuid, time) AS p_uuid,"
-            " argMax(rack, time) AS p_rack"
-            " FROM {db}.placement WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}"
-            " AND job_id = {{job:String}} GROUP BY rank)"
-            # Window functions, not subqueries: a CTE is inlined, and would run once per use.
-            " SELECT * FROM (SELECT per_rank.*, median(r_step_time) OVER () AS median_all,"
-            " median(r_compute) OVER () AS median_compute FROM per_rank"
-            f" ORDER BY {order} LIMIT {{limit:UInt32}}) AS top"
-            " LEFT JOIN place ON p_rank = rank"
-            f" ORDER BY {order}",
-            run=run_id,
-            lo=from_step,
-            hi=to_step,
-            limit=limit,
-            job=job,
-        )
+        job = self.q.window_job(run_id, from_step, to_step)
+        rows = self.q.rank_figures(
+            run_id, from_step, to_step, job, sort, descending, limit
+        ).to_pylist()
         out = []
         for r in rows:
             med, med_c = _f(r["median_all"]), _f(r["median_compute"])
@@ -314,20 +228,13 @@ class RunQueries:
         nodes = sorted({r["node"] for r in ranks if r["node"]})
         if not nodes:
             return
-        span = self._q(
-            "SELECT min(start) AS t0, max(end) AS t1 FROM {db}.steps_by_step WHERE tenant = "
-            "{{tenant:String}} AND run_id = {{run:String}} "
-            "AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}}",
-            run=run_id,
-            lo=from_step,
-            hi=to_step,
-        )[0]
-        if span["t0"] is None:
+        t0, t1 = self.q.step_span(run_id, from_step, to_step)
+        if t0 is None or t1 is None:
             return
         dq = DetectQueries(self.t, self.tenant)
         gpus: dict[tuple[str, int], GpuHealth] = {}
         hosts: dict[str, NodeHealth] = {}
-        t0, t1 = float(span["t0"]) - 60, float(span["t1"]) + 60
+        t0, t1 = t0 - 60, t1 + 60
         # Only while this run was on each node: the same node name in another run's time
         # (before, after, between this run's attempts) is not this run's evidence.
         for (a, b), on in by_placed_span(dq.placed(run_id), nodes, t0, t1).items():
@@ -361,38 +268,22 @@ class RunQueries:
         """Events and metric changes in a step window, in order."""
         if to_step - from_step > MAX_TIMELINE_STEPS:
             raise ConfigError(f"a timeline covers at most {MAX_TIMELINE_STEPS} steps")
-        span = self._q(
-            "SELECT min(start) AS t0, max(end) AS t1 FROM {db}.steps_by_step "
-            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} "
-            "AND step BETWEEN {{lo:Int64}} AND {{hi:Int64}}",
-            run=run_id,
-            lo=from_step,
-            hi=to_step,
-        )[0]
-        t0, t1 = _f(span["t0"]), _f(span["t1"])
+        t0, t1 = self.q.step_span(run_id, from_step, to_step)
+        t0, t1 = _f(t0), _f(t1)
         # Events of no step (a rank's job_start, finish, signal) before the run's first step
         # or after its last belong to the window that holds that step.
-        ends = self._q(
-            "SELECT min(step) AS s0, max(step) AS s1 FROM {db}.steps_by_step "
-            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}}",
-            run=run_id,
-        )[0]
-        if t0 is not None and ends["s0"] is not None and from_step <= int(ends["s0"]):
+        s0, s1 = self.q.step_range(run_id)
+        if t0 is not None and s0 is not None and from_step <= s0:
             t0 = 0.0
-        if t1 is not None and ends["s1"] is not None and to_step >= int(ends["s1"]):
+        if t1 is not None and s1 is not None and to_step >= s1:
             t1 = 1e300
-        events = self._q(
-            "SELECT time, step, rank, kind, node_id, gpu, message, attrs FROM {db}.events "
-            "WHERE tenant = {{tenant:String}} AND run_id = {{run:String}} AND ("
-            " (step BETWEEN {{lo:Int64}} AND {{hi:Int64}})"
-            " OR (step < 0 AND time BETWEEN {{t0:Float64}} AND {{t1:Float64}})) "
-            "ORDER BY time, step LIMIT 10000",
-            run=run_id,
-            lo=from_step,
-            hi=to_step,
-            t0=t0 if t0 is not None else 0.0,
-            t1=t1 if t1 is not None else -1.0,
-        )
+        events = self.q.window_events(
+            run_id,
+            from_step,
+            to_step,
+            t0 if t0 is not None else 0.0,
+            t1 if t1 is not None else -1.0,
+        ).to_pylist()
         items: list[dict[str, Any]] = [
             {
                 "step": int(e["step"]) if e["step"] >= 0 else None,
@@ -407,15 +298,7 @@ class RunQueries:
             }
             for e in events
         ]
-        series = self.r.table(
-            "SELECT name, step, argMin(value, rank) AS v, min(time) AS t "
-            "FROM {db}.scalars WHERE tenant = {tenant:String} AND run_id = {run:String} "
-            "AND step BETWEEN {lo:Int64} AND {hi:Int64} GROUP BY name, step "
-            "ORDER BY name, step",
-            run=run_id,
-            lo=max(0, from_step - 20),
-            hi=to_step,
-        )
+        series = self.q.scalar_steps(run_id, max(0, from_step - 20), to_step)
         if series.num_rows:
             names = series.column("name").to_pylist()
             steps = series.column("step").to_numpy()

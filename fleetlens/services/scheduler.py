@@ -32,6 +32,7 @@ from ..analysis.scheduling import PoolCapacity, scheduling_goodput
 from ..errors import ConfigError, FleetlensError, TraceFormatError
 from ..importers import Allocations, PoolRows
 from ..store.reader import TenantReader
+from ..store.sched_queries import SchedQueries
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 from .goodput import GoodputQueries
@@ -227,35 +228,13 @@ def _alloc_json(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _where(
-    run_id: str | None, job_id: str | None, pool: str | None, jobs: Iterable[str] = ()
-) -> tuple[str, dict[str, Any]]:
-    clauses: list[str] = []
-    params: dict[str, Any] = {}
-    if run_id is not None:
-        ids = sorted({run_id, *jobs})
-        clauses.append(
-            "(run_id = {run:String} OR job_id IN {ids:Array(String)}"
-            " OR splitByChar('/', job_id)[-1] IN {ids:Array(String)})"
-        )
-        params.update(run=run_id, ids=ids)
-    if job_id is not None:
-        clauses.append("job_id = {job:String}")
-        params["job"] = job_id
-    if pool is not None:
-        clauses.append("pool = {pool:String}")
-        params["pool"] = pool
-    return "".join(" AND " + c for c in clauses), params
+def _queries(telemetry: TelemetryStore, scope: Scope) -> SchedQueries:
+    return SchedQueries(TenantReader(telemetry, scope))
 
 
 def run_job_ids(telemetry: TelemetryStore, scope: Scope, run_id: str) -> list[str]:
     """The scheduler job ids a run carries: its job ids and the ``SLURM_JOB_ID`` its ranks saw."""
-    r = TenantReader(telemetry, scope)
-    rows = r.rows(
-        "SELECT DISTINCT job_id, attrs FROM {db}.events WHERE tenant = {tenant:String}"
-        " AND run_id = {run:String} AND kind = 'job_start' LIMIT 1000",
-        run=run_id,
-    )
+    rows = _queries(telemetry, scope).job_starts(run_id).to_pylist()
     ids = set()
     for row in rows:
         if row["job_id"]:
@@ -281,28 +260,17 @@ def allocations(
 ) -> list[dict[str, Any]]:
     """Stored allocations, oldest submit first; ``run_id`` also finds the jobs the run carries."""
     jobs = run_job_ids(telemetry, scope, run_id) if run_id is not None else []
-    where, params = _where(run_id, job_id, pool, jobs)
-    rows = TenantReader(telemetry, scope).rows(
-        "SELECT pool, job_id, run_id, gpus, submit, start, gang_complete, `end`, state"
-        " FROM {db}.sched_allocations FINAL WHERE tenant = {tenant:String}"
-        + where
-        + " ORDER BY submit, job_id LIMIT {limit:UInt32}",
-        limit=limit,
-        **params,
+    rows = _queries(telemetry, scope).allocations(
+        limit, run_id=run_id, jobs=jobs, job_id=job_id, pool=pool
     )
-    return [_alloc_json(r) for r in rows]
+    return [_alloc_json(r) for r in rows.to_pylist()]
 
 
 def capacity(
     telemetry: TelemetryStore, scope: Scope, pool: str | None = None
 ) -> list[dict[str, Any]]:
     """Each pool's capacity records, in time order."""
-    where, params = _where(None, None, pool)
-    rows = TenantReader(telemetry, scope).rows(
-        "SELECT pool, time, capacity_gpus, in_service_gpus FROM {db}.sched_pool"
-        " WHERE tenant = {tenant:String}" + where + " ORDER BY pool, time LIMIT 100000",
-        **params,
-    )
+    rows = _queries(telemetry, scope).capacity(pool).to_pylist()
     return [
         {
             "pool": r["pool"],
@@ -312,15 +280,6 @@ def capacity(
         }
         for r in rows
     ]
-
-
-def _has_capacity(telemetry: TelemetryStore, scope: Scope, pool: str) -> bool:
-    rows = TenantReader(telemetry, scope).rows(
-        "SELECT count() AS n FROM {db}.sched_pool WHERE tenant = {tenant:String}"
-        " AND pool = {pool:String}",
-        pool=pool,
-    )
-    return bool(rows[0]["n"])
 
 
 def run_scheduling(telemetry: TelemetryStore, scope: Scope, run_id: str) -> dict[str, Any] | None:
@@ -337,6 +296,7 @@ def run_scheduling(telemetry: TelemetryStore, scope: Scope, run_id: str) -> dict
     if not rows:
         return None
     q = GoodputQueries(telemetry, scope)
+    sched = _queries(telemetry, scope)
     now = _time.time()
     total = weighted = 0.0
     pools_out = []
@@ -354,7 +314,7 @@ def run_scheduling(telemetry: TelemetryStore, scope: Scope, run_id: str) -> dict
         held = float(np.sum(gpus * np.maximum(end - start, 0.0)))
         if held <= 0:
             continue
-        if hi > lo and _has_capacity(telemetry, scope, pool):
+        if hi > lo and sched.capacity_records(pool):
             factor = q.pool_scheduling(pool, lo, hi).scheduling_goodput
             basis = "pool"
         else:

@@ -12,29 +12,18 @@ reads the same buckets from either source; the answers agree (tests/test_retenti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from ..store.reader import TenantReader
 from ..store.rollups import RESOLUTIONS
 from ..store.scope import Scope
+from ..store.series_queries import ScalarSeriesQueries, Span
 from ..store.telemetry import TelemetryStore
 
-__all__ = ["LONG_WINDOW_S", "SeriesQueries", "Span"]
+__all__ = ["LONG_WINDOW_S", "SeriesQueries"]
 
 LONG_WINDOW_S = 6 * 3600.0
 """A window longer than this (in the run's time) is read from the rollups."""
-
-
-@dataclass(frozen=True)
-class Span:
-    """What is stored of one scalar in a window: steps ``lo..hi``, times ``t0..t1``."""
-
-    lo: int
-    hi: int
-    t0: float
-    t1: float
-    n: int
 
 
 def _num(v: Any) -> float | str | None:
@@ -46,24 +35,16 @@ def _num(v: Any) -> float | str | None:
 
 class SeriesQueries:
     def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
-        self.r = TenantReader(telemetry, scope)
+        self.q = ScalarSeriesQueries(TenantReader(telemetry, scope))
 
     def names(self, run_id: str) -> list[dict[str, Any]]:
         """The run's scalars; from the rollup once retention dropped the raw rows."""
-        rows = self.r.rows(
-            "SELECT name, count() AS n, min(step) AS lo, max(step) AS hi "
-            "FROM {db}.scalars WHERE tenant = {tenant:String} "
-            "AND run_id = {run:String} GROUP BY name ORDER BY name",
-            run=run_id,
-        ) or self.r.rows(
-            "SELECT name, sum(n) AS n, min(step_min) AS lo, max(step_max) AS hi "
-            "FROM {db}.rollup_scalars_1m WHERE tenant = {tenant:String} "
-            "AND run_id = {run:String} GROUP BY name ORDER BY name",
-            run=run_id,
-        )
+        tab = self.q.names(run_id, raw=True)
+        if not tab.num_rows:
+            tab = self.q.names(run_id, raw=False)
         return [
             {"name": r["name"], "points": r["n"], "fromStep": r["lo"], "toStep": r["hi"]}
-            for r in rows
+            for r in tab.to_pylist()
         ]
 
     def series(
@@ -76,20 +57,7 @@ class SeriesQueries:
         if to_step < from_step:
             return []
         width = max(1, math.ceil((to_step - from_step + 1) / max(1, points)))
-        rows = self.r.rows(
-            "SELECT intDiv(step - {lo:Int64}, {w:Int64}) AS b, min(step) AS s_first, "
-            "argMin(v, step) AS v_first, min(v) AS v_min, max(v) AS v_max, avg(v) AS v_mean, "
-            "countIf(NOT isFinite(v)) AS bad FROM ("
-            " SELECT step, argMin(value, rank) AS v FROM {db}.scalars"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
-            " AND name = {name:String} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
-            " GROUP BY step) GROUP BY b ORDER BY b",
-            run=run_id,
-            name=name,
-            lo=from_step,
-            hi=to_step,
-            w=width,
-        )
+        rows = self.q.step_buckets(run_id, name, from_step, to_step, width).to_pylist()
         return [
             {
                 "step": r["s_first"],
@@ -104,24 +72,7 @@ class SeriesQueries:
 
     def span(self, run_id: str, name: str, from_step: int, to_step: int, raw: bool) -> Span:
         """What the raw rows (or the 1 min rollup) hold of ``name`` within the steps."""
-        if raw:
-            sql = (
-                "SELECT min(step) AS lo, max(step) AS hi, min(time) AS t0, max(time) AS t1,"
-                " count() AS n FROM {db}.scalars WHERE tenant = {tenant:String}"
-                " AND run_id = {run:String} AND name = {name:String}"
-                " AND step BETWEEN {lo:Int64} AND {hi:Int64}"
-            )
-        else:
-            sql = (
-                "SELECT min(step_min) AS lo, max(step_max) AS hi, min(bucket) AS t0,"
-                " max(bucket) + 59 AS t1, sum(n) AS n FROM {db}.rollup_scalars_1m"
-                " WHERE tenant = {tenant:String} AND run_id = {run:String}"
-                " AND name = {name:String} AND step_max >= {lo:Int64} AND step_min <= {hi:Int64}"
-            )
-        row = self.r.rows(sql, run=run_id, name=name, lo=from_step, hi=to_step)[0]
-        if not row["n"]:
-            return Span(from_step, from_step - 1, 0.0, 0.0, 0)
-        return Span(int(row["lo"]), int(row["hi"]), float(row["t0"]), float(row["t1"]), row["n"])
+        return self.q.span(run_id, name, from_step, to_step, raw)
 
     def read(
         self, run_id: str, name: str, from_step: int, to_step: int, points: int
@@ -167,26 +118,7 @@ class SeriesQueries:
         width = math.ceil((t1 - t0 + 1) / max(1, points))
         w = max(res, math.ceil(width / res) * res)
         b0, b1 = math.floor(t0 / res) * res, math.floor(t1 / res) * res
-        if raw:
-            sql = (
-                "SELECT intDiv(toInt64(floor(time / {r:Int64})) * {r:Int64}, {w:Int64}) AS b,"
-                " min(step) AS s_first, argMin(value, (step, rank)) AS v_first,"
-                " min(value) AS v_min, max(value) AS v_max, sum(value) AS v_sum, count() AS n,"
-                " countIf(NOT isFinite(value)) AS bad FROM {db}.scalars"
-                " WHERE tenant = {tenant:String} AND run_id = {run:String}"
-                " AND name = {name:String} AND time >= {b0:Int64}"
-                " AND time < {b1:Int64} + {r:Int64} GROUP BY b ORDER BY b"
-            )
-        else:
-            sql = (
-                "SELECT intDiv(bucket, {w:Int64}) AS b, min(step_min) AS s_first,"
-                " argMinMerge(`first`) AS v_first, min(v_min) AS v_min, max(v_max) AS v_max,"
-                " sum(v_sum) AS v_sum, sum(n) AS n, sum(non_finite) AS bad"
-                f" FROM {{db}}.rollup_scalars_{resolution} WHERE tenant = {{tenant:String}}"
-                " AND run_id = {run:String} AND name = {name:String}"
-                " AND bucket BETWEEN {b0:Int64} AND {b1:Int64} GROUP BY b ORDER BY b"
-            )
-        rows = self.r.rows(sql, run=run_id, name=name, r=res, w=w, b0=b0, b1=b1)
+        rows = self.q.time_buckets(run_id, name, resolution, w, b0, b1, raw).to_pylist()
         return [
             {
                 "step": r["s_first"],

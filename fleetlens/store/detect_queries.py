@@ -117,7 +117,7 @@ class DetectQueries(DeviceQueries):
             "max(j_end) AS t1, max(j_ranks) AS w FROM ("
             " SELECT job_id AS j_job, step AS j_step, sum(ranks) AS j_ranks, min(start) AS j_start,"
             " max(end) AS j_end FROM {db}.steps_by_step"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} GROUP BY job_id, step)"
+            " WHERE run_id = {run:String} GROUP BY job_id, step)"
             " GROUP BY j_job ORDER BY t0",
             run=run_id,
         ).to_pylist()
@@ -133,7 +133,7 @@ class DetectQueries(DeviceQueries):
         tab = self.r.table(
             f"SELECT step, rank, {COMPUTE_SQL} AS m_compute, comm, data_wait, backward, time, "
             "duration "
-            "FROM {db}.steps WHERE tenant = {tenant:String} AND run_id = {run:String} "
+            "FROM {db}.steps WHERE run_id = {run:String} "
             "AND job_id = {job:String} AND step BETWEEN {lo:Int64} AND {hi:Int64}",
             run=run_id,
             job=job_id,
@@ -194,7 +194,7 @@ class DetectQueries(DeviceQueries):
         """The first step of the attempt after ``after`` (None: none), to skip a gap of steps."""
         rows = self.r.table(
             "SELECT min(step) AS n_step, count() AS n_rows FROM {db}.steps_by_step"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " WHERE run_id = {run:String} AND job_id = {job:String}"
             " AND step > {after:Int64}",
             run=run_id,
             job=job_id,
@@ -207,7 +207,7 @@ class DetectQueries(DeviceQueries):
             "SELECT rank AS p_rank, argMax(node_id, time) AS p_node, argMax(gpu, time) AS p_gpu,"
             " argMax(rack, time) AS p_rack, argMax(switch, time) AS p_switch,"
             " argMax(nvlink_domain, time) AS p_nvl FROM {db}.placement"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " WHERE run_id = {run:String} AND job_id = {job:String}"
             " GROUP BY rank",
             run=run_id,
             job=job_id,
@@ -230,7 +230,7 @@ class DetectQueries(DeviceQueries):
         rows = self.r.table(
             "SELECT rank AS h_rank, max(time) AS h_time, argMax(step, time) AS h_step,"
             " argMax(phase, time) AS h_phase, argMax(since, time) AS h_since FROM {db}.heartbeats"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " WHERE run_id = {run:String} AND job_id = {job:String}"
             " GROUP BY rank",
             run=run_id,
             job=job_id,
@@ -248,7 +248,7 @@ class DetectQueries(DeviceQueries):
     def events(self, run_id: str, limit: int = 20_000) -> list[dict[str, Any]]:
         rows = self.r.table(
             "SELECT time, job_id, kind, step, rank, node_id, gpu, message, attrs FROM {db}.events"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            " WHERE run_id = {run:String}"
             " ORDER BY time LIMIT {limit:UInt32}",
             run=run_id,
             limit=limit,
@@ -269,7 +269,7 @@ class DetectQueries(DeviceQueries):
         value whatever the order the rows are read in."""
         tab = self.r.table(
             "SELECT name, step, argMin(value, (job_id != {job:String}, rank, time)) AS v"
-            " FROM {db}.scalars WHERE tenant = {tenant:String} AND run_id = {run:String}"
+            " FROM {db}.scalars WHERE run_id = {run:String}"
             " AND name IN {names:Array(String)} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
             " GROUP BY name, step ORDER BY name, step",
             run=run_id,
@@ -296,7 +296,7 @@ class DetectQueries(DeviceQueries):
         ranks, values), ordered by step."""
         tab = self.r.table(
             "SELECT name, step, rank, value FROM {db}.scalars"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " WHERE run_id = {run:String} AND job_id = {job:String}"
             " AND name IN {names:Array(String)} AND step BETWEEN {lo:Int64} AND {hi:Int64}"
             " ORDER BY name, step, rank",
             run=run_id,
@@ -320,7 +320,7 @@ class DetectQueries(DeviceQueries):
     def collectives(self, run_id: str, job_id: str, lo: int, hi: int) -> dict[str, Arr]:
         tab = self.r.table(
             "SELECT step, seq, rank, enter, exit FROM {db}.collectives"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " WHERE run_id = {run:String} AND job_id = {job:String}"
             " AND step BETWEEN {lo:Int64} AND {hi:Int64}",
             run=run_id,
             job=job_id,
@@ -337,7 +337,7 @@ class DetectQueries(DeviceQueries):
         rows = self.r.table(
             "SELECT max(a_step) AS a_step, count() AS a_n FROM ("
             " SELECT step AS a_step, min(start) AS a_start FROM {db}.steps_by_step"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} AND job_id = {job:String}"
+            " WHERE run_id = {run:String} AND job_id = {job:String}"
             " GROUP BY step) WHERE a_start <= {t:Float64}",
             run=run_id,
             job=job_id,

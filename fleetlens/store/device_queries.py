@@ -28,7 +28,7 @@ class DeviceQueries:
         another run on the same node name at another time is not this run's."""
         rows = self.r.table(
             "SELECT job_id AS q_job, node_id AS q_node, min(time) AS q_t0 FROM {db}.placement"
-            " WHERE tenant = {tenant:String} AND run_id = {run:String} GROUP BY job_id, node_id",
+            " WHERE run_id = {run:String} GROUP BY job_id, node_id",
             run=run_id,
         ).to_pylist()
         spans = {
@@ -36,10 +36,10 @@ class DeviceQueries:
             for r in self.r.table(
                 "SELECT q_job, min(q_t0) AS q_t0, max(q_t1) AS q_t1 FROM ("
                 " SELECT job_id AS q_job, min(start) AS q_t0, max(end) AS q_t1"
-                " FROM {db}.steps_by_step WHERE tenant = {tenant:String} AND run_id = {run:String}"
+                " FROM {db}.steps_by_step WHERE run_id = {run:String}"
                 " GROUP BY job_id UNION ALL"
                 " SELECT job_id AS q_job, max(time) AS q_t0, max(time) AS q_t1 FROM {db}.events"
-                " WHERE tenant = {tenant:String} AND run_id = {run:String}"
+                " WHERE run_id = {run:String}"
                 " AND kind IN ('failure', 'finish', 'preemption') GROUP BY job_id)"
                 " GROUP BY q_job",
                 run=run_id,
@@ -62,7 +62,7 @@ class DeviceQueries:
             return {}
         rows = self.r.table(
             "SELECT node_id AS s_node, gpu AS s_gpu, run_id AS s_run FROM {db}.placement"
-            " WHERE tenant = {tenant:String} AND run_id != {run:String}"
+            " WHERE run_id != {run:String}"
             " AND node_id IN {nodes:Array(String)} AND time <= {t1:Float64}"
             " GROUP BY node_id, gpu, run_id",
             run=run_id,
@@ -77,7 +77,7 @@ class DeviceQueries:
             r["a_run"]
             for r in self.r.table(
                 "SELECT DISTINCT run_id AS a_run FROM {db}.steps_by_step"
-                " WHERE tenant = {tenant:String} AND run_id IN {runs:Array(String)}"
+                " WHERE run_id IN {runs:Array(String)}"
                 " AND end >= {t0:Float64} AND start <= {t1:Float64}",
                 runs=sorted({r["s_run"] for r in rows}),
                 t0=t0,
@@ -116,8 +116,8 @@ class DeviceQueries:
             " quantileIf(0.5)(nvlink_bandwidth, isFinite(nvlink_bandwidth)) AS g_bw_med,"
             " maxIf(pcie_replay, isFinite(pcie_replay))"
             "  - minIf(pcie_replay, isFinite(pcie_replay)) AS g_pcie"
-            " FROM {db}.gpu_samples WHERE tenant = {tenant:String}"
-            " AND node_id IN {nodes:Array(String)} AND time BETWEEN {t0:Float64} AND {t1:Float64}"
+            " FROM {db}.gpu_samples WHERE"
+            " node_id IN {nodes:Array(String)} AND time BETWEEN {t0:Float64} AND {t1:Float64}"
             " GROUP BY node_id, gpu",
             nodes=sorted(set(nodes)),
             t0=t0,
@@ -163,8 +163,8 @@ class DeviceQueries:
             " (maxIf(rdma_retries, isFinite(rdma_retries))"
             "  - minIf(rdma_retries, isFinite(rdma_retries)))"
             "  / greatest(max(time) - min(time), 1e-9) AS h_rdma"
-            " FROM {db}.node_samples WHERE tenant = {tenant:String}"
-            " AND node_id IN {nodes:Array(String)} AND time BETWEEN {t0:Float64} AND {t1:Float64}"
+            " FROM {db}.node_samples WHERE"
+            " node_id IN {nodes:Array(String)} AND time BETWEEN {t0:Float64} AND {t1:Float64}"
             " GROUP BY node_id",
             nodes=sorted(set(nodes)),
             t0=t0,
@@ -194,7 +194,7 @@ class DeviceQueries:
             )
         rows = self.r.table(
             f"SELECT time AS c_t, {column} AS c_v FROM {{db}}.gpu_samples"
-            " WHERE tenant = {tenant:String} AND node_id = {node:String} AND gpu = {gpu:Int64}"
+            " WHERE node_id = {node:String} AND gpu = {gpu:Int64}"
             f" AND time BETWEEN {{t0:Float64}} AND {{t1:Float64}} AND isFinite({column})"
             " ORDER BY time",
             node=node,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 import threading
 import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -28,28 +30,37 @@ __all__ = ["TenantReader", "tenant_tables"]
 HAND_WRITTEN = re.compile(r"\{tenant\s*:")
 """A statement that binds the tenant itself: the reader's filter is the only tenant predicate."""
 
-_tables: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
+
+@dataclass(frozen=True)
+class _Tables:
+    every: frozenset[str]  # every table and view of the store's database (names)
+    tenant: frozenset[str]  # those with a ``tenant`` column (``db.name``)
+
+
+_tables: weakref.WeakKeyDictionary[Any, _Tables] = weakref.WeakKeyDictionary()
 _tables_lock = threading.Lock()
 
 
-def tenant_tables(telemetry: TelemetryStore) -> frozenset[str]:
-    """The store's tables and views with a ``tenant`` column (``db.name``), read once per store
-    from ``system.columns``: the schema, its rollups and the preserved copies are all made when
-    the store is opened."""
+def tenant_tables(telemetry: TelemetryStore, named: Iterable[str] = ()) -> frozenset[str]:
+    """The store's tables and views with a ``tenant`` column (``db.name``), from
+    ``system.columns``; read again when a statement names a table made since (the evaluation
+    examples' table is made when its service starts), so no table is read unfiltered."""
     with _tables_lock:
         known = _tables.get(telemetry)
-    if known is not None:
-        return known
+    if known is not None and known.every.issuperset(named):
+        return known.tenant
     db = telemetry.database
-    tab = telemetry.query(
-        "SELECT DISTINCT table FROM system.columns WHERE database = {db:String}"
-        " AND name = 'tenant'",
+    cols = telemetry.query(
+        "SELECT table, max(name = 'tenant') AS t FROM system.columns WHERE database = {db:String}"
+        " GROUP BY table",
         {"db": db},
-    )
-    names = frozenset(f"{db}.{t}" for t in tab.to_pydict().get("table", []))
+    ).to_pydict()
+    pairs = list(zip(cols.get("table", []), cols.get("t", []), strict=True))
+    tenant = frozenset(f"{db}.{t}" for t, has in pairs if has)
+    known = _Tables(every=frozenset(t for t, _ in pairs), tenant=tenant)
     with _tables_lock:
-        _tables[telemetry] = names
-    return names
+        _tables[telemetry] = known
+    return known.tenant
 
 
 def _literal(value: str) -> str:
@@ -65,8 +76,8 @@ class TenantReader:
         self.scope = tenant if isinstance(tenant, Scope) else None
         self.tenant = tenant if isinstance(tenant, str) else tenant.tenant
 
-    def _filtered(self, sql: str) -> str:
-        tables = tenant_tables(self.telemetry)
+    def _filtered(self, sql: str, named: Iterable[str]) -> str:
+        tables = tenant_tables(self.telemetry, named)
         if not tables:
             return sql
         cond = f"tenant = {_literal(self.tenant)}".replace("'", "\\'")
@@ -76,11 +87,14 @@ class TenantReader:
     def table(self, sql: str, **params: Any) -> pa.Table:
         """A read of the tenant's rows only; ``{name:Type}`` placeholders bound from ``params``,
         ``{db}`` replaced by the store's database."""
-        if "tenant" in params:
-            raise StoreError("the tenant is bound by the reader, not by the caller")
-        if HAND_WRITTEN.search(sql):  # TRANSITION: statements not yet moved into the store
-            params["tenant"] = self.tenant
-        return self.telemetry.query(self._filtered(sql.replace("{db}", self.db)), params)
+        if HAND_WRITTEN.search(sql) or "tenant" in params:
+            raise StoreError(
+                "the reader adds the tenant's filter itself: a statement neither compares "
+                f"nor binds the tenant ({sql[:120]})"
+            )
+        sql = sql.replace("{db}", self.db)
+        named = set(re.findall(rf"\b{re.escape(self.db)}\.`?(\w+)", sql))
+        return self.telemetry.query(self._filtered(sql, named), params)
 
     def rows(self, sql: str, **params: Any) -> list[dict[str, Any]]:
         return list(self.table(sql, **params).to_pylist())
