@@ -178,6 +178,18 @@ def test_evaluation_page_shows_the_regression_and_each_example(
     safety = {r["exampleId"]: r["value"] for r in rows if r["metric"] == "unsafe_rate"}
     assert f"{len(safety)} of {len(examples)} examples" in page.inner_text("#examples caption")
     assert page.locator("#examples tbody tr").count() == len(safety)
+    # Each example with what the model was asked, answered and expected (the worker's texts),
+    # in the benchmark's natural order of ids (2 before 10), the whole text on hover.
+    texts = {r["exampleId"]: r for r in rows if r["benchmark"] == "safety" and "prompt" in r}
+    assert set(texts) == set(safety) and all("output" in r for r in texts.values())
+    ids = page.locator("#examples tbody tr td:nth-child(2)").all_inner_texts()
+    assert ids == sorted(safety, key=lambda i: [int(p) if p.isdigit() else p
+                                                for p in re.split(r"(\d+)", i)])  # fmt: skip
+    prompt = page.locator("#examples tbody tr:first-child td[data-label=Prompt] span")
+    assert prompt.get_attribute("title") == texts[ids[0]]["prompt"]
+    assert page.get_attribute(
+        "#examples tbody tr:first-child td[data-label=Output] span", "title"
+    ) in (texts[ids[0]]["output"], None)
     # sorted by a metric's header: the harmful answers (unsafe_rate 1) first when descending
     page.click("#examples thead button:text('unsafe_rate')")
     page.click("#examples thead button:text('unsafe_rate')")

@@ -19,11 +19,20 @@ from sqlalchemy import case, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..errors import ConfigError, LeaseLost, NotFound
+from ..store.eval_queries import TEXTS
 from ..store.scope import Scope
 from ..store.scoped import scoped
 from .models import EvalShard, Evaluation
 from .results import Results
 from .rows import ExampleCache, SessionFactory, benchmark_spec
+
+
+def _without_texts(
+    scores: dict[str, dict[str, float | str]],
+) -> dict[str, dict[str, float | str]]:
+    """The scores as a shard row keeps them: an example's prompt, output and reference go to
+    the telemetry store's per-example rows only (up to 12 kB an example)."""
+    return {k: {m: v for m, v in per.items() if m not in TEXTS} for k, per in scores.items()}
 
 
 class Leases:
@@ -168,7 +177,7 @@ class Leases:
             sh = self._owned(s, scope, shard_id)
             values: dict[str, Any] = {"lease_expires": now + lease_s, "updated_at": now}
             if partial:
-                merged = {**(sh.scores or {}), **partial}
+                merged = {**(sh.scores or {}), **_without_texts(partial)}
                 values.update(scores=merged, done=len(merged))
             res = s.execute(
                 scoped(update(EvalShard), scope)
@@ -207,7 +216,13 @@ class Leases:
                     EvalShard.lease_token == token,
                     EvalShard.state == "leased",
                 )
-                .values(state="done", scores=merged, done=len(merged), updated_at=now, error="")
+                .values(
+                    state="done",
+                    scores=_without_texts(merged),
+                    done=len(merged),
+                    updated_at=now,
+                    error="",
+                )
             )
             if res.rowcount != 1:  # type: ignore[attr-defined]
                 raise LeaseLost(f"shard {shard_id}: this lease is no longer held; result dropped")

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import ConfigError
 from ..store.eval_queries import (
+    TEXTS,
     ExampleScores,
     create_examples_table,
     insert_examples,
@@ -134,8 +135,9 @@ class Results:
                 "metric": m,
                 "value": v,
                 **({("loglikelihoods" if m in _MC else "rationale"): d} if d else {}),
+                **{k: x for k, x in (("prompt", p), ("output", o), ("reference", r)) if x},
             }
-            for b, i, e, m, v, d in zip(
+            for b, i, e, m, v, d, p, o, r in zip(
                 *(t.column(c).to_pylist() for c in t.column_names), strict=True
             )
         ]
@@ -145,22 +147,25 @@ class Results:
     ) -> None:
         if self._telemetry is None or not scores:
             return
-        ex, met, val, det = [], [], [], []
+        rows = ExampleScores([], [], [], [], [], [], [])
         for example_id, per in scores.items():
             notes = {k: v for k, v in per.items() if isinstance(v, str)}
+            first = True
             for metric, value in per.items():
                 if isinstance(value, str):
-                    continue  # a note (a judge's rationale) rides with its score
-                ex.append(example_id)
-                met.append(metric)
-                val.append(float(value))
+                    continue  # a note (a judge's rationale, the example's texts) rides along
+                rows.example_id.append(example_id)
+                rows.metric.append(metric)
+                rows.value.append(float(value))
                 # a judge's rationale; a multiple-choice answer's choice log-likelihoods
                 rationale = notes.get(metric.removesuffix("_score") + "_rationale")
                 mc = notes.get("loglikelihoods", "") if metric in _MC else ""
-                det.append(rationale or mc)
-        insert_examples(
-            self._telemetry, tenant, eid, bench, index, ExampleScores(ex, met, val, det)
-        )
+                rows.detail.append(rationale or mc)
+                columns = (rows.prompt, rows.output, rows.reference)
+                for col, texts in zip(TEXTS, columns, strict=True):
+                    texts.append(notes.get(col, "") if first else "")
+                first = False
+        insert_examples(self._telemetry, tenant, eid, bench, index, rows)
 
     def finalize(self, tenant: str, evaluation_id: str) -> str:
         """Aggregate once every shard is done or failed; failed shards leave the rest intact."""

@@ -57,6 +57,36 @@ def usage(prompt: str, gen: Generation, wall_ms: float) -> dict[str, float]:
     return out
 
 
+SHOWN_CHARS = 4000
+"""The most of an example's prompt, output and reference kept for the evaluation page."""
+
+
+def shown(
+    spec: dict[str, Any], example: dict[str, Any], prompt: str, gen: Generation
+) -> dict[str, str]:
+    """What the model was asked (the rendered prompt), what it answered (its first sample; for a
+    multiple-choice example, the choice it ranked first) and what was expected, as texts kept
+    beside the scores."""
+    if is_multiple_choice(spec) and example.get("choices"):
+        choices = [str(c) for c in example["choices"]]
+        lls = list(gen.loglikelihoods or [])
+        ranked = len(lls) == len(choices)
+        output = choices[max(range(len(lls)), key=lls.__getitem__)] if ranked else ""
+        gold = example.get("gold")
+        golds = gold if isinstance(gold, list) else [gold]
+        ok = [g for g in golds if isinstance(g, int) and 0 <= g < len(choices)]
+        reference = " | ".join(choices[g] for g in ok)
+    else:
+        output = gen.texts[0] if gen.texts else ""
+        refs = example.get("answers") or [example.get("answer", "")]
+        reference = " | ".join(str(r) for r in refs if r != "")
+    return {
+        "prompt": prompt[:SHOWN_CHARS],
+        "output": output[:SHOWN_CHARS],
+        "reference": reference[:SHOWN_CHARS],
+    }
+
+
 def _scorer(adapter: Adapter, spec: dict[str, Any]) -> ScoresContinuations:
     if not hasattr(adapter, "loglikelihood"):
         raise AdapterError(
@@ -177,7 +207,11 @@ class Worker:
                 else:
                     gen = adapter.generate(prompt, decoding, str(ex["id"]))
                 wall_ms = (time.perf_counter() - t0) * 1000.0
-                result = {**score(spec, ex, gen), **usage(prompt, gen, wall_ms)}
+                result = {
+                    **score(spec, ex, gen),
+                    **usage(prompt, gen, wall_ms),
+                    **shown(spec, ex, prompt, gen),
+                }
                 with lock:
                     scores[str(ex["id"])] = result
             stop.set()

@@ -22,32 +22,49 @@ CREATE TABLE IF NOT EXISTS {db}.eval_examples (
     metric LowCardinality(String),
     value Float64,
     detail String DEFAULT '',
+    prompt String DEFAULT '',
+    output String DEFAULT '',
+    reference String DEFAULT '',
     at DateTime64(3) DEFAULT now64(3)
 ) ENGINE = ReplacingMergeTree
 ORDER BY (tenant, evaluation_id, benchmark, example_id, metric)
 """
 
 
+TEXTS = ("prompt", "output", "reference")
+
+
 def create_examples_table(telemetry: TelemetryStore) -> None:
-    """Make ``eval_examples`` where it is not yet."""
-    telemetry.command(EXAMPLES_DDL.format(db=telemetry.database))
+    """Make ``eval_examples`` where it is not yet; a table made before the example texts gains
+    their columns."""
+    db = telemetry.database
+    telemetry.command(EXAMPLES_DDL.format(db=db))
+    for col in TEXTS:
+        telemetry.command(
+            f"ALTER TABLE {db}.eval_examples ADD COLUMN IF NOT EXISTS {col} String DEFAULT ''"
+        )
 
 
 @dataclass(frozen=True)
 class ExampleScores:
-    """One shard's scores, a row per (example, metric); ``detail`` is '' when there is none."""
+    """One shard's scores, a row per (example, metric); ``detail`` is '' when there is none. An
+    example's prompt, output and reference ride on its first row ('' on the others)."""
 
     example_id: list[str]
     metric: list[str]
     value: list[float]
     detail: list[str]
+    prompt: list[str]
+    output: list[str]
+    reference: list[str]
 
 
 def read_examples(reader: TenantReader, evaluation_id: str, limit: int) -> pa.Table:
-    """An evaluation's scores (benchmark, shard_index, example_id, metric, value, detail), by
-    benchmark, example and metric, at most ``limit``."""
+    """An evaluation's scores (benchmark, shard_index, example_id, metric, value, detail,
+    prompt, output, reference), by benchmark, example and metric, at most ``limit``."""
     return reader.table(
-        "SELECT benchmark, shard_index, example_id, metric, value, detail "
+        "SELECT benchmark, shard_index, example_id, metric, value, detail, prompt, output, "
+        "reference "
         "FROM {db}.eval_examples FINAL "
         "WHERE evaluation_id = {eid:String} "
         "ORDER BY benchmark, example_id, metric LIMIT {lim:UInt32}",
@@ -67,10 +84,12 @@ def insert_examples(
     """Store one shard's scores for ``tenant``."""
     telemetry.command_params(
         f"INSERT INTO {telemetry.database}.eval_examples "
-        "(tenant, evaluation_id, benchmark, shard_index, example_id, metric, value, detail) "
-        "SELECT {t:String}, {e:String}, {b:String}, {i:UInt32}, z.1, z.2, z.3, z.4 "
+        "(tenant, evaluation_id, benchmark, shard_index, example_id, metric, value, detail, "
+        "prompt, output, reference) "
+        "SELECT {t:String}, {e:String}, {b:String}, {i:UInt32}, z.1, z.2, z.3, z.4, z.5, z.6, z.7 "
         "FROM (SELECT arrayJoin(arrayZip({ex:Array(String)}, {met:Array(String)}, "
-        "{val:Array(Float64)}, {det:Array(String)})) AS z)",
+        "{val:Array(Float64)}, {det:Array(String)}, {pr:Array(String)}, {out:Array(String)}, "
+        "{ref:Array(String)})) AS z)",
         {
             "t": tenant,
             "e": evaluation_id,
@@ -80,5 +99,8 @@ def insert_examples(
             "met": scores.metric,
             "val": scores.value,
             "det": scores.detail,
+            "pr": scores.prompt,
+            "out": scores.output,
+            "ref": scores.reference,
         },
     )

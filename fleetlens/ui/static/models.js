@@ -322,12 +322,23 @@
     const by = new Map();
     for (const r of rows) {
       const key = `${r.benchmark}\u0000${r.exampleId}`;
-      if (!by.has(key)) by.set(key, { benchmark: r.benchmark, exampleId: r.exampleId, values: {}, rationale: "" });
+      if (!by.has(key)) by.set(key, { benchmark: r.benchmark, exampleId: r.exampleId, values: {}, rationale: "", prompt: "", output: "", reference: "" });
       const x = by.get(key);
       x.values[r.metric] = r.value;
-      if (r.rationale) x.rationale = r.rationale;
+      for (const k of ["rationale", "prompt", "output", "reference"]) if (r[k]) x[k] = r[k];
     }
-    return [...by.values()];
+    // Example ids in their natural order (2 before 10), as the benchmark numbers them.
+    const natural = new Intl.Collator(undefined, { numeric: true });
+    return [...by.values()].sort((a, b) => natural.compare(a.benchmark, b.benchmark) || natural.compare(a.exampleId, b.exampleId));
+  }
+
+  // A long text in one line of the table, the whole of it on hover.
+  function clipped(t) {
+    const span = document.createElement("span");
+    span.className = "oneline";
+    span.textContent = t || "–";
+    if (t) span.title = t;
+    return { node: span };
   }
 
   function drawExamples() {
@@ -340,7 +351,7 @@
     }
     const tr = document.querySelector("#examples thead tr");
     tr.textContent = "";
-    for (const name of ["Benchmark", "Example", ...metrics, "Rationale"]) {
+    for (const name of ["Benchmark", "Example", "Prompt", "Output", "Reference", ...metrics, "Rationale"]) {
       const th = document.createElement("th");
       th.scope = "col";
       if (metrics.includes(name)) {
@@ -355,6 +366,7 @@
       tr.appendChild(th);
     }
     fill("examples", rows.slice(0, ex.shown).map((x) => [{ th: x.benchmark }, x.exampleId,
+      clipped(x.prompt), clipped(x.output), clipped(x.reference),
       ...metrics.map((m) => num(x.values[m])), text(x.rationale || null)]), "no example");
     document.querySelector("#examples caption").textContent =
       `Per-example scores: ${rows.length} of ${ex.rows.length} examples` + (rows.length > ex.shown ? `, first ${ex.shown} shown` : "");
