@@ -234,6 +234,9 @@
       ["Tokens/s", F(m.tokensPerSecond)], ["MFU", mfuText(d.mfu)], ["Tokens consumed", F(s.tokensProcessed)],
       ["Loss", F(m.loss)], ["Est. completion", etaText(eta, d.run.status)],
     ].concat(act ? [["Remediation", `${act.node} ${A.stateLabel(act.state)}`]] : []));
+    // The answer first: the findings and their cost are painted before the charts are drawn
+    // (a frame, then the rest), so the first thing a reader sees is what is wrong.
+    if (!refreshing) await new Promise((done) => requestAnimationFrame(() => setTimeout(done, 0)));
     const lines = (bd.lines || []).filter((l) => l.seconds > 0);
     FLCharts.bars(document.getElementById("goodput-bars"), lines.map((l) => ({ label: l.category, value: l.seconds / 3600,
       color: l.category === "productive" ? "#059669" : l.factor === "program" ? "#d97706" : "#dc2626" })),
