@@ -20,6 +20,7 @@ import pytest
 from fleetlens.testing import Server, step_batch, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
+from .test_portal import playwright
 from .test_portal_run import _wide
 
 pytestmark = pytest.mark.e2e
@@ -184,5 +185,77 @@ def test_the_capacity_page_shows_the_same_figures(
     assert sizes == ["1-8 GPUs", "9-64 GPUs"], sizes
     assert page.locator("#chart-fleet-share canvas").count() >= 1
     assert page.locator("#chart-fleet-hours canvas").count() >= 1
+    page.close()
+    assert errors == []
+
+
+@pytest.fixture(scope="module")
+def two_pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, float]]:
+    """Pool ``a`` (16 GPUs) ran Slurm job 7001 (run ``pool-a-run``, 8 ranks, 2 h), pool ``b``
+    (8 GPUs) job 7002 (run ``pool-b-run``, 4 ranks, 1 h): the runs' job attempts are the
+    scheduler's job ids, as the SDK names them under Slurm."""
+    srv = Server(str(tmp_path_factory.mktemp("pools") / "data")).start()
+    try:
+        t = time.time()
+        for rid, job, ranks, start, n in (
+            ("pool-a-run", "7001", 8, t - 5 * H, 100),
+            ("pool-b-run", "7002", 4, t - 3 * H, 50),
+        ):
+            _, body = step_batch(rid, range(n), ranks, job_id=job, base=STEP, t0=start)
+            assert srv.post(body)[0] == 200
+        sinfo = (
+            "NODELIST|PARTITION|STATE|GRES\na0|a|mixed|gpu:8\na1|a|mixed|gpu:8\nb0|b|idle|gpu:8\n"
+        )
+        sacct = (
+            "JobID|JobName|Partition|AllocTRES|Submit|Start|End|State|NNodes\n"
+            "7001|pretrain|a|gres/gpu=8,node=1|2026-01-01T00:00:00|2026-01-01T00:00:00"
+            "|2026-01-01T02:00:00|COMPLETED|1\n"
+            "7002|finetune|b|gres/gpu=4,node=1|2026-01-01T00:00:00|2026-01-01T00:00:00"
+            "|2026-01-01T01:00:00|COMPLETED|1\n"
+        )
+        for at in (t - 2 * 24 * H, t):
+            got = srv.request(
+                "POST", "/v1/scheduler/import", {"format": "sinfo", "data": sinfo, "time": at}
+            )
+            assert got[0] == 200, got
+        got = srv.request("POST", "/v1/scheduler/import", {"format": "sacct", "data": sacct})
+        assert got[0] == 200, got
+        wait_until(
+            lambda: len([r for r in srv.get("/v1/runs")["runs"] if r["lastStep"] is not None]) == 2,
+            what="both runs registered",
+        )
+        yield srv, t
+    finally:
+        srv.stop()
+
+
+def test_the_capacity_of_one_pool_counts_its_capacity_and_its_runs_only(
+    two_pools: tuple[Server, float], browser: Any
+) -> None:
+    srv, _ = two_pools
+    every = srv.get("/v1/portal/capacity?periodHours=24")
+    assert every["poolNames"] == ["a", "b"] and every["runs"] == 2
+    assert every["inServiceGpuHours"] == pytest.approx(24 * 24, rel=1e-3)
+    held = {}
+    for pool, gpus, ranks, n in (
+        ("a", 16, 8, 100),
+        ("b", 8, 4, 50),
+    ):
+        d = srv.get(f"/v1/portal/capacity?periodHours=24&pool={pool}")
+        assert d["pool"] == pool and [p["pool"] for p in d["pools"]] == [pool]
+        assert d["runs"] == 1 and d["inServiceGpuHours"] == pytest.approx(gpus * 24, rel=1e-3)
+        # held by hand: the run's first step's start to its last step's end, by its ranks
+        held[pool] = ranks * ((n - 1) * PERIOD + STEP) / H
+        assert d["heldGpuHours"] == pytest.approx(held[pool], rel=1e-3), (pool, d["heldGpuHours"])
+        assert sum(b["heldGpuHours"] for b in d["series"]) == pytest.approx(held[pool], rel=1e-3)
+    assert every["heldGpuHours"] == pytest.approx(held["a"] + held["b"], rel=1e-3)
+    status, body = srv.request("GET", "/v1/portal/capacity?pool=nope")
+    assert status == 404 and "nope" in str(body)
+    # The page: the pool picked from the list, kept in the URL.
+    page, errors = _wide(browser, f"{srv.url}/capacity?period=24&price=2")
+    page.select_option("#cap-pool", "b")
+    page.click("#cap-form button[type=submit]")
+    playwright.expect(page.locator("#cap-period-text")).to_contain_text("1 runs of pool b")
+    assert "pool=b" in page.url
     page.close()
     assert errors == []

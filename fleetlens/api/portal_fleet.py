@@ -12,8 +12,9 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from ..alerts.silences import SilenceStore
 from ..alerts.store import queue_order
+from ..errors import NotFound
 from ..lifecycle import LIVE
-from ..services.capacity import FleetSeries, JobTally, held
+from ..services.capacity import FleetSeries, JobTally, held, pool_runs
 from ..services.goodput import GoodputQueries, program_spec
 from ..services.portal import PortalQueries
 from ..store.findings import FindingsStore
@@ -248,6 +249,14 @@ async def capacity(
             description="the last so many hours; absent: everything on record",
         ),
     ] = None,
+    pool: Annotated[
+        str | None,
+        Query(
+            max_length=256,
+            description="one pool only: its capacity and the runs its allocations name "
+            "(by run id or by a job attempt's scheduler job id); absent: every pool",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """GPU-hours of the period: in service (the pools' capacity records), held by runs, useful.
     Figures that cannot be (runs holding more GPU-hours than the pools have in service: capacity
@@ -259,9 +268,14 @@ async def capacity(
     def work() -> dict[str, Any]:
         now = time.time()
         gq = GoodputQueries(svc.telemetry, scope)
-        spans = [(p, sp) for p in gq.pools() if (sp := gq.time_span(p)) is not None]
+        names = gq.pools()
+        if pool is not None and pool not in names:
+            raise NotFound(f"pool {pool!r} has no capacity records; pools: {', '.join(names)}")
+        spans = [(p, sp) for p in names if pool in (None, p) and (sp := gq.time_span(p))]
         since = None if period_hours is None else now - period_hours * 3600.0
         all_runs = svc.metadata.list_runs(scope, None, MAX_CAPACITY_RUNS + 1, 0, since=since)
+        if pool is not None:
+            all_runs = pool_runs(gq, svc.metadata, scope, pool, all_runs)
         t0, t1 = _period(all_runs, spans, now, period_hours)
         runs = [r for r in all_runs if r.last_seen >= t0 and r.first_seen <= t1]
         truncated = len(runs) > MAX_CAPACITY_RUNS
@@ -336,6 +350,8 @@ async def capacity(
         useful = gpu_useful
         return {
             "period": {"from": t0, "to": t1, "hours": (t1 - t0) / 3600.0, "asked": period_hours},
+            "pool": pool,
+            "poolNames": names,
             "pools": pools,
             "utilization": gpu_held / base if base else None,
             "goodput": useful / base if base else None,

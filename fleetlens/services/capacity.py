@@ -17,10 +17,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.breakdown import Event, StepArrays
-from ..store.metadata import RunInfo
+from ..store.metadata import MetadataStore, RunInfo
+from ..store.scope import Scope
 from .goodput import GoodputQueries, program_spec
 
-__all__ = ["BUCKETS_MAX", "COHORTS", "FleetBucket", "FleetSeries", "JobTally", "buckets", "held"]
+__all__ = [
+    "BUCKETS_MAX",
+    "COHORTS",
+    "FleetBucket",
+    "FleetSeries",
+    "JobTally",
+    "buckets",
+    "held",
+    "pool_runs",
+]
 
 BUCKETS_MAX = 120
 """Buckets a series has at most (hours up to two days, then days, then wider)."""
@@ -34,6 +44,19 @@ def held(run: RunInfo, t0: float, t1: float) -> tuple[tuple[float, float], bool]
         start = max(t0, run.first_seen)
         return (start, max(t1, start)), False
     return (t0, t1), True
+
+
+def pool_runs(
+    gq: GoodputQueries, metadata: MetadataStore, scope: Scope, pool: str, runs: list[RunInfo]
+) -> list[RunInfo]:
+    """The runs of ``runs`` that ran in ``pool``: an allocation of the pool names the run, or
+    the scheduler job id of one of its job attempts (the SDK's job id under Slurm)."""
+    run_ids, job_ids = gq.pool_jobs(pool)
+    return [
+        r
+        for r in runs
+        if r.run_id in run_ids or any(j["jobId"] in job_ids for j in metadata.jobs(scope, r.run_id))
+    ]
 
 
 def buckets(t0: float, t1: float) -> list[tuple[float, float]]:

@@ -274,6 +274,10 @@ class GoodputQueries:
     def pools(self) -> list[str]:
         return self.q.pools()
 
+    def pool_jobs(self, pool: str) -> tuple[set[str], set[str]]:
+        """The run ids and scheduler job ids the pool's allocations name."""
+        return self.q.pool_jobs(pool)
+
     def time_span(self, pool: str | None) -> tuple[float, float] | None:
         """The first and last time the pool's records (allocations, capacity) speak of; None
         without any. A pool known only from capacity snapshots (sinfo) has a span too."""

@@ -70,6 +70,16 @@ class GoodputInputQueries:
             pool=pool,
         )
 
+    def pool_jobs(self, pool: str) -> tuple[set[str], set[str]]:
+        """The run ids and scheduler job ids of the pool's allocations (a run is the pool's when
+        an allocation names it, or names one of its job attempts)."""
+        t = self.r.table(
+            "SELECT DISTINCT run_id, job_id FROM {db}.sched_allocations FINAL"
+            " WHERE pool = {pool:String}",
+            pool=pool,
+        ).to_pydict()
+        return {r for r in t.get("run_id", []) if r}, set(t.get("job_id", []))
+
     def pools(self) -> list[str]:
         """The pools with capacity snapshots, by name."""
         rows = self.r.rows("SELECT DISTINCT pool FROM {db}.sched_pool ORDER BY pool")

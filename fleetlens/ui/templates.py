@@ -320,6 +320,8 @@ CAPACITY = """
 <select id="cap-period"><option value="24">last 24 hours</option>
 <option value="168">last 7 days</option><option value="720">last 30 days</option>
 <option value="">everything on record</option></select>
+<label for="cap-pool">Pool</label>
+<select id="cap-pool"><option value="">every pool</option></select>
 <label for="cap-price">Price of a GPU-hour ($)</label>
 <input id="cap-price" type="number" min="0.01" step="0.01" value="2.00" inputmode="decimal">
 <button type="submit">Apply</button></form>

@@ -523,11 +523,13 @@
   }
 
   // ---------------------------------------------------------------- capacity
-  // The period and the price are the URL's (?period=HOURS&price=USD), so a view can be shared.
+  // The period, the pool and the price are the URL's (?period=HOURS&pool=NAME&price=USD), so a
+  // view can be shared.
   function capacityQuery() {
     const q = new URLSearchParams(window.location.search);
     const period = q.has("period") ? q.get("period") : "168";
     const price = q.get("price") || "2";
+    const pool = q.get("pool") || "";
     const form = document.getElementById("cap-form");
     if (!form.dataset.bound) {
       form.dataset.bound = "true";
@@ -537,6 +539,7 @@
         ev.preventDefault();
         const nq = new URLSearchParams();
         nq.set("period", document.getElementById("cap-period").value);
+        if (document.getElementById("cap-pool").value) nq.set("pool", document.getElementById("cap-pool").value);
         nq.set("price", document.getElementById("cap-price").value);
         history.replaceState(null, "", `?${nq}`);
         load();
@@ -544,13 +547,26 @@
     }
     const api = new URLSearchParams({ price });
     if (period) api.set("periodHours", period);
+    if (pool) api.set("pool", pool);
     return api;
+  }
+
+  function poolChoices(d) {
+    const sel = document.getElementById("cap-pool");
+    const have = new Set([...sel.options].map((o) => o.value));
+    for (const name of d.poolNames || []) {
+      if (have.has(name)) continue;
+      const o = document.createElement("option"); o.value = name; o.textContent = name; sel.appendChild(o);
+    }
+    sel.value = d.pool || "";
   }
 
   async function capacityPage() {
     const d = await getJSON(`/v1/portal/capacity?${capacityQuery()}`);
+    poolChoices(d);
     document.getElementById("cap-period-text").textContent = `From ${when(d.period.from)} to ${when(d.period.to)} UTC `
-      + `(${d.period.asked ? dur(d.period.hours * 3600) : "everything on record"}), ${d.runs} runs`;
+      + `(${d.period.asked ? dur(d.period.hours * 3600) : "everything on record"}), ${d.runs} runs`
+      + (d.pool ? ` of pool ${d.pool}` : ", every pool");
     const warn = document.getElementById("cap-warnings");
     warn.textContent = "";
     for (const w of d.warnings || []) {
