@@ -304,6 +304,12 @@ def test_run_page_shows_goodput_charts_and_the_stragglers_heatmap_row(
     timeline = page.inner_text("#timeline")
     assert "checkpoint_end" in timeline and "restart" in timeline.lower()
     assert "FatalHardwareFault" in timeline
+    # In the order things happened: the restart (which resumes at an earlier step) after the
+    # fault that caused it.
+    kinds = page.locator("#timeline tbody tr td:nth-child(3)").all_inner_texts()
+    fault = next(i for i, k in enumerate(kinds) if k in ("hardware_fault", "failure"))
+    restart = next(i for i, k in enumerate(kinds) if k == "restart")
+    assert fault < restart, kinds
     assert page.locator("th[scope=col]").count() > 10
 
 
@@ -313,6 +319,12 @@ def test_failure_page_names_the_injected_cause(played: Server, browser: Any) -> 
     what = page.inner_text("#f-what")
     assert "Xid 79" in what or "xid" in what.lower()
     assert "node-0018" in what
+    # Implicated: the failing rank, and only ranks measurably slower than their peers.
+    doc = played.get(f"/v1/runs/{RUN}/failure")
+    failed = doc["failure"]["rank"]
+    assert doc["infrastructure"][0]["rank"] == failed
+    others = doc["infrastructure"][1:]
+    assert all(r["computeSlowdown"] >= 1.05 for r in others), others
     assert page.inner_text("#cause-diagnosis") == "GPU failure (fatal Xid)"
     assert page.get_attribute("#cause-diagnosis [data-code]", "title") == "fatal_xid"
     assert "loss" in page.inner_text("#f-training")

@@ -21,6 +21,7 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 
+from ..analysis.ranks import CusumParams
 from ..remediation.controller import ACTIVE
 from ..services.goodput import program_spec
 from ..services.portal import HEATMAP_ROWS_BUDGET, PortalQueries, run_summary, step_buckets
@@ -75,6 +76,10 @@ RECOMMEND = {
     "checkpoint": "Move to asynchronous checkpointing or a faster storage tier.",
     "preemption": "Checkpoint on the preemption notice; ask for a non-preemptible quota.",
 }
+
+
+IMPLICATED = 1.0 + CusumParams().min_slowdown
+"""The compute slowdown from which the failure page names a rank beside the failing one."""
 
 
 def _recommend(diagnosis: str) -> str:
@@ -327,7 +332,13 @@ async def failure(request: Request, run_id: str, scope: Reader) -> dict[str, Any
             if n["name"] in SCALARS
         }
         out["stepTime"] = pq.step_series(run_id, lo, at, 5)
-        ranks = rq.ranks(run_id, lo, at, "compute", True, 3)
+        # Implicated: the failing rank, and ranks slower than their peers by at least what
+        # detection calls slow (a 1.00x rank beside the slow one implicates nobody).
+        ranks = [
+            r
+            for r in rq.ranks(run_id, lo, at, "compute", True, 3)
+            if (r.get("computeSlowdown") or 0.0) >= IMPLICATED
+        ]
         if failed and failed.get("rank") is not None:
             mine = [
                 r

@@ -256,8 +256,11 @@
       ? `Findings with evidence and owner: ${shown.length} of ${all.length} overlap steps ${r.from}–${r.to}` : "Findings with evidence and owner";
     const tl = (d.timeline || []).filter((i) => i.kind !== "checkpoint_begin");
     const inRange = (st) => !r || (st !== null && st !== undefined && st >= r.from && st <= r.to);
-    const altl = (d.alerts || []).filter((a) => inRange(a.step)).map((a) => ({ step: a.step, source: "alert", kind: a.alertname, message: a.annotations.summary || "" }));
-    fill("timeline", tl.concat(altl).sort((a, b) => (a.step ?? -1) - (b.step ?? -1)).slice(0, 400).map((i) => [
+    const altl = (d.alerts || []).filter((a) => inRange(a.step)).map((a) => ({ step: a.step, time: a.startsAt, source: "alert", kind: a.alertname, message: a.annotations.summary || "" }));
+    // In the order things happened: a restart resumes at an earlier step than the failure that
+    // caused it, so by step it would come first.
+    const order = (a, b) => (typeof a.time === "number" && typeof b.time === "number" ? a.time - b.time : (a.step ?? -1) - (b.step ?? -1));
+    fill("timeline", tl.concat(altl).sort(order).slice(0, 400).map((i) => [
       { th: text(i.step) }, i.source, i.kind, [i.node, i.gpu !== null && i.gpu !== undefined ? `GPU ${i.gpu}` : null, i.rank !== null && i.rank !== undefined ? `rank ${i.rank}` : null].filter(Boolean).join(" ") || "–", i.message || ""]));
     A.remediationSection(acts, d.generatedAt);
     document.querySelectorAll("#remediations tbody tr").forEach((tr, i) => { if (acts[i]) tr.id = `action-${acts[i].id}`; });
