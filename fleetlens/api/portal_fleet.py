@@ -291,12 +291,13 @@ async def capacity(
         gpu_held = gpu_useful = runtime_lost = program_lost = 0.0
         series = FleetSeries(gq, spans, t0, t1)
         jobs = JobTally()
+        inputs = gq.runs_inputs([r.run_id for r in runs], t0, t1)
         for r in runs:
             # The part of the period the run held its GPUs (services.capacity.held): the
             # period's wall clock outside it is not the run's (counting it made GPU-hours grow
-            # with the period chosen). Its steps and events are read once for every figure.
+            # with the period chosen). Its steps and events are read once, with every run's.
             window, held_only = held(r, t0, t1)
-            reads = (gq.step_executions(r.run_id, t0, t1), gq.events(r.run_id))
+            reads = inputs[r.run_id]
             bd, f, meta = gq.run_goodput(
                 r.run_id,
                 program_spec(r.config or {}),

@@ -11,10 +11,12 @@ line): the definitions the simulator's ground truth shares (docs/goodput.md).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ..analysis.breakdown import Breakdown, Event, StepArrays, breakdown
 from ..analysis.flops import accelerator, dense_flops_per_token, dtype_name, mbu, mfu
@@ -167,6 +169,39 @@ def summary_mfu(
     return value, spec
 
 
+def _by_run(table: pa.Table) -> Iterator[tuple[str, pa.Table]]:
+    """The rows of each run of a table ordered by ``run_id``, without that column."""
+    if not table.num_rows:
+        return
+    ids = np.asarray(table.column("run_id").to_pylist(), dtype=object)
+    cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+    rest = table.drop_columns(["run_id"])
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ids)], strict=True):
+        yield str(ids[lo]), rest.slice(int(lo), int(hi - lo))
+
+
+def _executions(table: pa.Table | None) -> tuple[StepArrays, dict[str, float]]:
+    """Step executions (a row per step and attempt) as arrays, with tokens per step and ranks;
+    none for no table."""
+    if table is None or table.num_rows == 0:
+        return StepArrays.empty(), {"tokens": 0.0, "ranks": 0.0}
+    col = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+    arrays = StepArrays(
+        step=col["step"].astype(np.int64),
+        job_id=np.asarray(col["job_id"], dtype=object),
+        start=col["x_start"].astype(np.float64),
+        end=col["x_end"].astype(np.float64),
+        max_compute=col["x_max"].astype(np.float64),
+        mean_compute=col["x_mean"].astype(np.float64),
+        data_wait=np.nan_to_num(col["x_wait"].astype(np.float64), nan=0.0),
+    )
+    extra = {
+        "tokens_per_step": float(np.mean(col["x_tokens"])),
+        "ranks": float(col["x_ranks"][np.argmax(col["x_start"])]),
+    }
+    return arrays, extra
+
+
 class GoodputQueries:
     def __init__(self, telemetry: TelemetryStore, tenant: str | Scope) -> None:
         self.q = GoodputInputQueries(TenantReader(telemetry, tenant))
@@ -175,27 +210,21 @@ class GoodputQueries:
         self, run_id: str, t0: float | None = None, t1: float | None = None
     ) -> tuple[StepArrays, dict[str, float]]:
         """One row per (step, attempt), merged from the rollup, with the steps' input wait."""
-        table = self.q.step_executions(run_id, t0, t1)
-        n = table.num_rows
-        if n == 0:
-            return StepArrays.empty(), {"tokens": 0.0, "ranks": 0.0}
-        col = {
-            name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names
-        }
-        arrays = StepArrays(
-            step=col["step"].astype(np.int64),
-            job_id=np.asarray(col["job_id"], dtype=object),
-            start=col["x_start"].astype(np.float64),
-            end=col["x_end"].astype(np.float64),
-            max_compute=col["x_max"].astype(np.float64),
-            mean_compute=col["x_mean"].astype(np.float64),
-            data_wait=np.nan_to_num(col["x_wait"].astype(np.float64), nan=0.0),
-        )
-        extra = {
-            "tokens_per_step": float(np.mean(col["x_tokens"])),
-            "ranks": float(col["x_ranks"][np.argmax(col["x_start"])]),
-        }
-        return arrays, extra
+        return _executions(self.q.step_executions(run_id, t0, t1))
+
+    def runs_inputs(
+        self, run_ids: list[str], t0: float, t1: float, chunk: int = 500
+    ) -> dict[str, tuple[tuple[StepArrays, dict[str, float]], list[Event]]]:
+        """:meth:`step_executions` over ``[t0, t1]`` and :meth:`events` of each of many runs,
+        read a few hundred runs a statement."""
+        out: dict[str, tuple[tuple[StepArrays, dict[str, float]], list[Event]]] = {}
+        for i in range(0, len(run_ids), chunk):
+            ex, ev = self.q.runs_inputs(run_ids[i : i + chunk], t0, t1)
+            steps = dict(_by_run(ex))
+            events = {rid: [Event.from_row(r) for r in t.to_pylist()] for rid, t in _by_run(ev)}
+            for rid in run_ids[i : i + chunk]:
+                out[rid] = (_executions(steps.get(rid)), events.get(rid, []))
+        return out
 
     def events(self, run_id: str) -> list[Event]:
         return [Event.from_row(r) for r in self.q.events(run_id).to_pylist()]
