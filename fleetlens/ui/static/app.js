@@ -430,6 +430,10 @@
       if (!comment) { msg.textContent = "Say why: whoever is paged next reads it."; return; }
       try {
         await send("POST", "/v1/silences", { matchers, comment, durationSeconds: Number(form.querySelector("select").value) });
+        // Closed before the redraw: a refresh that overtakes it is not held back by this form
+        // (it held every redraw while open, so the row never said "silenced").
+        form.hidden = true;
+        msg.textContent = "silenced";
         await done();
       } catch (err) {
         if (err.status === 401) { signIn.show(Boolean(storedToken())); return; }
