@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import errno
 import http.client
 import os
 import socket
@@ -420,10 +421,8 @@ def _disk_full_once(mount: str, floor: int, leave: int, posts: int, out: dict[st
         install_signal_handler=False,
     )
     try:
-        st = os.statvfs(mount)
         ballast = os.path.join(mount, "ballast")
-        with open(ballast, "wb") as fh:
-            os.posix_fallocate(fh.fileno(), 0, st.f_bavail * st.f_frsize - leave)
+        _fill(mount, ballast, leave)
         time.sleep(1.1)
         for i in range(posts):
             with run.step(i):
@@ -440,6 +439,28 @@ def _disk_full_once(mount: str, floor: int, leave: int, posts: int, out: dict[st
         out["lost"] += posts - server.get("/v1/runs/through-full").get("steps", 0)
     finally:
         server.stop()
+
+
+def _fill(mount: str, ballast: str, leave: int) -> None:
+    """Grow `ballast` until `leave` bytes of `mount` are free. The server writes to the same
+    file system meanwhile (the run's registration, the engine's parts), so the free space read
+    a moment ago may be gone: a refused extension is retried on a fresh reading, in smaller
+    pieces, until what is left is within a page of the aim."""
+    with open(ballast, "wb") as fh:
+        size = 0
+        for _ in range(64):
+            st = os.statvfs(mount)
+            want = st.f_bavail * st.f_frsize - leave
+            if want < 4096:
+                return
+            try:
+                os.posix_fallocate(fh.fileno(), size, want)
+                size += want
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                leave += 4096
+        raise RuntimeError(f"could not fill {mount} to {leave} bytes free")
 
 
 def main() -> None:
