@@ -10,8 +10,9 @@ benchmarks never import ``tests/``.
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from fleetlens.services.analyzer import analyze_once
 from fleetlens.sim import load_scenario
 from fleetlens.sim.emit import MemorySink, encode
 from fleetlens.sim.library import simulate
+from fleetlens.sim.model import Scenario
+from fleetlens.sim.truth import GroundTruth
 from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.findings import FindingsStore
 from fleetlens.store.metadata import MetadataStore
@@ -30,7 +33,7 @@ from fleetlens.store.scope import Scope
 
 __all__ = [
     "MODES", "Player", "Recorded", "Way", "findings_verdict", "from_matrix", "record",
-    "straggler_verdict",
+    "record_scenario", "straggler_verdict",
 ]  # fmt: skip
 
 MODES = ("live", "bursts", "shuffled", "bulk")
@@ -45,6 +48,8 @@ class Recorded:
     run_id: str
     other: list[Batch]
     steps: list[tuple[dict[str, str], dict[str, np.ndarray]]]  # (ctx, columns) per attempt
+    first: list[Batch] = field(default_factory=list)  # sent before anything (the job's start)
+    truth: GroundTruth | None = None  # what the simulator injected, for a simulated run
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,13 @@ class Way:
 def record(name: str, steps: int, seed: int, start_time: float = 1.7e9) -> Recorded:
     """Simulate scenario ``name`` cut to ``steps`` steps (its faults too) into memory."""
     scn = load_scenario(name)
-    scn = replace(scn, job=replace(scn.job, steps=steps))
+    return record_scenario(replace(scn, job=replace(scn.job, steps=steps)), seed, start_time)
+
+
+def record_scenario(scn: Scenario, seed: int, start_time: float = 1.7e9) -> Recorded:
+    """Simulate ``scn`` into memory."""
     sink = MemorySink()
-    simulate(scn, sink, seed=seed, speed=0, start_time=start_time)
+    truth = simulate(scn, sink, seed=seed, speed=0, start_time=start_time)
     other: list[Batch] = []
     per_job: dict[str, tuple[dict[str, str], list[dict[str, np.ndarray]]]] = {}
     for ctx, tables in sink.batches:
@@ -76,12 +85,19 @@ def record(name: str, steps: int, seed: int, start_time: float = 1.7e9) -> Recor
         (ctx, {c: np.concatenate([p[c] for p in parts]) for c in parts[0]})
         for ctx, parts in per_job.values()
     ]
-    return Recorded(scn.job.run_id, other, merged)
+    return Recorded(scn.job.run_id, other, merged, truth=truth)
 
 
-def from_matrix(run_id: str, steps: np.ndarray, compute: np.ndarray, t0: float) -> Recorded:
+def from_matrix(
+    run_id: str,
+    steps: np.ndarray,
+    compute: np.ndarray,
+    t0: float,
+    config: dict[str, Any] | None = None,
+) -> Recorded:
     """A synchronous job from a (steps x ranks) matrix of compute seconds (NaN: no row): each
-    step lasts as long as its slowest rank, the others wait in the collective."""
+    step lasts as long as its slowest rank, the others wait in the collective. ``config``: the
+    run's config, announced first in a ``job_start`` event as the SDK does."""
     world = compute.shape[1]
     ctx = {"run_id": run_id, "job_id": f"{run_id}-a0", "project": "real"}
     dur = np.nanmax(np.where(np.isfinite(compute), compute, np.nan), axis=1)
@@ -100,7 +116,15 @@ def from_matrix(run_id: str, steps: np.ndarray, compute: np.ndarray, t0: float) 
         "gpu_uuid": [f"GPU-{k}" for k in range(world)], "rack": ["r0"] * world,
         "switch": ["s0"] * world, "nvlink_domain": [f"node{k}" for k in range(world)],
     }  # fmt: skip
-    return Recorded(run_id, [(ctx, {"placement": (world, place)})], [(ctx, cols)])
+    first: list[Batch] = []
+    if config is not None:
+        start_event = {
+            "time": np.array([t0]), "kind": ["job_start"], "step": np.array([-1]),
+            "rank": np.array([0]), "node_id": ["node0"], "gpu": np.array([0]), "message": [""],
+            "attrs": [json.dumps({"config": config, "world_size": world})],
+        }  # fmt: skip
+        first.append((ctx, {"event": (1, start_event)}))
+    return Recorded(run_id, [(ctx, {"placement": (world, place)})], [(ctx, cols)], first)
 
 
 def _take(cols: dict[str, np.ndarray], idx: np.ndarray) -> tuple[int, dict[str, Any]]:
@@ -113,7 +137,7 @@ def _ticks(rec: Recorded, way: Way) -> list[list[Batch]]:
     # placement (it declares the world size) first, the rest of the run's records last
     first = [(c, {k: v for k, v in t.items() if k == "placement"}) for c, t in rec.other]
     last = [(c, {k: v for k, v in t.items() if k != "placement"}) for c, t in rec.other]
-    ticks: list[list[Batch]] = [[b for b in first if b[1]]]
+    ticks: list[list[Batch]] = [rec.first + [b for b in first if b[1]]]
     if way.mode == "bulk":
         for ctx, cols in rec.steps:
             ticks[0].append((ctx, {"step": _take(cols, np.arange(len(cols["step"])))}))

@@ -23,8 +23,12 @@ labelled stragglers, the BigScience and Megatron-LM logs). ``import_restart_prec
 ``import_restart_recall`` (goal >= 0.95 each): the resumes the log importer infers from
 iteration times on randomized Megatron logs (resumes 3-20x the step time, 1-10% noise, slow
 stretches as distractors; bench/_import_restarts.py, 500 logs, 50 with ``--quick``).
-``--only generated|real`` runs one of them. ``--quick`` runs fewer scenarios, fleets, real cases
-and repeats.
+Generated pipeline-parallel jobs (bench/_pipeline_jobs.py, 200 jobs, 8 with ``--quick``):
+``stage_imbalance_called_infrastructure`` (goal 0; ``..._without_layout``: the same jobs with no
+layout in their config, as main judged them before), ``worker_vs_stage_precision`` /
+``worker_vs_stage_recall`` (goal >= 0.95 each), ``whatif_abs_err_p95`` (goal <= 0.03).
+``--only generated|real|pipeline`` runs one of them. ``--quick`` runs fewer scenarios, fleets,
+real cases and repeats.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from _common import emit
 from bench._detect_harness import SCENARIOS, Bench
 from bench._import_restarts import import_restarts
 from bench._lag_replay import LagReplay
+from bench._pipeline_jobs import pipeline_quality
 from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers
 from fleetlens.services.runs import RunQueries
 from fleetlens.sim.generate import EVENT_KINDS, MAGNITUDE_BINS, SLOW_KINDS, magnitude_bin
@@ -408,16 +413,19 @@ def main() -> None:
     )
     ap.add_argument(
         "--only",
-        choices=["generated", "real"],
+        choices=["generated", "real", "pipeline"],
         default=None,
-        help="run only the generated scenarios or only the real-data cases",
+        help="run only the generated scenarios, the real-data cases or the pipeline jobs",
     )
     args = ap.parse_args()
     if args.only:
         only: dict[str, Any] = (
             generated_quality(args.fleets or (3 if args.quick else 250))
-            if args.only == "generated" else real_data(args.quick)
-        )  # fmt: skip
+            if args.only == "generated"
+            else pipeline_quality(8 if args.quick else 200)
+            if args.only == "pipeline"
+            else real_data(args.quick)
+        )
         emit(only)
         return
     scen = SCENARIOS[:6] if args.quick else SCENARIOS
@@ -441,6 +449,7 @@ def main() -> None:
     result["ranks_query_ms"] = round(ranks_query_ms(3 if args.quick else 10), 1)
     result.update(verdict_consistency(3 if args.quick else 12))
     result.update(generated_quality(args.fleets or (3 if args.quick else 250)))
+    result.update(pipeline_quality(8 if args.quick else 200))
     result.update(import_restarts(50 if args.quick else 500))
     result.update(real_data(args.quick))
     emit(result)

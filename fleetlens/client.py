@@ -323,6 +323,17 @@ class Client:
         """The run's findings: root cause, owner, confidence, evidence."""
         return self._rows(self.get(f"/v1/runs/{_quote(run_id)}/diagnosis"), "findings", as_)
 
+    def straggler_whatif(
+        self, run_id: str, from_step: int | None = None, to_step: int | None = None
+    ) -> dict[str, Any]:
+        """How much faster the run would be with each type, worker or stage at its peers'
+        median, and with each finding fixed (``GET /v1/runs/{id}/whatif/stragglers``)."""
+        q = "&".join(
+            f"{k}={v}" for k, v in (("fromStep", from_step), ("toStep", to_step)) if v is not None
+        )
+        path = f"/v1/runs/{_quote(run_id)}/whatif/stragglers"
+        return dict(self.get(path + (f"?{q}" if q else "")))
+
     def flight_recorder(
         self,
         run_id: str,

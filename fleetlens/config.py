@@ -100,6 +100,7 @@ class AnalyzerConfig:
     compute_min_shift: float = 0.03
     network_min_shift: float = 0.06
     rack_peer_shift: float = 0.05
+    stage_min_excess: float = 0.05  # a pipeline stage this much over the median stage
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ DIAGNOSES: dict[str, str] = {
     "maintenance": "Planned maintenance",
     "slow_checkpoint": "Slow checkpoint",
     "topology": "Poor placement (topology)",
+    "stage_imbalance": "Uneven pipeline stages",
 }
 """Every diagnosis the analyses make (``fleetlens.analysis.rootcause.OWNERS`` lists the same)."""
 

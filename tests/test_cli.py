@@ -210,6 +210,16 @@ def test_diagnose_prints_findings_with_evidence(fleet: Server) -> None:
     assert "rank 13" in out
 
 
+def test_whatif_prices_the_straggler_and_each_type(fleet: Server) -> None:
+    """The slow rank fixed, how much faster the attempt's steps would have been."""
+    w = json.loads(ok("whatif", STRAGGLER, "--json", "--server", fleet.url))
+    (f,) = [f for f in w["findings"] if f["diagnosis"] == "straggler.persistent"]
+    assert f["ranks"] == [13] and f["savedSeconds"] > 0 and 0 < f["share"] < 1
+    assert w["byType"]["compute"] >= f["savedSeconds"] * 0.9 and w["slowdown"] > 0
+    out = ok("whatif", STRAGGLER, "--server", fleet.url)
+    assert "straggler.persistent" in out and "ranks 13:" in out and "compute" in out
+
+
 def test_compare_two_runs(fleet: Server) -> None:
     lines = ok("compare", STRAGGLER, THERMAL, "--server", fleet.url).splitlines()
     assert lines[0].split() == [STRAGGLER, THERMAL]
@@ -355,6 +365,7 @@ READS = (
     ("fleet", "goodput"),
     ("stragglers", STRAGGLER),
     ("diagnose", STRAGGLER),
+    ("whatif", STRAGGLER),
     ("compare", STRAGGLER, THERMAL),
     ("lineage", "run", STRAGGLER),
     ("alerts",),

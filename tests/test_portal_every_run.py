@@ -41,6 +41,7 @@ IMPORTS = {
     "real-fr-gpu-error": ("fr", "import", f"{FR}/gpu_error_1st"),
     "real-fr-lock-gil": ("fr", "import", f"{FR}/lock_gil_1st"),
 }  # fmt: skip
+LAYOUT = "real-meg-tp4-pp8"  # a Megatron log's tp 4 x pp 8: its layout shows on the pages
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +94,12 @@ def test_the_run_rank_and_failure_pages_of_every_run_load_without_an_error(
                     page.wait_for_selector("body[data-painted=true]", timeout=60_000)
                     page.locator("#heatmap").scroll_into_view_if_needed()
                     page.wait_for_load_state("networkidle")
+                if run == LAYOUT and state == "true" and not path.endswith("/failure"):
+                    # the parallel layout, on the run and rank pages
+                    at = "#now" if path == f"/runs/{run}" else "#rank-where"
+                    want = "tp 4 · pp 8" if at == "#now" else "pipeline stage 0 of 8"
+                    if want not in page.inner_text(at):
+                        broken.append(f"{path}: {want!r} not in {page.inner_text(at)!r}")
                 if state != "true" or errors:
                     broken.append(f"{path}: {state}: {page.inner_text('#status')!r} {errors}")
                 pages += 1

@@ -208,6 +208,14 @@ DEFAULT_POLICY = Policy(
             "tensor-parallel groups placed across NVLink domains or nodes",
             diagnoses=("topology",),
         ),
+        Rule(
+            "PipelineStageImbalance",
+            "finding",
+            "ticket",
+            "researcher",
+            "one pipeline stage computes longer than the others at every replica",
+            diagnoses=("stage_imbalance",),
+        ),
         # The per-metric alerts of seed 001 s36, each on the run's own series.
         Rule(
             "MFUDrop",

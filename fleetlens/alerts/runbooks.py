@@ -76,6 +76,14 @@ RUNBOOKS: dict[str, tuple[str, ...]] = {
         "Tensor-parallel groups span NVLink domains or nodes: their all-reduces go over the "
         "network. Fix the placement (rank order, node list) at the next restart.",
     ),
+    "PipelineStageImbalance": (
+        "One pipeline stage computes longer than the others at every data-parallel replica: "
+        "the layers are split unevenly (the last stage also computes the loss and the output "
+        "embedding). No node is at fault: do not drain one.",
+        "Move layers off that stage at the next restart (Megatron "
+        "--decoder-last-pipeline-num-layers or --account-for-loss-in-pipeline-split, torchtitan "
+        "pipeline_parallel_layers_per_stage); the finding says how much faster the job would be.",
+    ),
     "MFUDrop": ("MFU fell against the run's previous hour: see ThroughputDrop's steps.",),
     "TokensPerSecondDrop": ("Tokens/s fell against the run's previous hour: see ThroughputDrop.",),
     "GPUTemperatureHigh": (

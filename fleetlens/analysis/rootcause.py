@@ -58,6 +58,7 @@ OWNERS: dict[str, str] = {
     "maintenance": "scheduler",
     "slow_checkpoint": "storage",
     "topology": "scheduler",
+    "stage_imbalance": "training_config",
 }
 
 

@@ -4,7 +4,7 @@ domain (seed 002: "tensor-parallel groups physically verified to land on NVLink-
 A tensor-parallel group all-reduces activations in every layer, forward and backward; split over
 two NVLink domains, those all-reduces cross the network, an order of magnitude slower. The
 layout is Megatron-LM's (and torchtitan's, DeepSpeed's): the TP size comes from the run's config
-(``tp``, ``tensor_model_parallel_size``, ``tensor_parallel_size``) and TP groups are runs of
+(any of the names :mod:`fleetlens.analysis.layout` reads) and TP groups are runs of
 consecutive ranks, ``[k * tp, (k + 1) * tp)``. A rank's domain is its placement's NVLink domain
 when the placement names one, else its node. Ranks with no placement yet are not judged.
 """
@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .layout import config_size
 from .rootcause import Diagnosis
 
-__all__ = ["TP_KEYS", "SplitGroup", "split_tp_groups", "tp_size", "tp_split"]
-
-TP_KEYS = ("tp", "tensor_model_parallel_size", "tensor_parallel_size", "tp_size")
+__all__ = ["SplitGroup", "split_tp_groups", "tp_size", "tp_split"]
 
 
 @dataclass(frozen=True)
@@ -30,13 +29,8 @@ class SplitGroup:
 
 def tp_size(config: dict[str, Any]) -> int | None:
     """The run's tensor-parallel size from its config, or None when it does not say (or 1)."""
-    for key in TP_KEYS:
-        v = config.get(key)
-        if isinstance(v, int | float) and not isinstance(v, bool) and int(v) == v and v > 1:
-            return int(v)
-        if isinstance(v, str) and v.isdigit() and int(v) > 1:
-            return int(v)
-    return None
+    tp = config_size(config, "tp")
+    return tp if tp is not None and tp > 1 else None
 
 
 def split_tp_groups(

@@ -114,6 +114,22 @@ class StepWindowOut(ApiModel):
     steps: int
 
 
+class LayoutOut(ApiModel):
+    """The job's parallel layout (fleetlens.analysis.layout): its sizes and rank order."""
+
+    tp: int = Field(description="tensor-parallel size")
+    pp: int = Field(description="pipeline-parallel stages")
+    dp: int = Field(description="data-parallel replicas (what the world leaves when unsaid)")
+    cp: int = Field(description="context / sequence-parallel size")
+    ep: int = Field(description="expert-parallel size (over the data-parallel ranks)")
+    vpp: int = Field(description="virtual pipeline stages per rank (interleaved schedule)")
+    world: int
+    order: list[str] = Field(description="the axes outermost first; the last varies fastest")
+    source: Literal["config", "mesh"] = Field(
+        description="from the config's parallel sizes, or a DeviceMesh (its order too)"
+    )
+
+
 class MfuOut(ApiModel):
     """Model FLOPs utilization over the run summary's window, with what it was computed from."""
 
@@ -167,6 +183,11 @@ class RunDetailOut(RunOut):
         default=None,
         description="when a RUNNING run reaches the target step its config names (total_steps, "
         "max_steps, train_iters, max_iters...); null otherwise",
+    )
+    layout: LayoutOut | None = Field(
+        default=None,
+        description="the parallel layout its config or DeviceMesh names; null for a job that "
+        "names no model-parallel size (every rank is every other's peer)",
     )
 
 
@@ -296,3 +317,39 @@ class DiagnosisOut(ApiModel):
     run_id: str
     findings: list[FindingOut]
     owners: dict[str, int] = Field(description="findings per owner")
+
+
+class StragglerWhatIfFindingOut(ApiModel):
+    """What one finding costs by the what-if: its ranks (or stage) at their peers' median."""
+
+    key: str
+    diagnosis: str
+    owner: str
+    ranks: list[int]
+    saved_seconds: float = Field(description="seconds the window's steps would have been shorter")
+    share: float = Field(description="saved_seconds over the window's measured time")
+    speedup: float = Field(
+        description="how much faster the window would have run: saved / (wall - saved)"
+    )
+
+
+class StragglerWhatIfOut(ApiModel):
+    """How much faster the run's newest attempt would be with each operation type, each worker
+    or stage at its peers' median (fleetlens.analysis.whatif: the synchronous step, the last
+    arrival plus the transfer; a pipeline's slowest stage bounds it)."""
+
+    run_id: str
+    job_id: str
+    from_step: int
+    to_step: int
+    steps: int
+    wall_seconds: float
+    saved_seconds: float = Field(description="every type at its peers' median at once")
+    slowdown: float = Field(description="S: saved / (wall - saved)")
+    by_type: dict[str, float] = Field(
+        description="seconds saved with that type alone ideal: compute (every worker at its "
+        "stage's median), stages (the slowest stage at the median stage), data (input wait), "
+        "dp_comm (the data-parallel transfer at its median)"
+    )
+    findings: list[StragglerWhatIfFindingOut]
+    layout: LayoutOut | None = None

@@ -21,6 +21,7 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 
+from ..analysis.layout import layout_of
 from ..analysis.ranks import CusumParams
 from ..remediation.controller import ACTIVE
 from ..services.goodput import program_spec
@@ -75,6 +76,8 @@ RECOMMEND = {
     "hang": "Collect stack traces of every rank (py-spy) and the NCCL flight recorder.",
     "checkpoint": "Move to asynchronous checkpointing or a faster storage tier.",
     "preemption": "Checkpoint on the preemption notice; ask for a non-preemptible quota.",
+    "stage_imbalance": "Rebalance the pipeline: move layers off the slow stage (or count the "
+    "loss and embeddings in the split); no node is at fault.",
 }
 
 
@@ -150,6 +153,8 @@ async def overview(
         latest = pq.latest_scalars(run_id)
         summary = declared_world(run_summary(per_step, latest), svc.metadata.jobs(scope, run_id))
         out["summary"] = summary
+        lay = layout_of(info.config or {}, int(summary.get("worldSize") or info.world_size or 0))
+        out["layout"] = lay.to_json() if lay else None
         # MFU as GET /v1/runs/{id} has it (or why there is none)
         out["mfu"] = summary_mfu_out(info.config or {}, summary).model_dump(by_alias=True)
         clock.mark("summary")
@@ -264,16 +269,21 @@ async def rank_detail(
     points: Annotated[int, Query(ge=10, le=2000)] = 300,
 ) -> dict[str, Any]:
     """The heatmap's click-through (the run's whole step range unless a window is given): the
-    rank's mean phase timings per step bucket next to the mean rank's compute, and for each job
-    attempt that placed it, its node and GPU with the GPU's samples while it ran there."""
+    rank's mean phase timings per step bucket next to the mean rank's compute, for each job
+    attempt that placed it, its node and GPU with the GPU's samples while it ran there, and
+    where it sits in the run's parallel layout (``coords``: pipeline stage, data-parallel
+    replica, context and tensor-parallel rank) when the run has one."""
     svc = request.app.state.services
     if from_step is not None and to_step is not None and from_step > to_step:
         raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
 
     def work() -> dict[str, Any]:
-        svc.metadata.get_run(scope, run_id)
+        info = svc.metadata.get_run(scope, run_id)
         rng = PortalQueries(svc.telemetry, scope).step_range(run_id)
         out: dict[str, Any] = {"runId": run_id, "rank": rank, "phases": [], "placements": []}
+        lay = layout_of(info.config or {}, info.world_size)
+        if lay is not None and rank < lay.world:  # where the rank sits in the parallel layout
+            out["layout"], out["coords"] = lay.to_json(), lay.coords(rank)
         if rng is None:
             return out
         lo = rng[0] if from_step is None else from_step

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
+from ..analysis.layout import layout_of
 from ..errors import ConfigError
 from ..services.goodput import summary_mfu
 from ..services.runs import MAX_TIMELINE_STEPS, RunQueries, completion, declared_world
@@ -99,6 +100,7 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
         declared_world(summary, jobs)  # the metadata's world size before any step
         mfu = summary_mfu_out(info.config or {}, summary)
         eta = completion(info.config or {}, summary, info.status)
+        lay = layout_of(info.config or {}, int(summary.get("worldSize") or info.world_size or 0))
         return RunDetailOut.model_validate(
             {
                 **run_json(info),
@@ -107,6 +109,7 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
                 **summary,
                 "mfu": mfu,
                 "completion": eta,
+                "layout": lay.to_json() if lay else None,
             }
         )
 

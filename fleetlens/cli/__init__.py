@@ -35,6 +35,7 @@ COMMANDS = (
     "remediations",
     "stragglers",
     "diagnose",
+    "whatif",
     "compare",
     "lineage",
     "models",

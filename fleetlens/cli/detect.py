@@ -63,8 +63,42 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_whatif(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        w = c.straggler_whatif(args.run, args.from_step, args.to_step)
+    if args.json:
+        print_json(w)
+        return 0
+    print(
+        f"run {w['runId']} attempt {w['jobId']}, steps {w['fromStep']}-{w['toStep']} "
+        f"({w['steps']} steps, {fmt(w['wallSeconds'], ',.0f')} s)"
+    )
+    print(
+        f"  with everything at its peers' median: {fmt(w['savedSeconds'], ',.1f')} s shorter, "
+        f"S = {fmt(w['slowdown'], '.1%')} (the job ran that much longer)"
+    )
+    for kind, saved in sorted(w["byType"].items(), key=lambda kv: -kv[1]):
+        share = saved / w["wallSeconds"] if w["wallSeconds"] else 0.0
+        print(f"    {kind:<9} alone: {fmt(saved, ',.1f')} s ({fmt(share, '.1%')})")
+    for f in w["findings"]:
+        print(
+            f"  {f['diagnosis']:<24} ranks {_ranks(f['ranks'])}: "
+            f"{fmt(f['savedSeconds'], ',.1f')} s ({fmt(f['share'], '.1%')}), "
+            f"{fmt(f['speedup'], '.1%')} faster fixed"
+        )
+    return 0
+
+
+def _ranks(ranks: list[int]) -> str:
+    if not ranks:
+        return "-"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks[:8])) + ("..." if len(ranks) > 8 else "")
+
+
 def add_parsers(sub: Any) -> None:
-    """Add ``stragglers RUN`` and ``diagnose RUN`` to the CLI's subparsers."""
+    """Add ``stragglers RUN``, ``diagnose RUN`` and ``whatif RUN`` to the CLI's subparsers."""
     s = sub.add_parser("stragglers", help="a run's slow ranks, classified, with their GPUs")
     s.add_argument("run")
     client_opts(s)
@@ -73,3 +107,11 @@ def add_parsers(sub: Any) -> None:
     d.add_argument("run")
     client_opts(d)
     d.set_defaults(func=cmd_diagnose)
+    w = sub.add_parser(
+        "whatif", help="how much faster a run would be with each worker, stage or type fixed"
+    )
+    w.add_argument("run")
+    w.add_argument("--from-step", type=int, default=None, help="first step of the window")
+    w.add_argument("--to-step", type=int, default=None, help="last step of the window")
+    client_opts(w)
+    w.set_defaults(func=cmd_whatif)

@@ -65,6 +65,11 @@ def cmd_run_show(args: argparse.Namespace) -> int:
         f"  step {fmt(run.get('step'))}  tokens {fmt(run.get('tokensProcessed'), ',')}  "
         f"ranks {run.get('worldSize')}  jobs {run.get('jobs')}"
     )
+    lay = run.get("layout")
+    if lay:
+        sizes = " x ".join(f"{a} {lay[a]}" for a in ("tp", "cp", "pp", "dp") if lay[a] > 1)
+        extra = "".join(f", {a} {lay[a]}" for a in ("ep", "vpp") if lay[a] > 1)
+        print(f"  layout: {sizes}{extra} (from the {lay['source']}; ranks judged per stage)")
     reporting, world = run.get("ranksReporting"), run.get("worldSize")
     if reporting is not None and world and reporting < world:
         print(f"  only {reporting} of {world} ranks report steps")

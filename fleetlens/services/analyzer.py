@@ -28,6 +28,7 @@ from ..analysis.baseline import (
 from ..analysis.collectives import transfer_times
 from ..analysis.ends import diagnose_ends
 from ..analysis.hangs import RECENT_STEPS
+from ..analysis.layout import ParallelLayout, layout_of, peer_normalize
 from ..analysis.nanstats import nanmedian
 from ..analysis.ranks import RankState, scan_stragglers
 from ..analysis.rootcause import (
@@ -36,6 +37,7 @@ from ..analysis.rootcause import (
     diagnose_instability,
     diagnose_slow_checkpoints,
 )
+from ..analysis.stages import StageTally, stage_imbalance, tally_stages
 from ..analysis.topology import tp_split
 from ..config import AnalyzerConfig
 from ..lifecycle import STOPS
@@ -96,6 +98,14 @@ class _Ctx:
     found: list[Diagnosis] = field(default_factory=list)
     signature: str = ""
     coll: dict[str, Any] = field(default_factory=dict)  # the last slow-collective episode
+    layout: ParallelLayout | None = None  # the job's parallel layout, when its config names one
+
+    def peers(self, compute: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """``compute`` with each pipeline stage scaled to the job's median: ranks judged
+        against their own stage (the same ``compute`` when the job has one stage)."""
+        if self.layout is None or self.layout.pp < 2:
+            return compute
+        return peer_normalize(compute, self.layout.stages(compute.shape[1]))  # type: ignore[no-any-return]
 
 
 def analyze_run(
@@ -115,6 +125,7 @@ def analyze_run(
     events = q.events(run.run_id)
     world = max(j.world for j in jobs)
     ctx.signature = workload_signature(run.config, world)
+    ctx.layout = layout_of(run.config, world)
     bl = {
         m: Baseline.from_json(state.get(f"bl_{m}") or store.baseline(run.tenant, ctx.signature, m))
         for m in ("compute", "transfer")
@@ -262,8 +273,9 @@ def _advance_stragglers(
     overdue = m.steps <= job.last_step - per
     ok = complete | overdue | superseded
     k = len(ok) if ok.all() else int(np.argmin(ok))
+    compute = ctx.peers(m.compute)
     if k:
-        scan_stragglers(m.steps[:k], m.compute[:k], rs)
+        scan_stragglers(m.steps[:k], compute[:k], rs)
     js["cusum"] = rs.to_json()
     js["sealed"] = (hi if k == len(ok) else int(m.steps[k]) - 1) if k else sealed
     if k == len(ok):
@@ -273,7 +285,7 @@ def _advance_stragglers(
     # older than the run's newest data, so they do not move ``last_seen``: the run asks for
     # another pass while its tail keeps changing (and a few passes after, then rests).
     tails[job.job_id] = scan_stragglers(
-        m.steps[k:], m.compute[k:], RankState.from_json(js["cusum"], m.world)
+        m.steps[k:], compute[k:], RankState.from_json(js["cusum"], m.world)
     )
     sig = [js["sealed"], int(np.isfinite(m.compute[k:]).sum())]
     idle = js["tail"][2] + 1 if js.get("tail", [None, None])[:2] == sig else 0
@@ -336,6 +348,7 @@ def _blocks(
         med = nanmedian(m.compute, axis=1)
         transfer = transfer_times(m.comm)
     step_time = m.end - m.start
+    peers = ctx.peers(m.compute)  # a rank against its own pipeline stage
     ids = (m.steps - job.first_step) // b  # blocks by step number, not by row of the window
     cut = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), n]
     for a, z in pairwise(cut):
@@ -344,7 +357,7 @@ def _blocks(
         s0, s1 = int(m.steps[a]), int(m.steps[z - 1])
         t0, t1 = float(m.start[a]), float(m.end[z - 1])
         with np.errstate(all="ignore"):
-            rank_vals = nanmedian(m.compute[a:z], axis=0)
+            rank_vals = nanmedian(peers[a:z], axis=0)
         learning = not bl["compute"].ready
         shifts = localize(rank_vals, bl["compute"], _topology(place), cfg.compute_min_shift)
         peer = not shifts and len(set(place.rack)) > 1
@@ -400,6 +413,20 @@ def _blocks(
             bl["transfer"].add(
                 transfer[a : a + steady_prefix(transfer[a:z], cfg.network_min_shift)]
             )
+
+    lay = ctx.layout
+    if lay is not None and lay.pp > 1:  # the stages against each other, over the same steps
+        tally = tally_stages(
+            StageTally.from_json(js.get("stages")),
+            m.steps,
+            m.compute,
+            step_time,
+            m.start,
+            lay.stages(m.compute.shape[1]),
+            lay.pp,
+        )
+        js["stages"] = tally.to_json()
+        ctx.found += stage_imbalance(tally, lay, job.job_id, cfg.stage_min_excess)
 
 
 def _episode(coll: dict[str, Any], job: JobSpan, s0: int, s1: int) -> str:

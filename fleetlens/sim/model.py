@@ -53,6 +53,10 @@ class Job:
     world_size: int = 0  # 0: every GPU of cluster.nodes
     tp: int = 8
     pp: int = 1
+    stage_work: tuple[float, ...] = ()
+    """Each pipeline stage's compute relative to a balanced split (``pp`` values; empty: equal):
+    ``(1, 1, 1, 1.4)`` is a last stage doing 40% more work (the loss and output embedding). The
+    job announces ``tp`` and ``pp`` in its config when ``pp`` > 1."""
     model_params: float = 8e9
     tokens_per_step: int = 4_194_304
     step_time: float = 1.0
@@ -179,13 +183,16 @@ def _build(cls: Any, value: Any, where: str) -> Any:
     unknown = set(value) - set(_names(cls))
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {_names(cls)}")
-    out = {}
+    out: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name in value:
             v, default = value[f.name], getattr(cls(), f.name)
             try:
                 # YAML 1.1 reads 7.0e9 (no sign in the exponent) as a string; cast by the default
-                out[f.name] = type(default)(v) if isinstance(default, int | float) else v
+                if isinstance(default, tuple):
+                    out[f.name] = tuple(float(x) for x in v)
+                else:
+                    out[f.name] = type(default)(v) if isinstance(default, int | float) else v
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"{where}.{f.name} is {v!r}; expected a number") from exc
     return cls(**out)
@@ -220,6 +227,12 @@ def _check(s: Scenario) -> None:
         raise ConfigError(f"job.checkpoint_every is {s.job.checkpoint_every}; must be >= 1")
     if s.speed < 0:
         raise ConfigError(f"speed is {s.speed}; use 0 (as fast as possible) or a factor > 0")
+    work = s.job.stage_work
+    if work and (len(work) != s.job.pp or min(work) <= 0 or world % s.job.pp):
+        raise ConfigError(
+            f"job.stage_work {list(work)} needs one positive value per pipeline stage "
+            f"(pp {s.job.pp}) and a world ({world}) that pp divides"
+        )
     for f in s.faults:
         bad = [r for r in f.ranks if not 0 <= r < world]
         if bad:

@@ -13,6 +13,13 @@ the collective, healthy noise included) and ``productive`` the rest. The healthy
 (same noise, no faults) is computed beside the real one, so the step time the faults *added*
 is known exactly too (``injected_straggler``, ``injected_data_stall``): ground truth, not an
 estimate.
+
+A pipeline job's stages may do unequal work (``Job.stage_work``; ranks are stage-major, the
+stage of rank r is ``r // (world / pp)``). Every stage waits for the slowest in the pipeline's
+steady state, which the step's last arrival stands for here (the schedule's bubbles are not
+modelled). ``injected_stage`` is what the imbalance costs: the step time less the step time
+with the slowest stage's work set to its peers' median (so the next slowest stage sets the pace),
+the same noise, no faults: the what-if the analysis estimates.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import numpy as np
 
 from .model import Job, Noise
 
-__all__ = ["PHASE_SPLIT", "StepChunk", "simulate_chunk"]
+__all__ = ["PHASE_SPLIT", "StepChunk", "simulate_chunk", "stage_work"]
 
 Arr = np.ndarray[Any, Any]
 
@@ -47,6 +54,7 @@ class StepChunk:
     data_stall: float
     injected_straggler: float
     injected_data_stall: float
+    injected_stage: float = 0.0
 
     @property
     def end(self) -> float:
@@ -72,10 +80,13 @@ def simulate_chunk(
     comp_h += 1.0
     comp_h *= common
     comp_h *= compute_s * (1.0 + offsets)[None, :]
+    work, balanced = stage_work(job, w)
+    comp_h *= work[None, :]
     dw_h = rng.exponential(job.data_wait_fraction * job.step_time, size=(k, w))
     net_h = job.step_time * job.comm_fraction * common[:, 0]
     arrive_h = dw_h + comp_h
     t_h = arrive_h.max(axis=1) + net_h
+    t_bal = (dw_h + comp_h / work[None, :] * balanced[None, :]).max(axis=1) + net_h
     comp = comp_h * cf
     net = net_h * nf
     t_s = (dw_h + comp).max(axis=1) + net
@@ -101,4 +112,18 @@ def simulate_chunk(
         data_stall=float(stall.sum()),
         injected_straggler=float((t_s - t_h).sum()),
         injected_data_stall=float((t_real - t_s).sum()),
+        injected_stage=float((t_h - t_bal).sum()),
     )
+
+
+def stage_work(job: Job, world: int) -> tuple[Arr, Arr]:
+    """Each rank's work factor, and the same with the slowest stage's set to the other stages'
+    median: the balanced what-if."""
+    if not job.stage_work or job.pp < 2:
+        return np.ones(world), np.ones(world)
+    stage = np.arange(world) // max(world // job.pp, 1)
+    per = np.asarray(job.stage_work, dtype=float)
+    ideal = per.copy()
+    top = int(np.argmax(per))
+    ideal[top] = float(np.median(np.delete(per, top)))
+    return per[stage], ideal[stage]

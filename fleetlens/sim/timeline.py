@@ -7,6 +7,8 @@ chunk, plus the partial step, into ``rework``; everything else keeps its own cat
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .engine import _GAP, _XID, Engine
@@ -25,7 +27,11 @@ class _Book:
 
     def add(self, end: int, c: StepChunk) -> None:
         losses = {"productive": c.productive, "straggler": c.straggler, "data_stall": c.data_stall}
-        added = {"straggler": c.injected_straggler, "data_stall": c.injected_data_stall}
+        added = {
+            "straggler": c.injected_straggler,
+            "data_stall": c.injected_data_stall,
+            "stage_imbalance": c.injected_stage,
+        }
         self.pending.append((end, losses, added))
 
     def commit(self, e: Engine, upto: int) -> None:
@@ -58,7 +64,9 @@ def _launch(e: Engine, attempt: int, resume: int, category: str, submit: float) 
     e.job_ids.append(f"{job.run_id}-a{attempt}")
     e.batcher.add(e.ctx, "placement", *e.place.records(e.t))
     gang = e.t + job.gang_s
-    e.event(e.t, "job_start", resume, msg=f"attempt {attempt} launched", attempt=attempt)
+    layout: dict[str, Any] = {"config": {"tp": job.tp, "pp": job.pp}} if job.pp > 1 else {}
+    # a pipeline job announces its layout, as the SDK's job_start carries the run's config
+    e.event(e.t, "job_start", resume, msg=f"attempt {attempt} launched", attempt=attempt, **layout)
     e.event(gang, "gang_complete", resume, world_size=e.world)
     if attempt:
         e.event(e.t, "restart", resume, msg=f"restart from step {resume}", attempt=attempt)

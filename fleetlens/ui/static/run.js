@@ -216,6 +216,11 @@
   let heatStale = false;
   let heatInView = false;
 
+  // "tp 4 · pp 4 · dp 8": the sizes over 1, in the frameworks' order.
+  function layoutText(l) {
+    return ["tp", "cp", "ep", "pp", "vpp", "dp"].filter((a) => l[a] > 1).map((a) => `${a} ${l[a]}`).join(" · ") || "data-parallel";
+  }
+
   async function runPage({ refreshing }) {
     controls(runCharts);
     const pts = Math.min(800, Math.max(100, Math.floor(window.innerWidth / 2)));
@@ -233,7 +238,8 @@
       ["Step", text(s.step)], ["Ranks", text(s.worldSize ?? (d.run.worldSize || null))], ["Step time (slowest rank)", `${F(m.stepTimeMs)} ms`],
       ["Tokens/s", F(m.tokensPerSecond)], ["MFU", mfuText(d.mfu)], ["Tokens consumed", F(s.tokensProcessed)],
       ["Loss", F(m.loss)], ["Est. completion", etaText(eta, d.run.status)],
-    ].concat(act ? [["Remediation", `${act.node} ${A.stateLabel(act.state)}`]] : []));
+    ].concat(d.layout ? [["Parallel layout", layoutText(d.layout)]] : [])
+      .concat(act ? [["Remediation", `${act.node} ${A.stateLabel(act.state)}`]] : []));
     // The answer first: the findings and their cost are painted before the charts are drawn
     // (a frame, then the rest), so the first thing a reader sees is what is wrong.
     if (!refreshing) await new Promise((done) => requestAnimationFrame(() => setTimeout(done, 0)));
@@ -483,6 +489,13 @@
     document.getElementById("rank-where").textContent = now
       ? `Rank ${rank} ran on ${now.node} GPU ${now.gpu}${places.length > 1 ? ` (latest of ${places.length} placements)` : ""}; steps ${text(d.fromStep)}–${text(d.toStep)}.`
       : `Rank ${rank}: no placement recorded; steps ${text(d.fromStep)}–${text(d.toStep)}.`;
+    if (d.coords) {  // where it sits in the parallel layout, and whom it is judged against
+      const c = d.coords, l = d.layout;
+      const parts = [["pipeline stage", "pp"], ["data-parallel replica", "dp"], ["context-parallel rank", "cp"],
+        ["tensor-parallel rank", "tp"]].filter(([, a]) => l[a] > 1).map(([name, a]) => `${name} ${c[a]} of ${l[a]}`);
+      document.getElementById("rank-where").textContent +=
+        ` In the parallel layout (${layoutText(l)}): ${parts.join(", ")}; compared with the ${l.world / l.pp} ranks of its stage.`;
+    }
     fill("placements", places.map((p) => {
       const xids = [...new Set((p.samples || []).map((s) => s.xid).filter((x) => x > 0))];
       return [{ th: p.jobId || "–" }, p.node, p.gpu, when(p.time), xids.length ? xids.map((x) => `Xid ${x}`).join(", ") : "none"];

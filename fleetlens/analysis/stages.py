@@ -1,0 +1,161 @@
+"""Pipeline-stage imbalance: a stage that computes longer than the others at every replica.
+
+In a pipeline-parallel job each stage holds a share of the layers; the last one also computes
+the loss and the output embedding, the first the input embedding. When the split is uneven, the
+ranks of one stage compute longer at *every* data-parallel replica, and in the pipeline's steady
+state (1F1B, interleaved or not) every stage waits for the slowest one. That is a partitioning
+choice of the training configuration, not a slow worker: the ranks are judged against their own
+stage (:func:`fleetlens.analysis.layout.peer_normalize`) and the stage against the others here.
+
+The cost is a what-if, after "Understanding Stragglers in Large Model Training Using What-if
+Analysis" (OSDI 2025): each step, the slowest stage's compute is set to its peers' (the other
+stages') median; the step then waits for the next slowest stage and shortens by the
+difference; the sum over the steps against their wall time is the share of the job's time the
+imbalance costs, and
+``S = saved / (wall - saved)`` how much faster the job would be. A stage with one rank has no
+peer: its worker's slowness reads as the stage's.
+
+Everything carried between passes is a :class:`StageTally` of sums over complete blocks of
+steps, so the verdict is the same whatever the passes the steps arrived in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .layout import ParallelLayout
+from .nanstats import nanmedian
+from .rootcause import Diagnosis
+
+__all__ = ["StageTally", "stage_imbalance", "tally_stages"]
+
+MIN_STEPS = 10  # steps tallied before a verdict
+
+
+@dataclass
+class StageTally:
+    """Sums over the steps judged so far: each stage's median compute, the what-if saving of
+    bringing the slowest stage to its peers' median, and the steps' wall time."""
+
+    steps: int = 0
+    compute: list[float] = field(default_factory=list)  # per stage, seconds summed over steps
+    saved: float = 0.0  # seconds
+    wall: float = 0.0  # seconds
+    first: int = -1  # first step tallied
+    last: int = -1
+    start: float = 0.0  # when the first tallied step began (UNIX seconds)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> StageTally:
+        return cls(**d) if d else cls()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "compute": self.compute,
+            "saved": self.saved,
+            "wall": self.wall,
+            "first": self.first,
+            "last": self.last,
+            "start": self.start,
+        }
+
+
+def tally_stages(
+    tally: StageTally,
+    steps: np.ndarray[Any, Any],
+    compute: np.ndarray[Any, Any],
+    step_time: np.ndarray[Any, Any],
+    start: np.ndarray[Any, Any],
+    stages: np.ndarray[Any, Any],
+    pp: int,
+) -> StageTally:
+    """Add consecutive steps (``compute`` steps x ranks, raw seconds; ``stages`` each rank's
+    stage) to the tally. Steps where a stage reported no rank are skipped."""
+    if not len(steps) or pp < 2:
+        return tally
+    n = compute.shape[1]
+    st = stages[:n]
+    with np.errstate(all="ignore"):
+        per = np.stack([nanmedian(compute[:, st == s], axis=1) for s in range(pp)], axis=1)
+    ok = np.isfinite(per).all(axis=1) & np.isfinite(step_time)
+    if not ok.any():
+        return tally
+    per, wall = per[ok], step_time[ok]
+    top = per.max(axis=1)
+    rest = np.sort(per, axis=1)[:, -2]  # the next slowest stage: what the step then waits for
+    saved = np.minimum(np.clip(top - rest, 0.0, None), wall)
+    sums = per.sum(axis=0)
+    if len(tally.compute) != pp:
+        tally = StageTally(start=float(start[ok][0]), first=int(steps[ok][0]))
+        tally.compute = [0.0] * pp
+    tally.compute = [a + float(b) for a, b in zip(tally.compute, sums, strict=True)]
+    tally.steps += int(ok.sum())
+    tally.saved += float(saved.sum())
+    tally.wall += float(wall.sum())
+    tally.last = int(steps[ok][-1])
+    return tally
+
+
+def stage_imbalance(
+    tally: StageTally, layout: ParallelLayout, job_id: str, min_excess: float
+) -> list[Diagnosis]:
+    """The attempt's ``stage_imbalance`` finding when its slowest stage computes at least
+    ``min_excess`` (0.05: 5%) longer than the other stages' median over the steps tallied."""
+    if tally.steps < MIN_STEPS or len(tally.compute) < 2:
+        return []
+    mean = np.asarray(tally.compute) / tally.steps
+    k = int(np.argmax(mean))
+    median = float(np.median(np.delete(mean, k)))  # its peers: the other stages
+    if median <= 0 or mean[k] / median - 1.0 < min_excess:
+        return []
+    excess = mean[k] / median - 1.0
+    share = tally.saved / tally.wall if tally.wall > 0 else 0.0
+    speedup = tally.saved / (tally.wall - tally.saved) if tally.wall > tally.saved else 0.0
+    per_stage = layout.world // layout.pp
+    ranks = [r for r in range(layout.world) if layout.coords(r)["pp"] == k]
+    role = (
+        " (it also computes the loss and the output embedding)"
+        if k == layout.pp - 1
+        else " (it also computes the input embedding)"
+        if k == 0
+        else ""
+    )
+    return [
+        Diagnosis(
+            f"stage_imbalance:{job_id}",
+            "stage_imbalance",
+            "slowdown",
+            0.9,
+            f"pipeline stage {k} of {layout.pp} ({per_stage} ranks{role}) computes "
+            f"{excess:.0%} longer than the other stages at every replica "
+            f"(+{(mean[k] - median) * 1e3:.0f} ms a step): the layers are split unevenly "
+            f"across the stages, not a slow worker. Balanced, the job would run "
+            f"{speedup:.1%} faster ({share:.1%} of its step time goes to the imbalance); move "
+            "layers off this stage (Megatron --decoder-first/last-pipeline-num-layers or "
+            "--account-for-loss-in-pipeline-split, torchtitan pipeline_parallel_layers_per_stage)",
+            step=tally.first + MIN_STEPS - 1,
+            start_step=tally.first,
+            end_step=tally.last,
+            time=tally.start,
+            ranks=ranks[:256],
+            job_id=job_id,
+            evidence=[
+                {
+                    "metric": "stage compute / the other stages' median",
+                    "value": float(mean[k] / median),
+                    "baseline": 1.0,
+                    "stage": k,
+                    "stages": [round(float(v), 6) for v in mean],
+                    "seconds": round(float(mean[k] - median), 6),
+                    "saved": round(tally.saved, 3),
+                    "share": round(share, 4),
+                    "speedup": round(speedup, 4),
+                    "steps": tally.steps,
+                }
+            ],
+        )
+    ]

@@ -1,0 +1,138 @@
+"""What-if: how much faster a job would be with a worker, a stage or an operation type at its
+peers' median (issue 33 item 3), after "Understanding Stragglers in Large Model Training Using
+What-if Analysis" (OSDI 2025).
+
+The step's dependency model is the synchronous one the measurements show: every rank waits
+for its input (``data_wait``), computes, and enters the data-parallel collective; the step
+ends at the last arrival plus the transfer (``T = max_r(data_wait + compute) + transfer``, the
+transfer being what is left of the measured step once the last rank arrived). In a pipeline job
+every stage waits for the slowest in the steady state, which the last arrival stands for; the
+schedule's bubbles are not modelled. A what-if replaces durations and replays the step:
+
+- a **worker** ideal: its compute at the median of its stage's ranks that step (its peers);
+- **every worker** ideal (compute): every rank at its stage's median;
+- **stages** balanced: the slowest stage's ranks at the other stages' median (the next slowest
+  stage then sets the pace);
+- **data**: every rank's input wait at the step's median wait;
+- **data-parallel communication**: the transfer at its median over the steps.
+
+``S`` is the saving with all of them at once over the time left, ``saved / (wall - saved)``:
+how much faster the job would run. The savings per type are each alone, so they need not add
+up to the whole (the paper's per-type figures do not either); the savings per finding are each
+finding's ranks (or stage) alone over the finding's steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .nanstats import nanmedian
+
+__all__ = ["StepWhatIf", "Target", "step_whatif"]
+
+Arr = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one finding would make ideal: ``ranks`` (workers) or ``stage`` (>= 0), over steps
+    ``start``..``end`` (``end`` -1: to the last)."""
+
+    key: str
+    ranks: tuple[int, ...] = ()
+    stage: int = -1
+    start: int = 0
+    end: int = -1
+
+
+@dataclass(frozen=True)
+class StepWhatIf:
+    steps: int
+    wall: float  # seconds: the steps' measured time
+    saved: float  # every type ideal at once
+    by_type: dict[str, float]  # seconds saved with that type alone ideal
+    by_target: dict[str, float]  # seconds saved with that finding's workers or stage ideal
+
+    @property
+    def slowdown(self) -> float:
+        """``S``: how much longer the job ran than with everything at its peers' median."""
+        return self.saved / (self.wall - self.saved) if self.wall > self.saved else 0.0
+
+
+def _balanced(c: Arr, stages: Arr | None) -> tuple[Arr, Arr]:
+    """(every rank at its stage's median, per step; the factor that brings the slowest stage's
+    ranks to the next slowest stage's time, 1 elsewhere), both steps x ranks."""
+    scale = np.ones_like(c)
+    if stages is None or stages.max(initial=0) < 1:
+        med = nanmedian(c, axis=1)
+        return np.broadcast_to(med[:, None], c.shape).copy(), scale
+    ideal = np.empty_like(c)
+    pp = int(stages.max()) + 1
+    per = np.stack([nanmedian(c[:, stages == s], axis=1) for s in range(pp)], axis=1)
+    for s in range(pp):
+        ideal[:, stages == s] = per[:, s : s + 1]
+    top = np.argmax(np.nan_to_num(per, nan=-np.inf), axis=1)
+    cap = np.sort(per, axis=1)[:, -2]  # the next slowest stage sets the pace
+    k = np.arange(len(per))
+    factor = np.where(per[k, top] > 0, np.minimum(cap / per[k, top], 1.0), 1.0)
+    heavy = stages[None, :] == top[:, None]
+    scale[heavy] = np.broadcast_to(factor[:, None], c.shape)[heavy]
+    return ideal, scale
+
+
+def step_whatif(
+    steps: Arr,
+    compute: Arr,
+    data_wait: Arr,
+    step_time: Arr,
+    stages: Arr | None,
+    targets: Sequence[Target] = (),
+) -> StepWhatIf:
+    """The what-if of the module docstring over ``steps`` (``compute``/``data_wait`` steps x
+    ranks, seconds, NaN where a rank did not report; ``step_time`` per step; ``stages`` each
+    rank's pipeline stage, or None)."""
+    ok = np.isfinite(step_time) & np.isfinite(compute).any(axis=1)
+    steps, c, step_time = steps[ok], compute[ok], step_time[ok]
+    dw = np.nan_to_num(data_wait[ok], nan=0.0)
+    if not len(steps):
+        return StepWhatIf(0, 0.0, 0.0, {}, {})
+    st = None if stages is None else stages[: c.shape[1]]
+    with np.errstate(all="ignore"):
+        c = np.where(np.isfinite(c), c, nanmedian(c, axis=1)[:, None])
+        arrive = np.nanmax(dw + c, axis=1)
+        transfer = np.clip(step_time - arrive, 0.0, None)
+        ideal, scale = _balanced(c, st)
+        dw_med = np.broadcast_to(np.median(dw, axis=1)[:, None], dw.shape)
+        tr_med = np.minimum(transfer, np.median(transfer))
+
+        def t(cc: Arr, ww: Arr, tr: Arr) -> Arr:
+            return np.asarray(np.max(ww + cc, axis=1) + tr)
+
+        base = t(c, dw, transfer)  # the model's step: the measured one, the transfer its rest
+        by_type = {
+            "compute": float(np.sum(base - t(ideal, dw, transfer))),
+            "data": float(np.sum(base - t(c, dw_med, transfer))),
+            "dp_comm": float(np.sum(base - t(c, dw, tr_med))),
+        }
+        if st is not None and st.max(initial=0) >= 1:
+            by_type["stages"] = float(np.sum(base - t(c * scale, dw, transfer)))
+        every = t(np.minimum(c, ideal) * scale, dw_med, tr_med)
+        saved = float(np.sum(base - np.minimum(base, every)))
+        by_target: dict[str, float] = {}
+        for g in targets:
+            rows = (steps >= g.start) & ((steps <= g.end) if g.end >= 0 else True)
+            if not rows.any():
+                by_target[g.key] = 0.0
+                continue
+            cc = c[rows].copy()
+            if g.stage >= 0 and st is not None:
+                cols = st == g.stage
+                cc[:, cols] *= scale[rows][:, cols]
+            cols_r = [r for r in g.ranks if r < cc.shape[1]]
+            cc[:, cols_r] = np.minimum(cc[:, cols_r], ideal[rows][:, cols_r])
+            by_target[g.key] = float(np.sum(base[rows] - t(cc, dw[rows], transfer[rows])))
+    return StepWhatIf(len(steps), float(step_time.sum()), saved, by_type, by_target)
