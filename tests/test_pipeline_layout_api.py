@@ -58,3 +58,9 @@ def test_the_layout_and_the_imbalance_reach_the_api_and_the_run_page_document(
         assert (
             srv.request("GET", "/v1/runs/pp4-api/whatif/stragglers?fromStep=9&toStep=3")[0] == 400
         )
+        # a run with no step yet: nothing to replay, said as such (not an error the page logs)
+        bare = from_matrix("pp4-bare", np.arange(1), x[:1], 1.7e9, config)
+        for ctx, tables in bare.first:
+            assert srv.post(encode(ctx, tables))[0] == 200
+        empty = srv.get("/v1/runs/pp4-bare/whatif/stragglers")
+        assert empty["steps"] == 0 and empty["findings"] == [] and empty["slowdown"] == 0

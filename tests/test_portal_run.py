@@ -115,6 +115,16 @@ def test_whats_wrong_is_above_the_fold_with_each_findings_cost(
     first = [c.strip() for c in rows.first.locator("th, td").all_inner_texts()]
     assert first[1] == "GPU failure (fatal Xid)" and "node-0018" in first[2]
     assert "findings plus unexplained add up to them" in page.inner_text("#wrong-note")
+    # Below it, the what-if (GET .../whatif/stragglers): how much faster with everything at its
+    # peers' median, and with each slow worker fixed.
+    w = played.get(f"/v1/runs/{RUN}/whatif/stragglers")
+    assert w["slowdown"] > 0 and w["findings"], w
+    page.wait_for_function("document.getElementById('whatif-note').textContent.length > 0")
+    note = page.inner_text("#whatif-note")
+    assert f"would run {w['slowdown'] * 100:.1f}% faster" in note, note
+    fix = w["findings"][0]
+    assert f"Slow rank (every step) (ranks {fix['ranks'][0]}" in note, note
+    assert f"{fix['speedup'] * 100:.1f}% faster" in note, note
 
 
 def test_findings_costs_add_up_to_the_breakdowns_loss_lines(played: Server) -> None:

@@ -13,7 +13,7 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["nanmedian", "nanmin"]
+__all__ = ["nanlowmedian", "nanmedian", "nanmin"]
 
 Arr = npt.NDArray[Any]
 
@@ -41,4 +41,16 @@ def nanmedian(a: npt.ArrayLike, axis: int | None = None) -> float | Arr:
 def nanmin(a: npt.ArrayLike, axis: int) -> Arr:
     """``np.nanmin`` of ``a`` along ``axis``; NaN where a slice is all NaN or empty."""
     out: Arr = np.fmin.reduce(np.asarray(a, dtype=np.float64), axis=axis, initial=np.nan)
+    return out
+
+
+def nanlowmedian(a: npt.ArrayLike) -> Arr:
+    """The lower median of each row of ``a`` (2-D), NaN skipped: of an even count the lower of
+    the two middle values, so that of two ranks one slow one does not set it. NaN where a row
+    has no value."""
+    x = np.sort(np.asarray(a, dtype=np.float64), axis=1)  # NaN sorts last
+    n = (~np.isnan(x)).sum(axis=1)
+    out = np.full(x.shape[0], np.nan)
+    have = n > 0
+    out[have] = x[have, (n[have] - 1) // 2]
     return out

@@ -8,10 +8,10 @@ choice of the training configuration, not a slow worker: the ranks are judged ag
 stage (:func:`fleetlens.analysis.layout.peer_normalize`) and the stage against the others here.
 
 The cost is a what-if, after "Understanding Stragglers in Large Model Training Using What-if
-Analysis" (OSDI 2025): each step, the slowest stage's compute is set to its peers' (the other
-stages') median; the step then waits for the next slowest stage and shortens by the
-difference; the sum over the steps against their wall time is the share of the job's time the
-imbalance costs, and
+Analysis" (OSDI 2025): each step is replayed with the slowest stage's ranks brought to the next
+slowest stage's time (the other stages' median would leave that one setting the pace), their
+noise kept; the step, which waits for its last rank, shortens by the difference; the sum over
+the steps against their wall time is the share of the job's time the imbalance costs, and
 ``S = saved / (wall - saved)`` how much faster the job would be. A stage with one rank has no
 peer: its worker's slowness reads as the stage's.
 
@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from .layout import ParallelLayout
-from .nanstats import nanmedian
+from .nanstats import nanlowmedian
 from .rootcause import Diagnosis
+from .whatif import stage_scale
 
 __all__ = ["StageTally", "stage_imbalance", "tally_stages"]
 
@@ -37,7 +38,7 @@ MIN_STEPS = 10  # steps tallied before a verdict
 
 @dataclass
 class StageTally:
-    """Sums over the steps judged so far: each stage's median compute, the what-if saving of
+    """Sums over the steps judged so far: each stage's (lower) median compute, the what-if saving of
     bringing the slowest stage to its peers' median, and the steps' wall time."""
 
     steps: int = 0
@@ -80,14 +81,19 @@ def tally_stages(
     n = compute.shape[1]
     st = stages[:n]
     with np.errstate(all="ignore"):
-        per = np.stack([nanmedian(compute[:, st == s], axis=1) for s in range(pp)], axis=1)
+        # each stage's lower median: a slow worker of a two-rank stage does not set its time
+        per = np.stack([nanlowmedian(compute[:, st == s]) for s in range(pp)], axis=1)
     ok = np.isfinite(per).all(axis=1) & np.isfinite(step_time)
     if not ok.any():
         return tally
     per, wall = per[ok], step_time[ok]
-    top = per.max(axis=1)
-    rest = np.sort(per, axis=1)[:, -2]  # the next slowest stage: what the step then waits for
-    saved = np.minimum(np.clip(top - rest, 0.0, None), wall)
+    # The step waits for its last rank: replayed with the slowest stage's ranks brought to the
+    # next slowest stage's time (their own noise kept), it ends that much sooner.
+    c = compute[ok]
+    scale = stage_scale(per, st)
+    with np.errstate(all="ignore"):
+        saved = np.nanmax(c, axis=1) - np.nanmax(c * scale, axis=1)
+    saved = np.minimum(np.clip(np.nan_to_num(saved), 0.0, None), wall)
     sums = per.sum(axis=0)
     if len(tally.compute) != pp:
         tally = StageTally(start=float(start[ok][0]), first=int(steps[ok][0]))

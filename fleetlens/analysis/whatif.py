@@ -9,7 +9,8 @@ transfer being what is left of the measured step once the last rank arrived). In
 every stage waits for the slowest in the steady state, which the last arrival stands for; the
 schedule's bubbles are not modelled. A what-if replaces durations and replays the step:
 
-- a **worker** ideal: its compute at the median of its stage's ranks that step (its peers);
+- a **worker** ideal: its compute at the (lower) median of its stage's ranks that step (its
+  peers; of two, the faster);
 - **every worker** ideal (compute): every rank at its stage's median;
 - **stages** balanced: the slowest stage's ranks at the other stages' median (the next slowest
   stage then sets the pace);
@@ -30,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from .nanstats import nanmedian
+from .nanstats import nanlowmedian, nanmedian
 
-__all__ = ["StepWhatIf", "Target", "step_whatif"]
+__all__ = ["StepWhatIf", "Target", "stage_scale", "step_whatif"]
 
 Arr = np.ndarray[Any, Any]
 
@@ -63,25 +64,29 @@ class StepWhatIf:
         return self.saved / (self.wall - self.saved) if self.wall > self.saved else 0.0
 
 
-def _balanced(c: Arr, stages: Arr | None) -> tuple[Arr, Arr]:
-    """(every rank at its stage's median, per step; the factor that brings the slowest stage's
-    ranks to the next slowest stage's time, 1 elsewhere), both steps x ranks."""
-    scale = np.ones_like(c)
-    if stages is None or stages.max(initial=0) < 1:
-        med = nanmedian(c, axis=1)
-        return np.broadcast_to(med[:, None], c.shape).copy(), scale
-    ideal = np.empty_like(c)
-    pp = int(stages.max()) + 1
-    per = np.stack([nanmedian(c[:, stages == s], axis=1) for s in range(pp)], axis=1)
-    for s in range(pp):
-        ideal[:, stages == s] = per[:, s : s + 1]
+def stage_scale(per: Arr, stages: Arr) -> Arr:
+    """Steps x ranks: the factor that brings the slowest stage's ranks to the next slowest
+    stage's time, 1 elsewhere (``per``: each stage's time per step, steps x stages)."""
     top = np.argmax(np.nan_to_num(per, nan=-np.inf), axis=1)
     cap = np.sort(per, axis=1)[:, -2]  # the next slowest stage sets the pace
     k = np.arange(len(per))
     factor = np.where(per[k, top] > 0, np.minimum(cap / per[k, top], 1.0), 1.0)
     heavy = stages[None, :] == top[:, None]
-    scale[heavy] = np.broadcast_to(factor[:, None], c.shape)[heavy]
-    return ideal, scale
+    return np.where(heavy, factor[:, None], 1.0)
+
+
+def _balanced(c: Arr, stages: Arr | None) -> tuple[Arr, Arr]:
+    """(every rank at its stage's lower median, per step; :func:`stage_scale`), both steps x
+    ranks."""
+    if stages is None or stages.max(initial=0) < 1:
+        med = nanlowmedian(c)
+        return np.broadcast_to(med[:, None], c.shape).copy(), np.ones_like(c)
+    ideal = np.empty_like(c)
+    pp = int(stages.max()) + 1
+    per = np.stack([nanlowmedian(c[:, stages == s]) for s in range(pp)], axis=1)
+    for s in range(pp):
+        ideal[:, stages == s] = per[:, s : s + 1]
+    return ideal, stage_scale(per, stages)
 
 
 def step_whatif(

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
-from ..services.whatif import run_whatif
+from ..analysis.whatif import StepWhatIf
+from ..services.whatif import RunWhatIf, run_whatif
 from ..store.findings import FindingRow, FindingsStore
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
@@ -93,8 +94,8 @@ async def get_straggler_whatif(
         info = svc.metadata.get_run(scope, run_id)
         rows = FindingsStore(svc.metadata).rows(scope, run_id, None)
         w = run_whatif(svc.telemetry, scope, run_id, info.config or {}, rows, from_step, to_step)
-        if w is None:
-            raise HTTPException(404, f"run {run_id} has no steps yet")
+        if w is None:  # no step recorded (a run known from imported dumps): nothing to replay
+            w = RunWhatIf("", 0, -1, None, StepWhatIf(0, 0.0, 0.0, {}, {}), [])
         r = w.result
         found = [
             StragglerWhatIfFindingOut(

@@ -145,7 +145,8 @@ run lost (the breakdown's loss lines), in GPU-hours and goodput points</caption>
 <th scope="col">#</th><th scope="col">Finding</th><th scope="col">Where</th>
 <th scope="col">Since (UTC)</th><th scope="col">Confidence</th><th scope="col">Owner</th>
 <th scope="col">Evidence</th><th scope="col">Cost</th><th scope="col">Action</th></tr></thead>
-<tbody></tbody></table><p id="wrong-note" class="note"></p></section>
+<tbody></tbody></table><p id="wrong-note" class="note"></p>
+<p id="whatif-note" class="note"></p></section>
 <section aria-labelledby="h-now" class="cards" id="now"><h2 id="h-now">Now</h2><div></div></section>
 <section aria-labelledby="h-goodput">
 <h2 id="h-goodput">Goodput: where the time went (whole run)</h2>

@@ -143,6 +143,23 @@
       (fs.length > 5 ? ` ${fs.length - 5} more findings under Diagnosis.` : "");
   }
 
+  // What-if (GET .../whatif/stragglers): how much faster with each slow worker or stage fixed;
+  // asked after the first paint, only when a finding is one the what-if prices.
+  async function whatIfNote(d) {
+    const note = document.getElementById("whatif-note");
+    const priced = (d.findings || []).some((f) => f.kind === "straggler" || f.diagnosis === "stage_imbalance");
+    if (!note || !priced) { if (note) note.textContent = ""; return; }
+    const w = await getJSON(`/v1/runs/${enc(runId)}/whatif/stragglers`);
+    if (!w.steps) { note.textContent = ""; return; }
+    const types = Object.entries(w.byType || {}).sort((a, b) => b[1] - a[1])
+      .map(([k, v]) => `${k} ${pct(w.wallSeconds ? v / w.wallSeconds : null)}`).join(", ");
+    const fixes = (w.findings || []).slice(0, 3).map((f) => `${A.findingName(f.diagnosis)} ` +
+      `(ranks ${f.ranks.length > 4 ? `${f.ranks[0]}–${f.ranks[f.ranks.length - 1]}` : f.ranks.join(", ")}) ` +
+      `${pct(f.speedup)} faster`).join("; ");
+    note.textContent = `What-if, steps ${w.fromStep}–${w.toStep}: with every worker, stage, input and transfer at its peers' ` +
+      `median the job would run ${pct(w.slowdown)} faster (saved, each alone: ${types}).` + (fixes ? ` Fixed: ${fixes}.` : "");
+  }
+
   // ---------------------------------------------------------------- charts
   function markersOf(d) {
     const out = [];
@@ -251,6 +268,7 @@
     fill("factors", [[{ th: "Scheduling" }, pct(f.scheduling)], [{ th: "Runtime" }, pct(f.runtime)],
       [{ th: "Program" }, pct(f.program)], [{ th: "Job (runtime × program)" }, pct(f.jobProduct)]]);
     runCharts();
+    if (!refreshing) whatIfNote(d).catch(() => {});  // an extra line; its failure is not the page's
 
     const r = range();
     const all = d.findings || [];
