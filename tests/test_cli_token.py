@@ -97,6 +97,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "remediations reject": ["remediations", "reject", "987654"],
         "stragglers": ["stragglers", run],
         "diagnose": ["diagnose", run],
+        "whatif": ["whatif", run],
         "compare": ["compare", run, "tok-other"],
         **_imports(tmp),
         "lineage": ["lineage", "run", run],

@@ -31,7 +31,8 @@ def test_the_layout_and_the_imbalance_reach_the_api_and_the_run_page_document(
     assert lay is not None
     x = _job(8, lay.stages(8), [1.0, 1.0, 1.0, 1.6], {}, seed=4)
     rec = from_matrix("pp4-api", np.arange(STEPS), x, 1.7e9, config)
-    with InProcessServer(str(tmp_path / "data")) as srv:
+    fast = {"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}  # passes every half second
+    with InProcessServer(str(tmp_path / "data"), env=fast) as srv:
         for ctx, tables in [*rec.first, *rec.other]:
             assert srv.post(encode(ctx, tables))[0] == 200
         for ctx, cols in rec.steps:

@@ -149,8 +149,8 @@ def test_generated_pipeline_jobs_are_judged_by_stage_and_worker(player: Player) 
     """The simulator's pipeline jobs (unequal stage work, a slow GPU, both, neither), with its
     what-if truth: the heavy stage is never blamed on infrastructure (it was in every job
     before the layout), the verdicts are right and the what-if cost is within 3 points."""
-    q = pipeline_quality(8, seed=7, player=player)
-    assert q["stage_imbalance_jobs"] >= 3
+    q = pipeline_quality(4, seed=7, player=player)  # one of each: balanced, stage, worker, both
+    assert q["stage_imbalance_jobs"] == 2
     assert q["stage_imbalance_called_infrastructure"] == 0
     assert q["stage_imbalance_called_infrastructure_without_layout"] == q["stage_imbalance_jobs"]
     assert q["worker_vs_stage_precision"] >= 0.95 and q["worker_vs_stage_recall"] >= 0.95
