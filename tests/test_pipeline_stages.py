@@ -70,20 +70,31 @@ def test_the_layout_is_read_from_every_frameworks_names() -> None:
 
 
 def test_a_device_mesh_gives_the_layout_and_its_order() -> None:
-    torch = pytest.importorskip("torch")
-    from torch.distributed.device_mesh import DeviceMesh
+    """A real DeviceMesh of 16 ranks (torch's fake process group: one process, no network):
+    every rank's coordinates from the layout are the mesh's own."""
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    class Mesh:  # the two attributes mesh_config reads, shaped as a DeviceMesh has them
-        mesh_dim_names = ("pp", "dp_shard", "tp")
-        shape = torch.Size([2, 2, 4])
-
-    assert {"mesh_dim_names", "shape"} <= set(dir(DeviceMesh))
-    cfg = mesh_config(Mesh())
-    assert cfg == {"pp": 2, "dp": 2, "tp": 4, "parallel_order": ["pp", "dp", "tp"]}
-    lay = layout_of(cfg, 16)
-    assert lay is not None and lay.source == "mesh" and lay.coords(5) == {
-        "pp": 0, "dp": 1, "cp": 0, "tp": 1
-    }  # fmt: skip
+    dist.init_process_group("fake", rank=5, world_size=16, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (2, 2, 4), mesh_dim_names=("pp", "dp_shard", "tp"))
+        cfg = mesh_config(mesh)
+        assert cfg == {"pp": 2, "dp": 2, "tp": 4, "parallel_order": ["pp", "dp", "tp"]}
+        lay = layout_of(cfg, 16)
+        assert lay is not None and lay.source == "mesh"
+        grid = mesh.mesh.numpy()
+        for rank in range(16):
+            pp, dp, tp = (int(i[0]) for i in np.nonzero(grid == rank))
+            assert lay.coords(rank) == {"pp": pp, "dp": dp, "cp": 0, "tp": tp}
+        assert tuple(mesh.get_coordinate() or ()) == (0, 1, 1)  # rank 5, as the mesh says
+        # a mesh whose pipeline axis is not the outermost keeps its own order
+        inner = init_device_mesh("cpu", (4, 4), mesh_dim_names=("dp", "pp"))
+        lay2 = layout_of(mesh_config(inner), 16)
+        assert lay2 is not None and lay2.stages(16).tolist() == [r % 4 for r in range(16)]
+    finally:
+        dist.destroy_process_group()
 
     class Unnamed:
         mesh_dim_names = ("pp", "weird")
