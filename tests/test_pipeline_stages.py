@@ -20,6 +20,8 @@ import pytest
 from bench._delivery import Player, Way, from_matrix
 from bench._pipeline_jobs import pipeline_quality
 from fleetlens.analysis.layout import ParallelLayout, layout_of, mesh_config, peer_normalize
+from fleetlens.analysis.rootcause import Diagnosis
+from fleetlens.analysis.stages import fold_tp_groups
 from fleetlens.analysis.whatif import Target, step_whatif
 from fleetlens.errors import ConfigError
 from fleetlens.sim.model import Scenario
@@ -141,17 +143,22 @@ def test_a_heavy_last_stage_is_stage_imbalance_not_a_straggler(player: Player) -
 
 def test_a_slow_tensor_parallel_group_is_found_beside_the_heavy_stage(player: Player) -> None:
     """pp 4 x dp 4 x tp 4 (torchtitan's names), the last stage 8% heavier, one TP group of
-    stage 1 (ranks 20-23) 20% slow: the group is the straggler, the stage the imbalance, and
-    nothing is said of the last stage's ranks as workers. Delivered live, ranks lagging."""
+    stage 1 (ranks 20-23) 20% slow: the group is one straggler finding, the stage the
+    imbalance, and nothing is said of the last stage's ranks as workers. Delivered live, ranks
+    lagging."""
     config = {"parallelism": {"tensor_parallel_degree": 4, "pipeline_parallel_degree": 4}}
     lay = layout_of(config, 64)
     assert lay == ParallelLayout(tp=4, pp=4, dp=4)
     slow = dict.fromkeys(range(20, 24), 1.2)
     x = _job(64, lay.stages(64), [1.0, 1.0, 1.0, 1.08], slow, seed=2)
     found = _findings(player, "pp4-tp4", x, config, way="live")
-    stragglers = [f for f in found if f["kind"] == "straggler"]
-    assert sorted(r for f in stragglers for r in f["ranks"]) == [20, 21, 22, 23], stragglers
-    assert {f["owner"] for f in stragglers} == {"infrastructure"}
+    # one finding for the group: its ranks all-reduce every layer and slow down together
+    (group,) = [f for f in found if f["kind"] == "straggler"]
+    assert group["ranks"] == [20, 21, 22, 23] and group["owner"] == "infrastructure"
+    assert (
+        "tensor-parallel group of ranks 20-23 (pipeline stage 1, data-parallel replica 1"
+        in (group["summary"])
+    )
     (imb,) = [f for f in found if f["diagnosis"] == "stage_imbalance"]
     assert imb["evidence"][0]["stage"] == 3 and imb["ranks"] == list(range(48, 64))
 
@@ -193,3 +200,22 @@ def test_the_whatif_replays_the_step_with_a_worker_or_a_stage_at_its_peers_media
     w = step_whatif(steps, c, dw, t, stages, [Target("stage", stage=1)])
     assert w.by_type["compute"] == pytest.approx(0.0) and w.by_type["stages"] == pytest.approx(60)
     assert w.by_target["stage"] == pytest.approx(60.0) and w.saved == pytest.approx(60.0)
+
+
+def test_only_a_whole_tensor_parallel_group_is_folded_into_one_finding() -> None:
+    lay = ParallelLayout(tp=4, pp=2, dp=2)
+
+    def strag(rank: int, diag: str = "straggler.persistent") -> Diagnosis:
+        ev = [{"metric": "compute / step median", "value": 1.2, "baseline": 1.0}]
+        return Diagnosis(f"straggler:{rank}", diag, "straggler", 0.8, f"rank {rank}", 10, 5, -1,
+                         ranks=[rank], nodes=["node-1"], evidence=ev)  # fmt: skip
+
+    whole = fold_tp_groups([strag(r) for r in (8, 9, 10, 11)] + [strag(3)], lay)
+    assert sorted(d.ranks for d in whole) == [[3], [8, 9, 10, 11]]
+    (g,) = [d for d in whole if len(d.ranks) == 4]
+    assert g.evidence[0]["value"] == 1.2 and g.evidence[1]["stage"] == 1 and g.end_step == -1
+    partial = fold_tp_groups([strag(r) for r in (8, 9, 10)], lay)
+    assert [d.ranks for d in partial] == [[8], [9], [10]]
+    mixed = fold_tp_groups([strag(8, "thermal"), *(strag(r) for r in (9, 10, 11))], lay)
+    assert len(mixed) == 4  # a thermal GPU and three slow peers: not one kind, not folded
+    assert len(fold_tp_groups([strag(r) for r in (8, 9, 10, 11)], None)) == 4  # no layout

@@ -31,7 +31,7 @@ from .nanstats import nanlowmedian
 from .rootcause import Diagnosis
 from .whatif import stage_scale
 
-__all__ = ["StageTally", "stage_imbalance", "tally_stages"]
+__all__ = ["StageTally", "fold_tp_groups", "stage_imbalance", "tally_stages"]
 
 MIN_STEPS = 10  # steps tallied before a verdict
 
@@ -165,3 +165,64 @@ def stage_imbalance(
             ],
         )
     ]
+
+
+def fold_tp_groups(stragglers: list[Diagnosis], layout: ParallelLayout | None) -> list[Diagnosis]:
+    """Straggler findings that cover every rank of one tensor-parallel group, of one kind, as
+    one finding of the group. Its ranks all-reduce in every layer, so one slow GPU (or the
+    group's NVLink) slows all of them alike: the group is one worker problem on its node, not
+    ``tp`` of them. Moving stragglers and partial groups are left as they are."""
+    if layout is None or layout.tp < 2 or len(stragglers) < layout.tp:
+        return stragglers
+    groups: dict[tuple[str, int, int, int], list[Diagnosis]] = {}
+    for d in stragglers:
+        if d.diagnosis == "straggler.moving" or len(d.ranks) != 1 or d.ranks[0] >= layout.world:
+            continue
+        c = layout.coords(d.ranks[0])
+        groups.setdefault((d.diagnosis, c["pp"], c["dp"], c["cp"]), []).append(d)
+    folded: set[int] = set()
+    out: list[Diagnosis] = []
+    for (diag, pp, dp, _cp), members in groups.items():
+        if len({m.ranks[0] for m in members}) != layout.tp:
+            continue
+        members.sort(key=lambda m: m.ranks[0])
+        ranks = [m.ranks[0] for m in members]
+        first = members[0]
+        ongoing = any(m.end_step < 0 for m in members)
+        nodes = sorted({n for m in members for n in m.nodes})
+        where = (
+            f"ranks {ranks[0]}-{ranks[-1]}"
+            if ranks == list(range(ranks[0], ranks[-1] + 1))
+            else f"ranks {ranks}"
+        )
+        slow = [float(e["value"]) for m in members for e in m.evidence[:1] if "value" in e]
+        out.append(
+            Diagnosis(
+                f"{first.key}:tp-group",
+                diag,
+                "straggler",
+                max(m.confidence for m in members),
+                f"{diag.split('.')[-1]} straggler: the tensor-parallel group of {where} "
+                f"(pipeline stage {pp}, data-parallel replica {dp}; {', '.join(nodes[:4])}) "
+                f"{(max(slow) - 1.0) if slow else 0.0:.1%} slower than its stage: its ranks "
+                "all-reduce in every layer, so one slow GPU or its NVLink slows the whole group; "
+                "one worker problem, not several",
+                step=min(m.step for m in members),
+                start_step=min(m.start_step for m in members),
+                end_step=-1 if ongoing else max(m.end_step for m in members),
+                time=min((m.time for m in members if m.time is not None), default=None),
+                ranks=ranks,
+                nodes=nodes,
+                gpus=sorted({g for m in members for g in m.gpus}),
+                rack=first.rack,
+                job_id=first.job_id,
+                evidence=[
+                    *first.evidence[:1],  # the slowdown first: it weighs the finding's cost
+                    {"metric": "tensor-parallel group", "ranks": ranks, "stage": pp, "replica": dp},
+                    *first.evidence[1:],
+                    *(e for m in members[1:] for e in m.evidence[1:]),
+                ],
+            )
+        )
+        folded.update(id(m) for m in members)
+    return [d for d in stragglers if id(d) not in folded] + out

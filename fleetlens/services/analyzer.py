@@ -37,7 +37,7 @@ from ..analysis.rootcause import (
     diagnose_instability,
     diagnose_slow_checkpoints,
 )
-from ..analysis.stages import StageTally, stage_imbalance, tally_stages
+from ..analysis.stages import StageTally, fold_tp_groups, stage_imbalance, tally_stages
 from ..analysis.topology import tp_split
 from ..config import AnalyzerConfig
 from ..lifecycle import STOPS
@@ -221,8 +221,9 @@ def analyze_run(
         [e["time"] for e in ckpt],
     )
     hot = [h for js in jstate.values() for h in js.get("hot", [])]
-    stragglers = fold_into_racks(
-        straggler_findings(ctx.q, run, jobs, jstate, tails), hot, cfg.block_steps
+    stragglers = fold_tp_groups(
+        fold_into_racks(straggler_findings(ctx.q, run, jobs, jstate, tails), hot, cfg.block_steps),
+        ctx.layout,
     )
     for metric, b in bl.items():
         state[f"bl_{metric}"] = b.to_json()
