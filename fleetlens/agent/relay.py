@@ -391,9 +391,9 @@ class Relay:
         complete = True
         for (entry, _), result in zip(items, results, strict=False):
             code = result.get("status") if isinstance(result, dict) else None
-            if code == 200:
-                self.spool.delete(entry)
+            if code == 200:  # counted before the spool lets go: an empty spool reads as done
                 self._count("forwarded")
+                self.spool.delete(entry)
             elif isinstance(code, int) and 400 <= code < 500 and code not in _LATER:
                 self._refused([entry], f"{code}: {result.get('error')}")
             else:  # later: it stays spooled, first in line
@@ -419,9 +419,9 @@ class Relay:
             self._failed(f"cannot reach {self.cfg.server}: {exc}", None)
             return False
         if status == 200:
-            self.spool.delete(entry)
             self._count("forwarded")
             self._count("forwarded_singly")
+            self.spool.delete(entry)
             with contextlib.suppress(ValueError, AttributeError):
                 self._recovered(json.loads(answer).get("flushS"))
             return True
@@ -432,9 +432,9 @@ class Relay:
         return True
 
     def _refused(self, entries: list[SpoolEntry], why: str) -> None:
+        self._count("refused", len(entries))  # first, as for a forwarded batch
         for entry in entries:
             self.spool.delete(entry)
-        self._count("refused", len(entries))
         log.warning("relay: the server refused %d batch(es): %s", len(entries), why)
 
     def _failed(self, why: str, retry_after: float | None) -> None:
