@@ -3,8 +3,10 @@
 The state is JSON in the metadata store (``AnalysisCursor.state``): per job attempt, how far it
 was analysed (``done``), how far its blocks were judged (``blocked``), the steps its straggler
 state is committed through (``sealed``), its ranks' CUSUM and episodes (``cusum``), its
-incomplete tail (``tail``) and hot racks (``hot``); per run, the last slow-collective episode
-(``coll``) and the workload baselines (``bl_compute``, ``bl_transfer``).
+incomplete tail (``tail``), hot racks (``hot``) and, in a pipeline-parallel job, its stages'
+compute over the judged blocks (``stages``, absent until the first: an optional key, read
+with a default, so no version bump); per run, the last slow-collective episode (``coll``) and
+the workload baselines (``bl_compute``, ``bl_transfer``).
 
 Its shape changes with the analyses. Each change bumps :data:`VERSION` and adds one step to
 :func:`migrate`, the only place an older state is read into the current shape, so a running
