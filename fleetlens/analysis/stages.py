@@ -27,9 +27,8 @@ from typing import Any
 import numpy as np
 
 from .layout import ParallelLayout
-from .nanstats import nanlowmedian
 from .rootcause import Diagnosis
-from .whatif import stage_scale
+from .whatif import stage_scale, stage_times
 
 __all__ = ["StageTally", "fold_tp_groups", "stage_imbalance", "tally_stages"]
 
@@ -80,9 +79,7 @@ def tally_stages(
         return tally
     n = compute.shape[1]
     st = stages[:n]
-    with np.errstate(all="ignore"):
-        # each stage's lower median: a slow worker of a two-rank stage does not set its time
-        per = np.stack([nanlowmedian(compute[:, st == s]) for s in range(pp)], axis=1)
+    per = stage_times(compute, st, pp)
     ok = np.isfinite(per).all(axis=1) & np.isfinite(step_time)
     if not ok.any():
         return tally
@@ -122,7 +119,7 @@ def stage_imbalance(
     share = tally.saved / tally.wall if tally.wall > 0 else 0.0
     speedup = tally.saved / (tally.wall - tally.saved) if tally.wall > tally.saved else 0.0
     per_stage = layout.world // layout.pp
-    ranks = [r for r in range(layout.world) if layout.coords(r)["pp"] == k]
+    ranks = np.flatnonzero(layout.stages(layout.world) == k).tolist()
     role = (
         " (it also computes the loss and the output embedding)"
         if k == layout.pp - 1

@@ -33,7 +33,7 @@ import numpy as np
 
 from .nanstats import nanlowmedian, nanmedian
 
-__all__ = ["StepWhatIf", "Target", "stage_scale", "step_whatif"]
+__all__ = ["StepWhatIf", "Target", "stage_scale", "stage_times", "step_whatif"]
 
 Arr = np.ndarray[Any, Any]
 
@@ -64,6 +64,13 @@ class StepWhatIf:
         return self.saved / (self.wall - self.saved) if self.wall > self.saved else 0.0
 
 
+def stage_times(c: Arr, stages: Arr, pp: int) -> Arr:
+    """Steps x stages: each stage's lower median compute per step (of two ranks the faster, so
+    one slow worker does not set its stage's time)."""
+    with np.errstate(all="ignore"):
+        return np.stack([nanlowmedian(c[:, stages == s]) for s in range(pp)], axis=1)
+
+
 def stage_scale(per: Arr, stages: Arr) -> Arr:
     """Steps x ranks: the factor that brings the slowest stage's ranks to the next slowest
     stage's time, 1 elsewhere (``per``: each stage's time per step, steps x stages)."""
@@ -83,7 +90,7 @@ def _balanced(c: Arr, stages: Arr | None) -> tuple[Arr, Arr]:
         return np.broadcast_to(med[:, None], c.shape).copy(), np.ones_like(c)
     ideal = np.empty_like(c)
     pp = int(stages.max()) + 1
-    per = np.stack([nanlowmedian(c[:, stages == s]) for s in range(pp)], axis=1)
+    per = stage_times(c, stages, pp)
     for s in range(pp):
         ideal[:, stages == s] = per[:, s : s + 1]
     return ideal, stage_scale(per, stages)

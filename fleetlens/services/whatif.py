@@ -58,8 +58,7 @@ def run_whatif(
     job = jobs[-1]
     world = max(job.world, 1)
     hi = min(job.last_step, to_step) if to_step is not None else job.last_step
-    lo = max(job.first_step, from_step if from_step is not None else hi - MAX_CELLS // world + 1)
-    lo = max(lo, hi - MAX_CELLS // world + 1)
+    lo = max(job.first_step, from_step or 0, hi - MAX_CELLS // world + 1)
     m = q.step_matrix(run_id, job.job_id, lo, hi, world)
     layout = layout_of(config, m.world)
     stages = layout.stages(m.world) if layout is not None and layout.pp > 1 else None
