@@ -208,6 +208,11 @@ def test_diagnose_prints_findings_with_evidence(fleet: Server) -> None:
     first = out.splitlines()[0].split()
     assert first[0] == "step" and "owner" in first and "confidence" in first
     assert "rank 13" in out
+    # the slow rank priced by the what-if, under its finding, as `fleetlens whatif` prices it
+    w = json.loads(ok("whatif", STRAGGLER, "--json", "--server", fleet.url))
+    (f,) = [f for f in w["findings"] if f["diagnosis"] == "straggler.persistent"]
+    want = f"what-if, fixed: {f['savedSeconds']:,.1f} s of steps {w['fromStep']}-{w['toStep']}"
+    assert want in out, out
 
 
 def test_whatif_prices_the_straggler_and_each_type(fleet: Server) -> None:

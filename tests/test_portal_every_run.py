@@ -38,10 +38,12 @@ IMPORTS = {
     "real-kineto-w16": ("traces", "import", "kineto_traces/hta/world16_a100_80gb/rank0.json.gz"),
     "real-kineto-amd": ("traces", "import",
                         "kineto_traces/hta/amd_rocm/mi250_minitoy_train_ROCm6_2_kineto.json.gz"),
+    "real-pp-1f1b": ("traces", "import", "--as-run", "../recorded/torch_pipelining_pp2_dp2"),
     "real-fr-gpu-error": ("fr", "import", f"{FR}/gpu_error_1st"),
     "real-fr-lock-gil": ("fr", "import", f"{FR}/lock_gil_1st"),
 }  # fmt: skip
 LAYOUT = "real-meg-tp4-pp8"  # a Megatron log's tp 4 x pp 8: its layout shows on the pages
+PIPE = "real-pp-1f1b"  # a 1F1B job's traces: its stage imbalance priced by the what-if
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +102,11 @@ def test_the_run_rank_and_failure_pages_of_every_run_load_without_an_error(
                     want = "tp 4 · pp 8" if at == "#now" else "pipeline stage 0 of 8"
                     if want not in page.inner_text(at):
                         broken.append(f"{path}: {want!r} not in {page.inner_text(at)!r}")
+                if run == PIPE and path == f"/runs/{run}" and state == "true":
+                    page.wait_for_function("document.getElementById('whatif-note').textContent")
+                    note = page.inner_text("#whatif-note")
+                    if "Uneven pipeline stages (ranks 2, 3)" not in note:
+                        broken.append(f"{path}: the stage imbalance is not priced: {note!r}")
                 if state != "true" or errors:
                     broken.append(f"{path}: {state}: {page.inner_text('#status')!r} {errors}")
                 pages += 1

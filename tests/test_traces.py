@@ -11,18 +11,23 @@ import argparse
 import gzip
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fleetlens.analysis.layout import groups_config, layout_of
 from fleetlens.cli import traces as traces_cli
+from fleetlens.collector.decode import decode_batch
 from fleetlens.errors import FleetlensError, TraceFormatError
-from fleetlens.testing import Server, step_batch
+from fleetlens.testing import Server, step_batch, wait_passes
 from fleetlens.traces.breakdown import merge_intervals, step_breakdown
 from fleetlens.traces.collectives import normalize_op
-from fleetlens.traces.importer import RankTrace, import_traces
+from fleetlens.traces.importer import RankTrace, batches, import_traces
 from fleetlens.traces.kineto import COMM, COMPUTE, MEMORY, read_trace
 
 pytestmark = pytest.mark.unit
@@ -35,6 +40,7 @@ V100_NS = REAL / "v100_world1" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
 OLD = REAL / "trace_diff" / "control_rank3_world8_a100.json.gz"
 GLOO = REAL / "cpu_only_gloo_world300" / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
 AMD = REAL / "amd_rocm" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+PIPE = REAL.parents[2] / "recorded" / "torch_pipelining_pp2_dp2"  # pp 2 x dp 2, 1F1B, gloo
 
 
 def one(path: Path) -> RankTrace:
@@ -321,3 +327,104 @@ def test_no_trace_or_no_profiler_step_is_an_error_before_any_output(
         _cli(["traces", "import", str(stepless), *_DRY])
     captured = capsys.readouterr()
     assert captured.out == "" and "no ProfilerStep# annotations" in captured.err
+
+
+# --- a pipeline-parallel job's traces ---------------------------------------------------------
+
+
+def test_the_layout_is_read_from_the_process_groups_a_trace_lists() -> None:
+    """The recorded 1F1B job's mesh (pp 2 outermost, dp 2) from every rank's pg_config; a
+    Megatron job's groups by their group_desc; a torchtitan HSDP mesh's dp as the product of its
+    replicate and shard groups; a job with only its default group has no model-parallel layout."""
+    for rt in import_traces([PIPE]):
+        c = groups_config(rt.groups)
+        assert c == {"pp": 2, "dp": 2, "parallel_order": ["pp", "dp"]}, rt.rank
+        lay = layout_of(c, rt.world_size or 0)
+        assert lay is not None and lay.stages(4).tolist() == [0, 0, 1, 1]
+        assert lay.coords(rt.rank)["pp"] == rt.rank // 2
+    megatron = [("TENSOR_MODEL_PARALLEL_GROUP", [4, 5]), ("PIPELINE_MODEL_PARALLEL_GROUP", [0, 4]),
+                ("DATA_PARALLEL_GROUP", [4, 6]), ("EMBEDDING_GROUP", [0, 4])]  # fmt: skip
+    c = groups_config(megatron)
+    assert c == {"tp": 2, "pp": 2, "dp": 2, "parallel_order": ["pp", "dp", "tp"]}
+    assert layout_of(c, 8) is not None and layout_of(c, 8).coords(5) == {  # type: ignore[union-attr]
+        "pp": 1, "dp": 0, "cp": 0, "tp": 1}  # fmt: skip
+    hsdp = [("mesh_dp_replicate", [0, 8]), ("mesh_dp_shard", [0, 4]), ("mesh_tp", [0, 1, 2, 3]),
+            ("mesh_dp_shard_cp", [0, 4])]  # fmt: skip
+    assert groups_config(hsdp) == {"tp": 4, "dp": 4, "parallel_order": ["dp", "tp"]}
+    assert groups_config([("default_pg", list(range(300))), ("undefined", [0, 1])]) == {}
+    assert groups_config(read_trace(GLOO).groups) == {}
+
+
+def test_as_run_rows_are_the_profiled_steps_with_compute_left_after_exposed_comm() -> None:
+    """What --as-run sends for a rank, read by the server's own decoder: its profiled steps
+    with their exposed communication, and on the first rank's batch the attempt's start (with
+    the layout) and its end at the rank's last step."""
+    (rt,) = [r for r in import_traces([PIPE]) if r.rank == 2]
+    start = {"config": groups_config(rt.groups), "world_size": 4}
+    got = decode_batch(batches(rt, "pp", "a0", True, start)[1], content_encoding="gzip").tables
+    _, st = got["step"]
+    assert st["step"].tolist() == list(range(2, 14)) and set(st["rank"].tolist()) == {2}
+    np.testing.assert_allclose(st["duration"], rt.breakdown.duration)
+    np.testing.assert_allclose(st["comm"], rt.breakdown.exposed_comm)
+    _, ev = got["event"]
+    kinds = [ev["kind"].dictionary[c] for c in ev["kind"].codes]
+    assert kinds == ["job_start", "finish"] and ev["step"].tolist() == [1, 13]
+    attrs = [json.loads(ev["attrs"].dictionary[c]) for c in ev["attrs"].codes]
+    assert attrs[0]["config"]["pp"] == 2 and attrs[0]["world_size"] == 4
+    assert ev["time"][1] == pytest.approx(rt.time[-1] + rt.breakdown.duration[-1])
+    others = decode_batch(batches(rt, "pp", "a0", True)[1], content_encoding="gzip").tables
+    assert "step" in others and "event" not in others  # the other ranks carry steps only
+    assert "step" not in decode_batch(batches(rt, "pp")[1], content_encoding="gzip").tables
+
+
+@pytest.mark.e2e
+def test_a_pipeline_jobs_traces_give_stage_imbalance_not_slow_workers(
+    server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Imported --as-run, a real 1F1B job's traces are analysed as a live run is: its layout
+    from the traces' process groups, the last stage (the loss and the vocabulary projection)
+    reported as stage imbalance owned by the training configuration with its what-if saving,
+    and none of its ranks called a straggler."""
+    url = server.url
+    assert (
+        _cli(["traces", "import", str(PIPE), "--run", "pp-real", "--as-run", "--server", url]) == 0
+    )
+    wait_passes(server, 2)
+    run = server.get("/v1/runs/pp-real")
+    assert run["status"] == "FINISHED"  # a trace is history: it ends where the traces end
+    assert (run["layout"]["pp"], run["layout"]["dp"], run["layout"]["source"]) == (2, 2, "mesh")
+    findings = server.get("/v1/runs/pp-real/diagnosis")["findings"]
+    (imb,) = [f for f in findings if f["diagnosis"] == "stage_imbalance"]
+    assert imb["owner"] == "training_config" and imb["evidence"][0]["stage"] == 1
+    assert not [f for f in findings if f["diagnosis"] in ("persistent_straggler", "straggler")]
+    w = server.get("/v1/runs/pp-real/whatif/stragglers")
+    (f,) = [f for f in w["findings"] if f["diagnosis"] == "stage_imbalance"]
+    assert f["ranks"] == [2, 3] and 0.1 < f["share"] < 0.8 and w["slowdown"] >= f["speedup"]
+    assert w["byType"]["stages"] == max(w["byType"].values())  # the stages cost the most
+    # re-importing stores nothing twice
+    assert (
+        _cli(["traces", "import", str(PIPE), "--run", "pp-real", "--as-run", "--server", url]) == 0
+    )
+    assert len(server.get("/v1/runs/pp-real/traces")["steps"]) == 4 * 12
+
+
+@pytest.mark.e2e
+def test_the_pipeline_example_under_torchrun_writes_traces_that_give_its_layout(
+    tmp_path: Path,
+) -> None:
+    """The example that recorded the traces above, run now as users launch it: every rank's
+    trace has its profiled steps and the process groups that give pp 2 x dp 2."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "pipeline_train.py"
+    out = tmp_path / "traces"
+    args = ["--steps", "5", "--profile-steps", "3", "--profile", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+         str(example), *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = {rt.rank: rt for rt in import_traces([out])}
+    assert sorted(ranks) == [0, 1, 2, 3]
+    for rt in ranks.values():
+        assert rt.steps.tolist() == [2, 3, 4] and rt.world_size == 4
+        assert groups_config(rt.groups) == {"pp": 2, "dp": 2, "parallel_order": ["pp", "dp"]}

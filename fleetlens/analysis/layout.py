@@ -10,7 +10,8 @@ The sizes come from the run's config under the names the frameworks use: Megatro
 flat, dotted or nested under ``parallelism``), DeepSpeed's (``pipeline_parallel_size``,
 ``sequence_parallel_size`` for Ulysses, ``tensor_parallel_size``), the short ``tp``/``pp``/
 ``dp``/``cp``/``ep``, and a ``torch.distributed.device_mesh.DeviceMesh``'s dimensions
-(:func:`mesh_config`, which also records the mesh's order). The data-parallel size, when the
+(:func:`mesh_config`, which also records the mesh's order), and the process groups a profiler
+trace lists (:func:`groups_config`). The data-parallel size, when the
 config does not give it, is what the world leaves: ``world / (tp x cp x pp)``.
 
 Rank order is the frameworks' common one: the tensor-parallel coordinate varies fastest, then
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,7 @@ __all__ = [
     "AXES",
     "ParallelLayout",
     "config_size",
+    "groups_config",
     "layout_of",
     "mesh_config",
     "peer_normalize",
@@ -215,6 +218,52 @@ def mesh_config(mesh: Any) -> dict[str, Any]:
         if axis in AXES and axis not in order:
             order.append(axis)
     out["parallel_order"] = order
+    return out
+
+
+_GROUP_AXES = {
+    "pp": ("mesh_pp", "pipeline_model_parallel_group"),
+    "tp": ("mesh_tp", "tensor_model_parallel_group"),
+    "cp": ("mesh_cp", "context_parallel_group"),
+    "ep": ("mesh_ep", "expert_model_parallel_group"),
+    "dp": ("mesh_dp", "data_parallel_group"),
+}
+"""Process-group descriptions that name one parallel dimension: a ``DeviceMesh``'s (``mesh_`` and
+the dimension's name) and Megatron-LM's ``group_desc``. A mesh's flattened dimensions
+(``mesh_dp_cp``, ``mesh_dp_shard_cp``) span several axes and name none."""
+_DP_PARTS = ("mesh_dp_replicate", "mesh_dp_shard")  # torchtitan's HSDP mesh: dp is their product
+
+
+def groups_config(groups: Sequence[tuple[str, Sequence[int]]]) -> dict[str, Any]:
+    """The config keys (``tp``, ``pp``, ``dp``, ``cp``, ``ep`` and ``parallel_order``) a rank's
+    process groups give: each group's description and ranks, as a profiler trace records them
+    (``distributedInfo.pg_config``). A dimension's size is its group's size; the order of the
+    dimensions is their stride (the innermost's ranks are adjacent). Empty when no group names
+    a model-parallel dimension."""
+    found: dict[str, tuple[int, ...]] = {}
+    for desc, ranks in groups:
+        d = desc.lower()
+        axis = next((a for a, names in _GROUP_AXES.items() if d in names), None)
+        if axis is not None and axis not in found:
+            found[axis] = tuple(sorted(int(r) for r in ranks))
+    parts = [next((tuple(sorted(r)) for d, r in groups if d.lower() == p), None) for p in _DP_PARTS]
+    if "dp" not in found and parts[0] is not None and parts[1] is not None:
+        found["dp"] = tuple(sorted(set(parts[0]) | set(parts[1])))  # size: the product
+        sizes_dp = len(parts[0]) * len(parts[1])
+    else:
+        sizes_dp = len(found.get("dp", ()))
+    if not any(len(found.get(a, ())) > 1 for a in ("tp", "pp", "cp")):
+        return {}
+    out: dict[str, Any] = {}
+    stride: dict[str, int] = {}
+    for axis, ranks in found.items():
+        size = sizes_dp if axis == "dp" else len(ranks)
+        if size <= 1:
+            continue
+        out[axis] = size
+        if axis in AXES:
+            stride[axis] = min(b - a for a, b in pairwise(ranks))
+    out["parallel_order"] = sorted(stride, key=lambda a: -stride[a])  # outermost first
     return out
 
 

@@ -121,9 +121,9 @@ def stage_imbalance(
     per_stage = layout.world // layout.pp
     ranks = np.flatnonzero(layout.stages(layout.world) == k).tolist()
     role = (
-        " (it also computes the loss and the output embedding)"
+        "; it also computes the loss and the output embedding"
         if k == layout.pp - 1
-        else " (it also computes the input embedding)"
+        else "; it also computes the input embedding"
         if k == 0
         else ""
     )

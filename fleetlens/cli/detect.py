@@ -42,13 +42,17 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace) -> int:
     with client(args) as c:
         data = c.diagnosis(args.run, as_="json")
+        rows = data["findings"]
+        # the what-if prices the slow workers and uneven stages (asked only when there is one)
+        priced = any(r["kind"] == "straggler" or r["diagnosis"] == "stage_imbalance" for r in rows)
+        w = c.straggler_whatif(args.run) if priced and not args.json else None
     if args.json:
         print_json(data)
         return 0
-    rows = data["findings"]
     if not rows:
         print(f"run {data['runId']}: nothing to diagnose")
         return 0
+    saved = {f["key"]: f for f in w["findings"]} if w else {}
     for r in rows:
         print(
             f"step {fmt(r['step']):>8}  {r['diagnosis']:<22} owner {r['owner']:<15} "
@@ -60,6 +64,12 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             base = f" (baseline {fmt(e['baseline'], '.4g')})" if e.get("baseline") else ""
             shown = fmt(v, ".4g") if isinstance(v, (int, float)) else str(v)
             print(f"    {e.get('metric') or e.get('signal')}: {shown}{base}")
+        if (f := saved.get(r["key"])) is not None and w is not None:
+            print(
+                f"    what-if, fixed: {fmt(f['savedSeconds'], ',.1f')} s of steps "
+                f"{w['fromStep']}-{w['toStep']} ({fmt(f['share'], '.1%')}), "
+                f"{fmt(f['speedup'], '.1%')} faster"
+            )
     return 0
 
 

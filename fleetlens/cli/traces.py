@@ -80,7 +80,11 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             if c is not None:
-                _, body = batches(rt, args.run, args.job or "")
+                job = args.job or ("a0" if args.as_run else "")
+                start = None
+                if args.as_run and not summaries:  # the first rank's batch starts the attempt
+                    start = _job_start(rt, len(files))
+                _, body = batches(rt, args.run, job, args.as_run, start)
                 c.ingest(body, gzip=True)
                 if args.upload_files:
                     _upload(c, args.run, rt)
@@ -101,6 +105,18 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
     what = where or "parsed (dry run, nothing sent)"
     print(f"{len(summaries)} rank trace(s) {what}, run {args.run}", file=sys.stderr)
     return 0
+
+
+def _job_start(rt: Any, files: int) -> dict[str, Any]:
+    """The attempt's job_start attributes from a rank's trace: the world it states (else the
+    files imported) and the parallel layout its process groups give."""
+    from ..analysis.layout import groups_config
+
+    return {
+        "config": groups_config(rt.groups),
+        "world_size": rt.world_size or files,
+        "imported_from": "kineto",
+    }
 
 
 def _upload(c: Any, run: str, rt: Any) -> None:
@@ -183,6 +199,13 @@ def add_parser(sub: Any) -> None:
     imp.add_argument("--run", required=True, help="run id the traces belong to")
     imp.add_argument("--job", default=None, help="job (attempt) id")
     imp.add_argument("--dry-run", action="store_true", help="parse and summarise, send nothing")
+    imp.add_argument(
+        "--as-run",
+        action="store_true",
+        help="also store the profiled steps as the run's own, so it is analysed as a live run is "
+        "(stragglers against their peers, stage imbalance, what-if); the layout comes from the "
+        "traces' process groups",
+    )
     imp.add_argument("--json", action="store_true", help="print the summary as JSON, no table")
     imp.add_argument(
         "--upload-files",

@@ -14,6 +14,7 @@ ranks of one host, not with wall-clock records.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ __all__ = [
     "batches",
     "find_trace_files",
     "import_traces",
+    "run_tables",
 ]
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -78,6 +80,8 @@ class RankTrace:
     collectives: Collectives  # enter/exit in seconds (same clock as `time`)
     hta: dict[str, float]  # HTA-compatible whole-trace temporal breakdown + overlap %
     top_kernels: list[TopKernel]  # per step, its TOP_KERNELS heaviest, heaviest first
+    world_size: int | None = None  # distributedInfo.world_size
+    groups: tuple[tuple[str, tuple[int, ...]], ...] = ()  # its process groups (description, ranks)
 
     def summary(self) -> dict[str, Any]:
         b = self.breakdown
@@ -203,6 +207,8 @@ def analyze(trace: KinetoTrace, rank: int | None = None) -> RankTrace:
         collectives=coll,
         hta=_hta_view(trace),
         top_kernels=_top_kernels(d, trace.steps, every),
+        world_size=trace.world_size,
+        groups=trace.groups,
     )
 
 
@@ -273,13 +279,51 @@ def tables(rt: RankTrace) -> dict[str, Table]:
     return out
 
 
-def batches(rt: RankTrace, run_id: str, job_id: str = "") -> tuple[str, bytes]:
+def run_tables(rt: RankTrace, start: dict[str, Any] | None = None) -> dict[str, Table]:
+    """The rank's profiled steps as the run's own ``step`` rows (``traces import --as-run``), so
+    the run is analysed as a live one is (stragglers against their peers, stage imbalance, the
+    what-if): each step's span and its exposed communication, compute being what is left. With
+    ``start`` (the job_start attributes: config, world size), also the attempt's start and its
+    end at this rank's last step: a trace is history, not a live job."""
+    n = len(rt.steps)
+    st = TableBuilder("step")
+    st.add_packed("step", rt.steps.astype("<i8").tobytes())
+    st.add_packed("rank", np.full(n, rt.rank, dtype="<i4").tobytes())
+    st.add_packed("time", np.asarray(rt.time, dtype="<f8").tobytes())
+    st.add_packed("duration", np.asarray(rt.breakdown.duration, dtype="<f8").tobytes())
+    st.add_packed("comm", np.asarray(rt.breakdown.exposed_comm, dtype="<f8").tobytes())
+    out = {"step": st.build()}
+    if start is not None and n:
+        first, last = int(rt.steps[0]), int(rt.steps[-1])
+        end = float(rt.time[-1] + rt.breakdown.duration[-1])
+        ev = TableBuilder("event")
+        ev.add("time", [float(rt.time[0]), end]).add("kind", ["job_start", "finish"])
+        ev.add("step", [first - 1, last])
+        ev.add("message", ["profiled steps", "the imported traces end here"])
+        ev.add("attrs", [json.dumps(start), json.dumps({"inferred": "end of trace"})])
+        out["event"] = ev.build()
+    return out
+
+
+def batches(
+    rt: RankTrace,
+    run_id: str,
+    job_id: str = "",
+    as_run: bool = False,
+    start: dict[str, Any] | None = None,
+) -> tuple[str, bytes]:
     """One wire batch (id, gzip body) for one rank; its id is stable for the same file and run,
-    so importing the same trace twice stores it once."""
+    so importing the same trace twice stores it once. ``as_run``: the rank's steps go in as the
+    run's too, with the attempt's ``start`` and end when given (:func:`run_tables`)."""
     ctx = {"run_id": run_id}
     if job_id:
         ctx["job_id"] = job_id
-    digest = hashlib.sha256(f"{run_id}\0{job_id}\0{rt.rank}\0{rt.path}".encode()).hexdigest()
+    out = tables(rt)
+    key = f"{run_id}\0{job_id}\0{rt.rank}\0{rt.path}"
+    if as_run:
+        out.update(run_tables(rt, start))
+        key += "\0as-run"
+    digest = hashlib.sha256(key.encode()).hexdigest()
     return encode_batch(
-        tables(rt), ctx, batch_id=f"trace-{digest[:32]}", source="fleetlens-traces", compress=True
+        out, ctx, batch_id=f"trace-{digest[:32]}", source="fleetlens-traces", compress=True
     )

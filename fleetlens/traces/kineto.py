@@ -2,7 +2,7 @@
 
 The whole file is decoded in one pass by msgspec into typed structs that declare only the fields
 used here (name, category, phase, thread, time, duration and a handful of ``args``); everything
-else in an event (input shapes, strides, flows' payloads, ``deviceProperties``, ``pg_config``) is
+else in an event (input shapes, strides, flows' payloads, ``deviceProperties``) is
 skipped by the decoder without building Python objects. The events are then turned into a few
 numpy arrays, so a 100k-event trace costs tens of megabytes, not hundreds.
 
@@ -13,7 +13,9 @@ What comes out (:class:`KinetoTrace`), with times in microseconds on the trace's
   communication, memory or other the way Holistic Trace Analysis (HTA) classifies them, with
   the CPU time of the call that launched it (joined on ``correlation``);
 * ``comm_ops``: the CPU-side collective calls (``c10d::*``, ``nccl:*``, ``gloo:*``,
-  ``record_param_comms``) used to name and size the collectives.
+  ``record_param_comms``) used to name and size the collectives;
+* ``groups``: the process groups the rank belongs to (``distributedInfo.pg_config``: each
+  one's description and ranks), from which the job's parallel layout is read.
 
 ``to_unix(ts)`` turns a trace time into UNIX seconds: ``baseTimeNanoseconds`` + ts when the trace
 has it (newer Kineto writes times relative to that base), the time itself when it already looks
@@ -82,10 +84,16 @@ class _Event(msgspec.Struct):
     args: _Args | None = None
 
 
+class _PgConfig(msgspec.Struct):
+    pg_desc: str = ""
+    ranks: list[int] | str = []  # a string ("all" in some releases) when the group is the world
+
+
 class _DistInfo(msgspec.Struct):
     rank: int | None = None
     world_size: int | None = None
     backend: str | None = None
+    pg_config: list[_PgConfig] | None = None
 
 
 class _Trace(msgspec.Struct):
@@ -154,6 +162,7 @@ class KinetoTrace:
     device: DeviceEvents
     comm_ops: list[CommOp]
     events: int
+    groups: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (description, ranks) of its groups
 
     @property
     def clock(self) -> str:
@@ -303,4 +312,9 @@ def _index(path: str, doc: _Trace) -> KinetoTrace:
         device=device,
         comm_ops=comm_ops,
         events=len(doc.traceEvents),
+        groups=tuple(
+            (g.pg_desc, tuple(g.ranks))
+            for g in (info.pg_config or [] if info else [])
+            if g.pg_desc and isinstance(g.ranks, list)
+        ),
     )
