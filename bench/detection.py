@@ -23,10 +23,11 @@ labelled stragglers, the BigScience and Megatron-LM logs). ``import_restart_prec
 ``import_restart_recall`` (goal >= 0.95 each): the resumes the log importer infers from
 iteration times on randomized Megatron logs (resumes 3-20x the step time, 1-10% noise, slow
 stretches as distractors; bench/_import_restarts.py, 500 logs, 50 with ``--quick``).
-Generated pipeline-parallel jobs (bench/_pipeline_jobs.py, 200 jobs, 8 with ``--quick``):
+Generated pipeline-parallel jobs (bench/_pipeline_jobs.py, 200 jobs, 10 with ``--quick``):
 ``stage_imbalance_called_infrastructure`` (goal 0; ``..._without_layout``: the same jobs with no
 layout in their config, as main judged them before), ``worker_vs_stage_precision`` /
-``worker_vs_stage_recall`` (goal >= 0.95 each), ``whatif_abs_err_p95`` (goal <= 0.03).
+``worker_vs_stage_recall`` (goal >= 0.95 each), ``whatif_abs_err_p95`` (goal <= 0.03),
+``batch_whatif_abs_err_p95`` (the uneven batches' saving, goal <= 0.03).
 ``--only generated|real|pipeline`` runs one of them. ``--quick`` runs fewer scenarios, fleets,
 real cases and repeats.
 """
@@ -422,7 +423,7 @@ def main() -> None:
         only: dict[str, Any] = (
             generated_quality(args.fleets or (3 if args.quick else 250))
             if args.only == "generated"
-            else pipeline_quality(8 if args.quick else 200)
+            else pipeline_quality(10 if args.quick else 200)
             if args.only == "pipeline"
             else real_data(args.quick)
         )
@@ -449,7 +450,7 @@ def main() -> None:
     result["ranks_query_ms"] = round(ranks_query_ms(3 if args.quick else 10), 1)
     result.update(verdict_consistency(3 if args.quick else 12))
     result.update(generated_quality(args.fleets or (3 if args.quick else 250)))
-    result.update(pipeline_quality(8 if args.quick else 200))
+    result.update(pipeline_quality(10 if args.quick else 200))
     result.update(import_restarts(50 if args.quick else 500))
     result.update(real_data(args.quick))
     emit(result)

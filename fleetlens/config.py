@@ -101,6 +101,7 @@ class AnalyzerConfig:
     network_min_shift: float = 0.06
     rack_peer_shift: float = 0.05
     stage_min_excess: float = 0.05  # a pipeline stage this much over the median stage
+    batch_min_spread: float = 0.03  # replicas' batch cost varying this much (std) step to step
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from bench._pipeline_jobs import pipeline_quality
 from fleetlens.analysis.layout import ParallelLayout, layout_of, mesh_config, peer_normalize
 from fleetlens.analysis.rootcause import Diagnosis
 from fleetlens.analysis.stages import fold_tp_groups
-from fleetlens.analysis.whatif import Target, step_whatif
+from fleetlens.analysis.whatif import Target, batch_moments, replica_excess, step_whatif
 from fleetlens.errors import ConfigError
 from fleetlens.sim.model import Scenario
 
@@ -161,6 +161,7 @@ def test_a_slow_tensor_parallel_group_is_found_beside_the_heavy_stage(player: Pl
     )
     (imb,) = [f for f in found if f["diagnosis"] == "stage_imbalance"]
     assert imb["evidence"][0]["stage"] == 3 and imb["ranks"] == list(range(48, 64))
+    assert not [f for f in found if f["diagnosis"] == "batch_imbalance"]  # a worker, not data
 
 
 def test_generated_pipeline_jobs_are_judged_by_stage_and_worker(player: Player) -> None:
@@ -219,3 +220,62 @@ def test_only_a_whole_tensor_parallel_group_is_folded_into_one_finding() -> None
     mixed = fold_tp_groups([strag(8, "thermal"), *(strag(r) for r in (9, 10, 11))], lay)
     assert len(mixed) == 4  # a thermal GPU and three slow peers: not one kind, not folded
     assert len(fold_tp_groups([strag(r) for r in (8, 9, 10, 11)], None)) == 4  # no layout
+
+
+def _batches(lay: ParallelLayout, cov: float, seed: int) -> np.ndarray:
+    """(steps x ranks) factors: each data-parallel replica's batch cost, drawn anew each step
+    (``1 + cov x N(0, 1)``), the same at every stage and tensor-parallel rank of the replica."""
+    rng = np.random.default_rng(seed)
+    draw = np.clip(1.0 + cov * rng.standard_normal((STEPS, lay.dp)), 0.5, None)
+    return draw[:, lay.replicas(lay.world)]  # type: ignore[no-any-return]
+
+
+def test_the_replicas_shared_excess_is_the_batches_not_noise_or_a_worker() -> None:
+    """What two halves of the stages share, step by step, once each replica's block mean is
+    left out: the batches' spread with them, nothing with rank noise or a persistent worker."""
+    lay = ParallelLayout(pp=2, tp=2, dp=4)
+    st, rep = lay.stages(16), lay.replicas(16)
+    blocks = np.arange(STEPS) // 50
+    for cov, slow, want in ((0.1, {}, 0.1), (0.0, {}, 0.0), (0.0, {5: 1.3}, 0.0)):
+        x = _job(16, st, [1.0, 1.4], slow, seed=11) * (_batches(lay, cov, 12) if cov else 1.0)
+        halves = replica_excess(x, st, rep, 2)
+        assert halves is not None
+        m = batch_moments(*halves, blocks)
+        assert m.spread * np.sqrt(4 / 3) == pytest.approx(want, abs=0.015), (cov, slow)
+        assert (m.corr > 0.8) == (cov > 0), (cov, slow, m.corr)
+    assert replica_excess(np.ones((5, 4)), np.zeros(4, dtype=int), np.arange(4), 1) is None
+
+
+def test_uneven_batches_are_a_data_finding_not_stragglers_or_a_stage(player: Player) -> None:
+    """pp 2 x dp 4: each replica's batch costs 10% more or less step to step at both stages
+    (sequence lengths), the slowest replica moving. One ``batch_imbalance`` finding owned by
+    the data pipeline, its spread and what-if saving as the exact replay gives them; no slow
+    worker and no stage."""
+    config = {"pp": 2, "dp": 4}
+    lay = layout_of(config, 8)
+    assert lay is not None
+    clean = _job(8, lay.stages(8), [1.0, 1.0], {}, seed=21)
+    x = clean * _batches(lay, 0.1, 22)
+    found = _findings(player, "pp2-batches", x, config)
+    assert [f["diagnosis"] for f in found] == ["batch_imbalance"], found
+    (b,) = found
+    assert b["owner"] == "data_pipeline" and b["ranks"] == []
+    ev = b["evidence"][0]
+    assert ev["value"] == pytest.approx(0.1, abs=0.02) and ev["replicas"] == 4
+    # the exact what-if: the same steps with every batch at the median cost (the noise kept)
+    saved = x.max(axis=1).sum() - clean.max(axis=1).sum()
+    assert ev["share"] == pytest.approx(saved / x.max(axis=1).sum(), abs=0.02)
+
+
+def test_the_whatif_prices_uneven_batches() -> None:
+    lay = ParallelLayout(pp=2, dp=4)
+    clean = _job(8, lay.stages(8), [1.0, 1.0], {}, seed=31)
+    x = clean * _batches(lay, 0.15, 32)
+    t = x.max(axis=1) + 0.05
+    w = step_whatif(np.arange(STEPS), x, np.zeros_like(x), t, lay.stages(8),
+                    [Target("b", batches=True)], lay.replicas(8))  # fmt: skip
+    exact = float(x.max(axis=1).sum() - clean.max(axis=1).sum())
+    assert w.by_type["batches"] == pytest.approx(exact, rel=0.1)
+    assert w.by_target["b"] == pytest.approx(w.by_type["batches"])
+    assert step_whatif(np.arange(STEPS), x, np.zeros_like(x), t, lay.stages(8)).by_type.get(
+        "batches") is None  # fmt: skip

@@ -216,6 +216,14 @@ DEFAULT_POLICY = Policy(
             "one pipeline stage computes longer than the others at every replica",
             diagnoses=("stage_imbalance",),
         ),
+        Rule(
+            "BatchImbalance",
+            "finding",
+            "ticket",
+            "researcher",
+            "the data-parallel replicas' batches cost unevenly from step to step",
+            diagnoses=("batch_imbalance",),
+        ),
         # The per-metric alerts of seed 001 s36, each on the run's own series.
         Rule(
             "MFUDrop",

@@ -84,6 +84,13 @@ RUNBOOKS: dict[str, tuple[str, ...]] = {
         "--decoder-last-pipeline-num-layers or --account-for-loss-in-pipeline-split, torchtitan "
         "pipeline_parallel_layers_per_stage); the finding says how much faster the job would be.",
     ),
+    "BatchImbalance": (
+        "The data-parallel replicas' batches cost unevenly: from step to step one replica computes "
+        "longer at every pipeline stage (longer sequences, fuller packing) and every step waits "
+        "for it. The replica that is slowest moves: no node is at fault, do not drain one.",
+        "Balance the tokens per replica (sequence packing, length-grouped sampling, a token "
+        "budget per micro-batch); the finding says how much faster even batches would be.",
+    ),
     "MFUDrop": ("MFU fell against the run's previous hour: see ThroughputDrop's steps.",),
     "TokensPerSecondDrop": ("Tokens/s fell against the run's previous hour: see ThroughputDrop.",),
     "GPUTemperatureHigh": (

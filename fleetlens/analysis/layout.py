@@ -102,14 +102,23 @@ class ParallelLayout:
 
     def stages(self, world: int) -> np.ndarray[Any, np.dtype[np.int64]]:
         """The pipeline stage of ranks ``0..world-1`` (-1 past the layout's world)."""
+        return self.coordinate(world, "pp")
+
+    def replicas(self, world: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """The data-parallel replica of ranks ``0..world-1`` (-1 past the layout's world)."""
+        return self.coordinate(world, "dp")
+
+    def coordinate(self, world: int, axis: str) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Ranks ``0..world-1``'s coordinate on ``axis`` (one of :data:`AXES`; -1 past the
+        layout's world)."""
         ranks = np.arange(world)
         inner = 1
-        for axis in reversed(self.order):
-            if axis == "pp":
+        for a in reversed(self.order):
+            if a == axis:
                 break
-            inner *= getattr(self, axis)
-        out = (ranks // inner) % self.pp
-        out[ranks >= self.world] = -1
+            inner *= int(getattr(self, a))
+        size = int(getattr(self, axis))
+        out = np.where(ranks < self.world, (ranks // inner) % size, -1)
         return out.astype(np.int64)
 
     def to_json(self) -> dict[str, Any]:

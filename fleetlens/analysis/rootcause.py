@@ -59,6 +59,7 @@ OWNERS: dict[str, str] = {
     "slow_checkpoint": "storage",
     "topology": "scheduler",
     "stage_imbalance": "training_config",
+    "batch_imbalance": "data_pipeline",
 }
 
 

@@ -15,6 +15,17 @@ the steps against their wall time is the share of the job's time the imbalance c
 ``S = saved / (wall - saved)`` how much faster the job would be. A stage with one rank has no
 peer: its worker's slowness reads as the stage's.
 
+**Uneven batches** (``batch_imbalance``, owner the data pipeline): a replica whose batch costs
+more one step (longer sequences, fuller packing) computes longer at *every* stage that step, and
+the next step another replica does. Each replica's excess over the replicas' median is measured
+over the first half of the stages and over the second (:func:`fleetlens.analysis.whatif.
+replica_excess`); less each replica's mean over its block (what persists, a slow worker, is the
+straggler scan's), what the two halves share step by step is the batches' doing: a rank's noise
+and a slow worker show in one half only. When they share at least ``batch_min_spread`` (3%, as a
+standard deviation) with a correlation of 0.5 or more, the attempt gets one finding with the
+what-if saving of every replica's batch at the median (:func:`~fleetlens.analysis.whatif.
+batch_factor`).
+
 Everything carried between passes is a :class:`StageTally` of sums over complete blocks of
 steps, so the verdict is the same whatever the passes the steps arrived in.
 """
@@ -28,11 +39,20 @@ import numpy as np
 
 from .layout import ParallelLayout
 from .rootcause import Diagnosis
-from .whatif import stage_scale, stage_times
+from .whatif import (
+    BatchMoments,
+    batch_factor,
+    batch_moments,
+    replica_excess,
+    stage_scale,
+    stage_times,
+)
 
-__all__ = ["StageTally", "fold_tp_groups", "stage_imbalance", "tally_stages"]
+__all__ = ["StageTally", "batch_imbalance", "fold_tp_groups", "stage_imbalance", "tally_stages"]
 
 MIN_STEPS = 10  # steps tallied before a verdict
+MIN_BATCH_DOF = 60  # (step, replica) pairs, less a block's mean per replica, before a verdict
+MIN_BATCH_CORR = 0.5  # the halves' correlation from which their shared variation is the batch's
 
 
 @dataclass
@@ -47,6 +67,12 @@ class StageTally:
     first: int = -1  # first step tallied
     last: int = -1
     start: float = 0.0  # when the first tallied step began (UNIX seconds)
+    batch: list[float] = field(default_factory=list)  # BatchMoments: dof, ab, aa, bb
+    batch_saved: float = 0.0  # seconds: the what-if saving of every replica's batch at the median
+
+    @property
+    def moments(self) -> BatchMoments:
+        return BatchMoments(*self.batch) if len(self.batch) == 4 else BatchMoments()
 
     @classmethod
     def from_json(cls, d: dict[str, Any] | None) -> StageTally:
@@ -61,6 +87,8 @@ class StageTally:
             "first": self.first,
             "last": self.last,
             "start": self.start,
+            "batch": self.batch,
+            "batch_saved": self.batch_saved,
         }
 
 
@@ -72,9 +100,12 @@ def tally_stages(
     start: np.ndarray[Any, Any],
     stages: np.ndarray[Any, Any],
     pp: int,
+    replicas: np.ndarray[Any, Any] | None = None,
+    blocks: np.ndarray[Any, Any] | None = None,
 ) -> StageTally:
-    """Add consecutive steps (``compute`` steps x ranks, raw seconds; ``stages`` each rank's
-    stage) to the tally. Steps where a stage reported no rank are skipped."""
+    """Add consecutive steps (``compute`` steps x ranks, raw seconds; ``stages`` and
+    ``replicas`` each rank's stage and data-parallel replica; ``blocks`` each step's block) to
+    the tally. Steps where a stage reported no rank are skipped."""
     if not len(steps) or pp < 2:
         return tally
     n = compute.shape[1]
@@ -100,7 +131,39 @@ def tally_stages(
     tally.saved += float(saved.sum())
     tally.wall += float(wall.sum())
     tally.last = int(steps[ok][-1])
+    if replicas is not None and blocks is not None:
+        _tally_batches(tally, c, st, replicas[:n], blocks[ok], pp, wall)
     return tally
+
+
+def _tally_batches(
+    tally: StageTally,
+    c: np.ndarray[Any, Any],
+    st: np.ndarray[Any, Any],
+    rep: np.ndarray[Any, Any],
+    blocks: np.ndarray[Any, Any],
+    pp: int,
+    wall: np.ndarray[Any, Any],
+) -> None:
+    """The replicas' shared excess (:class:`BatchMoments`) and, block by block, the what-if
+    saving of their batches at the median (the block's own weight: fixed blocks, so the sums
+    do not depend on the passes)."""
+    halves = replica_excess(c, st, rep, pp)
+    if halves is None:
+        return
+    a, b = halves
+    total = tally.moments
+    saved = 0.0
+    with np.errstate(all="ignore"):
+        for blk in np.unique(blocks):
+            rows = blocks == blk
+            m = batch_moments(a[rows], b[rows], blocks[rows])
+            total += m
+            f = batch_factor(a[rows], b[rows], rep, m.weight)
+            cut = np.nanmax(c[rows], axis=1) - np.nanmax(c[rows] / f, axis=1)
+            saved += float(np.minimum(np.clip(np.nan_to_num(cut), 0.0, None), wall[rows]).sum())
+    tally.batch = [total.dof, total.ab, total.aa, total.bb]
+    tally.batch_saved += saved
 
 
 def stage_imbalance(
@@ -155,6 +218,59 @@ def stage_imbalance(
                     "stages": [round(float(v), 6) for v in mean],
                     "seconds": round(float(mean[k] - median), 6),
                     "saved": round(tally.saved, 3),
+                    "share": round(share, 4),
+                    "speedup": round(speedup, 4),
+                    "steps": tally.steps,
+                }
+            ],
+        )
+    ]
+
+
+def batch_imbalance(
+    tally: StageTally, layout: ParallelLayout, job_id: str, min_spread: float
+) -> list[Diagnosis]:
+    """The attempt's ``batch_imbalance`` finding when the replicas' batches vary by at least
+    ``min_spread`` (0.03: 3%, a standard deviation) step to step, every stage of a replica
+    alike (the module docstring)."""
+    m = tally.moments
+    if m.dof < MIN_BATCH_DOF or m.corr < MIN_BATCH_CORR or m.spread < min_spread:
+        return []
+    dp = layout.dp
+    spread = m.spread * float(np.sqrt(dp / (dp - 1)))  # against the median of dp, not of all
+    share = tally.batch_saved / tally.wall if tally.wall > 0 else 0.0
+    speedup = (
+        tally.batch_saved / (tally.wall - tally.batch_saved)
+        if tally.wall > tally.batch_saved
+        else 0.0
+    )
+    return [
+        Diagnosis(
+            f"batch_imbalance:{job_id}",
+            "batch_imbalance",
+            "slowdown",
+            round(min(0.9, m.corr), 2),
+            f"the {dp} data-parallel replicas' batches cost unevenly: a replica computes "
+            f"{spread:.1%} longer or shorter than the others from one step to the next, at every "
+            "pipeline stage alike, and which replica is slowest moves; every step waits for the "
+            "heaviest batch. That is the data (sequence lengths, packing), not a worker. Even "
+            f"batches, the job would run {speedup:.1%} faster ({share:.1%} of its step time); "
+            "balance the tokens per replica (sequence packing, length-grouped sampling, a token "
+            "budget per micro-batch)",
+            step=tally.first + MIN_STEPS - 1,
+            start_step=tally.first,
+            end_step=tally.last,
+            time=tally.start,
+            ranks=[],
+            job_id=job_id,
+            evidence=[
+                {
+                    "metric": "replica batch cost spread (standard deviation)",
+                    "value": round(spread, 4),
+                    "baseline": 0.0,
+                    "correlation": round(m.corr, 3),
+                    "replicas": dp,
+                    "saved": round(tally.batch_saved, 3),
                     "share": round(share, 4),
                     "speedup": round(speedup, 4),
                     "steps": tally.steps,

@@ -78,6 +78,8 @@ RECOMMEND = {
     "preemption": "Checkpoint on the preemption notice; ask for a non-preemptible quota.",
     "stage_imbalance": "Rebalance the pipeline: move layers off the slow stage (or count the "
     "loss and embeddings in the split); no node is at fault.",
+    "batch_imbalance": "Balance the tokens per replica (sequence packing, length-grouped "
+    "sampling); no node is at fault.",
 }
 
 

@@ -39,12 +39,16 @@ def cmd_stragglers(args: argparse.Namespace) -> int:
     return 0
 
 
+_PRICED = ("stage_imbalance", "batch_imbalance")
+"""Findings besides stragglers that the what-if prices."""
+
+
 def cmd_diagnose(args: argparse.Namespace) -> int:
     with client(args) as c:
         data = c.diagnosis(args.run, as_="json")
         rows = data["findings"]
         # the what-if prices the slow workers and uneven stages (asked only when there is one)
-        priced = any(r["kind"] == "straggler" or r["diagnosis"] == "stage_imbalance" for r in rows)
+        priced = any(r["kind"] == "straggler" or r["diagnosis"] in _PRICED for r in rows)
         w = c.straggler_whatif(args.run) if priced and not args.json else None
     if args.json:
         print_json(data)

@@ -37,7 +37,13 @@ from ..analysis.rootcause import (
     diagnose_instability,
     diagnose_slow_checkpoints,
 )
-from ..analysis.stages import StageTally, fold_tp_groups, stage_imbalance, tally_stages
+from ..analysis.stages import (
+    StageTally,
+    batch_imbalance,
+    fold_tp_groups,
+    stage_imbalance,
+    tally_stages,
+)
 from ..analysis.topology import tp_split
 from ..config import AnalyzerConfig
 from ..lifecycle import STOPS
@@ -425,9 +431,12 @@ def _blocks(
             m.start,
             lay.stages(m.compute.shape[1]),
             lay.pp,
+            lay.replicas(m.compute.shape[1]),
+            ids,
         )
         js["stages"] = tally.to_json()
         ctx.found += stage_imbalance(tally, lay, job.job_id, cfg.stage_min_excess)
+        ctx.found += batch_imbalance(tally, lay, job.job_id, cfg.batch_min_spread)
 
 
 def _episode(coll: dict[str, Any], job: JobSpan, s0: int, s1: int) -> str:

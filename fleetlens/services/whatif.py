@@ -33,6 +33,8 @@ class RunWhatIf:
 
 def _target(f: FindingRow) -> Target | None:
     end = -1 if f.end_step is None else int(f.end_step)
+    if f.diagnosis == "batch_imbalance":
+        return Target(f.key, start=f.start_step, end=end, batches=True)
     if f.diagnosis == "stage_imbalance" and f.evidence:
         return Target(f.key, stage=int(f.evidence[0].get("stage", -1)), start=f.start_step, end=end)
     if f.kind == "straggler" and f.ranks:
@@ -61,9 +63,13 @@ def run_whatif(
     lo = max(job.first_step, from_step or 0, hi - MAX_CELLS // world + 1)
     m = q.step_matrix(run_id, job.job_id, lo, hi, world)
     layout = layout_of(config, m.world)
-    stages = layout.stages(m.world) if layout is not None and layout.pp > 1 else None
+    pipeline = layout is not None and layout.pp > 1
+    stages = layout.stages(m.world) if layout is not None and pipeline else None
+    replicas = layout.replicas(m.world) if layout is not None and pipeline else None
     mine = [f for f in findings if f.job_id in (None, "", job.job_id)]
     targets = [t for f in mine if (t := _target(f)) is not None]
-    result = step_whatif(m.steps, m.compute, m.data_wait, m.end - m.start, stages, targets)
+    result = step_whatif(
+        m.steps, m.compute, m.data_wait, m.end - m.start, stages, targets, replicas
+    )
     made = {t.key for t in targets}
     return RunWhatIf(job.job_id, lo, hi, layout, result, [f for f in mine if f.key in made])

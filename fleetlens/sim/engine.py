@@ -59,7 +59,12 @@ class Engine:
             start_time, scn.emission.sample_s, self.place.n_gpus, self.place.n_nodes, seed
         )
         self.loss = dict.fromkeys(LOSS_CATEGORIES, 0.0)
-        self.injected = {"straggler": 0.0, "data_stall": 0.0, "stage_imbalance": 0.0}
+        self.injected = {
+            "straggler": 0.0,
+            "data_stall": 0.0,
+            "stage_imbalance": 0.0,
+            "batch_imbalance": 0.0,
+        }
         self.job_ids: list[str] = []
         self.progress = progress or (lambda msg: print(msg, file=sys.stderr))
         self.wall0 = time.monotonic()

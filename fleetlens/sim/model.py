@@ -57,6 +57,11 @@ class Job:
     """Each pipeline stage's compute relative to a balanced split (``pp`` values; empty: equal):
     ``(1, 1, 1, 1.4)`` is a last stage doing 40% more work (the loss and output embedding). The
     job announces ``tp`` and ``pp`` in its config when ``pp`` > 1."""
+    batch_cov: float = 0.0
+    """How much a data-parallel replica's batch costs varies from step to step (sequence lengths,
+    packing): every rank of the replica, at every stage, computes ``1 + batch_cov * N(0, 1)``
+    times as long that step, drawn anew each step. Slowness that moves between replicas: the
+    data's, not a worker's."""
     model_params: float = 8e9
     tokens_per_step: int = 4_194_304
     step_time: float = 1.0
@@ -227,6 +232,8 @@ def _check(s: Scenario) -> None:
         raise ConfigError(f"job.checkpoint_every is {s.job.checkpoint_every}; must be >= 1")
     if s.speed < 0:
         raise ConfigError(f"speed is {s.speed}; use 0 (as fast as possible) or a factor > 0")
+    if not 0.0 <= s.job.batch_cov < 0.5:
+        raise ConfigError(f"job.batch_cov is {s.job.batch_cov}; use 0 (none) up to 0.5")
     work = s.job.stage_work
     if work and (len(work) != s.job.pp or min(work) <= 0 or world % s.job.pp):
         raise ConfigError(

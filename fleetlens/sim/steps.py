@@ -19,7 +19,9 @@ stage of rank r is ``r // (world / pp)``). Every stage waits for the slowest in 
 steady state, which the step's last arrival stands for here (the schedule's bubbles are not
 modelled). ``injected_stage`` is what the imbalance costs: the step time less the step time
 with the slowest stage's work set to its peers' median (so the next slowest stage sets the pace),
-the same noise, no faults: the what-if the analysis estimates.
+the same noise, no faults: the what-if the analysis estimates. A replica's batch may cost more or
+less from step to step (``Job.batch_cov``: every stage of it alike, a new draw each step);
+``injected_batch`` is the step time less the step time with every batch at the median cost.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class StepChunk:
     injected_straggler: float
     injected_data_stall: float
     injected_stage: float = 0.0
+    injected_batch: float = 0.0
 
     @property
     def end(self) -> float:
@@ -82,11 +85,21 @@ def simulate_chunk(
     comp_h *= compute_s * (1.0 + offsets)[None, :]
     work, balanced = stage_work(job, w)
     comp_h *= work[None, :]
+    batch = np.ones((1, w))
+    if job.batch_cov > 0:  # each replica's batch, at every stage: moves between replicas
+        per_stage = max(w // max(job.pp, 1), 1)
+        replica = (np.arange(w) % per_stage) // max(min(job.tp, per_stage), 1)
+        draw = np.clip(
+            1.0 + job.batch_cov * rng.standard_normal((k, int(replica.max()) + 1)), 0.5, None
+        )
+        batch = draw[:, replica]
+        comp_h *= batch
     dw_h = rng.exponential(job.data_wait_fraction * job.step_time, size=(k, w))
     net_h = job.step_time * job.comm_fraction * common[:, 0]
     arrive_h = dw_h + comp_h
     t_h = arrive_h.max(axis=1) + net_h
     t_bal = (dw_h + comp_h / work[None, :] * balanced[None, :]).max(axis=1) + net_h
+    t_even = (dw_h + comp_h / batch).max(axis=1) + net_h
     comp = comp_h * cf
     net = net_h * nf
     t_s = (dw_h + comp).max(axis=1) + net
@@ -113,6 +126,7 @@ def simulate_chunk(
         injected_straggler=float((t_s - t_h).sum()),
         injected_data_stall=float((t_real - t_s).sum()),
         injected_stage=float((t_h - t_bal).sum()),
+        injected_batch=float((t_h - t_even).sum()),
     )
 
 

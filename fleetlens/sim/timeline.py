@@ -31,6 +31,7 @@ class _Book:
             "straggler": c.injected_straggler,
             "data_stall": c.injected_data_stall,
             "stage_imbalance": c.injected_stage,
+            "batch_imbalance": c.injected_batch,
         }
         self.pending.append((end, losses, added))
 

@@ -147,7 +147,7 @@
   // asked after the first paint, only when a finding is one the what-if prices.
   async function whatIfNote(d) {
     const note = document.getElementById("whatif-note");
-    const priced = (d.findings || []).some((f) => f.kind === "straggler" || f.diagnosis === "stage_imbalance");
+    const priced = (d.findings || []).some((f) => f.kind === "straggler" || ["stage_imbalance", "batch_imbalance"].includes(f.diagnosis));
     if (!note || !priced) { if (note) note.textContent = ""; return; }
     const w = await getJSON(`/v1/runs/${enc(runId)}/whatif/stragglers`);
     if (!w.steps) { note.textContent = ""; return; }
