@@ -99,6 +99,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "diagnose": ["diagnose", run],
         "whatif": ["whatif", run],
         "compare": ["compare", run, "tok-other"],
+        "frontier": ["frontier", "tok-project"],
         **_imports(tmp),
         "lineage": ["lineage", "run", run],
         "models register": ["models", "register", "tok-model:1", "--run", run],

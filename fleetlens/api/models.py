@@ -106,6 +106,34 @@ class RunListOut(ApiModel):
     offset: int
 
 
+class FrontierRunOut(ApiModel):
+    """One run's time to the project's target and what it cost."""
+
+    run_id: str
+    status: str
+    devices: int
+    started: float = Field(description="UNIX seconds: the run's first record")
+    reached_at: float | None = Field(description="when it reached the target (UNIX seconds)")
+    reached_step: int | None
+    estimated: bool = Field(description="not there yet: at its recent wall-clock pace")
+    seconds: float | None = Field(description="time to result: reached_at - started")
+    gpu_hours: float | None = Field(description="devices x time to result")
+    on_frontier: bool = Field(
+        description="no other run reached the target both sooner and for fewer GPU-hours"
+    )
+
+
+class FrontierOut(ApiModel):
+    """Time to result across a project's runs and its efficiency frontier (seed 003 s9.9.4)."""
+
+    project: str
+    target_steps: int | None = Field(
+        description="the step target (the runs' most common config target unless given)"
+    )
+    target_loss: float | None = Field(description="the quality target: a loss at or under it")
+    runs: list[FrontierRunOut] = Field(description="fastest first; not reached last")
+
+
 class StepWindowOut(ApiModel):
     """The recent steps the speed figures are computed over."""
 

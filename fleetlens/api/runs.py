@@ -12,12 +12,15 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from ..analysis.layout import layout_of
 from ..errors import ConfigError
+from ..services.frontier import frontier
 from ..services.goodput import summary_mfu
 from ..services.runs import MAX_TIMELINE_STEPS, RunQueries, completion, declared_world
 from ..store.metadata import RunInfo
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
 from .models import (
+    FrontierOut,
+    FrontierRunOut,
     MfuOut,
     RankSort,
     RanksOut,
@@ -195,6 +198,54 @@ async def get_timeline(
                 "toStep": window[1],
                 "items": q.timeline(run_id, window[0], window[1]),
             }
+        )
+
+    return await anyio.to_thread.run_sync(work)
+
+
+@router.get(
+    "/projects/{project}/frontier",
+    summary="Time to result across a project's runs, and their efficiency frontier",
+    response_model=FrontierOut,
+    description="Each run's wall-clock time from its first record to a fixed target (a step: "
+    "targetSteps, else the runs' most common config target; or a quality: targetLoss, the first "
+    "logged loss at or under it), its GPU-hours to get there, and whether it is on the "
+    "frontier: no other run reached the target both sooner and for fewer GPU-hours. A running "
+    "run short of a step target is estimated at its recent pace; a loss target is never "
+    "extrapolated.",
+)
+async def get_frontier(
+    request: Request,
+    project: str,
+    scope: Reader,
+    target_steps: Annotated[int | None, Query(alias="targetSteps", ge=1)] = None,
+    target_loss: Annotated[float | None, Query(alias="targetLoss")] = None,
+) -> FrontierOut:
+    if target_steps is not None and target_loss is not None:
+        raise HTTPException(400, "give targetSteps or targetLoss, not both")
+    svc = _services(request)
+
+    def work() -> FrontierOut:
+        f = frontier(svc.metadata, svc.telemetry, scope, project, target_steps, target_loss)
+        return FrontierOut(
+            project=f.project,
+            target_steps=f.target_steps,
+            target_loss=f.target_loss,
+            runs=[
+                FrontierRunOut(
+                    run_id=r.run_id,
+                    status=r.status,
+                    devices=r.devices,
+                    started=r.started,
+                    reached_at=r.reached_at,
+                    reached_step=r.reached_step,
+                    estimated=r.estimated,
+                    seconds=r.seconds,
+                    gpu_hours=r.gpu_hours,
+                    on_frontier=r.on_frontier,
+                )
+                for r in f.runs
+            ],
         )
 
     return await anyio.to_thread.run_sync(work)

@@ -37,6 +37,7 @@ COMMANDS = (
     "diagnose",
     "whatif",
     "compare",
+    "frontier",
     "lineage",
     "models",
     "eval",

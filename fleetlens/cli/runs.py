@@ -1,4 +1,4 @@
-"""``fleetlens runs`` and ``fleetlens run show RUN``."""
+"""``fleetlens runs``, ``fleetlens run show RUN`` and ``fleetlens frontier PROJECT``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from ._common import client, client_opts
 from ._output import Table, fmt, print_json
 
-__all__ = ["add_parsers", "cmd_run_show", "cmd_runs"]
+__all__ = ["add_parsers", "cmd_frontier", "cmd_run_show", "cmd_runs"]
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -130,8 +130,58 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+def cmd_frontier(args: argparse.Namespace) -> int:
+    params = {"targetSteps": args.target_steps, "targetLoss": args.target_loss}
+    with client(args) as c:
+        data = c.get(
+            f"/v1/projects/{args.project}/frontier",
+            **{k: v for k, v in params.items() if v is not None},
+        )
+    if args.json:
+        print_json(data)
+        return 0
+    target = (
+        f"loss <= {data['targetLoss']:g}"
+        if data["targetLoss"] is not None
+        else f"step {data['targetSteps']:,}"
+        if data["targetSteps"]
+        else None
+    )
+    if target is None:
+        print(f"project {data['project']}: no target (no run names one: --target-steps N)")
+        return 0
+    print(f"project {data['project']}: time to {target}, fastest first (* on the frontier)")
+    cols = [("", "<1"), ("RUN", "<32"), ("STATUS", "<9"), ("DEVICES", ">7"), ("TIME", ">10")]
+    t = Table(*cols, ("GPU-HOURS", ">10"), ("", "<10"))
+    print(t.header())
+    for r in data["runs"]:
+        time_s = _hours(r["seconds"]) if r["seconds"] is not None else "not reached"
+        print(
+            t.row(
+                "*" if r["onFrontier"] else " ",
+                r["runId"],
+                r["status"],
+                r["devices"],
+                time_s,
+                fmt(r["gpuHours"], ",.1f"),
+                "estimated" if r["estimated"] else "",
+            )
+        )
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
-    """Add ``runs`` and ``run show`` to the CLI's subparsers."""
+    """Add ``runs``, ``run show`` and ``frontier`` to the CLI's subparsers."""
+    fr = sub.add_parser(
+        "frontier", help="time to result and GPU-hours across a project's runs, and the frontier"
+    )
+    fr.add_argument("project")
+    target = fr.add_mutually_exclusive_group()
+    default = "default: the runs' most common config target"
+    target.add_argument("--target-steps", type=int, help=f"the step to reach ({default})")
+    target.add_argument("--target-loss", type=float, help="a quality: the first loss at or under")
+    client_opts(fr)
+    fr.set_defaults(func=cmd_frontier)
     sp = sub.add_parser("runs", help="list runs")
     client_opts(sp)
     sp.add_argument("--project")

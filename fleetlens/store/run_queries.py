@@ -329,6 +329,31 @@ class RunTelemetryQueries:
         )
         return _float(row["t"]) if row["n"] else None
 
+    # -- time to result ----------------------------------------------------------------------
+
+    def reached_step(self, run_ids: list[str], step: int) -> dict[str, float]:
+        """When each run first finished step ``step`` or a later one (UNIX seconds: the
+        earliest end among those steps' ranks), for the runs that did."""
+        rows = self.r.rows(
+            "SELECT run_id, min(end) AS at FROM {db}.steps_by_step"
+            " WHERE run_id IN {runs:Array(String)} AND step >= {step:Int64} GROUP BY run_id",
+            runs=run_ids,
+            step=step,
+        )
+        return {str(r["run_id"]): float(r["at"]) for r in rows}
+
+    def reached_loss(self, run_ids: list[str], loss: float) -> dict[str, tuple[int, float]]:
+        """The first step at which each run logged a ``loss`` at or under ``loss``, and when:
+        (step, UNIX seconds), for the runs that did."""
+        rows = self.r.rows(
+            "SELECT run_id, argMin(step, time) AS s, min(time) AS at FROM {db}.scalars"
+            " WHERE run_id IN {runs:Array(String)} AND name = 'loss' AND value <= {loss:Float64}"
+            " GROUP BY run_id",
+            runs=run_ids,
+            loss=loss,
+        )
+        return {str(r["run_id"]): (int(r["s"]), float(r["at"])) for r in rows}
+
 
 def job_extents(telemetry: TelemetryStore) -> pa.Table:
     """Every tenant's job attempts, read across tenants on purpose (the run registry rebuilt at

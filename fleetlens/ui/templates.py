@@ -148,6 +148,13 @@ run lost (the breakdown's loss lines), in GPU-hours and goodput points</caption>
 <tbody></tbody></table><p id="wrong-note" class="note"></p>
 <p id="whatif-note" class="note"></p></section>
 <section aria-labelledby="h-now" class="cards" id="now"><h2 id="h-now">Now</h2><div></div></section>
+<section aria-labelledby="h-frontier" id="frontier-sec" hidden><h2 id="h-frontier">Time to result
+</h2><p id="frontier-note"></p>
+<table id="frontier"><caption>The project's runs: time from their first record to the target
+and the GPU-hours held to get there; ★ on the efficiency frontier (no run both sooner and
+cheaper)</caption><thead><tr><th scope="col">Run</th><th scope="col">Status</th>
+<th scope="col">Devices</th><th scope="col">Time to result</th><th scope="col">GPU-hours</th>
+<th scope="col">Frontier</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-goodput">
 <h2 id="h-goodput">Goodput: where the time went (whole run)</h2>
 <div class="row"><div id="goodput-bars" class="chart-host"></div>

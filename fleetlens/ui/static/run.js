@@ -160,6 +160,22 @@
       `median the job would run ${pct(w.slowdown)} faster (saved, each alone: ${types}).` + (fixes ? ` Fixed: ${fixes}.` : "");
   }
 
+  // Time to result (GET /v1/projects/{p}/frontier): this run among its project's, to the
+  // project's target; shown only when the project has a target and a run that reached it.
+  async function frontierSection(d) {
+    const sec = document.getElementById("frontier-sec");
+    if (!sec || !d.run.project) return;
+    const f = await getJSON(`/v1/projects/${enc(d.run.project)}/frontier`);
+    const runs = f.runs || [];
+    if (!f.targetSteps || !runs.some((x) => x.seconds !== null)) { sec.hidden = true; return; }
+    sec.hidden = false;
+    document.getElementById("frontier-note").textContent = `Project ${f.project}, target step ` +
+      `${F(f.targetSteps)}: ${runs.filter((x) => x.onFrontier).length} of ${runs.length} runs on the frontier.`;
+    fill("frontier", runs.map((x) => [{ th: x.runId === runId ? `${x.runId} (this run)` : x.runId }, x.status, text(x.devices),
+      x.seconds === null ? "not reached" : `${dur(x.seconds)}${x.estimated ? " (estimated)" : ""}`,
+      x.gpuHours === null ? "–" : F(x.gpuHours), x.onFrontier ? "★" : ""]));
+  }
+
   // ---------------------------------------------------------------- charts
   function markersOf(d) {
     const out = [];
@@ -269,6 +285,7 @@
       [{ th: "Program" }, pct(f.program)], [{ th: "Job (runtime × program)" }, pct(f.jobProduct)]]);
     runCharts();
     if (!refreshing) whatIfNote(d).catch(() => {});  // an extra line; its failure is not the page's
+    if (!refreshing) frontierSection(d).catch(() => {});
 
     const r = range();
     const all = d.findings || [];
