@@ -54,3 +54,21 @@ def test_a_run_without_a_target_has_no_completion(server: Server) -> None:
     assert server.post(step_batch("no-target", range(0, 20), 2)[1])[0] == 200
     run = server.get("/v1/runs/no-target")
     assert run.get("completion") is None and run["wallSecondsPerStep"] > 0, run
+
+
+def test_a_token_budget_gives_the_steps_left_at_the_runs_tokens_per_step(server: Server) -> None:
+    """A pretraining run budgeted in tokens (no step count): 100 steps of 4 ranks x 1,000
+    tokens done of 1,000,000: 600,000 left, 150 more steps at its 4,000 a step, 0.48 s each."""
+    t0 = time.time() - 100 * 0.48
+    assert server.post(step_batch("eta-tokens", range(0, 100), 4, t0=t0)[1])[0] == 200
+    body = {"config": {"total_tokens": 1_000_000}}
+    assert server.request("POST", "/v1/runs/eta-tokens/describe", body)[0] == 200
+    done = server.get("/v1/runs/eta-tokens")["completion"]
+    assert done["targetKey"] == "total_tokens" and done["tokensLeft"] == 600_000, done
+    assert done["stepsLeft"] == 150 and done["totalSteps"] == 250, done
+    assert abs(done["seconds"] - 150 * 0.48) < 1e-3, done
+    out = subprocess.run(
+        [sys.executable, "-m", "fleetlens", "run", "show", "eta-tokens", "--server", server.url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert "completion: step 99 of 250 (total_tokens: 600,000 tokens left)" in out.stdout, out

@@ -181,6 +181,11 @@ class CompletionOut(ApiModel):
     seconds_per_step: float
     seconds: float
     finish_at: float = Field(description="UNIX time")
+    tokens_left: int | None = Field(
+        default=None,
+        description="a token budget's tokens left (the config names tokens, not steps; the "
+        "steps left are them at the run's tokens per step so far)",
+    )
 
 
 class RunDetailOut(RunOut):

@@ -81,9 +81,14 @@ def cmd_run_show(args: argparse.Namespace) -> int:
     done = run.get("completion")
     if done:
         at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(done["finishAt"]))
+        budget = (
+            f"{done['targetKey']}: {done['tokensLeft']:,} tokens left"
+            if done.get("tokensLeft") is not None
+            else done["targetKey"]
+        )
         print(
             f"  completion: step {fmt(run.get('step'), ',')} of {done['totalSteps']:,} "
-            f"({done['targetKey']}), {fmt(done['secondsPerStep'], '.3g')} s/step lately: "
+            f"({budget}), {fmt(done['secondsPerStep'], '.3g')} s/step lately: "
             f"{_hours(done['seconds'])} left, about {at}"
         )
     mfu = run.get("mfu") or {}

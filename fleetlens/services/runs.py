@@ -124,6 +124,10 @@ TARGET_KEYS = ("total_steps", "max_steps", "train_steps", "train_iters", "max_it
 """Config keys naming a run's last step count, first found wins: generic, HF ``max_steps``
 (Lightning's too), Megatron ``train_iters``, nanoGPT ``max_iters``."""
 
+TOKEN_TARGET_KEYS = ("total_tokens", "train_tokens", "target_tokens", "max_tokens", "num_tokens")
+"""Config keys naming a run's token budget, when it names no step count (a token-budgeted
+pretraining run): the steps left are the tokens left at its tokens per step so far."""
+
 
 def completion(
     config: dict[str, Any], summary: dict[str, Any], status: str
@@ -134,10 +138,21 @@ def completion(
     by), or without a target or a pace. ``finishAt`` is UNIX time."""
     key = next((k for k in TARGET_KEYS if _count(config.get(k))), None)
     pace, step = summary.get("wallSecondsPerStep"), summary.get("step")
-    if key is None or status != "RUNNING" or not pace or step is None:
+    if status != "RUNNING" or not pace or step is None:
         return None
-    total = int(config[key])
-    left = max(0, total - 1 - int(step))  # steps count from 0: the last is total - 1
+    out: dict[str, Any] = {}
+    if key is not None:
+        total = int(config[key])
+        left = max(0, total - 1 - int(step))  # steps count from 0: the last is total - 1
+    else:
+        key = next((k for k in TOKEN_TARGET_KEYS if _count(config.get(k))), None)
+        done, steps = int(summary.get("tokensProcessed") or 0), int(summary.get("steps") or 0)
+        if key is None or done <= 0 or steps <= 0:
+            return None
+        tokens_left = max(0, int(config[key]) - done)
+        left = math.ceil(tokens_left / (done / steps))  # at its tokens per step so far
+        total = int(step) + 1 + left
+        out["tokensLeft"] = tokens_left
     return {
         "totalSteps": total,
         "targetKey": key,
@@ -145,6 +160,7 @@ def completion(
         "secondsPerStep": pace,
         "seconds": left * pace,
         "finishAt": time.time() + left * pace,
+        **out,
     }
 
 

@@ -91,6 +91,7 @@
 
   // Time to result (GET /v1/runs/{id}'s completion): only a RUNNING run has a pace to go by.
   function etaText(eta, status) {
+    if (eta && eta.tokensLeft !== null && eta.tokensLeft !== undefined) return `${dur(eta.seconds)} (${F(eta.tokensLeft)} tokens left, about ${F(eta.stepsLeft)} steps)`;
     if (eta) return `${dur(eta.seconds)} (${F(eta.stepsLeft)} steps left to ${F(eta.totalSteps)})`;
     if (status === "RECORDED") return "– (a recording: nothing live)";
     if (!A.LIVE_STATUSES.includes(status)) return "– (the run ended)";
