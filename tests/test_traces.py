@@ -300,6 +300,18 @@ def test_import_and_read_back(server: Server, capsys: pytest.CaptureFixture[str]
 _DRY = ["--run", "r", "--server", "http://127.0.0.1:9", "--dry-run"]
 
 
+def test_as_run_refuses_a_trace_without_a_unix_clock(tmp_path: Path) -> None:
+    """A trace timed on the profiler's own clock (no baseTimeNanoseconds, times since boot)
+    cannot be a run's steps: refused, nothing sent (no server listens on port 9)."""
+    steps = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "tid": 1,
+              "ts": 1000.0 + 600.0 * i, "dur": 500.0} for i in range(3)]  # fmt: skip
+    trace = tmp_path / "rank-0.json"
+    trace.write_text(json.dumps({"traceEvents": steps}))
+    argv = ["traces", "import", str(trace), "--run", "r", "--server", "http://127.0.0.1:9"]
+    with pytest.raises(FleetlensError, match="no UNIX time base in the trace"):
+        _cli([*argv, "--as-run"])
+
+
 def test_a_directory_is_searched_at_any_depth_and_json_is_alone_on_stdout(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

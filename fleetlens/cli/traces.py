@@ -73,6 +73,11 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 continue
+            if s["clock"] == "trace" and args.as_run:
+                raise FleetlensError(
+                    f"{s['file']}: no UNIX time base in the trace, so its steps cannot be a "
+                    "run's (--as-run); import it without --as-run"
+                )
             if s["clock"] == "trace":
                 print(
                     f"fleetlens: {s['file']}: no UNIX time base in the trace; times are the "
