@@ -81,8 +81,7 @@ def test_time_to_result_and_the_frontier_of_a_projects_runs(tmp_path: Path) -> N
         assert rl["behind"]["seconds"] is None and not rl["behind"]["onFrontier"]
         assert rl["live"]["seconds"] is None and not rl["live"]["estimated"]
         assert srv.request("GET", "/v1/projects/real/frontier?targetSteps=5&targetLoss=1")[0] == 400
-        empty = srv.get("/v1/projects/nothing-here/frontier")
-        assert empty["runs"] == [] and empty["targetSteps"] is None
+        assert srv.request("GET", "/v1/projects/nothing-here/frontier")[0] == 404
 
 
 @pytest.mark.e2e

@@ -300,6 +300,7 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
         "remediation_id": _b_remediation(t),
         "silence_id": _b_silence(t),
         "rank": "0",
+        "project": "bolt-proj",
         **b_eval,
     }
     walked = 0

@@ -177,16 +177,6 @@ def cmd_frontier(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: Any) -> None:
     """Add ``runs``, ``run show`` and ``frontier`` to the CLI's subparsers."""
-    fr = sub.add_parser(
-        "frontier", help="time to result and GPU-hours across a project's runs, and the frontier"
-    )
-    fr.add_argument("project")
-    target = fr.add_mutually_exclusive_group()
-    default = "default: the runs' most common config target"
-    target.add_argument("--target-steps", type=int, help=f"the step to reach ({default})")
-    target.add_argument("--target-loss", type=float, help="a quality: the first loss at or under")
-    client_opts(fr)
-    fr.set_defaults(func=cmd_frontier)
     sp = sub.add_parser("runs", help="list runs")
     client_opts(sp)
     sp.add_argument("--project")
@@ -199,3 +189,13 @@ def add_parsers(sub: Any) -> None:
     show.add_argument("--top", type=int, default=5, help="slowest ranks to show")
     client_opts(show)
     show.set_defaults(func=cmd_run_show)
+    fr = sub.add_parser(
+        "frontier", help="time to result and GPU-hours across a project's runs, and the frontier"
+    )
+    fr.add_argument("project")
+    target = fr.add_mutually_exclusive_group()
+    default = "default: the runs' most common config target"
+    target.add_argument("--target-steps", type=int, help=f"the step to reach ({default})")
+    target.add_argument("--target-loss", type=float, help="a quality: the first loss at or under")
+    client_opts(fr)
+    fr.set_defaults(func=cmd_frontier)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from ..errors import NotFound
 from ..store.metadata import MetadataStore, RunInfo
 from ..store.reader import TenantReader
 from ..store.run_queries import RunTelemetryQueries
@@ -103,8 +104,11 @@ def frontier(
     target_loss: float | None = None,
 ) -> Frontier:
     """Every run of ``project`` (the :data:`MAX_RUNS` most recently active) with its time to
-    the target and its GPU-hours, and the frontier among them."""
+    the target and its GPU-hours, and the frontier among them; NotFound when the caller sees no
+    run of it."""
     runs = metadata.list_runs(scope, project, MAX_RUNS, 0)
+    if not runs:  # whether it exists elsewhere or not
+        raise NotFound(f"project {project!r} has no run you can see")
     if target_loss is None and target_steps is None:
         target_steps = _target(runs)
     ids = [r.run_id for r in runs]
