@@ -16,7 +16,7 @@ with no estimate) are listed without a place on it.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import NotFound
 from ..store.metadata import MetadataStore, RunInfo
@@ -24,7 +24,7 @@ from ..store.reader import TenantReader
 from ..store.run_queries import RunTelemetryQueries
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
-from .runs import TARGET_KEYS, RunQueries, completion
+from .runs import RunQueries, completion, step_target
 
 __all__ = ["MAX_RUNS", "Frontier", "RunResult", "frontier"]
 
@@ -63,19 +63,11 @@ class Frontier:
 
 def _target(runs: list[RunInfo]) -> int | None:
     """The step target most of the runs name in their config (the largest of a tie)."""
-    named = Counter(
-        int(v)
-        for r in runs
-        if (v := next((r.config.get(k) for k in TARGET_KEYS if _count(r.config.get(k))), None))
-    )
+    named = Counter(t[1] for r in runs if (t := step_target(r.config)) is not None)
     if not named:
         return None
     top = max(named.values())
     return max(v for v, n in named.items() if n == top)
-
-
-def _count(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def _pareto(results: list[RunResult]) -> list[RunResult]:
@@ -91,7 +83,7 @@ def _pareto(results: list[RunResult]) -> list[RunResult]:
         cost = r.gpu_hours or 0.0
         on = cost < cheapest
         cheapest = min(cheapest, cost)
-        out.append(RunResult(**{**r.__dict__, "on_frontier": on}))
+        out.append(replace(r, on_frontier=on))
     return out + [r for r in results if r.seconds is None]
 
 
@@ -113,6 +105,7 @@ def frontier(
         target_steps = _target(runs)
     ids = [r.run_id for r in runs]
     q = RunTelemetryQueries(TenantReader(telemetry, scope))
+    summaries = RunQueries(telemetry, scope)
     by_loss = q.reached_loss(ids, target_loss) if target_loss is not None and ids else {}
     by_step = q.reached_step(ids, target_steps - 1) if target_steps and ids else {}
     results = []
@@ -127,7 +120,7 @@ def frontier(
             if r.run_id in by_step:
                 at, step = by_step[r.run_id], target_steps - 1
             elif r.status == "RUNNING":  # not there yet: at its recent pace
-                summary = RunQueries(telemetry, scope).summary(r.run_id)
+                summary = summaries.summary(r.run_id)
                 eta = completion({"total_steps": target_steps}, summary, r.status)
                 if eta is not None:
                     at, step, estimated = eta["finishAt"], target_steps - 1, True

@@ -129,6 +129,12 @@ TOKEN_TARGET_KEYS = ("total_tokens", "train_tokens", "target_tokens", "max_token
 pretraining run): the steps left are the tokens left at its tokens per step so far."""
 
 
+def step_target(config: dict[str, Any]) -> tuple[str, int] | None:
+    """The config's target step count and the key it is under (:data:`TARGET_KEYS`)."""
+    key = next((k for k in TARGET_KEYS if _count(config.get(k))), None)
+    return None if key is None else (key, int(config[key]))
+
+
 def completion(
     config: dict[str, Any], summary: dict[str, Any], status: str
 ) -> dict[str, Any] | None:
@@ -136,19 +142,20 @@ def completion(
     :data:`TARGET_KEYS`) at the recent wall-clock pace (``wallSecondsPerStep``: what happens
     between steps counts); None unless it is RUNNING (ended, hung or stalled: no pace to go
     by), or without a target or a pace. ``finishAt`` is UNIX time."""
-    key = next((k for k in TARGET_KEYS if _count(config.get(k))), None)
+    target = step_target(config)
     pace, step = summary.get("wallSecondsPerStep"), summary.get("step")
     if status != "RUNNING" or not pace or step is None:
         return None
     out: dict[str, Any] = {}
-    if key is not None:
-        total = int(config[key])
+    if target is not None:
+        key, total = target
         left = max(0, total - 1 - int(step))  # steps count from 0: the last is total - 1
     else:
-        key = next((k for k in TOKEN_TARGET_KEYS if _count(config.get(k))), None)
+        tkey = next((k for k in TOKEN_TARGET_KEYS if _count(config.get(k))), None)
         done, steps = int(summary.get("tokensProcessed") or 0), int(summary.get("steps") or 0)
-        if key is None or done <= 0 or steps <= 0:
+        if tkey is None or done <= 0 or steps <= 0:
             return None
+        key = tkey
         tokens_left = max(0, int(config[key]) - done)
         left = math.ceil(tokens_left / (done / steps))  # at its tokens per step so far
         total = int(step) + 1 + left
