@@ -21,9 +21,11 @@ from .errors import ConfigError
 __all__ = [
     "CTX_KEYS",
     "DATA_SCALARS",
+    "DEVICE_MEMORY_SCALARS",
     "DTYPES",
     "EVENT_KINDS",
     "HEARTBEAT_PHASES",
+    "HOST_MEMORY_SCALARS",
     "IDENTIFIERS",
     "KINDS",
     "P0_EVENT_KINDS",
@@ -279,6 +281,19 @@ EVENT_KINDS: dict[str, str] = {
     "finish": "the run ended normally",
     "custom": "anything else; put details in attrs",
 }
+
+DEVICE_MEMORY_SCALARS = (
+    "mem_allocated_bytes",
+    "mem_reserved_bytes",
+    "mem_max_allocated_bytes",
+    "mem_total_bytes",
+)
+"""A rank's device memory (the CUDA caching allocator's), in bytes, as the SDK samples it
+(:mod:`fleetlens.sdk.memory`): allocated, reserved, the allocator's peak and the capacity."""
+
+HOST_MEMORY_SCALARS = ("host_used_bytes", "host_peak_bytes", "host_limit_bytes")
+"""A rank's process memory, in bytes: used, its peak and the limit it runs against (the
+resident set against the cgroup or the machine; the address space under ``RLIMIT_AS``)."""
 
 DATA_SCALARS: dict[str, str] = {
     "queue_depth": "data/prefetch_queue_depth",

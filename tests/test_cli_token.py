@@ -100,6 +100,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "whatif": ["whatif", run],
         "compare": ["compare", run, "tok-other"],
         "frontier": ["frontier", "tok-project"],
+        "memory": ["memory", run],
         **_imports(tmp),
         "lineage": ["lineage", "run", run],
         "models register": ["models", "register", "tok-model:1", "--run", run],

@@ -61,6 +61,11 @@ def test_healthy_job_is_one_finished_run_of_four_ranks_with_no_finding(
     assert r.reporting_ranks == [0, 1, 2, 3], _show(r)
     assert r.status == "FINISHED", _show(r)
     assert r.findings == [], _show(r)
+    # every rank's process memory, sampled by the SDK on its own (issue 39 item 4)
+    mem = job_server.get(f"/v1/runs/{r.run_ids[0]}/memory")
+    hosts = {p["rank"]: p for p in mem["pools"] if p["pool"] == "host"}
+    assert sorted(hosts) == [0, 1, 2, 3], mem
+    assert all(0 < p["usedBytes"] <= p["peakBytes"] < p["limitBytes"] for p in hosts.values())
 
 
 def test_nanogpt_rank_killed_is_a_failed_run_naming_the_rank(job_server: Server) -> None:

@@ -178,6 +178,7 @@ def make_run(tmp_path: Path, server: str, **kw: Any) -> fleetlens.Run:
         "backoff_max": 0.2,
         "exit_flush_timeout": 3.0,
         "install_signal_handler": False,
+        "memory_s": 0,  # the tests that want the memory samples ask for them
     }
     opts.update(kw)
     return fleetlens.init(**opts)
@@ -871,5 +872,32 @@ def test_heartbeats_say_where_a_rank_is_while_no_step_ends(
     assert {(b["rank"], b["step"]) for b in inside} == {(0, 7)}
     assert all(abs(b["since"] - entered) < 0.05 and b["time"] >= b["since"] for b in inside)
     # Not the user's records: none counted, none dropped, none left unsent.
+    s = run.stats()
+    assert s["records"] == s["records_sent"] and s["dropped"] == 0
+
+
+def test_memory_is_sampled_every_memory_s_onto_the_step_the_rank_is_at(
+    tmp_path: Path, collector: Collector
+) -> None:
+    """The exporter thread samples the process's memory (and the device's, where torch has
+    initialised CUDA) as scalars of the step the training thread is at: memory over steps at no
+    cost to the training loop. Nothing before the first step; never the user's records."""
+    run = make_run(tmp_path, collector.url, memory_s=0.05)
+
+    def samples() -> list[dict[str, Any]]:
+        return [r for r in rows(collector.acked(), "scalar") if r["name"].startswith("host_")]
+
+    run.flush()
+    assert samples() == []  # no step yet: nothing to put it on
+    with run.step(3):
+        assert wait_for(lambda: {r["step"] for r in samples()} == {3})
+    with run.step(4):
+        assert wait_for(lambda: 4 in {r["step"] for r in samples()})
+    run.finish()
+    got = samples()
+    assert {r["name"] for r in got} == {"host_used_bytes", "host_peak_bytes", "host_limit_bytes"}
+    assert {r["rank"] for r in got} == {0}
+    by = {(r["step"], r["name"]): r["value"] for r in got}
+    assert 0 < by[(4, "host_used_bytes")] <= by[(4, "host_peak_bytes")]
     s = run.stats()
     assert s["records"] == s["records_sent"] and s["dropped"] == 0

@@ -22,6 +22,7 @@ COMMANDS = (
     "runs",
     "run",
     "frontier",
+    "memory",
     "goodput",
     "fleet",
     "sim",

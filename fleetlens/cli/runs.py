@@ -1,4 +1,5 @@
-"""``fleetlens runs``, ``fleetlens run show RUN`` and ``fleetlens frontier PROJECT``."""
+"""``fleetlens runs``, ``fleetlens run show RUN``, ``fleetlens frontier PROJECT`` and
+``fleetlens memory RUN``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from ._common import client, client_opts
 from ._output import Table, fmt, print_json
 
-__all__ = ["add_parsers", "cmd_frontier", "cmd_run_show", "cmd_runs"]
+__all__ = ["add_parsers", "cmd_frontier", "cmd_memory", "cmd_run_show", "cmd_runs"]
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -175,8 +176,49 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:,.2f}"
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    params = {"rank": args.rank, "top": args.top}
+    with client(args) as c:
+        data = c.get(
+            f"/v1/runs/{args.run}/memory", **{k: v for k, v in params.items() if v is not None}
+        )
+    if args.json:
+        print_json(data)
+        return 0
+    pools = data["pools"]
+    if not pools:
+        print(f"run {data['runId']}: no memory samples (FLEETLENS_MEMORY_S=0, or no step yet)")
+        return 0
+    print(f"run {data['runId']}: memory per rank in GiB, least headroom first")
+    cols = [("RANK", ">5"), ("POOL", "<6"), ("USED", ">9"), ("PEAK", ">9"), ("LIMIT", ">9")]
+    t = Table(*cols, ("HEADROOM", ">9"), ("CLIMB/STEP", ">10"), ("STEPS LEFT", ">10"))
+    print(t.header())
+    for p in pools[: args.top if args.rank is None else None]:
+        per = (p["climb"] or {}).get("perStepBytes")
+        left = p["stepsToLimit"]
+        print(
+            t.row(
+                p["rank"],
+                p["pool"],
+                _gib(p["usedBytes"]),
+                _gib(p["peakBytes"]),
+                _gib(p["limitBytes"]),
+                _gib(p["headroomBytes"]),
+                "-" if per is None else f"{per / 2**20:+,.1f} MiB",
+                "-" if left is None else f"{left:,.0f}",
+            )
+        )
+    if args.rank is None and len(pools) > args.top:
+        print(f"... {len(pools) - args.top} more (--top N, or --rank R)")
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
-    """Add ``runs``, ``run show`` and ``frontier`` to the CLI's subparsers."""
+    """Add ``runs``, ``run show``, ``frontier`` and ``memory`` to the CLI's subparsers."""
     sp = sub.add_parser("runs", help="list runs")
     client_opts(sp)
     sp.add_argument("--project")
@@ -199,3 +241,12 @@ def add_parsers(sub: Any) -> None:
     target.add_argument("--target-loss", type=float, help="a quality: the first loss at or under")
     client_opts(fr)
     fr.set_defaults(func=cmd_frontier)
+    mem = sub.add_parser(
+        "memory",
+        help="a run's memory per rank: use, peak, headroom and climb, least headroom first",
+    )
+    mem.add_argument("run")
+    mem.add_argument("--rank", type=int, help="one rank only")
+    mem.add_argument("--top", type=int, default=8, help="ranks to show (default 8)")
+    client_opts(mem)
+    mem.set_defaults(func=cmd_memory)

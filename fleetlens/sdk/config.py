@@ -60,6 +60,9 @@ class SDKConfig:
     # A heartbeat (step, phase, since when) every this many seconds, also while no step ends:
     # the server judges hangs by it (fleetlens.analysis.hangs). 0 turns it off.
     heartbeat_s: float = 10.0
+    # The rank's memory (the device's and the process's, fleetlens.sdk.memory) every this many
+    # seconds, as scalars of the step the training thread is at. 0 turns it off.
+    memory_s: float = 5.0
     max_batch_rows: int = 50_000
     send_timeout: float = 5.0
     compress: bool = True
@@ -214,6 +217,15 @@ class _Resolver:
                     f"FLEETLENS_HEARTBEAT_S={beat!r} is not a number; set it to the seconds "
                     "between heartbeats, e.g. 10, or 0 to send none"
                 ) from None
+        mem = self.env.get("FLEETLENS_MEMORY_S", "").strip()
+        if mem:
+            try:
+                values["memory_s"] = float(mem)
+            except ValueError:
+                raise ConfigError(
+                    f"FLEETLENS_MEMORY_S={mem!r} is not a number; set it to the seconds between "
+                    "memory samples, e.g. 5, or 0 to sample none"
+                ) from None
         values.update(self._placement())
         values.update(self._identity(values))
         values.update(self.explicit)
@@ -347,6 +359,7 @@ def _validate(cfg: SDKConfig) -> None:
         )
     for name, value in (
         ("heartbeat_s", cfg.heartbeat_s),
+        ("memory_s", cfg.memory_s),
         ("exit_flush_timeout", cfg.exit_flush_timeout),
         ("signal_flush_timeout", cfg.signal_flush_timeout),
     ):

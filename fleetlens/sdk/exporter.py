@@ -26,7 +26,8 @@ Every ``heartbeat_s`` (at the first cycle after it is due) the thread adds one `
 with where the training thread is (step, phase, since when: :meth:`Run._position`), so a rank
 stuck in a collective or a loader still tells the server that it is alive and where it stopped.
 It costs one row per interval and rides in the batch of that cycle; it is never retried on its
-own and never raises.
+own and never raises. Every ``memory_s`` the same way it adds the rank's memory
+(:mod:`fleetlens.sdk.memory`) as scalars of the step the training thread is at.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from typing import Any
 
 from ..errors import TransportError
 from ..wire import encode_batch
-from .buffer import SAMPLE, Entry, RecordBuffer
+from .buffer import SAMPLE, SCALARS, Entry, RecordBuffer
 from .config import SDKConfig
+from .memory import MemorySampler
 from .spool import Spool
 from .tables import Identity, build_tables
 from .transport import Ack, Transport, backoff_s
@@ -80,6 +82,8 @@ class Exporter:
         self.cfg = cfg
         self._position = position
         self._beat_at = 0.0
+        self.memory = MemorySampler(cfg.local_rank)
+        self._mem_at = 0.0
         self.buffer = buffer
         self.transport = transport
         self.ident = ident
@@ -224,19 +228,38 @@ class Exporter:
         row = {"time": now, "rank": self.ident.rank, "step": step, "phase": phase, "since": since}
         return (SAMPLE, "heartbeat", row)
 
+    def _memory(self) -> Entry | None:
+        """The memory entry when one is due and the training thread is at a step: like the
+        heartbeat, outside the buffer and not counted as the user's record."""
+        if self._position is None or self.cfg.memory_s <= 0:
+            return None
+        now = time.time()
+        if now - self._mem_at < self.cfg.memory_s:
+            return None
+        try:
+            step = self._position()[0]
+        except Exception:
+            self.counts["internal_errors"] += 1
+            return None
+        if step < 0:
+            return None  # before the first step: nothing to put it on yet
+        self._mem_at = now
+        got = self.memory.sample()
+        return (SCALARS, step, now, got) if got else None
+
     def _cycle(self) -> bool:
         clean = True
-        beat = self._heartbeat()
+        own = [e for e in (self._heartbeat(), self._memory()) if e is not None]
         # Drain what is there now, not what the training thread keeps adding meanwhile.
         rounds = self.buffer.pending() // self.cfg.max_batch_rows + 1
         for _ in range(rounds):
             prio, entries, records = self._drain_all()
             # A heartbeat alone is not worth a spool file while the collector is away: it
             # says "alive now", and is stale by the time the spool is replayed.
-            if beat is not None and (entries or time.monotonic() >= self._retry_at):
+            if own and (entries or time.monotonic() >= self._retry_at):
                 prio = prio if entries else 1
-                entries.append(beat)
-            beat = None
+                entries += own
+            own = []
             if not entries:
                 break
             try:

@@ -22,6 +22,7 @@ from typing import Any
 from ..schema import DATA_SCALARS, EVENT_KINDS, P0_EVENT_KINDS
 from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, RecordBuffer
 from .config import SDKConfig
+from .environment import environment
 from .exporter import Exporter
 from .oom import oom_attrs
 from .route import open_transport
@@ -356,6 +357,7 @@ class Run:
 
     def _on_first_step(self, n: int) -> None:
         self._first_step = False
+        self._exporter.memory.note_device()  # the device the training thread uses, if any
         self._emit("first_step", n, "", None)
 
     def _on_uncaught(
@@ -386,6 +388,8 @@ class Run:
             message = type(exc).__name__
         oom = oom_attrs(exc, self.config.config)
         if oom is not None:  # the seed's OOM: its step, the bytes asked for, the device's state
+            if step is not None:  # the last point of the memory's climb, at the failure
+                self.log(step, **self._exporter.memory.sample())
             self._emit("oom", step, message, {**oom, "traceback": text})
             return
         self._emit("exception", step, message, {"type": type(exc).__qualname__, "traceback": text})
@@ -411,7 +415,7 @@ class Run:
                 "env": cfg.launcher_env,
             },
             "launch_command": " ".join(sys.argv),
-            "environment": _environment(),
+            "environment": environment(),
             **self._lineage,
         }
         self._emit("job_start", None, "", attrs, when=now)
@@ -478,21 +482,3 @@ class Run:
                 prev(signum, frame)
             else:
                 os.kill(os.getpid(), signum)
-
-
-def _environment() -> dict[str, Any]:
-    """Framework and driver versions, read once at start from what is already loaded."""
-    env: dict[str, Any] = {"python": sys.version.split()[0]}
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        env["torch"] = str(getattr(torch, "__version__", ""))
-        env["cuda"] = str(getattr(getattr(torch, "version", None), "cuda", "") or "")
-    try:
-        with open("/proc/driver/nvidia/version") as fh:
-            first = fh.readline()
-        parts = first.split("Kernel Module")
-        if len(parts) > 1:
-            env["nvidia_driver"] = parts[1].split()[0]
-    except OSError:
-        pass
-    return env

@@ -55,6 +55,7 @@ from .cursor import CursorVersionError, migrate
 from .data_stalls import data_stall
 from .devices import device_window, hardware, late_hardware, placed_until
 from .hang_findings import find_hangs
+from .memory import with_oom_climbs
 from .shifts import (
     fold_into_racks,
     network_diagnosis,
@@ -213,7 +214,7 @@ def analyze_run(
         if left | _advance_blocks(ctx, job, jstate[job.job_id], width, ended, bl):
             pending = True
             break
-    ctx.found += diagnose_events(events)
+    ctx.found += with_oom_climbs(q.r, run.run_id, diagnose_events(events))
     newest = jobs[-1]
     lost, ending = diagnose_ends(
         events, newest.job_id, max(newest.world, run.world), run.last_seen, now, newest.last_step

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..sdk.memory import MemorySampler
 from ..sdk.run import Run
 from . import flight_recorder as fr
 from .auto import uninstall
@@ -40,6 +41,11 @@ class TorchRun(StepTiming, Drain):
         self.errors = 0
         uninstall(run)  # TorchRun splits backward itself (DDP comm hook, device events)
         self._init_timing(run, device, event_factory, cuda_api)
+        self._memory = MemorySampler()
+        if self.cuda:  # "cuda" alone is the training thread's current device
+            self._memory.note_device()
+            if self.device.index is not None:
+                self._memory.device = self.device.index
         self._init_drain()
         self._watch_hangs()
 
@@ -70,10 +76,12 @@ class TorchRun(StepTiming, Drain):
         memory: bool = False,
         **scalars: Any,
     ) -> None:
-        """Loss, learning rate, loss scale, grad norm, NaN/Inf and device memory for ``step``.
+        """Loss, learning rate, loss scale, grad norm, NaN/Inf and memory for ``step``.
 
         Reading a device tensor synchronizes with the device; call this at your log interval.
-        ``model`` computes the gradient norm (after backward, before zero_grad).
+        ``model`` computes the gradient norm (after backward, before zero_grad). ``memory``
+        samples the device's and the process's memory at this step (the scalars of
+        :mod:`fleetlens.sdk.memory`, which the SDK also samples every ``memory_s`` on its own).
         """
         try:
             out: dict[str, float] = {k: _item(v) for k, v in scalars.items()}
@@ -90,10 +98,8 @@ class TorchRun(StepTiming, Drain):
                         torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
                     )
                     out["grad_norm"] = _item(norm)
-            if memory and self.cuda:
-                out["mem_allocated_bytes"] = float(torch.cuda.memory_allocated(self.device))
-                out["mem_max_allocated_bytes"] = float(torch.cuda.max_memory_allocated(self.device))
-                out["mem_reserved_bytes"] = float(torch.cuda.memory_reserved(self.device))
+            if memory:
+                out.update(self._memory.sample())
             bad = [k for k, v in out.items() if not math.isfinite(v)]
             self.run.log(step, **out)
             if bad:

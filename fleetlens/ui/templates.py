@@ -155,6 +155,14 @@ and the GPU-hours held to get there; ★ on the efficiency frontier (no run both
 cheaper)</caption><thead><tr><th scope="col">Run</th><th scope="col">Status</th>
 <th scope="col">Devices</th><th scope="col">Time to result</th><th scope="col">GPU-hours</th>
 <th scope="col">Frontier</th></tr></thead><tbody></tbody></table></section>
+<section aria-labelledby="h-memory" id="memory-sec" hidden><h2 id="h-memory">Memory</h2>
+<p id="memory-note"></p><div id="chart-memory" class="chart-host"></div>
+<table id="memory" class="stack"><caption>Each rank's memory, least headroom first: the use at
+the last sample, the peak, the limit (the device's capacity, the process's limit), the headroom
+and the climb over the newest samples</caption><thead><tr><th scope="col">Rank</th>
+<th scope="col">Pool</th><th scope="col">Used</th><th scope="col">Peak</th>
+<th scope="col">Limit</th><th scope="col">Headroom</th><th scope="col">Climb a step</th>
+<th scope="col">Steps to the limit</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-goodput">
 <h2 id="h-goodput">Goodput: where the time went (whole run)</h2>
 <div class="row"><div id="goodput-bars" class="chart-host"></div>

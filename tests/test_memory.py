@@ -1,0 +1,213 @@
+"""Memory over time (issue 39 item 4, seed 001 s6): each rank's device and process memory per
+step, its headroom and its climb, and the ``oom`` finding that shows the climb before it.
+
+The end-to-end test trains a real model with torch on the CPU, instrumented as the docs show
+(``TorchRun.log(step, memory=True)``), with a bug users write: the step's outputs kept in a list
+for a metric at the end of the epoch, so the process grows by one output a step. Its memory
+limit comes from outside, as a batch system's would: once the run is on the server the test sets
+the process's address-space limit (``prlimit``), and torch's allocator fails when the kept
+outputs reach it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetlens.analysis.memory import climb, pool_memory
+from fleetlens.schema import DEVICE_MEMORY_SCALARS, HOST_MEMORY_SCALARS
+from fleetlens.sdk.memory import MemorySampler
+from fleetlens.testing import Server, wait_until
+
+from .test_cli import fleetlens_cmd
+
+pytestmark = pytest.mark.unit
+
+MiB, GiB = 2**20, 2**30
+
+
+def test_a_steady_climb_is_its_slope_and_the_steps_left_to_the_limit() -> None:
+    steps = list(range(0, 40, 2))
+    used = [1 * GiB + 100 * MiB * s for s in steps]
+    c = climb(steps, used)
+    assert c is not None and c.per_step == pytest.approx(100 * MiB)
+    assert (c.from_step, c.to_step) == (0, 38) and c.to_bytes == used[-1]
+    last = {"host_used_bytes": float(used[-1]), "host_limit_bytes": 8.0 * GiB}
+    peak = {"host_used_bytes": float(used[-1]), "host_peak_bytes": float(used[-1]) + MiB}
+    p = pool_memory(3, "host", last, peak, steps, used)
+    assert p is not None and p.rank == 3 and p.pool == "host"
+    assert p.peak == used[-1] + MiB and p.headroom == 8 * GiB - p.peak
+    assert p.steps_to_limit == pytest.approx((8 * GiB - used[-1]) / (100 * MiB))
+    assert c.text(8.0 * GiB) == (
+        "memory climbed from 1.00 GiB at step 0 to 4.71 GiB at step 38 (+0.10 GiB a step) of "
+        "8.00 GiB"
+    )
+    # a model that fits: flat after its first steps, no limit in sight
+    flat = climb([0, 1, 2, 3], [2 * GiB, 2 * GiB, 2 * GiB, 2 * GiB])
+    assert flat is not None and flat.per_step == 0.0
+    assert flat.text(None) == "memory held at 2.00 GiB from step 0 to 3"
+    two = {"host_used_bytes": 2.0 * GiB}
+    f = pool_memory(0, "host", two, two, [0, 1, 2, 3], [2 * GiB] * 4)
+    assert f is not None and f.steps_to_limit is None and f.headroom is None
+
+
+def test_the_device_pool_is_the_allocators_reserved_bytes_against_the_capacity() -> None:
+    last = {
+        "mem_allocated_bytes": 30.0 * GiB,
+        "mem_reserved_bytes": 34.0 * GiB,
+        "mem_total_bytes": 80.0 * GiB,
+    }
+    peak = {**last, "mem_max_allocated_bytes": 41.0 * GiB}
+    p = pool_memory(0, "device", last, peak, [10], [34 * GiB])
+    assert p is not None and p.used == 34 * GiB and p.peak == 41 * GiB
+    assert p.limit == 80 * GiB and p.headroom == 39 * GiB
+    assert pool_memory(0, "device", {"host_used_bytes": 1.0}, {}, [], []) is None
+
+
+def test_the_process_sample_is_this_process_read_from_the_kernel() -> None:
+    got = MemorySampler().sample()
+    assert set(got) <= {*HOST_MEMORY_SCALARS, *DEVICE_MEMORY_SCALARS}
+    status = Path("/proc/self/status").read_text()
+    rss = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("VmRSS:"))) * 1024
+    assert 0.5 * rss < got["host_used_bytes"] < 2 * rss
+    assert got["host_peak_bytes"] >= got["host_used_bytes"]
+    assert (
+        got["host_used_bytes"]
+        < got["host_limit_bytes"]
+        <= os.sysconf("SC_PHYS_PAGES") * (os.sysconf("SC_PAGE_SIZE"))
+    )
+    # torch imported but CUDA never initialised (no GPU here): no device pool, nothing raised
+    assert not set(got) & set(DEVICE_MEMORY_SCALARS)
+
+
+@pytest.mark.e2e  # a process of its own: the limit is not this one's to change
+def test_under_an_address_space_limit_the_sample_is_the_address_space_against_it() -> None:
+    code = textwrap.dedent(
+        """
+        import json, resource
+        from fleetlens.sdk.memory import MemorySampler
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, resource.RLIM_INFINITY))
+        print(json.dumps(MemorySampler().sample()))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["host_limit_bytes"] == 8 << 30
+    assert got["host_used_bytes"] > 0 and got["host_peak_bytes"] >= got["host_used_bytes"]
+
+
+_LEAK = textwrap.dedent(
+    """
+    import torch
+    import fleetlens, fleetlens.torch
+
+    run = fleetlens.init(project="p", run_id="leak-run", install_signal_handler=False)
+    tr = fleetlens.torch.TorchRun(run, "cpu")
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1024))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    outputs = []  # for an epoch metric; the bug: the whole output kept, not a number of it
+    for i in range(1_000_000):
+        with tr.step(i):
+            out = model(torch.randn(256, 1024))
+            loss = out.pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            outputs.append(out.detach())
+        tr.log(i, loss=loss, memory=True)
+    """
+)
+
+
+def _vm_size(pid: int) -> int:
+    for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if ln.startswith("VmSize:"):
+            return int(ln.split()[1]) * 1024
+    raise AssertionError("no VmSize")
+
+
+@pytest.mark.e2e
+def test_a_leaking_real_job_shows_its_climb_and_the_oom_finding_shows_it_too(
+    server: Server, tmp_path: Path, browser: Any
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_LEAK)
+    env = {
+        **os.environ,
+        "FLEETLENS_SERVER": server.url,
+        "OMP_NUM_THREADS": "1",
+        "FLEETLENS_SPOOL_DIR": str(tmp_path / "spool"),
+        "FLEETLENS_RELAY": "off",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        on_server = lambda: server.request("GET", "/v1/runs/leak-run")[0] == 200  # noqa: E731
+        wait_until(on_server, 60, what="the run on the server")
+        limit = _vm_size(proc.pid) + 160 * MiB  # what the batch system grants: 160 MiB more
+        resource.prlimit(proc.pid, resource.RLIMIT_AS, (limit, limit))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "DefaultCPUAllocator" in err, err[-2000:]
+
+    def oom() -> dict[str, Any] | None:
+        doc = server.get("/v1/runs/leak-run/diagnosis")
+        f = next((f for f in doc.get("findings", []) if f["diagnosis"] == "oom"), None)
+        return f if f and any(e.get("signal") == "memory_climb" for e in f["evidence"]) else None
+
+    finding = wait_until(oom, 60, what="an oom finding with its memory climb")
+    step = finding["step"]
+    climbed = next(e for e in finding["evidence"] if e.get("signal") == "memory_climb")
+    # one kept output (256 x 1024 floats, 1 MiB) a step, against the limit set from outside
+    assert 0.5 * MiB < climbed["perStepBytes"] < 3 * MiB, climbed
+    assert climbed["toStep"] == step and climbed["limitBytes"] == limit, climbed
+    assert climbed["toBytes"] - climbed["fromBytes"] > 100 * MiB, climbed
+    assert f"memory climbed from {climbed['fromBytes'] / GiB:.2f} GiB" in finding["summary"]
+    assert (
+        f"at step {step} (+" in finding["summary"]
+        and f"of {limit / GiB:.2f} GiB" in (finding["summary"])
+    )
+
+    mem = server.get("/v1/runs/leak-run/memory")
+    (host,) = [p for p in mem["pools"] if p["rank"] == 0]
+    assert host["pool"] == "host" and host["limitBytes"] == limit
+    assert host["headroomBytes"] == limit - host["peakBytes"] < 32 * MiB, host
+    assert 0.5 * MiB < host["climb"]["perStepBytes"] < 3 * MiB
+    (series,) = mem["series"]
+    assert series["steps"][-1] == step and series["usedBytes"][-1] > series["usedBytes"][0]
+    assert server.request("GET", "/v1/runs/no-such-run/memory")[0] == 404
+
+    done = fleetlens_cmd("memory", "leak-run", "--server", server.url)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "run leak-run: memory per rank in GiB, least headroom first"
+    row = lines[2].split()
+    assert row[:2] == ["0", "host"] and row[4] == f"{limit / GiB:,.2f}", lines
+
+    page = browser.new_page()
+    try:
+        page.goto(f"{server.url}/runs/leak-run")
+        page.wait_for_selector("#memory-sec:not([hidden]) #memory tbody tr", timeout=60_000)
+        first = page.query_selector_all("#memory tbody tr:first-child > *")
+        cells = [c.inner_text().strip() for c in first]
+        assert cells[:2] == ["0", "host"] and cells[4] == f"{limit / GiB:.2f} GiB", cells
+        assert page.inner_text("#memory-note").startswith("Least headroom: rank 0 (host)")
+        assert page.query_selector("#chart-memory canvas") is not None
+    finally:
+        page.close()
