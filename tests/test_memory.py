@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from fleetlens.analysis.memory import climb, pool_memory
+from fleetlens.analysis.memory import climb, pool_memory, size_text
 from fleetlens.schema import DEVICE_MEMORY_SCALARS, HOST_MEMORY_SCALARS
 from fleetlens.sdk.memory import MemorySampler
 from fleetlens.testing import Server, wait_until
@@ -47,7 +47,7 @@ def test_a_steady_climb_is_its_slope_and_the_steps_left_to_the_limit() -> None:
     assert p.peak == used[-1] + MiB and p.headroom == 8 * GiB - p.peak
     assert p.steps_to_limit == pytest.approx((8 * GiB - used[-1]) / (100 * MiB))
     assert c.text(8.0 * GiB) == (
-        "memory climbed from 1.00 GiB at step 0 to 4.71 GiB at step 38 (+0.10 GiB a step) of "
+        "memory climbed from 1.00 GiB at step 0 to 4.71 GiB at step 38 (+100.0 MiB a step) of "
         "8.00 GiB"
     )
     # a model that fits: flat after its first steps, no limit in sight
@@ -178,11 +178,10 @@ def test_a_leaking_real_job_shows_its_climb_and_the_oom_finding_shows_it_too(
     assert 0.5 * MiB < climbed["perStepBytes"] < 3 * MiB, climbed
     assert climbed["toStep"] == step and climbed["limitBytes"] == limit, climbed
     assert climbed["toBytes"] - climbed["fromBytes"] > 100 * MiB, climbed
-    assert f"memory climbed from {climbed['fromBytes'] / GiB:.2f} GiB" in finding["summary"]
-    assert (
-        f"at step {step} (+" in finding["summary"]
-        and f"of {limit / GiB:.2f} GiB" in (finding["summary"])
-    )
+    summary = finding["summary"]
+    assert f"memory climbed from {size_text(climbed['fromBytes'])} at step 0" in summary
+    assert f"at step {step} (+" in summary and " MiB a step) of " in summary, summary
+    assert summary.endswith(f"of {size_text(limit)}"), summary
 
     mem = server.get("/v1/runs/leak-run/memory")
     (host,) = [p for p in mem["pools"] if p["rank"] == 0]

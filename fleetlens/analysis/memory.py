@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["POOLS", "SLOPE_POINTS", "Climb", "PoolMemory", "climb", "pool_memory"]
+__all__ = ["POOLS", "SLOPE_POINTS", "Climb", "PoolMemory", "climb", "pool_memory", "size_text"]
 
 POOLS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "device": (
@@ -42,19 +42,19 @@ class Climb:
     per_step: float | None  # least-squares bytes a step; None with fewer than two steps
 
     def text(self, limit: float | None) -> str:
-        """``memory climbed from 1.10 GiB at step 0 to 3.80 GiB at step 40 (+0.07 GiB a step)
+        """``memory climbed from 1.10 GiB at step 0 to 3.80 GiB at step 40 (+69.1 MiB a step)
         of 4.00 GiB``, or ``held at ...`` when it did not rise."""
         rose = self.to_bytes > self.from_bytes * 1.05
         s = (
-            f"memory climbed from {_gib(self.from_bytes)} at step {self.from_step} to "
-            f"{_gib(self.to_bytes)} at step {self.to_step}"
+            f"memory climbed from {size_text(self.from_bytes)} at step {self.from_step} to "
+            f"{size_text(self.to_bytes)} at step {self.to_step}"
             if rose
-            else f"memory held at {_gib(self.to_bytes)} from step {self.from_step} to "
+            else f"memory held at {size_text(self.to_bytes)} from step {self.from_step} to "
             f"{self.to_step}"
         )
         if rose and self.per_step:
-            s += f" ({'+' if self.per_step > 0 else ''}{_gib(self.per_step)} a step)"
-        return s + (f" of {_gib(limit)}" if limit else "")
+            s += f" ({'+' if self.per_step > 0 else ''}{size_text(self.per_step)} a step)"
+        return s + (f" of {size_text(limit)}" if limit else "")
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,12 @@ class PoolMemory:
     steps_to_limit: float | None  # at the climb's slope, from the last sample; None if flat
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def size_text(n: float) -> str:
+    """Bytes as a reader takes them in: ``16.00 GiB``, ``4.0 MiB``, ``368 KiB``."""
+    a = abs(n)
+    if a >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if a >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def climb(steps: Sequence[int], used: Sequence[float]) -> Climb | None:

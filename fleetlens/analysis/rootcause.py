@@ -22,6 +22,7 @@ import numpy as np
 from ..lifecycle import peer_error
 from ..names import action_name
 from .hardware import Signal
+from .memory import size_text
 from .stragglers import StragglerClass
 from .xid import classify_xid
 
@@ -243,10 +244,6 @@ def diagnose_events(events: list[dict[str, Any]]) -> list[Diagnosis]:
     return out
 
 
-def _gib(n: Any) -> str:
-    return f"{float(n) / 2**30:.2f} GiB"
-
-
 def _oom(attrs: dict[str, Any], rank: int, ev: dict[str, Any], **where: Any) -> Diagnosis:
     """An out-of-memory event (the SDK's, from the real exception): the step, what was asked
     for on which device, the batch shape when the run's config gave it, the device's memory."""
@@ -269,7 +266,12 @@ def _oom(attrs: dict[str, Any], rank: int, ev: dict[str, Any], **where: Any) -> 
         p for p in (f"batch {batch}" if batch else "", f"sequence length {seq}" if seq else "") if p
     )
     detail = " ".join(
-        p for p in (f"asking {_gib(asked)}" if asked else "", f"on {device}" if device else "") if p
+        p
+        for p in (
+            f"asking {size_text(float(asked))}" if asked else "",
+            f"on {device}" if device else "",
+        )
+        if p
     )
     summary = f"out of memory at step {step} on rank {rank}" + (f" {detail}" if detail else "")
     return Diagnosis(
