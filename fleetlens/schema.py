@@ -28,6 +28,7 @@ __all__ = [
     "HOST_MEMORY_SCALARS",
     "IDENTIFIERS",
     "KINDS",
+    "LOG_LEVELS",
     "P0_EVENT_KINDS",
     "WIRE_VERSION",
     "Column",
@@ -473,6 +474,34 @@ HEARTBEAT = RecordKind(
     engine="ReplacingMergeTree(time)",
 )
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""A log line's level: the Python logging record's, ``INFO`` for a line of stdout and ``ERROR``
+for one of stderr (where tracebacks go)."""
+
+LOG = RecordKind(
+    name="log",
+    table="logs",
+    doc="A line a rank wrote (a Python logging record, a line of its stdout or stderr) with the "
+    "step it was at: searchable by run, rank and step.",
+    ctx=_RUN_CTX,
+    ctx_required=("run_id",),
+    columns=(
+        _T,
+        _c("rank", "int32", "global rank", required=True),
+        _c(
+            "step",
+            "int64",
+            "the step the rank was in, or (between steps) the last one it finished; -1 before",
+            default=-1,
+        ),
+        _c("level", "string", "one of LOG_LEVELS", default="INFO"),
+        _c("source", "string", "the logger's name, or stdout or stderr", default=""),
+        _c("message", "string", "the line, at most 2,000 characters", required=True),
+    ),
+    order_by=("tenant", "run_id", "time", "rank"),
+    priority=Priority.P3,
+)
+
 KINDS: dict[str, RecordKind] = {
     k.name: k
     for k in (
@@ -488,5 +517,6 @@ KINDS: dict[str, RecordKind] = {
         TRACE_STEP,
         TRACE_KERNEL,
         HEARTBEAT,
+        LOG,
     )
 }

@@ -101,6 +101,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "compare": ["compare", run, "tok-other"],
         "frontier": ["frontier", "tok-project"],
         "memory": ["memory", run],
+        "logs": ["logs", run],
         **_imports(tmp),
         "lineage": ["lineage", "run", run],
         "models register": ["models", "register", "tok-model:1", "--run", run],

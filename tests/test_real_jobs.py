@@ -54,7 +54,7 @@ def _show(r: JobResult) -> str:
 def test_healthy_job_is_one_finished_run_of_four_ranks_with_no_finding(
     job_server: Server, code: str
 ) -> None:
-    r = run_job(job_server, code, steps=30, settle_s=60)
+    r = run_job(job_server, code, steps=30, settle_s=60, env={"FLEETLENS_LOGS": "1"})
     assert r.returncode == 0, _show(r)
     assert len(r.run_ids) == 1, _show(r)
     assert r.run.get("worldSize") == 4, _show(r)
@@ -66,6 +66,12 @@ def test_healthy_job_is_one_finished_run_of_four_ranks_with_no_finding(
     hosts = {p["rank"]: p for p in mem["pools"] if p["pool"] == "host"}
     assert sorted(hosts) == [0, 1, 2, 3], mem
     assert all(0 < p["usedBytes"] <= p["peakBytes"] < p["limitBytes"] for p in hosts.values())
+    # and what the ranks wrote, with their steps (FLEETLENS_LOGS=1; issue 39 item 5)
+    lines = job_server.get(f"/v1/runs/{r.run_ids[0]}/logs?limit=5000")["lines"]
+    assert 0 in {x["rank"] for x in lines}, lines[:20]  # the main process logs in all three
+    if code == "nanogpt":  # its master process prints each iteration after the step
+        it = [x for x in lines if x["message"].startswith("iter 10: loss")]
+        assert [(x["rank"], x["step"], x["source"]) for x in it] == [(0, 10, "stdout")], it
 
 
 def test_nanogpt_rank_killed_is_a_failed_run_naming_the_rank(job_server: Server) -> None:

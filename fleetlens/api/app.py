@@ -61,6 +61,7 @@ from .graph import router as graph_router
 from .incidents import router as incidents_router
 from .ingest import IngestFastPath, error_response, ingest_batch, ingest_batches
 from .leader import LeaderGauge, keep_electing, leader_of
+from .logs import router as logs_router
 from .memory import router as memory_router
 from .portal import router as portal_router
 from .portal_fleet import router as portal_fleet_router
@@ -458,6 +459,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(graph_router)  # before runs: /v1/runs/compare is not a run id
     app.include_router(runs_router)
     app.include_router(memory_router)
+    app.include_router(logs_router)
     app.include_router(series_router)
     app.include_router(findings_router)
     app.include_router(flight_recorder_router)

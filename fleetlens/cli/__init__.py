@@ -23,6 +23,7 @@ COMMANDS = (
     "run",
     "frontier",
     "memory",
+    "logs",
     "goodput",
     "fleet",
     "sim",

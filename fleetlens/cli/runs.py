@@ -1,5 +1,5 @@
-"""``fleetlens runs``, ``fleetlens run show RUN``, ``fleetlens frontier PROJECT`` and
-``fleetlens memory RUN``."""
+"""``fleetlens runs``, ``fleetlens run show RUN``, ``fleetlens frontier PROJECT``,
+``fleetlens memory RUN`` and ``fleetlens logs RUN``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import argparse
 import time
 from typing import Any
 
+from ..schema import LOG_LEVELS
 from ._common import client, client_opts
 from ._output import Table, fmt, print_json
 
-__all__ = ["add_parsers", "cmd_frontier", "cmd_memory", "cmd_run_show", "cmd_runs"]
+__all__ = ["add_parsers", "cmd_frontier", "cmd_logs", "cmd_memory", "cmd_run_show", "cmd_runs"]
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -217,8 +218,36 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    params = {
+        "q": args.grep,
+        "rank": args.rank,
+        "fromStep": args.from_step,
+        "toStep": args.to_step,
+        "around": args.around,
+        "level": args.level,
+        "limit": args.limit,
+    }
+    with client(args) as c:
+        data = c.get(
+            f"/v1/runs/{args.run}/logs", **{k: v for k, v in params.items() if v is not None}
+        )
+    if args.json:
+        print_json(data)
+        return 0
+    for x in data["lines"]:
+        where = f"step {x['step']:>6} rank {x['rank']:>4} {x['level']:<8} {x['source']}"
+        print(f"{where}: {x['message']}")
+    if not data["lines"]:
+        print(f"run {data['runId']}: no lines matched (the SDK sends them with FLEETLENS_LOGS=1)")
+    elif data["truncated"]:
+        print("... more lines matched: --limit N, or narrow with --grep, --rank, --around")
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
-    """Add ``runs``, ``run show``, ``frontier`` and ``memory`` to the CLI's subparsers."""
+    """Add ``runs``, ``run show``, ``frontier``, ``memory`` and ``logs`` to the CLI's
+    subparsers."""
     sp = sub.add_parser("runs", help="list runs")
     client_opts(sp)
     sp.add_argument("--project")
@@ -250,3 +279,14 @@ def add_parsers(sub: Any) -> None:
     mem.add_argument("--top", type=int, default=8, help="ranks to show (default 8)")
     client_opts(mem)
     mem.set_defaults(func=cmd_memory)
+    lg = sub.add_parser("logs", help="a run's log lines with their rank and step, searched")
+    lg.add_argument("run")
+    lg.add_argument("--grep", help="lines holding this text (any case)")
+    lg.add_argument("--rank", type=int, help="one rank only")
+    lg.add_argument("--from-step", type=int)
+    lg.add_argument("--to-step", type=int)
+    lg.add_argument("--around", type=int, metavar="STEP", help="the steps either side of STEP")
+    lg.add_argument("--level", choices=LOG_LEVELS, help="this level and above")
+    lg.add_argument("--limit", type=int, default=500)
+    client_opts(lg)
+    lg.set_defaults(func=cmd_logs)

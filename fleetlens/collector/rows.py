@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import EVENT_KINDS, HEARTBEAT_PHASES, RecordKind
+from ..schema import EVENT_KINDS, HEARTBEAT_PHASES, LOG_LEVELS, RecordKind
 from ..store.batch import Col, StringColumn
 
 __all__ = ["NAME_RULE", "OBJECT_MAX_DEPTH", "DecodeLimits", "Rules", "nesting_problem"]
@@ -142,7 +142,7 @@ class Rules:
             if rank is not None:
                 self._rule("rank", (ws > 0) & (rank >= ws), "a rank is < its world_size")
         if (step := self._num("step")) is not None:
-            lo = -1 if event or kind.name == "heartbeat" else 0
+            lo = -1 if event or kind.name in ("heartbeat", "log") else 0
             self._rule(
                 "step", (step < lo) | (step > lim.max_step), f"steps are {lo}..{lim.max_step}"
             )
@@ -179,6 +179,8 @@ class Rules:
             self._events(cols)
         if kind.name == "heartbeat":
             self._strings("phase", HEARTBEAT_PHASES.__contains__, f"phases are {HEARTBEAT_PHASES}")
+        if kind.name == "log":
+            self._strings("level", LOG_LEVELS.__contains__, f"levels are {LOG_LEVELS}")
         if kind.name == "scalar":
             self._strings(
                 "name",

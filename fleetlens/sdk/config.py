@@ -63,6 +63,9 @@ class SDKConfig:
     # The rank's memory (the device's and the process's, fleetlens.sdk.memory) every this many
     # seconds, as scalars of the step the training thread is at. 0 turns it off.
     memory_s: float = 5.0
+    # The rank's log lines (Python logging, stdout and stderr) with their step, as ``log``
+    # records (fleetlens.sdk.logs). FLEETLENS_LOGS=1 turns it on.
+    capture_logs: bool = False
     max_batch_rows: int = 50_000
     send_timeout: float = 5.0
     compress: bool = True
@@ -203,6 +206,12 @@ class _Resolver:
                     f"FLEETLENS_TORCH_SPLIT={split!r} is not a boolean; set it to 1 or 0"
                 )
             values["torch_split"] = low in _TRUE
+        logs = self.env.get("FLEETLENS_LOGS")
+        if logs is not None:
+            low = logs.strip().lower()
+            if low not in _TRUE | _FALSE:
+                raise ConfigError(f"FLEETLENS_LOGS={logs!r} is not a boolean; set it to 1 or 0")
+            values["capture_logs"] = low in _TRUE
         spool_max = self._int_env(
             "FLEETLENS_SPOOL_MAX_BYTES", "set it to the spool size limit in bytes, e.g. 268435456"
         )

@@ -24,6 +24,7 @@ from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, RecordBuffer
 from .config import SDKConfig
 from .environment import environment
 from .exporter import Exporter
+from .logs import LogCapture
 from .oom import oom_attrs
 from .route import open_transport
 from .spans import PHASES, Checkpoint, Phase, Step
@@ -86,6 +87,9 @@ class Run:
             Identity(rank=cfg.rank, node_id=cfg.node_id, gpu=cfg.gpu),
             self._spool,
             self._position,
+        )
+        self._logs = (
+            LogCapture(self._buffer, cfg.rank, self._position) if cfg.capture_logs else None
         )
         self._prev_sigterm: Any = None
         # Set by fleetlens.torch.auto in a torch job: when this rank waited for the others.
@@ -276,6 +280,7 @@ class Run:
             out["internal_errors"] += self._errors
             out["exporter_alive"] = self._exporter.alive
             out["relay"] = self.relay or ""
+            out["log_lines_dropped"] = self._logs.dropped if self._logs is not None else 0
             return out
         except Exception:
             self._internal_error()
@@ -431,6 +436,8 @@ class Run:
         close = getattr(self._transport, "close", None)
         if callable(close) and not self._exporter.alive:
             close()
+        if self._logs is not None:
+            self._logs.close()
 
     def _at_exit(self) -> None:
         if not self._finished:

@@ -199,8 +199,8 @@ $controls
 <table id="findings" class="stack">
 <caption>Findings with evidence and owner</caption><thead><tr>
 <th scope="col">Diagnosis</th><th scope="col">Owner</th><th scope="col">Confidence</th>
-<th scope="col">Steps</th><th scope="col">Summary</th><th scope="col">Evidence</th></tr></thead>
-<tbody></tbody></table></section>
+<th scope="col">Steps</th><th scope="col">Summary</th><th scope="col">Evidence</th>
+<th scope="col">Log lines</th></tr></thead><tbody></tbody></table></section>
 <section aria-labelledby="h-rem" id="remediation"><h2 id="h-rem">Remediation</h2>
 <table id="remediations" class="stack">
 <caption>Actions that took (or would take) a node out of the run, newest
@@ -230,6 +230,19 @@ summed</caption><thead><tr><th scope="col">Operation</th><th scope="col">Calls</
 restarts</caption><thead><tr><th scope="col">Step</th><th scope="col">Source</th>
 <th scope="col">Kind</th><th scope="col">Where</th><th scope="col">Message</th></tr></thead>
 <tbody></tbody></table></section>
+<section aria-labelledby="h-logs" id="logs-sec"><h2 id="h-logs">Log lines</h2>
+<form id="logs-form" role="search" aria-label="Search the log lines">
+<label>Text <input id="logs-q" type="search" maxlength="1000"></label>
+<label>Rank <input id="logs-rank" type="number" min="0"></label>
+<label>Around step <input id="logs-around" type="number" min="-1"></label>
+<label>Level <select id="logs-level"><option value="">any</option><option>DEBUG</option>
+<option>INFO</option><option>WARNING</option><option>ERROR</option><option>CRITICAL</option>
+</select></label> <button type="submit">Search</button></form>
+<p id="logs-note" class="note" role="status" aria-live="polite"></p>
+<table id="logs" class="stack"><caption>What the ranks wrote (Python logging, stdout, stderr),
+each line with the step its rank was at, oldest first</caption><thead><tr>
+<th scope="col">Step</th><th scope="col">Rank</th><th scope="col">Level</th>
+<th scope="col">Source</th><th scope="col">Line</th></tr></thead><tbody></tbody></table></section>
 """.replace("$controls", CONTROLS)
 
 RANK = """

@@ -208,6 +208,50 @@
       p.stepsToLimit === null ? "–" : F(p.stepsToLimit)]));
   }
 
+  // Log lines (GET /v1/runs/{id}/logs): searched by text, rank, level and the steps around
+  // one; the search lives in the URL (?logq=&logrank=&logaround=&loglevel=), and a finding's
+  // "lines around step N" link fills it with the finding's step and first rank.
+  const LOG_KEYS = { q: "logq", rank: "logrank", around: "logaround", level: "loglevel" };
+  function logsLink(f) {
+    const step = f.step ?? f.startStep;
+    const a = document.createElement("a");
+    a.href = "#logs-sec";
+    a.textContent = `lines around step ${step}`;
+    a.addEventListener("click", (ev) => {
+      ev.preventDefault();
+      setParams({ logq: null, logrank: (f.ranks || [])[0] ?? null, logaround: step, loglevel: null }, true);
+      logsSection().then(() => document.getElementById("logs-sec").scrollIntoView()).catch(() => {});
+    });
+    return a;
+  }
+  async function logsSection() {
+    const p = params();
+    const form = {};
+    for (const [k, key] of Object.entries(LOG_KEYS)) {
+      form[k] = p.get(key) || "";
+      document.getElementById(`logs-${k}`).value = form[k];
+    }
+    const qs = Object.entries(form).filter(([, v]) => v !== "").map(([k, v]) => `&${k}=${enc(v)}`).join("");
+    const got = await getJSON(`/v1/runs/${enc(runId)}/logs?limit=500${qs}`);
+    const lines = got.lines || [];
+    document.getElementById("logs-note").textContent = lines.length
+      ? `${lines.length}${got.truncated ? " (the first)" : ""} lines` + (form.around !== "" ? `, steps ${got.fromStep}–${got.toStep}` : "")
+      : "No lines matched (the SDK sends them with FLEETLENS_LOGS=1).";
+    fill("logs", lines.map((x) => [{ th: text(x.step) }, text(x.rank), x.level, x.source, x.message]), "no lines");
+  }
+  function logsForm() {
+    const form = document.getElementById("logs-form");
+    if (!form || form.dataset.wired) return;
+    form.dataset.wired = "1";
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const changes = {};
+      for (const [k, key] of Object.entries(LOG_KEYS)) changes[key] = document.getElementById(`logs-${k}`).value || null;
+      setParams(changes, true);
+      logsSection().catch(() => {});
+    });
+  }
+
   // ---------------------------------------------------------------- charts
   function markersOf(d) {
     const out = [];
@@ -319,12 +363,15 @@
     if (!refreshing) whatIfNote(d).catch(() => {});  // an extra line; its failure is not the page's
     if (!refreshing) frontierSection(d).catch(() => {});
     memorySection().catch(() => {});  // memory climbs: read again on every refresh
+    logsForm();
+    if (!refreshing) logsSection().catch(() => {});
 
     const r = range();
     const all = d.findings || [];
     const shown = r ? all.filter((x) => x.startStep <= r.to && (x.endStep === null || x.endStep >= r.from)) : all;
     fill("findings", shown.map((x) => [{ th: x.diagnosis, node: A.named(x.diagnosis) }, x.owner, pct(x.confidence),
-      `${text(x.startStep)}–${text(x.endStep)}`, x.summary, A.evidence(x.evidence)]), r ? "no findings in these steps" : "no findings");
+      `${text(x.startStep)}–${text(x.endStep)}`, x.summary, A.evidence(x.evidence), { node: logsLink(x) }]),
+    r ? "no findings in these steps" : "no findings");
     document.querySelectorAll("#findings tbody tr").forEach((tr, i) => { if (shown[i]) tr.id = `finding-${shown[i].rank}`; });
     document.querySelector("#findings caption").textContent = r
       ? `Findings with evidence and owner: ${shown.length} of ${all.length} overlap steps ${r.from}–${r.to}` : "Findings with evidence and owner";
