@@ -187,7 +187,10 @@ def _fmt(v: Any) -> str:
 
 
 def conclude(
-    base: RunFigures, other: RunFigures, diff: Sequence[Mapping[str, Any]]
+    base: RunFigures,
+    other: RunFigures,
+    diff: Sequence[Mapping[str, Any]],
+    contract: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A likely conclusion for ``other`` against ``base`` (section 23 of the requirements).
 
@@ -199,8 +202,11 @@ def conclude(
       infrastructure (network, rack, stragglers, GPUs, storage, host), a straggler spread over
       5% or over 2% of its steps slower than twice its median, and ``base`` has less of it
     - configuration changed: any config key differs (derived keys alone do not count)
+    - measured under a different contract (``contract``: what differs of the software and the
+      topology, :func:`fleetlens.analysis.contract.differences`): said, whatever else
     Cause: configuration if only the config changed, infrastructure if only the
-    infrastructure did, both if both; else data or code if those changed; else unexplained.
+    infrastructure did, both if both; else data or code if those changed; else the contract
+    (software or topology) if it differs; else unexplained.
     """
     lines: list[str] = []
     base_issues, other_issues = base.infra_issues(), other.infra_issues()
@@ -256,6 +262,8 @@ def conclude(
         lines.append(f"Dataset changed: {base.dataset} -> {other.dataset}.")
     if code_changed:
         lines.append(f"Code changed: {base.code} -> {other.code}.")
+    if contract:
+        lines.append(f"Measured under a different contract: {'; '.join(contract)}.")
 
     quality_metric, quality_delta = None, None
     for m in QUALITY_METRICS:
@@ -310,6 +318,9 @@ def conclude(
     elif data_changed or code_changed:
         cause = "data" if data_changed else "code"
         lines.append(f"{what} is correlated with the {cause} change.")
+    elif contract:
+        cause = "contract"
+        lines.append(f"{what} is correlated with the software or topology change.")
     else:
         cause = "unexplained"
         lines.append(f"{what} with no change in configuration, data, code or infrastructure.")
@@ -318,6 +329,7 @@ def conclude(
         "run": other.run_id,
         "cause": cause,
         "infrastructureChanged": infra_changed,
+        "contractChanged": bool(contract),
         "configurationChanged": bool(config_keys),
         "goodputRegressed": goodput_regressed,
         "faultsRegressed": faults_regressed,

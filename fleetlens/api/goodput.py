@@ -22,6 +22,7 @@ from ..analysis.advisors import (
 )
 from ..analysis.breakdown import Breakdown
 from ..analysis.goodput import Factors
+from ..services.contract import run_contract
 from ..services.goodput import GoodputQueries, ProgramSpec, program_spec
 from ..services.scheduler import scheduling_factor
 from ..store.scope import Scope
@@ -42,6 +43,7 @@ from .goodput_models import (
     WhatIfFactorsOut,
     WhatIfOut,
 )
+from .models import ContractOut
 
 __all__ = ["WhatIfBody", "advice", "advice_model", "router", "runtime_terms"]
 
@@ -214,6 +216,7 @@ async def get_run_goodput(
     caps = _ceilings(ceilings)
 
     def work() -> RunGoodputOut:
+        info = svc.metadata.get_run(scope, run_id)  # 404 unless the caller may see it
         sched = scheduling_factor(svc.telemetry, scope, run_id, scheduling)
         bd, f, meta, spec = _measure(
             svc, scope, run_id, window, sched["factor"], accelerator, dtype
@@ -239,6 +242,7 @@ async def get_run_goodput(
             runtime_terms=runtime_terms(bd),
             advice=advice_model(bd, f, price, caps),
             scheduling=RunSchedulingOut.model_validate(sched),
+            contract=ContractOut.of(run_contract(svc.metadata, svc.telemetry, scope, info)),
         )
 
     return await anyio.to_thread.run_sync(work)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from .models import ApiModel
+from .models import ApiModel, ContractOut
 
 if TYPE_CHECKING:
     from ..analysis.breakdown import Breakdown
@@ -217,6 +217,7 @@ class RunGoodputOut(ApiModel):
     runtime_terms: RuntimeTermsOut | None = Field(default=None, description="equation 4")
     advice: AdviceOut
     scheduling: RunSchedulingOut | None = None
+    contract: ContractOut | None = Field(default=None, description="what it was measured on")
 
 
 # ---- scheduler records ----------------------------------------------------------------------

@@ -24,11 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 if TYPE_CHECKING:  # the client decodes with these models and needs only pydantic
+    from ..analysis.contract import Contract
     from ..store.metadata import RunInfo
 
 __all__ = [
     "ApiModel",
     "CompletionOut",
+    "ContractOut",
     "DiagnosisOut",
     "FindingOut",
     "MfuOut",
@@ -134,6 +136,59 @@ class FrontierOut(ApiModel):
     runs: list[FrontierRunOut] = Field(description="fastest first; not reached last")
 
 
+class TopologyOut(ApiModel):
+    nodes: int
+    gpus_per_node: int = Field(description="the most ranks placed on one node")
+    devices: int
+    interconnect: str | None = Field(description="NVLink domains, where the placement names them")
+    gpus: bool = Field(description="false: the ranks were placed on no GPU (a CPU job)")
+
+
+class TrialsOut(ApiModel):
+    """The project's runs of the same workload (config keys that set the step time, world size),
+    this one included."""
+
+    runs: list[str]
+    step_time_median_s: list[float] = Field(description="each trial's median step time")
+    spread: float | None = Field(description="their standard deviation over their mean")
+
+
+class ContractOut(ApiModel):
+    """What a speed answer was measured on (seed 003 s9.3.1): compare two only when alike."""
+
+    software: dict[str, str] = Field(
+        description="torch, cuda, nccl, nvidia_driver, python, compiler: as the ranks reported "
+        "them at their start (the most common value where they differ)"
+    )
+    mixed: dict[str, list[str]] = Field(description="keys whose ranks reported different values")
+    topology: TopologyOut | None
+    trials: TrialsOut | None = Field(description="null: no other run of the same workload")
+    text: str = Field(description="the contract in a line")
+
+    @classmethod
+    def of(cls, c: Contract) -> ContractOut:
+        t, tr = c.topology, c.trials
+        return cls(
+            software=c.software,
+            mixed=c.mixed,
+            topology=None
+            if t is None
+            else TopologyOut(
+                nodes=t.nodes,
+                gpus_per_node=t.gpus_per_node,
+                devices=t.devices,
+                interconnect=t.interconnect,
+                gpus=t.gpus,
+            ),
+            trials=None
+            if tr is None
+            else TrialsOut(
+                runs=tr.runs, step_time_median_s=tr.step_time_median_s, spread=tr.spread
+            ),
+            text=c.text(),
+        )
+
+
 class StepWindowOut(ApiModel):
     """The recent steps the speed figures are computed over."""
 
@@ -216,6 +271,9 @@ class RunDetailOut(RunOut):
         default=None,
         description="when a RUNNING run reaches the target step its config names (total_steps, "
         "max_steps, train_iters, max_iters...); null otherwise",
+    )
+    contract: ContractOut | None = Field(
+        default=None, description="what the step time and MFU were measured on"
     )
     layout: LayoutOut | None = Field(
         default=None,

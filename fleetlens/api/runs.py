@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 
 from ..analysis.layout import layout_of
 from ..errors import ConfigError
+from ..services.contract import run_contract
 from ..services.frontier import frontier
 from ..services.goodput import summary_mfu
 from ..services.runs import MAX_TIMELINE_STEPS, RunQueries, completion, declared_world
@@ -19,6 +20,7 @@ from ..store.metadata import RunInfo
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
 from .models import (
+    ContractOut,
     FrontierOut,
     FrontierRunOut,
     MfuOut,
@@ -104,6 +106,7 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
         mfu = summary_mfu_out(info.config or {}, summary)
         eta = completion(info.config or {}, summary, info.status)
         lay = layout_of(info.config or {}, int(summary.get("worldSize") or info.world_size or 0))
+        contract = ContractOut.of(run_contract(svc.metadata, svc.telemetry, scope, info))
         return RunDetailOut.model_validate(
             {
                 **run_json(info),
@@ -112,6 +115,7 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
                 **summary,
                 "mfu": mfu,
                 "completion": eta,
+                "contract": contract,
                 "layout": lay.to_json() if lay else None,
             }
         )

@@ -32,6 +32,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for key in ("dataset", "code"):
         if data[key]["changed"]:
             print(line(key, [value(x) for x in data[key]["values"]]))
+    if data["contract"]["changed"]:  # what differs of the software and the topology
+        print(
+            line(
+                "measured on",
+                ["(baseline)", *("; ".join(d) or "same" for d in data["contract"]["differences"])],
+            )
+        )
     for key, label, spec in (
         ("stepTimeMedianSeconds", "step time (s)", ".4g"),
         ("tokensPerSecond", "tokens/s", ".4g"),

@@ -93,6 +93,9 @@ def cmd_run_show(args: argparse.Namespace) -> int:
             f"({budget}), {fmt(done['secondsPerStep'], '.3g')} s/step lately: "
             f"{_hours(done['seconds'])} left, about {at}"
         )
+    contract = run.get("contract")
+    if contract:
+        print(f"  measured on: {contract['text']}")
     mfu = run.get("mfu") or {}
     if mfu.get("value") is not None:
         hfu = f"  HFU {fmt(mfu['hfu'], '.1%')}" if mfu.get("hfu") is not None else ""

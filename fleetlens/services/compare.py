@@ -32,6 +32,7 @@ from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.scoped import scoped
 from ..store.telemetry import TelemetryStore
+from .contract import compared, run_contract
 from .goodput import GoodputQueries, program_spec, window_mfu
 from .scheduler import scheduling_factor
 
@@ -276,6 +277,8 @@ def compare_runs(
     store = FindingsStore(metadata)
     goodput = _goodput(telemetry, scope, runs, [ln["config"] or {} for ln in lineages])
     evaluations = evaluation_deltas(metadata, scope, runs)
+    contracts = [run_contract(metadata, telemetry, scope, metadata.get_run(scope, r)) for r in runs]
+    against = compared(contracts)
     failures = _evaluation_failures(metadata, scope, runs, evaluations)
     figures = [
         _figures(r, speed.get(r, {}), health[r], quality, ln, _infra_findings(store, scope, r))
@@ -320,9 +323,14 @@ def compare_runs(
         "side": side,
         "matchedSteps": quality,
         "evaluations": evaluations,
+        "contract": {
+            "values": [c.text() for c in contracts],
+            "differences": against,
+            "changed": any(against),
+        },
         "conclusions": [
-            conclude(figures[0], f, config_diff([lineages[0]["config"], ln["config"]]))
-            for f, ln in zip(figures[1:], lineages[1:], strict=True)
+            conclude(figures[0], f, config_diff([lineages[0]["config"], ln["config"]]), d)
+            for f, ln, d in zip(figures[1:], lineages[1:], against, strict=True)
         ],
         "basis": {
             "stepTime": "median over steps of the slowest rank's duration (last execution)",
@@ -333,6 +341,8 @@ def compare_runs(
             "conclusion reads the last tenth",
             "evaluations": "each run's latest completed evaluation (by runId); deltas against "
             "the first run's, metric by metric (benchmark/metric, performance/latency...)",
+            "contract": "the software each run's ranks reported and the topology it was "
+            "placed on; differences against the first run's (seed 003 s9.3.1)",
         },
     }
 

@@ -147,7 +147,8 @@ run lost (the breakdown's loss lines), in GPU-hours and goodput points</caption>
 <th scope="col">Evidence</th><th scope="col">Cost</th><th scope="col">Action</th></tr></thead>
 <tbody></tbody></table><p id="wrong-note" class="note"></p>
 <p id="whatif-note" class="note"></p></section>
-<section aria-labelledby="h-now" class="cards" id="now"><h2 id="h-now">Now</h2><div></div></section>
+<section aria-labelledby="h-now" class="cards" id="now"><h2 id="h-now">Now</h2><div></div>
+<p id="contract-note" class="note"></p></section>
 <section aria-labelledby="h-frontier" id="frontier-sec" hidden><h2 id="h-frontier">Time to result
 </h2><p id="frontier-note"></p>
 <table id="frontier"><caption>The project's runs: time from their first record to the target

@@ -252,6 +252,14 @@
     });
   }
 
+  // The measurement contract (GET /v1/runs/{id}'s contract): what the step time, MFU and
+  // goodput above were measured on, and the spread of the project's trials of this workload.
+  async function contractNote() {
+    const c = (await getJSON(`/v1/runs/${enc(runId)}`)).contract;
+    const el = document.getElementById("contract-note");
+    if (el && c) el.textContent = `Measured on ${c.text}.` + (Object.keys(c.mixed).length ? ` Ranks differ in ${Object.keys(c.mixed).join(", ")}.` : "");
+  }
+
   // ---------------------------------------------------------------- charts
   function markersOf(d) {
     const out = [];
@@ -362,6 +370,7 @@
     runCharts();
     if (!refreshing) whatIfNote(d).catch(() => {});  // an extra line; its failure is not the page's
     if (!refreshing) frontierSection(d).catch(() => {});
+    if (!refreshing) contractNote().catch(() => {});
     memorySection().catch(() => {});  // memory climbs: read again on every refresh
     logsForm();
     if (!refreshing) logsSection().catch(() => {});

@@ -1,0 +1,57 @@
+"""A run's measurement contract (:mod:`fleetlens.analysis.contract`, seed 003 s9.3.1): the
+software its newest attempt's ranks reported, the topology it was placed on, and the spread of
+the project's trials of the same workload. Carried by the run's answer (``GET /v1/runs/{run}``:
+step time, MFU), its goodput and a comparison of runs.
+"""
+
+from __future__ import annotations
+
+from ..analysis.baseline import workload_signature
+from ..analysis.contract import Contract, differences, software, topology, trials
+from ..store.compare_queries import ComparisonQueries
+from ..store.detect_queries import DetectQueries
+from ..store.metadata import MetadataStore, RunInfo
+from ..store.reader import TenantReader
+from ..store.scope import Scope
+from ..store.telemetry import TelemetryStore
+
+__all__ = ["MAX_TRIALS", "compared", "run_contract"]
+
+MAX_TRIALS = 50
+"""The project's most recently active runs searched for trials of the same workload."""
+
+
+def run_contract(
+    metadata: MetadataStore, telemetry: TelemetryStore, scope: Scope, info: RunInfo
+) -> Contract:
+    """The contract of ``info`` (a run the caller may see)."""
+    q = DetectQueries(telemetry, scope.tenant)
+    jobs = q.jobs(info.run_id)
+    newest = jobs[-1] if jobs else None
+    envs = [
+        e["attrs"].get("environment") or {}
+        for e in q.events(info.run_id)
+        if e["kind"] == "job_start" and (newest is None or e["job_id"] == newest.job_id)
+    ]
+    sw, mixed = software([e for e in envs if isinstance(e, dict)])
+    topo = None
+    if newest is not None:
+        place = q.placement(info.run_id, newest.job_id, newest.world)
+        topo = topology(place.node, [int(g) for g in place.gpu], place.nvlink_domain)
+    sig = workload_signature(info.config, info.world_size)  # as each trial's is computed
+    same = [
+        r.run_id
+        for r in metadata.list_runs(scope, info.project, MAX_TRIALS, 0)
+        if workload_signature(r.config, r.world_size) == sig
+    ]
+    medians: dict[str, float] = {}
+    if len(same) >= 2:
+        speed = ComparisonQueries(TenantReader(telemetry, scope)).speed(same).to_pylist()
+        medians = {r["run_id"]: float(r["median_step_s"]) for r in speed if r["median_step_s"]}
+    ran = [r for r in same if r in medians]
+    return Contract(sw, mixed, topo, trials(ran, [medians[r] for r in ran]))
+
+
+def compared(contracts: list[Contract]) -> list[list[str]]:
+    """Per run after the first, what differs from the first's contract (empty: measured alike)."""
+    return [differences(contracts[0], c) for c in contracts[1:]]
