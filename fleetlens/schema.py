@@ -20,12 +20,9 @@ from .errors import ConfigError
 
 __all__ = [
     "CTX_KEYS",
-    "DATA_SCALARS",
-    "DEVICE_MEMORY_SCALARS",
     "DTYPES",
     "EVENT_KINDS",
     "HEARTBEAT_PHASES",
-    "HOST_MEMORY_SCALARS",
     "IDENTIFIERS",
     "KINDS",
     "LOG_LEVELS",
@@ -282,30 +279,6 @@ EVENT_KINDS: dict[str, str] = {
     "finish": "the run ended normally",
     "custom": "anything else; put details in attrs",
 }
-
-DEVICE_MEMORY_SCALARS = (
-    "mem_allocated_bytes",
-    "mem_reserved_bytes",
-    "mem_max_allocated_bytes",
-    "mem_total_bytes",
-)
-"""A rank's device memory (the CUDA caching allocator's), in bytes, as the SDK samples it
-(:mod:`fleetlens.sdk.memory`): allocated, reserved, the allocator's peak and the capacity."""
-
-HOST_MEMORY_SCALARS = ("host_used_bytes", "host_peak_bytes", "host_limit_bytes")
-"""A rank's process memory, in bytes: used, its peak and the limit it runs against (the
-resident set against the cgroup or the machine; the address space under ``RLIMIT_AS``)."""
-
-DATA_SCALARS: dict[str, str] = {
-    "queue_depth": "data/prefetch_queue_depth",
-    "cache_hit_rate": "data/cache_hit_rate",
-    "read_latency_s": "data/storage_read_latency_s",
-    "bytes_read": "data/bytes_read",
-}
-"""The input pipeline's signals (seed 001 s13), as the scalar names ``Run.data`` logs them under
-(per rank and step): the prefetch queue's depth, the cache hit rate (0..1), the storage read
-latency of the step's reads (seconds) and the bytes read. The shard a rank reads is a
-``data_shard`` event, sent when it changes."""
 
 P0_EVENT_KINDS = frozenset(
     {"failure", "hardware_fault", "nan", "oom", "hang", "exception", "signal", "preemption"}

@@ -19,7 +19,7 @@ import pytest
 
 import fleetlens
 from fleetlens.analysis.datapipe import data_causes
-from fleetlens.schema import DATA_SCALARS
+from fleetlens.scalars import DATA_SCALARS
 from fleetlens.testing import Server, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -191,6 +191,12 @@ def test_a_real_jobs_lines_are_searchable_and_its_failure_links_the_lines_around
     page = browser.new_page()
     try:
         page.goto(f"{server.url}/runs/logs-run")
+        # what its speed was measured on, under "Now" (the measurement contract)
+        import torch
+
+        note = page.locator("#contract-note", has_text=f"Measured on torch {torch.__version__}")
+        note.wait_for(timeout=60_000)
+        assert "on 1 node x 1 rank on CPU" in note.inner_text()
         link = page.locator("#findings a", has_text=f"lines around step {step}").first
         link.wait_for(timeout=60_000)
         link.click()

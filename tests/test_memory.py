@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from fleetlens.analysis.memory import climb, pool_memory, size_text
-from fleetlens.schema import DEVICE_MEMORY_SCALARS, HOST_MEMORY_SCALARS
+from fleetlens.scalars import DEVICE_MEMORY_SCALARS, HOST_MEMORY_SCALARS
 from fleetlens.sdk.memory import MemorySampler
 from fleetlens.testing import Server, wait_until
 

@@ -66,6 +66,14 @@ def test_healthy_job_is_one_finished_run_of_four_ranks_with_no_finding(
     hosts = {p["rank"]: p for p in mem["pools"] if p["pool"] == "host"}
     assert sorted(hosts) == [0, 1, 2, 3], mem
     assert all(0 < p["usedBytes"] <= p["peakBytes"] < p["limitBytes"] for p in hosts.values())
+    # what its speed was measured on (issue 39 item 1): this torch, 4 ranks on this CPU
+    import torch
+
+    contract = job_server.get(f"/v1/runs/{r.run_ids[0]}")["contract"]
+    assert contract["software"]["torch"] == torch.__version__, contract
+    assert contract["topology"] == {"nodes": 1, "gpusPerNode": 4, "devices": 4,
+                                    "interconnect": None, "gpus": False}, contract  # fmt: skip
+    assert f"torch {torch.__version__}" in contract["text"], contract
     # and what the ranks wrote, with their steps (FLEETLENS_LOGS=1; issue 39 item 5)
     lines = job_server.get(f"/v1/runs/{r.run_ids[0]}/logs?limit=5000")["lines"]
     assert 0 in {x["rank"] for x in lines}, lines[:20]  # the main process logs in all three

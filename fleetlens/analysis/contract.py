@@ -81,7 +81,8 @@ class Contract:
         s = ", ".join(parts) or "software unknown"
         t = self.topology
         if t is not None:
-            unit = "GPUs" if t.gpus else "ranks on CPU"
+            plural = "s" if t.gpus_per_node != 1 else ""
+            unit = f"GPU{plural}" if t.gpus else f"rank{plural} on CPU"
             s += f" on {t.nodes} node{'s' if t.nodes != 1 else ''} x {t.gpus_per_node} {unit}"
             s += f" ({t.interconnect})" if t.interconnect else ""
         if self.trials is not None and self.trials.spread is not None:

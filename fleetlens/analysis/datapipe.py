@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..schema import DATA_SCALARS
+from ..scalars import DATA_SCALARS
 
 __all__ = ["data_causes"]
 

@@ -19,7 +19,8 @@ import traceback
 from types import FrameType, TracebackType
 from typing import Any
 
-from ..schema import DATA_SCALARS, EVENT_KINDS, P0_EVENT_KINDS
+from ..scalars import DATA_SCALARS
+from ..schema import EVENT_KINDS, P0_EVENT_KINDS
 from .buffer import COLLECTIVE, EVENT, PLACEMENT, SCALARS, STEP, RecordBuffer
 from .config import SDKConfig
 from .environment import environment
@@ -174,7 +175,7 @@ class Run:
         the prefetch queue's depth, the cache hit rate (0..1), the storage read latency of the
         step's reads in seconds, the bytes read. A data stall is then traced to the shard, the
         storage or the prefetch. The numbers are scalars (P2, names in
-        :data:`fleetlens.schema.DATA_SCALARS`); the shard is an event sent when it changes."""
+        :data:`fleetlens.scalars.DATA_SCALARS`); the shard is an event sent when it changes."""
         try:
             values = {
                 "queue_depth": queue_depth,

@@ -14,7 +14,7 @@ import numpy as np
 from ..analysis.datapipe import data_causes
 from ..analysis.hardware import node_health, node_signals
 from ..analysis.rootcause import Diagnosis
-from ..schema import DATA_SCALARS
+from ..scalars import DATA_SCALARS
 from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
 
 __all__ = ["COST_SPAN", "MIN_COST", "data_stall"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..schema import DEVICE_MEMORY_SCALARS, HOST_MEMORY_SCALARS
+from ..scalars import DEVICE_MEMORY_SCALARS, HOST_MEMORY_SCALARS
 from .reader import TenantReader
 
 __all__ = ["MEMORY_SCALARS", "MemoryQueries"]

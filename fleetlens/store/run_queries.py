@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from ..schema import DATA_SCALARS
+from ..scalars import DATA_SCALARS
 from .ddl import COMPUTE_SQL
 from .reader import TenantReader
 from .telemetry import TelemetryStore
