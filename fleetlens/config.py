@@ -102,6 +102,8 @@ class AnalyzerConfig:
     rack_peer_shift: float = 0.05
     stage_min_excess: float = 0.05  # a pipeline stage this much over the median stage
     batch_min_spread: float = 0.03  # replicas' batch cost varying this much (std) step to step
+    memory_warn_steps: float = 1000.0  # a rank's memory climbing to its limit within this many
+    memory_min_rise: float = 0.05  # steps, having risen this share of the limit: memory_climb
 
 
 @dataclass(frozen=True)

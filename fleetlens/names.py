@@ -34,6 +34,7 @@ DIAGNOSES: dict[str, str] = {
     "slow_checkpoint": "Slow checkpoint",
     "topology": "Poor placement (topology)",
     "stage_imbalance": "Uneven pipeline stages",
+    "memory_climb": "Memory climbing to its limit",
     "batch_imbalance": "Uneven batches across replicas",
 }
 """Every diagnosis the analyses make (``fleetlens.analysis.rootcause.OWNERS`` lists the same)."""

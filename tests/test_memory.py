@@ -20,12 +20,15 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from fleetlens.analysis.memory import climb, pool_memory, size_text
+from bench._delivery import from_matrix
+from fleetlens.analysis.memory import climb, pool_memory, size_text, steady
 from fleetlens.scalars import DEVICE_MEMORY_SCALARS, HOST_MEMORY_SCALARS
 from fleetlens.sdk.memory import MemorySampler
-from fleetlens.testing import Server, wait_until
+from fleetlens.sim.emit import encode
+from fleetlens.testing import InProcessServer, Server, wait_passes, wait_until
 
 from .test_cli import fleetlens_cmd
 
@@ -57,6 +60,15 @@ def test_a_steady_climb_is_its_slope_and_the_steps_left_to_the_limit() -> None:
     two = {"host_used_bytes": 2.0 * GiB}
     f = pool_memory(0, "host", two, two, [0, 1, 2, 3], [2 * GiB] * 4)
     assert f is not None and f.steps_to_limit is None and f.headroom is None
+
+
+def test_only_a_steady_climb_counts_not_a_models_first_steps() -> None:
+    steps = list(range(60))
+    assert steady(steps, [GiB + MiB * s for s in steps])  # a leak: the same pace throughout
+    warm = [GiB + 200 * MiB * min(s, 5) for s in steps]  # the allocator warms up, then holds
+    assert not steady(steps, warm)
+    assert not steady(steps[:10], [GiB + MiB * s for s in steps[:10]])  # too few steps to say
+    assert not steady(steps, [2 * GiB - MiB * s for s in steps])  # falling
 
 
 def test_the_device_pool_is_the_allocators_reserved_bytes_against_the_capacity() -> None:
@@ -103,6 +115,50 @@ def test_under_an_address_space_limit_the_sample_is_the_address_space_against_it
     got = json.loads(out.stdout)
     assert got["host_limit_bytes"] == 8 << 30
     assert got["host_used_bytes"] > 0 and got["host_peak_bytes"] >= got["host_used_bytes"]
+
+
+def _memory_rows(srv: InProcessServer, run: str, rank: int, used: np.ndarray, limit: float) -> None:
+    n = len(used)
+    cols = {
+        "step": np.repeat(np.arange(n, dtype=np.int64), 2),
+        "rank": np.full(2 * n, rank, dtype=np.int32),
+        "time": np.repeat(1.7e9 + np.arange(n, dtype=np.float64), 2),
+        "name": ["host_used_bytes", "host_limit_bytes"] * n,
+        "value": np.column_stack([used, np.full(n, limit)]).ravel(),
+    }
+    ctx = {"run_id": run, "job_id": f"{run}-a0", "project": "real"}
+    assert srv.post(encode(ctx, {"scalar": (2 * n, cols)}))[0] == 200
+
+
+@pytest.mark.api
+def test_a_rank_climbing_to_its_limit_is_a_memory_climb_finding_before_it_fails(
+    tmp_path: Path,
+) -> None:
+    """Three ranks over 60 steps against 8 GiB: rank 2 grows 60 MiB a step from 2 GiB (at step
+    59 it has about 2.5 GiB and 40 steps left), rank 1 grows 1 MiB a step (thousands of steps
+    from its limit), rank 0 holds. One finding, rank 2's, owned by the training code."""
+    with InProcessServer(str(tmp_path / "data")) as srv:
+        rec = from_matrix("m", np.arange(60), np.full((60, 3), 0.2), 1.7e9, {"model": "m"})
+        for ctx, tables in [*rec.first, *rec.other]:
+            assert srv.post(encode(ctx, tables))[0] == 200
+        for ctx, cols in rec.steps:
+            assert srv.post(encode(ctx, {"step": (len(cols["step"]), cols)}))[0] == 200
+        steps = np.arange(60, dtype=np.float64)
+        _memory_rows(srv, "m", 0, np.full(60, 3.0 * GiB), 8 * GiB)
+        _memory_rows(srv, "m", 1, 3.0 * GiB + MiB * steps, 8 * GiB)
+        _memory_rows(srv, "m", 2, 2.0 * GiB + 60 * MiB * steps, 8 * GiB)
+        wait_passes(srv, 3)
+        found = srv.get("/v1/runs/m/diagnosis")["findings"]
+        (climb,) = [f for f in found if f["diagnosis"] == "memory_climb"]
+        assert climb["ranks"] == [2] and climb["owner"] == "training_code", climb
+        left = (8 * GiB - (2 * GiB + 60 * MiB * 59)) / (60 * MiB)
+        assert climb["summary"] == (
+            "process memory of rank 2 climbs to its limit: memory climbed from 2.00 GiB at step 0 "
+            f"to 5.46 GiB at step 59 (+60.0 MiB a step) of 8.00 GiB; at this pace it runs out in "
+            f"about {left:,.0f} steps"
+        )
+        (ev,) = climb["evidence"]
+        assert ev["stepsToLimit"] == pytest.approx(left) and ev["perStepBytes"] == 60 * MiB
 
 
 _LEAK = textwrap.dedent(
@@ -183,6 +239,10 @@ def test_a_leaking_real_job_shows_its_climb_and_the_oom_finding_shows_it_too(
     assert f"at step {step} (+" in summary and " MiB a step) of " in summary, summary
     assert summary.endswith(f"of {size_text(limit)}"), summary
 
+    # the climb was a finding of its own, the rank named (it warns before the error does)
+    found = server.get("/v1/runs/leak-run/diagnosis")["findings"]
+    (warned,) = [f for f in found if f["diagnosis"] == "memory_climb"]
+    assert warned["ranks"] == [0] and "process memory of rank 0 climbs" in warned["summary"]
     mem = server.get("/v1/runs/leak-run/memory")
     (host,) = [p for p in mem["pools"] if p["rank"] == 0]
     assert host["pool"] == "host" and host["limitBytes"] == limit

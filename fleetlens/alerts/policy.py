@@ -224,6 +224,14 @@ DEFAULT_POLICY = Policy(
             "the data-parallel replicas' batches cost unevenly from step to step",
             diagnoses=("batch_imbalance",),
         ),
+        Rule(
+            "MemoryClimb",
+            "finding",
+            "ticket",
+            "researcher",
+            "a rank's memory climbs step after step and reaches its limit within 1,000 steps",
+            diagnoses=("memory_climb",),
+        ),
         # The per-metric alerts of seed 001 s36, each on the run's own series.
         Rule(
             "MFUDrop",

@@ -91,6 +91,14 @@ RUNBOOKS: dict[str, tuple[str, ...]] = {
         "Balance the tokens per replica (sequence packing, length-grouped sampling, a token "
         "budget per micro-batch); the finding says how much faster even batches would be.",
     ),
+    "MemoryClimb": (
+        "A rank's memory grows step after step (the device's allocator, or the process's) and, at "
+        "this pace, reaches its limit within the steps the finding says: the run will end in an "
+        "out-of-memory error. `fleetlens memory RUN` shows every rank's climb.",
+        "Find what the loop keeps from one step to the next: outputs or losses kept as tensors "
+        "(keep `.item()` or a detached copy on the CPU), a cache or a list that grows; restart "
+        "from the last checkpoint with the fix before the limit is reached.",
+    ),
     "MFUDrop": ("MFU fell against the run's previous hour: see ThroughputDrop's steps.",),
     "TokensPerSecondDrop": ("Tokens/s fell against the run's previous hour: see ThroughputDrop.",),
     "GPUTemperatureHigh": (

@@ -14,7 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["POOLS", "SLOPE_POINTS", "Climb", "PoolMemory", "climb", "pool_memory", "size_text"]
+__all__ = [
+    "POOLS",
+    "SLOPE_POINTS",
+    "Climb",
+    "PoolMemory",
+    "climb",
+    "pool_memory",
+    "size_text",
+    "steady",
+]
 
 POOLS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "device": (
@@ -89,6 +98,20 @@ def climb(steps: Sequence[int], used: Sequence[float]) -> Climb | None:
         sxx = sum((x - mx) ** 2 for x in xs)
         per_step = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
     return Climb(int(steps[0]), float(used[0]), int(steps[-1]), float(used[-1]), per_step)
+
+
+def steady(steps: Sequence[int], used: Sequence[float], min_span: int = 20) -> bool:
+    """Whether the newest :data:`SLOPE_POINTS` samples climb steadily: over at least
+    ``min_span`` steps, and the newer half still climbing at half the older half's pace or
+    more. A model's first steps (the allocator warming up, then flat) are not a climb."""
+    xs, ys = list(steps[-SLOPE_POINTS:]), list(used[-SLOPE_POINTS:])
+    if len(xs) < 4 or xs[-1] - xs[0] < min_span:
+        return False
+    half = len(xs) // 2
+    older, newer = climb(xs[:half], ys[:half]), climb(xs[half:], ys[half:])
+    if older is None or newer is None or not older.per_step or not newer.per_step:
+        return False
+    return older.per_step > 0 and newer.per_step >= 0.5 * older.per_step
 
 
 def pool_memory(

@@ -52,6 +52,7 @@ OWNERS: dict[str, str] = {
     "inefficient_compute": "training_code",
     "instability": "training_code",
     "oom": "training_code",
+    "memory_climb": "training_code",
     "software_crash": "training_code",
     "rank_lost": "host",
     "hang": "training_code",

@@ -73,6 +73,8 @@ RECOMMEND = {
     "instability": "Inspect the LR scheduler and gradient clipping; resume from an earlier "
     "checkpoint.",
     "oom": "Reduce the micro-batch or enable activation checkpointing.",
+    "memory_climb": "Find what the loop keeps from step to step (outputs or losses kept as "
+    "tensors, a growing cache); the run will run out of memory at this pace.",
     "hang": "Collect stack traces of every rank (py-spy) and the NCCL flight recorder.",
     "checkpoint": "Move to asynchronous checkpointing or a faster storage tier.",
     "preemption": "Checkpoint on the preemption notice; ask for a non-preemptible quota.",

@@ -55,7 +55,7 @@ from .cursor import CursorVersionError, migrate
 from .data_stalls import data_stall
 from .devices import device_window, hardware, late_hardware, placed_until
 from .hang_findings import find_hangs
-from .memory import with_oom_climbs
+from .memory import memory_climbs, with_oom_climbs
 from .shifts import (
     fold_into_racks,
     network_diagnosis,
@@ -215,6 +215,7 @@ def analyze_run(
             pending = True
             break
     ctx.found += with_oom_climbs(q.r, run.run_id, diagnose_events(events))
+    ctx.found += memory_climbs(q.r, run.run_id, cfg)
     newest = jobs[-1]
     lost, ending = diagnose_ends(
         events, newest.job_id, max(newest.world, run.world), run.last_seen, now, newest.last_step

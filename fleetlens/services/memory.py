@@ -10,19 +10,31 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from ..analysis.memory import POOLS, Climb, PoolMemory, climb, pool_memory
+from ..analysis.memory import POOLS, Climb, PoolMemory, climb, pool_memory, steady
 from ..analysis.rootcause import Diagnosis
+from ..config import AnalyzerConfig
 from ..store.memory_queries import MemoryQueries
 from ..store.metadata import MetadataStore
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 
-__all__ = ["MAX_POINTS", "RankSeries", "RunMemory", "oom_climb", "run_memory", "with_oom_climbs"]
+__all__ = [
+    "MAX_POINTS",
+    "RankSeries",
+    "RunMemory",
+    "memory_climbs",
+    "oom_climb",
+    "run_memory",
+    "with_oom_climbs",
+]
 
 log = logging.getLogger("fleetlens.memory")
 
 MAX_POINTS = 500
+CLIMB_POINTS = 60
+"""Buckets of a rank's use the analyzer's climb is fitted over (each its largest value)."""
+
 """Points of a rank's series at most (buckets of steps, each its largest value)."""
 
 _USE = sorted({n for uses, _, _ in POOLS.values() for n in uses})
@@ -61,19 +73,11 @@ def _use_series(
     return out
 
 
-def run_memory(
-    metadata: MetadataStore,
-    telemetry: TelemetryStore,
-    scope: Scope,
-    run_id: str,
-    rank: int | None = None,
-    top: int = 8,
-    points: int = 200,
-) -> RunMemory:
-    """The run's memory, every rank's pools and the series of ``top`` of them (or of ``rank``'s
-    alone); NotFound unless the caller may see the run."""
-    metadata.get_run(scope, run_id)
-    q = MemoryQueries(TenantReader(telemetry, scope))
+def _pools(
+    q: MemoryQueries, run_id: str, rank: int | None, points: int
+) -> tuple[list[PoolMemory], dict[tuple[int, str], RankSeries]]:
+    """Every rank's pools (or ``rank``'s), least headroom first, and each one's use over steps
+    in at most ``points`` buckets."""
     last: dict[int, dict[str, float]] = defaultdict(dict)
     peak: dict[int, dict[str, float]] = defaultdict(dict)
     lo, hi = 2**62, -1
@@ -84,7 +88,7 @@ def run_memory(
         peak[r["rank"]][r["name"]] = float(r["peak"])
         lo, hi = min(lo, int(r["lo"])), max(hi, int(r["hi"]))
     if hi < 0:
-        return RunMemory(run_id, [], [])
+        return [], {}
     ranks = sorted(last)
     used = _use_series(q, run_id, ranks, lo, hi, min(points, MAX_POINTS))
     pools: list[PoolMemory] = []
@@ -100,8 +104,87 @@ def run_memory(
                 pools.append(p)
                 series[(rk, pool)] = RankSeries(rk, pool, steps, values, p.limit)
     pools.sort(key=lambda p: (_share(p), p.rank, p.pool))
+    return pools, series
+
+
+def run_memory(
+    metadata: MetadataStore,
+    telemetry: TelemetryStore,
+    scope: Scope,
+    run_id: str,
+    rank: int | None = None,
+    top: int = 8,
+    points: int = 200,
+) -> RunMemory:
+    """The run's memory, every rank's pools and the series of ``top`` of them (or of ``rank``'s
+    alone); NotFound unless the caller may see the run."""
+    metadata.get_run(scope, run_id)
+    pools, series = _pools(MemoryQueries(TenantReader(telemetry, scope)), run_id, rank, points)
     shown = pools if rank is not None else pools[: max(top, 0)]
     return RunMemory(run_id, pools, [series[(p.rank, p.pool)] for p in shown])
+
+
+def memory_climbs(reader: TenantReader, run_id: str, cfg: AnalyzerConfig) -> list[Diagnosis]:
+    """A ``memory_climb`` finding for each rank whose memory climbs steadily towards its limit
+    (the run will run out of memory at this pace): its climb is steady
+    (:func:`fleetlens.analysis.memory.steady`), has risen by ``memory_min_rise`` of the limit and
+    reaches the limit within ``memory_warn_steps`` steps. The ranks of one pool are one
+    finding."""
+    pools, series = _pools(MemoryQueries(reader), run_id, None, CLIMB_POINTS)
+    by_pool: dict[str, list[PoolMemory]] = defaultdict(list)
+    for p in pools:
+        c = p.climb
+        if c is None or p.steps_to_limit is None or not p.limit or c.per_step is None:
+            continue
+        used = series[(p.rank, p.pool)]
+        rose = (c.to_bytes - c.from_bytes) / p.limit
+        near = p.steps_to_limit <= cfg.memory_warn_steps
+        if rose >= cfg.memory_min_rise and near and steady(used.steps, used.used):
+            by_pool[p.pool].append(p)
+    out = []
+    for pool, climbing in by_pool.items():
+        first = min(climbing, key=lambda p: p.steps_to_limit or 0.0)  # the nearest its limit
+        c = first.climb
+        assert c is not None and first.steps_to_limit is not None
+        what = "device memory" if pool == "device" else "process memory"
+        ranks = sorted(p.rank for p in climbing)
+        who = (
+            f"rank {ranks[0]}"
+            if len(ranks) == 1
+            else f"{len(ranks)} ranks (first rank {first.rank})"
+        )
+        summary = (
+            f"{what} of {who} climbs to its limit: {c.text(first.limit)}; at this pace it runs "
+            f"out in about {first.steps_to_limit:,.0f} steps"
+        )
+        evidence = [
+            {
+                "signal": "memory_climb",
+                "rank": p.rank,
+                "fromStep": p.climb.from_step if p.climb else None,
+                "toStep": p.climb.to_step if p.climb else None,
+                "usedBytes": p.used,
+                "limitBytes": p.limit,
+                "perStepBytes": p.climb.per_step if p.climb else None,
+                "stepsToLimit": p.steps_to_limit,
+            }
+            for p in climbing[:16]
+        ]
+        out.append(
+            Diagnosis(
+                f"memory_climb:{pool}",
+                "memory_climb",
+                "event",
+                0.8,
+                summary,
+                c.to_step,
+                c.from_step,
+                -1,
+                ranks=ranks,
+                evidence=evidence,
+            )
+        )
+    return out
 
 
 def oom_climb(
