@@ -61,6 +61,10 @@ def test_prints_and_logging_records_are_lines_with_their_step(
         logging.basicConfig(stream=sys.stderr, level=logging.INFO, force=True)
         logging.getLogger("train").warning("grad norm %.1f", 9.5)
         logging.getLogger("train").debug("not let through by the level")
+        quiet = logging.getLogger("quiet")  # a record no handler prints (a file handler's)
+        quiet.propagate = False
+        quiet.warning("epoch 3")
+        print("epoch 3 done, loss 1.2")  # holds the record's text: still a line of its own
         sys.stdout.write("no newline yet")
     finally:
         c.cap.close()
@@ -75,6 +79,8 @@ def test_prints_and_logging_records_are_lines_with_their_step(
         (4, "INFO", "stdout", "iter 4: loss 2.3000, time 12ms"),
         (4, "ERROR", "stderr", "epoch 1: 100%|##########| 10/10"),  # the bar's last state
         (4, "WARNING", "train", "grad norm 9.5"),  # once: not again as its stderr line
+        (4, "WARNING", "quiet", "epoch 3"),
+        (4, "INFO", "stdout", "epoch 3 done, loss 1.2"),
     ]
     assert {r["rank"] for r in c.rows()} == {3} and all(r["level"] in LOG_LEVELS for r in c.rows())
 

@@ -265,7 +265,7 @@ def test_a_leaking_real_job_shows_its_climb_and_the_oom_finding_shows_it_too(
         page.wait_for_selector("#memory-sec:not([hidden]) #memory tbody tr", timeout=60_000)
         first = page.query_selector_all("#memory tbody tr:first-child > *")
         cells = [c.inner_text().strip() for c in first]
-        assert cells[:2] == ["0", "host"] and cells[4] == f"{limit / GiB:.2f} GiB", cells
+        assert cells[:2] == ["0", "host"] and cells[4] == size_text(limit), cells
         assert page.inner_text("#memory-note").startswith("Least headroom: rank 0 (host)")
         assert page.query_selector("#chart-memory canvas") is not None
     finally:

@@ -82,7 +82,8 @@ class Exporter:
         self.cfg = cfg
         self._position = position
         self._beat_at = 0.0
-        self.memory = MemorySampler(cfg.local_rank)
+        local = cfg.launcher_env.get("LOCAL_WORLD_SIZE", "1")  # torchrun's ranks on this node
+        self.memory = MemorySampler(cfg.local_rank, int(local) if local.isdigit() else 1)
         self._mem_at = 0.0
         self.buffer = buffer
         self.transport = transport

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import threading
 import time
@@ -38,6 +39,7 @@ MAX_LINE = 2000
 LINES_PER_S = 200.0
 BURST = 2000.0
 _LEVELS = {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}
+_ECHO_S = 0.5  # a handler's write of a record follows its making within this, in one thread
 
 
 class _Budget:
@@ -59,6 +61,16 @@ class _Budget:
         return False
 
 
+def _in_logging() -> bool:
+    """Whether this write comes from inside the logging module (a handler's emit)."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_filename == logging.__file__:
+            return True
+        f = f.f_back  # type: ignore[assignment]
+    return False
+
+
 class _Tee:
     """Writes through to ``stream``, then hands each complete line to ``keep``."""
 
@@ -67,16 +79,24 @@ class _Tee:
         self._keep = keep
         self._part = ""
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def write(self, s: str) -> int:
         n = self._stream.write(s)
+        # A forked child (a DataLoader worker) inherits the tee but has no exporter to send
+        # its lines, and may inherit the lock held: it only writes through. A writer never
+        # waits long for another thread's line either: its line is lost, not the training.
+        if os.getpid() != self._pid or not self._lock.acquire(timeout=0.05):
+            return n
         try:
-            with self._lock:
+            try:
                 text = self._part + s
                 *lines, self._part = text.split("\n")
                 if len(self._part) > MAX_LINE:  # no newline coming: keep what there is
                     lines.append(self._part)
                     self._part = ""
+            finally:
+                self._lock.release()
             for line in lines:
                 line = line.rsplit("\r", 1)[-1]  # a progress bar: its last state
                 if line.strip():
@@ -104,7 +124,8 @@ class LogCapture:
         self._position = position
         self._budget = _Budget()
         self.errors = 0
-        self._recent = threading.local()  # this thread's records just taken, for the tees
+        self._recent = threading.local()  # this thread's record just taken, for the tees
+        self._pid = os.getpid()
         self._factory = logging.getLogRecordFactory()
         logging.setLogRecordFactory(self._record)
         self._streams: list[tuple[str, TextIO, _Tee]] = []
@@ -119,34 +140,36 @@ class LogCapture:
     def _record(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
         record = self._factory(*args, **kwargs)
         try:
+            if os.getpid() != self._pid or not self._budget.take():
+                return record  # a forked child's, or past the budget: not formatted at all
             message = record.getMessage().split("\n", 1)[0]
             level = record.levelname if record.levelname in _LEVELS else "INFO"
-            recent = getattr(self._recent, "messages", None)
-            if recent is None:
-                recent = self._recent.messages = []
-            recent.append(message)
-            del recent[:-8]
-            self._line(message, level, record.name)
+            # A handler writing this record to our stdout or stderr does so at once, in this
+            # thread: the tee skips that line. A record no handler prints (a file handler, a
+            # level filter) expires, so a later print holding its text is still kept.
+            self._recent.last = (message, time.monotonic())
+            self._line(message, level, record.name, budgeted=True)
         except Exception:
             self.errors += 1
         return record
 
     def _stream_line(self, line: str, level: str, source: str) -> None:
-        recent = getattr(self._recent, "messages", None)
-        if recent:
-            for i, message in enumerate(recent):
-                if message and message in line:  # a handler writing out a record just taken
-                    del recent[i]
-                    return
+        last = getattr(self._recent, "last", None)
+        if last is not None and last[0] and last[0] in line and _in_logging():
+            self._recent.last = None
+            if time.monotonic() - last[1] < _ECHO_S:
+                return  # a handler writing out the record just taken
         self._line(line, level, source)
 
     @property
     def dropped(self) -> int:
         return self._budget.dropped
 
-    def _line(self, message: str, level: str = "INFO", source: str = "") -> None:
+    def _line(
+        self, message: str, level: str = "INFO", source: str = "", budgeted: bool = False
+    ) -> None:
         try:
-            if not self._budget.take():
+            if not budgeted and not self._budget.take():
                 return
             step = self._position()[0]
             row = {

@@ -10,10 +10,12 @@ step. Two families of scalars, in bytes:
   ``mem_max_allocated_bytes`` (the allocator's peak, since the start or the user's last
   ``reset_peak_memory_stats``) and ``mem_total_bytes`` (the device's capacity);
 - the process, always: ``host_used_bytes``, ``host_peak_bytes`` and ``host_limit_bytes``. Used
-  and peak are the resident set (``VmRSS``, ``VmHWM``) against the tightest of the cgroup's
-  ``memory.max`` and the machine's memory; under an address-space limit (``RLIMIT_AS``, which
-  fails allocations before the resident set reaches anything) they are the address space
-  (``VmSize``, ``VmPeak``) against that limit, since that is what runs out.
+  and peak are the resident set (``VmRSS``, ``VmHWM``) against the rank's share of the
+  tightest of its own cgroup's ``memory.max`` (a Slurm job's, a container's) and the machine's
+  memory: that limit over the node's ranks (``LOCAL_WORLD_SIZE``), since they share it; under
+  an address-space limit (``RLIMIT_AS``, which fails allocations before the resident set
+  reaches anything) they are the address space (``VmSize``, ``VmPeak``) against that limit,
+  since that is what runs out.
 
 Nothing here imports torch (a process that has not imported it has no device memory to read),
 and nothing raises: a sample that cannot be read is None.
@@ -23,21 +25,38 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import sys
 from typing import Any
 
+try:
+    import resource
+except ImportError:  # not on Linux or macOS: no rlimit to read
+    resource = None  # type: ignore[assignment]
+
 __all__ = ["MemorySampler"]
 
-_CGROUP_MAX = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1.
 _NO_LIMIT = 1 << 62
+
+
+def _cgroup_files() -> list[str]:
+    """The memory limit files of this process's own cgroup (a Slurm job's or a container's,
+    v2 then v1), then the root's."""
+    out: list[str] = []
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controllers == "":
+                out.append(f"/sys/fs/cgroup{path.rstrip('/')}/memory.max")
+            elif "memory" in controllers.split(","):
+                out.append(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.limit_in_bytes")
+    return [*out, "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
 
 
 def _machine_limit() -> int | None:
     """The tightest of the cgroup's memory limit and the machine's memory, in bytes."""
     limits: list[int] = []
-    for path in _CGROUP_MAX:
+    for path in _cgroup_files():
         try:
             with open(path) as f:
                 text = f.read().strip()
@@ -45,8 +64,7 @@ def _machine_limit() -> int | None:
             continue
         if text.isdigit() and int(text) < _NO_LIMIT:
             limits.append(int(text))
-        break
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     return min(limits) if limits else None
 
@@ -70,19 +88,21 @@ class MemorySampler:
     first step (:meth:`note_device`), else the local rank's, as torchrun's one-GPU-a-rank
     convention has it."""
 
-    def __init__(self, local_rank: int = 0) -> None:
+    def __init__(self, local_rank: int = 0, local_ranks: int = 1) -> None:
         self.device: int | None = None
         self._local = max(local_rank, 0)
         self.errors = 0
-        self._limit = _machine_limit()
+        # The ranks of a node share its memory: each is held to its share of it.
+        limit = _machine_limit()
+        self._limit = None if limit is None else limit // max(local_ranks, 1)
         self._total: dict[int, int] = {}
 
     def host(self) -> dict[str, float] | None:
         try:
             vm = _status()
-            soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+            soft = resource.getrlimit(resource.RLIMIT_AS)[0] if resource is not None else -1
             limit: int | None = self._limit
-            if soft != resource.RLIM_INFINITY and soft > 0:
+            if resource is not None and soft != resource.RLIM_INFINITY and soft > 0:
                 used, peak, limit = vm.get("VmSize"), vm.get("VmPeak"), soft
             else:
                 used, peak = vm.get("VmRSS"), vm.get("VmHWM")

@@ -215,7 +215,7 @@ def analyze_run(
             pending = True
             break
     ctx.found += with_oom_climbs(q.r, run.run_id, diagnose_events(events))
-    ctx.found += memory_climbs(q.r, run.run_id, cfg)
+    ctx.found += memory_climbs(q.r, run.run_id, cfg, jobs[-1].last_step)
     newest = jobs[-1]
     lost, ending = diagnose_ends(
         events, newest.job_id, max(newest.world, run.world), run.last_seen, now, newest.last_step

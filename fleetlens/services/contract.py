@@ -6,7 +6,7 @@ step time, MFU), its goodput and a comparison of runs.
 
 from __future__ import annotations
 
-from ..analysis.baseline import workload_signature
+from ..analysis.baseline import SIGNATURE_KEYS, workload_signature
 from ..analysis.contract import Contract, differences, software, topology, trials
 from ..store.compare_queries import ComparisonQueries
 from ..store.detect_queries import DetectQueries
@@ -28,22 +28,22 @@ def run_contract(
     q = DetectQueries(telemetry, scope.tenant)
     jobs = q.jobs(info.run_id)
     newest = jobs[-1] if jobs else None
-    envs = [
-        e["attrs"].get("environment") or {}
-        for e in q.events(info.run_id)
-        if e["kind"] == "job_start" and (newest is None or e["job_id"] == newest.job_id)
-    ]
-    sw, mixed = software([e for e in envs if isinstance(e, dict)])
+    sw, mixed = software(q.environments(info.run_id, newest.job_id) if newest else [])
     topo = None
     if newest is not None:
         place = q.placement(info.run_id, newest.job_id, newest.world)
         topo = topology(place.node, [int(g) for g in place.gpu], place.nvlink_domain)
-    sig = workload_signature(info.config, info.world_size)  # as each trial's is computed
-    same = [
-        r.run_id
-        for r in metadata.list_runs(scope, info.project, MAX_TRIALS, 0)
-        if workload_signature(r.config, r.world_size) == sig
-    ]
+    # Trials only of a workload the config names (a model, a batch): the world size alone
+    # would make every job of one size a trial of every other.
+    same: list[str] = []
+    if any(k in (info.config or {}) for k in SIGNATURE_KEYS):
+        sig = workload_signature(info.config, info.world_size)  # as each trial's is computed
+        same = [
+            r.run_id
+            for r in metadata.list_runs(scope, info.project, MAX_TRIALS, 0)
+            if r.run_id != info.run_id and workload_signature(r.config, r.world_size) == sig
+        ]
+        same.append(info.run_id)
     medians: dict[str, float] = {}
     if len(same) >= 2:
         speed = ComparisonQueries(TenantReader(telemetry, scope)).speed(same).to_pylist()

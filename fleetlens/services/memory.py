@@ -74,10 +74,10 @@ def _use_series(
 
 
 def _pools(
-    q: MemoryQueries, run_id: str, rank: int | None, points: int
+    q: MemoryQueries, run_id: str, rank: int | None, points: int, window: int | None = None
 ) -> tuple[list[PoolMemory], dict[tuple[int, str], RankSeries]]:
     """Every rank's pools (or ``rank``'s), least headroom first, and each one's use over steps
-    in at most ``points`` buckets."""
+    in at most ``points`` buckets (over the newest ``window`` steps when given)."""
     last: dict[int, dict[str, float]] = defaultdict(dict)
     peak: dict[int, dict[str, float]] = defaultdict(dict)
     lo, hi = 2**62, -1
@@ -90,6 +90,8 @@ def _pools(
     if hi < 0:
         return [], {}
     ranks = sorted(last)
+    if window is not None:
+        lo = max(lo, hi - window + 1)
     used = _use_series(q, run_id, ranks, lo, hi, min(points, MAX_POINTS))
     pools: list[PoolMemory] = []
     series: dict[tuple[int, str], RankSeries] = {}
@@ -124,13 +126,18 @@ def run_memory(
     return RunMemory(run_id, pools, [series[(p.rank, p.pool)] for p in shown])
 
 
-def memory_climbs(reader: TenantReader, run_id: str, cfg: AnalyzerConfig) -> list[Diagnosis]:
+def memory_climbs(
+    reader: TenantReader, run_id: str, cfg: AnalyzerConfig, last_step: int
+) -> list[Diagnosis]:
     """A ``memory_climb`` finding for each rank whose memory climbs steadily towards its limit
     (the run will run out of memory at this pace): its climb is steady
     (:func:`fleetlens.analysis.memory.steady`), has risen by ``memory_min_rise`` of the limit and
     reaches the limit within ``memory_warn_steps`` steps. The ranks of one pool are one
-    finding."""
-    pools, series = _pools(MemoryQueries(reader), run_id, None, CLIMB_POINTS)
+    finding, extended to the run's ``last_step`` while a pass sees it: one no longer seen ends
+    at the step the last pass that saw it had reached."""
+    # The newest steps only: a leak that began late in a long run is fitted on its own.
+    window = int(2 * cfg.memory_warn_steps)
+    pools, series = _pools(MemoryQueries(reader), run_id, None, CLIMB_POINTS, window)
     by_pool: dict[str, list[PoolMemory]] = defaultdict(list)
     for p in pools:
         c = p.climb
@@ -179,7 +186,7 @@ def memory_climbs(reader: TenantReader, run_id: str, cfg: AnalyzerConfig) -> lis
                 summary,
                 c.to_step,
                 c.from_step,
-                -1,
+                max(c.to_step, last_step),
                 ranks=ranks,
                 evidence=evidence,
             )
@@ -193,7 +200,19 @@ def oom_climb(
     """The climb of ``rank``'s memory up to its out-of-memory error at ``step`` (the device's
     pool for a ``cuda`` device, the process's otherwise) and the pool's limit; None when the
     rank sent no memory samples."""
-    pool = "device" if device.startswith("cuda") else "host"
+    # A device's error (its message does not always name the device: older torch writes
+    # "(GPU 0; 15.78 GiB total capacity ...)") is the device's pool when the rank sent one.
+    pools = ["host"] if device == "cpu" else ["device", "host"]
+    for pool in pools:
+        got = _climb_of(q, run_id, rank, step, pool)
+        if got is not None:
+            return got
+    return None
+
+
+def _climb_of(
+    q: MemoryQueries, run_id: str, rank: int, step: int, pool: str
+) -> tuple[Climb, float | None] | None:
     uses, _, limit_name = POOLS[pool]
     width = max(1, -(-(step + 1) // MAX_POINTS))
     got = q.buckets(run_id, [*uses, limit_name], [rank], 0, step, width).to_pylist()

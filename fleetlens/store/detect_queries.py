@@ -260,6 +260,25 @@ class DetectQueries(DeviceQueries):
                 r["attrs"] = {}
         return list(rows)
 
+    def environments(self, run_id: str, job_id: str) -> list[dict[str, Any]]:
+        """The environment each rank of attempt ``job_id`` reported at its start (its
+        ``job_start`` event), whatever the run's other events."""
+        rows = self.r.table(
+            "SELECT attrs FROM {db}.events WHERE run_id = {run:String}"
+            " AND job_id = {job:String} AND kind = 'job_start' LIMIT 100000",
+            run=run_id,
+            job=job_id,
+        ).to_pylist()
+        out = []
+        for r in rows:
+            try:
+                env = json.loads(r["attrs"] or "{}").get("environment")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(env, dict):
+                out.append(env)
+        return out
+
     def scalars(
         self, run_id: str, names: list[str], lo: int, hi: int, job_id: str = ""
     ) -> dict[str, tuple[Arr, Arr]]:

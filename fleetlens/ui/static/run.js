@@ -180,7 +180,8 @@
   // Memory (GET /v1/runs/{id}/memory): each rank's device or process memory, least headroom
   // first, and the use over steps of the ranks closest to their limit; hidden when the run
   // sent no memory samples.
-  const gib = (b) => (b === null || b === undefined ? "–" : `${(b / 2 ** 30).toFixed(2)} GiB`);
+  const sizeText = (b) => (b === null || b === undefined ? "–" : Math.abs(b) >= 2 ** 30
+    ? `${(b / 2 ** 30).toFixed(2)} GiB` : Math.abs(b) >= 2 ** 20 ? `${(b / 2 ** 20).toFixed(1)} MiB` : `${(b / 2 ** 10).toFixed(0)} KiB`);
   async function memorySection() {
     const sec = document.getElementById("memory-sec");
     if (!sec) return;
@@ -191,19 +192,19 @@
     const low = pools[0];
     const per = low.climb && low.climb.perStepBytes;
     document.getElementById("memory-note").textContent = `Least headroom: rank ${low.rank} (${low.pool}), ` +
-      `${gib(low.headroomBytes)} of ${gib(low.limitBytes)} left at its peak` +
-      (low.stepsToLimit !== null && per > 0 ? `, climbing ${gib(per)} a step: the limit in about ${F(low.stepsToLimit)} steps.` : ".");
+      `${sizeText(low.headroomBytes)} of ${sizeText(low.limitBytes)} left at its peak` +
+      (low.stepsToLimit !== null && per > 0 ? `, climbing ${sizeText(per)} a step: the limit in about ${F(low.stepsToLimit)} steps.` : ".");
     const xs = Array.from(new Set((m.series || []).flatMap((s) => s.steps))).sort((a, b) => a - b);
     const at = new Map(xs.map((x, i) => [x, i]));
     const series = (m.series || []).map((s) => {
       const v = xs.map(() => null);
       s.steps.forEach((st, i) => { v[at.get(st)] = s.usedBytes[i] / 2 ** 30; });
-      return { name: `rank ${s.rank} ${s.pool}`, values: v };
+      return { name: `rank ${s.rank} ${s.pool}`, values: v, spanGaps: true };  // each rank's own steps
     });
     FLPlots.line(document.getElementById("chart-memory"), { label: "Memory used over steps (GiB), the ranks of least headroom",
       yLabel: "Memory (GiB)", unit: "GiB", height: 200, xMode: "step", x: xs, series });
-    fill("memory", pools.slice(0, 50).map((p) => [{ th: text(p.rank) }, p.pool, gib(p.usedBytes), gib(p.peakBytes),
-      gib(p.limitBytes), `${gib(p.headroomBytes)} (${pct(p.headroomShare)})`,
+    fill("memory", pools.slice(0, 50).map((p) => [{ th: text(p.rank) }, p.pool, sizeText(p.usedBytes), sizeText(p.peakBytes),
+      sizeText(p.limitBytes), `${sizeText(p.headroomBytes)} (${pct(p.headroomShare)})`,
       p.climb && p.climb.perStepBytes !== null ? `${(p.climb.perStepBytes / 2 ** 20).toFixed(1)} MiB` : "–",
       p.stepsToLimit === null ? "–" : F(p.stepsToLimit)]));
   }
