@@ -105,12 +105,12 @@ class MemoryOut(ApiModel):
     summary="A run's memory per rank: use, peak, headroom and climb",
     response_model=MemoryOut,
     description="Each rank's device memory (the CUDA caching allocator's reserved bytes against "
-    "the device's capacity) and process memory (its resident set against the cgroup's or the "
-    "machine's limit; its address space under RLIMIT_AS), as the SDK samples them every "
-    "memory_s seconds and TorchRun.log(memory=True) at a step: the use at the last sample, the "
-    "peak, the headroom (limit - peak), the climb (bytes a step over the newest samples) and the "
-    "steps left to the limit at that climb. Least headroom first; the series of the top pools "
-    "(or of rank's, when given) over steps, each bucket its largest use.",
+    "the device's capacity) and process memory (its resident set against its share of its "
+    "cgroup's or the machine's memory; its address space under RLIMIT_AS), as the SDK samples "
+    "them every memory_s seconds and TorchRun.log(memory=True) at a step: the use at the last "
+    "sample, the peak, the headroom (limit - peak), the climb (bytes a step over the newest "
+    "samples) and the steps left to the limit at that climb. Least headroom first; the series "
+    "of the top pools (or of rank's, when given) over steps, each bucket its largest use.",
 )
 async def get_memory(
     request: Request,
