@@ -166,7 +166,9 @@ class ContractOut(ApiModel):
     text: str = Field(description="the contract in a line")
 
     @classmethod
-    def of(cls, c: Contract) -> ContractOut:
+    def of(cls, c: Contract | None) -> ContractOut | None:
+        if c is None:
+            return None
         t, tr = c.topology, c.trials
         return cls(
             software=c.software,

@@ -20,6 +20,7 @@ from ..analysis.compare import (
     config_diff,
     slow_episodes,
 )
+from ..analysis.contract import Contract
 from ..analysis.rootcause import owner_of
 from ..errors import ConfigError
 from ..evaluation.models import Evaluation, GateDecision
@@ -277,7 +278,11 @@ def compare_runs(
     store = FindingsStore(metadata)
     goodput = _goodput(telemetry, scope, runs, [ln["config"] or {} for ln in lineages])
     evaluations = evaluation_deltas(metadata, scope, runs)
-    contracts = [run_contract(metadata, telemetry, scope, metadata.get_run(scope, r)) for r in runs]
+    contracts = [
+        run_contract(metadata, telemetry, scope, metadata.get_run(scope, r))
+        or Contract({}, {}, None, None)  # the store could not say: nothing to tell apart
+        for r in runs
+    ]
     against = compared(contracts)
     failures = _evaluation_failures(metadata, scope, runs, evaluations)
     figures = [

@@ -6,8 +6,11 @@ step time, MFU), its goodput and a comparison of runs.
 
 from __future__ import annotations
 
+import logging
+
 from ..analysis.baseline import SIGNATURE_KEYS, workload_signature
 from ..analysis.contract import Contract, differences, software, topology, trials
+from ..errors import StoreError
 from ..store.compare_queries import ComparisonQueries
 from ..store.detect_queries import DetectQueries
 from ..store.metadata import MetadataStore, RunInfo
@@ -17,14 +20,27 @@ from ..store.telemetry import TelemetryStore
 
 __all__ = ["MAX_TRIALS", "compared", "run_contract"]
 
+log = logging.getLogger("fleetlens.contract")
+
 MAX_TRIALS = 50
 """The project's most recently active runs searched for trials of the same workload."""
 
 
 def run_contract(
     metadata: MetadataStore, telemetry: TelemetryStore, scope: Scope, info: RunInfo
+) -> Contract | None:
+    """The contract of ``info`` (a run the caller may see); None when the store cannot say
+    (a full disk, a busy engine): the answer it rides on stands without it."""
+    try:
+        return _contract(metadata, telemetry, scope, info)
+    except StoreError as exc:
+        log.warning("the measurement contract of run %s: %s", info.run_id, exc)
+        return None
+
+
+def _contract(
+    metadata: MetadataStore, telemetry: TelemetryStore, scope: Scope, info: RunInfo
 ) -> Contract:
-    """The contract of ``info`` (a run the caller may see)."""
     q = DetectQueries(telemetry, scope.tenant)
     jobs = q.jobs(info.run_id)
     newest = jobs[-1] if jobs else None
