@@ -197,9 +197,9 @@ def memory_climbs(
 def oom_climb(
     q: MemoryQueries, run_id: str, rank: int, step: int, device: str
 ) -> tuple[Climb, float | None] | None:
-    """The climb of ``rank``'s memory up to its out-of-memory error at ``step`` (the device's
-    pool for a ``cuda`` device, the process's otherwise) and the pool's limit; None when the
-    rank sent no memory samples."""
+    """The climb of ``rank``'s memory up to its out-of-memory error at ``step`` and the pool's
+    limit: the process's pool for a ``cpu`` error, else the device's when the rank sent one and
+    the process's otherwise; None when the rank sent no memory samples."""
     # A device's error (its message does not always name the device: older torch writes
     # "(GPU 0; 15.78 GiB total capacity ...)") is the device's pool when the rank sent one.
     pools = ["host"] if device == "cpu" else ["device", "host"]
