@@ -104,6 +104,14 @@ class AnalyzerConfig:
     batch_min_spread: float = 0.03  # replicas' batch cost varying this much (std) step to step
     memory_warn_steps: float = 1000.0  # a rank's memory climbing to its limit within this many
     memory_min_rise: float = 0.05  # steps, having risen this share of the limit: memory_climb
+    # Triggered trace capture (fleetlens.services.captures): profiled steps asked of a
+    # straggler and a healthy peer in jobs that offer it (0: never ask), after this many
+    # warm-up steps; at most one capture a run every capture_gap_s; traces not in within
+    # capture_timeout_s of the request expire it.
+    capture_steps: int = 3
+    capture_warmup: int = 1
+    capture_gap_s: float = 900.0
+    capture_timeout_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -208,6 +216,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "max_future_s": ("collector", "max_future_s"),
     "analysis_interval_s": ("monitor", "interval_s"),
     "hang_s": ("analyzer", "hang_floor_s"),
+    "capture_steps": ("analyzer", "capture_steps"),
     "alertmanager_url": ("alerts", "alertmanager_url"),
     "webhook_url": ("alerts", "webhook_url"),
     "slack_url": ("alerts", "slack_url"),

@@ -82,6 +82,8 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "agent": ["agent", "--once", "--no-gpu", "--node", "tok-node"],
         "traces import": ["traces", "import", str(TRACE), "--run", run],
         "traces show": ["traces", "show", run],
+        "traces capture": ["traces", "capture", run, "--rank", "0"],
+        "traces captures": ["traces", "captures", run],
         "fr import": ["fr", "import", str(FR), "--run", run],
         "incidents": ["incidents"],
         "failure-window": ["failure-window", run],

@@ -97,7 +97,8 @@ def _check_resumed(srv: Server, run: str, a: dict[str, Any]) -> None:
     assert len(jobs) == 2 and a["jobId"] == jobs[0], jobs
     resume = a["resumeStep"]
     while time.monotonic() < deadline + 30:
-        points = srv.get(f"/v1/runs/{run}/metrics?name=loss")["points"]
+        # every step: the default 1,000 points are a downsampled series once the run is longer
+        points = srv.get(f"/v1/runs/{run}/metrics?name=loss&points=100000")["points"]
         if points[-1]["step"] > resume + 25:
             break
         time.sleep(0.5)

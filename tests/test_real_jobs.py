@@ -117,8 +117,13 @@ def test_nanogpt_slowed_rank_has_the_longest_compute_with_the_readme_instrumenta
 ) -> None:
     """The README's phases alone (no TorchRun): DDP's all-reduce ends inside backward, so the
     SDK's torch integration takes each rank's wait out of it (``comm``). Rank 2, held from
-    outside to half the CPU it was using, computes longest; the others wait for it."""
-    r = run_job(job_server, "nanogpt", steps=160, fault=_HALF_SPEED, settle_s=60)
+    outside to half the CPU it was using, computes longest; the others wait for it.
+
+    With ``FLEETLENS_TRACE_CAPTURE=1`` the straggler finding also brings a few profiled steps
+    of rank 2 and of a healthy peer (issue 39 item 3), the same steps on both: in the traces
+    too, rank 2 computes longest and its peer waits in the all-reduce."""
+    env = {"FLEETLENS_TRACE_CAPTURE": "1"}
+    r = run_job(job_server, "nanogpt", steps=200, fault=_HALF_SPEED, settle_s=60, env=env)
     assert r.returncode == 0, _show(r)
     ranks = {int(x["rank"]): x for x in r.ranks.get("ranks", [])}
     assert sorted(ranks) == [0, 1, 2, 3], _show(r)
@@ -126,6 +131,21 @@ def test_nanogpt_slowed_rank_has_the_longest_compute_with_the_readme_instrumenta
     slowest = max(ranks, key=lambda k: ranks[k]["computeSlowdown"] or 0)
     assert slowest == 2 and ranks[2]["computeSlowdown"] >= 1.15, r.ranks
     assert min(ranks, key=lambda k: ranks[k]["commMs"]) == 2, r.ranks
+    captured = [
+        e
+        for f in r.findings
+        if f["kind"] == "straggler" and f["ranks"] == [2]
+        for e in f["evidence"]
+        if e.get("signal") == "trace_capture"
+    ]
+    assert captured, _show(r)
+    lag, peer = captured[0]["ranks"]
+    assert (lag["rank"], lag["role"], peer["role"]) == (2, "lagging", "peer"), captured
+    assert (lag["fromStep"], lag["toStep"]) == (peer["fromStep"], peer["toStep"]), captured
+    assert lag["toStep"] - lag["fromStep"] == 2 and lag["hostOnly"], captured
+    assert lag["computeMs"] > 1.3 * peer["computeMs"], captured
+    assert peer["exposedCommMs"] > 2 * lag["exposedCommMs"], captured
+    assert "trace capture" in r.diagnose_cli and "rank 2 (lagging)" in r.diagnose_cli, _show(r)
 
 
 def test_nanogpt_rank_stopped_is_hung_then_finished_and_its_time_is_hang(

@@ -192,5 +192,6 @@ def test_the_openapi_document_names_the_routes_that_read_their_own_body(small: S
         "POST /v1/ingest/batches",
         "POST /v1/runs/{run_id}/flight-recorder",
         "POST /v1/scheduler/import",
+        "PUT /v1/runs/{run_id}/traces/captures/{capture_id}/{rank}",
         "PUT /v1/runs/{run_id}/traces/files/{rank}",
     ]

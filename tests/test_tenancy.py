@@ -194,6 +194,15 @@ def _b_silence(t: Tenants) -> str:
     return str(sil["id"])
 
 
+def _b_capture(t: Tenants) -> str:
+    """A trace capture bolt asked of its run (its reason names bolt's actor, not acme's)."""
+    body = {"ranks": [0], "steps": 2}
+    path = "/v1/runs/bolt-secret-run/traces/captures"
+    status, cap = t.server.request("POST", path, body, token=t.tokens["b-admin"])
+    assert status == 201, cap
+    return str(cap["captureId"])
+
+
 def _b_window(t: Tenants) -> str:
     """The failure window kept for bolt's fatal Xid (scheduled with its page)."""
     path = "/v1/runs/bolt-secret-run/preserved"
@@ -266,6 +275,8 @@ BODIES = {
     ("post", "/v1/runs/{run_id}/whatif"): {"ratios": {"program": 1.1}},
     # A trace file's bytes (the run is looked up first: tenant B's is not acme's).
     ("put", "/v1/runs/{run_id}/traces/files/{rank}"): "not a trace",
+    ("post", "/v1/runs/{run_id}/traces/captures"): {"ranks": [0, 1], "steps": 3},
+    ("put", "/v1/runs/{run_id}/traces/captures/{capture_id}/{rank}"): "not a trace",
     # Scheduler records: a sacct header and no jobs (stored under the caller's tenant).
     ("post", "/v1/scheduler/import"): {
         "format": "sacct",
@@ -299,6 +310,7 @@ def test_every_route_with_a_token_of_tenant_a_shows_nothing_of_tenant_b(tenants:
         "window_id": _b_window(t),
         "remediation_id": _b_remediation(t),
         "silence_id": _b_silence(t),
+        "capture_id": _b_capture(t),
         "rank": "0",
         "project": "bolt-proj",
         **b_eval,

@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from .breakdown import CATEGORIES, Breakdown
 
-__all__ = ["LOSS_LINES", "Attribution", "FindingWindow", "attribute"]
+__all__ = ["LOSS_LINES", "Attribution", "FindingWindow", "attribute", "slows_steps"]
 
 LOSS_LINES = tuple(c for c in CATEGORIES if c != "productive")
 STEP_LINES = ("straggler", "data_stall")
@@ -52,12 +52,21 @@ class FindingWindow:
     severity: float
 
 
+def _data(diagnosis: str) -> bool:
+    return "data_stall" in diagnosis or diagnosis.startswith("data")
+
+
 def _is_data(f: FindingWindow) -> bool:
-    return "data_stall" in f.diagnosis or f.diagnosis.startswith("data")
+    return _data(f.diagnosis)
+
+
+def slows_steps(kind: str, diagnosis: str) -> bool:
+    """A finding of ranks computing or communicating slowly (not waiting for data)."""
+    return kind in ("straggler", "slowdown") and not _data(diagnosis)
 
 
 def _is_straggler(f: FindingWindow) -> bool:
-    return f.kind in ("straggler", "slowdown") and not _is_data(f)
+    return slows_steps(f.kind, f.diagnosis)
 
 
 def _is_failure(f: FindingWindow) -> bool:

@@ -51,6 +51,7 @@ from .alerts import router as alerts_router
 from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import BodyBudget
 from .body_limit import OWN_BODY, BodyLimit
+from .captures import router as captures_router
 from .evaluations import eval_stores
 from .evaluations import router as evaluations_router
 from .findings import router as findings_router
@@ -468,6 +469,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(incidents_router)
     app.include_router(traces_router)
     app.include_router(trace_files_router)
+    app.include_router(captures_router)
     app.include_router(goodput_router)
     app.include_router(admin_router)
     app.include_router(portal_router)

@@ -3,11 +3,13 @@ served back for the portal's "Open in Perfetto" (:mod:`fleetlens.traces.files`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Path, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 
 from ..store.scope import Scope
 from ..traces.files import TraceFileRefused, TraceFiles
@@ -16,7 +18,7 @@ from .bodies import BodyRefused, drain, timed_chunks
 from .body_limit import OWN_BODY
 from .ingest import error_response
 
-__all__ = ["router"]
+__all__ = ["keep_file", "refused_early", "router"]
 
 router = APIRouter(prefix="/v1", tags=["traces"], responses=ERROR_RESPONSES)
 
@@ -52,42 +54,64 @@ async def put_trace_file(
     rank: Rank,
     scope: Annotated[Scope, Depends(require_any("write", "ingest"))],
 ) -> Any:
+    early = await refused_early(request)
+    if early is not None:
+        return early
     svc = request.app.state.services
-    collector = svc.config.collector
+    await anyio.to_thread.run_sync(svc.metadata.get_run, scope, run_id)  # 404 before a byte
+    size = await keep_file(request, scope, run_id, rank)
+    if not isinstance(size, int):
+        return size
+    return {"runId": run_id, "rank": rank, "bytes": size}
+
+
+async def refused_early(request: Request) -> Response | None:
+    """A trace file refused before a byte is read: the data directory is below its free-space
+    floor (503), or the declared size is over ``collector.max_trace_file_bytes`` (413)."""
+    svc = request.app.state.services
     space = svc.ingestor.space
     if space is not None and space.full():
         await drain(request)
         refusal = space.refusal()
         return error_response(503, str(refusal), retry_after=refusal.retry_after)
+    limit = svc.config.collector.max_trace_file_bytes
     declared = request.headers.get("content-length")
-    if (
-        declared is not None
-        and declared.isdigit()
-        and int(declared) > collector.max_trace_file_bytes
-    ):
+    if declared is not None and declared.isdigit() and int(declared) > limit:
         await drain(request)
         return error_response(
             413,
-            f"the trace file is {declared} bytes; the limit is {collector.max_trace_file_bytes} "
+            f"the trace file is {declared} bytes; the limit is {limit} "
             "(collector.max_trace_file_bytes)",
             None,
         )
-    await anyio.to_thread.run_sync(svc.metadata.get_run, scope, run_id)  # 404 before a byte
-    files = TraceFiles(svc.config.data_dir)
+    return None
+
+
+async def keep_file(
+    request: Request,
+    scope: Scope,
+    run_id: str,
+    rank: int,
+    verify: Callable[[FilePath], Any] | None = None,
+) -> int | Response:
+    """Stream the body to the rank's trace file (``verify`` sees it whole before it replaces
+    the previous one): its size, or the error answer with nothing kept."""
+    svc = request.app.state.services
+    collector = svc.config.collector
     try:
-        size = await files.store(
+        return await TraceFiles(svc.config.data_dir).store(
             scope.tenant,
             run_id,
             rank,
             timed_chunks(request, collector.body_grace_s),
             collector.max_trace_file_bytes,
+            verify,
         )
     except TraceFileRefused as refused:
         await drain(request)
         return error_response(refused.status, str(refused), None)
     except BodyRefused as refused:  # too slow (408), or the client went away
         return error_response(refused.status, refused.message, None, refused.retry_after)
-    return {"runId": run_id, "rank": rank, "bytes": size}
 
 
 @router.get(

@@ -7,6 +7,7 @@ from typing import Any
 
 from ._common import client, client_opts
 from ._output import Table, fmt, print_json
+from .captures import evidence_lines
 
 __all__ = ["add_parsers", "cmd_diagnose", "cmd_stragglers"]
 
@@ -63,11 +64,14 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
             f"confidence {fmt(r['confidence'], '.2f')}"
         )
         print(f"  {r['summary']}")
-        for e in r["evidence"][:4]:
+        captured = [e for e in r["evidence"] if e.get("signal") == "trace_capture"]
+        for e in [e for e in r["evidence"] if e.get("signal") != "trace_capture"][:4]:
             v = e.get("value")
             base = f" (baseline {fmt(e['baseline'], '.4g')})" if e.get("baseline") else ""
             shown = fmt(v, ".4g") if isinstance(v, (int, float)) else str(v)
             print(f"    {e.get('metric') or e.get('signal')}: {shown}{base}")
+        for e in captured:  # the lagging rank and its peer, profiled (fleetlens.torch.capture)
+            print("\n".join(evidence_lines(e, "    ")))
         if (f := saved.get(r["key"])) is not None and w is not None:
             print(
                 f"    what-if, fixed: {fmt(f['savedSeconds'], ',.1f')} s of steps "

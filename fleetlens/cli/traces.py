@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import FleetlensError
 from ._common import client, client_opts
 from ._output import Table, fmt, print_json
+from .captures import add_parsers as add_capture_parsers
 
 __all__ = ["add_parser", "cmd_traces_import", "cmd_traces_show"]
 
@@ -225,3 +226,4 @@ def add_parser(sub: Any) -> None:
     show.add_argument("--to-step", type=int, default=None, help="last step (default: all)")
     client_opts(show)
     show.set_defaults(func=cmd_traces_show)
+    add_capture_parsers(tsub)

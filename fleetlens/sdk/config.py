@@ -66,6 +66,9 @@ class SDKConfig:
     # The rank's log lines (Python logging, stdout and stderr) with their step, as ``log``
     # records (fleetlens.sdk.logs). FLEETLENS_LOGS=1 turns it on.
     capture_logs: bool = False
+    # A few profiled steps when the server asks (a straggler and a healthy peer; fleetlens.torch
+    # .capture), polled on the control channel. FLEETLENS_TRACE_CAPTURE=1 turns it on.
+    trace_capture: bool = False
     max_batch_rows: int = 50_000
     send_timeout: float = 5.0
     compress: bool = True
@@ -206,12 +209,16 @@ class _Resolver:
                     f"FLEETLENS_TORCH_SPLIT={split!r} is not a boolean; set it to 1 or 0"
                 )
             values["torch_split"] = low in _TRUE
-        logs = self.env.get("FLEETLENS_LOGS")
-        if logs is not None:
-            low = logs.strip().lower()
-            if low not in _TRUE | _FALSE:
-                raise ConfigError(f"FLEETLENS_LOGS={logs!r} is not a boolean; set it to 1 or 0")
-            values["capture_logs"] = low in _TRUE
+        for var, name in (
+            ("FLEETLENS_LOGS", "capture_logs"),
+            ("FLEETLENS_TRACE_CAPTURE", "trace_capture"),
+        ):
+            got = self.env.get(var)
+            if got is not None:
+                low = got.strip().lower()
+                if low not in _TRUE | _FALSE:
+                    raise ConfigError(f"{var}={got!r} is not a boolean; set it to 1 or 0")
+                values[name] = low in _TRUE
         spool_max = self._int_env(
             "FLEETLENS_SPOOL_MAX_BYTES", "set it to the spool size limit in bytes, e.g. 268435456"
         )

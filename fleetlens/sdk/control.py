@@ -56,6 +56,10 @@ class ControlChannel:
         self._flush = flush
         self.force_grace_s = force_grace_s
         self.action: dict[str, Any] | None = None
+        # A triggered trace capture (fleetlens.torch.capture): offered on each poll when set,
+        # and the newest capture this rank is asked for.
+        self.capture_offer = False
+        self.capture: dict[str, Any] | None = None
         self.errors = 0
         self.rejected = 0
         self.polls = 0
@@ -165,6 +169,7 @@ class ControlChannel:
                 "progressAt": f"{self._progress_at:.3f}",
                 "pid": os.getpid(),
                 "agentPid": os.getppid(),
+                **({"capture": 1} if self.capture_offer else {}),
             }
         )
         try:
@@ -174,6 +179,8 @@ class ControlChannel:
             return
         if isinstance(out, dict):
             self.action = out.get("action")
+            asked = out.get("capture")
+            self.capture = asked if isinstance(asked, dict) else None
             floor = out.get("minIntervalS")
             if isinstance(floor, (int, float)) and 0 <= floor <= 60:
                 self.min_interval = float(floor)

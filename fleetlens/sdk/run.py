@@ -96,6 +96,9 @@ class Run:
         # Set by fleetlens.torch.auto in a torch job: when this rank waited for the others.
         self._grads: Any = None
         self._watch: Any = None
+        # Set by fleetlens.torch.capture when the job captures traces: told of step boundaries.
+        self._boundary: Any = None
+        self._control: Any = None  # the job's control channel, once something opens it
         self._announce()
         self._exporter.start()
         atexit.register(self._at_exit)

@@ -62,6 +62,8 @@ class Step:
                 run._on_first_step(self.n)
             self._prev = run._active
             run._active = self
+            if run._boundary is not None:
+                run._boundary.begin(self.n)
         except Exception:
             run._internal_error()
         self.wall = _time()
@@ -90,6 +92,8 @@ class Step:
                 run._dropped[1] += 1
             if ev is not None:
                 run._on_exception(ev, self.n)
+            if run._boundary is not None:
+                run._boundary.end(self.n)
         except Exception:
             run._internal_error()
         # Returning None lets the user's exception, if any, propagate untouched.

@@ -69,4 +69,11 @@ def init(
             run._watch = install(run)
         except Exception:
             run._internal_error()
+    if cfg.trace_capture and "torch" in sys.modules:
+        try:  # profile a few steps when the server asks (fleetlens.torch.capture)
+            from ..torch.capture import ensure_capture
+
+            ensure_capture(run)
+        except Exception:
+            run._internal_error()
     return run

@@ -51,7 +51,7 @@ from ..remediation.actuators import build_actuators
 from ..remediation.controller import Controller
 from ..remediation.policy import RemediationPolicy
 from ..store.access import AccessStore
-from ..store.findings import FindingsStore
+from ..store.findings import FindingRow, FindingsStore
 from ..store.metadata import MetadataStore
 from ..store.models import Run
 from ..store.reader import TenantReader
@@ -60,6 +60,7 @@ from ..store.scope import Scope
 from ..store.scoped import all_tenants
 from ..store.telemetry import TelemetryStore
 from .analyzer import analyze_once
+from .captures import Captures
 from .goodput import goodput_window, summary_mfu
 from .portal import PortalQueries
 from .run_signals import metric_samples
@@ -95,6 +96,7 @@ class Monitor:
     config: MonitorConfig = field(default_factory=MonitorConfig)
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
     remediation: Controller | None = None
+    captures: Captures | None = None
     _goodput: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
     # per run, each per-metric alert input over time (run_signals.metric_samples)
     _series: dict[tuple[str, str], dict[str, deque[tuple[float, float]]]] = field(
@@ -157,6 +159,7 @@ class Monitor:
             policy,
             projects,
             remediation=controller,
+            captures=Captures(metadata, cfg.analyzer),
             config=cfg.monitor,
             analyzer=cfg.analyzer,
         )
@@ -198,6 +201,7 @@ class Monitor:
                 del kept[key]
         snapshot: list[RunMetrics] = []
         by_tenant: dict[str, tuple[list[str], list[Any]]] = {}
+        found: list[tuple[str, str, list[FindingRow]]] = []
         for run in runs:
             try:
                 signals, metrics = self._signals(run, now)
@@ -206,6 +210,7 @@ class Monitor:
                 log.exception("monitoring run %s failed", run.run_id)
                 continue
             snapshot.append(metrics)
+            found.append((run.tenant, run.run_id, signals.findings))
             policy = self.policy_for(run.project, dict(run.config or {}))
             ids, cands = by_tenant.setdefault(run.tenant, ([], []))
             ids.append(run.run_id)
@@ -228,6 +233,12 @@ class Monitor:
         except Exception:
             self.errors += 1
             log.exception("remediation pass failed")
+        try:
+            if self.captures is not None:
+                self.captures.plan(found, now)
+        except Exception:
+            self.errors += 1
+            log.exception("trace capture pass failed")
         self._export(snapshot)
         self._preserve(now)
         self.passes += 1

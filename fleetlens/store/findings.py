@@ -14,12 +14,17 @@ from typing import Any, Protocol
 
 from sqlalchemy import delete, func, select
 
+from .captures import capture_evidence, matches, run_captures
 from .metadata import MetadataStore
 from .models import AnalysisCursor, Finding, Run, WorkloadBaseline
 from .scope import Scope
 from .scoped import all_tenants, same_tenant, scoped
 
 __all__ = ["FindingInput", "FindingRow", "FindingsStore", "RunToAnalyze"]
+
+_CAPTURED = ("straggler", "slowdown")
+"""The findings a triggered trace capture is evidence of (fleetlens.services.captures)."""
+_KEEP_CAPTURES = 3
 
 
 class FindingInput(Protocol):
@@ -296,7 +301,14 @@ class FindingsStore:
             if kinds:
                 q = q.where(Finding.kind.in_(kinds))
             rows = s.scalars(q.order_by(Finding.step, Finding.key)).all()
-            return [FindingRow.of(f) for f in rows]
+            out = [FindingRow.of(f) for f in rows]
+            if any(r.kind in _CAPTURED for r in out):
+                caps = run_captures(s, scope, run_id)
+                for r in (r for r in out if r.kind in _CAPTURED):
+                    span = (r.key, r.ranks, r.start_step, r.end_step)
+                    got = [capture_evidence(c) for c in caps if matches(c, *span)]
+                    r.evidence.extend(got[-_KEEP_CAPTURES:])
+            return out
 
     def diagnoses(self, scope: Scope, run_ids: list[str]) -> dict[str, dict[str, int]]:
         """Run -> diagnosis -> how many findings (the caller has checked the runs)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import JSON, BigInteger, Float, Integer, MetaData, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Base", "Job", "RankEndRow", "Run"]
+__all__ = ["Base", "Job", "RankEndRow", "Run", "TraceCaptureRow"]
 
 
 class Base(DeclarativeBase):
@@ -187,3 +187,27 @@ class WorkloadBaseline(Base):
     metric: Mapped[str] = mapped_column(String(64))
     values: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class TraceCaptureRow(Base):
+    """A short profiler trace asked of a job's ranks (fleetlens.services.captures): a lagging
+    rank and a healthy peer, or the ranks a person named; ``results`` holds each rank's
+    breakdown of the captured steps once its trace is in."""
+
+    __tablename__ = "trace_captures"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    run_id: Mapped[str] = mapped_column(String(256))
+    job_id: Mapped[str] = mapped_column(String(256), default="")
+    ranks: Mapped[list[int]] = mapped_column(JSON, default=list)
+    from_step: Mapped[int] = mapped_column(BigInteger, default=0)
+    steps: Mapped[int] = mapped_column(Integer)
+    warmup: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(1024), default="")
+    finding_key: Mapped[str] = mapped_column(String(256), default="")
+    state: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(String(1024), default="")
+    requested_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    results: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)

@@ -88,3 +88,15 @@ class InProcessServer:
             headers["Content-Encoding"] = encoding
         r = self._client.post(path, content=body, headers=headers)
         return r.status_code, (r.json() if r.content else {}), dict(r.headers)
+
+    def put(
+        self, path: str, content: bytes, content_type: str, token: str | None = None
+    ) -> tuple[int, Any]:
+        """A raw body PUT (a trace file); (status, decoded JSON or text)."""
+        r = self._client.put(
+            path, content=content, headers=self._headers(token, **{"Content-Type": content_type})
+        )
+        try:
+            return r.status_code, r.json()
+        except ValueError:
+            return r.status_code, r.text

@@ -107,17 +107,15 @@ class Server:
         req = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                raw, status = r.read(), r.status
-        except urllib.error.HTTPError as exc:
-            raw, status = exc.read(), exc.code
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode(errors="replace")
+        return _send(req, token, 30)
+
+    def put(
+        self, path: str, content: bytes, content_type: str, token: str | None = None
+    ) -> tuple[int, Any]:
+        """A raw body PUT (a trace file); (status, decoded JSON or text)."""
+        req = urllib.request.Request(self.url + path, data=content, method="PUT")
+        req.add_header("Content-Type", content_type)
+        return _send(req, token, 60)
 
     def post(
         self,
@@ -138,6 +136,21 @@ class Server:
                 return r.status, json.load(r), dict(r.headers)
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}"), dict(exc.headers)
+
+
+def _send(req: urllib.request.Request, token: str | None, timeout: float) -> tuple[int, Any]:
+    """(status, decoded JSON or text) of a request; never raises on 4xx/5xx."""
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw, status = r.read(), r.status
+    except urllib.error.HTTPError as exc:
+        raw, status = exc.read(), exc.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
 
 
 def _pg_bin() -> str:

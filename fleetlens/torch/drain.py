@@ -47,6 +47,12 @@ class Drain:
 
     def _open_channel(self) -> ControlChannel:
         if self._channel is None:
+            ch = getattr(self.run, "_control", None)  # opened already (trace capture)
+            if isinstance(ch, ControlChannel):
+                ch._position = lambda: (self._step_n, self._seq)
+                ch.interval = self.control_interval
+                self._channel = ch
+                return ch
             ch = ControlChannel(
                 self.run.config,
                 lambda: (self._step_n, self._seq),
@@ -55,6 +61,7 @@ class Drain:
             )
             if self.run.config.enabled:
                 ch.start()
+                self.run._control = ch
             self._channel = ch
         return self._channel
 

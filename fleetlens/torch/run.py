@@ -11,6 +11,7 @@ from ..sdk.memory import MemorySampler
 from ..sdk.run import Run
 from . import flight_recorder as fr
 from .auto import uninstall
+from .capture import ensure_capture
 from .cuda import CudaApi
 from .drain import Drain
 from .timing import StepTiming
@@ -48,6 +49,8 @@ class TorchRun(StepTiming, Drain):
                 self._memory.device = self.device.index
         self._init_drain()
         self._watch_hangs()
+        if getattr(getattr(run, "config", None), "trace_capture", False):
+            ensure_capture(run, self._open_channel())  # on the one control channel
 
     def _watch_hangs(self) -> None:
         """With the flight recorder on, dump and upload it when this job hangs

@@ -94,6 +94,8 @@ class StepTiming:
             if self._dev is not None:
                 self.run._pos = (n, "step", time.time())  # the heartbeat's position
                 self._resolve()
+                if (b := getattr(self.run, "_boundary", None)) is not None:
+                    b.begin(n)  # a trace capture (fleetlens.torch.capture)
                 self._dev.begin_step(n, tokens, wait)
             else:
                 self._sdk_step = self.run.step(n, tokens=tokens)
@@ -106,6 +108,8 @@ class StepTiming:
                 if self._dev is not None:
                     self._dev.end_step()
                     self.run._pos = (n, "idle", time.time())
+                    if (b := getattr(self.run, "_boundary", None)) is not None:
+                        b.end(n)
                 elif self._sdk_step is not None:
                     s, self._sdk_step = self._sdk_step, None
                     s.__exit__(type(ev) if ev else None, ev, None)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -59,10 +60,17 @@ class TraceFiles:
         return out
 
     async def store(
-        self, tenant: str, run_id: str, rank: int, chunks: AsyncIterator[bytes], limit: int
+        self,
+        tenant: str,
+        run_id: str,
+        rank: int,
+        chunks: AsyncIterator[bytes],
+        limit: int,
+        verify: Callable[[Path], Any] | None = None,
     ) -> int:
         """Write the file from ``chunks``; its size. Refused (nothing kept) when it does not
-        start as gzip or grows past ``limit`` bytes."""
+        start as gzip or grows past ``limit`` bytes, or when ``verify`` (given the whole file
+        before it replaces the previous one, in a worker thread) raises."""
         final = self.path(tenant, run_id, rank)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f".{final.name}.{os.getpid()}.{id(chunks)}.part")
@@ -88,6 +96,8 @@ class TraceFiles:
                     raise TraceFileRefused("the trace file is empty", 400)
                 fh.flush()
                 await anyio.to_thread.run_sync(os.fsync, fh.fileno())
+            if verify is not None:
+                await anyio.to_thread.run_sync(verify, tmp)
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)

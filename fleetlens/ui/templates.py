@@ -226,6 +226,9 @@ Kineto traces)</caption><thead><tr><th scope="col">Rank</th><th scope="col">Step
 <table id="trace-colls"><caption>Heaviest collectives (enter to exit), every traced rank
 summed</caption><thead><tr><th scope="col">Operation</th><th scope="col">Calls</th>
 <th scope="col">Time</th><th scope="col">Ranks</th></tr></thead><tbody></tbody></table></section>
+<section aria-labelledby="h-captures" id="captures-sec"><h2 id="h-captures">Captured traces</h2>
+<p id="captures-note" class="note"></p><div id="captures"></div>
+<p id="captures-open" role="status" aria-live="polite"></p></section>
 <section aria-labelledby="h-tl"><h2 id="h-tl">Correlated timeline</h2>
 <table id="timeline"><caption>Events, config and metric changes, alerts, checkpoints,
 restarts</caption><thead><tr><th scope="col">Step</th><th scope="col">Source</th>

@@ -168,8 +168,19 @@
     return el;
   }
 
+  // A triggered capture's side-by-side (signal trace_capture), one clause a rank: its compute
+  // and its exposed communication (the wait), mean ms a captured step.
+  function captureEvidence(e) {
+    const steps = e.fromStep === null || e.fromStep === undefined ? "" : ` steps ${e.fromStep}–${e.toStep}`;
+    const ranks = (e.ranks || []).map((r) => (r.missing
+      ? `rank ${r.rank} ${e.state === "expired" ? "never sent its trace" : "not in yet"}`
+      : `rank ${r.rank} compute ${F(r.computeMs)} ms, wait ${F(r.exposedCommMs)} ms`));
+    return `trace capture${steps}: ${ranks.join("; ") || "no ranks"}`;
+  }
+
   function evidence(ev) {
     return (ev || []).map((e) => {
+      if (e.signal === "trace_capture") return captureEvidence(e);
       const parts = [];
       if (e.signal) parts.push(e.signal);
       if (e.metric) parts.push(e.metric);

@@ -373,6 +373,7 @@
     if (!refreshing) frontierSection(d).catch(() => {});
     if (!refreshing) contractNote().catch(() => {});
     memorySection().catch(() => {});  // memory climbs: read again on every refresh
+    capturesSection().catch(() => {});  // a capture fills in rank by rank: read again too
     logsForm();
     if (!refreshing) logsSection().catch(() => {});
 
@@ -449,33 +450,34 @@
   // opened in the click itself, or the browser blocks it.
   const PERFETTO = "https://ui.perfetto.dev";
 
-  function perfettoButton(rank) {
+  // tell: where the button says how it went (a role=status line of its section).
+  function perfettoButton(rank, tell = say) {
     const b = document.createElement("button");
     b.type = "button";
     b.textContent = "Open in Perfetto";
     b.setAttribute("aria-label", `Open rank ${rank}'s trace in Perfetto`);
-    b.addEventListener("click", () => { openInPerfetto(rank).catch((e) => say(`Could not open the trace: ${e.message}`)); });
+    b.addEventListener("click", () => { openInPerfetto(rank, tell).catch((e) => tell(`Could not open the trace: ${e.message}`)); });
     return b;
   }
 
   const say = (t) => { document.getElementById("traces-open").textContent = t; };
 
-  async function openInPerfetto(rank) {
+  async function openInPerfetto(rank, tell) {
     const win = window.open(PERFETTO);
-    if (!win) { say("The browser blocked the Perfetto window: allow pop-ups for this site."); return; }
-    say(`Loading rank ${rank}'s trace into Perfetto…`);
+    if (!win) { tell("The browser blocked the Perfetto window: allow pop-ups for this site."); return; }
+    tell(`Loading rank ${rank}'s trace into Perfetto…`);
     const r = await fetch(`/v1/runs/${enc(runId)}/traces/files/${rank}`, { headers: A.authHeaders() });
-    if (!r.ok) { say(`Could not fetch rank ${rank}'s trace: HTTP ${r.status}.`); return; }
+    if (!r.ok) { tell(`Could not fetch rank ${rank}'s trace: HTTP ${r.status}.`); return; }
     const buffer = await r.arrayBuffer();
     const ping = setInterval(() => win.postMessage("PING", PERFETTO), 100);
-    const stop = setTimeout(() => { clearInterval(ping); say("Perfetto did not answer within a minute."); }, 60000);
+    const stop = setTimeout(() => { clearInterval(ping); tell("Perfetto did not answer within a minute."); }, 60000);
     const onMessage = (e) => {
       if (e.origin !== PERFETTO || e.data !== "PONG") return;
       clearInterval(ping); clearTimeout(stop);
       window.removeEventListener("message", onMessage);
       const name = `${runId}-rank${rank}.json.gz`;
       win.postMessage({ perfetto: { buffer, title: `${runId} rank ${rank}`, fileName: name } }, PERFETTO);
-      say(`Rank ${rank}'s trace (${F(buffer.byteLength)} bytes) sent to Perfetto.`);
+      tell(`Rank ${rank}'s trace (${F(buffer.byteLength)} bytes) sent to Perfetto.`);
     };
     window.addEventListener("message", onMessage);
   }
@@ -497,6 +499,133 @@
       share(k.pctOfStepTime)]), "no kernel in the traces (a CPU-only trace)");
     fill("trace-colls", (t.topCollectives || []).map((c) => [{ th: c.op }, c.calls, `${F(c.totalMs)} ms`, c.ranks]),
       "no collective in the traces");
+  }
+
+  // Captured traces (GET /v1/runs/{id}/traces/captures): the few steps a lagging rank and a
+  // healthy peer (or the ranks a person named) profiled when asked, side by side, newest first;
+  // read again on every refresh (a capture fills in rank by rank), redrawn only when it changed.
+  let capturesShown = null;
+  const CAPTURES_SHOWN = 3;
+  const tellCaptures = (t) => { document.getElementById("captures-open").textContent = t; };
+
+  // The file as a download: a plain link where the browser needs no token, else fetched with
+  // the page's token (a navigation would carry none) and saved from memory.
+  function downloadLink(rank) {
+    const name = `${runId}-rank${rank}.json.gz`;
+    const a = link(`/v1/runs/${enc(runId)}/traces/files/${rank}`, "Download");
+    a.download = name;
+    a.setAttribute("aria-label", `Download rank ${rank}'s trace (${name})`);
+    a.addEventListener("click", (ev) => {
+      if (!A.authHeaders().Authorization) return;
+      ev.preventDefault();
+      fetch(a.href, { headers: A.authHeaders() }).then(async (r) => {
+        if (!r.ok) { tellCaptures(`Could not fetch rank ${rank}'s trace: HTTP ${r.status}.`); return; }
+        const url = URL.createObjectURL(await r.blob());
+        const save = document.createElement("a");
+        save.href = url; save.download = name;
+        save.click();
+        setTimeout(() => URL.revokeObjectURL(url), 60000);
+      }).catch((e) => tellCaptures(`Could not fetch rank ${rank}'s trace: ${e.message}`));
+    });
+    return a;
+  }
+
+  const heaviest = (items, key) => {
+    const top = (items || [])[0];
+    if (!top) return "none";
+    const span = document.createElement("span");
+    const name = document.createElement("span");
+    name.className = "name";  // a kernel's name is long: cut, its time always in sight
+    name.textContent = top[key];
+    span.title = `${top[key]}${top.category ? ` (${top.category})` : ""}: ${F(top.totalMs)} ms in ${top.calls} call(s) over the captured steps`;
+    span.append(name, ` · ${F(top.totalMs)} ms`);
+    return { node: span };
+  };
+
+  // Each line of the side-by-side: its heading, and a rank's cell. A rank whose trace is not in
+  // shows why once, on the first line.
+  const CAPTURE_LINES = [
+    ["Step (ms)", (r) => F(r.stepMs)],
+    ["Compute (ms)", (r) => F(r.computeMs)],
+    ["Exposed comm (ms)", (r) => F(r.exposedCommMs)],
+    ["Idle (ms)", (r) => (r.hostOnly ? "host only" : F(r.idleMs))],
+    ["Memcpy (ms)", (r) => F(r.memcpyMs)],
+    ["Kernels", (r) => text(r.kernels)],
+    ["Collectives", (r) => text(r.collectives)],
+    ["Heaviest kernel", (r) => heaviest(r.topKernels, "name")],
+    ["Heaviest collective", (r) => heaviest(r.topCollectives, "op")],
+  ];
+
+  function captureHeading(c) {
+    const ev = c.evidence || {};
+    const steps = ev.fromStep === null || ev.fromStep === undefined
+      ? `${c.steps} step(s) from step ${c.fromStep} (after ${c.warmup} warm-up)`
+      : `steps ${ev.fromStep}–${ev.toStep}`;
+    return `Capture #${c.captureId}: ${c.state} · ${c.reason} · ${steps} · requested ${when(c.requestedAt)}`;
+  }
+
+  // filesOf: rank -> the newest capture whose trace of it is in (the server keeps one file a
+  // rank: an older capture's was replaced).
+  function captureTable(c, filesOf) {
+    const ranks = (c.evidence || {}).ranks || [];
+    const open = c.state === "requested" || c.state === "partial";
+    const t = document.createElement("table");
+    t.id = `capture-${c.captureId}`;
+    t.className = "capture";
+    t.createCaption().textContent = `Capture #${c.captureId}, side by side: mean milliseconds a captured step ` +
+      "(on the device; a CPU trace's compute is the host's own work), the kernel and collective with the most time " +
+      "over the captured steps, and each rank's trace file";
+    const hr = t.createTHead().insertRow();
+    for (const h of ["Line"].concat(ranks.map((r) => `rank ${r.rank} (${r.role})`))) {
+      const th = document.createElement("th");
+      th.scope = "col"; th.textContent = h; hr.appendChild(th);
+    }
+    t.createTBody();
+    document.getElementById("captures").appendChild(t);
+    const absent = open ? "not in yet" : "never arrived";
+    const rows = CAPTURE_LINES.map(([name, cell], i) => [{ th: name }].concat(ranks.map((r) => (r.missing ? (i ? "–" : absent) : cell(r)))));
+    rows.push([{ th: "Trace file" }].concat(ranks.map((r) => {
+      if (r.missing) return "–";
+      if (filesOf.get(r.rank) !== c.captureId) return `replaced by capture #${filesOf.get(r.rank)}'s`;
+      const span = document.createElement("span");
+      span.append(perfettoButton(r.rank, tellCaptures), " ", downloadLink(r.rank));
+      return { node: span };
+    })));
+    fill(t.id, rows);
+  }
+
+  async function capturesSection() {
+    if (!document.getElementById("captures-sec")) return;
+    const got = await getJSON(`/v1/runs/${enc(runId)}/traces/captures`);
+    const key = JSON.stringify(got.captures || []);
+    if (key === capturesShown) return;
+    capturesShown = key;
+    const caps = got.captures || [];
+    const host = document.getElementById("captures");
+    host.textContent = "";
+    document.getElementById("captures-note").textContent = caps.length
+      ? `${caps.length} capture(s)${caps.length > CAPTURES_SHOWN ? `, the newest ${CAPTURES_SHOWN} shown` : ""}: ` +
+        "each rank profiled a few steps (torch.profiler); its trace opens in Perfetto."
+      : "No captures. Start the job with FLEETLENS_TRACE_CAPTURE=1 (fleetlens.torch): when a rank lags, " +
+        "it and a healthy peer each profile a few steps, and they show here side by side.";
+    const filesOf = new Map();
+    for (const c of caps) {  // newest first: the first capture with a rank's trace holds its file
+      for (const r of (c.evidence || {}).ranks || []) if (!r.missing && !filesOf.has(r.rank)) filesOf.set(r.rank, c.captureId);
+    }
+    for (const c of caps.slice(0, CAPTURES_SHOWN)) {
+      const h = document.createElement("h3");
+      h.textContent = captureHeading(c);
+      host.appendChild(h);
+      const missing = ((c.evidence || {}).ranks || []).filter((r) => r.missing).map((r) => r.rank);
+      if (c.message || (missing.length && c.state !== "requested")) {  // partial or expired
+        const p = document.createElement("p");
+        p.className = c.state === "expired" ? "error" : "note";
+        const which = missing.length ? `${c.state === "expired" ? "Missing" : "Waiting for"}: rank(s) ${missing.join(", ")}.` : "";
+        p.textContent = [c.message, which].filter(Boolean).join(" ");
+        host.appendChild(p);
+      }
+      captureTable(c, filesOf);
+    }
   }
 
   function mfuText(x) {

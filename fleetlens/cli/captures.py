@@ -1,0 +1,152 @@
+"""``fleetlens traces capture RUN --rank R...``: ask a running job for a short profiler trace of
+some ranks; ``fleetlens traces captures RUN``: a run's captures, the ranks side by side.
+
+A job captures when it runs with ``FLEETLENS_TRACE_CAPTURE=1`` (``fleetlens.torch``); the server
+also asks on its own when a rank lags (``fleetlens.services.captures``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import urllib.parse
+from typing import Any
+
+from ..errors import FleetlensError
+from ._common import client, client_opts
+from ._output import Table, fmt, print_json
+
+__all__ = ["add_parsers", "cmd_capture", "cmd_captures", "evidence_lines", "side_by_side"]
+
+_LINES = (
+    ("step ms", "stepMs"),
+    ("compute ms", "computeMs"),
+    ("exposed comm ms", "exposedCommMs"),
+    ("idle ms", "idleMs"),
+    ("memcpy ms", "memcpyMs"),
+    ("kernels", "kernels"),
+    ("collectives", "collectives"),
+)
+
+
+def _heaviest(r: dict[str, Any], key: str, name: str) -> str:
+    top = r.get(key) or []
+    return f"{top[0][name][:40]} {fmt(top[0]['totalMs'], '.1f')}" if top else "-"
+
+
+def _span(ev: dict[str, Any]) -> str:
+    return f"steps {ev['fromStep']}-{ev['toStep']}" if ev["fromStep"] is not None else "no steps"
+
+
+def side_by_side(c: dict[str, Any]) -> list[str]:
+    """A capture as lines of text: what asked it, then one column per rank."""
+    ev = c["evidence"]
+    out = [f"capture {c['captureId']} ({c['state']}, {_span(ev)}): {c['reason']}"]
+    if c["message"]:
+        out.append(f"  {c['message']}")
+    return out + rank_table(ev, "  ")
+
+
+def evidence_lines(ev: dict[str, Any], indent: str) -> list[str]:
+    """A finding's ``trace_capture`` evidence item as ``fleetlens diagnose`` prints it."""
+    head = f"{indent}trace capture {ev['captureId']} ({ev['state']}, {_span(ev)}):"
+    return [head, *rank_table(ev, indent + "  ")]
+
+
+def rank_table(ev: dict[str, Any], indent: str) -> list[str]:
+    """The captured ranks in columns, a line of the step's time in each row."""
+    ranks = ev["ranks"]
+    rows: list[list[str]] = []
+    for label, key in _LINES:
+        cells = [label]
+        for r in ranks:
+            if r.get("missing"):
+                cells.append("not in")
+            elif key == "idleMs" and r.get("hostOnly"):
+                cells.append("host only")
+            else:
+                cells.append(fmt(r.get(key), ".1f") if key.endswith("Ms") else fmt(r.get(key)))
+        rows.append(cells)
+    rows.append(["heaviest kernel", *(_heaviest(r, "topKernels", "name") for r in ranks)])
+    rows.append(["heaviest coll.", *(_heaviest(r, "topCollectives", "op") for r in ranks)])
+    head = ["", *(f"rank {r['rank']} ({r['role']})" for r in ranks)]
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    t = Table(
+        ("", f"<{widths[0]}"),
+        *((h, f">{w}") for h, w in zip(head[1:], widths[1:], strict=True)),
+        indent=indent,
+    )
+    return [t.header(), *(t.row(*row) for row in rows)]
+
+
+def cmd_captures(args: argparse.Namespace) -> int:
+    run = urllib.parse.quote(args.run, safe="")
+    with client(args) as c:
+        doc = c.get(f"/v1/runs/{run}/traces/captures")
+    if args.json:
+        print_json(doc)
+        return 0
+    if not doc["captures"]:
+        raise FleetlensError(
+            f"run {args.run} has no trace capture (start the job with FLEETLENS_TRACE_CAPTURE=1; "
+            f"ask one with fleetlens traces capture {args.run} --rank R)"
+        )
+    for i, cap in enumerate(doc["captures"]):
+        if i:
+            print()
+        print("\n".join(side_by_side(cap)))
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    run = urllib.parse.quote(args.run, safe="")
+    with client(args) as c:
+        cap = c.post(f"/v1/runs/{run}/traces/captures", {"ranks": args.rank, "steps": args.steps})
+        print(
+            f"capture {cap['captureId']} asked of ranks {cap['ranks']} from step {cap['fromStep']}",
+            file=sys.stderr,
+        )
+        deadline = time.monotonic() + args.wait
+        while cap["state"] in ("requested", "partial") and time.monotonic() < deadline:
+            time.sleep(1.0)
+            cap = c.get(f"/v1/runs/{run}/traces/captures/{cap['captureId']}")
+    if args.json:
+        print_json(cap)
+    else:
+        print("\n".join(side_by_side(cap)))
+    if args.wait and cap["state"] != "done":
+        raise FleetlensError(
+            f"capture {cap['captureId']} is {cap['state']} after {args.wait:.0f} s: "
+            f"{cap['message'] or 'the ranks have not sent their traces yet'}"
+        )
+    return 0
+
+
+def add_parsers(tsub: Any) -> None:
+    """``traces capture`` and ``traces captures`` under ``fleetlens traces``."""
+    cap = tsub.add_parser(
+        "capture", help="ask a running job for a short profiler trace of some ranks"
+    )
+    cap.add_argument("run", help="run id")
+    cap.add_argument(
+        "--rank",
+        type=int,
+        action="append",
+        required=True,
+        help="a rank to profile; repeat it (the first is compared with the others)",
+    )
+    cap.add_argument("--steps", type=int, default=3, help="steps to profile (default 3)")
+    cap.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for the traces and print them side by side (fails if not all in)",
+    )
+    client_opts(cap)
+    cap.set_defaults(func=cmd_capture)
+    caps = tsub.add_parser("captures", help="a run's trace captures, the ranks side by side")
+    caps.add_argument("run", help="run id")
+    client_opts(caps)
+    caps.set_defaults(func=cmd_captures)

@@ -1,0 +1,235 @@
+"""Triggered trace capture, the job's half: a few profiled steps when the server asks.
+
+With ``FLEETLENS_TRACE_CAPTURE=1`` (or ``init(trace_capture=True)``) in a torch job, each rank
+offers capture on the job's control channel (:class:`fleetlens.sdk.control.ControlChannel`,
+polled every 2 s by a daemon thread). When the server's step timing finds a rank lagging, it
+asks that rank and a healthy peer for a capture (:mod:`fleetlens.services.captures`); on the
+next step boundary each of the two starts ``torch.profiler`` (CPU, and CUDA where the job uses
+it; no shapes, stacks or memory), profiles one warm-up step and the capture's steps, labelled
+``ProfilerStep#<the job's step>``, and stops at the end of the last one, where the trace is
+written to a temporary file. A daemon thread compresses it and uploads it to
+``PUT /v1/runs/{run}/traces/captures/{id}/{rank}``; the server imports it and shows the two
+ranks side by side on the finding.
+
+Bounded: one capture at a time, at most :data:`MAX_STEPS` steps, a trace file of at most
+:data:`MAX_FILE_BYTES`, the server's gap between captures of a run. Only the captured steps pay
+(the profiler's start, its collection and, on the last one, writing the trace); every other
+step pays one attribute read at each boundary. Nothing here raises into training: failures are
+counted (``errors``) and the capture is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import queue
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import torch
+
+from ..sdk.control import ControlChannel
+from ..sdk.run import Run
+
+__all__ = ["MAX_FILE_BYTES", "MAX_STEPS", "Capturer", "ensure_capture"]
+
+MAX_STEPS = 20
+MAX_FILE_BYTES = 256 << 20
+_UPLOAD_TRIES = 4
+
+
+class Capturer:
+    """Told of step boundaries by the run (``Run._boundary``); profiles what it is asked to."""
+
+    def __init__(self, run: Run, channel: ControlChannel) -> None:
+        self.run = run
+        self.channel = channel
+        channel.capture_offer = True
+        self.errors = 0
+        self.captured = 0  # traces written
+        self.uploaded = 0  # traces the server took
+        self.refused = 0  # traces the server refused (a 4xx): not retried
+        self._prof: Any = None
+        self._asked: dict[str, Any] = {}
+        self._ended = 0
+        self._total = 0
+        self._done: set[int] = set()
+        self._calls = 0
+        self._written: str | None = None
+        self._uploads: queue.Queue[tuple[int, str]] = queue.Queue(maxsize=4)
+        self._uploader: threading.Thread | None = None
+        self.last_upload_at: float | None = None
+
+    # -- the training thread --------------------------------------------------------------------
+
+    def begin(self, n: int | None) -> None:
+        """A step starts: start profiling if asked, else move the profiler to step ``n``."""
+        try:
+            if self._prof is not None:
+                if n is not None:
+                    self._prof.step_num = n - 1  # labelled ProfilerStep#n, whatever the numbering
+                self._prof.step()
+                return
+            asked = self.channel.capture
+            if asked is None or n is None:
+                return
+            cid = int(asked.get("id", 0))
+            if cid in self._done or self.run.config.rank not in asked.get("ranks", ()):
+                return
+            if n < int(asked.get("fromStep") or 0):
+                return  # every rank asked starts at the same step
+            self._done.add(cid)  # whatever happens, once
+            self._start(cid, asked, n)
+        except Exception:
+            self._drop()
+
+    def end(self, n: int | None) -> None:
+        """A step ended: after the capture's last step, stop and write the trace."""
+        if self._prof is None:
+            return
+        try:
+            self._ended += 1
+            if self._ended >= self._total:
+                self._finish()
+        except Exception:
+            self._drop()
+
+    def _start(self, cid: int, asked: dict[str, Any], n: int) -> None:
+        steps = max(1, min(int(asked.get("steps", 3)), MAX_STEPS))
+        warmup = max(0, min(int(asked.get("warmup", 1)), 5))
+        self._asked = {"id": cid, "steps": steps, "warmup": warmup}
+        self._total, self._ended, self._calls = warmup + steps, 0, 0
+        act = torch.profiler.ProfilerAction
+
+        def schedule(_step: int) -> Any:
+            # Counted in calls, not step numbers: the job's steps need not be consecutive.
+            c, self._calls = self._calls, self._calls + 1
+            if c < warmup:
+                return act.WARMUP
+            if c < warmup + steps - 1:
+                return act.RECORD
+            return act.RECORD_AND_SAVE if c == warmup + steps - 1 else act.NONE
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(
+            activities=activities, schedule=schedule, on_trace_ready=self._write
+        )
+        prof.step_num = n
+        prof.start()
+        self._prof = prof
+
+    def _write(self, prof: Any) -> None:
+        """The profiler's trace is ready (at the last captured step's end): to a file."""
+        rank = self.run.config.rank
+        fd, path = tempfile.mkstemp(prefix=f"fleetlens-capture-rank{rank}-", suffix=".json")
+        os.close(fd)
+        prof.export_chrome_trace(path)
+        self._written = path
+
+    def _finish(self) -> None:
+        prof, self._prof = self._prof, None
+        self._written = None
+        prof.stop()  # RECORD_AND_SAVE -> stopped: the trace is written (_write)
+        path = self._written
+        if path is None:
+            self.errors += 1
+            return
+        self.captured += 1
+        try:
+            self._uploads.put_nowait((int(self._asked["id"]), path))
+        except queue.Full:
+            self.errors += 1
+            os.unlink(path)
+            return
+        if self._uploader is None:
+            self._uploader = threading.Thread(
+                target=self._upload_loop, name="fleetlens-capture", daemon=True
+            )
+            self._uploader.start()
+
+    def _drop(self) -> None:
+        """A failure: count it, stop the profiler if it runs; training goes on."""
+        self.errors += 1
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            try:
+                prof.stop()
+            except Exception:
+                self.errors += 1
+        if self._written:
+            with contextlib.suppress(OSError):
+                os.unlink(self._written)
+            self._written = None
+
+    # -- the upload thread ----------------------------------------------------------------------
+
+    def _upload_loop(self) -> None:
+        while True:
+            cid, path = self._uploads.get()
+            try:
+                self._upload(cid, path)
+            except Exception:
+                self.errors += 1
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    def _upload(self, cid: int, path: str) -> None:
+        if os.path.getsize(path) > MAX_FILE_BYTES:
+            self.refused += 1
+            return
+        with open(path, "rb") as fh:
+            body = gzip.compress(fh.read(), compresslevel=6)  # zlib lets the GIL go
+        cfg = self.run.config
+        run = urllib.parse.quote(cfg.run_id, safe="")
+        url = f"{cfg.server.rstrip('/')}/v1/runs/{run}/traces/captures/{cid}/{cfg.rank}"
+        headers = {"Content-Type": "application/gzip"}
+        if cfg.token:
+            headers["Authorization"] = f"Bearer {cfg.token}"
+        for attempt in range(_UPLOAD_TRIES):
+            req = urllib.request.Request(url, data=body, headers=headers, method="PUT")
+            try:
+                with urllib.request.urlopen(req, timeout=60.0) as r:
+                    r.read()
+                self.uploaded += 1
+                self.last_upload_at = time.time()
+                return
+            except urllib.error.HTTPError as exc:
+                if exc.code != 429 and exc.code < 500:
+                    self.refused += 1  # the server will not take it: retrying cannot help
+                    return
+                self.errors += 1
+            except Exception:
+                self.errors += 1
+            time.sleep(min(30.0, 2.0 * 2**attempt))
+
+
+def ensure_capture(run: Run, channel: ControlChannel | None = None) -> Capturer | None:
+    """Capture on request for ``run`` when its config says so (``trace_capture``), on its
+    control channel (``channel``, or one opened here); None when off or disabled."""
+    try:
+        cfg = getattr(run, "config", None)
+        if cfg is None or not cfg.enabled or not cfg.trace_capture:
+            return None
+        have = getattr(run, "_boundary", None)
+        if isinstance(have, Capturer):
+            return have
+        if channel is None:
+            channel = getattr(run, "_control", None)
+        if channel is None:
+            channel = ControlChannel(cfg, lambda: (run._position()[0], 0), flush=run.flush)
+            channel.start()
+            run._control = channel
+        cap = Capturer(run, channel)
+        run._boundary = cap
+        return cap
+    except Exception:
+        return None
