@@ -70,13 +70,19 @@ def instruction(c: Capture) -> dict[str, Any]:
     }
 
 
+_PACE_S = 20.0
+"""A rank's pace is measured over its polls of about this long (one late poll does not make it)."""
+
+
 @dataclass
 class _Offer:
-    """A rank's newest poll that offered capture: its job attempt, when, its step, its pace."""
+    """A rank's newest poll that offered capture: its job attempt, when, its step, its pace
+    (steps a second since ``since``, its oldest poll of the attempt within :data:`_PACE_S`)."""
 
     job_id: str
     at: float
     step: int
+    since: tuple[float, int]
     steps_per_s: float = 0.0
 
 
@@ -99,11 +105,13 @@ class Captures:
         with self._lock:
             ranks = self._offers.setdefault(key, {})
             prev = ranks.get(rank)
-            pace = 0.0
-            if prev is not None and prev.job_id == job_id and now > prev.at:
-                moved = step - prev.step
-                pace = moved / (now - prev.at) if moved > 0 else prev.steps_per_s
-            ranks[rank] = _Offer(job_id, now, step, pace)
+            since = (now, step)
+            if prev is not None and prev.job_id == job_id and step >= prev.step:
+                # the window starts at the oldest poll within _PACE_S (the previous one past it)
+                since = prev.since if now - prev.since[0] <= _PACE_S else (prev.at, prev.step)
+            span = now - since[0]
+            pace = (step - since[1]) / span if span > 0 else 0.0
+            ranks[rank] = _Offer(job_id, now, step, since, pace)
             c = self._open.get(key)
         if c is None or rank not in c.ranks or rank in c.results:
             return None
