@@ -112,6 +112,10 @@ class AnalyzerConfig:
     capture_warmup: int = 1
     capture_gap_s: float = 900.0
     capture_timeout_s: float = 300.0
+    # A run slower than its workload's fleet baseline by more than this share (and 3 MADs of
+    # the baseline): a program_regression or startup_regression finding (fleetlens.services
+    # .regressions).
+    regression_tolerance: float = 0.1
 
 
 @dataclass(frozen=True)

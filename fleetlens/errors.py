@@ -45,6 +45,7 @@ __all__ = [
     "SimError",
     "StoreError",
     "TraceFormatError",
+    "TraceTooLarge",
     "TransportError",
     "UnknownName",
     "UnsupportedVersion",
@@ -85,6 +86,10 @@ class BatchTooLarge(WireError):
 
 class TraceFormatError(FleetlensError):
     """A file is not a Kineto trace, or a field in it has a type the reader cannot use."""
+
+
+class TraceTooLarge(TraceFormatError):
+    """A trace that decompresses past the reader's limit; nothing is kept of it."""
 
 
 class Conflict(FleetlensError):
@@ -162,6 +167,7 @@ class SimError(FleetlensError):
 STATUS: tuple[tuple[type[FleetlensError], int], ...] = (
     (NotFound, 404),
     (BatchTooLarge, 413),
+    (TraceTooLarge, 413),
     (WireError, 400),
     (TraceFormatError, 400),
     (UnknownName, 422),

@@ -36,6 +36,8 @@ DIAGNOSES: dict[str, str] = {
     "stage_imbalance": "Uneven pipeline stages",
     "memory_climb": "Memory climbing to its limit",
     "batch_imbalance": "Uneven batches across replicas",
+    "program_regression": "Slower than its workload's baseline",
+    "startup_regression": "Slower start than its workload's baseline",
 }
 """Every diagnosis the analyses make (``fleetlens.analysis.rootcause.OWNERS`` lists the same)."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,8 @@ def test_a_capture_is_asked_of_the_straggler_and_its_lowest_healthy_peer_once(
     caps.plan([("acme", "r", [_straggler(2, key="straggler:2")])], t + 2.0)
     asked = caps.offered("acme", "r", 2, "r-a0", 121, t + 2.1)
     assert asked is not None and asked["ranks"] == [2, 1], asked
-    # It starts ahead of the ranks' newest step (6 s at their pace), the same for both.
-    assert asked["fromStep"] == 120 + 60 and (asked["steps"], asked["warmup"]) == (3, 1)
+    # It starts ahead of the ranks' newest step (10 s at their pace), the same for both.
+    assert asked["fromStep"] == 120 + 100 and (asked["steps"], asked["warmup"]) == (3, 1)
     assert caps.offered("acme", "r", 1, "r-a0", 121, t + 2.1) == asked
     assert caps.offered("acme", "r", 3, "r-a0", 121, t + 2.1) is None  # not asked
     assert caps.offered("acme", "r", 2, "r-a1", 0, t + 2.1) is None  # another attempt
@@ -136,7 +137,7 @@ def test_the_straggler_finding_shows_the_two_ranks_traces_side_by_side(tmp_path:
         wait_until(stragglers, timeout=60)
         asked = wait_until(lambda: [poll(r) for r in range(4)][1], timeout=60)
         assert asked["ranks"] == [1, 0] and asked["steps"] == 3, asked
-        assert asked["fromStep"] > 80 + 10 * (time.monotonic() - t0), asked  # ahead of them
+        assert asked["fromStep"] >= 80 + 90, asked  # 10 s ahead of them at their pace
         assert poll(0) == asked and poll(2) is None and poll(3) is None
         assert poll(1, offer=False) is None  # a rank that does not offer is told nothing
 
@@ -216,3 +217,93 @@ def test_a_person_asks_a_capture_from_the_command_line_and_reads_it_side_by_side
         assert empty.returncode != 0
     finally:
         srv.stop()
+
+
+_LOOP = """
+import os, sys, torch, fleetlens
+run = fleetlens.init(project="p", run_id="cap-loop", trace_capture=True,
+                     install_signal_handler=False)
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+stop_at = int(sys.argv[1])
+for i in range(0, 100_000, 10):  # the job numbers its steps in tens
+    with run.step(i):
+        model(torch.randn(32, 64)).sum().backward()
+        opt.step()
+    if i >= stop_at:
+        break
+run.finish()
+"""
+
+
+@pytest.mark.e2e
+def test_a_real_loop_profiles_its_own_step_numbers_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    """A torch loop whose steps go 0, 10, 20...: asked for 3 steps, it profiles the steps it
+    numbers, from the step the capture names, and the server has them as that rank's trace."""
+    import subprocess
+    import sys
+
+    srv = Server(str(tmp_path / "data")).start()
+    try:
+        env = {**os.environ, "FLEETLENS_SERVER": srv.url, "TMPDIR": str(tmp_path)}
+        log = tmp_path / "loop.log"
+        with open(log, "wb") as out:
+            job = subprocess.Popen([sys.executable, "-c", _LOOP, "10000000"], env=env,
+                                   stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            wait_until(lambda: srv.request("GET", "/v1/runs/cap-loop")[0] == 200, timeout=60)
+            status, c = srv.request(
+                "POST", "/v1/runs/cap-loop/traces/captures", {"ranks": [0], "steps": 3}
+            )
+            assert status == 201, c
+            done = wait_until(
+                lambda: (
+                    (d := srv.get(f"/v1/runs/cap-loop/traces/captures/{c['captureId']}"))
+                    and d["state"] == "done"
+                    and d
+                ),
+                timeout=90,
+            )
+        finally:
+            job.kill()
+            job.wait(30)
+        (r,) = done["evidence"]["ranks"]
+        assert r["steps"] == 3 and r["toStep"] - r["fromStep"] == 20, r  # its own numbering
+        assert r["fromStep"] >= done["fromStep"] + 10 and r["fromStep"] % 10 == 0, (r, done)
+        steps = [s["step"] for s in srv.get("/v1/runs/cap-loop/traces?rank=0")["steps"]]
+        assert steps == [r["fromStep"], r["fromStep"] + 10, r["toStep"]], steps
+    finally:
+        srv.stop()
+
+
+@pytest.mark.unit
+def test_a_run_ending_in_the_middle_of_a_capture_stops_the_profiler_and_keeps_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+    from types import SimpleNamespace
+
+    import torch
+
+    from fleetlens.torch.capture import Capturer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    channel = SimpleNamespace(capture_offer=False, capture=None)
+    cfg = SimpleNamespace(rank=0, server="http://127.0.0.1:9", run_id="r", token="")
+    cap = Capturer(SimpleNamespace(config=cfg), channel)  # type: ignore[arg-type]
+    assert channel.capture_offer  # it offers on the channel's polls
+    channel.capture = {"id": 7, "steps": 20, "warmup": 1, "ranks": [0], "fromStep": 20}
+    model = torch.nn.Linear(16, 16)
+    for n in (0, 10, 20, 30, 40):  # waits for step 20, then profiles
+        cap.begin(n)
+        model(torch.randn(4, 16)).sum().backward()
+        cap.end(n)
+    assert cap._prof is not None and cap.errors == 0
+    cap.close(0.0)  # run.finish() in the middle of the capture
+    assert cap._prof is None and cap.captured == 0
+    assert not torch.autograd.profiler._is_profiler_enabled  # type: ignore[attr-defined]
+    assert not list(tmp_path.glob("fleetlens-capture-*")), list(tmp_path.iterdir())
+    cap.begin(50)  # asked once: the same capture is not started again
+    assert cap._prof is None

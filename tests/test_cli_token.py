@@ -100,6 +100,7 @@ def invocations(tmp: Path) -> dict[str, list[str]]:
         "stragglers": ["stragglers", run],
         "diagnose": ["diagnose", run],
         "whatif": ["whatif", run],
+        "regression": ["regression", run],
         "compare": ["compare", run, "tok-other"],
         "frontier": ["frontier", "tok-project"],
         "memory": ["memory", run],

@@ -225,6 +225,15 @@ DEFAULT_POLICY = Policy(
             diagnoses=("batch_imbalance",),
         ),
         Rule(
+            "PerformanceRegression",
+            "finding",
+            "ticket",
+            "infra_oncall",
+            "a run is slower, or starts slower, than the earlier runs of its workload, with the "
+            "software change that coincides",
+            diagnoses=("program_regression", "startup_regression"),
+        ),
+        Rule(
             "MemoryClimb",
             "finding",
             "ticket",

@@ -91,6 +91,17 @@ RUNBOOKS: dict[str, tuple[str, ...]] = {
         "Balance the tokens per replica (sequence packing, length-grouped sampling, a token "
         "budget per micro-batch); the finding says how much faster even batches would be.",
     ),
+    "PerformanceRegression": (
+        "A run's median step time (or its time from job start to first step) is over the fleet "
+        "baseline of its workload: the earlier runs of the same model config and world size, on "
+        "the software the run followed. The finding names the versions that differ (an image, "
+        "torch, CUDA, NCCL, the driver): a new version that coincides is the first suspect. "
+        "`fleetlens regression RUN` shows the run against its baseline.",
+        "Run a small canary of the workload on the previous image and on the new one; if the "
+        "new one is slower, hold its rollout and bisect the change (kernels, collectives, "
+        "compilation). A startup regression with an unchanged step time points at compilation, "
+        "loading or the rendezvous.",
+    ),
     "MemoryClimb": (
         "A rank's memory grows step after step (the device's allocator, or the process's) and, at "
         "this pace, reaches its limit within the steps the finding says: the run will end in an "

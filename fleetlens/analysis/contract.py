@@ -31,10 +31,11 @@ __all__ = [
     "trials",
 ]
 
-SOFTWARE_KEYS = ("torch", "cuda", "nccl", "nvidia_driver", "python", "compiler")
+SOFTWARE_KEYS = ("image", "torch", "cuda", "nccl", "nvidia_driver", "python", "compiler")
 """The job_start ``environment`` keys that are part of the contract, in the order they are said."""
 
 _NAMES = {
+    "image": "image",
     "torch": "torch",
     "cuda": "CUDA",
     "nccl": "NCCL",

@@ -62,6 +62,8 @@ OWNERS: dict[str, str] = {
     "topology": "scheduler",
     "stage_imbalance": "training_config",
     "batch_imbalance": "data_pipeline",
+    "program_regression": "infrastructure",
+    "startup_regression": "infrastructure",
 }
 
 

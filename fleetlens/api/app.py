@@ -67,6 +67,7 @@ from .memory import router as memory_router
 from .portal import router as portal_router
 from .portal_fleet import router as portal_fleet_router
 from .portal_runs import router as portal_runs_router
+from .regression import router as regression_router
 from .remediation import router as remediation_router
 from .runs import router as runs_router
 from .scheduler import IMPORT_COMPONENTS
@@ -470,6 +471,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     app.include_router(traces_router)
     app.include_router(trace_files_router)
     app.include_router(captures_router)
+    app.include_router(regression_router)
     app.include_router(goodput_router)
     app.include_router(admin_router)
     app.include_router(portal_router)

@@ -7,7 +7,7 @@ import time
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
 from pydantic import Field
 
 from ..services.captures import MAX_RANKS, MAX_STEPS, Captures
@@ -18,6 +18,7 @@ from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import drain
 from .body_limit import OWN_BODY
 from .ingest import error_response
+from .leader import forward_to_leader
 from .models import ApiModel
 from .trace_files import keep_file, refused_early
 
@@ -34,7 +35,7 @@ Rank = Annotated[int, Path(ge=0, le=2**31 - 1)]
 class CaptureIn(ApiModel):
     """Ask the job's ranks for a short profiler trace (ranks that offer capture)."""
 
-    ranks: list[int] = Field(
+    ranks: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(
         min_length=1, max_length=MAX_RANKS, description="the ranks to profile, compared in order"
     )
     steps: int = Field(3, ge=1, le=MAX_STEPS, description="profiled steps, after one warm-up")
@@ -102,8 +103,18 @@ def _captures(request: Request) -> Captures:
     "`FLEETLENS_TRACE_CAPTURE=1`). One open capture a run at a time (409 otherwise).",
     status_code=201,
     response_model=CaptureOut,
+    responses={
+        400: {"description": "The same rank named twice"},
+        409: {"description": "The run has a capture still waiting for traces"},
+        503: {"description": "No leader is reachable right now (several servers); retry"},
+    },
 )
-async def post_capture(request: Request, run_id: str, body: CaptureIn, scope: Writer) -> CaptureOut:
+async def post_capture(
+    request: Request, run_id: str, body: CaptureIn, scope: Writer
+) -> CaptureOut | Response:
+    # the leader holds the ranks' polls (their pace sets the start step): it takes the request
+    if (forwarded := await forward_to_leader(request)) is not None:
+        return forwarded
     svc = request.app.state.services
     caps = _captures(request)
 
@@ -180,7 +191,9 @@ async def put_capture_trace(
     early = await refused_early(request)
     if early is not None:
         return early
-    # 404 (no such run or capture) and 409 (a rank it did not ask) before a byte is kept
+    # 404 (no such run, not the caller's project's, no such capture) and 409 (a rank it did
+    # not ask) before a byte is kept
+    await anyio.to_thread.run_sync(svc.metadata.get_run, scope, run_id)
     c = await anyio.to_thread.run_sync(caps.store.get, scope, run_id, capture_id)
     if rank not in c.ranks:
         await drain(request)

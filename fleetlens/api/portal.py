@@ -76,6 +76,10 @@ RECOMMEND = {
     "memory_climb": "Find what the loop keeps from step to step (outputs or losses kept as "
     "tensors, a growing cache); the run will run out of memory at this pace.",
     "hang": "Collect stack traces of every rank (py-spy) and the NCCL flight recorder.",
+    "program_regression": "Compare with the baseline runs the finding names (fleetlens compare); "
+    "roll the image or driver that changed back on a canary and measure again.",
+    "startup_regression": "Look at what the attempt does before its first step (compilation, "
+    "loading, the rendezvous) on the software that changed.",
     "checkpoint": "Move to asynchronous checkpointing or a faster storage tier.",
     "preemption": "Checkpoint on the preemption notice; ask for a non-preemptible quota.",
     "stage_imbalance": "Rebalance the pipeline: move layers off the slow stage (or count the "

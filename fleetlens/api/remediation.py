@@ -193,6 +193,9 @@ async def control_poll(
     pid: Annotated[int, Query(ge=0, le=2**31)] = 0,
     agent_pid: Annotated[int, Query(alias="agentPid", ge=0, le=2**31)] = 0,
     capture: Annotated[bool, Query(description="this rank can profile a few steps")] = False,
+    acts: Annotated[
+        bool, Query(description="false: the job only offers captures; it cannot be drained")
+    ] = True,
 ) -> dict[str, Any] | Response:
     if (forwarded := await forward_to_leader(request)) is not None:
         return forwarded
@@ -202,11 +205,11 @@ async def control_poll(
     now = time.time()
     pos = Position(job_id, rank, world, node, step, seq, progress_at or now, now, pid, agent_pid)
     # Every rank polls: a floor on the interval keeps a job's polls near 2,000 a second.
-    told = instruction_json(ctl.report(scope.tenant, run_id, pos))
+    told = instruction_json(ctl.report(scope.tenant, run_id, pos)) if acts else None
     caps = request.app.state.services.monitor.captures
     asked = None
     if capture and caps is not None:  # a triggered trace capture (fleetlens.services.captures)
-        asked = caps.offered(scope.tenant, run_id, rank, job_id, step, now)
+        asked = caps.offered(scope.tenant, run_id, rank, job_id, step, now, world)
     return {"action": told, "capture": asked, "minIntervalS": world / 2000.0}
 
 

@@ -39,6 +39,7 @@ COMMANDS = (
     "stragglers",
     "diagnose",
     "whatif",
+    "regression",
     "compare",
     "lineage",
     "models",

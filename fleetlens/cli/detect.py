@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import FleetlensError
 from ._common import client, client_opts
 from ._output import Table, fmt, print_json
 from .captures import evidence_lines
@@ -107,6 +108,38 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_regression(args: argparse.Namespace) -> int:
+    """The run against the earlier runs of its workload: each tier, its baseline, the change."""
+    with client(args) as c:
+        doc = c.get(f"/v1/runs/{args.run}/regression")
+    if args.json:
+        print_json(doc)
+        return 0
+    if doc["workload"] is None:
+        raise FleetlensError(
+            f"run {args.run}'s config names no model keys (model, n_params, seq_len, ...): "
+            "its workload, and so its baseline, cannot be told"
+        )
+    f = doc["figures"]
+    if f is None:
+        print(f"run {args.run}: fewer than 30 steps in its newest attempt; nothing to judge yet")
+        return 0
+    sw = ", ".join(f"{k} {v}" for k, v in f["software"].items()) or "-"
+    print(f"run {args.run}: workload {doc['workload']}, software {sw}")
+    if not doc["verdicts"]:
+        print("  no baseline: fewer than 2 earlier runs of this workload")
+    for v in doc["verdicts"]:
+        said = "WORSE" if v["worse"] else "ok"
+        print(
+            f"  {v['tier']:<8} {fmt(v['value'], '.3g')} s against {fmt(v['baseline'], '.3g')} s "
+            f"({fmt(v['ratio'], '.2f')}x; bound {fmt(v['bound'], '.3g')} s) over "
+            f"{len(v['runs'])} run(s): {said}"
+        )
+        if v["changes"]:
+            print(f"           changed: {', '.join(v['changes'])}")
+    return 0
+
+
 def _ranks(ranks: list[int]) -> str:
     if not ranks:
         return "-"
@@ -116,7 +149,7 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def add_parsers(sub: Any) -> None:
-    """Add ``stragglers RUN``, ``diagnose RUN`` and ``whatif RUN`` to the CLI's subparsers."""
+    """Add ``stragglers``, ``diagnose``, ``whatif`` and ``regression`` to the CLI's subparsers."""
     s = sub.add_parser("stragglers", help="a run's slow ranks, classified, with their GPUs")
     s.add_argument("run")
     client_opts(s)
@@ -133,3 +166,9 @@ def add_parsers(sub: Any) -> None:
     w.add_argument("--to-step", type=int, default=None, help="last step of the window")
     client_opts(w)
     w.set_defaults(func=cmd_whatif)
+    r = sub.add_parser(
+        "regression", help="a run against the earlier runs of its workload (step time, startup)"
+    )
+    r.add_argument("run")
+    client_opts(r)
+    r.set_defaults(func=cmd_regression)

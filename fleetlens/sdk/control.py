@@ -45,6 +45,7 @@ class ControlChannel:
         interval: float = 2.0,
         flush: Callable[[float], Any] | None = None,
         force_grace_s: float = 2.0,
+        acts: bool = True,
     ) -> None:
         self.config = cfg
         base = cfg.server.rstrip("/")
@@ -59,6 +60,9 @@ class ControlChannel:
         # A triggered trace capture (fleetlens.torch.capture): offered on each poll when set,
         # and the newest capture this rank is asked for.
         self.capture_offer = False
+        # False: the channel only offers captures; the server leaves the job out of remediation
+        # (no position reported) and this thread carries out no instruction
+        self.acts = acts
         self.capture: dict[str, Any] | None = None
         self.errors = 0
         self.rejected = 0
@@ -170,6 +174,7 @@ class ControlChannel:
                 "pid": os.getpid(),
                 "agentPid": os.getppid(),
                 **({"capture": 1} if self.capture_offer else {}),
+                **({} if self.acts else {"acts": 0}),
             }
         )
         try:
@@ -205,7 +210,7 @@ class ControlChannel:
 
     def _act(self) -> None:
         a = self.action
-        if a is None:
+        if a is None or not self.acts:
             return
         aid, phase = int(a.get("id", 0)), str(a.get("phase", ""))
         if (aid, phase) in self._handled or a.get("jobId", "") not in ("", self.config.job_id):

@@ -6,6 +6,7 @@ initialising CUDA) and from the kernel's NVIDIA driver file; nothing here raises
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -14,8 +15,12 @@ __all__ = ["environment"]
 
 def environment() -> dict[str, Any]:
     """Python's, torch's, CUDA's (torch's build) and NCCL's versions and the NVIDIA driver's,
-    those that are known."""
+    those that are known, and the image the job runs in when ``FLEETLENS_IMAGE`` names it (a
+    job template sets it to its container image's tag)."""
     env: dict[str, Any] = {"python": sys.version.split()[0]}
+    image = os.environ.get("FLEETLENS_IMAGE", "").strip()
+    if image:
+        env["image"] = image[:256]
     torch = sys.modules.get("torch")
     if torch is not None:
         env["torch"] = str(getattr(torch, "__version__", ""))

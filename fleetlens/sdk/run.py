@@ -442,6 +442,11 @@ class Run:
             close()
         if self._logs is not None:
             self._logs.close()
+        if self._boundary is not None:  # a trace capture under way stops; written ones go out
+            try:
+                self._boundary.close(max(0.0, min(2.0, deadline - time.monotonic())))
+            except Exception:
+                self._internal_error()
 
     def _at_exit(self) -> None:
         if not self._finished:

@@ -49,13 +49,15 @@ MAX_RANKS = 8
 """Ranks one capture may name: a capture is a sample to compare, not a whole-job profile."""
 MAX_STEPS = 20
 """Profiled steps one capture may ask for (bounded cost)."""
+MAX_TRACE_BYTES = 1 << 30
+"""A rank's uploaded trace decompressed: past it the upload is refused (413), nothing kept."""
 _OFFER_S = 120.0
 """A rank that has not offered on a poll for this long is no longer counted on."""
 
 
-_LEAD_S = 6.0
+_LEAD_S = 10.0
 """How far ahead of the ranks' newest step a capture starts: every rank named hears of it on a
-poll (every 2 s) before then, so all profile the same steps."""
+poll (every 2 s, later on a loaded host) before then, so all profile the same steps."""
 
 
 def instruction(c: Capture) -> dict[str, Any]:
@@ -91,6 +93,8 @@ class Captures:
         self.store = CaptureStore(metadata)
         self.cfg = cfg
         self._lock = threading.Lock()
+        self._create = threading.Lock()  # a check for an open capture and its creation
+        self._parsing = threading.BoundedSemaphore(2)
         # (tenant, run) -> rank -> its newest poll that offered capture
         self._offers: dict[tuple[str, str], dict[int, _Offer]] = {}
         self._open: dict[tuple[str, str], Capture] = {}  # at most one open capture a run
@@ -98,13 +102,22 @@ class Captures:
     # -- the control channel -------------------------------------------------------------------
 
     def offered(
-        self, tenant: str, run_id: str, rank: int, job_id: str, step: int, now: float
+        self,
+        tenant: str,
+        run_id: str,
+        rank: int,
+        job_id: str,
+        step: int,
+        now: float,
+        world: int = 1,
     ) -> dict[str, Any] | None:
         """Rank ``rank``, at ``step``, can capture: the capture it is asked for, if any."""
         key = (tenant, run_id)
         with self._lock:
             ranks = self._offers.setdefault(key, {})
             prev = ranks.get(rank)
+            if prev is None and len(ranks) >= 4 * world + 64:
+                return None  # more ranks than the job has: a confused or hostile caller
             since = (now, step)
             if prev is not None and prev.job_id == job_id and step >= prev.step:
                 # the window starts at the oldest poll within _PACE_S (the previous one past it)
@@ -143,25 +156,41 @@ class Captures:
             if pick is None:
                 continue
             finding, ranks = pick
-            last = self.store.latest(tenant, run_id)
-            if last is not None and now - last.requested_at < self.cfg.capture_gap_s:
-                continue
-            c = self.store.create(
-                tenant,
-                run_id,
-                offers[ranks[0]].job_id,
-                _start(offers, now),
-                ranks,
-                self.cfg.capture_steps,
-                self.cfg.capture_warmup,
-                f"{finding.diagnosis} on rank {ranks[0]} from step {finding.start_step}: "
-                f"rank {ranks[1]} is its healthy peer",
-                finding.key,
-                now,
-            )
-            log.info("trace capture %d asked of run %s ranks %s", c.id, run_id, list(ranks))
-            with self._lock:
-                self._open[(tenant, run_id)] = c
+            with self._create:  # one open capture a run, whoever asks
+                self._ask(tenant, run_id, finding, ranks, offers, now)
+
+    def _ask(
+        self,
+        tenant: str,
+        run_id: str,
+        finding: FindingRow,
+        ranks: tuple[int, int],
+        offers: dict[int, _Offer],
+        now: float,
+    ) -> None:
+        """Ask the capture of ``ranks`` for ``finding``, unless the run has one open or had one
+        within ``capture_gap_s`` (checked under ``_create``)."""
+        if any(c.open for c in self.store.of_run(tenant, run_id, limit=3)):
+            return
+        last = self.store.latest(tenant, run_id)
+        if last is not None and now - last.requested_at < self.cfg.capture_gap_s:
+            return
+        c = self.store.create(
+            tenant,
+            run_id,
+            offers[ranks[0]].job_id,
+            _start(offers, now),
+            ranks,
+            self.cfg.capture_steps,
+            self.cfg.capture_warmup,
+            f"{finding.diagnosis} on rank {ranks[0]} from step {finding.start_step}: "
+            f"rank {ranks[1]} is its healthy peer",
+            finding.key,
+            now,
+        )
+        log.info("trace capture %d asked of run %s ranks %s", c.id, run_id, list(ranks))
+        with self._lock:
+            self._open[(tenant, run_id)] = c
 
     def _refresh(self, now: float) -> None:
         """The open captures as the store has them (another server may have taken a trace or a
@@ -199,6 +228,12 @@ class Captures:
             raise ConfigError(f"name 1 to {MAX_RANKS} distinct ranks; got {list(ranks)}")
         if not 1 <= steps <= MAX_STEPS:
             raise ConfigError(f"steps is {steps}; 1 to {MAX_STEPS}")
+        with self._create:
+            return self._request(scope, run_id, ranks, steps, now)
+
+    def _request(
+        self, scope: Scope, run_id: str, ranks: Sequence[int], steps: int, now: float
+    ) -> Capture:
         for c in self.store.of_run(scope, run_id, limit=5):
             if c.open and now - c.requested_at <= self.cfg.capture_timeout_s:
                 raise Conflict(
@@ -226,11 +261,12 @@ class Captures:
 
     # -- the traces ----------------------------------------------------------------------------
 
-    @staticmethod
-    def parse(path: Path, rank: int) -> RankTrace:
+    def parse(self, path: Path, rank: int) -> RankTrace:
         """Rank ``rank``'s uploaded trace, analysed; TraceFormatError when it is not a trace
-        with profiled steps (the upload route then keeps nothing)."""
-        rt = analyze(read_trace(path), rank)  # the rank that sent it, whatever the file says
+        with profiled steps, TraceTooLarge past :data:`MAX_TRACE_BYTES` of JSON (the upload
+        route then keeps nothing)."""
+        with self._parsing:  # a trace's JSON can be hundreds of MB: a few at a time
+            rt = analyze(read_trace(path, MAX_TRACE_BYTES), rank)  # the rank that sent it
         if not len(rt.steps):
             raise TraceFormatError(
                 "the trace has no ProfilerStep# annotation: nothing was profiled"

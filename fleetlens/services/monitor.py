@@ -63,6 +63,7 @@ from .analyzer import analyze_once
 from .captures import Captures
 from .goodput import goodput_window, summary_mfu
 from .portal import PortalQueries
+from .regressions import Regressions
 from .run_signals import metric_samples
 from .runs import RunQueries
 
@@ -81,6 +82,8 @@ _STOP_KINDS = (
     "checkpoint_end",
 )
 """The events a run's signals read: drains, stops and restarts, checkpoints (progress)."""
+_REGRESSION_EVERY_S = 60.0
+_REGRESSION_RETRY_S = 5.0
 
 
 @dataclass
@@ -97,6 +100,8 @@ class Monitor:
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
     remediation: Controller | None = None
     captures: Captures | None = None
+    regressions: Regressions | None = None
+    _judged: dict[tuple[str, str], float] = field(default_factory=dict)
     _goodput: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
     # per run, each per-metric alert input over time (run_signals.metric_samples)
     _series: dict[tuple[str, str], dict[str, deque[tuple[float, float]]]] = field(
@@ -160,6 +165,7 @@ class Monitor:
             projects,
             remediation=controller,
             captures=Captures(metadata, cfg.analyzer),
+            regressions=Regressions(metadata, telemetry, cfg.analyzer.regression_tolerance),
             config=cfg.monitor,
             analyzer=cfg.analyzer,
         )
@@ -196,7 +202,7 @@ class Monitor:
             log.exception("analysis pass failed")
         runs = self._active_runs(now)
         active = {(r.tenant, r.run_id) for r in runs}
-        for kept in (self._goodput, self._series):  # runs that went quiet leave their series
+        for kept in (self._goodput, self._series, self._judged):  # quiet runs leave theirs
             for key in [k for k in kept if k not in active]:
                 del kept[key]
         snapshot: list[RunMetrics] = []
@@ -211,6 +217,7 @@ class Monitor:
                 continue
             snapshot.append(metrics)
             found.append((run.tenant, run.run_id, signals.findings))
+            self._regression(run, now)
             policy = self.policy_for(run.project, dict(run.config or {}))
             ids, cands = by_tenant.setdefault(run.tenant, ([], []))
             ids.append(run.run_id)
@@ -242,6 +249,20 @@ class Monitor:
         self._export(snapshot)
         self._preserve(now)
         self.passes += 1
+
+    def _regression(self, run: Run, now: float) -> None:
+        """The run against its workload's fleet baseline, at most once a minute a run."""
+        key = (run.tenant, run.run_id)
+        if self.regressions is None or now - self._judged.get(key, 0.0) < _REGRESSION_EVERY_S:
+            return
+        self._judged[key] = now
+        try:
+            info = self.metadata.get_run(Scope(run.tenant, "viewer", actor="monitor"), run.run_id)
+            if not self.regressions.raise_findings(self.findings, run.tenant, info):
+                self._judged[key] = now - _REGRESSION_EVERY_S + _REGRESSION_RETRY_S  # too few steps
+        except Exception:
+            self.errors += 1
+            log.exception("the regression check of run %s failed", run.run_id)
 
     def _evaluation_rules(self) -> set[str]:
         rules = [self.policy, *(self.policy.merged(o) for o in self.project_overrides.values())]

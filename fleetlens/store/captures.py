@@ -8,6 +8,7 @@ caller's scope; the monitor's refresh of the open captures reads every tenant's,
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,8 @@ class Capture:
 
 
 class CaptureStore:
+    _record = threading.Lock()  # one process's writers of results, whatever the store object
+
     def __init__(self, metadata: MetadataStore) -> None:
         self._session = metadata.session
 
@@ -142,8 +145,10 @@ class CaptureStore:
     ) -> Capture:
         """Rank ``rank``'s breakdown is in: ``done`` once every named rank's is. A trace that
         arrives after the capture expired still counts (the job was only late)."""
-        with self._session() as s:
-            row = self._row(s, who, run_id, capture_id)
+        # Both ranks' traces come in at about the same time: the row is locked while one is
+        # added (FOR UPDATE on PostgreSQL; one writer at a time in this process for SQLite).
+        with self._record, self._session() as s:
+            row = self._row(s, who, run_id, capture_id, lock=True)
             results = {str(k): v for k, v in dict(row.results or {}).items()}
             results[str(rank)] = result
             row.results = results
@@ -162,10 +167,14 @@ class CaptureStore:
                 row.updated_at = time.time()
 
     @staticmethod
-    def _row(s: Any, who: Scope | str, run_id: str, capture_id: int) -> TraceCaptureRow:
+    def _row(
+        s: Any, who: Scope | str, run_id: str, capture_id: int, lock: bool = False
+    ) -> TraceCaptureRow:
         q = scoped(select(TraceCaptureRow), who).where(
             TraceCaptureRow.run_id == run_id, TraceCaptureRow.id == capture_id
         )
+        if lock:
+            q = q.with_for_update()
         row = s.scalars(q).first()
         if row is None:
             raise NotFound(f"run {run_id} has no trace capture {capture_id}")

@@ -263,8 +263,13 @@ class DetectQueries(DeviceQueries):
     def environments(self, run_id: str, job_id: str) -> list[dict[str, Any]]:
         """The environment each rank of attempt ``job_id`` reported at its start (its
         ``job_start`` event), whatever the run's other events."""
+        return self.job_start(run_id, job_id)[1]
+
+    def job_start(self, run_id: str, job_id: str) -> tuple[float | None, list[dict[str, Any]]]:
+        """When attempt ``job_id`` started (its ranks' earliest ``job_start`` event; None
+        without one) and the environment each rank reported then."""
         rows = self.r.table(
-            "SELECT attrs FROM {db}.events WHERE run_id = {run:String}"
+            "SELECT time, attrs FROM {db}.events WHERE run_id = {run:String}"
             " AND job_id = {job:String} AND kind = 'job_start' LIMIT 100000",
             run=run_id,
             job=job_id,
@@ -277,7 +282,7 @@ class DetectQueries(DeviceQueries):
                 continue
             if isinstance(env, dict):
                 out.append(env)
-        return out
+        return (min(float(r["time"]) for r in rows) if rows else None), out
 
     def scalars(
         self, run_id: str, names: list[str], lo: int, hi: int, job_id: str = ""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Float, Integer, MetaData, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, Index, Integer, MetaData, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = ["Base", "Job", "RankEndRow", "Run", "TraceCaptureRow"]
@@ -195,9 +195,13 @@ class TraceCaptureRow(Base):
     breakdown of the captured steps once its trace is in."""
 
     __tablename__ = "trace_captures"
+    __table_args__ = (
+        Index("ix_trace_captures_run", "tenant", "run_id"),
+        Index("ix_trace_captures_state", "state"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    tenant: Mapped[str] = mapped_column(String(256), index=True)
+    tenant: Mapped[str] = mapped_column(String(256))
     run_id: Mapped[str] = mapped_column(String(256))
     job_id: Mapped[str] = mapped_column(String(256), default="")
     ranks: Mapped[list[int]] = mapped_column(JSON, default=list)

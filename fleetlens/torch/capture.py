@@ -64,6 +64,7 @@ class Capturer:
         self._done: set[int] = set()
         self._calls = 0
         self._written: str | None = None
+        self._rec: Any = None  # the open ProfilerStep# mark
         self._uploads: queue.Queue[tuple[int, str]] = queue.Queue(maxsize=4)
         self._uploader: threading.Thread | None = None
         self.last_upload_at: float | None = None
@@ -74,9 +75,8 @@ class Capturer:
         """A step starts: start profiling if asked, else move the profiler to step ``n``."""
         try:
             if self._prof is not None:
-                if n is not None:
-                    self._prof.step_num = n - 1  # labelled ProfilerStep#n, whatever the numbering
-                self._prof.step()
+                self._prof.step()  # the schedule's next state: warm-up, record, save
+                self._mark(n)
                 return
             asked = self.channel.capture
             if asked is None or n is None:
@@ -87,7 +87,8 @@ class Capturer:
             if n < int(asked.get("fromStep") or 0):
                 return  # every rank asked starts at the same step
             self._done.add(cid)  # whatever happens, once
-            self._start(cid, asked, n)
+            self._start(cid, asked)
+            self._mark(n)
         except Exception:
             self._drop()
 
@@ -96,21 +97,36 @@ class Capturer:
         if self._prof is None:
             return
         try:
+            rec, self._rec = self._rec, None
+            if rec is not None:
+                rec.__exit__(None, None, None)
             self._ended += 1
             if self._ended >= self._total:
                 self._finish()
         except Exception:
             self._drop()
 
-    def _start(self, cid: int, asked: dict[str, Any], n: int) -> None:
+    def _mark(self, n: int | None) -> None:
+        """``ProfilerStep#n`` over the step itself, begin to end (the profiler's own would run
+        from one step's start to the next one's, and the last to its stop), with the job's
+        own step number."""
+        if n is None:
+            return
+        rec = torch.autograd.profiler.record_function(f"ProfilerStep#{n}")
+        rec.__enter__()  # type: ignore[no-untyped-call]
+        self._rec = rec
+
+    def _start(self, cid: int, asked: dict[str, Any]) -> None:
         steps = max(1, min(int(asked.get("steps", 3)), MAX_STEPS))
         warmup = max(0, min(int(asked.get("warmup", 1)), 5))
         self._asked = {"id": cid, "steps": steps, "warmup": warmup}
         self._total, self._ended, self._calls = warmup + steps, 0, 0
+        self._written = None
         act = torch.profiler.ProfilerAction
 
         def schedule(_step: int) -> Any:
-            # Counted in calls, not step numbers: the job's steps need not be consecutive.
+            # Counted in calls (one at construction, one a step), not step numbers: the job's
+            # steps need not be consecutive.
             c, self._calls = self._calls, self._calls + 1
             if c < warmup:
                 return act.WARMUP
@@ -124,7 +140,7 @@ class Capturer:
         prof = torch.profiler.profile(
             activities=activities, schedule=schedule, on_trace_ready=self._write
         )
-        prof.step_num = n
+        prof.record_steps = False  # the steps are marked by _mark, over the steps themselves
         prof.start()
         self._prof = prof
 
@@ -133,14 +149,13 @@ class Capturer:
         rank = self.run.config.rank
         fd, path = tempfile.mkstemp(prefix=f"fleetlens-capture-rank{rank}-", suffix=".json")
         os.close(fd)
+        self._written = path  # before the export: a failed one is still removed (_drop)
         prof.export_chrome_trace(path)
-        self._written = path
 
     def _finish(self) -> None:
         prof, self._prof = self._prof, None
-        self._written = None
         prof.stop()  # RECORD_AND_SAVE -> stopped: the trace is written (_write)
-        path = self._written
+        path, self._written = self._written, None
         if path is None:
             self.errors += 1
             return
@@ -160,16 +175,28 @@ class Capturer:
     def _drop(self) -> None:
         """A failure: count it, stop the profiler if it runs; training goes on."""
         self.errors += 1
+        rec, self._rec = self._rec, None
         prof, self._prof = self._prof, None
-        if prof is not None:
-            try:
+        try:
+            if rec is not None:
+                rec.__exit__(None, None, None)
+            if prof is not None:
                 prof.stop()
-            except Exception:
-                self.errors += 1
+        except Exception:
+            self.errors += 1
         if self._written:
             with contextlib.suppress(OSError):
                 os.unlink(self._written)
             self._written = None
+
+    def close(self, timeout: float) -> None:
+        """The run ends: a capture under way is dropped (the profiler stops), and the traces
+        already written get up to ``timeout`` seconds to reach the server."""
+        if self._prof is not None:
+            self._drop()
+        deadline = time.monotonic() + timeout
+        while self._uploads.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     # -- the upload thread ----------------------------------------------------------------------
 
@@ -183,6 +210,7 @@ class Capturer:
             finally:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
+                self._uploads.task_done()
 
     def _upload(self, cid: int, path: str) -> None:
         if os.path.getsize(path) > MAX_FILE_BYTES:
@@ -204,13 +232,14 @@ class Capturer:
                 self.last_upload_at = time.time()
                 return
             except urllib.error.HTTPError as exc:
-                if exc.code != 429 and exc.code < 500:
+                if exc.code not in (408, 429) and exc.code < 500:
                     self.refused += 1  # the server will not take it: retrying cannot help
                     return
                 self.errors += 1
             except Exception:
                 self.errors += 1
-            time.sleep(min(30.0, 2.0 * 2**attempt))
+            if attempt + 1 < _UPLOAD_TRIES:
+                time.sleep(min(30.0, 2.0 * 2**attempt))
 
 
 def _gzip_paced(path: str) -> bytes:
@@ -241,7 +270,11 @@ def ensure_capture(run: Run, channel: ControlChannel | None = None) -> Capturer 
         if channel is None:
             channel = getattr(run, "_control", None)
         if channel is None:
-            channel = ControlChannel(cfg, lambda: (run._position()[0], 0), flush=run.flush)
+            # capture only: remediation's instructions (remove, restart) are not carried out
+            # here, and the server does not count the job as one it can drain
+            channel = ControlChannel(
+                cfg, lambda: (run._position()[0], 0), flush=run.flush, acts=False
+            )
             channel.start()
             run._control = channel
         cap = Capturer(run, channel)

@@ -51,6 +51,7 @@ class Drain:
             if isinstance(ch, ControlChannel):
                 ch._position = lambda: (self._step_n, self._seq)
                 ch.interval = self.control_interval
+                ch.acts = True  # the job drains now: remediation may count on it
                 self._channel = ch
                 return ch
             ch = ControlChannel(

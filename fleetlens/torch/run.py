@@ -49,8 +49,8 @@ class TorchRun(StepTiming, Drain):
                 self._memory.device = self.device.index
         self._init_drain()
         self._watch_hangs()
-        if getattr(getattr(run, "config", None), "trace_capture", False):
-            ensure_capture(run, self._open_channel())  # on the one control channel
+        # a channel that only offers captures; stop_requested() makes it the drain's too
+        ensure_capture(run)
 
     def _watch_hangs(self) -> None:
         """With the flight recorder on, dump and upload it when this job hangs

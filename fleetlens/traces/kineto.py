@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 import numpy as np
 
-from ..errors import TraceFormatError
+from ..errors import TraceFormatError, TraceTooLarge
 
 __all__ = [
     "COMM",
@@ -202,7 +203,9 @@ def _str_or_none(v: _Num) -> str | None:
     return None if v is None else str(v)
 
 
-def read_bytes(path: str | Path) -> bytes:
+def read_bytes(path: str | Path, max_bytes: int | None = None) -> bytes:
+    """The file's bytes, decompressed when gzip; TraceTooLarge past ``max_bytes`` (checked as
+    it decompresses: a small file cannot make a large buffer)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -210,16 +213,35 @@ def read_bytes(path: str | Path) -> bytes:
         raise TraceFormatError(f"cannot read trace {p}: {exc.strerror}") from exc
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
+            raw = gzip.decompress(raw) if max_bytes is None else _gunzip(raw, max_bytes)
+        except (OSError, EOFError, zlib.error) as exc:
             raise TraceFormatError(f"{p}: corrupt gzip ({exc})") from exc
+    if max_bytes is not None and len(raw) > max_bytes:
+        raise TraceTooLarge(f"{p}: the trace is over {max_bytes} bytes decompressed")
     return raw
 
 
-def read_trace(path: str | Path) -> KinetoTrace:
-    """Read one Kineto trace file (``.json`` or ``.json.gz``)."""
+def _gunzip(raw: bytes, max_bytes: int) -> bytes:
+    """Every gzip member of ``raw``, stopping past ``max_bytes`` of output."""
+    out: list[bytes] = []
+    size = 0
+    while raw:
+        d = zlib.decompressobj(wbits=31)
+        chunk = d.decompress(raw, max_bytes + 1 - size)
+        size += len(chunk)
+        out.append(chunk)
+        if size > max_bytes or d.unconsumed_tail:
+            raise TraceTooLarge(f"the trace is over {max_bytes} bytes decompressed")
+        if not d.eof:
+            raise TraceFormatError("a truncated gzip stream")
+        raw = d.unused_data
+    return b"".join(out)
+
+
+def read_trace(path: str | Path, max_bytes: int | None = None) -> KinetoTrace:
+    """Read one Kineto trace file (``.json`` or ``.json.gz``), at most ``max_bytes`` of JSON."""
     p = str(path)
-    raw = read_bytes(path)
+    raw = read_bytes(path, max_bytes)
     try:
         doc = _DECODER.decode(raw)
     except msgspec.ValidationError as exc:

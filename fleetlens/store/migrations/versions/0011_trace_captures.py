@@ -34,11 +34,11 @@ def upgrade() -> None:
         sa.Column("results", sa.JSON(), nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_trace_captures"),
     )
-    op.create_index("ix_trace_captures_tenant", "trace_captures", ["tenant"])
     op.create_index("ix_trace_captures_run", "trace_captures", ["tenant", "run_id"])
+    op.create_index("ix_trace_captures_state", "trace_captures", ["state"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_trace_captures_state", "trace_captures")
     op.drop_index("ix_trace_captures_run", "trace_captures")
-    op.drop_index("ix_trace_captures_tenant", "trace_captures")
     op.drop_table("trace_captures")
