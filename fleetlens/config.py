@@ -116,6 +116,7 @@ class AnalyzerConfig:
     # the baseline): a program_regression or startup_regression finding (fleetlens.services
     # .regressions).
     regression_tolerance: float = 0.1
+    regression_every_s: float = 60.0  # each active run judged at most this often
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "analysis_interval_s": ("monitor", "interval_s"),
     "hang_s": ("analyzer", "hang_floor_s"),
     "capture_steps": ("analyzer", "capture_steps"),
+    "regression_every_s": ("analyzer", "regression_every_s"),
     "alertmanager_url": ("alerts", "alertmanager_url"),
     "webhook_url": ("alerts", "webhook_url"),
     "slack_url": ("alerts", "slack_url"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -96,7 +97,18 @@ def test_demo_stops_on_ctrl_c_with_exit_status_0(tmp_path) -> None:  # type: ign
                 assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
                 time.sleep(0.5)
             proc.send_signal(signal.SIGINT)
-            out, _ = proc.communicate(timeout=90)
+            try:
+                out, _ = proc.communicate(timeout=90)
+            except subprocess.TimeoutExpired:  # say where it was: its own log, then its stacks
+                dump = ["py-spy", "dump", "--pid", str(proc.pid)]
+                stacks = (
+                    subprocess.run(dump, capture_output=True, text=True, timeout=60).stdout
+                    if shutil.which("py-spy")
+                    else "(no py-spy for its stacks)"
+                )
+                raise AssertionError(
+                    f"no exit 90 s after Ctrl-C:\n{err_path.read_text()[-3000:]}\n{stacks[-6000:]}"
+                ) from None
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -11,15 +11,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from bench._delivery import from_matrix
 from bench._realjobs import _throttle, _unthrottle
 from fleetlens.analysis.regression import RunFigures, judge, workload_key
-from fleetlens.testing import Server, wait_until
+from fleetlens.sim.emit import encode
+from fleetlens.testing import InProcessServer, Server, wait_until
 
 from .test_cli import fleetlens_cmd
 
@@ -59,6 +63,7 @@ def test_the_workload_is_the_configs_model_keys_and_the_world_not_its_versions()
     assert workload_key(cfg, 4) != workload_key(cfg, 8)
     assert workload_key(cfg, 4) != workload_key({**cfg, "seq_len": 128}, 4)
     assert workload_key({"lr": 3e-3}, 4) is None  # the world size alone names no workload
+    assert workload_key({"dtype": "bf16", "seq_len": 64}, 4) is None  # nor a dtype: no model
 
 
 @pytest.fixture
@@ -148,3 +153,38 @@ def test_a_new_image_slower_than_its_workloads_runs_is_a_finding_and_a_ticket(
     assert "WORSE" in shown.stdout and "changed: image train:1 vs train:2" in shown.stdout
     contract = server.get("/v1/runs/reg-c")["contract"]
     assert contract["software"]["image"] == "train:2", contract
+
+
+def _post_run(srv: InProcessServer, run: str, step_s: float, steps: range, t0: float) -> None:
+    compute = np.full((len(steps), 4), step_s)
+    rec = from_matrix(run, np.array(list(steps)), compute, t0, {"model": "tiny-lm"})
+    for ctx, tables in [*rec.first, *rec.other]:
+        assert srv.post(encode(ctx, tables))[0] == 200
+    for ctx, cols in rec.steps:
+        assert srv.post(encode(ctx, {"step": (len(cols["step"]), cols)}))[0] == 200
+
+
+@pytest.mark.api
+def test_a_run_no_longer_worse_than_its_baseline_ends_its_finding(tmp_path: Path) -> None:
+    """Run c's first 60 steps take 0.5 s against its two predecessors' 0.2 s: a finding, open
+    while the run is. Its next 200 steps take 0.2 s: the median is back, the finding ends."""
+    settings = {"analysis_interval_s": 0.2, "regression_every_s": 0.5}
+    with InProcessServer(str(tmp_path / "data"), settings=settings) as srv:
+        t0 = time.time() - 3600
+        for i, run in enumerate(("c-a", "c-b")):
+            _post_run(srv, run, 0.2, range(60), t0 + 100 * i)
+        _post_run(srv, "c-c", 0.5, range(60), t0 + 300)
+
+        def finding() -> dict[str, Any] | None:
+            found = srv.get("/v1/runs/c-c/diagnosis")["findings"]
+            got = [f for f in found if f["diagnosis"] == "program_regression"]
+            return got[0] if got else None
+
+        f = wait_until(finding, timeout=60)
+        assert f["endStep"] is None and f["evidence"][0]["baselineRuns"] == ["c-a", "c-b"], f
+        _post_run(srv, "c-c", 0.2, range(60, 260), t0 + 400)
+        ended = wait_until(lambda: (g := finding()) and g["endStep"] is not None and g, 60)
+        assert ended["endStep"] == 259 and ended["evidence"] == f["evidence"], ended
+        verdicts = srv.get("/v1/runs/c-c/regression")["verdicts"]
+        (prog,) = [v for v in verdicts if v["tier"] == "program"]
+        assert not prog["worse"] and prog["value"] == pytest.approx(0.2), prog

@@ -22,6 +22,7 @@ import numpy as np
 
 __all__ = [
     "SOFTWARE_KEYS",
+    "SOFTWARE_NAMES",
     "Contract",
     "Topology",
     "Trials",
@@ -34,7 +35,7 @@ __all__ = [
 SOFTWARE_KEYS = ("image", "torch", "cuda", "nccl", "nvidia_driver", "python", "compiler")
 """The job_start ``environment`` keys that are part of the contract, in the order they are said."""
 
-_NAMES = {
+SOFTWARE_NAMES = {
     "image": "image",
     "torch": "torch",
     "cuda": "CUDA",
@@ -75,7 +76,7 @@ class Contract:
         """``torch 2.13.0, CUDA 12.4, NCCL 2.21.5 on 2 nodes x 8 GPUs (NVLink domains of 8
         GPUs); 3 trials, step time spread 1.2%``."""
         parts = [
-            f"{_NAMES[k]} {v}" + (" (mixed)" if k in self.mixed else "")
+            f"{SOFTWARE_NAMES[k]} {v}" + (" (mixed)" if k in self.mixed else "")
             for k, v in self.software.items()
             if k != "python"
         ]
@@ -136,7 +137,7 @@ def differences(a: Contract, b: Contract) -> list[str]:
     for key in SOFTWARE_KEYS:
         va, vb = a.software.get(key), b.software.get(key)
         if va != vb and va is not None and vb is not None:
-            out.append(f"{_NAMES[key]} {va} vs {vb}")
+            out.append(f"{SOFTWARE_NAMES[key]} {va} vs {vb}")
     ta, tb = a.topology, b.topology
     if ta is not None and tb is not None:
         pairs: list[tuple[str, Any, Any]] = [

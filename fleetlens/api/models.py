@@ -157,8 +157,8 @@ class ContractOut(ApiModel):
     """What a speed answer was measured on (seed 003 s9.3.1): compare two only when alike."""
 
     software: dict[str, str] = Field(
-        description="torch, cuda, nccl, nvidia_driver, python, compiler: as the ranks reported "
-        "them at their start (the most common value where they differ)"
+        description="image (FLEETLENS_IMAGE), torch, cuda, nccl, nvidia_driver, python, compiler: "
+        "as the ranks reported them at their start (the most common value where they differ)"
     )
     mixed: dict[str, list[str]] = Field(description="keys whose ranks reported different values")
     topology: TopologyOut | None

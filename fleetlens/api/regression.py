@@ -35,7 +35,7 @@ class VerdictOut(ApiModel):
     value: float
     baseline: float = Field(description="the baseline runs' median")
     bound: float = Field(description="over it the run is worse: tolerance and 3 MADs")
-    ratio: float
+    ratio: float | None = Field(description="value over baseline; null on a baseline of 0")
     worse: bool
     runs: list[str] = Field(description="the baseline's runs, oldest first")
     software: dict[str, str] = Field(description="the baseline's software")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..errors import FleetlensError
 from ._common import client, client_opts
 from ._output import Table, fmt, print_json
 from .captures import evidence_lines
@@ -116,10 +115,11 @@ def cmd_regression(args: argparse.Namespace) -> int:
         print_json(doc)
         return 0
     if doc["workload"] is None:
-        raise FleetlensError(
-            f"run {args.run}'s config names no model keys (model, n_params, seq_len, ...): "
-            "its workload, and so its baseline, cannot be told"
+        print(
+            f"run {args.run}: its config names no model (model, model_id, n_params, n_layers, "
+            "d_model): it has no workload, so no baseline to be judged against"
         )
+        return 0
     f = doc["figures"]
     if f is None:
         print(f"run {args.run}: fewer than 30 steps in its newest attempt; nothing to judge yet")
@@ -127,7 +127,10 @@ def cmd_regression(args: argparse.Namespace) -> int:
     sw = ", ".join(f"{k} {v}" for k, v in f["software"].items()) or "-"
     print(f"run {args.run}: workload {doc['workload']}, software {sw}")
     if not doc["verdicts"]:
-        print("  no baseline: fewer than 2 earlier runs of this workload")
+        print(
+            "  no baseline: fewer than 2 earlier runs of this workload, with 30 steps or more, "
+            "on the software it followed (a startup needs fresh starts)"
+        )
     for v in doc["verdicts"]:
         said = "WORSE" if v["worse"] else "ok"
         print(

@@ -82,7 +82,6 @@ _STOP_KINDS = (
     "checkpoint_end",
 )
 """The events a run's signals read: drains, stops and restarts, checkpoints (progress)."""
-_REGRESSION_EVERY_S = 60.0
 _REGRESSION_RETRY_S = 5.0
 
 
@@ -251,15 +250,19 @@ class Monitor:
         self.passes += 1
 
     def _regression(self, run: Run, now: float) -> None:
-        """The run against its workload's fleet baseline, at most once a minute a run."""
+        """The run against its workload's fleet baseline, at most every ``regression_every_s``
+        a run (every 5 s while it has too few steps to judge)."""
         key = (run.tenant, run.run_id)
-        if self.regressions is None or now - self._judged.get(key, 0.0) < _REGRESSION_EVERY_S:
+        every = self.analyzer.regression_every_s
+        if self.regressions is None or now - self._judged.get(key, 0.0) < every:
             return
         self._judged[key] = now
         try:
             info = self.metadata.get_run(Scope(run.tenant, "viewer", actor="monitor"), run.run_id)
             if not self.regressions.raise_findings(self.findings, run.tenant, info):
-                self._judged[key] = now - _REGRESSION_EVERY_S + _REGRESSION_RETRY_S  # too few steps
+                self._judged[key] = now - every + min(every, _REGRESSION_RETRY_S)  # too few steps
+            elif info.status not in LIVE:
+                self._judged[key] = math.inf  # judged once ended: nothing will change it
         except Exception:
             self.errors += 1
             log.exception("the regression check of run %s failed", run.run_id)

@@ -1,38 +1,44 @@
 """A run against its workload's fleet baseline (:mod:`fleetlens.analysis.regression`): its
 figures and its baseline's read from the stores, and the findings a worse run raises.
 
-The baseline runs are the tenant's most recently active :data:`MAX_RUNS` runs of the same
-workload (any project: a workload is the fleet's, not a team's). A run's figures are read once
-it has :data:`MIN_STEPS` steps in its newest attempt, and kept while the run has no new data
-(:class:`Regressions` keeps them between the monitor's passes).
+The baseline runs are the run's project's most recently active :data:`MAX_RUNS` runs of the
+same workload that started before it (a project's token sees no other project's runs, and
+neither do its findings). A run's figures are read once it has :data:`MIN_STEPS` steps in its
+newest attempt; they are kept while the run has no new data, and a baseline run still taking
+data is read again at most every :data:`PEER_REREAD_S` (:class:`Regressions` keeps them
+between the monitor's passes).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..analysis.contract import software
 from ..analysis.regression import CONFIG_SOFTWARE_KEYS, RunFigures, Verdict, judge, workload_key
 from ..analysis.rootcause import Diagnosis
+from ..lifecycle import LIVE
 from ..store.compare_queries import ComparisonQueries
 from ..store.detect_queries import DetectQueries
 from ..store.findings import FindingsStore
-from ..store.metadata import MetadataStore, RunInfo
+from ..store.metadata import MetadataStore, RunBrief, RunInfo
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 
-__all__ = ["MAX_RUNS", "MIN_STEPS", "Regressions", "RunRegression"]
+__all__ = ["MAX_RUNS", "MIN_STEPS", "PEER_REREAD_S", "Regressions", "RunRegression"]
 
 log = logging.getLogger("fleetlens.regressions")
 
 MAX_RUNS = 200
-"""The tenant's most recently active runs searched for a workload's baseline."""
+"""The project's most recently active runs searched for a workload's baseline."""
 MIN_STEPS = 30
 """Steps a run's newest attempt needs before its step time is a figure."""
+PEER_REREAD_S = 300.0
+"""A baseline run still taking data is read again at most this often."""
 _DIAGNOSES = {"program": "program_regression", "startup": "startup_regression"}
 _WHAT = {"program": "median step time", "startup": "startup (job start to first step)"}
 
@@ -53,7 +59,10 @@ class Regressions:
     metadata: MetadataStore
     telemetry: TelemetryStore
     tolerance: float = 0.1
-    _kept: dict[tuple[str, str], tuple[float, RunFigures | None]] = field(default_factory=dict)
+    # (tenant, run) -> (its last_seen when read, when read, its figures or None)
+    _kept: dict[tuple[str, str], tuple[float, float, RunFigures | None]] = field(
+        default_factory=dict
+    )
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def of(self, scope: Scope, info: RunInfo) -> RunRegression:
@@ -61,101 +70,136 @@ class Regressions:
         key = workload_key(info.config or {}, info.world_size)
         if key is None:
             return RunRegression(None, None)
+        me = RunBrief(
+            info.run_id,
+            info.project,
+            info.config or {},
+            info.world_size,
+            info.first_seen,
+            info.last_seen,
+        )
+        mine = self._figures(scope.tenant, [me], 0.0).get(info.run_id)
+        if mine is None:  # too few steps yet: the baseline is not read
+            return RunRegression(None, key)
         peers = [
             r
-            for r in self.metadata.list_runs(Scope(scope.tenant, "viewer"), None, MAX_RUNS, 0)
-            if r.run_id != info.run_id and workload_key(r.config or {}, r.world_size) == key
+            for r in self.metadata.run_briefs(Scope(scope.tenant, "viewer"), info.project, MAX_RUNS)
+            if r.run_id != info.run_id
+            and r.first_seen < info.first_seen
+            and workload_key(r.config, r.world_size) == key
         ]
-        figures = self._figures(scope.tenant, [info, *peers])
-        mine = figures.get(info.run_id)
-        if mine is None:
-            return RunRegression(None, key)
-        others = [f for r, f in figures.items() if r != info.run_id]
+        others = list(self._figures(scope.tenant, peers, PEER_REREAD_S).values())
         return RunRegression(mine, key, judge(mine, others, self.tolerance))
 
     def raise_findings(self, findings: FindingsStore, tenant: str, info: RunInfo) -> bool:
-        """Store the run's regression findings; False while it has no figures to judge."""
-        got = self.of(Scope(tenant=tenant, role="viewer", actor="monitor"), info)
+        """Store the run's regression findings, and close the ones it no longer earns; False
+        while it has no figures to judge."""
+        scope = Scope(tenant=tenant, role="viewer", actor="monitor")
+        got = self.of(scope, info)
         if got.run is None:
             return False
-        found = [_diagnosis(v, got.run) for v in got.verdicts if v.worse]
+        live = info.status in LIVE
+        worse = {v.tier: v for v in got.verdicts if v.worse}
+        found = [_diagnosis(v, got.run, live) for v in worse.values()]
+        for f in findings.rows(scope, info.run_id, ("regression",)):
+            tier = f.key.removeprefix("regression:")
+            if tier not in worse and f.end_step is None:  # no longer worse: it ends here
+                closed = _diagnosis(None, got.run, False, f.key, f.diagnosis, f.summary)
+                found.append(replace(closed, evidence=list(f.evidence)))
         if found:
             findings.upsert(tenant, info.run_id, found)
         return True
 
-    def _figures(self, tenant: str, infos: list[RunInfo]) -> dict[str, RunFigures]:
+    def _figures(self, tenant: str, runs: list[RunBrief], reread_s: float) -> dict[str, RunFigures]:
+        now = time.monotonic()
         out: dict[str, RunFigures] = {}
         todo = []
         with self._lock:
-            for i in infos:
-                got = self._kept.get((tenant, i.run_id))
-                if got is not None and got[0] == i.last_seen:
-                    if got[1] is not None:
-                        out[i.run_id] = got[1]
+            for r in runs:
+                got = self._kept.get((tenant, r.run_id))
+                if got is not None and (got[0] == r.last_seen or now - got[1] < reread_s):
+                    if got[2] is not None:
+                        out[r.run_id] = got[2]
                 else:
-                    todo.append(i)
+                    todo.append(r)
         if todo:
             read = _read(self.telemetry, tenant, todo)
             with self._lock:
                 if len(self._kept) > 10 * MAX_RUNS:
                     self._kept.clear()
-                for i in todo:
-                    self._kept[(tenant, i.run_id)] = (i.last_seen, read.get(i.run_id))
-            out.update({r: f for r, f in read.items() if f is not None})
+                for r in todo:
+                    self._kept[(tenant, r.run_id)] = (r.last_seen, now, read.get(r.run_id))
+            out.update(read)
         return out
 
 
-def _read(telemetry: TelemetryStore, tenant: str, infos: list[RunInfo]) -> dict[str, RunFigures]:
+def _read(telemetry: TelemetryStore, tenant: str, runs: list[RunBrief]) -> dict[str, RunFigures]:
     """The figures of runs with :data:`MIN_STEPS` steps in their newest attempt."""
     scope = Scope(tenant=tenant, role="viewer", actor="monitor")
-    speed = {
-        r["run_id"]: r
-        for r in ComparisonQueries(TenantReader(telemetry, scope))
-        .speed([i.run_id for i in infos])
-        .to_pylist()
-    }
+    reader = TenantReader(telemetry, scope)
+    rows = ComparisonQueries(reader).speed([r.run_id for r in runs]).to_pylist()
+    speed = {r["run_id"]: r for r in rows}
     q = DetectQueries(telemetry, tenant)
     out = {}
-    for info in infos:
-        s = speed.get(info.run_id)
+    for brief in runs:
+        s = speed.get(brief.run_id)
         if s is None:
             continue
-        jobs = q.jobs(info.run_id)
+        jobs = q.jobs(brief.run_id)
         if not jobs or jobs[-1].last_step - jobs[-1].first_step + 1 < MIN_STEPS:
             continue
         newest = jobs[-1]
-        started, envs = q.job_start(info.run_id, newest.job_id)
-        sw, _ = software(envs)
-        cfg = info.config or {}
-        sw.update({k: str(cfg[k]) for k in CONFIG_SOFTWARE_KEYS if k in cfg})
-        out[info.run_id] = RunFigures(
-            run_id=info.run_id,
+        started, envs = q.job_start(brief.run_id, newest.job_id)
+        sw, mixed = software(envs)
+        for k, values in mixed.items():  # ranks that disagree are a software of their own
+            sw[k] = f"{sw[k]} (mixed: {', '.join(values)})"
+        sw.update({k: str(brief.config[k]) for k in CONFIG_SOFTWARE_KEYS if k in brief.config})
+        startup = newest.start - started if started is not None and len(jobs) == 1 else None
+        out[brief.run_id] = RunFigures(
+            run_id=brief.run_id,
             t_first=float(s["t_first"]),
             software=sw,
             step_s=float(s["median_step_s"]) if s["median_step_s"] else None,
-            startup_s=max(0.0, newest.start - started) if started is not None else None,
+            startup_s=startup if startup is not None and startup >= 0 else None,
             steps=int(s["n_steps"]),
             from_step=newest.first_step,
+            to_step=newest.last_step,
         )
     return out
 
 
-def _diagnosis(v: Verdict, run: RunFigures) -> Diagnosis:
-    change = f"; coincides with {', '.join(v.changes)}" if v.changes else ""
-    summary = (
-        f"{_WHAT[v.tier]} {v.value:.3g} s against {v.baseline:.3g} s, the median of "
-        f"{len(v.runs)} earlier run(s) of this workload ({v.ratio:.2f}x){change}"
-    )
+def _diagnosis(
+    v: Verdict | None,
+    run: RunFigures,
+    live: bool,
+    key: str = "",
+    diagnosis: str = "",
+    summary: str = "",
+) -> Diagnosis:
+    """A tier's finding: ``v`` worse than its bound (ongoing while the run is live), or, with
+    ``v`` None, the stored finding ``key`` ended at the run's last step."""
+    evidence: list[dict[str, Any]] = []
+    if v is not None:
+        change = f"; coincides with {', '.join(v.changes)}" if v.changes else ""
+        ratio = f" ({v.ratio:.2f}x)" if v.ratio is not None else ""
+        summary = (
+            f"{_WHAT[v.tier]} {v.value:.3g} s against {v.baseline:.3g} s, the median of "
+            f"{len(v.runs)} earlier run(s) of this workload{ratio}{change}"
+        )
+        key, diagnosis = f"regression:{v.tier}", _DIAGNOSES[v.tier]
+        evidence = [_evidence(v)]
     return Diagnosis(
-        key=f"regression:{v.tier}",
-        diagnosis=_DIAGNOSES[v.tier],
+        key=key,
+        diagnosis=diagnosis,
         kind="regression",
-        confidence=min(1.0, 0.5 + 0.5 * (v.value - v.bound) / max(v.bound, 1e-9)),
+        # as sure as the figure is far over its bound, but never the likeliest cause of a
+        # failure: a regression says the run is slow, not why it stopped
+        confidence=0.7 if v is None else min(0.7, 0.4 + 0.3 * (v.value - v.bound) / v.bound),
         summary=summary,
         step=run.from_step,
         start_step=run.from_step,
-        end_step=-1,
-        evidence=[_evidence(v)],
+        end_step=-1 if live and v is not None else run.to_step,
+        evidence=evidence,
     )
 
 

@@ -28,7 +28,7 @@ from .models import Finding, Job, RankEndRow, Run
 from .scope import Scope
 from .scoped import all_tenants, scoped
 
-__all__ = ["RECORDED", "MetadataStore", "RunInfo", "retry_conflicts", "run_status"]
+__all__ = ["RECORDED", "MetadataStore", "RunBrief", "RunInfo", "retry_conflicts", "run_status"]
 
 T = TypeVar("T")
 
@@ -43,6 +43,18 @@ analysis holds a hang of its newest attempt open)."""
 
 _MIGRATIONS = os.path.join(os.path.dirname(__file__), "migrations")
 _MIGRATE_KEY = 0x466C4D67  # "FlMg": the advisory lock the servers of one database migrate under
+
+
+@dataclass(frozen=True)
+class RunBrief:
+    """A run as a scan over many reads it: its ids, config and times, nothing derived."""
+
+    run_id: str
+    project: str
+    config: dict[str, Any]
+    world_size: int
+    first_seen: float
+    last_seen: float
 
 
 @dataclass(frozen=True)
@@ -386,6 +398,16 @@ class MetadataStore:
                 q = q.where(Run.last_seen >= since)
             q = q.order_by(Run.last_seen.desc(), Run.run_id).limit(limit).offset(offset)
             return [self._info(s, r, now) for r in s.scalars(q).all()]
+
+    def run_briefs(self, scope: Scope, project: str, limit: int) -> list[RunBrief]:
+        """The project's most recently active runs, in one query (no status, no jobs)."""
+        with self.session() as s:
+            cols = (Run.run_id, Run.project, Run.config, Run.world_size, Run.first_seen)
+            q = scoped(select(*cols, Run.last_seen), scope, Run).where(Run.project == project)
+            rows = s.execute(q.order_by(Run.last_seen.desc(), Run.run_id).limit(limit)).all()
+            return [
+                RunBrief(r[0], r[1], dict(r[2] or {}), int(r[3] or 0), r[4], r[5]) for r in rows
+            ]
 
     def get_run(self, scope: Scope, run_id: str) -> RunInfo:
         """The run, if the caller may see it; NotFound otherwise (whether or not it exists)."""
