@@ -21,6 +21,7 @@ from typing import Any
 from .client import Client
 from .config import ServerConfig
 from .errors import FleetlensError
+from .sigint import restore_sigint
 
 __all__ = ["found_vs_injected", "real_ddp", "run_demo", "summary"]
 
@@ -296,6 +297,7 @@ def run_demo(
         if not once:
             print("\nserving; Ctrl-C to stop", file=sys.stderr)
             while thread.is_alive():
+                restore_sigint()  # chDB ignores Ctrl-C behind Python's back (fleetlens/sigint.py)
                 thread.join(0.5)
     except KeyboardInterrupt:
         pass

@@ -39,6 +39,7 @@ from ..collector.space import SpaceMetrics
 from ..config import ServerConfig
 from ..errors import ConfigError, FleetlensError, http_status
 from ..services.monitor import Monitor, MonitorMetrics
+from ..sigint import keep_sigint
 from ..store.access import AccessStore
 from ..store.leader import open_election
 from ..store.metadata import MetadataStore
@@ -290,6 +291,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
             asyncio.create_task(registry_flusher()),
             asyncio.create_task(monitoring()),
             asyncio.create_task(keep_electing(election, svc.monitor.take_over)),
+            asyncio.create_task(keep_sigint()),  # chDB ignores Ctrl-C behind Python's back
         ]
         try:
             yield
