@@ -16,11 +16,10 @@ from ..store.scope import Scope
 from ..traces.importer import RankTrace
 from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import drain
-from .body_limit import OWN_BODY
 from .ingest import error_response
 from .leader import forward_to_leader
 from .models import ApiModel
-from .trace_files import keep_file, refused_early
+from .trace_files import FILE_REFUSED, GZIP_UPLOAD, Rank, keep_file, refused_early
 
 __all__ = ["CaptureOut", "router"]
 
@@ -29,7 +28,6 @@ Reader = Annotated[Scope, Depends(require("read"))]
 Writer = Annotated[Scope, Depends(require("write"))]
 Uploader = Annotated[Scope, Depends(require_any("write", "ingest"))]
 Id = Annotated[int, Path(ge=1, le=2**62)]
-Rank = Annotated[int, Path(ge=0, le=2**31 - 1)]
 
 
 class CaptureIn(ApiModel):
@@ -167,20 +165,16 @@ async def get_capture(request: Request, run_id: str, capture_id: Id, scope: Read
     "its steps imported as the run's trace rows, its breakdown kept on the capture.",
     status_code=201,
     response_model=CaptureOut,
-    openapi_extra={
-        OWN_BODY: True,
-        "requestBody": {
-            "required": True,
-            "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
-        },
-    },
+    openapi_extra=GZIP_UPLOAD,
     responses={
         400: {"description": "Not a trace with profiled steps; nothing kept"},
         404: {"description": "No such run or capture"},
         409: {"description": "The capture did not ask this rank"},
-        413: {"description": "Over `collector.max_trace_file_bytes`; nothing kept"},
-        415: {"description": "Not gzip-compressed; nothing kept"},
-        503: {"description": "The data directory is below its free-space floor; retry later"},
+        **FILE_REFUSED,
+        413: {
+            "description": "Over `collector.max_trace_file_bytes`, or over 1 GiB "
+            "decompressed; nothing kept"
+        },
     },
 )
 async def put_capture_trace(

@@ -18,11 +18,27 @@ from .bodies import BodyRefused, drain, timed_chunks
 from .body_limit import OWN_BODY
 from .ingest import error_response
 
-__all__ = ["keep_file", "refused_early", "router"]
+__all__ = ["FILE_REFUSED", "GZIP_UPLOAD", "Rank", "keep_file", "refused_early", "router"]
 
 router = APIRouter(prefix="/v1", tags=["traces"], responses=ERROR_RESPONSES)
 
 Rank = Annotated[int, Path(ge=0, le=2**31 - 1)]
+
+GZIP_UPLOAD: dict[str, Any] = {
+    OWN_BODY: True,
+    "requestBody": {
+        "required": True,
+        "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
+    },
+}
+"""The OpenAPI of a route whose body is a gzip-compressed trace file, read by the route."""
+FILE_REFUSED: dict[int | str, dict[str, Any]] = {
+    408: {"description": "The file did not arrive in time; nothing kept"},
+    413: {"description": "Over `collector.max_trace_file_bytes`; nothing kept"},
+    415: {"description": "Not gzip-compressed; nothing kept"},
+    503: {"description": "The data directory is below its free-space floor; retry later"},
+}
+"""What :func:`refused_early` and :func:`keep_file` answer, nothing kept."""
 
 
 @router.put(
@@ -33,20 +49,8 @@ Rank = Annotated[int, Path(ge=0, le=2**31 - 1)]
     "directory and replaced whole: a reader gets the previous file or the new one. At most "
     "`collector.max_trace_file_bytes`.",
     status_code=201,
-    openapi_extra={
-        OWN_BODY: True,
-        "requestBody": {
-            "required": True,
-            "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
-        },
-    },
-    responses={
-        400: {"description": "An empty file; nothing kept"},
-        408: {"description": "The file did not arrive in time; nothing kept"},
-        413: {"description": "Over `collector.max_trace_file_bytes`; nothing kept"},
-        415: {"description": "Not gzip-compressed; nothing kept"},
-        503: {"description": "The data directory is below its free-space floor; retry later"},
-    },
+    openapi_extra=GZIP_UPLOAD,
+    responses={400: {"description": "An empty file; nothing kept"}, **FILE_REFUSED},
 )
 async def put_trace_file(
     request: Request,
