@@ -113,8 +113,8 @@ class AnalyzerConfig:
     capture_gap_s: float = 900.0
     capture_timeout_s: float = 300.0
     # A run slower than its workload's fleet baseline by more than this share (and 3 MADs of
-    # the baseline): a program_regression or startup_regression finding (fleetlens.services
-    # .regressions).
+    # the baseline): a <tier>_regression finding, one per tier of fleetlens.analysis
+    # .regression (program, mfu, scaling, startup, recovery, checkpoint, allocation).
     regression_tolerance: float = 0.1
     regression_every_s: float = 60.0  # each active run judged at most this often
 

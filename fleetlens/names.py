@@ -38,6 +38,11 @@ DIAGNOSES: dict[str, str] = {
     "batch_imbalance": "Uneven batches across replicas",
     "program_regression": "Slower than its workload's baseline",
     "startup_regression": "Slower start than its workload's baseline",
+    "mfu_regression": "Lower MFU than its architecture's baseline",
+    "scaling_regression": "Scales worse than on the software it replaced",
+    "recovery_regression": "Slower recovery than its workload's baseline",
+    "checkpoint_regression": "Longer checkpoint pauses than its workload's baseline",
+    "allocation_regression": "Longer wait for a complete allocation than its pool's baseline",
 }
 """Every diagnosis the analyses make (``fleetlens.analysis.rootcause.OWNERS`` lists the same)."""
 

@@ -8,6 +8,7 @@ its launcher starts in), as a slower image or driver would make it.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,9 +22,17 @@ import pytest
 
 from bench._delivery import from_matrix
 from bench._realjobs import _throttle, _unthrottle
-from fleetlens.analysis.regression import RunFigures, judge, workload_key
+from fleetlens.analysis.regression import (
+    RunFigures,
+    allocation,
+    architecture_key,
+    judge,
+    workload_key,
+)
+from fleetlens.importers.alibaba import parse_pods
 from fleetlens.sim.emit import encode
-from fleetlens.testing import InProcessServer, Server, wait_until
+from fleetlens.testing import InProcessServer, Server, step_batch, wait_until
+from fleetlens.wire import TableBuilder, encode_batch
 
 from .test_cli import fleetlens_cmd
 
@@ -66,6 +75,74 @@ def test_the_workload_is_the_configs_model_keys_and_the_world_not_its_versions()
     assert workload_key({"dtype": "bf16", "seq_len": 64}, 4) is None  # nor a dtype: no model
 
 
+def _at(i: int, sw: dict[str, str], world: int, **figures: Any) -> RunFigures:
+    """Run ``i`` of the architecture at ``world`` ranks with the given figures."""
+    return RunFigures(f"r{i}", float(i), dict(sw), None, None, steps=100, world_size=world,
+                      workload=f"w{world}", architecture="a", **figures)  # fmt: skip
+
+
+@pytest.mark.unit
+def test_mfu_is_judged_across_the_architectures_scales_and_higher_is_better() -> None:
+    base = [_at(1, ONE, 8, mfu=0.42), _at(2, ONE, 64, mfu=0.40), _at(3, ONE, 16, mfu=0.41)]
+    (v,) = judge(_at(4, TWO, 32, mfu=0.30), base)  # a size none of them ran
+    assert (v.tier, v.worse, v.baseline, v.runs) == ("mfu", True, 0.41, ["r1", "r2", "r3"])
+    assert v.bound < v.baseline and v.changes == ["image train:1 vs train:2"]
+    assert not judge(_at(4, TWO, 32, mfu=0.45), base)[0].worse  # better is never worse
+    assert not judge(_at(4, TWO, 32, mfu=0.38), base)[0].worse  # within the 10%
+
+
+@pytest.mark.unit
+def test_a_canary_that_scales_worse_on_new_software_is_worse_though_faster_on_one_node() -> None:
+    """Small-scale canaries: train:1 ran one node (8 ranks) and two (16) at 0.95 efficiency;
+    train:2 is faster on one node but keeps only 0.70 of it on two: the curve bent."""
+    fleet = [
+        _at(1, ONE, 8, gpu_rate=100.0), _at(2, ONE, 16, gpu_rate=95.0),
+        _at(3, ONE, 16, gpu_rate=96.0), _at(4, TWO, 8, gpu_rate=110.0),
+    ]  # fmt: skip
+    (v,) = [v for v in judge(_at(5, TWO, 16, gpu_rate=77.0), fleet) if v.tier == "scaling"]
+    assert v.worse and v.value == pytest.approx(0.70) and v.baseline == pytest.approx(0.955)
+    assert v.runs == ["r2", "r3"] and v.changes == ["image train:1 vs train:2"]
+    # The same curve as before is not worse; without a smaller run on its software, no verdict.
+    (ok,) = [v for v in judge(_at(5, TWO, 16, gpu_rate=104.0), fleet) if v.tier == "scaling"]
+    assert not ok.worse
+    assert [
+        v for v in judge(_at(5, TWO, 16, gpu_rate=77.0), fleet[:3]) if v.tier == "scaling"
+    ] == []
+    # The program tier sees one node only: the new image is faster there.
+    assert not [v for v in judge(_at(5, TWO, 8, gpu_rate=110.0), fleet) if v.worse]
+
+
+@pytest.mark.unit
+def test_recovery_checkpoint_and_allocation_tiers_have_their_least_excess() -> None:
+    base = [_at(1, ONE, 8, recovery_s=60.0, checkpoint_s=2.0),
+            _at(2, ONE, 8, recovery_s=64.0, checkpoint_s=2.2)]  # fmt: skip
+    got = {v.tier: v for v in judge(_at(3, ONE, 8, recovery_s=400.0, checkpoint_s=2.6), base)}
+    assert got["recovery"].worse and got["recovery"].baseline == 62.0
+    # 2.6 s against 2.1 s is 24% over, but under the 1 s that counts for a checkpoint pause.
+    assert not got["checkpoint"].worse and got["checkpoint"].bound == pytest.approx(3.1)
+    # A run that never restarted has no recovery figure; another workload is no baseline.
+    assert "recovery" not in {v.tier for v in judge(_at(3, ONE, 8, checkpoint_s=9.0), base)}
+    assert judge(_at(3, ONE, 16, recovery_s=400.0), base) == []
+    run = _at(3, ONE, 8, alloc_s=7200.0)
+    waits = [("j1", 30.0), ("j2", 90.0), ("j3", 45.0)]
+    v = allocation(run, waits)
+    assert v is not None and v.worse and v.baseline == 45.0 and v.runs == ["j1", "j2", "j3"]
+    assert v.bound == pytest.approx(45.0 * 1.1 + 3 * 1.4826 * 15.0)  # 10% and 3 MADs
+    # 100 s against a steady 45 s: more than 10% and 3 MADs over, but not the 60 s that count.
+    steady = [("j1", 45.0), ("j2", 45.0), ("j3", 45.0)]
+    assert not allocation(_at(3, ONE, 8, alloc_s=100.0), steady).worse  # type: ignore[union-attr]
+    assert allocation(run, waits[:1]) is None
+
+
+@pytest.mark.unit
+def test_the_architecture_is_the_workload_at_every_scale() -> None:
+    cfg = {"model": "tiny-lm", "seq_len": 64, "dp": 8, "global_batch_size": 512}
+    assert architecture_key(cfg) == architecture_key({**cfg, "dp": 64, "global_batch_size": 4096})
+    assert architecture_key(cfg) != architecture_key({**cfg, "seq_len": 128})
+    assert workload_key(cfg, 8) != workload_key(cfg, 64)
+    assert architecture_key({"dp": 8}) is None
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
     srv = Server(str(tmp_path / "data"), env={"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}).start()
@@ -75,8 +152,10 @@ def server(tmp_path: Path) -> Iterator[Server]:
         srv.stop()
 
 
-def _train(srv: Server, run: str, image: str, tmp: Path, cores: float | None = None) -> None:
-    """The example under torchrun, 60 steps; with ``cores``, the launcher and its ranks are
+def _train(
+    srv: Server, run: str, image: str, tmp: Path, cores: float | None = None, ranks: int = 4
+) -> None:
+    """The example under torchrun, 40 steps; with ``cores``, the launcher and its ranks are
     capped at that many CPUs from outside (a cgroup made before it starts, which its ranks
     inherit)."""
     env = {
@@ -87,9 +166,9 @@ def _train(srv: Server, run: str, image: str, tmp: Path, cores: float | None = N
         "FLEETLENS_RELAY": "off",
         "OMP_NUM_THREADS": "1",
     }
-    args = [str(EXAMPLE), "--steps", "60", "--stats-dir", str(tmp)]
+    args = [str(EXAMPLE), "--steps", "40", "--stats-dir", str(tmp)]
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-              "--nproc-per-node", "4", *args]  # fmt: skip
+              "--nproc-per-node", str(ranks), *args]  # fmt: skip
     # The shell waits for a line on stdin, so that it is in the cgroup before torchrun starts.
     job = subprocess.Popen(["sh", "-c", 'read go; exec "$@"', "sh", *launch], env=env,
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -113,17 +192,22 @@ def test_a_new_image_slower_than_its_workloads_runs_is_a_finding_and_a_ticket(
     server: Server, tmp_path: Path
 ) -> None:
     # Every run capped from outside, so that what the machine's other work leaves them does
-    # not decide the figures: 1.2 CPUs for the baseline's, a quarter of that for the new image.
+    # not decide the figures: 0.3 CPUs a rank for the baseline's, a quarter of that for the new
+    # image at 4 ranks. Each image first ran a 2-rank canary at 0.3 CPUs a rank: the new image
+    # was as fast there, and bends the scaling curve only at 4.
+    _train(server, "canary-1", "train:1", tmp_path, cores=0.6, ranks=2)
     for run in ("reg-a", "reg-b"):
         _train(server, run, "train:1", tmp_path, cores=1.2)
+    _train(server, "canary-2", "train:2", tmp_path, cores=0.6, ranks=2)
     _train(server, "reg-c", "train:2", tmp_path, cores=0.3)
 
     def regressed() -> list[dict[str, Any]]:
         found = server.get("/v1/runs/reg-c/diagnosis")["findings"]
-        return [f for f in found if f["diagnosis"] == "program_regression"]
+        got = [f for f in found if f["diagnosis"] in ("program_regression", "scaling_regression")]
+        return sorted(got, key=lambda f: str(f["diagnosis"])) if len(got) == 2 else []
 
     try:
-        (finding,) = wait_until(regressed, timeout=120)
+        (finding, scaling) = wait_until(regressed, timeout=120)
     except AssertionError:
         raise AssertionError(server.get("/v1/runs/reg-c/regression")) from None
     assert finding["owner"] == "infrastructure" and finding["kind"] == "regression", finding
@@ -134,6 +218,12 @@ def test_a_new_image_slower_than_its_workloads_runs_is_a_finding_and_a_ticket(
     (prog,) = [v for v in doc["verdicts"] if v["tier"] == "program"]
     assert prog["worse"] and prog["changes"] == ["image train:1 vs train:2"], doc
     assert doc["figures"]["software"]["image"] == "train:2", doc
+    # The canaries: 4 ranks keep most of 2 ranks' rate a rank on train:1, a quarter on train:2.
+    (curve,) = [v for v in doc["verdicts"] if v["tier"] == "scaling"]
+    assert curve["worse"] and curve["higherIsBetter"] and curve["runs"] == ["reg-a", "reg-b"]
+    assert curve["value"] < 0.5 < 0.7 < curve["baseline"], curve
+    assert scaling["owner"] == "infrastructure", scaling
+    assert "coincides with image train:1 vs train:2" in scaling["summary"], scaling
     # The runs on the baseline's image are not worse (reg-b against reg-a alone: no baseline).
     assert server.get("/v1/runs/reg-b/regression")["verdicts"] == []
     assert not [f for f in server.get("/v1/runs/reg-b/diagnosis")["findings"]
@@ -188,3 +278,95 @@ def test_a_run_no_longer_worse_than_its_baseline_ends_its_finding(tmp_path: Path
         verdicts = srv.get("/v1/runs/c-c/regression")["verdicts"]
         (prog,) = [v for v in verdicts if v["tier"] == "program"]
         assert not prog["worse"] and prog["value"] == pytest.approx(0.2), prog
+
+
+ALIBABA = (
+    Path(__file__).resolve().parent / "data" / "real" / "cluster_traces" / "alibaba_openb_v2023"
+)
+SACCT_HEAD = "JobID|JobName|Partition|AllocTRES|Submit|Start|End|State|NNodes\n"
+CONFIG = {"model": "tiny-lm", "flops_per_step": 1e12, "peak_flops": 1e13}
+
+
+def _attempt(srv: InProcessServer, run: str, job: str, steps: range, t0: float,
+             checkpoints: list[float]) -> float:  # fmt: skip
+    """One attempt of ``run`` on 2 ranks from ``t0``: its ``job_start`` (with the config), 0.4 s
+    steps, a checkpoint commit of each pause in ``checkpoints``; returns its last step's end."""
+    ctx = {"run_id": run, "job_id": job, "project": "test"}
+    n = 1 + len(checkpoints)
+    ev = TableBuilder("event")
+    ev.add("time", [t0 + i for i in range(n)]).add("step", [steps.start] * n)
+    ev.add("kind", ["job_start"] + ["checkpoint_end"] * len(checkpoints)).add("rank", [0] * n)
+    attrs = [{"config": CONFIG, "world_size": 2}] + [{"duration": d} for d in checkpoints]
+    ev.add("attrs", [json.dumps(a) for a in attrs])
+    assert srv.post(encode_batch({"event": ev.build()}, ctx)[1])[0] == 200
+    body = step_batch(run, steps, 2, job_id=job, base=0.4, t0=t0 + 1, ctx={"project": "test"})[1]
+    assert srv.post(body)[0] == 200
+    return t0 + 1 + (len(steps) - 1) * 0.48 + 0.4
+
+
+def _restarted(srv: InProcessServer, run: str, t0: float, gap: float, pause: float) -> None:
+    """40 steps, a failure, ``gap`` s until the next attempt's first step, 40 more steps."""
+    end = _attempt(srv, run, f"{run}-a0", range(0, 40), t0, [pause, pause])
+    _attempt(srv, run, f"{run}-a1", range(40, 80), end + gap - 1, [pause])
+
+
+@pytest.mark.api
+def test_recovery_checkpoints_and_a_real_pools_allocations_are_baselines(tmp_path: Path) -> None:
+    """Two runs of a workload each recover from a failure in 30 s and pause 2 s per checkpoint;
+    a third takes 600 s and 12 s. Its allocation waited 3 h in the pool of the real Alibaba
+    2023 trace, whose newest like-sized allocations are its baseline."""
+    settings = {"analysis_interval_s": 0.2, "regression_every_s": 0.5}
+    with InProcessServer(str(tmp_path / "data"), settings=settings) as srv:
+        t0 = time.time() - 7200
+        _restarted(srv, "rt-a", t0, 30.0, 2.0)
+        _restarted(srv, "rt-b", t0 + 1800, 30.0, 2.0)
+        _restarted(srv, "rt-c", t0 + 3600, 600.0, 12.0)
+        pods = (ALIBABA / "openb_pod_list_default.csv").read_text()
+        nodes = (ALIBABA / "openb_node_list_gpu_node.csv").read_text()
+        imp = {"format": "alibaba", "data": pods, "nodes": nodes, "epoch": 1.6e9}
+        assert srv.request("POST", "/v1/scheduler/import", imp)[0] == 200
+        own = SACCT_HEAD + ("900|pretrain|gpu|cpu=1,gres/gpu=1,node=1|2024-05-01T00:00:00|"
+                            "2024-05-01T03:00:00|2024-05-01T11:00:00|COMPLETED|1\n")  # fmt: skip
+        imp = {"format": "sacct", "data": own, "pool": "openb", "runId": "rt-c"}
+        assert srv.request("POST", "/v1/scheduler/import", imp)[0] == 200
+
+        def found() -> dict[str, dict[str, Any]] | None:
+            got = {
+                f["diagnosis"]: f
+                for f in srv.get("/v1/runs/rt-c/diagnosis")["findings"]
+                if f["kind"] == "regression"
+            }
+            return got if len(got) == 3 else None
+
+        try:
+            got = wait_until(found, timeout=60)
+        except AssertionError:
+            raise AssertionError(srv.get("/v1/runs/rt-c/regression")) from None
+        assert {d: f["owner"] for d, f in got.items()} == {
+            "recovery_regression": "infrastructure",
+            "checkpoint_regression": "storage",
+            "allocation_regression": "scheduler",
+        }
+        doc = srv.get("/v1/runs/rt-c/regression")
+        f = doc["figures"]
+        assert f["recoveryS"] == pytest.approx(600.0, abs=0.01), f
+        verdicts = {v["tier"]: v for v in doc["verdicts"]}
+        assert verdicts["recovery"]["baseline"] == pytest.approx(30.0, abs=0.01)
+        assert verdicts["recovery"]["runs"] == ["rt-a", "rt-b"]
+        assert verdicts["checkpoint"]["value"] == 12.0 and verdicts["checkpoint"]["baseline"] == 2.0
+        # MFU from the config's FLOPs at the median step: 1e12 / (0.4 s x 2 x 1e13), as before.
+        assert f["mfu"] == pytest.approx(0.125) and not verdicts["mfu"]["worse"]
+        assert not verdicts["program"]["worse"]
+        # The allocation: 3 h against the median wait of the trace's newest 200 allocations of
+        # one or two GPUs, figured here from the file itself.
+        alloc = verdicts["allocation"]
+        with open(ALIBABA / "openb_pod_list_default.csv") as fh:
+            trace = parse_pods(fh, epoch=1.6e9)
+        done = np.where(np.isnan(trace.gang_complete), trace.start, trace.gang_complete)
+        wait = done - trace.submit
+        like = (trace.gpus >= 0.5) & (trace.gpus <= 2) & np.isfinite(wait) & (wait >= 0)
+        newest = sorted(zip(-trace.submit[like], trace.job_id[like], wait[like], strict=True))
+        waits = [w for _, _, w in newest[:200]]
+        assert alloc["value"] == 3 * 3600.0 and len(alloc["runs"]) == 200
+        assert alloc["baseline"] == pytest.approx(float(np.median(waits))), alloc
+        assert f["pool"] == "openb" and alloc["worse"]

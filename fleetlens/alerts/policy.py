@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.regression import TIERS
 from ..errors import ConfigError
 
 __all__ = ["BASELINE_S", "DEFAULT_POLICY", "METRICS", "Inhibit", "Policy", "Rule"]
@@ -229,9 +230,10 @@ DEFAULT_POLICY = Policy(
             "finding",
             "ticket",
             "infra_oncall",
-            "a run is slower, or starts slower, than the earlier runs of its workload, with the "
-            "software change that coincides",
-            diagnoses=("program_regression", "startup_regression"),
+            "a run is slower (step time, MFU, scaling, startup, recovery, checkpoints or "
+            "allocation) than the fleet baseline of its workload, architecture or pool, with "
+            "the software change that coincides",
+            diagnoses=tuple(f"{t}_regression" for t in TIERS),
         ),
         Rule(
             "MemoryClimb",

@@ -92,15 +92,19 @@ RUNBOOKS: dict[str, tuple[str, ...]] = {
         "budget per micro-batch); the finding says how much faster even batches would be.",
     ),
     "PerformanceRegression": (
-        "A run's median step time (or its time from job start to first step) is over the fleet "
-        "baseline of its workload: the earlier runs of the same model config and world size, on "
-        "the software the run followed. The finding names the versions that differ (an image, "
-        "torch, CUDA, NCCL, the driver): a new version that coincides is the first suspect. "
-        "`fleetlens regression RUN` shows the run against its baseline.",
-        "Run a small canary of the workload on the previous image and on the new one; if the "
-        "new one is slower, hold its rollout and bisect the change (kernels, collectives, "
-        "compilation). A startup regression with an unchanged step time points at compilation, "
-        "loading or the rendezvous.",
+        "A run is past the fleet baseline of one tier: its median step time or its time from "
+        "job start to first step, its recovery from a restart or its checkpoint pauses (against "
+        "the earlier runs of the same model config and world size), its MFU (the same "
+        "architecture at any scale), its scaling efficiency over its smallest runs (small-scale "
+        "canaries, against the software it replaced) or its wait for a complete allocation "
+        "(its pool's earlier allocations of a like size). The finding names the versions that "
+        "differ (an image, torch, CUDA, NCCL, the driver): a new version that coincides is the "
+        "first suspect. `fleetlens regression RUN` shows the run against each baseline.",
+        "Run a small canary of the workload on the previous image and on the new one, at one "
+        "node and at two; if the new one is slower or scales worse, hold its rollout and bisect "
+        "the change (kernels, collectives, compilation). A startup or recovery regression with "
+        "an unchanged step time points at compilation, loading, the rendezvous or the restart "
+        "automation; a checkpoint one at storage; an allocation one at the pool's policy.",
     ),
     "MemoryClimb": (
         "A rank's memory grows step after step (the device's allocator, or the process's) and, at "

@@ -64,6 +64,11 @@ OWNERS: dict[str, str] = {
     "batch_imbalance": "data_pipeline",
     "program_regression": "infrastructure",
     "startup_regression": "infrastructure",
+    "mfu_regression": "infrastructure",
+    "scaling_regression": "infrastructure",
+    "recovery_regression": "infrastructure",
+    "checkpoint_regression": "storage",
+    "allocation_regression": "scheduler",
 }
 
 

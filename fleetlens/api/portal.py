@@ -80,6 +80,15 @@ RECOMMEND = {
     "roll the image or driver that changed back on a canary and measure again.",
     "startup_regression": "Look at what the attempt does before its first step (compilation, "
     "loading, the rendezvous) on the software that changed.",
+    "mfu_regression": "Compare the kernels of a traced step with a baseline run's "
+    "(fleetlens traces capture) on the software that changed.",
+    "scaling_regression": "Hold the rollout: the software that changed costs more as the job "
+    "grows; compare the collectives of a traced step at both sizes.",
+    "recovery_regression": "Time each part of the restart (detection, requeue, rendezvous, "
+    "checkpoint load) on the software or automation that changed.",
+    "checkpoint_regression": "Check the storage tier and the checkpoint writer that changed.",
+    "allocation_regression": "Check the pool's scheduler policy and job template changes; "
+    "capacity may be stranded in incomplete gangs.",
     "checkpoint": "Move to asynchronous checkpointing or a faster storage tier.",
     "preemption": "Checkpoint on the preemption notice; ask for a non-preemptible quota.",
     "stage_imbalance": "Rebalance the pipeline: move layers off the slow stage (or count the "

@@ -9,7 +9,7 @@ import anyio
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import Field
 
-from ..analysis.regression import Verdict
+from ..analysis.regression import TIERS, Verdict
 from ..services.regressions import MIN_STEPS, RunRegression
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
@@ -28,16 +28,29 @@ class FiguresOut(ApiModel):
     startup_s: float | None = Field(description="newest attempt's job start to first step")
     steps: int
     software: dict[str, str] = Field(description="image, torch, CUDA, NCCL, driver... it ran")
+    world_size: int
+    mfu: float | None = Field(description="MFU at the median step; null: no FLOPs or peak")
+    gpu_rate: float | None = Field(description="tokens (else steps) a second per rank")
+    recovery_s: float | None = Field(description="median last step to next attempt's first")
+    checkpoint_s: float | None = Field(description="median checkpoint commit pause")
+    allocation_s: float | None = Field(description="first allocation's submit to gang complete")
+    pool: str | None = Field(description="the scheduler pool of that allocation")
 
 
 class VerdictOut(ApiModel):
-    tier: str = Field(description="program (step time) or startup")
+    tier: str = Field(
+        description="program (step time), mfu, scaling (canaries), startup, recovery, "
+        "checkpoint or allocation"
+    )
+    higher_is_better: bool = Field(description="mfu and scaling: worse below the bound")
     value: float
     baseline: float = Field(description="the baseline runs' median")
-    bound: float = Field(description="over it the run is worse: tolerance and 3 MADs")
+    bound: float = Field(description="past it the run is worse: tolerance and 3 MADs")
     ratio: float | None = Field(description="value over baseline; null on a baseline of 0")
     worse: bool
-    runs: list[str] = Field(description="the baseline's runs, oldest first")
+    runs: list[str] = Field(
+        description="the baseline's runs (allocation: scheduler jobs), oldest first"
+    )
     software: dict[str, str] = Field(description="the baseline's software")
     changes: list[str] = Field(description="what differs from the baseline's software")
 
@@ -45,6 +58,7 @@ class VerdictOut(ApiModel):
     def of(cls, v: Verdict) -> VerdictOut:
         return cls(
             tier=v.tier,
+            higher_is_better=TIERS[v.tier].higher_is_better,
             value=v.value,
             baseline=v.baseline,
             bound=v.bound,
@@ -59,6 +73,7 @@ class VerdictOut(ApiModel):
 class RegressionOut(ApiModel):
     run_id: str
     workload: str | None = Field(description="null: the config names no model keys")
+    architecture: str | None = Field(description="the workload at any scale")
     figures: FiguresOut | None = Field(description=f"null before {MIN_STEPS} steps")
     verdicts: list[VerdictOut] = Field(description="one per tier with a baseline of 2+ runs")
 
@@ -68,19 +83,40 @@ class RegressionOut(ApiModel):
         figures = None
         if f is not None:
             figures = FiguresOut(
-                step_s=f.step_s, startup_s=f.startup_s, steps=f.steps, software=f.software
+                step_s=f.step_s,
+                startup_s=f.startup_s,
+                steps=f.steps,
+                software=f.software,
+                world_size=f.world_size,
+                mfu=f.mfu,
+                gpu_rate=f.gpu_rate,
+                recovery_s=f.recovery_s,
+                checkpoint_s=f.checkpoint_s,
+                allocation_s=f.alloc_s,
+                pool=f.pool,
             )
         verdicts = [VerdictOut.of(v) for v in r.verdicts]
-        return cls(run_id=run_id, workload=r.workload, figures=figures, verdicts=verdicts)
+        arch = f.architecture if f is not None else None
+        return cls(
+            run_id=run_id,
+            workload=r.workload,
+            architecture=arch,
+            figures=figures,
+            verdicts=verdicts,
+        )
 
 
 @router.get(
     "/runs/{run_id}/regression",
-    summary="The run against its workload's fleet baseline (step time, startup)",
-    description="The baseline is the earlier runs of the same workload (the config's model "
-    "keys and the world size) on the software the run followed; `changes` names the versions "
-    "that differ. A tier worse than its bound is also a `program_regression` or "
-    "`startup_regression` finding.",
+    summary="The run against the fleet's baselines: step time, MFU, scaling, startup, "
+    "recovery, checkpoints, allocation",
+    description="The baseline of each tier is the earlier runs of the same workload (the "
+    "config's model keys and the world size; MFU: of the architecture at any scale) on the "
+    "software the run followed; `scaling` is the run's throughput per GPU over its software's "
+    "smallest runs' against the same ratio on the software it replaced (small-scale canaries); "
+    "`allocation` is against its pool's earlier allocations of a like size. `changes` names "
+    "the versions that differ. A tier worse than its bound is also a `<tier>_regression` "
+    "finding.",
     response_model=RegressionOut,
 )
 async def get_regression(request: Request, run_id: str, scope: Reader) -> RegressionOut:

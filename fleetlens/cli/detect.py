@@ -128,15 +128,17 @@ def cmd_regression(args: argparse.Namespace) -> int:
     print(f"run {args.run}: workload {doc['workload']}, software {sw}")
     if not doc["verdicts"]:
         print(
-            "  no baseline: fewer than 2 earlier runs of this workload, with 30 steps or more, "
-            "on the software it followed (a startup needs fresh starts)"
+            "  no baseline: fewer than 2 earlier runs of this workload (or architecture, or "
+            "pool), with 30 steps or more, on the software it followed"
         )
     for v in doc["verdicts"]:
         said = "WORSE" if v["worse"] else "ok"
+        unit = {"mfu": ("%", 100.0), "scaling": ("", 1.0)}.get(v["tier"], (" s", 1.0))
+        shown = [f"{fmt(v[k] * unit[1], '.3g')}{unit[0]}" for k in ("value", "baseline", "bound")]
+        what = "allocation(s)" if v["tier"] == "allocation" else "run(s)"
         print(
-            f"  {v['tier']:<8} {fmt(v['value'], '.3g')} s against {fmt(v['baseline'], '.3g')} s "
-            f"({fmt(v['ratio'], '.2f')}x; bound {fmt(v['bound'], '.3g')} s) over "
-            f"{len(v['runs'])} run(s): {said}"
+            f"  {v['tier']:<10} {shown[0]} against {shown[1]} ({fmt(v['ratio'], '.2f')}x; "
+            f"bound {shown[2]}) over {len(v['runs'])} {what}: {said}"
         )
         if v["changes"]:
             print(f"           changed: {', '.join(v['changes'])}")
@@ -170,7 +172,9 @@ def add_parsers(sub: Any) -> None:
     client_opts(w)
     w.set_defaults(func=cmd_whatif)
     r = sub.add_parser(
-        "regression", help="a run against the earlier runs of its workload (step time, startup)"
+        "regression",
+        help="a run against the fleet's baselines (step time, MFU, scaling, startup, recovery, "
+        "checkpoints, allocation)",
     )
     r.add_argument("run")
     client_opts(r)

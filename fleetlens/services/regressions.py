@@ -11,14 +11,26 @@ between the monitor's passes).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from ..analysis.contract import software
-from ..analysis.regression import CONFIG_SOFTWARE_KEYS, RunFigures, Verdict, judge, workload_key
+from ..analysis.regression import (
+    CONFIG_SOFTWARE_KEYS,
+    TIERS,
+    RunFigures,
+    Verdict,
+    allocation,
+    architecture_key,
+    judge,
+    workload_key,
+)
 from ..analysis.rootcause import Diagnosis
 from ..lifecycle import LIVE
 from ..store.compare_queries import ComparisonQueries
@@ -26,8 +38,11 @@ from ..store.detect_queries import DetectQueries
 from ..store.findings import FindingsStore
 from ..store.metadata import MetadataStore, RunBrief, RunInfo
 from ..store.reader import TenantReader
+from ..store.sched_queries import SchedQueries
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
+from .goodput import program_spec, window_mfu
+from .scheduler import allocations
 
 __all__ = ["MAX_RUNS", "MIN_STEPS", "PEER_REREAD_S", "Regressions", "RunRegression"]
 
@@ -39,8 +54,24 @@ MIN_STEPS = 30
 """Steps a run's newest attempt needs before its step time is a figure."""
 PEER_REREAD_S = 300.0
 """A baseline run still taking data is read again at most this often."""
-_DIAGNOSES = {"program": "program_regression", "startup": "startup_regression"}
-_WHAT = {"program": "median step time", "startup": "startup (job start to first step)"}
+DIAGNOSES = {tier: f"{tier}_regression" for tier in TIERS}
+"""The finding each tier raises when the run is worse than its baseline."""
+_OF = {
+    "program": "earlier run(s) of this workload",
+    "mfu": "earlier run(s) of this architecture at any scale",
+    "scaling": "run(s) at this size on the software it replaced (over its smallest runs)",
+    "startup": "earlier fresh start(s) of this workload",
+    "recovery": "earlier run(s) of this workload that restarted",
+    "checkpoint": "earlier run(s) of this workload that committed checkpoints",
+    "allocation": "earlier allocation(s) of its pool of a like size",
+}
+
+
+def _said(tier: str, value: float) -> str:
+    unit = TIERS[tier].unit
+    if tier == "mfu":
+        return f"{value:.1%}"
+    return f"{value:.3g} {unit}" if unit else f"{value:.3g}"
 
 
 @dataclass
@@ -66,14 +97,16 @@ class Regressions:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def of(self, scope: Scope, info: RunInfo) -> RunRegression:
-        """``info`` (a run the caller may see) against the baseline of its workload."""
-        key = workload_key(info.config or {}, info.world_size)
+        """``info`` (a run the caller may see) against the baselines of its workload, its
+        architecture and its pool."""
+        config = info.config or {}
+        key, arch = workload_key(config, info.world_size), architecture_key(config)
         if key is None:
             return RunRegression(None, None)
         me = RunBrief(
             info.run_id,
             info.project,
-            info.config or {},
+            config,
             info.world_size,
             info.first_seen,
             info.last_seen,
@@ -85,11 +118,22 @@ class Regressions:
             r
             for r in self.metadata.run_briefs(Scope(scope.tenant, "viewer"), info.project, MAX_RUNS)
             if r.run_id != info.run_id
-            and r.first_seen < info.first_seen
-            and workload_key(r.config, r.world_size) == key
+            and r.first_seen <= info.first_seen
+            and architecture_key(r.config) == arch
         ]
         others = list(self._figures(scope.tenant, peers, PEER_REREAD_S).values())
-        return RunRegression(mine, key, judge(mine, others, self.tolerance))
+        verdicts = judge(mine, others, self.tolerance)
+        waits = self._pool_waits(scope.tenant, mine)
+        alloc = allocation(mine, waits, self.tolerance)
+        return RunRegression(mine, key, verdicts + ([alloc] if alloc is not None else []))
+
+    def _pool_waits(self, tenant: str, run: RunFigures) -> list[tuple[str, float]]:
+        """The pool's newest allocations of a like size submitted before the run's."""
+        if run.pool is None or run.alloc_submit is None:
+            return []
+        reader = TenantReader(self.telemetry, Scope(tenant=tenant, role="viewer", actor="monitor"))
+        rows = SchedQueries(reader).pool_waits(run.pool, run.alloc_submit, run.alloc_gpus, MAX_RUNS)
+        return [(str(r["job_id"]), float(r["wait"])) for r in rows.to_pylist()]
 
     def raise_findings(self, findings: FindingsStore, tenant: str, info: RunInfo) -> bool:
         """Store the run's regression findings, and close the ones it no longer earns; False
@@ -155,17 +199,46 @@ def _read(telemetry: TelemetryStore, tenant: str, runs: list[RunBrief]) -> dict[
             sw[k] = f"{sw[k]} (mixed: {', '.join(values)})"
         sw.update({k: str(brief.config[k]) for k in CONFIG_SOFTWARE_KEYS if k in brief.config})
         startup = newest.start - started if started is not None and len(jobs) == 1 else None
+        step_s = float(s["median_step_s"]) if s["median_step_s"] else None
+        tokens = float(s["tokens_per_s"] or 0.0)
+        ranks = int(s["ranks"] or brief.world_size or 1)
+        gaps = [b.start - a.end for a, b in itertools.pairwise(jobs) if b.start >= a.end]
+        pauses = q.checkpoint_pauses(brief.run_id)
+        alloc = _first_allocation(telemetry, scope, brief.run_id)
         out[brief.run_id] = RunFigures(
             run_id=brief.run_id,
             t_first=float(s["t_first"]),
             software=sw,
-            step_s=float(s["median_step_s"]) if s["median_step_s"] else None,
+            step_s=step_s,
             startup_s=startup if startup is not None and startup >= 0 else None,
             steps=int(s["n_steps"]),
             from_step=newest.first_step,
             to_step=newest.last_step,
+            world_size=int(brief.world_size),
+            mfu=window_mfu(program_spec(brief.config), tokens, step_s, ranks),
+            # tokens a second per rank; without tokens, steps a second (a rank's batch is fixed)
+            gpu_rate=tokens / ranks if tokens > 0 else (1.0 / step_s if step_s else None),
+            recovery_s=float(np.median(gaps)) if gaps else None,
+            checkpoint_s=float(np.median(pauses)) if pauses else None,
+            alloc_s=alloc[0] if alloc else None,
+            pool=alloc[1] if alloc else None,
+            alloc_submit=alloc[2] if alloc else None,
+            alloc_gpus=alloc[3] if alloc else 0,
+            workload=workload_key(brief.config, brief.world_size),
+            architecture=architecture_key(brief.config),
         )
     return out
+
+
+def _first_allocation(
+    telemetry: TelemetryStore, scope: Scope, run_id: str
+) -> tuple[float, str, float, int] | None:
+    """The run's first scheduler allocation that completed its gang: its wait from submission
+    to gang completion, its pool, its submission time and GPUs."""
+    for a in allocations(telemetry, scope, run_id=run_id, limit=100):
+        if a["submit"] is not None and a["gangComplete"] is not None and not a["gangNeverComplete"]:
+            return a["gangComplete"] - a["submit"], a["pool"], a["submit"], a["gpus"]
+    return None
 
 
 def _diagnosis(
@@ -183,10 +256,11 @@ def _diagnosis(
         change = f"; coincides with {', '.join(v.changes)}" if v.changes else ""
         ratio = f" ({v.ratio:.2f}x)" if v.ratio is not None else ""
         summary = (
-            f"{_WHAT[v.tier]} {v.value:.3g} s against {v.baseline:.3g} s, the median of "
-            f"{len(v.runs)} earlier run(s) of this workload{ratio}{change}"
+            f"{TIERS[v.tier].what} {_said(v.tier, v.value)} against "
+            f"{_said(v.tier, v.baseline)}, the median of {len(v.runs)} {_OF[v.tier]}"
+            f"{ratio}{change}"
         )
-        key, diagnosis = f"regression:{v.tier}", _DIAGNOSES[v.tier]
+        key, diagnosis = f"regression:{v.tier}", DIAGNOSES[v.tier]
         evidence = [_evidence(v)]
     return Diagnosis(
         key=key,
@@ -194,7 +268,7 @@ def _diagnosis(
         kind="regression",
         # as sure as the figure is far over its bound, but never the likeliest cause of a
         # failure: a regression says the run is slow, not why it stopped
-        confidence=0.7 if v is None else min(0.7, 0.4 + 0.3 * (v.value - v.bound) / v.bound),
+        confidence=0.7 if v is None else min(0.7, 0.4 + 0.3 * abs(v.value - v.bound) / v.bound),
         summary=summary,
         step=run.from_step,
         start_step=run.from_step,
@@ -206,7 +280,7 @@ def _diagnosis(
 def _evidence(v: Verdict) -> dict[str, Any]:
     return {
         "signal": "regression",
-        "metric": _WHAT[v.tier],
+        "metric": TIERS[v.tier].what,
         "value": v.value,
         "baseline": v.baseline,
         "threshold": v.bound,

@@ -265,6 +265,18 @@ class DetectQueries(DeviceQueries):
         ``job_start`` event), whatever the run's other events."""
         return self.job_start(run_id, job_id)[1]
 
+    def checkpoint_pauses(self, run_id: str, limit: int = 10_000) -> list[float]:
+        """The pause of each checkpoint commit of the run (its ``checkpoint_end`` events'
+        ``duration``, seconds), newest ``limit``."""
+        rows = self.r.table(
+            "SELECT JSONExtractFloat(attrs, 'duration') AS d FROM {db}.events"
+            " WHERE run_id = {run:String} AND kind = 'checkpoint_end'"
+            " AND JSONHas(attrs, 'duration') ORDER BY time DESC LIMIT {limit:UInt32}",
+            run=run_id,
+            limit=limit,
+        ).column("d")
+        return [float(d) for d in rows.to_pylist() if d is not None and d >= 0]
+
     def job_start(self, run_id: str, job_id: str) -> tuple[float | None, list[dict[str, Any]]]:
         """When attempt ``job_id`` started (its ranks' earliest ``job_start`` event; None
         without one) and the environment each rank reported then."""

@@ -66,6 +66,24 @@ class SchedQueries:
             **params,
         )
 
+    def pool_waits(self, pool: str, before: float, gpus: int, limit: int) -> pa.Table:
+        """The newest ``limit`` allocations of ``pool`` submitted before ``before`` with half
+        to twice ``gpus`` GPUs that completed their gang: ``job_id`` and ``wait``, submission
+        to gang completion (an allocation without one completed at its start), oldest first."""
+        return self.r.table(
+            "SELECT job_id, submit, wait FROM (SELECT job_id, submit,"
+            " if(isNaN(gang_complete), start, gang_complete) - submit AS wait"
+            " FROM {db}.sched_allocations FINAL WHERE pool = {pool:String}"
+            " AND submit < {before:Float64} AND gpus BETWEEN {lo:Float64} AND {hi:Float64})"
+            " WHERE isFinite(wait) AND wait >= 0"
+            " ORDER BY submit DESC, job_id LIMIT {limit:UInt32}",
+            pool=pool,
+            before=before,
+            lo=gpus / 2,
+            hi=gpus * 2,
+            limit=limit,
+        ).sort_by([("submit", "ascending"), ("job_id", "ascending")])
+
     def capacity(self, pool: str | None = None) -> pa.Table:
         """Each pool's capacity records (or one pool's), by pool then time, at most 100000."""
         where, params = _where(None, (), None, pool)
