@@ -10,9 +10,9 @@ newest of them: its own software when it did not change, else the software it re
 then the versions that differ are what it names ("image train:1 vs train:2"). The tiers:
 
 - **program**: the run's median step time against its workload's runs' (lower is better);
-- **mfu**: its MFU at that median step against its architecture's runs' at any scale (higher
-  is better; a config that names FLOPs and a peak has one, :func:`fleetlens.services.goodput
-  .window_mfu`);
+- **mfu**: its MFU of retained steps (the program goodput of its goodput breakdown: replayed
+  steps do not count) against its architecture's runs' at any scale (higher is better; a config
+  that names FLOPs and an accelerator or peak has one);
 - **scaling** (small-scale canaries): its throughput per GPU over the throughput per GPU of the
   smallest runs of its architecture on its software (one node, say), the scaling efficiency at
   its world size, against the same ratio of the newest earlier software that ran both sizes: a
@@ -80,7 +80,7 @@ class Tier:
 
 TIERS = {
     "program": Tier("step_s", "median step time"),
-    "mfu": Tier("mfu", "MFU at the median step", "", 0.0, True, "architecture"),
+    "mfu": Tier("mfu", "MFU of retained steps", "", 0.0, True, "architecture"),
     "scaling": Tier("scaling", "scaling efficiency against its smallest runs", "", 0.0, True),
     "startup": Tier("startup_s", "startup (job start to first step)", least=5.0),
     "recovery": Tier("recovery_s", "recovery (an attempt's last step to the next's)", least=10.0),

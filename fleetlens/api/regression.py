@@ -29,7 +29,7 @@ class FiguresOut(ApiModel):
     steps: int
     software: dict[str, str] = Field(description="image, torch, CUDA, NCCL, driver... it ran")
     world_size: int
-    mfu: float | None = Field(description="MFU at the median step; null: no FLOPs or peak")
+    mfu: float | None = Field(description="MFU of retained steps; null: no FLOPs or peak")
     gpu_rate: float | None = Field(description="tokens (else steps) a second per rank")
     recovery_s: float | None = Field(description="median last step to next attempt's first")
     checkpoint_s: float | None = Field(description="median checkpoint commit pause")

@@ -41,7 +41,7 @@ from ..store.reader import TenantReader
 from ..store.sched_queries import SchedQueries
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
-from .goodput import program_spec, window_mfu
+from .goodput import GoodputQueries, program_spec
 from .scheduler import allocations
 
 __all__ = ["MAX_RUNS", "MIN_STEPS", "PEER_REREAD_S", "Regressions", "RunRegression"]
@@ -205,6 +205,11 @@ def _read(telemetry: TelemetryStore, tenant: str, runs: list[RunBrief]) -> dict[
         gaps = [b.start - a.end for a, b in itertools.pairwise(jobs) if b.start >= a.end]
         pauses = q.checkpoint_pauses(brief.run_id)
         alloc = _first_allocation(telemetry, scope, brief.run_id)
+        spec = program_spec(brief.config)
+        mfu = None
+        if spec.missing is None:  # its config names FLOPs and a peak: MFU of retained steps
+            _, factors, how = GoodputQueries(telemetry, scope).run_goodput(brief.run_id, spec)
+            mfu = factors.program if how["programBasis"] == "mfu_retained_steps" else None
         out[brief.run_id] = RunFigures(
             run_id=brief.run_id,
             t_first=float(s["t_first"]),
@@ -215,7 +220,7 @@ def _read(telemetry: TelemetryStore, tenant: str, runs: list[RunBrief]) -> dict[
             from_step=newest.first_step,
             to_step=newest.last_step,
             world_size=int(brief.world_size),
-            mfu=window_mfu(program_spec(brief.config), tokens, step_s, ranks),
+            mfu=mfu,
             # tokens a second per rank; without tokens, steps a second (a rank's batch is fixed)
             gpu_rate=tokens / ranks if tokens > 0 else (1.0 / step_s if step_s else None),
             recovery_s=float(np.median(gaps)) if gaps else None,
