@@ -189,7 +189,7 @@ def _train(
 
 @pytest.mark.e2e
 def test_a_new_image_slower_than_its_workloads_runs_is_a_finding_and_a_ticket(
-    server: Server, tmp_path: Path
+    server: Server, tmp_path: Path, browser: Any
 ) -> None:
     # Every run capped from outside, so that what the machine's other work leaves them does
     # not decide the figures: 0.3 CPUs a rank for the baseline's, a quarter of that for the new
@@ -243,6 +243,23 @@ def test_a_new_image_slower_than_its_workloads_runs_is_a_finding_and_a_ticket(
     assert "WORSE" in shown.stdout and "changed: image train:1 vs train:2" in shown.stdout
     contract = server.get("/v1/runs/reg-c")["contract"]
     assert contract["software"]["image"] == "train:2", contract
+    # The run page's "What's wrong" names both, with the change that coincides.
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(f"{server.url}/runs/reg-c")
+        row = page.locator(
+            "#wrong-table tbody tr", has=page.locator("[data-code=scaling_regression]")
+        )
+        row.wait_for(timeout=30_000)
+        assert "Scales worse than on the software it replaced" in row.inner_text()
+        assert "coincides with image train:1 vs train:2" in row.inner_text()
+        prog = page.locator("#wrong-table [data-code=program_regression]")
+        assert prog.inner_text() == "Slower than its workload's baseline"
+    finally:
+        page.close()
+    assert not errors, errors
 
 
 def _post_run(srv: InProcessServer, run: str, step_s: float, steps: range, t0: float) -> None:

@@ -188,6 +188,7 @@
       if (e.baseline !== undefined) parts.push(`(baseline ${F(e.baseline)})`);
       if (e.threshold !== undefined) parts.push(`(threshold ${F(e.threshold)})`);
       if (e.reasons) parts.push(e.reasons.join(","));
+      if (e.changes && e.changes.length) parts.push(`coincides with ${e.changes.join(", ")}`);
       return parts.join(" ");
     }).join("; ");
   }
