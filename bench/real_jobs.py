@@ -19,9 +19,9 @@ kernel has one, else a SIGSTOP duty cycle; hang: stopped ``--hang-s`` seconds; c
 - ``overhead_pct``: nanoGPT's tokens/s without the instrumentation (FLEETLENS_DISABLED=1) over
   with it, minus 1, 2 ranks, runs alternated ``--overhead-pairs`` times, median of the pairs.
 
-``--quick``: nanoGPT only, healthy and crash, one case, one overhead pair; the master-port and
-accelerate launches are left to tests/test_real_jobs.py, which runs both (``runs_per_job`` then
-has the rendezvous launch alone).
+``--quick``: nanoGPT only, healthy and crash, one case, one overhead pair of 60 steps; the
+master-port and accelerate launches are left to tests/test_real_jobs.py, which runs both
+(``runs_per_job`` then has the rendezvous launch alone).
 A figure short of its goal makes ``ok`` false; the script still exits 0.
 """
 
@@ -152,7 +152,7 @@ def main() -> None:
         print(f"accelerate: runs {acc.run_ids} ranks {acc.reporting_ranks}", file=sys.stderr)
         runs_per_job["master-port"] = len(mp.run_ids)
         runs_per_job["accelerate"] = len(acc.run_ids) if acc.reporting_ranks == [0, 1, 2, 3] else 0
-    over, over_all = overhead_pct(pairs, 120 if args.quick else 300)
+    over, over_all = overhead_pct(pairs, 60 if args.quick else 300)
 
     def of(kind: str) -> list[JobResult]:
         return [r for r in results if r.fault.kind == kind]

@@ -19,9 +19,9 @@ Keys (goal in brackets):
                               below the free-space floor, then to 16 KiB) without Retry-After [0]
   disk_full_read_hang_s       how much longer than 1 s the slowest read took meanwhile [0]
   disk_full_sdk_lost          steps an SDK job lost through the outage, once space returned [0]
-``--quick`` makes every probe smaller (a 50,000-row insert, 2 bombs, 2,000 metric names, 10 slow
-clients, 10 posts on the full disk) and keeps the same goals. The disk-full probe mounts a tmpfs:
-it needs root, as CI has.
+``--quick`` makes every probe smaller (a 50,000-row insert, 2 bombs of 1 GiB expanded, 2,000
+metric names, 10 slow clients, 10 posts on the full disk) and keeps the same goals. The
+disk-full probe mounts a tmpfs: it needs root, as CI has.
 """
 
 from __future__ import annotations
@@ -231,9 +231,9 @@ def _post_json(port: int, path: str, body: bytes) -> int:
         conn.close()
 
 
-def bombs(root: str, json_mb: int, envelopes: int) -> dict[str, Any]:
+def bombs(root: str, json_mb: int, envelopes: int, expanded_mb: int = 4096) -> dict[str, Any]:
     """Every bomb, one after the other on one server: three JSON bodies of ``json_mb`` at once
-    on a JSON route, four gzip bombs of 4 MB expanding to 4 GiB at once on ``/v1/ingest``, relay
+    on a JSON route, four gzip bombs of 4 MB expanding to 4 GiB (``expanded_mb``) at once on ``/v1/ingest``, relay
     envelopes of ten such frames, and one of fifteen (62.6 MB, under the 64 MiB body limit): the
     server's peak memory, every answer, and that it still ingests."""
     server = Server(os.path.join(root, "bombs")).start()
@@ -246,7 +246,7 @@ def bombs(root: str, json_mb: int, envelopes: int) -> dict[str, Any]:
                     lambda _: _post_json(server.port, "/v1/runs/bombed/describe", huge), range(3)
                 )
             )
-            bomb = _bomb(4096)
+            bomb = _bomb(expanded_mb)
             gzip_codes = list(pool.map(lambda _: server.post(bomb, encoding="gzip")[0], range(4)))
         frame = BatchFrame(body=bomb, encoding="gzip")
         frame_codes = []
@@ -476,7 +476,7 @@ def main() -> None:
     _log("== kill inside one large insert")
     insert = kill_inside_insert(root, 50_000 if q else 200_000, 1 if q else 3)
     _log("== bombs")
-    bomb = bombs(root, 64 if q else 256, 1 if q else 2)
+    bomb = bombs(root, 64 if q else 256, 1 if q else 2, 1024 if q else 4096)
     _log(f"  {bomb}")
     _log("== SDK spool that cannot be written")
     spool = spool_unwritable(root, 300 if q else 2000)
