@@ -233,9 +233,10 @@ def _post_json(port: int, path: str, body: bytes) -> int:
 
 def bombs(root: str, json_mb: int, envelopes: int, expanded_mb: int = 4096) -> dict[str, Any]:
     """Every bomb, one after the other on one server: three JSON bodies of ``json_mb`` at once
-    on a JSON route, four gzip bombs of 4 MB expanding to 4 GiB (``expanded_mb``) at once on ``/v1/ingest``, relay
-    envelopes of ten such frames, and one of fifteen (62.6 MB, under the 64 MiB body limit): the
-    server's peak memory, every answer, and that it still ingests."""
+    on a JSON route, four gzip bombs expanding to ``expanded_mb`` (4 MB -> 4 GiB) at once on
+    ``/v1/ingest``, relay envelopes of ten such frames, and one of fifteen (62.6 MB at 4 GiB,
+    under the 64 MiB body limit): the server's peak memory, every answer, and that it still
+    ingests."""
     server = Server(os.path.join(root, "bombs")).start()
     try:
         assert server.post(step_batch("bombed", range(0, 3), 2)[1])[0] == 200
