@@ -266,6 +266,15 @@ def _throttle(pid: int, cores: float) -> Path | None:
     return None
 
 
+def _recap(cg: Path, cores: float) -> None:
+    """Set the cap of a cgroup :func:`_throttle` made to ``cores`` CPUs."""
+    quota = max(1000, int(cores * _CG_PERIOD_US))
+    if (cg / "cpu.max").exists():
+        (cg / "cpu.max").write_text(f"{quota} {_CG_PERIOD_US}")
+    else:
+        (cg / "cpu.cfs_quota_us").write_text(str(quota))
+
+
 def _unthrottle(cg: Path) -> None:
     """Move what is left in the cgroup back to its parent and remove it."""
     for task in _read(cg / "cgroup.procs").split():

@@ -111,11 +111,16 @@ def _check_resumed(srv: Server, run: str, a: dict[str, Any]) -> None:
     # Continuous: the restored model picks up where it left off (a fresh one is at ~4.85).
     assert abs(sum(after) / 5 - sum(before) / 5) < 0.5 * (sum(before) / 5), (before, after)
     fresh = a["stopStep"] + 2  # steps only the new attempt ran (a hang's are re-run before)
-    # Each node sends on its own clock: wait until both have sent those steps, not only rank 0.
+    # Each node sends on its own clock: wait until both have sent those steps and their
+    # placement (a rank's node is its placement's), not only rank 0.
     window = f"/v1/runs/{run}/ranks?fromStep={fresh}&toStep={fresh + 10}"
-    while len(ranks := srv.get(window)["ranks"]) < 2 and time.monotonic() < deadline + 60:
+
+    def placed(ranks: list[dict[str, Any]]) -> bool:
+        return len(ranks) >= 2 and all(r["node"] is not None for r in ranks)
+
+    while not placed(ranks := srv.get(window)["ranks"]) and time.monotonic() < deadline + 60:
         time.sleep(0.5)
-    assert sorted(r["node"] for r in ranks) == ["node-a", "node-b"]
+    assert sorted(str(r["node"]) for r in ranks) == ["node-a", "node-b"], ranks
     # Every phase is on the timeline, and the goodput breakdown charges the pause to recovery.
     tl = srv.get(f"/v1/runs/{run}/timeline?fromStep={max(0, resume - 100)}&toStep={resume + 3}")
     shown = {i["attrs"].get("phase") for i in tl["items"] if i["kind"] == "remediation"}
