@@ -149,6 +149,8 @@ class Bodies:
         """Rank ``rank``'s first body (placement, job start), its times at ``t``."""
         tables = {}
         for kind, table in self.first.tables.items():
+            if kind in ("step", "scalar"):  # its first steps: sent as steady bodies
+                continue
             n = table.n
             table = _col(table, "time", np.full(n, t, "<f8"))
             if "rank" in table.cols:

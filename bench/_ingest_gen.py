@@ -122,7 +122,7 @@ async def _sender(
                 await asyncio.sleep(0.5)
                 continue
             if status == 200 and req.frames:  # each frame answered alone: resend the refused
-                results = json.loads(answer)["results"]
+                results = json.loads(answer).get("results") or [{"status": 200}] * len(req.frames)
                 again = [f for f, r in zip(req.frames, results, strict=True)
                          if r["status"] in _RETRY]  # fmt: skip
                 done = req.rank_steps * (len(req.frames) - len(again)) // len(req.frames)
@@ -139,7 +139,7 @@ async def _sender(
                               rank_steps=per * len(again))  # fmt: skip
                 await asyncio.sleep(retry if retry is not None else 1.0)
                 continue
-            if status == 200:
+            if 200 <= status < 300:  # Prometheus answers 204
                 now = time.monotonic() - t0
                 out.latencies.append(now - req.due)
                 out.acked_rank_steps += req.rank_steps

@@ -209,7 +209,10 @@ def _watch(port: int, run_id: str, pid: int, slow_from: int, wall0: float, stop:
     """Sample the server's RSS and, from the slowdown on, ask for the run's stragglers."""
     seen["rss"] = []
     while not stop.wait(1.0):
-        seen["rss"].append(_rss_mb(pid))
+        try:
+            seen["rss"].append(_rss_mb(pid))
+        except OSError:  # it ended
+            return
         k = int(time.time() - wall0)
         if run_id and k >= slow_from and "found" not in seen:
             try:
@@ -260,15 +263,15 @@ def level(kind: str, ranks: int, seconds: int, relay: bool, workdir: str,
     else:
         stored = out.acked_rank_steps
     shutil.rmtree(data, ignore_errors=True)
-    lat = np.array(out.latencies or [np.nan])
+    lat = np.array(out.latencies or [float("inf")])
     in_time = out.acked_by(seconds + 2.0)
     res = {
         "kind": kind, "relay": relay, "ranks": ranks, "seconds": seconds,
         "server_us_per_rank_step": round(cpu * 1e6 / max(stored, 1), 1),
         "server_cores": round(cpu / took, 2),
         "requests_per_s": round(out.requests / seconds, 1),
-        "ack_p50_s": round(float(np.nanpercentile(lat, 50)), 3),
-        "ack_p99_s": round(float(np.nanpercentile(lat, 99)), 3),
+        "ack_p50_s": round(float(np.percentile(lat, 50)), 3),
+        "ack_p99_s": round(float(np.percentile(lat, 99)), 3),
         "lost": offered - stored, "duplicates": dup,
         "stored_per_s": round(in_time / seconds, 1),
         "refused": out.refused, "errors": out.errors,
