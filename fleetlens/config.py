@@ -42,6 +42,9 @@ class CollectorConfig:
     ``max_world_size`` bounds ranks and declared world sizes (the largest jobs run ~100k GPUs;
     the monitoring pass's memory is bounded by it); ``max_decoded_bytes`` the decompressed body
     (JSON: a quarter of it); ``decode_slots`` how many batches are decoded and inserted at once;
+    ``commit_linger_s`` how long, while requests keep arriving, the group commit gathers them
+    into one insert (:mod:`fleetlens.collector.commit`); ``max_inflight`` the requests read,
+    decoded or waiting for their insert at once (a second of a busy fleet under the linger);
     ``max_future_s`` how far ahead of the server's clock a record's time may be (after skew
     correction; a day, as the simulator played at full speed runs ahead of its nominal end by
     the time its faults add); ``skew_tolerance_s`` the clock skew above which a batch's times
@@ -59,12 +62,13 @@ class CollectorConfig:
     max_body_bytes: int = 64 << 20
     max_json_body_bytes: int = 16 << 20
     max_rows: int = 4_000_000
-    max_inflight: int = 256
+    max_inflight: int = 4096
     max_queue_bytes: int = 512 << 20
     queue_wait_s: float = 2.0
     max_decoded_bytes: int = 256 << 20
     max_world_size: int = 131_072
     decode_slots: int = 2
+    commit_linger_s: float = 0.5
     max_future_s: float = 86_400.0
     skew_tolerance_s: float = 5.0
     max_request_rate: float = 400.0
@@ -214,6 +218,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "max_decoded_bytes": ("collector", "max_decoded_bytes"),
     "max_world_size": ("collector", "max_world_size"),
     "decode_slots": ("collector", "decode_slots"),
+    "commit_linger_s": ("collector", "commit_linger_s"),
     "max_request_rate": ("collector", "max_request_rate"),
     "body_grace_s": ("collector", "body_grace_s"),
     "header_timeout_s": ("collector", "header_timeout_s"),

@@ -174,6 +174,30 @@ def test_ledger_settles_every_crash_window_against_the_engine(tmp_path: Path) ->
         store.close()
 
 
+def test_requests_that_keep_coming_linger_into_one_insert_and_a_lone_one_does_not_wait(
+    tmp_path: Path,
+) -> None:
+    """The engine's cost is per insert (issue 35): requests arriving back to back are held
+    (up to ``linger_s``) into one insert, while one that nothing follows is inserted once the
+    ``gap_s`` passed, long before the linger."""
+    store = ChdbStore(str(tmp_path / "t"))
+    committer = GroupCommitter(
+        store, Ledger(str(tmp_path / "t" / "ingest.ledger"), store.settle), linger_s=30, gap_s=1
+    )
+    try:
+        t0 = time.monotonic()
+        committer.submit([_piece("lone", "a", 10)]).result(20)
+        assert time.monotonic() - t0 < 20 and committer.stats.inserts == 1
+        futures = [committer.submit([_piece("many", f"b{i}", 10)]) for i in range(40)]
+        for f in futures:
+            f.result(60)
+        assert committer.stats.inserts == 2 and committer.stats.largest_group == 40
+        assert _count(store, "many") == 400 and _count(store, "lone") == 10
+    finally:
+        committer.close()
+        store.close()
+
+
 def test_sigkill_under_concurrent_senders_loses_no_ack_and_stores_none_twice(
     tmp_path: Path,
 ) -> None:

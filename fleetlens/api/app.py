@@ -155,6 +155,7 @@ class Services:
             ),
             decode_slots=c.decode_slots,
             min_free_bytes=c.min_free_bytes,
+            linger_s=c.commit_linger_s,
         )
         registry = CollectorRegistry()
         batches = Counter(

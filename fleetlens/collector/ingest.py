@@ -135,6 +135,7 @@ class Ingestor:
         recover: bool = True,
         group_commit: bool = True,
         min_free_bytes: int = 0,
+        linger_s: float = 0.5,
     ) -> None:
         self.telemetry = telemetry
         self.metadata = metadata
@@ -164,7 +165,7 @@ class Ingestor:
                     ledger.recovered,
                 )
             self.committer = GroupCommitter(
-                telemetry, ledger, telemetry.atomic_rows, space=self.space
+                telemetry, ledger, telemetry.atomic_rows, space=self.space, linger_s=linger_s
             )
         if recover:
             try:
