@@ -39,6 +39,7 @@ DIAGNOSES: dict[str, str] = {
     "program_regression": "Slower than its workload's baseline",
     "startup_regression": "Slower start than its workload's baseline",
     "mfu_regression": "Lower MFU than its architecture's baseline",
+    "token_regression": "More GPU time a token than its architecture's baseline",
     "scaling_regression": "Scales worse than on the software it replaced",
     "recovery_regression": "Slower recovery than its workload's baseline",
     "checkpoint_regression": "Longer checkpoint pauses than its workload's baseline",

@@ -90,6 +90,11 @@ def test_mfu_is_judged_across_the_architectures_scales_and_higher_is_better() ->
     assert v.bound < v.baseline and v.changes == ["image train:1 vs train:2"]
     assert not judge(_at(4, TWO, 32, mfu=0.45), base)[0].worse  # better is never worse
     assert not judge(_at(4, TWO, 32, mfu=0.38), base)[0].worse  # within the 10%
+    # Without FLOPs in its config, the GPU time a token is the same reference (lower is better).
+    base = [_at(1, ONE, 8, gpu_s_per_token=2e-4), _at(2, ONE, 64, gpu_s_per_token=2.1e-4)]
+    (v,) = judge(_at(3, TWO, 16, gpu_s_per_token=3e-4), base)
+    assert (v.tier, v.worse, v.runs) == ("token", True, ["r1", "r2"]) and v.bound > v.baseline
+    assert not judge(_at(3, TWO, 16, gpu_s_per_token=2.1e-4), base)[0].worse
 
 
 @pytest.mark.unit

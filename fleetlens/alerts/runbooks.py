@@ -94,9 +94,10 @@ RUNBOOKS: dict[str, tuple[str, ...]] = {
     "PerformanceRegression": (
         "A run is past the fleet baseline of one tier: its median step time or its time from "
         "job start to first step, its recovery from a restart or its checkpoint pauses (against "
-        "the earlier runs of the same model config and world size), its MFU (the same "
-        "architecture at any scale), its scaling efficiency over its smallest runs (small-scale "
-        "canaries, against the software it replaced) or its wait for a complete allocation "
+        "the earlier runs of the same model config and world size), its MFU or its GPU time a "
+        "token (the same architecture at any scale), its scaling efficiency over its smallest "
+        "runs (small-scale canaries, against the software it replaced) or its wait for a "
+        "complete allocation "
         "(its pool's earlier allocations of a like size). The finding names the versions that "
         "differ (an image, torch, CUDA, NCCL, the driver): a new version that coincides is the "
         "first suspect. `fleetlens regression RUN` shows the run against each baseline.",

@@ -13,6 +13,9 @@ then the versions that differ are what it names ("image train:1 vs train:2"). Th
 - **mfu**: its MFU of retained steps (the program goodput of its goodput breakdown: replayed
   steps do not count) against its architecture's runs' at any scale (higher is better; a config
   that names FLOPs and an accelerator or peak has one);
+- **token**: its GPU-seconds a token (its ranks over its tokens a second: the step time a token,
+  per GPU) against its architecture's runs' at any scale (a run that logs no tokens has none):
+  the same reference without the FLOPs MFU needs;
 - **scaling** (small-scale canaries): its throughput per GPU over the throughput per GPU of the
   smallest runs of its architecture on its software (one node, say), the scaling efficiency at
   its world size, against the same ratio of the newest earlier software that ran both sizes: a
@@ -81,6 +84,7 @@ class Tier:
 TIERS = {
     "program": Tier("step_s", "median step time"),
     "mfu": Tier("mfu", "MFU of retained steps", "", 0.0, True, "architecture"),
+    "token": Tier("gpu_s_per_token", "GPU-seconds a token", "s", over="architecture"),
     "scaling": Tier("scaling", "scaling efficiency against its smallest runs", "", 0.0, True),
     "startup": Tier("startup_s", "startup (job start to first step)", least=5.0),
     "recovery": Tier("recovery_s", "recovery (an attempt's last step to the next's)", least=10.0),
@@ -135,6 +139,7 @@ class RunFigures:
     world_size: int = 0
     mfu: float | None = None  # a share of the devices' peak
     gpu_rate: float | None = None  # tokens (else steps) a second per rank
+    gpu_s_per_token: float | None = None  # ranks over tokens a second; None: no tokens
     recovery_s: float | None = None  # None: never restarted
     checkpoint_s: float | None = None
     alloc_s: float | None = None  # its first allocation's, with the pool, submission, GPUs

@@ -65,6 +65,7 @@ OWNERS: dict[str, str] = {
     "program_regression": "infrastructure",
     "startup_regression": "infrastructure",
     "mfu_regression": "infrastructure",
+    "token_regression": "infrastructure",
     "scaling_regression": "infrastructure",
     "recovery_regression": "infrastructure",
     "checkpoint_regression": "storage",

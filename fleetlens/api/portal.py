@@ -82,6 +82,8 @@ RECOMMEND = {
     "loading, the rendezvous) on the software that changed.",
     "mfu_regression": "Compare the kernels of a traced step with a baseline run's "
     "(fleetlens traces capture) on the software that changed.",
+    "token_regression": "Compare a traced step with a baseline run's (fleetlens traces capture) "
+    "on the software that changed; the run logs tokens but names no FLOPs for an MFU.",
     "scaling_regression": "Hold the rollout: the software that changed costs more as the job "
     "grows; compare the collectives of a traced step at both sizes.",
     "recovery_regression": "Time each part of the restart (detection, requeue, rendezvous, "

@@ -31,6 +31,7 @@ class FiguresOut(ApiModel):
     world_size: int
     mfu: float | None = Field(description="MFU of retained steps; null: no FLOPs or peak")
     gpu_rate: float | None = Field(description="tokens (else steps) a second per rank")
+    gpu_s_per_token: float | None = Field(description="ranks over tokens a second")
     recovery_s: float | None = Field(description="median last step to next attempt's first")
     checkpoint_s: float | None = Field(description="median checkpoint commit pause")
     allocation_s: float | None = Field(description="first allocation's submit to gang complete")
@@ -39,7 +40,8 @@ class FiguresOut(ApiModel):
 
 class VerdictOut(ApiModel):
     tier: str = Field(
-        description="program (step time), mfu, scaling (canaries), startup, recovery, "
+        description="program (step time), mfu, token (GPU-seconds a token), scaling "
+        "(canaries), startup, recovery, "
         "checkpoint or allocation"
     )
     higher_is_better: bool = Field(description="mfu and scaling: worse below the bound")
@@ -90,6 +92,7 @@ class RegressionOut(ApiModel):
                 world_size=f.world_size,
                 mfu=f.mfu,
                 gpu_rate=f.gpu_rate,
+                gpu_s_per_token=f.gpu_s_per_token,
                 recovery_s=f.recovery_s,
                 checkpoint_s=f.checkpoint_s,
                 allocation_s=f.alloc_s,

@@ -59,6 +59,7 @@ DIAGNOSES = {tier: f"{tier}_regression" for tier in TIERS}
 _OF = {
     "program": "earlier run(s) of this workload",
     "mfu": "earlier run(s) of this architecture at any scale",
+    "token": "earlier run(s) of this architecture at any scale",
     "scaling": "run(s) at this size on the software it replaced (over its smallest runs)",
     "startup": "earlier fresh start(s) of this workload",
     "recovery": "earlier run(s) of this workload that restarted",
@@ -223,6 +224,7 @@ def _read(telemetry: TelemetryStore, tenant: str, runs: list[RunBrief]) -> dict[
             mfu=mfu,
             # tokens a second per rank; without tokens, steps a second (a rank's batch is fixed)
             gpu_rate=tokens / ranks if tokens > 0 else (1.0 / step_s if step_s else None),
+            gpu_s_per_token=ranks / tokens if tokens > 0 else None,
             recovery_s=float(np.median(gaps)) if gaps else None,
             checkpoint_s=float(np.median(pauses)) if pauses else None,
             alloc_s=alloc[0] if alloc else None,
