@@ -122,10 +122,16 @@ async def _sender(
                 await asyncio.sleep(0.5)
                 continue
             if status == 200 and req.frames:  # each frame answered alone: resend the refused
-                results = json.loads(answer).get("results") or [{"status": 200}] * len(req.frames)
-                again = [f for f, r in zip(req.frames, results, strict=True)
-                         if r["status"] in _RETRY]  # fmt: skip
-                done = req.rank_steps * (len(req.frames) - len(again)) // len(req.frames)
+                try:
+                    results = json.loads(answer).get("results")
+                except ValueError:
+                    results = None
+                results = results or [{"status": 200}] * len(req.frames)  # (the bare app's)
+                codes = [r["status"] for r in results]
+                again = [f for f, c in zip(req.frames, codes, strict=True) if c in _RETRY]
+                out.errors += sum(c != 200 and c not in _RETRY for c in codes)
+                ok = sum(c == 200 for c in codes)
+                done = req.rank_steps * ok // len(req.frames)
                 now = time.monotonic() - t0
                 out.acked_rank_steps += done
                 out.acked_at.append((now, done))

@@ -405,6 +405,10 @@ class ServerConfig:
             )
         if not c.body_grace_s > 0:
             raise ConfigError(f"collector.body_grace_s is {c.body_grace_s}; it must be > 0")
+        if not 0 <= c.commit_linger_s <= 10:  # (NaN fails it too)
+            raise ConfigError(
+                f"collector.commit_linger_s is {c.commit_linger_s}; use 0..10 seconds"
+            )
 
         t = self.retention
         if t.raw_days < 0 or t.rollup_days < 0:

@@ -174,7 +174,7 @@ def test_ledger_settles_every_crash_window_against_the_engine(tmp_path: Path) ->
         store.close()
 
 
-def test_requests_that_keep_coming_linger_into_one_insert_and_a_lone_one_does_not_wait(
+def test_requests_that_keep_coming_linger_into_one_insert_and_a_lone_one_waits_only_the_gap(
     tmp_path: Path,
 ) -> None:
     """The engine's cost is per insert (issue 35): requests arriving back to back are held

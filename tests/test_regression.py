@@ -83,15 +83,18 @@ def _at(i: int, sw: dict[str, str], world: int, **figures: Any) -> RunFigures:
 
 
 @pytest.mark.unit
-def test_mfu_is_judged_across_the_architectures_scales_and_higher_is_better() -> None:
-    base = [_at(1, ONE, 8, mfu=0.42), _at(2, ONE, 64, mfu=0.40), _at(3, ONE, 16, mfu=0.41)]
-    (v,) = judge(_at(4, TWO, 32, mfu=0.30), base)  # a size none of them ran
+def test_mfu_is_judged_against_the_architecture_at_a_like_scale_and_higher_is_better() -> None:
+    base = [_at(1, ONE, 24, mfu=0.42), _at(2, ONE, 40, mfu=0.40), _at(3, ONE, 32, mfu=0.41),
+            _at(4, ONE, 8, mfu=0.60)]  # fmt: skip
+    (v,) = judge(_at(5, TWO, 36, mfu=0.30), base)  # a size none of them ran
     assert (v.tier, v.worse, v.baseline, v.runs) == ("mfu", True, 0.41, ["r1", "r2", "r3"])
     assert v.bound < v.baseline and v.changes == ["image train:1 vs train:2"]
-    assert not judge(_at(4, TWO, 32, mfu=0.45), base)[0].worse  # better is never worse
-    assert not judge(_at(4, TWO, 32, mfu=0.38), base)[0].worse  # within the 10%
-    # Without FLOPs in its config, the GPU time a token is the same reference (lower is better).
-    base = [_at(1, ONE, 8, gpu_s_per_token=2e-4), _at(2, ONE, 64, gpu_s_per_token=2.1e-4)]
+    assert not judge(_at(5, TWO, 36, mfu=0.45), base)[0].worse  # better is never worse
+    assert not judge(_at(5, TWO, 36, mfu=0.38), base)[0].worse  # within the 10%
+    # MFU falls as a job grows: a run 8x the size of the 8-rank one is not judged against it.
+    assert judge(_at(5, TWO, 64, mfu=0.30), base[3:]) == []
+    # Without an MFU, the GPU time a token is the same reference (lower is better).
+    base = [_at(1, ONE, 16, gpu_s_per_token=2e-4), _at(2, ONE, 20, gpu_s_per_token=2.1e-4)]
     (v,) = judge(_at(3, TWO, 16, gpu_s_per_token=3e-4), base)
     assert (v.tier, v.worse, v.runs) == ("token", True, ["r1", "r2"]) and v.bound > v.baseline
     assert not judge(_at(3, TWO, 16, gpu_s_per_token=2.1e-4), base)[0].worse
@@ -320,15 +323,16 @@ CONFIG = {"model": "tiny-lm", "flops_per_step": 1e12, "peak_flops": 1e13}
 
 
 def _attempt(srv: InProcessServer, run: str, job: str, steps: range, t0: float,
-             checkpoints: list[float]) -> float:  # fmt: skip
+             checkpoints: list[dict[str, Any]]) -> float:  # fmt: skip
     """One attempt of ``run`` on 2 ranks from ``t0``: its ``job_start`` (with the config), 0.4 s
-    steps, a checkpoint commit of each pause in ``checkpoints``; returns its last step's end."""
+    steps, a ``checkpoint_end`` with each of ``checkpoints`` as its attrs (as the SDK reports a
+    save: ``duration_s``, ``sync``); returns its last step's end."""
     ctx = {"run_id": run, "job_id": job, "project": "test"}
     n = 1 + len(checkpoints)
     ev = TableBuilder("event")
     ev.add("time", [t0 + i for i in range(n)]).add("step", [steps.start] * n)
     ev.add("kind", ["job_start"] + ["checkpoint_end"] * len(checkpoints)).add("rank", [0] * n)
-    attrs = [{"config": CONFIG, "world_size": 2}] + [{"duration": d} for d in checkpoints]
+    attrs = [{"config": CONFIG, "world_size": 2}, *checkpoints]
     ev.add("attrs", [json.dumps(a) for a in attrs])
     assert srv.post(encode_batch({"event": ev.build()}, ctx)[1])[0] == 200
     body = step_batch(run, steps, 2, job_id=job, base=0.4, t0=t0 + 1, ctx={"project": "test"})[1]
@@ -337,9 +341,13 @@ def _attempt(srv: InProcessServer, run: str, job: str, steps: range, t0: float,
 
 
 def _restarted(srv: InProcessServer, run: str, t0: float, gap: float, pause: float) -> None:
-    """40 steps, a failure, ``gap`` s until the next attempt's first step, 40 more steps."""
-    end = _attempt(srv, run, f"{run}-a0", range(0, 40), t0, [pause, pause])
-    _attempt(srv, run, f"{run}-a1", range(40, 80), end + gap - 1, [pause])
+    """40 steps, a failure, ``gap`` s until the next attempt's first step, 40 more steps; three
+    synchronous saves of ``pause`` s and three asynchronous ones of a minute (no pause: the
+    training went on), which the checkpoint tier must leave out."""
+    sync = {"duration_s": pause, "sync": True, "ok": True}
+    background = {"duration_s": 60.0, "sync": False, "ok": True}
+    end = _attempt(srv, run, f"{run}-a0", range(0, 40), t0, [sync, sync, background, background])
+    _attempt(srv, run, f"{run}-a1", range(40, 80), end + gap - 1, [sync, background])
 
 
 @pytest.mark.api

@@ -11,11 +11,12 @@ then the versions that differ are what it names ("image train:1 vs train:2"). Th
 
 - **program**: the run's median step time against its workload's runs' (lower is better);
 - **mfu**: its MFU of retained steps (the program goodput of its goodput breakdown: replayed
-  steps do not count) against its architecture's runs' at any scale (higher is better; a config
+  steps do not count) against its architecture's runs' at a like scale (a world within 1.5x of
+  its own: MFU falls as a job grows, which the scaling tier judges; higher is better; a config
   that names FLOPs and an accelerator or peak has one);
-- **token**: its GPU-seconds a token (its ranks over its tokens a second: the step time a token,
-  per GPU) against its architecture's runs' at any scale (a run that logs no tokens has none):
-  the same reference without the FLOPs MFU needs;
+- **token**: for a run without an MFU that logs tokens, its GPU-seconds a token (its ranks over
+  its tokens a second: the step time a token, per GPU) against its architecture's runs' at a
+  like scale;
 - **scaling** (small-scale canaries): its throughput per GPU over the throughput per GPU of the
   smallest runs of its architecture on its software (one node, say), the scaling efficiency at
   its world size, against the same ratio of the newest earlier software that ran both sizes: a
@@ -91,6 +92,8 @@ TIERS = {
     "checkpoint": Tier("checkpoint_s", "checkpoint pause per commit", least=1.0),
     "allocation": Tier("alloc_s", "allocation (submission to gang complete)", least=60.0),
 }
+LIKE_SCALE = 1.5
+"""The architecture's tiers compare runs whose worlds are within this factor of each other."""
 
 
 def _picked(config: Mapping[str, Any], drop: Sequence[str]) -> dict[str, Any] | None:
@@ -202,6 +205,14 @@ def _verdict(
     return Verdict(tier, float(value), median, bound, runs, dict(software), changes)
 
 
+def _alike(run: RunFigures, other: RunFigures, over: str) -> bool:
+    """Whether ``other`` is of the run's workload, or of its architecture at a like scale."""
+    if over == "workload":
+        return other.workload == run.workload
+    lo, hi = sorted((run.world_size, other.world_size))
+    return other.architecture == run.architecture and lo > 0 and hi <= LIKE_SCALE * lo
+
+
 def _reference(run: RunFigures, others: Sequence[RunFigures]) -> list[RunFigures]:
     """The runs of ``others`` that started before ``run`` on the software of the newest."""
     earlier = sorted(
@@ -224,8 +235,7 @@ def judge(
     for tier, t in TIERS.items():
         if tier in ("scaling", "allocation"):
             continue
-        same = (lambda o: o.workload == run.workload) if t.over == "workload" else None
-        base = _reference(run, [o for o in others if same is None or same(o)])
+        base = _reference(run, [o for o in others if _alike(run, o, t.over)])
         value = getattr(run, t.attr)
         got = [(o.run_id, getattr(o, t.attr)) for o in base if getattr(o, t.attr) is not None]
         if value is None or len(got) < min_runs:
@@ -241,9 +251,16 @@ def _scaling(
 ) -> Verdict | None:
     """The canary tier: the run's scaling efficiency on its software against the newest
     earlier software's at the same two sizes (each size's median rate per GPU)."""
-    if run.gpu_rate is None:
+    if run.gpu_rate is None or run.world_size <= 0:
         return None
-    rated = [o for o in others if o.gpu_rate is not None and o.run_id != run.run_id]
+    rated = [
+        o
+        for o in others
+        if o.gpu_rate is not None
+        and o.run_id != run.run_id
+        and o.world_size > 0
+        and o.architecture == run.architecture
+    ]
     small = [
         o
         for o in rated
@@ -263,7 +280,7 @@ def _scaling(
         of_sw = [o for o in earlier if json.dumps(o.software, sort_keys=True) == sw]
         at0 = [o.gpu_rate for o in of_sw if o.world_size == n0 and o.gpu_rate]
         at_n = [(o.run_id, o.gpu_rate) for o in of_sw if o.world_size == run.world_size]
-        if at0 and len(at0) + len(at_n) >= min_runs and at_n:
+        if at0 and len(at_n) >= min_runs:
             ref = float(np.median(at0))
             got = [(r, float(v or 0.0) / ref) for r, v in reversed(at_n)]
             software = of_sw[0].software

@@ -114,7 +114,8 @@ class RegressionOut(ApiModel):
     summary="The run against the fleet's baselines: step time, MFU, scaling, startup, "
     "recovery, checkpoints, allocation",
     description="The baseline of each tier is the earlier runs of the same workload (the "
-    "config's model keys and the world size; MFU: of the architecture at any scale) on the "
+    "config's model keys and the world size; MFU and GPU-seconds a token: of the architecture at "
+    "a like scale, within 1.5x) on the "
     "software the run followed; `scaling` is the run's throughput per GPU over its software's "
     "smallest runs' against the same ratio on the software it replaced (small-scale canaries); "
     "`allocation` is against its pool's earlier allocations of a like size. `changes` names "

@@ -5,15 +5,16 @@ table caps a server at a few dozen SDK-sized requests a second. Here each reques
 validated on its own (a bad batch is still refused alone, naming its field) and handed to one
 committer thread as pieces (one Arrow table per kind, with its context columns). The committer
 takes everything waiting when it comes round, so the window adapts by itself: a lone request is
-inserted at once, and under load each insert carries the requests that arrived while the previous
-one ran. While requests keep arriving (each within ``gap_s`` of the last) it also lingers, up to
-``linger_s`` from the first waiting request, so that a busy second becomes a few large inserts
-rather than dozens of small ones: the engine's cost is per insert far more than per row (~46 ms
-of CPU for one rank-step's rows, ~60 ms for 64, issue 35), and every part it writes is merged
-again later. A client that waits for its answer before sending again is never held: no request
-follows its own within ``gap_s``. Pieces already stored (a retry, or the same batch twice in one
-group) are dropped by the :class:`~.ledger.Ledger`; the rest is concatenated per kind and
-column set, tagged with its batch keys, announced in the ledger, inserted, and committed. A
+inserted once ``gap_s`` (10 ms) passed with nothing after it, and under load each insert carries
+the requests that arrived while the previous one ran. While requests keep arriving (each within
+``gap_s`` of the last) it also lingers, up to ``linger_s`` from the first waiting request, so
+that a busy second becomes a few large inserts rather than dozens of small ones: the engine's
+cost is per insert far more than per row (~46 ms of CPU for one rank-step's rows, ~60 ms for 64,
+issue 35), and every part it writes is merged again later. So under a fleet's load every
+request waits up to ``linger_s`` for its answer; a client alone, which waits for its answer
+before sending again, waits ``gap_s``. Pieces already stored (a retry, or the same batch twice
+in one group) are dropped by the :class:`~.ledger.Ledger`; the rest is concatenated per kind
+and column set, tagged with its batch keys, announced in the ledger, inserted, and committed. A
 request's future resolves when every insert holding its rows returned: the acknowledgement still
 means durable.
 """

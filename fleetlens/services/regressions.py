@@ -58,8 +58,8 @@ DIAGNOSES = {tier: f"{tier}_regression" for tier in TIERS}
 """The finding each tier raises when the run is worse than its baseline."""
 _OF = {
     "program": "earlier run(s) of this workload",
-    "mfu": "earlier run(s) of this architecture at any scale",
-    "token": "earlier run(s) of this architecture at any scale",
+    "mfu": "earlier run(s) of this architecture at a like scale",
+    "token": "earlier run(s) of this architecture at a like scale",
     "scaling": "run(s) at this size on the software it replaced (over its smallest runs)",
     "startup": "earlier fresh start(s) of this workload",
     "recovery": "earlier run(s) of this workload that restarted",
@@ -210,7 +210,8 @@ def _read(telemetry: TelemetryStore, tenant: str, runs: list[RunBrief]) -> dict[
         mfu = None
         if spec.missing is None:  # its config names FLOPs and a peak: MFU of retained steps
             _, factors, how = GoodputQueries(telemetry, scope).run_goodput(brief.run_id, spec)
-            mfu = factors.program if how["programBasis"] == "mfu_retained_steps" else None
+            if how["programBasis"] == "mfu_retained_steps" and (how["retainedFlops"] or 0) > 0:
+                mfu = factors.program  # (FLOPs a token with no tokens logged: none)
         out[brief.run_id] = RunFigures(
             run_id=brief.run_id,
             t_first=float(s["t_first"]),
@@ -224,7 +225,7 @@ def _read(telemetry: TelemetryStore, tenant: str, runs: list[RunBrief]) -> dict[
             mfu=mfu,
             # tokens a second per rank; without tokens, steps a second (a rank's batch is fixed)
             gpu_rate=tokens / ranks if tokens > 0 else (1.0 / step_s if step_s else None),
-            gpu_s_per_token=ranks / tokens if tokens > 0 else None,
+            gpu_s_per_token=ranks / tokens if tokens > 0 and mfu is None else None,
             recovery_s=float(np.median(gaps)) if gaps else None,
             checkpoint_s=float(np.median(pauses)) if pauses else None,
             alloc_s=alloc[0] if alloc else None,

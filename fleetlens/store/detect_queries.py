@@ -266,12 +266,17 @@ class DetectQueries(DeviceQueries):
         return self.job_start(run_id, job_id)[1]
 
     def checkpoint_pauses(self, run_id: str, limit: int = 10_000) -> list[float]:
-        """The pause of each checkpoint commit of the run (its ``checkpoint_end`` events'
-        ``duration``, seconds), newest ``limit``."""
+        """The pause of each synchronous checkpoint save of the run that succeeded (its
+        ``checkpoint_end`` events' ``duration_s``, the SDK's, or ``duration``, an importer's;
+        seconds), newest ``limit``; a save with ``sync`` false is no pause."""
         rows = self.r.table(
-            "SELECT JSONExtractFloat(attrs, 'duration') AS d FROM {db}.events"
+            "SELECT if(JSONHas(attrs, 'duration_s'), JSONExtractFloat(attrs, 'duration_s'),"
+            " JSONExtractFloat(attrs, 'duration')) AS d FROM {db}.events"
             " WHERE run_id = {run:String} AND kind = 'checkpoint_end'"
-            " AND JSONHas(attrs, 'duration') ORDER BY time DESC LIMIT {limit:UInt32}",
+            " AND (JSONHas(attrs, 'duration_s') OR JSONHas(attrs, 'duration'))"
+            " AND NOT (JSONHas(attrs, 'sync') AND NOT JSONExtractBool(attrs, 'sync'))"
+            " AND NOT (JSONHas(attrs, 'ok') AND NOT JSONExtractBool(attrs, 'ok'))"
+            " ORDER BY time DESC LIMIT {limit:UInt32}",
             run=run_id,
             limit=limit,
         ).column("d")
