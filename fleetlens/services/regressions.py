@@ -201,7 +201,10 @@ def _read(telemetry: TelemetryStore, tenant: str, runs: list[RunBrief]) -> dict[
         sw.update({k: str(brief.config[k]) for k in CONFIG_SOFTWARE_KEYS if k in brief.config})
         startup = newest.start - started if started is not None and len(jobs) == 1 else None
         step_s = float(s["median_step_s"]) if s["median_step_s"] else None
-        tokens = float(s["tokens_per_s"] or 0.0)
+        # Tokens a second at the median step (a step's tokens over the median step time), as
+        # robust as the program tier's figure: a run's mean rate moves with its few slow steps.
+        per_step = float(s["tokens_per_s"] or 0.0) * float(s["mean_step_s"] or 0.0)
+        tokens = per_step / step_s if step_s else 0.0
         ranks = int(s["ranks"] or brief.world_size or 1)
         gaps = [b.start - a.end for a, b in itertools.pairwise(jobs) if b.start >= a.end]
         pauses = q.checkpoint_pauses(brief.run_id)
