@@ -4,6 +4,7 @@ one-JSON-line result."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -30,6 +31,22 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+def proc_cpu_s(pid: int) -> float:
+    """A process's CPU seconds so far, user and system, from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory now, MB, from ``/proc``."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def emit(result: dict[str, Any]) -> None:

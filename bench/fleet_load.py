@@ -49,7 +49,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fleetlens
-from bench._common import emit, start_server, stop_server
+from bench._common import emit, proc_cpu_s, rss_mb, start_server, stop_server
 from fleetlens.agent.relay import Relay, RelayConfig
 from fleetlens.sdk.transport import Ack, HttpTransport
 from fleetlens.wire import Batch, BatchFrame
@@ -58,7 +58,6 @@ SCALARS = {f"metric_{k}": 0.1 * k for k in range(10)}
 SAMPLE_EVERY = 16
 GOAL_ACK_P99_S = 2.0
 GOAL_FOUND_STEPS = 5
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _step_ends(body: bytes) -> list[float]:
@@ -117,20 +116,6 @@ def _relays(ranks: int, url: str, workdir: str, latencies: list[float]) -> list[
             relay.transport = sampled
         relays.append(relay.start())
     return relays
-
-
-def _proc_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _stragglers(url: str, run_id: str) -> list[dict[str, Any]]:
@@ -214,7 +199,7 @@ def play(ranks: int, seconds: int, workdir: str, relay: bool = False) -> dict[st
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        cpu0, rss, lags = _proc_cpu_s(proc.pid), [], []
+        cpu0, rss, lags = proc_cpu_s(proc.pid), [], []
         t0 = time.time() + 1.0
         for k in range(seconds):
             target = t0 + k
@@ -242,8 +227,8 @@ def play(ranks: int, seconds: int, workdir: str, relay: bool = False) -> dict[st
                 run.log(k, **SCALARS)
             lags.append(time.time() - target)
             if k % 5 == 0:
-                rss.append(_rss_mb(proc.pid))
-        cpu = _proc_cpu_s(proc.pid) - cpu0
+                rss.append(rss_mb(proc.pid))
+        cpu = proc_cpu_s(proc.pid) - cpu0
         t_finish = time.monotonic()
         for run in runs:
             run.finish()

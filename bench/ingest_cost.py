@@ -56,7 +56,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._common import emit
+from bench._common import emit, proc_cpu_s, rss_mb
 from bench._ingest_bodies import REMOTE_WRITE_HEADERS, Bodies, capture, envelope, remote_write
 from bench._ingest_gen import Outcome, Plan, Request, drive, spread
 
@@ -68,23 +68,8 @@ GOALS = {
     "max_ranks_relay_one_core": 16384,
     "overload_stored_ratio": 0.9,
 }
-_TICKS = os.sysconf("SC_CLK_TCK")
 _CORES = sorted(os.sched_getaffinity(0))
 SERVER_CORE, GEN_CORE = _CORES[-1], _CORES[0]
-
-
-def _cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _port() -> int:
@@ -210,7 +195,7 @@ def _watch(port: int, run_id: str, pid: int, slow_from: int, wall0: float, stop:
     seen["rss"] = []
     while not stop.wait(1.0):
         try:
-            seen["rss"].append(_rss_mb(pid))
+            seen["rss"].append(rss_mb(pid))
         except OSError:  # it ended
             return
         k = int(time.time() - wall0)
@@ -246,11 +231,11 @@ def level(kind: str, ranks: int, seconds: int, relay: bool, workdir: str,
             target=_watch, args=(port, watched, proc.pid, slow_from, wall0, stop, seen)
         )
         watcher.start()
-        cpu0 = _cpu_s(proc.pid)
+        cpu0 = proc_cpu_s(proc.pid)
         t0 = time.monotonic()
         out: Outcome = drive("127.0.0.1", port, plan)
         took = time.monotonic() - t0
-        cpu = _cpu_s(proc.pid) - cpu0
+        cpu = proc_cpu_s(proc.pid) - cpu0
         if watched and "found" not in seen:
             time.sleep(6.0)  # a last monitoring pass
         stop.set()
