@@ -260,7 +260,7 @@ EVENT_KINDS: dict[str, str] = {
     "gang_complete": "every rank of the job is up",
     "first_step": "the first step of the attempt began",
     "checkpoint_begin": "a checkpoint save began",
-    "checkpoint_end": "a checkpoint save ended (attrs: size_bytes, sync, ok)",
+    "checkpoint_end": "a checkpoint save ended (attrs: duration_s, size_bytes, sync, ok)",
     "checkpoint_load": "a checkpoint was loaded (attrs: step, duration)",
     "data_shard": "a rank began reading a dataset shard (attrs: shard, version)",
     "failure": "the job attempt failed",

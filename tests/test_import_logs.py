@@ -254,7 +254,7 @@ def test_timestamped_megatron_lm_lines_and_what_their_numbers_say() -> None:
     # 15 minutes without a line and no save or evaluation: a restart.
     assert r2.steps == [41, 42, 43, 44] and any(e["kind"] == "restart" for e in r2.events)
     ck = [e for e in a0.events if e["kind"] == "checkpoint_end"]
-    assert len(ck) == 1 and ck[0]["attrs"]["duration"] == pytest.approx(40.0)
+    assert len(ck) == 1 and ck[0]["attrs"]["duration_s"] == pytest.approx(40.0)
     s = run.summary()
     assert s["nonFinite"] == {"iteration_time": 1, "loss": 1}  # iteration 45: nan time and loss
     assert s["toStep"] == 44 and r2.scalars["loss"][0][-1] == 45

@@ -11,7 +11,7 @@ Every instant of the window is charged to exactly one line, by precedence:
    ``data_stall`` (its input wait), ``straggler`` (slowest rank minus the mean rank) and
    ``productive`` (the rest).
 2. An explicit interval: a synchronous checkpoint (``checkpoint_begin`` .. ``checkpoint_end``,
-   or ``checkpoint_end`` with ``attrs.duration``; ``attrs.sync = false`` saves are not pauses:
+   or ``checkpoint_end`` with ``attrs.duration_s``; ``attrs.sync = false`` saves are not pauses:
    their cost shows in the steps; one with ``attrs.category``, e.g. a drain's checkpoint with
    ``recovery``, is charged there), or any event whose attrs carry ``category`` and ``duration``
    (``maintenance``/``drain``/``hang`` events with a ``duration`` need no category).
@@ -53,7 +53,7 @@ from .run_structure import (
     read_attempts,
     read_executions,
 )
-from .timeline import F64, Event, StepArrays
+from .timeline import F64, Event, StepArrays, checkpoint_seconds
 from .timeline import events_from_rows as events_from_rows  # re-exported
 
 __all__ = [
@@ -173,27 +173,28 @@ _Interval = tuple[float, float, str, int, bool]
 
 def _explicit(evs: list[Event]) -> tuple[list[tuple[float, float, str]], list[Event], int]:
     """Intervals the events state (checkpoints, events with a duration), the hangs without a
-    duration, and the number of checkpoints."""
+    duration, and the number of checkpoint saves (a save every rank of a job reports is one)."""
     hangs: list[Event] = []
     explicit: list[tuple[float, float, str]] = []
     ckpt_open: dict[str, float] = {}
-    checkpoints = 0
+    saves: set[tuple[str, int]] = set()
     for e in evs:
         dur = e.attrs.get("duration")
         cat = e.attrs.get("category")
         if e.kind == "checkpoint_begin":
             ckpt_open[e.job_id] = e.time
         elif e.kind == "checkpoint_end":
-            checkpoints += 1
+            saves.add((e.job_id, e.step))
             began = ckpt_open.pop(e.job_id, None)
             if e.attrs.get("sync", True) is False:
                 continue
             # A checkpoint taken to recover (a drain's) says so: it is charged to recovery.
             ck = str(cat) if cat in _EXPLICIT_OK else "checkpoint"
+            took = checkpoint_seconds(e.attrs)
             if began is not None:
                 explicit.append((began, e.time, ck))
-            elif isinstance(dur, (int, float)):
-                explicit.append((e.time - float(dur), e.time, ck))
+            elif took is not None:
+                explicit.append((e.time - took, e.time, ck))
         elif isinstance(dur, (int, float)) and dur > 0:
             if cat is None:
                 cat = {"drain": "maintenance", "maintenance": "maintenance", "hang": "hang"}.get(
@@ -203,7 +204,7 @@ def _explicit(evs: list[Event]) -> tuple[list[tuple[float, float, str]], list[Ev
                 explicit.append((e.time, e.time + float(dur), str(cat)))
         elif e.kind == "hang":
             hangs.append(e)
-    return explicit, hangs, checkpoints
+    return explicit, hangs, len(saves)
 
 
 def _attempt_intervals(attempts: Attempts) -> tuple[list[_Interval], dict[str, str]]:

@@ -7,6 +7,7 @@ rows become :class:`Event`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ import numpy.typing as npt
 
 from ..errors import ConfigError
 
-__all__ = ["F64", "Event", "StepArrays", "events_from_rows"]
+__all__ = ["F64", "Event", "StepArrays", "checkpoint_seconds", "events_from_rows"]
 
 F64 = npt.NDArray[np.float64]
 
@@ -74,3 +75,14 @@ class StepArrays:
 
 def events_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[Event]:
     return [Event.from_row(r) for r in rows]
+
+
+def checkpoint_seconds(attrs: Mapping[str, Any]) -> float | None:
+    """How long a ``checkpoint_end``'s save took, in seconds: ``duration_s`` (what the SDK and
+    the simulator write), else ``duration`` (what the log importers wrote before); None when
+    neither is a finite number >= 0."""
+    for key in ("duration_s", "duration"):
+        v = attrs.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            return float(v)
+    return None

@@ -216,7 +216,7 @@ def parse_megatron_log(text: str, path: str = "", job_id: str = "") -> ImportedR
                     "checkpoint_end",
                     last_iter,
                     "checkpoint saved between iteration lines",
-                    duration=gap,
+                    duration_s=gap,
                 )
             elif gap > 0 and "evaluation" in between:
                 attempt.event(

@@ -206,7 +206,7 @@ def read_torchtitan(path: str | Path, *, start: float = 0.0, job_id: str = "a0")
         if cm and runs.current is not None and prev is not None and stamp is not None:
             saving += float(cm.group(1))
             runs.current.event(
-                stamp, "checkpoint_end", prev[0], "checkpoint saved", duration=float(cm.group(1))
+                stamp, "checkpoint_end", prev[0], "checkpoint saved", duration_s=float(cm.group(1))
             )
             continue
         hs = _TITAN_START.search(line)

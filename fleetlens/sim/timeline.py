@@ -102,7 +102,7 @@ def _checkpoint(e: Engine, b: _Book, step: int, force_sync: bool = False) -> Non
         size_bytes=size,
         sync=sync,
         ok=True,
-        duration=write,
+        duration_s=write,
     )
     for f in e.faults:
         if f.info.mode == "checkpoint" and f.start <= step - 1 < f.end:

@@ -267,8 +267,9 @@ class DetectQueries(DeviceQueries):
 
     def checkpoint_pauses(self, run_id: str, limit: int = 10_000) -> list[float]:
         """The pause of each synchronous checkpoint save of the run that succeeded (its
-        ``checkpoint_end`` events' ``duration_s``, the SDK's, or ``duration``, an importer's;
-        seconds), newest ``limit``; a save with ``sync`` false is no pause."""
+        ``checkpoint_end`` events' ``duration_s``, or ``duration`` in events stored before the
+        importers wrote ``duration_s``; seconds, as ``analysis.timeline.checkpoint_seconds``),
+        newest ``limit``; a save with ``sync`` false is no pause."""
         rows = self.r.table(
             "SELECT if(JSONHas(attrs, 'duration_s'), JSONExtractFloat(attrs, 'duration_s'),"
             " JSONExtractFloat(attrs, 'duration')) AS d FROM {db}.events"
