@@ -220,13 +220,13 @@ def test_a_person_asks_a_capture_from_the_command_line_and_reads_it_side_by_side
 
 
 _LOOP = """
-import os, sys, torch, fleetlens
+import itertools, os, sys, torch, fleetlens
 run = fleetlens.init(project="p", run_id="cap-loop", trace_capture=True,
                      install_signal_handler=False)
 model = torch.nn.Linear(64, 64)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 stop_at = int(sys.argv[1])
-for i in range(0, 100_000, 10):  # the job numbers its steps in tens
+for i in itertools.count(0, 10):  # the job numbers its steps in tens
     with run.step(i):
         model(torch.randn(32, 64)).sum().backward()
         opt.step()

@@ -123,7 +123,9 @@ def test_nanogpt_slowed_rank_has_the_longest_compute_with_the_readme_instrumenta
     of rank 2 and of a healthy peer (issue 39 item 3), the same steps on both: in the traces
     too, rank 2 computes longest and its peer waits in the all-reduce."""
     env = {"FLEETLENS_TRACE_CAPTURE": "1"}
-    r = run_job(job_server, "nanogpt", steps=200, fault=_HALF_SPEED, settle_s=60, env=env)
+    # A capture starts 10 s of the job's steps ahead of its ranks (so that every rank named
+    # hears of it first): the job runs long enough for that at this machine's pace.
+    r = run_job(job_server, "nanogpt", steps=400, fault=_HALF_SPEED, settle_s=60, env=env)
     assert r.returncode == 0, _show(r)
     ranks = {int(x["rank"]): x for x in r.ranks.get("ranks", [])}
     assert sorted(ranks) == [0, 1, 2, 3], _show(r)
