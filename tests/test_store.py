@@ -129,3 +129,30 @@ def test_a_store_made_before_new_columns_gets_them_on_open(tmp_path) -> None:  #
         store.close()
     assert rows[1] == {"time": 2.0, "ib_errors": 3.0} and rows[0]["ib_errors"] != 3.0
     assert "sm_occupancy" in cols
+
+
+def test_an_insert_does_not_wait_for_a_long_read(chdb_store: ChdbStore) -> None:
+    """The collector acknowledges a batch once its insert returns: a read that takes seconds
+    (a portal page over a large fleet, an analysis pass) must not hold it. The read here sleeps
+    in the engine for 4 s, whatever the machine's pace; the insert returns while it runs."""
+    import threading
+
+    read_started, read_done = threading.Event(), threading.Event()
+
+    def long_read() -> None:
+        read_started.set()
+        chdb_store.query("SELECT sleepEachRow(1) AS s FROM numbers(4) SETTINGS max_block_size = 1")
+        read_done.set()
+
+    reader = threading.Thread(target=long_read)
+    reader.start()
+    read_started.wait(30)
+    try:
+        _, body = step_batch("during-read", range(0, 5), ranks=2)
+        _insert(chdb_store, body)
+        assert not read_done.is_set(), "the insert waited for the read to end"
+    finally:
+        reader.join(30)
+    assert read_done.is_set()
+    rows = chdb_store.query("SELECT count() AS n FROM fleetlens.steps WHERE run_id = 'during-read'")
+    assert rows.to_pylist() == [{"n": 10}]

@@ -1,9 +1,12 @@
 """The embedded telemetry store: the ClickHouse engine in-process (chDB) on a local directory.
 
-chDB runs one engine per process and serializes its queries, so this store holds one connection
-behind one lock: short queries and one writer path beat many threads. An insert that returned
-is on disk (chDB keeps every returned insert across SIGKILL), which is what lets the collector
-acknowledge a batch once ``insert`` returns.
+chDB runs one engine per process. This store holds two connections to it, each behind its own
+lock: one for the collector's inserts and one for everything else (queries, DDL, the settle
+after a crash). A connection serializes its own queries, so with one for both a commit waited
+for whatever read held it (an analysis pass's, a portal page's) and the stored rate stopped at
+what the reads left; the engine runs an insert beside a read on another connection. An insert
+that returned is on disk (chDB keeps every returned insert across SIGKILL), which is what lets
+the collector acknowledge a batch once ``insert`` returns.
 """
 
 from __future__ import annotations
@@ -118,12 +121,14 @@ class ChdbStore:
             os.makedirs(path, exist_ok=True)
             try:
                 self._conn = chdb.connect(path)  # type: ignore[no-untyped-call]
+                self._writer = chdb.connect(path)  # type: ignore[no-untyped-call]
             except Exception as exc:  # chDB raises plain RuntimeError for a bad path
                 raise StoreError(f"cannot open chDB at {path}: {exc}") from exc
             ChdbStore._open_path = path
         self.path = path
         self.database = database
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the connection of queries and statements
+        self._write_lock = threading.Lock()  # the connection of inserts
         layout = Layout(database=database)
         self._views = views(layout)
         ensure_schema(self, layout, retention)
@@ -143,9 +148,9 @@ class ChdbStore:
             f"INSERT INTO {self.database}.{table} ({cols}) "
             f"SELECT {consts}* FROM Python(_fl_rows) SETTINGS {settings}"
         )
-        with self._lock:
+        with self._write_lock:
             try:
-                self._conn.query(sql, params=params)
+                self._writer.query(sql, params=params)
             except Exception as exc:
                 raise StoreError(f"insert into {table} failed: {exc}") from exc
 
@@ -162,9 +167,9 @@ class ChdbStore:
             f"INSERT INTO {self.database}.{table} ({cols}) SELECT * FROM Python(_fl_rows) "
             "SETTINGS insert_allow_materialized_columns = 1, insert_deduplicate = 0"
         )
-        with self._lock:
+        with self._write_lock:
             try:
-                self._conn.query(sql)
+                self._writer.query(sql)
             except Exception as exc:
                 raise StoreError(f"insert into {table} failed: {exc}") from exc
 
@@ -258,6 +263,9 @@ class ChdbStore:
         with ChdbStore._class_lock:
             if ChdbStore._open_path == self.path:
                 try:
-                    self._conn.close()
+                    with self._write_lock:
+                        self._writer.close()
+                    with self._lock:
+                        self._conn.close()
                 finally:
                     ChdbStore._open_path = None
