@@ -120,13 +120,11 @@ class RecordKind:
     priority: Priority
     engine: str = "MergeTree"
     by_name: dict[str, Column] = field(init=False, repr=False, compare=False)
+    column_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_name", {c.name: c for c in self.columns})
-
-    @property
-    def column_names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns)
+        object.__setattr__(self, "column_names", tuple(c.name for c in self.columns))
 
     def stored_columns(self) -> tuple[str, ...]:
         """Column order in the table: context identifiers first, then the record's columns."""
