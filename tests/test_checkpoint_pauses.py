@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 
+from fleetlens.analysis.timeline import Event, checkpoint_saves, save_pauses
 from fleetlens.testing import InProcessServer, step_batch, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
-
-pytestmark = pytest.mark.api
 
 RANKS = 2
 PAUSES = (2.0, 2.0, 12.0)  # the saves after steps 19, 39 and 59
@@ -50,6 +49,31 @@ def _post_saves(srv: InProcessServer, run: str, t0: float) -> None:
     assert srv.post(encode_batch({"event": ev.build()}, ctx)[1])[0] == 200
 
 
+def _end(t: float, step: int, rank: int, **attrs: Any) -> Event:
+    return Event(t, "checkpoint_end", "j1", step, {"sync": True, "ok": True, **attrs}, rank)
+
+
+@pytest.mark.unit
+def test_a_save_is_one_however_many_ranks_report_it_and_only_synchronous_good_ones_pause() -> None:
+    """Two ranks report each save. A decorated save function reports the step it was decorated
+    with every time, and a save with no step reports -1: one rank's reports of the same step
+    are each a save. A background save and a failed one are saves but no pause."""
+    evs = [
+        _end(10, 19, 0, duration_s=2.0), _end(10.1, 19, 1, duration_s=2.5),  # one save
+        _end(20, 5, 0, duration_s=1.0), _end(20, 5, 1, duration_s=1.0),  # a decorated save
+        _end(30, 5, 1, duration_s=3.0), _end(30, 5, 0, duration_s=1.0),  # ... called again
+        _end(40, -1, 0, duration_s=1.0), _end(50, -1, 0, duration_s=4.0),  # two, no step
+        _end(60, 70, 0, duration_s=60.0, sync=False), _end(60, 70, 1, duration_s=60.0, sync=False),
+        _end(70, 80, 0, duration_s=9.0, ok=False), _end(70, 80, 1, duration_s=9.0, ok=False),
+    ]  # fmt: skip
+    assert [[e.time for e in s] for s in checkpoint_saves(evs)] == [
+        [10, 10.1], [20, 20], [30, 30], [40], [50], [60, 60], [70, 70]
+    ]  # fmt: skip
+    assert save_pauses(evs) == ([19, 5, 5, -1, -1], [2.5, 1.0, 3.0, 1.0, 4.0],
+                                [10.1, 20, 30, 40, 50])  # fmt: skip
+
+
+@pytest.mark.api
 def test_a_slow_save_reported_with_duration_s_is_a_finding_and_its_pause_is_checkpointing(
     tmp_path: Path,
 ) -> None:

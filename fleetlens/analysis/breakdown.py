@@ -53,7 +53,7 @@ from .run_structure import (
     read_attempts,
     read_executions,
 )
-from .timeline import F64, Event, StepArrays, checkpoint_seconds
+from .timeline import F64, Event, StepArrays, checkpoint_saves, checkpoint_seconds
 from .timeline import events_from_rows as events_from_rows  # re-exported
 
 __all__ = [
@@ -173,18 +173,17 @@ _Interval = tuple[float, float, str, int, bool]
 
 def _explicit(evs: list[Event]) -> tuple[list[tuple[float, float, str]], list[Event], int]:
     """Intervals the events state (checkpoints, events with a duration), the hangs without a
-    duration, and the number of checkpoint saves (a save every rank of a job reports is one)."""
+    duration, and the number of checkpoint saves (:func:`checkpoint_saves`: a save every rank
+    of a job reports is one)."""
     hangs: list[Event] = []
     explicit: list[tuple[float, float, str]] = []
     ckpt_open: dict[str, float] = {}
-    saves: set[tuple[str, int]] = set()
     for e in evs:
         dur = e.attrs.get("duration")
         cat = e.attrs.get("category")
         if e.kind == "checkpoint_begin":
             ckpt_open[e.job_id] = e.time
         elif e.kind == "checkpoint_end":
-            saves.add((e.job_id, e.step))
             began = ckpt_open.pop(e.job_id, None)
             if e.attrs.get("sync", True) is False:
                 continue
@@ -204,7 +203,7 @@ def _explicit(evs: list[Event]) -> tuple[list[tuple[float, float, str]], list[Ev
                 explicit.append((e.time, e.time + float(dur), str(cat)))
         elif e.kind == "hang":
             hangs.append(e)
-    return explicit, hangs, len(saves)
+    return explicit, hangs, len(checkpoint_saves(evs))
 
 
 def _attempt_intervals(attempts: Attempts) -> tuple[list[_Interval], dict[str, str]]:

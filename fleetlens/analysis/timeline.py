@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,15 @@ import numpy.typing as npt
 
 from ..errors import ConfigError
 
-__all__ = ["F64", "Event", "StepArrays", "checkpoint_seconds", "events_from_rows"]
+__all__ = [
+    "F64",
+    "Event",
+    "StepArrays",
+    "checkpoint_saves",
+    "checkpoint_seconds",
+    "events_from_rows",
+    "save_pauses",
+]
 
 F64 = npt.NDArray[np.float64]
 
@@ -29,6 +37,7 @@ class Event:
     job_id: str = ""
     step: int = -1
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    rank: int = -1
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Event:
@@ -44,6 +53,7 @@ class Event:
             str(row.get("job_id") or ""),
             int(row.get("step", -1)),
             attrs if isinstance(attrs, dict) else {},
+            int(row.get("rank", -1)),
         )
 
 
@@ -86,3 +96,39 @@ def checkpoint_seconds(attrs: Mapping[str, Any]) -> float | None:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
             return float(v)
     return None
+
+
+def checkpoint_saves(events: Iterable[Event]) -> list[list[Event]]:
+    """The ``checkpoint_end`` reports of each save, in the order the saves ended.
+
+    Every rank of a job reports the same save, so a rank's k-th report of a (job, step) and the
+    other ranks' k-th are one save; one rank's reports are each a save of their own (a decorated
+    save function reports the same step every time, a save with no step reports -1)."""
+    times: dict[tuple[str, int, int], int] = {}
+    saves: dict[tuple[str, int, int], list[Event]] = {}
+    for e in events:
+        if e.kind != "checkpoint_end":
+            continue
+        k = times.get((e.job_id, e.step, e.rank), 0)
+        times[(e.job_id, e.step, e.rank)] = k + 1
+        saves.setdefault((e.job_id, e.step, k), []).append(e)
+    return sorted(saves.values(), key=lambda reports: max(r.time for r in reports))
+
+
+def save_pauses(events: Iterable[Event]) -> tuple[list[int], list[float], list[float]]:
+    """Each synchronous save that succeeded: its step, its pause and when it ended, in order.
+    A save every rank reports pauses the job for its slowest rank's (the others wait at the next
+    collective); a background save (``sync`` false) is no pause and a failed one no save."""
+    steps, pauses, times = [], [], []
+    for reports in checkpoint_saves(events):
+        took = [
+            t
+            for r in reports
+            if r.attrs.get("sync", True) is not False and r.attrs.get("ok", True) is not False
+            if (t := checkpoint_seconds(r.attrs)) is not None
+        ]
+        if took:
+            steps.append(reports[0].step)
+            pauses.append(max(took))
+            times.append(max(r.time for r in reports))
+    return steps, pauses, times

@@ -44,7 +44,7 @@ from ..analysis.stages import (
     stage_imbalance,
     tally_stages,
 )
-from ..analysis.timeline import checkpoint_seconds
+from ..analysis.timeline import Event, save_pauses
 from ..analysis.topology import tp_split
 from ..config import AnalyzerConfig
 from ..lifecycle import STOPS
@@ -223,7 +223,7 @@ def analyze_run(
     )
     ctx.found += lost
     pending = pending or ending
-    ctx.found += diagnose_slow_checkpoints(*_checkpoint_saves(events))
+    ctx.found += diagnose_slow_checkpoints(*save_pauses(Event.from_row(e) for e in events))
     hot = [h for js in jstate.values() for h in js.get("hot", [])]
     stragglers = fold_tp_groups(
         fold_into_racks(straggler_findings(ctx.q, run, jobs, jstate, tails), hot, cfg.block_steps),
@@ -234,20 +234,6 @@ def analyze_run(
         if b.ready:
             store.save_baseline(run.tenant, ctx.signature, metric, b.to_json())
     return ctx.found, stragglers, state, pending or watch
-
-
-def _checkpoint_saves(events: list[dict[str, Any]]) -> tuple[list[int], list[float], list[float]]:
-    """Each save's step, duration and time, in order: the slowest rank's when every rank of a
-    job reports the same save (the job waits for it at its next collective)."""
-    saves: dict[tuple[str, int], tuple[float, float]] = {}
-    for e in events:
-        took = checkpoint_seconds(e["attrs"]) if e["kind"] == "checkpoint_end" else None
-        if took is not None:
-            key = (e["job_id"], int(e["step"]))
-            old = saves.get(key, (0.0, 0.0))
-            saves[key] = (max(old[0], took), max(old[1], float(e["time"])))
-    order = sorted(saves.items(), key=lambda kv: kv[1][1])
-    return [k[1] for k, _ in order], [v[0] for _, v in order], [v[1] for _, v in order]
 
 
 def _new_attempt(job: JobSpan) -> dict[str, Any]:

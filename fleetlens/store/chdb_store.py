@@ -121,8 +121,12 @@ class ChdbStore:
             os.makedirs(path, exist_ok=True)
             try:
                 self._conn = chdb.connect(path)  # type: ignore[no-untyped-call]
-                self._writer = chdb.connect(path)  # type: ignore[no-untyped-call]
             except Exception as exc:  # chDB raises plain RuntimeError for a bad path
+                raise StoreError(f"cannot open chDB at {path}: {exc}") from exc
+            try:
+                self._writer = chdb.connect(path)  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                self._conn.close()
                 raise StoreError(f"cannot open chDB at {path}: {exc}") from exc
             ChdbStore._open_path = path
         self.path = path
@@ -260,12 +264,29 @@ class ChdbStore:
                 raise StoreError(f"statement failed: {exc}") from exc
 
     def close(self) -> None:
+        """Close both connections, each once the statement running on it ended (or after
+        :data:`_CLOSE_WAIT_S`: a statement stuck in the engine does not hold the shutdown)."""
         with ChdbStore._class_lock:
-            if ChdbStore._open_path == self.path:
-                try:
-                    with self._write_lock:
-                        self._writer.close()
-                    with self._lock:
-                        self._conn.close()
-                finally:
-                    ChdbStore._open_path = None
+            if ChdbStore._open_path != self.path:
+                return
+        try:
+            _close(self._writer, self._write_lock)
+        finally:
+            try:
+                _close(self._conn, self._lock)
+            finally:
+                with ChdbStore._class_lock:
+                    if ChdbStore._open_path == self.path:
+                        ChdbStore._open_path = None
+
+
+_CLOSE_WAIT_S = 30.0
+
+
+def _close(conn: Any, lock: threading.Lock) -> None:
+    held = lock.acquire(timeout=_CLOSE_WAIT_S)
+    try:
+        conn.close()
+    finally:
+        if held:
+            lock.release()

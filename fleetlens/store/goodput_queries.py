@@ -57,16 +57,16 @@ class GoodputInputQueries:
             t1=t1,
         )
         events = self.r.table(
-            "SELECT run_id, time, kind, job_id, step, attrs FROM {db}.events"
+            "SELECT run_id, time, kind, job_id, step, rank, attrs FROM {db}.events"
             " WHERE run_id IN {runs:Array(String)} ORDER BY run_id, time",
             runs=run_ids,
         )
         return executions, events
 
     def events(self, run_id: str) -> pa.Table:
-        """The run's events (time, kind, job, step, attributes) in time order."""
+        """The run's events (time, kind, job, step, rank, attributes) in time order."""
         return self.r.table(
-            "SELECT time, kind, job_id, step, attrs FROM {db}.events"
+            "SELECT time, kind, job_id, step, rank, attrs FROM {db}.events"
             " WHERE run_id = {run:String} ORDER BY time",
             run=run_id,
         )
