@@ -61,7 +61,7 @@ from .flight_recorder import router as flight_recorder_router
 from .goodput import router as goodput_router
 from .graph import router as graph_router
 from .incidents import router as incidents_router
-from .ingest import IngestFastPath, error_response, ingest_batch, ingest_batches
+from .ingest import IngestApp, error_response, ingest_batch, ingest_batches
 from .leader import LeaderGauge, keep_electing, leader_of
 from .logs import router as logs_router
 from .memory import router as memory_router
@@ -307,7 +307,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
             await anyio.to_thread.run_sync(election.close)
             svc.close()
 
-    app = FastAPI(
+    app = IngestApp(  # FastAPI, with the ingest fast path in front of its middleware
         title="fleetlens",
         version=__version__,
         description="Where your GPUs' time went, and why.",
@@ -315,8 +315,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         docs_url=None,  # served by fleetlens.ui with the vendored Swagger UI (no CDN)
         redoc_url=None,
     )
-    app.add_middleware(IngestFastPath)
-    app.add_middleware(BodyLimit)  # outside the fast path, which it lets through (OWN_BODY)
+    app.add_middleware(BodyLimit)  # the ingest routes read their own bodies (OWN_BODY)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import time
 from typing import Any
 
 import anyio
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Send
@@ -35,7 +36,16 @@ from ..wire import BatchFrame
 from .auth import caller
 from .bodies import BodyBudget, BodyRefused, drain, read_body
 
-__all__ = ["IngestFastPath", "error_response", "float_header", "ingest_batch", "ingest_batches"]
+__all__ = [
+    "IngestApp",
+    "IngestFastPath",
+    "error_response",
+    "float_header",
+    "ingest_batch",
+    "ingest_batches",
+]
+
+log = logging.getLogger("fleetlens.ingest")
 
 
 def error_response(
@@ -285,8 +295,11 @@ class IngestFastPath:
     """``POST /v1/ingest`` straight to :func:`ingest_batch` (``/v1/ingest/batches`` to
     :func:`ingest_batches`); every other request to the app.
 
-    It sits inside the app's error middleware, so an unexpected error is still a 500 from the
-    app; authentication and its 401/403 answers are the same as the route's dependency."""
+    It is in front of the app's whole middleware stack (:class:`IngestApp`), which cost an
+    ingest request 9% of the server's Python time at 1,024 ranks and does nothing for it: the
+    routes read their own bodies, answer JSON (``nosniff``, as every answer) and turn an
+    unexpected error into a logged 500 here. Authentication and its 401/403 answers are the
+    same as the route's dependency."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -310,4 +323,15 @@ class IngestFastPath:
             status = http_status(exc)
             retry = int(getattr(exc, "retry_after", 1)) if status == 503 else None
             response = error_response(status, str(exc), getattr(exc, "field", None), retry)
+        except Exception:
+            log.exception("ingest request failed")
+            response = error_response(500, "internal error; the batch was not stored")
+        response.headers["X-Content-Type-Options"] = "nosniff"
         await response(scope, receive, send)
+
+
+class IngestApp(FastAPI):
+    """FastAPI with :class:`IngestFastPath` in front of its middleware stack."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return IngestFastPath(super().build_middleware_stack())
