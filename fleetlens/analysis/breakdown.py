@@ -189,10 +189,9 @@ def _explicit(evs: list[Event]) -> tuple[list[tuple[float, float, str]], list[Ev
                 continue
             # A checkpoint taken to recover (a drain's) says so: it is charged to recovery.
             ck = str(cat) if cat in _EXPLICIT_OK else "checkpoint"
-            took = checkpoint_seconds(e.attrs)
             if began is not None:
                 explicit.append((began, e.time, ck))
-            elif took is not None:
+            elif (took := checkpoint_seconds(e.attrs)) is not None:
                 explicit.append((e.time - took, e.time, ck))
         elif isinstance(dur, (int, float)) and dur > 0:
             if cat is None:

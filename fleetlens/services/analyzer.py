@@ -223,7 +223,8 @@ def analyze_run(
     )
     ctx.found += lost
     pending = pending or ending
-    ctx.found += diagnose_slow_checkpoints(*save_pauses(Event.from_row(e) for e in events))
+    ends = (Event.from_row(e) for e in events if e["kind"] == "checkpoint_end")
+    ctx.found += diagnose_slow_checkpoints(*save_pauses(ends))
     hot = [h for js in jstate.values() for h in js.get("hot", [])]
     stragglers = fold_tp_groups(
         fold_into_racks(straggler_findings(ctx.q, run, jobs, jstate, tails), hot, cfg.block_steps),

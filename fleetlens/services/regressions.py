@@ -32,6 +32,7 @@ from ..analysis.regression import (
     workload_key,
 )
 from ..analysis.rootcause import Diagnosis
+from ..analysis.timeline import Event, save_pauses
 from ..lifecycle import LIVE
 from ..store.compare_queries import ComparisonQueries
 from ..store.detect_queries import DetectQueries
@@ -207,7 +208,7 @@ def _read(telemetry: TelemetryStore, tenant: str, runs: list[RunBrief]) -> dict[
         tokens = per_step / step_s if step_s else 0.0
         ranks = int(s["ranks"] or brief.world_size or 1)
         gaps = [b.start - a.end for a, b in itertools.pairwise(jobs) if b.start >= a.end]
-        pauses = q.checkpoint_pauses(brief.run_id)
+        pauses = save_pauses(Event.from_row(r) for r in q.checkpoint_ends(brief.run_id))[1]
         alloc = _first_allocation(telemetry, scope, brief.run_id)
         spec = program_spec(brief.config)
         mfu = None

@@ -265,23 +265,17 @@ class DetectQueries(DeviceQueries):
         ``job_start`` event), whatever the run's other events."""
         return self.job_start(run_id, job_id)[1]
 
-    def checkpoint_pauses(self, run_id: str, limit: int = 10_000) -> list[float]:
-        """The pause of each synchronous checkpoint save of the run that succeeded (its
-        ``checkpoint_end`` events' ``duration_s``, or ``duration`` in events stored before the
-        importers wrote ``duration_s``; seconds, as ``analysis.timeline.checkpoint_seconds``),
-        newest ``limit``; a save with ``sync`` false is no pause."""
-        rows = self.r.table(
-            "SELECT if(JSONHas(attrs, 'duration_s'), JSONExtractFloat(attrs, 'duration_s'),"
-            " JSONExtractFloat(attrs, 'duration')) AS d FROM {db}.events"
+    def checkpoint_ends(self, run_id: str, limit: int = 10_000) -> list[dict[str, Any]]:
+        """The run's newest ``limit`` ``checkpoint_end`` reports (time, job, step, rank and
+        attributes), in time order: what ``analysis.timeline.save_pauses`` reads."""
+        rows: list[dict[str, Any]] = self.r.table(
+            "SELECT time, job_id, kind, step, rank, attrs FROM {db}.events"
             " WHERE run_id = {run:String} AND kind = 'checkpoint_end'"
-            " AND (JSONHas(attrs, 'duration_s') OR JSONHas(attrs, 'duration'))"
-            " AND NOT (JSONHas(attrs, 'sync') AND NOT JSONExtractBool(attrs, 'sync'))"
-            " AND NOT (JSONHas(attrs, 'ok') AND NOT JSONExtractBool(attrs, 'ok'))"
             " ORDER BY time DESC LIMIT {limit:UInt32}",
             run=run_id,
             limit=limit,
-        ).column("d")
-        return [float(d) for d in rows.to_pylist() if d is not None and d >= 0]
+        ).to_pylist()
+        return rows[::-1]
 
     def job_start(self, run_id: str, job_id: str) -> tuple[float | None, list[dict[str, Any]]]:
         """When attempt ``job_id`` started (its ranks' earliest ``job_start`` event; None
