@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import start_server, stop_server
-from fleetlens.testing import free_port, wait_passes
+from fleetlens.testing import free_port
 
 REALCODE = Path(__file__).resolve().parent.parent / "tests" / "realcode"
 CODES = ("nanogpt", "hf", "lightning")
@@ -303,20 +303,6 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=30) as r:
             return json.load(r)
 
-    def request(self, method: str, path: str, token: str | None = None) -> tuple[int, str]:
-        """A request without a body: (status, text); 0 when the server did not answer (what
-        :func:`fleetlens.testing.wait_passes` reads)."""
-        req = urllib.request.Request(self.url + path, method=method)
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode(errors="replace")
-        except (urllib.error.URLError, OSError):
-            return 0, ""
-
     def log(self) -> str:
         return _tail(self.log_path, 8_000) if self.log_path else ""
 
@@ -408,10 +394,10 @@ def _tail(path: str, limit: int = 64_000) -> str:
     return ""
 
 
-def settle(server: Server, run_id: str, timeout: float, passes: int = 2) -> dict[str, Any]:
+def settle(server: Server, run_id: str, timeout: float, quiet_s: float) -> dict[str, Any]:
     """The run once the server has judged the job's end: its status is terminal (or
-    ``timeout`` passed without that), then ``passes`` more of the monitor's passes over the
-    last data (at most a minute). Returns the run's last ``GET /v1/runs/{run}``."""
+    ``timeout`` passed without that), then ``quiet_s`` more for the monitor's passes over the
+    last data. Returns the run's last ``GET /v1/runs/{run}``."""
     deadline = time.monotonic() + timeout
     run: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -419,8 +405,9 @@ def settle(server: Server, run_id: str, timeout: float, passes: int = 2) -> dict
         if run.get("status") in TERMINAL:
             break
         time.sleep(0.5)
-    with contextlib.suppress(AssertionError):  # a server that stopped answering: said below
-        wait_passes(server, passes, timeout=60.0)
+    quiet_end = time.monotonic() + quiet_s
+    while time.monotonic() < quiet_end:
+        time.sleep(0.5)
     return _get(server, f"/v1/runs/{urllib.parse.quote(run_id)}") or run
 
 
@@ -436,6 +423,7 @@ def run_job(
     env: dict[str, str] | None = None,
     timeout: float = 600.0,
     settle_s: float = 60.0,
+    quiet_s: float = 12.0,
     rdzv_id: str | None = None,
     judge: bool = True,
 ) -> JobResult:
@@ -455,7 +443,7 @@ def run_job(
     try:
         return _run_job(
             server, code, steps, fault, launch, nproc, workdir, env, timeout, settle_s,
-            rdzv_id, judge,
+            quiet_s, rdzv_id, judge,
         )  # fmt: skip
     finally:
         if own_tmp is not None:
@@ -473,6 +461,7 @@ def _run_job(
     env: dict[str, str] | None,
     timeout: float,
     settle_s: float,
+    quiet_s: float,
     rdzv_id: str,
     judge: bool,
 ) -> JobResult:
@@ -539,7 +528,7 @@ def _run_job(
     if run_id is None or not judge:
         return result
     t1 = time.monotonic()
-    result.run = settle(server, run_id, settle_s)
+    result.run = settle(server, run_id, settle_s, quiet_s)
     timings["settle_s"] = time.monotonic() - t1
     if not result.run:  # the server answered nothing: what it was doing
         result.output += f"\n[harness] the server did not answer; its log:\n{server.log()}"
