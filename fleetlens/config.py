@@ -121,6 +121,11 @@ class AnalyzerConfig:
     # .regression (program, mfu, scaling, startup, recovery, checkpoint, allocation).
     regression_tolerance: float = 0.1
     regression_every_s: float = 60.0  # each active run judged at most this often
+    # A device sample of the fault that ended an attempt (an Xid of a GPU off the bus) may be
+    # stamped this long after the attempt's end, and arrive as long again after that: DCGM
+    # samples every 10-30 s (dcgm-exporter -c); raise it where samples come later (a relay, a
+    # longer scrape interval).
+    device_lag_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -228,6 +233,7 @@ _FLAT: dict[str, tuple[str, str]] = {
     "hang_s": ("analyzer", "hang_floor_s"),
     "capture_steps": ("analyzer", "capture_steps"),
     "regression_every_s": ("analyzer", "regression_every_s"),
+    "device_lag_s": ("analyzer", "device_lag_s"),
     "alertmanager_url": ("alerts", "alertmanager_url"),
     "webhook_url": ("alerts", "webhook_url"),
     "slack_url": ("alerts", "slack_url"),

@@ -159,7 +159,7 @@ def analyze_run(
                     None,
                 )
             nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
-            late, watching = late_hardware(q, run.run_id, now, job, events, nxt)
+            late, watching = late_hardware(q, run.run_id, now, job, events, nxt, cfg.device_lag_s)
             ctx.found += late
             watch = watching or watch
             continue
@@ -192,14 +192,14 @@ def analyze_run(
             m,
             place,
             last=hi == job.last_step,
-            next_start=placed_until(events, job, nxt),
+            next_start=placed_until(events, job, nxt, cfg.device_lag_s),
         )
         # A NaN logged after the run's last step row (a step whose time was not finite, or
         # that never completed) still belongs to the last job.
         _instability(ctx, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62)
         if hi == job.last_step:
             ctx.found += find_hangs(ctx.q, ctx.run, cfg, now, job, m, place, events, nxt)
-            watch = watch or device_window(now, job, events, nxt) is not None
+            watch = watch or device_window(now, job, events, nxt, cfg.device_lag_s) is not None
         js["done"] = hi
         js["t"] = [float(m.start.min()), float(m.end.max())] if len(m.steps) else js.get("t")
         js["steps"] = [job.first_step, hi]

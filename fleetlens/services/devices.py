@@ -11,35 +11,32 @@ from ..analysis.rootcause import Diagnosis, shared_device, xid_diagnosis
 from ..lifecycle import ATTEMPT_ENDS
 from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
 
-__all__ = ["DEVICE_LAG_S", "device_window", "hardware", "late_hardware", "placed_until"]
-
-DEVICE_LAG_S = 30.0
-"""A device sample of the fault that ended an attempt may be stamped this long after the
-attempt reported its end (DCGM samples every 10-30 s)."""
+__all__ = ["device_window", "hardware", "late_hardware", "placed_until"]
 
 
 def placed_until(
-    events: list[dict[str, Any]], job: JobSpan, next_start: float | None
+    events: list[dict[str, Any]], job: JobSpan, next_start: float | None, lag: float
 ) -> float | None:
     """Until when the attempt held its nodes: how it ended (finish, failure, preemption) plus
-    :data:`DEVICE_LAG_S`, at the latest the next attempt's start; None while it runs. Node and GPU
-    evidence after that belongs to whatever runs there next, not to this run."""
+    ``lag`` (``[analyzer] device_lag_s``: how long after it a device sample of the fault that
+    ended it may be stamped), at the latest the next attempt's start; None while it runs. Node
+    and GPU evidence after that belongs to whatever runs there next, not to this run."""
     ends = [
         float(e["time"]) for e in events if e["job_id"] == job.job_id and e["kind"] in ATTEMPT_ENDS
     ]
     if not ends:
         return next_start
-    until = max(ends) + DEVICE_LAG_S
+    until = max(ends) + lag
     return until if next_start is None else min(until, next_start)
 
 
 def device_window(
-    now: float, job: JobSpan, events: list[dict[str, Any]], nxt: float | None
+    now: float, job: JobSpan, events: list[dict[str, Any]], nxt: float | None, lag: float
 ) -> float | None:
     """Until when the ended attempt held its devices, while a sample of that time may still
-    arrive; None while it runs (its windows see it) or once it ended long ago."""
-    until = placed_until(events, job, nxt)
-    return None if until is None or now > until + DEVICE_LAG_S else until
+    arrive (``lag`` more); None while it runs (its windows see it) or once it ended long ago."""
+    until = placed_until(events, job, nxt, lag)
+    return None if until is None or now > until + lag else until
 
 
 def late_hardware(
@@ -49,17 +46,18 @@ def late_hardware(
     job: JobSpan,
     events: list[dict[str, Any]],
     nxt: float | None,
+    lag: float,
 ) -> tuple[list[Diagnosis], bool]:
     """The fault that ended an attempt is often reported after its last step was analysed (a
     GPU that falls off the bus kills the step in flight; its Xid sample comes seconds later):
     the devices of the attempt's final window are looked at again while that can still arrive,
-    until :data:`DEVICE_LAG_S` after the attempt stopped holding its nodes. True while that
+    until ``lag`` after the attempt stopped holding its nodes. True while that
     lasts (the second of what it returns, with the findings): the loop passes over the run
     again even if nothing else of it arrives (a job that died of the fault sends nothing
     more)."""
-    until = device_window(now, job, events, nxt)
-    unknown = until is None and placed_until(events, job, nxt) is None
-    if until is None and not (unknown and now - job.end <= DEVICE_LAG_S):
+    until = device_window(now, job, events, nxt, lag)
+    unknown = until is None and placed_until(events, job, nxt, lag) is None
+    if until is None and not (unknown and now - job.end <= lag):
         return [], False
     # No end known and no step for a while: it may have died of it (a killed rank reports no
     # failure), or be between two slow steps; either way it still holds its nodes.
