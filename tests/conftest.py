@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,12 +34,29 @@ def pytest_configure(config: pytest.Config) -> None:
     subprocess.Popen._execute_child = _execute_child  # type: ignore[attr-defined]
 
 
+# The files that take longest (seconds of one lane, a full run of scripts/check on a 2-core
+# machine; FLEETLENS_FILE_TIMES=FILE writes a run's). The full suite runs a file a worker
+# (--dist loadfile --no-loadscope-reorder): these go first, so that the run does not end with one
+# long file on one worker while the other has nothing left.
+SLOWEST = json.loads((Path(__file__).with_name("file_times.json")).read_text())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     untiered = [i.nodeid for i in items if not any(i.get_closest_marker(t) for t in TIERS)]
     if untiered:
         raise pytest.UsageError(
             "tests without a tier marker (unit, api or e2e): " + ", ".join(untiered[:10])
         )
+    order = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda i: (-SLOWEST.get(i.nodeid.split("::")[0], 0.0), order[id(i)]))
+
+
+_file_times: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::")[0]
+    _file_times[path] = _file_times.get(path, 0.0) + report.duration
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -57,7 +75,13 @@ def pytest_fixture_setup(fixturedef: Any, request: pytest.FixtureRequest) -> Ite
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """``FLEETLENS_TIER_REPORT=FILE``: the e2e tests that started no process, neither themselves
-    nor through a fixture they use (candidates for the api or unit tier)."""
+    nor through a fixture they use (candidates for the api or unit tier).
+    ``FLEETLENS_FILE_TIMES=FILE``: the seconds each file took (setup, call and teardown; in the
+    controller under xdist), the slowest first, for :data:`SLOWEST`."""
+    times = os.environ.get("FLEETLENS_FILE_TIMES")
+    if times and _file_times and not hasattr(session.config, "workerinput"):
+        slow = sorted(_file_times.items(), key=lambda kv: -kv[1])
+        Path(times).write_text(json.dumps({k: round(v, 1) for k, v in slow if v >= 20}, indent=1))
     path = os.environ.get("FLEETLENS_TIER_REPORT")
     if not path:
         return
