@@ -91,7 +91,7 @@ def _check_resumed(srv: Server, run: str, a: dict[str, Any]) -> None:
         assert p["seconds"] is not None and p["seconds"] >= 0, (name, p)
     assert a["recoveryS"] is not None and 0 < a["recoveryS"] < 90
     # The new attempt runs at world size 2 and starts at exactly the step it resumed from.
-    deadline = time.monotonic() + 15  # the run registry catches up within seconds
+    deadline = time.monotonic() + 60  # the run registry catches up within seconds
     while len(jobs := srv.get(f"/v1/runs/{run}")["jobIds"]) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert len(jobs) == 2 and a["jobId"] == jobs[0], jobs
@@ -191,7 +191,7 @@ def test_fatal_xid_on_a_node_is_drained_after_approval_and_the_job_resumes_witho
     assert alert["alertname"] == "FatalHardwareFault"
     assert [r["id"] for r in alert["remediations"]] == [a["id"]]
     # Prometheus sees it too, for the dashboards on-call already has.
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     want = 'fleetlens_remediations{state="resumed",tenant="default"} 1.0'
     while want not in (text := _text(srv, "/metrics")) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -235,7 +235,10 @@ def test_persistent_straggler_costing_more_than_a_restart_is_drained_automatical
     # The trade that justified it: the straggler's cost over the rest of the run vs a restart.
     cost = a["cost"]
     assert cost["expectedLossS"] > cost["restartCostS"] and cost["waitPerStepS"] > 0.02
-    # Without the slow node the steps are fast again.
+    # Without the slow node no rank computes longer than its peers. (Not their step time
+    # against the slow phase's: on a crowded machine both phases are CPU bound, and the job
+    # without node-c shares its work among fewer ranks; a gate on a 1.3-CPU cap saw 108 ms
+    # after against 100 ms before, with the straggler gone.)
     resume = a["resumeStep"]
     slow = srv.get(f"/v1/runs/cordon-slow/ranks?fromStep=35&toStep={resume - 1}")["ranks"]
     # Fifty steps, so one stall of this crowded machine does not make the mean.
@@ -247,10 +250,9 @@ def test_persistent_straggler_costing_more_than_a_restart_is_drained_automatical
         srv,
     )
     fast = srv.get(f"/v1/runs/cordon-slow/ranks?fromStep={resume + 5}&toStep={resume + 55}")
-    assert max(r["stepTimeMs"] for r in fast["ranks"]) < 0.7 * max(r["stepTimeMs"] for r in slow), (
-        slow,
-        fast,
-    )
+    lag = max(r["computeSlowdown"] or 0.0 for r in slow)
+    assert lag >= 1.5, slow
+    assert max(r["computeSlowdown"] or 0.0 for r in fast["ranks"]) < 1.25, (slow, fast)
 
 
 def test_hung_rank_is_found_its_node_removed_and_the_others_resume_before_any_timeout(

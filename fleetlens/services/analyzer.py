@@ -147,21 +147,12 @@ def analyze_run(
             if i + 1 == len(jobs):  # no new step: is the newest attempt hung by its own clock?
                 lo = max(job.first_step, job.last_step - RECENT_STEPS)
                 m = q.step_matrix(run.run_id, job.job_id, lo, job.last_step, job.world)
-                ctx.found += find_hangs(
-                    ctx.q,
-                    ctx.run,
-                    cfg,
-                    now,
-                    job,
-                    m,
-                    q.placement(run.run_id, job.job_id, m.world),
-                    events,
-                    None,
-                )
+                place = q.placement(run.run_id, job.job_id, m.world)
+                ctx.found += find_hangs(ctx.q, ctx.run, cfg, now, job, m, place, events, None)
             nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
             late, watching = late_hardware(q, run.run_id, now, job, events, nxt, cfg.device_lag_s)
             ctx.found += late
-            watch = watching or watch
+            watch = _late_scalars(ctx, job, js, i + 1 == len(jobs)) or watching or watch
             continue
         lo = int(js["done"]) + 1
         per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
@@ -198,6 +189,7 @@ def analyze_run(
         # that never completed) still belongs to the last job.
         _instability(ctx, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62)
         if hi == job.last_step:
+            js["sc"], watch = [-1, 0], True  # its scalars may still come: _late_scalars
             ctx.found += find_hangs(ctx.q, ctx.run, cfg, now, job, m, place, events, nxt)
             watch = watch or device_window(now, job, events, nxt, cfg.device_lag_s) is not None
         js["done"] = hi
@@ -452,7 +444,20 @@ def _episode(coll: dict[str, Any], job: JobSpan, s0: int, s1: int) -> str:
     return str(coll["key"])
 
 
-def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:
+def _late_scalars(ctx: _Ctx, job: JobSpan, js: dict[str, Any], newest: bool) -> bool:
+    """Scalars of an attempt whose last window was judged may come later (an importer sends
+    steps, then scalars), older than the run's newest record: judged again while they change,
+    and :data:`_TAIL_PASSES` passes after; True while that lasts (asks for another pass)."""
+    seen = js.get("sc")
+    if seen is None or seen[1] >= _TAIL_PASSES:
+        return False
+    n = _instability(ctx, job, job.last_step + 1, 2**62 if newest else job.last_step)
+    js["sc"] = [n, seen[1] + 1 if n == seen[0] else 0]
+    return bool(js["sc"][1] < _TAIL_PASSES)
+
+
+def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> int:
+    """An instability in the job's scalars of steps ``lo``-200..``hi``; what it read (a count)."""
     sc = ctx.q.scalars(
         ctx.run.run_id,
         ["loss", "grad_norm", "lr", "skipped_iterations"],
@@ -460,8 +465,9 @@ def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:
         hi,
         job.job_id,
     )
+    rows = sum(len(v[0]) + int(np.isnan(v[1]).sum()) for v in sc.values())
     if "loss" not in sc and "grad_norm" not in sc:
-        return
+        return rows
     steps = np.unique(np.concatenate([v[0] for v in sc.values()]))
 
     def col(name: str) -> Any:
@@ -484,3 +490,4 @@ def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> None:
     if d is not None and d.step >= lo - 200:
         d.job_id = job.job_id
         ctx.found.append(d)
+    return rows
