@@ -91,6 +91,21 @@ def test_node_evidence_applies_to_a_run_only_while_it_was_placed_there(tmp_path:
         server.stop()
 
 
+def _late_xid(tmp_path: Path, lag_s: str) -> list[dict[str, Any]]:
+    """An attempt that failed 4 s ago, judged (nothing found); then the Xid of a GPU of its node
+    n2, stamped just after its last step, sent late: the findings with a GPU after 3 passes."""
+    env = {**FAST_PASSES, "FLEETLENS_DEVICE_LAG_S": lag_s}
+    with InProcessServer(str(tmp_path / "data"), env=env) as server:
+        t = time.time() - 40
+        _attempt(server, "gone", "gone-a0", ("n1", "n2"), t, range(0, 60), "failure")
+        wait_until(lambda: server.get("/v1/runs/gone")["step"] == 59, timeout=120)
+        wait_passes(server, 3)  # the attempt's last step is analysed, nothing found
+        assert not [f for f in server.get("/v1/runs/gone/diagnosis")["findings"] if f["gpus"]]
+        _fault(server, t + 30.5, "n2", 1, 79)
+        wait_passes(server, 3)
+        return [f for f in server.get("/v1/runs/gone/diagnosis")["findings"] if f["gpus"]]
+
+
 def test_the_fault_that_ended_an_attempt_is_its_own_when_reported_after_its_last_step(
     tmp_path: Path,
 ) -> None:
@@ -100,24 +115,10 @@ def test_the_fault_that_ended_an_attempt_is_its_own_when_reported_after_its_last
     How late it may come is judged on the server's clock (``device_lag_s`` after the attempt's
     end, and as long again to arrive): set far above what this test takes on a loaded machine,
     so that the verdict does not depend on its pace (the window's close is the next test's)."""
-    env = {**FAST_PASSES, "FLEETLENS_DEVICE_LAG_S": "600"}
-    server = InProcessServer(str(tmp_path / "data"), env=env).start()
-    try:
-        t = time.time() - 40
-        _attempt(server, "gone", "gone-a0", ("n1", "n2"), t, range(0, 60), "failure")
-        wait_until(lambda: server.get("/v1/runs/gone")["step"] == 59, timeout=120)
-        wait_passes(server, 3)  # the attempt's last step is analysed, nothing found
-        assert not [f for f in server.get("/v1/runs/gone/diagnosis")["findings"] if f["gpus"]]
-        _fault(server, t + 30.5, "n2", 1, 79)  # stamped just after the last step, sent late
-        found = wait_until(
-            lambda: [f for f in server.get("/v1/runs/gone/diagnosis")["findings"] if f["gpus"]],
-            timeout=120,
-        )
-        assert [(f["diagnosis"], f["nodes"], f["gpus"]) for f in found] == [
-            ("fatal_xid", ["n2"], ["n2:1"])
-        ]
-    finally:
-        server.stop()
+    found = _late_xid(tmp_path, "600")
+    assert [(f["diagnosis"], f["nodes"], f["gpus"]) for f in found] == [
+        ("fatal_xid", ["n2"], ["n2:1"])
+    ]
 
 
 def test_a_fault_reported_after_the_attempt_stopped_holding_its_nodes_is_not_its_own(
@@ -125,18 +126,7 @@ def test_a_fault_reported_after_the_attempt_stopped_holding_its_nodes_is_not_its
 ) -> None:
     """The same late sample, arriving after the attempt's end plus twice ``device_lag_s`` (here
     0.5 s: long past): the node may run another job by then, so it is not this run's."""
-    env = {**FAST_PASSES, "FLEETLENS_DEVICE_LAG_S": "0.5"}
-    server = InProcessServer(str(tmp_path / "data"), env=env).start()
-    try:
-        t = time.time() - 40
-        _attempt(server, "gone", "gone-a0", ("n1", "n2"), t, range(0, 60), "failure")
-        wait_until(lambda: server.get("/v1/runs/gone")["step"] == 59, timeout=120)
-        wait_passes(server, 3)
-        _fault(server, t + 30.5, "n2", 1, 79)
-        wait_passes(server, 3)  # passes that would have found it, had the window been open
-        assert not [f for f in server.get("/v1/runs/gone/diagnosis")["findings"] if f["gpus"]]
-    finally:
-        server.stop()
+    assert _late_xid(tmp_path, "0.5") == []
 
 
 def test_a_gpu_fault_on_a_gpu_two_runs_held_at_once_says_so(tmp_path: Path) -> None:
