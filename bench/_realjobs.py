@@ -405,9 +405,7 @@ def settle(server: Server, run_id: str, timeout: float, quiet_s: float) -> dict[
         if run.get("status") in TERMINAL:
             break
         time.sleep(0.5)
-    quiet_end = time.monotonic() + quiet_s
-    while time.monotonic() < quiet_end:
-        time.sleep(0.5)
+    time.sleep(quiet_s)
     return _get(server, f"/v1/runs/{urllib.parse.quote(run_id)}") or run
 
 
