@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from fleetlens.api.portal_fleet_models import PortalCapacityOut
 from fleetlens.testing import Server, step_batch
 
 from .test_importers import SACCT
@@ -42,6 +43,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def test_oversubscription_is_said_and_no_figure_passes_100_percent(fleet: Server) -> None:
     d = fleet.get(f"/v1/portal/capacity?price={PRICE}")
+    PortalCapacityOut.model_validate(d)  # what /openapi.json documents, no key more
     assert d["runs"] == 2 and d["inServiceGpuHours"] == pytest.approx(352.0, rel=0.01)
     held = d["heldGpuHours"]
     assert held > 600  # two runs of 64 GPUs for ~4.8 h each
@@ -56,6 +58,7 @@ def test_oversubscription_is_said_and_no_figure_passes_100_percent(fleet: Server
     assert wf["in service"] + lost == pytest.approx(wf["useful"], rel=1e-6)
     # A period that ends before the runs and the pool's records began has neither.
     empty = fleet.get("/v1/portal/capacity?periodHours=1")
+    PortalCapacityOut.model_validate(empty)
     assert empty["runs"] == 0 and empty["pools"] == [] and empty["period"]["hours"] == 1.0
 
 

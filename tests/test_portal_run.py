@@ -10,6 +10,7 @@ error and no request off the server (uPlot is vendored).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import time
@@ -18,7 +19,10 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from fleetlens.api.portal_fleet_models import OnCallOut, PortalCapacityOut, PortalRunsOut
+from fleetlens.api.portal_models import FailurePageOut, HeatmapOut, OverviewOut, RankDetailOut
 from fleetlens.testing import Server, step_batch, wait_passes
+from fleetlens.wire import TableBuilder, encode_batch
 
 from . import test_portal as base
 
@@ -402,3 +406,46 @@ def test_any_logged_metric_can_be_charted_and_the_pick_is_kept_in_the_url(
     page.wait_for_selector(f"#chart-pick[data-metric='{other}'] canvas")
     assert page.input_value("#pick-metric") == other
     assert errors == []
+
+
+def test_the_portals_documents_are_what_their_response_models_declare(played: Server) -> None:
+    """The overview and the heatmap are sent by msgspec (FastAPI does not validate them): real
+    answers, the run's and its zoomed window's, with and without the slowest ranks, must be
+    what /openapi.json documents, keys and types (the models refuse undeclared keys)."""
+    for query in ("", "?points=50&fromStep=600&toStep=699"):
+        doc = played.get(f"/v1/runs/{RUN}/overview{query}")
+        out = OverviewOut.model_validate(doc)
+        assert out.findings and out.remediations and out.alerts and (out.timeline or query)
+        assert out.goodput is not None and out.step_series and out.scalars
+    for query in ("", "?slowest=3", "?fromStep=300&toStep=1799&ranks=16&steps=50"):
+        h = HeatmapOut.model_validate(played.get(f"/v1/runs/{RUN}/heatmap{query}"))
+        assert h.cells and h.row_ranks is not None
+        assert (h.slowest_ranks is not None) == ("slowest" in query)
+    # Those FastAPI validates on the way out; checked here against the same models.
+    RankDetailOut.model_validate(played.get(f"/v1/runs/{RUN}/ranks/150/detail?points=50"))
+    failure = FailurePageOut.model_validate(played.get(f"/v1/runs/{RUN}/failure"))
+    assert failure.failure is not None and failure.cause is not None and failure.related
+    oncall = OnCallOut.model_validate(played.get("/v1/portal/oncall"))
+    assert oncall.view == "tenant" and oncall.jobs is not None and oncall.remediations
+    PortalCapacityOut.model_validate(played.get("/v1/portal/capacity"))
+    PortalRunsOut.model_validate(played.get("/v1/portal/runs?sort=goodput"))
+
+
+def test_a_run_without_steps_has_the_documents_its_models_declare(server: Server) -> None:
+    """Before a run's first step its overview, heatmap, rank and failure documents leave keys
+    out; what they carry is still what the models declare (and a short run's all of them)."""
+    events = TableBuilder("event")
+    events.add("time", [time.time()]).add("kind", ["job_start"]).add("step", [-1])
+    events.add("message", [""]).add("attrs", [json.dumps({"config": {"lr": 1e-4}})])
+    assert server.post(encode_batch({"event": events.build()}, {"run_id": "no-steps"})[1])[0] == 200
+    assert server.post(step_batch("short", range(0, 3), 2)[1])[0] == 200
+    for run in ("no-steps", "short"):
+        overview = OverviewOut.model_validate(server.get(f"/v1/runs/{run}/overview"))
+        assert (overview.window is None) == (run == "no-steps")
+        heatmap = HeatmapOut.model_validate(server.get(f"/v1/runs/{run}/heatmap?slowest=2"))
+        assert (heatmap.rows is None) == (run == "no-steps")
+        RankDetailOut.model_validate(server.get(f"/v1/runs/{run}/ranks/0/detail"))
+        FailurePageOut.model_validate(server.get(f"/v1/runs/{run}/failure"))
+    OnCallOut.model_validate(server.get("/v1/portal/oncall"))
+    PortalCapacityOut.model_validate(server.get("/v1/portal/capacity"))
+    PortalRunsOut.model_validate(server.get("/v1/portal/runs?sort=goodput"))

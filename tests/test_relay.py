@@ -30,6 +30,7 @@ import pytest
 
 import fleetlens
 from fleetlens.agent.relay import Relay, RelayConfig
+from fleetlens.api.ops_models import IngestBatchesOut
 from fleetlens.sdk import route
 from fleetlens.sdk.config import SDKConfig
 from fleetlens.sdk.transport import UnixHTTPConnection
@@ -287,6 +288,7 @@ def test_a_bad_batch_among_good_ones_is_refused_alone(server: Server) -> None:
     assert codes == [200, 200, 200, 400, 400, 200, 200, 200], answer
     assert answer["results"][3]["field"] == "ctx.run_id", answer["results"][3]
     assert answer["results"][0]["rows"] == {"step": 4} and answer["flushS"] >= 0
+    IngestBatchesOut.model_validate(answer)  # the fast path's answer is the documented one
     assert server.get("/v1/runs/mixed")["steps"] == 6
     # The whole request again (a relay that lost the answer): acknowledged, stored once.
     status, again = _post_frames(server, frames)

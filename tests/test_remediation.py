@@ -19,6 +19,7 @@ from sqlalchemy import select
 from fleetlens.analysis.hangs import HangRule
 from fleetlens.analysis.rootcause import Diagnosis
 from fleetlens.api.remediation import INFRA_KEYS, action_json, action_view, action_views
+from fleetlens.api.remediation_models import ActionOut
 from fleetlens.errors import ConfigError, NotFound, Refused
 from fleetlens.lifecycle import RankEnd
 from fleetlens.remediation.actuators import TorchrunActuator
@@ -376,6 +377,10 @@ def test_verified_checkpoint_moves_the_sequence_to_removing_the_node(
     # Infrastructure on-call sees the action, not the run's contents (checkpoint, cost).
     oncall = action_view(Scope(tenant="default", role="oncall", actor="bob"), ctl.get(ADMIN, a.id))
     assert tuple(oncall) == INFRA_KEYS and oncall["state"] == "resumed"
+    # The routes' model answers the same JSON, whole and trimmed (response_model_exclude_unset).
+    for view in (action_view(ADMIN, ctl.get(ADMIN, a.id)), oncall):
+        out = ActionOut.model_validate(view).model_dump(by_alias=True, exclude_unset=True)
+        assert list(out) == list(view) and out == view
 
 
 def test_a_big_job_stops_without_a_row_write_per_rank(ctl: Controller, tmp_path: Path) -> None:

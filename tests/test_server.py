@@ -12,6 +12,7 @@ import time
 import msgspec
 import pytest
 
+from fleetlens.api.ops_models import IngestAckOut
 from fleetlens.testing import Server, step_batch
 from fleetlens.wire import TableBuilder, encode_batch
 
@@ -60,6 +61,7 @@ def test_ingest_then_read_the_run_back(server: Server) -> None:
     bodies = _run_batches("run-a", t0)
     status, ack, _ = server.post(bodies[0], encoding="gzip")
     assert status == 200 and ack["status"] == "stored" and ack["rows"]["placement"] == 4
+    IngestAckOut.model_validate(ack)  # the fast path's answer is the documented one
     assert server.post(bodies[1])[0] == 200
 
     runs = server.get("/v1/runs")["runs"]

@@ -15,7 +15,16 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import FleetlensError
+from ..store.access import QUOTA_FIELDS
 from ..store.scope import ROLES, Scope
+from .admin_models import (
+    AuditLogOut,
+    QuotasOut,
+    Role,
+    TokenCreatedOut,
+    TokenListOut,
+    TokenOut,
+)
 from .auth import ERROR_RESPONSES, require
 
 __all__ = ["router"]
@@ -28,9 +37,10 @@ router = APIRouter(prefix="/v1", tags=["admin"], responses=ERROR_RESPONSES)
 Admin = Annotated[Scope, Depends(require("admin"))]
 
 
-Role = Literal["ingest", "viewer", "editor", "admin", "oncall"]
 if set(ROLES) != set(get_args(Role)):  # keep the schema's enum and the roles table one list
     raise FleetlensError("Role literal out of date with fleetlens.store.scope.ROLES")
+if {f.alias for f in QuotasOut.model_fields.values()} != {*QUOTA_FIELDS, "ingested_bytes"}:
+    raise FleetlensError("QuotasOut out of date with fleetlens.store.access.QUOTA_FIELDS")
 # What a tenant's admin may grant: roles confined to its own tenant (not ``oncall``).
 TenantRole = Literal["ingest", "viewer", "editor", "admin"]
 OPERATOR_ROLES = frozenset(get_args(Role)) - frozenset(get_args(TenantRole))
@@ -54,8 +64,13 @@ def _access(request: Request) -> Any:
     return request.app.state.services.access
 
 
-@router.post("/tokens", status_code=201, summary="Create an API token in the caller's tenant")
-async def create_token(request: Request, body: TokenRequest, scope: Admin) -> dict[str, Any]:
+@router.post(
+    "/tokens",
+    status_code=201,
+    summary="Create an API token in the caller's tenant",
+    response_model=TokenCreatedOut,
+)
+async def create_token(request: Request, body: TokenRequest, scope: Admin) -> TokenCreatedOut:
     if body.role in OPERATOR_ROLES:
         raise HTTPException(
             403,
@@ -73,35 +88,45 @@ async def create_token(request: Request, body: TokenRequest, scope: Admin) -> di
             scope.tenant, body.role, project=body.project, name=body.name, actor=scope
         )
     )
-    return {"token": plaintext, **info.as_json()}
+    return TokenCreatedOut.model_validate({"token": plaintext, **info.as_json()})
 
 
-@router.get("/tokens", summary="List the tenant's tokens (never their secrets)")
-async def list_tokens(request: Request, scope: Admin) -> dict[str, Any]:
+@router.get(
+    "/tokens", summary="List the tenant's tokens (never their secrets)", response_model=TokenListOut
+)
+async def list_tokens(request: Request, scope: Admin) -> TokenListOut:
     tokens = await anyio.to_thread.run_sync(_access(request).list_tokens, scope)
-    return {"tokens": [t.as_json() for t in tokens]}
+    return TokenListOut.model_validate({"tokens": [t.as_json() for t in tokens]})
 
 
-@router.delete("/tokens/{token_id}", summary="Revoke a token; it stops working at once")
+@router.delete(
+    "/tokens/{token_id}",
+    summary="Revoke a token; it stops working at once",
+    response_model=TokenOut,
+)
 async def revoke_token(
     request: Request, token_id: Annotated[int, Path(ge=1, le=2**62)], scope: Admin
-) -> dict[str, Any]:
+) -> TokenOut:
     info = await anyio.to_thread.run_sync(_access(request).revoke_token, scope, token_id)
-    return info.as_json()  # type: ignore[no-any-return]
+    return TokenOut.model_validate(info.as_json())
 
 
-@router.get("/audit", summary="The tenant's audit log, newest first")
+@router.get("/audit", summary="The tenant's audit log, newest first", response_model=AuditLogOut)
 async def audit(
     request: Request,
     scope: Admin,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     since: Annotated[float, Query(ge=0, le=1e12, allow_inf_nan=False)] = 0.0,
-) -> dict[str, Any]:
+) -> AuditLogOut:
     entries = await anyio.to_thread.run_sync(_access(request).audit_log, scope, limit, since)
-    return {"entries": entries}
+    return AuditLogOut.model_validate({"entries": entries})
 
 
-@router.get("/quotas", summary="The tenant's quotas (0 = unlimited) and usage")
-async def get_quotas(request: Request, scope: Admin) -> dict[str, Any]:
-    quotas: dict[str, Any] = await anyio.to_thread.run_sync(_access(request).quotas, scope.tenant)
-    return quotas
+@router.get(
+    "/quotas",
+    summary="The tenant's quotas (0 = unlimited) and usage",
+    response_model=QuotasOut,
+)
+async def get_quotas(request: Request, scope: Admin) -> QuotasOut:
+    quotas = await anyio.to_thread.run_sync(_access(request).quotas, scope.tenant)
+    return QuotasOut.model_validate(quotas)

@@ -12,6 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..alerts.rules import prometheus_rules
 from ..alerts.silences import SilenceStore
 from ..store.scope import Scope
+from .alert_models import (
+    AlertListOut,
+    AlertOut,
+    AlertPolicyOut,
+    IncidentDetailOut,
+    SilenceListOut,
+    SilenceOut,
+)
 from .auth import ERROR_RESPONSES, require, require_any
 from .remediation import action_json
 
@@ -24,65 +32,91 @@ Acker = Annotated[Scope, Depends(require_any("write", "remediate"))]
 Id = Annotated[int, Path(ge=1, le=2**62)]
 
 
-@router.get("/alerts", summary="Alerts, newest first")
+@router.get(
+    "/alerts",
+    summary="Alerts, newest first",
+    response_model=AlertListOut,
+    response_model_exclude_unset=True,
+)
 async def list_alerts(
     request: Request,
     scope: Reader,
     state: Literal["firing", "resolved"] | None = None,
     run_id: Annotated[str | None, Query(alias="runId", max_length=256)] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-) -> dict[str, Any]:
+) -> AlertListOut:
     svc = request.app.state.services
     alerts = await anyio.to_thread.run_sync(
         lambda: svc.alert_store.list(scope, state, run_id, limit)
     )
-    return {"alerts": alerts}
+    return AlertListOut.model_validate({"alerts": alerts})
 
 
-@router.get("/alerts/policy", summary="The alert policy in force (defaults and overrides)")
-async def policy(request: Request, scope: Reader) -> dict[str, Any]:
+@router.get(
+    "/alerts/policy",
+    summary="The alert policy in force (defaults and overrides)",
+    response_model=AlertPolicyOut,
+)
+async def policy(request: Request, scope: Reader) -> AlertPolicyOut:
     mon = request.app.state.services.monitor
-    return {
-        "policy": mon.policy.as_dict(),
-        "projectOverrides": mon.project_overrides,
-        "prometheusRules": prometheus_rules(mon.policy),
-    }
+    return AlertPolicyOut.model_validate(
+        {
+            "policy": mon.policy.as_dict(),
+            "projectOverrides": mon.project_overrides,
+            "prometheusRules": prometheus_rules(mon.policy),
+        }
+    )
 
 
-@router.get("/alerts/{alert_id}", summary="One alert, with the finding that raised it")
-async def get_alert(request: Request, alert_id: Id, scope: Reader) -> dict[str, Any]:
+@router.get(
+    "/alerts/{alert_id}",
+    summary="One alert, with the finding that raised it",
+    response_model=AlertOut,
+    response_model_exclude_unset=True,
+)
+async def get_alert(request: Request, alert_id: Id, scope: Reader) -> AlertOut:
     svc = request.app.state.services
     out: dict[str, Any] = await anyio.to_thread.run_sync(svc.alert_store.get, scope, alert_id)
     ctl = svc.monitor.remediation
     if ctl is not None:
         actions = await anyio.to_thread.run_sync(ctl.for_alert, scope, alert_id)
         out["remediations"] = [action_json(a) for a in actions]
-    return out
+    return AlertOut.model_validate(out)
 
 
 @router.post(
     "/alerts/{alert_id}/ack",
     summary="Acknowledge an alert (audited); on-call: any tenant's infrastructure alert",
+    response_model=AlertOut,
+    response_model_exclude_unset=True,
 )
-async def ack(request: Request, alert_id: Id, scope: Acker) -> dict[str, Any]:
+async def ack(request: Request, alert_id: Id, scope: Acker) -> AlertOut:
     svc = request.app.state.services
-    out: dict[str, Any] = await anyio.to_thread.run_sync(svc.alert_store.ack, scope, alert_id)
-    return out
+    out = await anyio.to_thread.run_sync(svc.alert_store.ack, scope, alert_id)
+    return AlertOut.model_validate(out)
 
 
-@router.post("/alerts/{alert_id}/resolve", summary="Resolve an alert by hand (audited)")
-async def resolve(request: Request, alert_id: Id, scope: Writer) -> dict[str, Any]:
+@router.post(
+    "/alerts/{alert_id}/resolve",
+    summary="Resolve an alert by hand (audited)",
+    response_model=AlertOut,
+    response_model_exclude_unset=True,
+)
+async def resolve(request: Request, alert_id: Id, scope: Writer) -> AlertOut:
     svc = request.app.state.services
     out, payload = await anyio.to_thread.run_sync(svc.alert_store.resolve, scope, alert_id)
     if payload is not None:
         svc.delivery.submit([payload])
-    return out  # type: ignore[no-any-return]
+    return AlertOut.model_validate(out)
 
 
 @router.get(
-    "/incidents/{incident_id}", summary="An incident: its alerts, findings and remediation actions"
+    "/incidents/{incident_id}",
+    summary="An incident: its alerts, findings and remediation actions",
+    response_model=IncidentDetailOut,
+    response_model_exclude_unset=True,
 )
-async def incident(request: Request, incident_id: Id, scope: Reader) -> dict[str, Any]:
+async def incident(request: Request, incident_id: Id, scope: Reader) -> IncidentDetailOut:
     svc = request.app.state.services
     out: dict[str, Any] = await anyio.to_thread.run_sync(
         svc.alert_store.incident, scope, incident_id
@@ -91,7 +125,7 @@ async def incident(request: Request, incident_id: Id, scope: Reader) -> dict[str
     if ctl is not None:
         actions = await anyio.to_thread.run_sync(ctl.for_incident, scope, incident_id)
         out["remediations"] = [action_json(a) for a in actions]
-    return out
+    return IncidentDetailOut.model_validate(out)
 
 
 # -- silences ---------------------------------------------------------------------------------
@@ -126,25 +160,37 @@ def _silences(request: Request) -> SilenceStore:
     "/silences",
     summary="Silence alerts: matching ones keep firing but notify no one until it ends",
     status_code=201,
+    response_model=SilenceOut,
 )
-async def create_silence(request: Request, body: SilenceBody, scope: Acker) -> dict[str, Any]:
+async def create_silence(request: Request, body: SilenceBody, scope: Acker) -> SilenceOut:
     if (body.durationSeconds is None) == (body.endsAt is None):
         raise HTTPException(400, "give durationSeconds or endsAt (one of them)")
     start = body.startsAt if body.startsAt is not None else time.time()
     ends = body.endsAt if body.endsAt is not None else start + float(body.durationSeconds or 0)
     store = _silences(request)
-    return await anyio.to_thread.run_sync(
+    out = await anyio.to_thread.run_sync(
         lambda: store.create(scope, body.matchers, ends, body.comment, start)
+    )
+    return SilenceOut.model_validate(out)
+
+
+@router.get(
+    "/silences",
+    summary="Silences in force or to come, and those ended in the last day",
+    response_model=SilenceListOut,
+)
+async def list_silences(request: Request, scope: InfraReader) -> SilenceListOut:
+    store = _silences(request)
+    return SilenceListOut.model_validate(
+        {"silences": await anyio.to_thread.run_sync(store.list, scope)}
     )
 
 
-@router.get("/silences", summary="Silences in force or to come, and those ended in the last day")
-async def list_silences(request: Request, scope: InfraReader) -> dict[str, Any]:
+@router.delete(
+    "/silences/{silence_id}", summary="Expire a silence now (audited)", response_model=SilenceOut
+)
+async def expire_silence(request: Request, silence_id: Id, scope: Acker) -> SilenceOut:
     store = _silences(request)
-    return {"silences": await anyio.to_thread.run_sync(store.list, scope)}
-
-
-@router.delete("/silences/{silence_id}", summary="Expire a silence now (audited)")
-async def expire_silence(request: Request, silence_id: Id, scope: Acker) -> dict[str, Any]:
-    store = _silences(request)
-    return await anyio.to_thread.run_sync(store.expire, scope, silence_id)
+    return SilenceOut.model_validate(
+        await anyio.to_thread.run_sync(store.expire, scope, silence_id)
+    )

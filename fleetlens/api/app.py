@@ -65,6 +65,7 @@ from .ingest import IngestApp, error_response, ingest_batch, ingest_batches
 from .leader import LeaderGauge, keep_electing, leader_of
 from .logs import router as logs_router
 from .memory import router as memory_router
+from .ops_models import BATCHES_STORED, INGEST_STORED, HealthOut
 from .portal import router as portal_router
 from .portal_fleet import router as portal_fleet_router
 from .portal_runs import router as portal_runs_router
@@ -359,11 +360,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         },
         responses={
             **ERROR_RESPONSES,
-            200: {
-                "description": "Stored durably (or already stored: batches are idempotent); "
-                "rows that broke a rule were refused alone: `rejected` counts them by field, "
-                "`errors` says why"
-            },
+            200: INGEST_STORED,
             400: {
                 "description": "Malformed batch, or every row broke a rule; the error names "
                 "the field; nothing stored"
@@ -406,13 +403,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         },
         responses={
             **ERROR_RESPONSES,
-            200: {
-                "description": "Every frame answered in `results`, in order: `status` 200 "
-                "(stored durably, or already stored) with `batchId`, `rows`, `rejected`; a 4xx "
-                "with `error` and `field` for a bad batch, refused alone; 429 for frames past "
-                "the request's budget of rows or decoded bytes (send them again). `flushS`: "
-                "the sender's interval"
-            },
+            200: BATCHES_STORED,
             400: {"description": "Not an array of batch frames; nothing stored"},
             413: {"description": "Request over the size limit; nothing stored"},
             **_BUSY_RESPONSES,
@@ -423,7 +414,11 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     ) -> Response:
         return await ingest_batches(request, scope)  # served by IngestFastPath in front of this
 
-    @app.get("/healthz", summary="Liveness, and whether this server leads (several servers)")
+    @app.get(
+        "/healthz",
+        summary="Liveness, and whether this server leads (several servers)",
+        response_model=HealthOut,
+    )
     async def healthz(request: Request) -> dict[str, Any]:
         leader = leader_of(request)
         space = request.app.state.services.ingestor.space

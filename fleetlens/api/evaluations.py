@@ -18,6 +18,19 @@ from ..evaluation.registry import Registry
 from ..evaluation.store import EvalStore
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
+from .evaluation_models import (
+    EvaluationListOut,
+    EvaluationOut,
+    ExamplesOut,
+    HeartbeatOut,
+    LeaseOut,
+    ShardReportOut,
+    SuiteListOut,
+    SuiteOut,
+    TriggerListOut,
+    TriggerOut,
+)
+from .gate_models import AliasesOut, AliasSetOut, GateDecisionListOut, GateDecisionOut
 
 __all__ = ["eval_stores", "router"]
 
@@ -81,6 +94,8 @@ class EvaluationBody(BaseModel):
 
 @router.post(
     "/evaluations",
+    response_model=EvaluationOut,
+    response_model_exclude_unset=True,
     summary="Queue an evaluation of a model version or checkpoint on a suite",
     status_code=202,
 )
@@ -89,7 +104,12 @@ async def submit(request: Request, body: EvaluationBody, scope: Writer) -> dict[
     return dict(await _run(lambda: evals.submit(scope, body.model_dump())))
 
 
-@router.get("/evaluations", summary="Evaluations, newest first")
+@router.get(
+    "/evaluations",
+    summary="Evaluations, newest first",
+    response_model=EvaluationListOut,
+    response_model_exclude_unset=True,
+)
 async def list_evaluations(
     request: Request,
     scope: Reader,
@@ -100,13 +120,23 @@ async def list_evaluations(
     return {"evaluations": await _run(lambda: evals.evaluations(scope, model_id, limit))}
 
 
-@router.get("/evaluations/{evaluation_id}", summary="An evaluation, its metrics and its shards")
+@router.get(
+    "/evaluations/{evaluation_id}",
+    summary="An evaluation, its metrics and its shards",
+    response_model=EvaluationOut,
+    response_model_exclude_unset=True,
+)
 async def get_evaluation(request: Request, evaluation_id: str, scope: Reader) -> dict[str, Any]:
     evals, _ = _stores(request)
     return dict(await _run(lambda: evals.get(scope, evaluation_id)))
 
 
-@router.get("/evaluations/{evaluation_id}/examples", summary="Per-example scores")
+@router.get(
+    "/evaluations/{evaluation_id}/examples",
+    summary="Per-example scores",
+    response_model=ExamplesOut,
+    response_model_exclude_unset=True,
+)
 async def evaluation_examples(
     request: Request,
     evaluation_id: str,
@@ -138,6 +168,8 @@ class SuiteBody(BaseModel):
 
 @router.post(
     "/evaluation-suites",
+    response_model=SuiteOut,
+    response_model_exclude_unset=True,
     summary="Register a named, versioned suite (benchmarks, gates, decoding)",
     status_code=201,
     responses={409: {"description": "That version exists with other content"}},
@@ -148,7 +180,12 @@ async def register_suite(request: Request, body: SuiteBody, scope: Writer) -> di
     return dict(await _run(lambda: evals.suites.register(scope, spec)))
 
 
-@router.get("/evaluation-suites", summary="Registered suites, every version")
+@router.get(
+    "/evaluation-suites",
+    summary="Registered suites, every version",
+    response_model=SuiteListOut,
+    response_model_exclude_unset=True,
+)
 async def list_suites(
     request: Request, scope: Reader, name: Annotated[str, Query(max_length=128)] = ""
 ) -> dict[str, Any]:
@@ -156,7 +193,12 @@ async def list_suites(
     return {"suites": await _run(lambda: evals.suites.suites(scope, name))}
 
 
-@router.get("/evaluation-suites/{ref}", summary="A suite: name (newest version) or name@version")
+@router.get(
+    "/evaluation-suites/{ref}",
+    summary="A suite: name (newest version) or name@version",
+    response_model=SuiteOut,
+    response_model_exclude_unset=True,
+)
 async def get_suite(request: Request, ref: str, scope: Reader) -> dict[str, Any]:
     evals, _ = _stores(request)
     return dict(await _run(lambda: evals.suites.resolve(scope, ref)))
@@ -178,6 +220,7 @@ class TriggerBody(BaseModel):
 
 @router.post(
     "/evaluation-triggers",
+    response_model=TriggerOut,
     summary="A policy: evaluate new model versions or verified checkpoints on a suite",
     status_code=201,
 )
@@ -186,7 +229,11 @@ async def add_trigger(request: Request, body: TriggerBody, scope: Writer) -> dic
     return dict(await _run(lambda: evals.suites.add_trigger(scope, body.model_dump())))
 
 
-@router.get("/evaluation-triggers", summary="The policies that start evaluations")
+@router.get(
+    "/evaluation-triggers",
+    summary="The policies that start evaluations",
+    response_model=TriggerListOut,
+)
 async def list_triggers(request: Request, scope: Reader) -> dict[str, Any]:
     evals, _ = _stores(request)
     return {"triggers": await _run(lambda: evals.suites.triggers(scope))}
@@ -231,6 +278,7 @@ class FailBody(BaseModel):
 
 @router.post(
     "/eval-shards/lease",
+    response_model=LeaseOut,
     summary="Lease the next shard (204: nothing to do)",
     responses={204: {"description": "No shard is runnable now"}},
 )
@@ -242,6 +290,7 @@ async def lease(request: Request, body: LeaseBody, scope: Writer) -> Any:
 
 @router.post(
     "/eval-shards/{shard_id}/heartbeat",
+    response_model=HeartbeatOut,
     summary="Extend a lease and report partial results",
     responses=_CONFLICT,
 )
@@ -257,7 +306,10 @@ async def heartbeat(
 
 
 @router.post(
-    "/eval-shards/{shard_id}/complete", summary="Report a shard's results", responses=_CONFLICT
+    "/eval-shards/{shard_id}/complete",
+    summary="Report a shard's results",
+    responses=_CONFLICT,
+    response_model=ShardReportOut,
 )
 async def complete(
     request: Request, shard_id: ShardId, body: CompleteBody, scope: Writer
@@ -266,7 +318,12 @@ async def complete(
     return dict(await _run(lambda: evals.complete(scope, shard_id, body.leaseToken, body.scores)))
 
 
-@router.post("/eval-shards/{shard_id}/fail", summary="Report a failed attempt", responses=_CONFLICT)
+@router.post(
+    "/eval-shards/{shard_id}/fail",
+    summary="Report a failed attempt",
+    responses=_CONFLICT,
+    response_model=ShardReportOut,
+)
 async def fail(
     request: Request, shard_id: ShardId, body: FailBody, scope: Writer
 ) -> dict[str, Any]:
@@ -290,7 +347,13 @@ class GateBody(BaseModel):
     baselineEvaluation: str = ""
 
 
-@router.post("/gates", summary="Judge a candidate against the production alias", status_code=201)
+@router.post(
+    "/gates",
+    summary="Judge a candidate against the production alias",
+    status_code=201,
+    response_model=GateDecisionOut,
+    response_model_exclude_unset=True,
+)
 async def run_gate(request: Request, body: GateBody, scope: Writer) -> dict[str, Any]:
     _, registry = _stores(request)
     return dict(
@@ -308,7 +371,12 @@ async def run_gate(request: Request, body: GateBody, scope: Writer) -> dict[str,
     )
 
 
-@router.get("/models/{model_id}/gates", summary="A model's gate decisions, newest first")
+@router.get(
+    "/models/{model_id}/gates",
+    summary="A model's gate decisions, newest first",
+    response_model=GateDecisionListOut,
+    response_model_exclude_unset=True,
+)
 async def list_decisions(
     request: Request,
     model_id: str,
@@ -320,13 +388,22 @@ async def list_decisions(
     return {"modelId": model_id, "decisions": rows}
 
 
-@router.get("/gates/{decision_id}", summary="A gate decision record")
+@router.get(
+    "/gates/{decision_id}",
+    summary="A gate decision record",
+    response_model=GateDecisionOut,
+    response_model_exclude_unset=True,
+)
 async def get_decision(request: Request, decision_id: str, scope: Reader) -> dict[str, Any]:
     _, registry = _stores(request)
     return dict(await _run(lambda: registry.decision(scope, decision_id)))
 
 
-@router.get("/models/{model_id}/aliases", summary="A model's aliases and every move of them")
+@router.get(
+    "/models/{model_id}/aliases",
+    summary="A model's aliases and every move of them",
+    response_model=AliasesOut,
+)
 async def aliases(request: Request, model_id: str, scope: Reader) -> dict[str, Any]:
     _, registry = _stores(request)
 
@@ -350,6 +427,7 @@ class AliasBody(BaseModel):
 
 @router.post(
     "/models/{model_id}/aliases/{alias}",
+    response_model=AliasSetOut,
     summary="Move an alias (canary and production need a passing gate)",
     responses=_CONFLICT,
 )

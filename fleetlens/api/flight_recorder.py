@@ -23,6 +23,7 @@ from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require_any
 from .bodies import BodyBudget, read_upload
 from .body_limit import OWN_BODY
+from .ops_models import FlightRecorderImportOut
 
 __all__ = ["MAX_BODY_BYTES", "MAX_FILES", "UPLOAD_COMPONENTS", "router"]
 
@@ -70,6 +71,7 @@ def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
 @router.post(
     "/runs/{run_id}/flight-recorder",
     summary="Import a job's NCCL Flight Recorder dumps: stuck collectives and missing ranks",
+    response_model=FlightRecorderImportOut,
     description="Each file is a dump as PyTorch wrote it (pickle or JSON), base64 in `data`; "
     "its rank is the number that ends its name, or `rank`. The answer names the stuck "
     "collectives, the ranks missing from them with their nodes and GPUs (from the job's "

@@ -22,6 +22,20 @@ from ..store.graph_files import server_read_refusal
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, UNKNOWN_NAME_RESPONSE, require
 from .evaluations import eval_stores
+from .graph_models import (
+    ArtifactListOut,
+    ArtifactOut,
+    CheckpointListOut,
+    CheckpointRecordedOut,
+    CompareOut,
+    DatasetOut,
+    DrilldownOut,
+    ModelLineageOut,
+    ModelListOut,
+    ModelRegisteredOut,
+    RunGraphOut,
+    RunLineageOut,
+)
 
 __all__ = ["router"]
 
@@ -73,6 +87,8 @@ async def _checksum_run(request: Request, fn: Any) -> Any:
 @router.get(
     "/runs/compare",
     summary="Compare runs: config diff, speed, health, loss at matched steps, a conclusion",
+    response_model=CompareOut,
+    response_model_exclude_unset=True,
     description="Name the runs as `left` and `right`, or as `runs` (comma-separated, two or "
     "more; the first is the baseline).",
 )
@@ -98,6 +114,8 @@ async def compare(
 @router.get(
     "/lineage/runs/{run_id}",
     summary="Run lineage: config, code, dataset, jobs, checkpoints, models, nodes, GPUs, faults",
+    response_model=RunLineageOut,
+    response_model_exclude_unset=True,
 )
 async def run_lineage(request: Request, run_id: str, scope: Reader) -> dict[str, Any]:
     svc = _svc(request)
@@ -113,6 +131,8 @@ async def run_lineage(request: Request, run_id: str, scope: Reader) -> dict[str,
 @router.get(
     "/lineage/models/{model_id}/{version}",
     summary="Model version -> evaluation -> checkpoint -> step -> run -> config, dataset, code",
+    response_model=ModelLineageOut,
+    response_model_exclude_unset=True,
 )
 async def model_lineage(
     request: Request, model_id: str, version: str, scope: Reader, verify: bool = False
@@ -144,6 +164,8 @@ async def model_lineage(
 @router.get(
     "/lineage/models/{model_id}/{version}/drilldown",
     summary="Why did this model version regress? Its run against the baseline version's run",
+    response_model=DrilldownOut,
+    response_model_exclude_unset=True,
 )
 async def model_drilldown(
     request: Request,
@@ -218,6 +240,8 @@ class DescribeBody(BaseModel):
 @router.post(
     "/runs/{run_id}/describe",
     summary="Record a run's config, code, dataset, command",
+    response_model=RunGraphOut,
+    response_model_exclude_unset=True,
     responses=UNKNOWN_NAME_RESPONSE,
 )
 async def describe_run(
@@ -260,14 +284,21 @@ class CheckpointBody(BaseModel):
     time: float | None = Field(None, ge=0, le=1e12, allow_inf_nan=False, strict=True)
 
 
-@router.get("/runs/{run_id}/checkpoints", summary="A run's checkpoints")
+@router.get(
+    "/runs/{run_id}/checkpoints", summary="A run's checkpoints", response_model=CheckpointListOut
+)
 async def list_checkpoints(request: Request, run_id: str, scope: Reader) -> dict[str, Any]:
     svc = _svc(request)
     rows = await _run(lambda: GraphStore(svc.metadata).checkpoints(scope, run_id))
     return {"runId": run_id, "checkpoints": rows}
 
 
-@router.post("/runs/{run_id}/checkpoints", summary="Record a checkpoint the SDK did not see")
+@router.post(
+    "/runs/{run_id}/checkpoints",
+    summary="Record a checkpoint the SDK did not see",
+    response_model=CheckpointRecordedOut,
+    response_model_exclude_unset=True,
+)
 async def add_checkpoint(
     request: Request, run_id: str, body: CheckpointBody, scope: Writer
 ) -> dict[str, Any]:
@@ -313,14 +344,20 @@ class ArtifactBody(BaseModel):
     sha256: str = ""
 
 
-@router.get("/runs/{run_id}/artifacts", summary="A run's artifacts (pointers and checksums)")
+@router.get(
+    "/runs/{run_id}/artifacts",
+    summary="A run's artifacts (pointers and checksums)",
+    response_model=ArtifactListOut,
+)
 async def list_artifacts(request: Request, run_id: str, scope: Reader) -> dict[str, Any]:
     svc = _svc(request)
     rows = await _run(lambda: GraphStore(svc.metadata).artifacts(scope, run_id))
     return {"runId": run_id, "artifacts": rows}
 
 
-@router.post("/runs/{run_id}/artifacts", summary="Register an artifact of a run")
+@router.post(
+    "/runs/{run_id}/artifacts", summary="Register an artifact of a run", response_model=ArtifactOut
+)
 async def add_artifact(
     request: Request, run_id: str, body: ArtifactBody, scope: Writer
 ) -> dict[str, Any]:
@@ -356,7 +393,7 @@ class ModelBody(BaseModel):
     metrics: dict[str, Annotated[float, Field(strict=True)]] | None = None
 
 
-@router.get("/models", summary="Registered model versions")
+@router.get("/models", summary="Registered model versions", response_model=ModelListOut)
 async def list_models(
     request: Request, scope: Reader, model_id: Annotated[str | None, Query(alias="modelId")] = None
 ) -> dict[str, Any]:
@@ -365,7 +402,12 @@ async def list_models(
     return {"models": rows}
 
 
-@router.post("/models", summary="Register a model version from a checkpoint", status_code=201)
+@router.post(
+    "/models",
+    summary="Register a model version from a checkpoint",
+    status_code=201,
+    response_model=ModelRegisteredOut,
+)
 async def register_model(request: Request, body: ModelBody, scope: Writer) -> dict[str, Any]:
     svc = _svc(request)
     evals, _ = eval_stores(request.app.state)
@@ -423,7 +465,12 @@ class DatasetBody(BaseModel):
     shards: list[dict[str, Any]] = Field(default_factory=list, description="[{uri, sha256}]")
 
 
-@router.post("/datasets", summary="Register a dataset version (content-addressed)", status_code=201)
+@router.post(
+    "/datasets",
+    summary="Register a dataset version (content-addressed)",
+    status_code=201,
+    response_model=DatasetOut,
+)
 async def register_dataset(request: Request, body: DatasetBody, scope: Writer) -> dict[str, Any]:
     svc = _svc(request)
     return dict(
@@ -440,7 +487,11 @@ async def register_dataset(request: Request, body: DatasetBody, scope: Writer) -
     )
 
 
-@router.get("/datasets/{name}/{version}", summary="A dataset version and its shards")
+@router.get(
+    "/datasets/{name}/{version}",
+    summary="A dataset version and its shards",
+    response_model=DatasetOut,
+)
 async def get_dataset(request: Request, name: str, version: str, scope: Reader) -> dict[str, Any]:
     svc = _svc(request)
     return dict(await _run(lambda: GraphStore(svc.metadata).dataset(scope, name, version)))

@@ -38,6 +38,7 @@ from .findings import finding_json
 from .goodput import advice
 from .goodput_models import BreakdownOut, FactorsOut
 from .portal_json import Clock, json_response
+from .portal_models import FailurePageOut, HeatmapOut, OverviewOut, RankDetailOut
 from .remediation import action_views
 from .runs import run_json, summary_mfu_out
 
@@ -139,8 +140,7 @@ def _window(hi_lo: tuple[int, int, int], world: int, heat_steps: int | None) -> 
 @router.get(
     "/runs/{run_id}/overview",
     summary="What the run page draws on first paint, downsampled to the pixels shown",
-    response_class=Response,
-    responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}},
+    response_model=OverviewOut,  # documents it: sent by portal_json (msgspec), not validated
 )
 async def overview(
     request: Request,
@@ -226,8 +226,7 @@ async def overview(
 @router.get(
     "/runs/{run_id}/heatmap",
     summary="Rank x step heatmap of compute time: rank buckets x step buckets, max per cell",
-    response_class=Response,
-    responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}},
+    response_model=HeatmapOut,  # documents it: sent by portal_json (msgspec), not validated
 )
 async def heatmap(
     request: Request,
@@ -277,6 +276,8 @@ async def heatmap(
 @router.get(
     "/runs/{run_id}/ranks/{rank}/detail",
     summary="One rank: its phase timings over steps and its GPU's samples, per placement",
+    response_model=RankDetailOut,
+    response_model_exclude_unset=True,
 )
 async def rank_detail(
     request: Request,
@@ -324,6 +325,8 @@ async def rank_detail(
 @router.get(
     "/runs/{run_id}/failure",
     summary="A failed or degraded run: what failed, signals before it, likely cause, advice",
+    response_model=FailurePageOut,
+    response_model_exclude_unset=True,
 )
 async def failure(request: Request, run_id: str, scope: Reader) -> dict[str, Any]:
     svc = request.app.state.services

@@ -22,6 +22,7 @@ from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require_any
 from .fleet_models import PoolGoodputOut
 from .portal import DRAIN_KINDS, FAULT_KINDS, NODE_FAULTS, PENDING_STATES, Reader, _pending
+from .portal_fleet_models import OnCallOut, PortalCapacityOut
 from .runs import run_json
 
 __all__ = ["router"]
@@ -34,6 +35,8 @@ OnCallReader = Annotated[Scope, Depends(require_any("read", "read:infra"))]
 @router.get(
     "/portal/oncall",
     summary="Degraded jobs, implicated nodes, drains, alerts; for on-call, every tenant's nodes",
+    response_model=OnCallOut,
+    response_model_exclude_unset=True,
 )
 async def oncall(
     request: Request,
@@ -232,7 +235,11 @@ def _period(
     return (min(starts) if starts else now), now
 
 
-@router.get("/portal/capacity", summary="Fleet utilization vs goodput, losses by cause, cost")
+@router.get(
+    "/portal/capacity",
+    summary="Fleet utilization vs goodput, losses by cause, cost",
+    response_model=PortalCapacityOut,
+)
 async def capacity(
     request: Request,
     scope: Reader,

@@ -20,6 +20,7 @@ from ..services.goodput import GoodputQueries, program_spec
 from ..store.findings import FindingsStore
 from .auth import ERROR_RESPONSES
 from .portal import Reader
+from .portal_fleet_models import PortalRunSort, PortalRunsOut
 from .runs import run_json
 
 __all__ = ["router"]
@@ -28,8 +29,7 @@ router = APIRouter(prefix="/v1", tags=["portal"], responses=ERROR_RESPONSES)
 
 RUNS_MAX = 1000  # the most recently active runs a list is drawn from
 GOODPUT_SORT_MAX = 200
-Sort = Literal["lastSeen", "runId", "status", "goodput", "stepTime", "findings", "alerts",
-               "duration", "worldSize"]  # fmt: skip
+Sort = PortalRunSort
 
 
 _FIELD = {"stepTime": "stepTimeMs", "findings": "findingsCount", "alerts": "alertsFiring",
@@ -42,7 +42,9 @@ def _key(row: dict[str, Any], sort: str) -> tuple[bool, Any]:
 
 
 @router.get(
-    "/portal/runs", summary="Runs for triage: goodput, step time, findings, alerts, duration"
+    "/portal/runs",
+    summary="Runs for triage: goodput, step time, findings, alerts, duration",
+    response_model=PortalRunsOut,
 )
 async def runs_list(
     request: Request,

@@ -20,6 +20,12 @@ from ..remediation.positions import Instruction, Position
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require, require_any
 from .leader import LEADER_HEADER, forward_to_leader, leader_of
+from .remediation_models import (
+    ActionOut,
+    ControlAckOut,
+    ControlPollOut,
+    RemediationListOut,
+)
 
 __all__ = [
     "INFRA_KEYS",
@@ -173,7 +179,7 @@ _FORWARDED: dict[int | str, dict[str, Any]] = {
 @router.get(
     "/runs/{run_id}/control",
     summary="A rank's control poll: report where it is, get the instruction for its job",
-    response_model=None,
+    response_model=ControlPollOut,
     responses=_FORWARDED,
 )
 async def control_poll(
@@ -216,7 +222,7 @@ async def control_poll(
 @router.post(
     "/runs/{run_id}/control",
     summary="A rank's answer to an instruction",
-    response_model=None,
+    response_model=ControlAckOut,
     responses=_FORWARDED,
 )
 async def control_ack(
@@ -232,7 +238,12 @@ async def control_ack(
     return {"id": out.id, "state": out.state.value if out.state is not None else None}
 
 
-@router.get("/remediations", summary="Remediation actions, newest first")
+@router.get(
+    "/remediations",
+    summary="Remediation actions, newest first",
+    response_model=RemediationListOut,
+    response_model_exclude_unset=True,
+)
 async def list_remediations(
     request: Request,
     scope: Reader,
@@ -247,7 +258,12 @@ async def list_remediations(
     return {"remediations": rows, "mode": ctl.policy.mode}
 
 
-@router.get("/remediations/{remediation_id}", summary="One action, with every phase timed")
+@router.get(
+    "/remediations/{remediation_id}",
+    summary="One action, with every phase timed",
+    response_model=ActionOut,
+    response_model_exclude_unset=True,
+)
 async def get_remediation(request: Request, remediation_id: Id, scope: Reader) -> dict[str, Any]:
     ctl = _controller(request)
     (out,) = await anyio.to_thread.run_sync(
@@ -273,7 +289,8 @@ async def _decide(
 @router.post(
     "/remediations/{remediation_id}/approve",
     summary="Carry out an action awaiting approval (audited)",
-    response_model=None,
+    response_model=ActionOut,
+    response_model_exclude_unset=True,
     responses={
         409: {
             "description": "The action is not awaiting approval, or its run has ended (a "
@@ -289,7 +306,8 @@ async def approve(request: Request, remediation_id: Id, scope: Writer) -> dict[s
 @router.post(
     "/remediations/{remediation_id}/reject",
     summary="Decline an action awaiting approval (audited)",
-    response_model=None,
+    response_model=ActionOut,
+    response_model_exclude_unset=True,
     responses={409: {"description": "The action is not awaiting approval"}, **_FORWARDED},
 )
 async def reject(request: Request, remediation_id: Id, scope: Writer) -> dict[str, Any] | Response:

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from ..services.series import SeriesQueries
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
+from .ops_models import MetricsOut
 
 __all__ = ["router"]
 
@@ -17,7 +18,12 @@ router = APIRouter(prefix="/v1", tags=["runs"], responses=ERROR_RESPONSES)
 Reader = Annotated[Scope, Depends(require("read"))]
 
 
-@router.get("/runs/{run_id}/metrics", summary="Scalar names of a run, or one downsampled series")
+@router.get(
+    "/runs/{run_id}/metrics",
+    summary="Scalar names of a run, or one downsampled series",
+    response_model=MetricsOut,
+    response_model_exclude_unset=True,
+)
 async def metrics(
     request: Request,
     run_id: str,

@@ -17,6 +17,7 @@ from .auth import ERROR_RESPONSES, require_any
 from .bodies import BodyRefused, drain, timed_chunks
 from .body_limit import OWN_BODY
 from .ingest import error_response
+from .ops_models import TraceFileOut
 
 __all__ = ["FILE_REFUSED", "GZIP_UPLOAD", "Rank", "keep_file", "refused_early", "router"]
 
@@ -49,6 +50,7 @@ FILE_REFUSED: dict[int | str, dict[str, Any]] = {
     "directory and replaced whole: a reader gets the previous file or the new one. At most "
     "`collector.max_trace_file_bytes`.",
     status_code=201,
+    response_model=TraceFileOut,
     openapi_extra=GZIP_UPLOAD,
     responses={400: {"description": "An empty file; nothing kept"}, **FILE_REFUSED},
 )

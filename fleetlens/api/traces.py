@@ -11,6 +11,7 @@ from ..services.traces import TraceQueries
 from ..store.scope import Scope
 from ..traces.files import TraceFiles
 from .auth import ERROR_RESPONSES, require
+from .ops_models import TracesOut
 
 __all__ = ["router"]
 
@@ -22,6 +23,7 @@ Reader = Annotated[Scope, Depends(require("read"))]
 @router.get(
     "/runs/{run_id}/traces",
     summary="Per-rank step breakdown from imported profiler traces",
+    response_model=TracesOut,
     description="From `fleetlens traces import`: per rank and ProfilerStep, the step time and "
     "its device breakdown (compute, communication, exposed communication, overlap, memcpy, "
     "idle; compute + exposedComm + memcpy + idle = duration), and per rank the totals over "

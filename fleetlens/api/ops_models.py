@@ -1,0 +1,295 @@
+"""The JSON of the server's operational routes: the ingest acknowledgements, ``/healthz``, a
+run's scalar series, the Flight Recorder import and the profiler-trace breakdown (beside
+:mod:`fleetlens.api.models`, whose conventions these follow: camelCase on the wire, unknown
+keys refused).
+
+The ingest routes are answered by :class:`fleetlens.api.ingest.IngestFastPath`, in front of
+FastAPI: their models document the answer (tests/test_server.py and tests/test_routes.py
+validate real ones against them). Their error bodies (``detail``, ``error``, ``field``) are
+the app's error answers, not these.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .models import ApiModel
+
+__all__ = [
+    "BATCHES_STORED",
+    "INGEST_STORED",
+    "FlightRecorderGroupOut",
+    "FlightRecorderImportOut",
+    "FlightRecorderRankOut",
+    "FlightRecorderStuckOut",
+    "HealthOut",
+    "IngestAckOut",
+    "IngestBatchesOut",
+    "IngestFrameOut",
+    "MetricNameOut",
+    "MetricPointOut",
+    "MetricsOut",
+    "StorageHealthOut",
+    "TraceCollectiveOut",
+    "TraceFileOut",
+    "TraceKernelOut",
+    "TraceRankOut",
+    "TraceStepOut",
+    "TracesOut",
+]
+
+
+# ---- ingest -------------------------------------------------------------------------------
+class IngestAckOut(ApiModel):
+    """A batch stored durably (or already stored: batches are idempotent)."""
+
+    batch_id: str
+    rows: dict[str, int] = Field(description="rows stored, per record kind")
+    status: Literal["stored"]
+    rejected: dict[str, int] = Field(
+        default_factory=dict,
+        description="rows refused alone, by field; present only when some were",
+    )
+    errors: list[str] = Field(
+        default_factory=list, description="why rows were refused; present with `rejected`"
+    )
+    clock_skew_s: float = Field(
+        default=0.0,
+        description="the sender's clock behind the server's (negative: ahead), seconds; "
+        "present only when over the tolerance",
+    )
+    time_shift_s: float = Field(
+        default=0.0, description="seconds added to the batch's times; present with clockSkewS"
+    )
+    flush_s: float = Field(description="the flush interval the server asks of its sender")
+
+
+class IngestFrameOut(ApiModel):
+    """One frame's answer in a relay's request: stored (200), refused (4xx) or not tried (429)."""
+
+    status: int = Field(description="200: stored; 4xx: a bad batch; 429: send it again")
+    batch_id: str | None = Field(default=None, description="200 only")
+    rows: dict[str, int] = Field(default_factory=dict, description="200 only")
+    rejected: dict[str, int] = Field(default_factory=dict)
+    errors: list[str] = Field(default_factory=list)
+    clock_skew_s: float = 0.0
+    time_shift_s: float = 0.0
+    error: str | None = Field(default=None, description="why the frame was refused (4xx, 429)")
+    field: str | None = Field(default=None, description="the bad batch's field (4xx but 429)")
+
+
+class IngestBatchesOut(ApiModel):
+    """Every frame of a relay's request answered, in order."""
+
+    results: list[IngestFrameOut]
+    flush_s: float = Field(description="the flush interval the server asks of the relay")
+
+
+INGEST_STORED: dict[str, Any] = {
+    "model": IngestAckOut,
+    "description": "Stored durably (or already stored: batches are idempotent); rows that "
+    "broke a rule were refused alone: `rejected` counts them by field, `errors` says why",
+}
+"""The OpenAPI of ``POST /v1/ingest``'s 200 (the route answers it by itself)."""
+BATCHES_STORED: dict[str, Any] = {
+    "model": IngestBatchesOut,
+    "description": "Every frame answered in `results`, in order: `status` 200 (stored "
+    "durably, or already stored) with `batchId`, `rows`, `rejected`; a 4xx with `error` and "
+    "`field` for a bad batch, refused alone; 429 for frames past the request's budget of rows "
+    "or decoded bytes (send them again). `flushS`: the sender's interval",
+}
+"""The OpenAPI of ``POST /v1/ingest/batches``' 200 (the route answers it by itself)."""
+
+
+# ---- health -------------------------------------------------------------------------------
+class StorageHealthOut(ApiModel):
+    """The data directory's free space."""
+
+    path: str
+    free_bytes: int = Field(description="-1 when the file system cannot be asked")
+    min_free_bytes: int
+    out_of_space: bool = Field(description="ingest is refused until space is freed")
+
+
+class HealthOut(ApiModel):
+    """Liveness, and whether this server leads."""
+
+    status: Literal["ok"]
+    version: str
+    leader: bool = Field(description="true unless another of several servers leads")
+    storage: StorageHealthOut | None = Field(description="null: no local data directory")
+
+
+# ---- scalar series ------------------------------------------------------------------------
+class MetricNameOut(ApiModel):
+    """One scalar a run logged."""
+
+    name: str
+    points: int = Field(description="values stored")
+    from_step: int
+    to_step: int
+
+
+class MetricPointOut(ApiModel):
+    """One point of a series: a step (or a bucket of steps, or of time) summarised.
+
+    Non-finite values are strings ("nan", "inf"): a NaN loss is the signal."""
+
+    step: int = Field(description="the bucket's first step")
+    time: float | None = Field(
+        default=None, description="UNIX seconds: the time bucket's start (rollups only)"
+    )
+    value: float | str | None = Field(description="the first step's value (the lowest rank's)")
+    min: float | str | None
+    max: float | str | None
+    mean: float | str | None
+    non_finite: int = Field(description="non-finite values in the bucket")
+
+
+class MetricsOut(ApiModel):
+    """A run's scalar names (no ``name`` asked), or one downsampled series."""
+
+    run_id: str
+    metrics: list[MetricNameOut] = Field(
+        default_factory=list, description="the run's scalars; only when no name was asked"
+    )
+    name: str | None = None
+    from_step: int | None = None
+    to_step: int | None = None
+    resolution: Literal["raw", "10s", "1m"] | None = Field(
+        default=None, description="raw rows, or the rollup the points were read from"
+    )
+    points: list[MetricPointOut] = Field(default_factory=list)
+
+
+# ---- flight recorder ----------------------------------------------------------------------
+class FlightRecorderStuckOut(ApiModel):
+    """A collective some members of a process group wait in."""
+
+    group: str
+    desc: str
+    op: str
+    seq: int
+    members: list[int]
+    missing: list[int] = Field(description="the members that never entered it")
+    sizes: list[Any] = Field(description="its input sizes, as the dump holds them")
+    dtypes: list[Any]
+
+
+class FlightRecorderGroupOut(ApiModel):
+    """The last collective each rank completed in a process group."""
+
+    group: str
+    desc: str
+    min: int
+    max: int
+    behind: list[int] = Field(description="the ranks at the lowest (when not all equal)")
+    last_completed: dict[str, int] = Field(description="rank -> its last completed collective")
+
+
+class FlightRecorderRankOut(ApiModel):
+    """A rank missing from a stuck collective, where the job placed it."""
+
+    rank: int
+    node: str | None
+    gpu: int | None
+    rack: str | None
+
+
+class FlightRecorderImportOut(ApiModel):
+    """The dumps' analysis, and the keys of the ``hang`` findings stored."""
+
+    run_id: str
+    job_id: str | None
+    world: int
+    ranks_with_dump: list[int]
+    missing_ranks: list[int]
+    stuck: list[FlightRecorderStuckOut]
+    groups: list[FlightRecorderGroupOut]
+    missing: list[FlightRecorderRankOut]
+    findings: list[str]
+
+
+# ---- traces -------------------------------------------------------------------------------
+class TraceStepOut(ApiModel):
+    """One rank's ProfilerStep: its time and where the device time went (ms)."""
+
+    step: int
+    rank: int
+    time: float
+    duration_ms: float | None
+    compute_ms: float | None
+    comm_ms: float | None
+    exposed_comm_ms: float | None
+    overlap_ms: float | None
+    memcpy_ms: float | None
+    idle_ms: float | None
+    kernels: int
+    source: str
+
+
+class TraceRankOut(ApiModel):
+    """One rank's totals over the window, each line also as a % of step time."""
+
+    rank: int
+    steps: int
+    duration_ms: float | None
+    mean_step_ms: float | None
+    compute_ms: float | None
+    compute_pct: float | None
+    comm_ms: float | None
+    comm_pct: float | None
+    exposed_comm_ms: float | None
+    exposed_comm_pct: float | None
+    overlap_ms: float | None
+    overlap_pct: float | None
+    memcpy_ms: float | None
+    memcpy_pct: float | None
+    idle_ms: float | None
+    idle_pct: float | None
+    kernels: int
+    collectives: int
+    file_bytes: int | None = Field(description="the rank's kept trace file; null: none")
+
+
+class TraceKernelOut(ApiModel):
+    """A kernel with much device time, every traced rank summed."""
+
+    name: str
+    category: str
+    calls: int
+    total_ms: float | None
+    pct_of_step_time: float | None
+    ranks: int
+
+
+class TraceCollectiveOut(ApiModel):
+    """A collective operation with much time between enter and exit, every rank summed."""
+
+    op: str
+    calls: int
+    total_ms: float | None
+    bytes: int
+    ranks: int
+
+
+class TracesOut(ApiModel):
+    """A run's imported profiler traces over a window of steps."""
+
+    run_id: str
+    from_step: int | None = Field(description="null: nothing imported and no window asked")
+    to_step: int | None
+    ranks: list[TraceRankOut]
+    top_kernels: list[TraceKernelOut]
+    top_collectives: list[TraceCollectiveOut]
+    steps: list[TraceStepOut]
+
+
+class TraceFileOut(ApiModel):
+    """A rank's trace file kept."""
+
+    run_id: str
+    rank: int
+    bytes: int

@@ -1,0 +1,301 @@
+"""The JSON of the run page's documents (``/overview``, ``/heatmap``, ``/ranks/{rank}/detail``,
+``/failure``) and the pieces the fleet pages share with them (alerts, remediation actions,
+events), beside :mod:`fleetlens.api.models`, whose conventions these follow: camelCase on the
+wire, unknown keys refused, a key a document leaves out in some answers has a default.
+
+The overview and the heatmap are sent by :mod:`.portal_json` (msgspec), not through these
+models: they document those answers, and the portal tests validate real answers with them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .alert_models import AlertOut
+from .goodput_models import AdviceOut, BreakdownOut, FactorsOut, ProgramOut
+from .models import (
+    ApiModel,
+    CompletionOut,
+    FindingOut,
+    LayoutOut,
+    MfuOut,
+    RankOut,
+    RunOut,
+    StepWindowOut,
+    TimelineItem,
+)
+from .remediation_models import ActionOut
+
+__all__ = [
+    "CauseOut",
+    "FailurePageOut",
+    "FindingCostOut",
+    "FindingSinceOut",
+    "GpuSampleOut",
+    "HeatmapOut",
+    "HeatmapRowsOut",
+    "HotRowOut",
+    "OverviewGoodputOut",
+    "OverviewOut",
+    "OverviewRunOut",
+    "OverviewWindowOut",
+    "PhaseBucketOut",
+    "PlacementOut",
+    "PortalEventOut",
+    "RankDetailOut",
+    "RankedFindingOut",
+    "RunSummaryOut",
+    "ScalarPointOut",
+    "StepBucketOut",
+]
+
+Num = float | str | None
+"""A chart value: a number, or ``"nan"``/``"inf"``/``"-inf"`` when not finite (a signal)."""
+
+
+# ---- shared with the fleet pages ----------------------------------------------------------
+class PortalEventOut(ApiModel):
+    """An event of a run (a fault, a drain, a restart) as the portal's pages list it."""
+
+    time: float
+    run_id: str
+    job_id: str
+    step: int | None
+    rank: int | None
+    kind: str
+    node: str | None
+    gpu: int | None
+    message: str
+
+
+class StepBucketOut(ApiModel):
+    """A bucket of steps: the job's step time (median, min, max of the slowest rank's), the
+    slowest and the mean rank's compute, tokens and tokens/s (seconds; null: not finite)."""
+
+    step: int = Field(description="the bucket's first step")
+    steps: int
+    t: float | None = Field(description="the bucket's first start (UNIX seconds)")
+    p50: float | None
+    max: float | None
+    min: float | None
+    compute_max: float | None
+    compute_mean: float | None
+    tokens: int
+    tokens_per_second: float | None
+
+
+class ScalarPointOut(ApiModel):
+    """A bucket of a scalar series: the lowest rank's first, min, max and mean value."""
+
+    step: int
+    value: Num
+    min: Num
+    max: Num
+    mean: Num
+    non_finite: int = Field(description="values that were not finite")
+
+
+# ---- /overview ----------------------------------------------------------------------------
+class OverviewRunOut(RunOut):
+    """The run as the runs list shows it, with its config."""
+
+    config: dict[str, Any]
+
+
+class RunSummaryOut(ApiModel):
+    """Progress and speed over the recent steps (services.runs.summarize)."""
+
+    steps: int
+    step: int | None
+    tokens_processed: int
+    metrics: dict[str, float | None] = Field(
+        description="each scalar's latest value, and stepTimeMs, meanRankStepTimeMs and "
+        "tokensPerSecond over the window; null where not finite"
+    )
+    wall_seconds_per_step: float | None = Field(default=None, description="absent before steps")
+    world_size: int | None = Field(default=None, description="absent before the first step")
+    ranks_reporting: int | None = Field(default=None, description="absent before the first step")
+    window: StepWindowOut | None = Field(default=None, description="absent before the first step")
+
+
+class OverviewWindowOut(ApiModel):
+    """The steps the series and the timeline cover, and the run's whole range."""
+
+    from_step: int
+    to_step: int
+    run_from_step: int
+    run_to_step: int
+
+
+class FindingCostOut(ApiModel):
+    """What a finding (or what no finding explains) cost of the goodput breakdown's loss lines."""
+
+    seconds: dict[str, float] = Field(description="per loss line")
+    total_seconds: float
+    gpu_hours: float
+    goodput_points: float
+
+
+class FindingSinceOut(ApiModel):
+    step: int
+    time: float | None = Field(description="when the step first started (UNIX seconds)")
+
+
+class RankedFindingOut(FindingOut):
+    """A finding with what it cost, most costly first, and the action recommended."""
+
+    cost: FindingCostOut
+    since: FindingSinceOut
+    rank: int = Field(description="1: the most costly")
+    action: str
+
+
+class OverviewGoodputOut(ApiModel):
+    breakdown: BreakdownOut
+    factors: FactorsOut
+    program: ProgramOut
+    advice: AdviceOut
+    unattributed: FindingCostOut = Field(description="the losses no finding explains")
+
+
+class OverviewOut(ApiModel):
+    """What the run page draws on first paint; the keys from ``window`` on are absent before
+    the run's first step."""
+
+    run: OverviewRunOut
+    generated_at: float
+    summary: RunSummaryOut
+    layout: LayoutOut | None
+    mfu: MfuOut
+    window: OverviewWindowOut | None = None
+    step_series: list[StepBucketOut] | None = None
+    scalars: dict[str, list[ScalarPointOut]] | None = None
+    goodput: OverviewGoodputOut | None = None
+    timeline: list[TimelineItem] | None = None
+    findings: list[RankedFindingOut] | None = None
+    alerts: list[AlertOut] | None = None
+    remediations: list[ActionOut] | None = None
+    completion: CompletionOut | None = None
+
+
+# ---- /heatmap -----------------------------------------------------------------------------
+class HotRowOut(ApiModel):
+    """The row slowest against its columns' medians, and its slowest rank."""
+
+    row: int
+    rank_from: int
+    rank_to: int
+    ratio: float | None
+    rank: int | None
+
+
+class HeatmapRowsOut(ApiModel):
+    """Per row, the rank its click opens and where that rank ran last."""
+
+    rank: list[int]
+    node: list[str | None]
+    gpu: list[int | None]
+
+
+class HeatmapOut(ApiModel):
+    """Rank buckets x step buckets of the maximum compute time per cell (ms); only ``runId``,
+    ``cells`` and ``hot`` before the run's first step."""
+
+    run_id: str
+    cells: list[list[float | None]]
+    hot: HotRowOut | None
+    from_step: int | None = None
+    to_step: int | None = None
+    ranks_per_row: int | None = None
+    steps_per_column: int | None = None
+    rows: int | None = None
+    columns: int | None = None
+    unit: Literal["ms"] | None = None
+    signal: Literal["compute"] | None = None
+    row_ranks: HeatmapRowsOut | None = None
+    slowest_ranks: list[RankOut] | None = Field(default=None, description="with ?slowest=N")
+
+
+# ---- /ranks/{rank}/detail -----------------------------------------------------------------
+class PhaseBucketOut(ApiModel):
+    """A bucket of steps: the rank's mean phase timings and the mean rank's compute (seconds)."""
+
+    step: int
+    t: float | None
+    forward: float | None
+    backward: float | None
+    optimizer: float | None
+    compute: float | None
+    comm: float | None
+    data_wait: float | None
+    duration: float | None
+    compute_mean: float | None
+
+
+class GpuSampleOut(ApiModel):
+    """A bucket of time: the GPU's DCGM samples (MHz, °C, W, MiB) and its largest Xid."""
+
+    t: float | None
+    sm_clock: float | None
+    sm_clock_max: float | None
+    temp: float | None
+    power: float | None
+    fb_used: float | None
+    xid: int
+
+
+class PlacementOut(ApiModel):
+    """Where the rank ran in one job attempt, and its GPU's samples while it ran there."""
+
+    job_id: str
+    node: str
+    gpu: int
+    time: float
+    samples: list[GpuSampleOut]
+
+
+class RankDetailOut(ApiModel):
+    """One rank: its phases over steps and its GPU's samples per placement."""
+
+    run_id: str
+    rank: int
+    phases: list[PhaseBucketOut]
+    placements: list[PlacementOut]
+    layout: LayoutOut | None = Field(default=None, description="absent without a layout")
+    coords: dict[str, int] | None = Field(
+        default=None, description="pp, dp, cp, tp coordinate; absent without a layout"
+    )
+    from_step: int | None = Field(default=None, description="absent before the first step")
+    to_step: int | None = None
+
+
+# ---- /failure -----------------------------------------------------------------------------
+class CauseOut(ApiModel):
+    """The likely cause: the top finding (a failure first, then the most confident)."""
+
+    diagnosis: str
+    owner: str
+    confidence: float
+    summary: str
+    evidence: list[dict[str, Any]]
+    recommendation: str
+
+
+class FailurePageOut(ApiModel):
+    """A failed or degraded run; the keys from ``training`` on are absent without steps."""
+
+    run: RunOut
+    failure: PortalEventOut | None = Field(description="the newest failure event, if any")
+    cause: CauseOut | None
+    findings: list[FindingOut]
+    training: dict[str, list[ScalarPointOut]] | None = Field(
+        default=None, description="loss, lr, grad_norm before the failing step"
+    )
+    step_time: list[StepBucketOut] | None = None
+    infrastructure: list[RankOut] | None = Field(
+        default=None, description="the failing rank and the slow ranks beside it"
+    )
+    related: list[TimelineItem] | None = None
+    at_step: int | None = None
