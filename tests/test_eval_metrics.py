@@ -171,6 +171,13 @@ def test_decoding_is_explicit_and_validated() -> None:
     }  # fmt: skip
     with pytest.raises(ConfigError, match="unknown decoding"):
         Decoding.from_json({"temprature": 0})
+    # A value of the wrong JSON type is refused when the evaluation is submitted, naming the
+    # field, not stored to break every answer that shows it; a whole temperature is a float.
+    for bad in ({"seed": "x"}, {"n": 1.5}, {"logprobs": 1}, {"max_tokens": True}, {"stop": "\n"}):
+        with pytest.raises(ConfigError, match=f"decoding field {next(iter(bad))} is"):
+            Decoding.from_json(bad)
+    assert Decoding.from_json({"temperature": 0}).as_json()["temperature"] == 0.0
+    assert isinstance(Decoding.from_json({"temperature": 1}).temperature, float)
 
 
 def test_scheduler_plans_and_orders() -> None:

@@ -48,7 +48,20 @@ class Decoding:
                 f"unknown decoding field(s) {sorted(unknown)}; use temperature, top_p, "
                 "max_tokens, n, stop, seed, logprobs"
             )
-        out = cls(**{**d, "stop": tuple(d.get("stop") or ())})
+        for name, kinds in _DECODING_TYPES.items():
+            value = d.get(name)
+            if name in d and (
+                isinstance(value, bool) != (kinds == (bool,)) or not isinstance(value, kinds)
+            ):
+                raise ConfigError(
+                    f"decoding field {name} is {value!r}; it must be "
+                    + " or ".join(k.__name__ for k in kinds)
+                )
+        stop = d.get("stop") or []
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise ConfigError(f"decoding field stop is {stop!r}; it must be a list of strings")
+        floats: dict[str, Any] = {k: float(d[k]) for k in ("temperature", "top_p") if k in d}
+        out = cls(**{**d, **floats, "stop": tuple(stop)})
         if out.n < 1 or out.max_tokens < 1 or out.temperature < 0:
             raise ConfigError(f"decoding {d} is invalid: n >= 1, max_tokens >= 1, temperature >= 0")
         return out
@@ -57,6 +70,18 @@ class Decoding:
         out = asdict(self)
         out["stop"] = list(self.stop)
         return out
+
+
+_DECODING_TYPES: dict[str, tuple[type, ...]] = {
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "max_tokens": (int,),
+    "n": (int,),
+    "seed": (int,),
+    "logprobs": (bool,),
+}
+"""The JSON types of :class:`Decoding`'s fields (``stop``: a list of strings); a bool is not
+a number here."""
 
 
 @dataclass
