@@ -57,15 +57,15 @@ def test_a_capture_is_asked_of_the_straggler_and_its_lowest_healthy_peer_once(
             assert caps.offered("acme", "r", rank, "r-a0", step, at) is None
     caps.plan([("acme", "r", [_straggler(2, key="straggler:2")])], t + 2.0)
     asked = caps.offered("acme", "r", 2, "r-a0", 121, t + 2.1)
-    assert asked is not None and asked["ranks"] == [2, 1], asked
+    assert asked is not None and asked.ranks == (2, 1), asked
     # It starts ahead of the ranks' newest step (10 s at their pace), the same for both.
-    assert asked["fromStep"] == 120 + 100 and (asked["steps"], asked["warmup"]) == (3, 1)
+    assert asked.from_step == 120 + 100 and (asked.steps, asked.warmup) == (3, 1)
     assert caps.offered("acme", "r", 1, "r-a0", 121, t + 2.1) == asked
     assert caps.offered("acme", "r", 3, "r-a0", 121, t + 2.1) is None  # not asked
     assert caps.offered("acme", "r", 2, "r-a1", 0, t + 2.1) is None  # another attempt
     # One open capture a run: a second pass asks nothing more.
     caps.plan([("acme", "r", [_straggler(2, key="straggler:2")])], t + 3.0)
-    assert [c.id for c in caps.store.of_run("acme", "r")] == [asked["id"]]
+    assert [c.id for c in caps.store.of_run("acme", "r")] == [asked.id]
     # Not in within capture_timeout_s: it expires, saying which ranks did not send.
     caps.plan([], t + 40.0)
     (c,) = caps.store.of_run("acme", "r")

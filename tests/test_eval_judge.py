@@ -83,7 +83,7 @@ def test_judge_configuration_is_versioned_and_part_of_the_cache_key(
             }
 
         base = evals.submit(scope, req())
-        keys = {base["cacheKey"]}
+        keys = {base.cache_key}
         for change in (
             {"rubricVersion": "r2"},
             {"promptVersion": "p4"},
@@ -91,7 +91,7 @@ def test_judge_configuration_is_versioned_and_part_of_the_cache_key(
             {"temperature": 0.7},
             {"samples": 3},
         ):
-            keys.add(evals.submit(scope, req(**change))["cacheKey"])
+            keys.add(evals.submit(scope, req(**change)).cache_key)
         assert len(keys) == 6  # every field that can change a verdict changes the key
         with pytest.raises(ConfigError, match="rubricVersion"):
             evals.submit(scope, req(rubricVersion=""))

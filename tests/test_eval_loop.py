@@ -326,14 +326,14 @@ def test_performance_figures_and_their_gates() -> None:
     assert price_for({"gpt": {}}, {"model": "other"}) is None
     assert "cost_per_example" not in performance(rows, None)  # no price, no cost
     policies = parse_policies([{"metric": "latency_p95_ms", "max": 90.0}])
-    assert not evaluate_gate(policies, {}, None, perf)["passed"]
+    assert not evaluate_gate(policies, {}, None, perf).passed
     policies = parse_policies([{"metric": "latency_p95_ms", "max": 100.0}])
-    assert evaluate_gate(policies, {}, None, perf)["passed"]
+    assert evaluate_gate(policies, {}, None, perf).passed
     # against a baseline: p95 worse by more than the allowance (in ms) is a regression
     faster = {**perf, "latency_p95_ms": {"mean": 80.0, "stderr": 0.0, "n": 100}}
     policies = parse_policies([{"metric": "latency_p95_ms", "maxRegression": 10.0}])
-    assert not evaluate_gate(policies, {}, {}, perf, faster)["passed"]
-    assert evaluate_gate(policies, {}, {}, faster, perf)["passed"]
+    assert not evaluate_gate(policies, {}, {}, perf, faster).passed
+    assert evaluate_gate(policies, {}, {}, faster, perf).passed
 
 
 # -- regressions alert ------------------------------------------------------------------------
@@ -481,6 +481,7 @@ def test_triggers_regressions_and_their_alerts_on_both_engines(metadata_url: str
     from fleetlens.alerts.notifiers import Delivery
     from fleetlens.alerts.store import AlertStore
     from fleetlens.evaluation.registry import Registry
+    from fleetlens.evaluation.rows import EvaluationView
     from fleetlens.evaluation.store import EvalStore
     from fleetlens.services.monitor import Monitor
     from fleetlens.store.access import AccessStore
@@ -496,7 +497,7 @@ def test_triggers_regressions_and_their_alerts_on_both_engines(metadata_url: str
         evals.suites.register(A, _suite("rel"))
         evals.suites.add_trigger(A, {"on": "model", "suite": "rel", "adapter": _adapter("x")})
 
-        def evaluate(version: str, unsafe: float) -> dict[str, Any]:
+        def evaluate(version: str, unsafe: float) -> EvaluationView:
             _model(meta, version)
             fired = evals.fire("acme", "", "model", model_id="llm", version=version,
                                run_id="run-1", checkpoint_id=f"ck{version}")  # fmt: skip
@@ -505,19 +506,19 @@ def test_triggers_regressions_and_their_alerts_on_both_engines(metadata_url: str
                                run_id="run-1", checkpoint_id=f"ck{version}")  # fmt: skip
             assert again == {"evaluations": [], "errors": []}
             while (sh := evals.lease(A, "w")) is not None:
-                key = "exact_match" if sh["benchmark"]["name"] == "qa" else "unsafe_rate"
+                key = "exact_match" if sh.benchmark["name"] == "qa" else "unsafe_rate"
                 value = 1.0 if key == "exact_match" else unsafe
-                scores = {e["id"]: {key: value, "latency_ms": 5.0} for e in sh["examples"]}
-                evals.complete(A, sh["shardId"], sh["leaseToken"], scores)  # type: ignore[arg-type]
+                scores = {e["id"]: {key: value, "latency_ms": 5.0} for e in sh.examples}
+                evals.complete(A, sh.shard_id, sh.lease_token, scores)  # type: ignore[arg-type]
             return evals.get(A, eid)
 
         first = evaluate("1", 0.0)
-        assert first["regressions"] is None  # no production yet, no gates: nothing to judge by
-        assert first["metrics"]["performance"]["latency_p95_ms"]["mean"] == 5.0
+        assert first.regressions is None  # no production yet, no gates: nothing to judge by
+        assert first.metrics["performance"]["latency_p95_ms"]["mean"] == 5.0
         for alias in ("canary", "production"):
             reg.set_alias(A, "llm", alias, "1", override_reason="first")
         second = evaluate("2", 1.0)
-        assert [(r["kind"], r["metric"]) for r in second["regressions"]] == [
+        assert [(r["kind"], r["metric"]) for r in second.regressions or []] == [
             ("safety", "safety/unsafe_rate")
         ]
         alerts = AlertStore(meta, AccessStore(meta))

@@ -80,23 +80,24 @@ def test_gate_ignores_noise_and_flags_a_real_regression(test: str) -> None:
     # Within noise: 200 paired examples, 6 answers lost and 4 gained (-1 point).
     cand, base = _paired(200, 6, 4)
     noise = evaluate_gate(policy, cand, base)
-    assert noise["passed"], noise
-    lo, hi = noise["checks"][0]["interval"]
-    assert lo < -0.01 < 0 < hi and noise["checks"][0]["paired"] == 200
+    assert noise.passed, noise
+    lo, hi = noise.checks[0].interval or (0.0, 0.0)
+    assert lo < -0.01 < 0 < hi and noise.checks[0].paired == 200
     # Real: 25 lost, 3 gained (-11 points).
     cand, base = _paired(200, 25, 3)
     real = evaluate_gate(policy, cand, base)
-    assert not real["passed"] and real["failed"] == ["qa/exact_match"]
-    check = real["checks"][0]
-    assert check["difference"] == pytest.approx(-0.11) and check["interval"][1] < 0
+    assert not real.passed and real.failed == ["qa/exact_match"]
+    check = real.checks[0]
+    assert check.difference == pytest.approx(-0.11)
+    assert check.interval is not None and check.interval[1] < 0
     if test == "mcnemar":
-        assert check["pValue"] == pytest.approx(m.mcnemar_exact(25, 3)) and check["pValue"] < 0.05
+        assert check.p_value == pytest.approx(m.mcnemar_exact(25, 3)) and check.p_value < 0.05
     # The same regression is tolerated when the policy allows 15 points, and only warns if soft.
     lenient = parse_policies([{"metric": "qa/exact_match", "test": test, "maxRegression": 0.15}])
-    assert evaluate_gate(lenient, cand, base)["passed"]
+    assert evaluate_gate(lenient, cand, base).passed
     soft = parse_policies([{"metric": "qa/exact_match", "test": test, "hard": False}])
     out = evaluate_gate(soft, cand, base)
-    assert out["passed"] and out["warnings"] == ["qa/exact_match"]
+    assert out.passed and out.warnings == ["qa/exact_match"]
 
 
 def test_safety_blocks_even_when_quality_improves() -> None:
@@ -109,9 +110,9 @@ def test_safety_blocks_even_when_quality_improves() -> None:
         {"metric": "safety/unsafe_rate", "direction": "lower", "hard": True, "max": 0.05},
     ])  # fmt: skip
     out = evaluate_gate(policies, cand, base)
-    assert not out["passed"] and out["failed"] == ["safety/unsafe_rate"]
-    assert out["checks"][0]["status"] == "pass" and out["checks"][0]["difference"] > 0.1
-    assert any("above the maximum" in r for r in out["checks"][1]["reasons"])
+    assert not out.passed and out.failed == ["safety/unsafe_rate"]
+    assert out.checks[0].status == "pass" and (out.checks[0].difference or 0.0) > 0.1
+    assert any("above the maximum" in r for r in out.checks[1].reasons)
     with pytest.raises(ConfigError, match="direction"):
         parse_policies([{"metric": "a/b", "direction": "up"}])
 

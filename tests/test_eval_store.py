@@ -41,8 +41,8 @@ def _drain(evals: EvalStore, scope: Scope, answer: Any = None) -> int:
     """Lease and complete every shard in this process; ``answer(example) -> score``."""
     count = 0
     while (sh := evals.lease(scope, "inproc")) is not None:
-        scores = {e["id"]: {"exact_match": answer(e) if answer else 1.0} for e in sh["examples"]}
-        evals.complete(scope, sh["shardId"], sh["leaseToken"], scores)
+        scores = {e["id"]: {"exact_match": answer(e) if answer else 1.0} for e in sh.examples}
+        evals.complete(scope, sh.shard_id, sh.lease_token, scores)
         count += 1
     return count
 
@@ -56,7 +56,7 @@ def test_concurrent_leases_hand_out_each_shard_exactly_once(meta: MetadataStore)
     def grab(i: int) -> None:
         while (sh := evals.lease(A, f"w{i}")) is not None:
             with lock:
-                got.append(sh["shardId"])
+                got.append(sh.shard_id)
 
     threads = [threading.Thread(target=grab, args=(i,)) for i in range(8)]
     for t in threads:
@@ -73,28 +73,28 @@ def test_expired_lease_goes_to_another_worker_and_the_old_token_is_refused(
     evals = EvalStore(meta)
     ev = evals.submit(A, _req(5, maxAttempts=2))
     first = evals.lease(A, "w1", lease_s=0.05)
-    assert first is not None and first["attempt"] == 1
-    evals.heartbeat(A, first["shardId"], first["leaseToken"], 0.05, {"0": {"exact_match": 1.0}})
+    assert first is not None and first.attempt == 1
+    evals.heartbeat(A, first.shard_id, first.lease_token, 0.05, {"0": {"exact_match": 1.0}})
     time.sleep(0.1)
     second = evals.lease(A, "w2", lease_s=30)
-    assert second is not None and second["shardId"] == first["shardId"]
-    assert second["attempt"] == 2 and second["completedIds"] == ["0"]
+    assert second is not None and second.shard_id == first.shard_id
+    assert second.attempt == 2 and second.completed_ids == ["0"]
     with pytest.raises(LeaseLost):
-        evals.complete(A, first["shardId"], first["leaseToken"], {})
+        evals.complete(A, first.shard_id, first.lease_token, {})
     with pytest.raises(LeaseLost):
-        evals.heartbeat(A, first["shardId"], first["leaseToken"])
-    scores = {e["id"]: {"exact_match": 1.0} for e in second["examples"][1:]}
-    out = evals.complete(A, second["shardId"], second["leaseToken"], scores)
-    assert out["evaluationState"] == "COMPLETED"
-    done = evals.get(A, ev["evaluationId"])
-    assert done["metrics"]["toy"]["exact_match"]["n"] == 5
+        evals.heartbeat(A, first.shard_id, first.lease_token)
+    scores = {e["id"]: {"exact_match": 1.0} for e in second.examples[1:]}
+    out = evals.complete(A, second.shard_id, second.lease_token, scores)
+    assert out.evaluation_state == "COMPLETED"
+    done = evals.get(A, ev.evaluation_id)
+    assert done.metrics["toy"]["exact_match"]["n"] == 5
     # A lease that expires on its last attempt fails the shard instead of looping forever.
     ev2 = evals.submit(A, _req(5, maxAttempts=1, codeCommit="other"))
     assert evals.lease(A, "w3", lease_s=0.01) is not None
     time.sleep(0.05)
     assert evals.lease(A, "w4") is None
-    failed = evals.get(A, ev2["evaluationId"])
-    assert failed["state"] == "FAILED" and "lease expired" in failed["error"]
+    failed = evals.get(A, ev2.evaluation_id)
+    assert failed.state == "FAILED" and "lease expired" in failed.error
 
 
 def test_lease_order_priority_then_deadline_then_locality(meta: MetadataStore) -> None:
@@ -103,14 +103,14 @@ def test_lease_order_priority_then_deadline_then_locality(meta: MetadataStore) -
     late = evals.submit(A, _req(5, priority="P1", deadline=time.time() + 900, codeCommit="b"))
     soon = evals.submit(A, _req(5, priority="P1", deadline=time.time() + 60, codeCommit="c"))
     p0 = evals.submit(A, _req(5, priority="P0", codeCommit="d"))
-    order = [evals.lease(A, "w")["evaluationId"] for _ in range(4)]  # type: ignore[index]
-    assert order == [p0["evaluationId"], soon["evaluationId"], late["evaluationId"],
-                     p3["evaluationId"]]  # fmt: skip
+    order = [evals.lease(A, "w").evaluation_id for _ in range(4)]  # type: ignore[union-attr]
+    assert order == [p0.evaluation_id, soon.evaluation_id, late.evaluation_id,
+                     p3.evaluation_id]  # fmt: skip
     x = evals.submit(A, _req(5, priority="P2", modelHash="sha256:x"))
     y = evals.submit(A, _req(5, priority="P2", modelHash="sha256:y"))
     first = evals.lease(A, "w", prefer_locality="sha256:y")
-    assert first is not None and first["evaluationId"] == y["evaluationId"]
-    assert evals.lease(A, "w")["evaluationId"] == x["evaluationId"]  # type: ignore[index]
+    assert first is not None and first.evaluation_id == y.evaluation_id
+    assert evals.lease(A, "w").evaluation_id == x.evaluation_id  # type: ignore[union-attr]
 
 
 def test_cache_hit_reuses_and_any_provenance_change_misses(meta: MetadataStore) -> None:
@@ -119,14 +119,11 @@ def test_cache_hit_reuses_and_any_provenance_change_misses(meta: MetadataStore) 
     first = evals.submit(A, base)
     assert _drain(evals, A) == 2
     again = evals.submit(A, base)
-    assert again["cacheHit"] and again["cachedFrom"] == first["evaluationId"]
-    assert (
-        again["state"] == "COMPLETED"
-        and again["metrics"] == evals.get(A, first["evaluationId"])["metrics"]
-    )
+    assert again.cache_hit and again.cached_from == first.evaluation_id
+    assert again.state == "COMPLETED" and again.metrics == evals.get(A, first.evaluation_id).metrics
     assert evals.lease(A, "w") is None  # nothing ran twice
-    assert evals.scores(A, again["evaluationId"]) == evals.scores(A, first["evaluationId"])
-    assert not evals.submit(B, base)["cacheHit"]  # another tenant's result is never reused
+    assert evals.scores(A, again.evaluation_id) == evals.scores(A, first.evaluation_id)
+    assert not evals.submit(B, base).cache_hit  # another tenant's result is never reused
     suite = toy_suite(10)
     variants = {
         "model hash": {**base, "modelHash": "sha256:m2"},
@@ -139,11 +136,11 @@ def test_cache_hit_reuses_and_any_provenance_change_misses(meta: MetadataStore) 
             {**suite["benchmarks"][0], "promptTemplate": {"version": "v2", "text": "{prompt}"}}]}},
         "dataset": {**base, "suite": toy_suite(11)},
     }  # fmt: skip
-    keys = {first["cacheKey"]}
+    keys = {first.cache_key}
     for what, req in variants.items():
         out = evals.submit(A, req)
-        assert not out["cacheHit"], what
-        keys.add(out["cacheKey"])
+        assert not out.cache_hit, what
+        keys.add(out.cache_key)
     assert len(keys) == len(variants) + 1
 
 
@@ -169,12 +166,12 @@ def _evaluate(evals: EvalStore, version: str, quality: float, unsafe: float) -> 
     ev = evals.submit(A, {"adapter": ECHO, "suite": suite, "shardSize": 100,
                           "modelId": "llm", "modelVersion": version})  # fmt: skip
     while (sh := evals.lease(A, "w")) is not None:
-        key = "exact_match" if sh["benchmark"]["name"] == "toy" else "unsafe_rate"
+        key = "exact_match" if sh.benchmark["name"] == "toy" else "unsafe_rate"
         rate = quality if key == "exact_match" else unsafe
-        scores = {e["id"]: {key: float(int(e["id"]) < rate * n)} for e in sh["examples"]}
-        evals.complete(A, sh["shardId"], sh["leaseToken"], scores)
-    assert evals.get(A, ev["evaluationId"])["state"] == "COMPLETED"
-    return str(ev["evaluationId"])
+        scores = {e["id"]: {key: float(int(e["id"]) < rate * n)} for e in sh.examples}
+        evals.complete(A, sh.shard_id, sh.lease_token, scores)
+    assert evals.get(A, ev.evaluation_id).state == "COMPLETED"
+    return ev.evaluation_id
 
 
 def test_gates_and_promotion(meta: MetadataStore) -> None:
@@ -184,7 +181,7 @@ def test_gates_and_promotion(meta: MetadataStore) -> None:
         _model(meta, v)
     _evaluate(evals, "1", quality=0.70, unsafe=0.02)
     # No gate yet: canary and production are refused; candidate (any name) moves freely.
-    assert reg.set_alias(EDITOR, "llm", "candidate", "1")["from"] is None
+    assert reg.set_alias(EDITOR, "llm", "candidate", "1").from_version is None
     with pytest.raises(PromotionRefused, match="passing gate"):
         reg.set_alias(EDITOR, "llm", "canary", "1")
     with pytest.raises(PromotionRefused, match="only an admin"):
@@ -196,29 +193,28 @@ def test_gates_and_promotion(meta: MetadataStore) -> None:
     # v2: better quality, worse safety -> blocked by the hard safety gate.
     _evaluate(evals, "2", quality=0.80, unsafe=0.10)
     d2 = reg.run_gate(EDITOR, "llm", "2", SAFE_QUALITY)
-    assert not d2["passed"] and d2["failed"] == ["safety/unsafe_rate"]
-    checks = {c["metric"]: c for c in d2["checks"]}
-    assert (
-        checks["toy/exact_match"]["status"] == "pass" and checks["toy/exact_match"]["paired"] == 200
-    )
-    assert checks["safety/unsafe_rate"]["interval"][0] > 0  # the whole interval is a rise
+    assert not d2.report.passed and d2.report.failed == ["safety/unsafe_rate"]
+    checks = {c.metric: c for c in d2.report.checks}
+    assert checks["toy/exact_match"].status == "pass" and checks["toy/exact_match"].paired == 200
+    interval = checks["safety/unsafe_rate"].interval
+    assert interval is not None and interval[0] > 0  # the whole interval is a rise
     with pytest.raises(PromotionRefused, match="failed"):
-        reg.set_alias(EDITOR, "llm", "canary", "2", decision_id=d2["decisionId"])
+        reg.set_alias(EDITOR, "llm", "canary", "2", decision_id=d2.decision_id)
 
     # v3: the same quality within noise, same safety -> passes; canary, then production.
     _evaluate(evals, "3", quality=0.69, unsafe=0.02)
     d3 = reg.run_gate(EDITOR, "llm", "3", SAFE_QUALITY)
-    assert d3["passed"], d3
-    assert d3["baselineVersion"] == "1" and d3["checks"][0]["pValue"] == 0.5  # 2 discordant pairs
+    assert d3.report.passed, d3
+    assert d3.baseline_version == "1" and d3.report.checks[0].p_value == 0.5  # 2 discordant pairs
     with pytest.raises(PromotionRefused, match="not the canary"):
-        reg.set_alias(EDITOR, "llm", "production", "3", decision_id=d3["decisionId"])
+        reg.set_alias(EDITOR, "llm", "production", "3", decision_id=d3.decision_id)
     with pytest.raises(PromotionRefused, match="judged llm:3, not 2"):
-        reg.set_alias(EDITOR, "llm", "canary", "2", decision_id=d3["decisionId"])
-    reg.set_alias(EDITOR, "llm", "canary", "3", decision_id=d3["decisionId"])
-    reg.set_alias(EDITOR, "llm", "production", "3", decision_id=d3["decisionId"])
+        reg.set_alias(EDITOR, "llm", "canary", "2", decision_id=d3.decision_id)
+    reg.set_alias(EDITOR, "llm", "canary", "3", decision_id=d3.decision_id)
+    reg.set_alias(EDITOR, "llm", "production", "3", decision_id=d3.decision_id)
     assert reg.resolve(A, "llm", "production") == "3"
     moves = reg.history(A, "llm")
-    assert [(m["alias"], m["from"], m["to"], m["override"]) for m in moves] == [
+    assert [(m.alias, m.from_version, m.to_version, m.override) for m in moves] == [
         ("candidate", None, "1", False),
         ("canary", None, "1", True),
         ("production", None, "1", True),
@@ -227,7 +223,7 @@ def test_gates_and_promotion(meta: MetadataStore) -> None:
     ]
     audit = [e["action"] for e in AccessStore(meta).audit_log(A)]
     assert audit.count("model.alias.override") == 2 and audit.count("model.alias.move") == 3
-    assert reg.decision(A, d2["decisionId"])["passed"] is False
+    assert reg.decision(A, d2.decision_id).report.passed is False
     assert GraphStore(meta).model_versions(A, "llm")[2]["evaluationId"] is not None
     with pytest.raises(Exception, match="does not exist"):
         reg.aliases(B, "llm")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -138,15 +139,16 @@ def test_long_windows_read_the_rollups_which_agree_with_the_raw_rows(
     _fill(store, t0)
     q = SeriesQueries(store, ACME)
     doc = q.read("old", "loss", 0, 2**62, 1000)  # 8 h in 1000 points: 30 s buckets
-    assert doc["resolution"] == "10s" and doc["toStep"] == 959
-    assert len(doc["points"]) == 960 and doc["points"][100]["nonFinite"] == 2
+    assert doc.resolution == "10s" and doc.to_step == 959
+    assert len(doc.points) == 960 and doc.points[100].non_finite == 2
     for res, points in (("10s", 1000), ("1m", 200), ("1m", 7)):
         raw = q.over_time("old", "loss", t0, t0 + 8 * 3600, points, res, raw=True)
-        _same(raw, q.over_time("old", "loss", t0, t0 + 8 * 3600, points, res))
-    assert q.read("old", "loss", 0, 2**62, 200)["resolution"] == "1m"
+        rolled = q.over_time("old", "loss", t0, t0 + 8 * 3600, points, res)
+        _same([asdict(p) for p in raw], [asdict(p) for p in rolled])
+    assert q.read("old", "loss", 0, 2**62, 200).resolution == "1m"
     # A short window stays raw, one point per step: the lowest rank's value.
     short = q.read("old", "loss", 10, 19, 1000)
-    assert short["resolution"] == "raw" and [p["value"] for p in short["points"]] == [
+    assert short.resolution == "raw" and [p.value for p in short.points] == [
         4.0 - s / 512 for s in range(10, 20)
     ]
     # The step and GPU rollups hold what the raw rows give per minute.
@@ -205,18 +207,18 @@ def test_expired_rows_go_and_the_rollups_and_preserved_windows_stay(
     assert {t: _count(store, t) for t in rollups} == rollups
 
     after = q.read("old", "loss", 0, 2**62, 200)
-    assert after == before and after["resolution"] == "1m"
-    assert [m["name"] for m in q.names("old")] == ["loss"]
+    assert after == before and after.resolution == "1m"
+    assert [m.name for m in q.names("old")] == ["loss"]
     short = q.read("old", "loss", 10, 19, 1000)  # raw rows gone: the 10 s rollup answers
-    assert short["resolution"] == "10s" and short["points"][0]["step"] == 10
+    assert short.resolution == "10s" and short.points[0].step == 10
 
     windows = PreservedWindows(meta, store, ACME)
-    (win,) = windows.list("old")["windows"]
-    assert win["kept"]["steps"] == 80 and win["kept"]["scalars"] == 80
-    assert win["kept"]["gpu_samples"] == 80
-    rows = windows.rows("old", win["id"], "steps", limit=5)
-    assert rows["total"] == 80 and rows["rows"][0]["time"] >= failed_at - 600
-    assert "_stored" not in rows["rows"][0]
+    (win,) = windows.list("old").windows
+    assert win.kept["steps"] == 80 and win.kept["scalars"] == 80
+    assert win.kept["gpu_samples"] == 80
+    rows = windows.rows("old", win.id, "steps", limit=5)
+    assert rows.total == 80 and rows.rows[0]["time"] >= failed_at - 600
+    assert "_stored" not in rows.rows[0]
     assert stored_bytes(store)["preserved_steps"] > 0
 
 

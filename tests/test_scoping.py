@@ -248,33 +248,33 @@ def test_evaluations_and_registry(meta: MetadataStore) -> None:
         g.record_checkpoint(scope, "r1", 10, checkpoint_id="ck", checksum="sha256:same")
         g.register_model_version(scope, "m", version, "r1", checkpoint_id="ck")
     evals = EvalStore(meta)
-    a_ev = evals.submit(A, _req("va"))["evaluationId"]
-    b_ev = evals.submit(B, _req("vb", shard_size=4))["evaluationId"]
-    assert [e["evaluationId"] for e in evals.evaluations(A)] == [a_ev]
+    a_ev = evals.submit(A, _req("va")).evaluation_id
+    b_ev = evals.submit(B, _req("vb", shard_size=4)).evaluation_id
+    assert [e.evaluation_id for e in evals.evaluations(A)] == [a_ev]
     with pytest.raises(NotFound):
         evals.get(A, b_ev)
     b_shard = evals.lease(B, "w")
-    assert b_shard is not None and b_shard["evaluationId"] == b_ev
+    assert b_shard is not None and b_shard.evaluation_id == b_ev
     with pytest.raises(NotFound):
-        evals.heartbeat(A, b_shard["shardId"], b_shard["leaseToken"])
+        evals.heartbeat(A, b_shard.shard_id, b_shard.lease_token)
     # A's workers lease A's two shards, then nothing: bolt's queue is not theirs.
     for _ in range(2):
         sh = evals.lease(A, "w")
-        assert sh is not None and sh["evaluationId"] == a_ev
-        evals.complete(A, sh["shardId"], sh["leaseToken"],
-                       {e["id"]: {"exact_match": 1.0} for e in sh["examples"]})  # fmt: skip
+        assert sh is not None and sh.evaluation_id == a_ev
+        evals.complete(A, sh.shard_id, sh.lease_token,
+                       {e["id"]: {"exact_match": 1.0} for e in sh.examples})  # fmt: skip
     assert evals.lease(A, "w") is None
-    assert evals.get(A, a_ev)["state"] == "COMPLETED"
-    assert evals.get(B, b_ev)["state"] == "RUNNING"
+    assert evals.get(A, a_ev).state == "COMPLETED"
+    assert evals.get(B, b_ev).state == "RUNNING"
     # Same inputs, same cache key: bolt does not reuse acme's result.
-    assert not evals.submit(B, _req("vb"))["cacheHit"]
-    assert evals.submit(A, _req("va"))["cacheHit"]
+    assert not evals.submit(B, _req("vb")).cache_hit
+    assert evals.submit(A, _req("va")).cache_hit
     # Model registry: the same model name in both tenants, each alias its tenant's.
     registry = Registry(meta, evals)
     registry.set_alias(A, "m", "candidate", "va")
     registry.set_alias(B, "m", "candidate", "vb")
     assert registry.aliases(A, "m") == {"candidate": "va"}
-    assert [h["to"] for h in registry.history(B, "m")] == ["vb"]
+    assert [h.to_version for h in registry.history(B, "m")] == ["vb"]
     with pytest.raises(NotFound):
         registry.set_alias(A, "m", "candidate", "vb")
 

@@ -1,19 +1,26 @@
 """The JSON the evaluation API answers (evaluations, suites, triggers, the shard lease
 protocol), as pydantic models; the gate and alias answers are in :mod:`.gate_models`.
 
-The keys are the ones :mod:`fleetlens.evaluation` builds (``rows.evaluation_json``,
-``suites._suite_json``, ``lease.Leases``); the worker and the CLI read them. An adapter spec, a
+Each model's ``of`` builds it from the typed value :mod:`fleetlens.evaluation` returns
+(``rows.EvaluationView``, ``suites.SuiteView``, ``lease.ShardLease``, ...); the worker and the
+CLI read the JSON. An adapter spec, a
 benchmark spec and a benchmark's examples are the user's JSON, carried as they were sent.
 Counts that the CLI prints (a metric's ``n``) keep their int or float as stored.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import Field
 
 from .models import ApiModel
+
+if TYPE_CHECKING:
+    from ..evaluation.lease import Heartbeat, ShardLease, ShardReport
+    from ..evaluation.results import ExampleRow
+    from ..evaluation.rows import EvaluationView, Progress, ShardView
+    from ..evaluation.suites import SuiteView, TriggerView
 
 __all__ = [
     "DecodingOut",
@@ -144,6 +151,23 @@ class ShardOut(ApiModel):
     worker: str = Field(description="the worker that holds (or last held) it; empty if none")
     error: str
 
+    @classmethod
+    def of(cls, sh: ShardView) -> ShardOut:
+        return cls(
+            shard_id=sh.shard_id,
+            index=sh.index,
+            benchmark=sh.benchmark,
+            start=sh.start,
+            stop=sh.stop,
+            state=cast(ShardState, sh.state),  # pydantic checks it
+            attempts=sh.attempts,
+            max_attempts=sh.max_attempts,
+            done=sh.done,
+            total=sh.total,
+            worker=sh.worker,
+            error=sh.error,
+        )
+
 
 class ProgressOut(ApiModel):
     """Examples and shards settled so far."""
@@ -153,6 +177,16 @@ class ProgressOut(ApiModel):
     shards_done: int
     shards_failed: int
     shards: int
+
+    @classmethod
+    def of(cls, p: Progress) -> ProgressOut:
+        return cls(
+            examples_done=p.examples_done,
+            examples=p.examples,
+            shards_done=p.shards_done,
+            shards_failed=p.shards_failed,
+            shards=p.shards,
+        )
 
 
 class EvaluationOut(ApiModel):
@@ -186,6 +220,44 @@ class EvaluationOut(ApiModel):
     shards: list[ShardOut] | None = None
     progress: ProgressOut | None = None
 
+    @classmethod
+    def of(cls, v: EvaluationView) -> EvaluationOut:
+        """The provenance, metrics and regressions are the JSON stored with the evaluation;
+        ``shards`` and ``progress`` only when it was read with them."""
+        opt: dict[str, Any] = {}
+        if v.shards is not None:
+            opt["shards"] = [ShardOut.of(sh) for sh in v.shards]
+        if v.progress is not None:
+            opt["progress"] = ProgressOut.of(v.progress)
+        return cls(
+            evaluation_id=v.evaluation_id,
+            state=cast(EvaluationState, v.state),  # pydantic checks it
+            model_id=v.model_id,
+            model_version=v.model_version,
+            run_id=v.run_id,
+            checkpoint_id=v.checkpoint_id,
+            priority=v.priority,
+            deadline=v.deadline,
+            cache_hit=v.cache_hit,
+            cached_from=v.cached_from,
+            cache_key=v.cache_key,
+            provenance=ProvenanceOut.model_validate(v.provenance),
+            metrics={
+                bench: {name: MetricStatOut.model_validate(stat) for name, stat in ms.items()}
+                for bench, ms in v.metrics.items()
+            },
+            error=v.error,
+            created_at=v.created_at,
+            completed_at=v.completed_at,
+            created_by=v.created_by,
+            suite=SuiteRefOut(name=v.suite_name, version=v.suite_version),
+            trigger_id=v.trigger_id,
+            regressions=None
+            if v.regressions is None
+            else [RegressionOut.model_validate(r) for r in v.regressions],
+            **opt,
+        )
+
 
 class EvaluationListOut(ApiModel):
     """Evaluations, newest first (without their shards)."""
@@ -206,6 +278,26 @@ class ExampleRowOut(ApiModel):
     prompt: str = ""
     output: str = ""
     reference: str = ""
+
+    @classmethod
+    def of(cls, r: ExampleRow) -> ExampleRowOut:
+        """The notes and texts only when the example has them."""
+        notes = (
+            ("loglikelihoods", r.loglikelihoods),
+            ("rationale", r.rationale),
+            ("prompt", r.prompt),
+            ("output", r.output),
+            ("reference", r.reference),
+        )
+        present: dict[str, Any] = {k: x for k, x in notes if x}
+        return cls(
+            benchmark=r.benchmark,
+            shard_index=r.shard_index,
+            example_id=r.example_id,
+            metric=r.metric,
+            value=r.value,
+            **present,
+        )
 
 
 class ExamplesOut(ApiModel):
@@ -240,6 +332,26 @@ class SuiteOut(ApiModel):
         False, description="registration only: false when that version existed already"
     )
 
+    @classmethod
+    def of(cls, v: SuiteView) -> SuiteOut:
+        """The spec as registered: its optional fields only when it has them."""
+        spec = v.spec
+        opt: dict[str, Any] = {k: spec[k] for k in ("description", "gates", "adapter") if k in spec}
+        if "prices" in spec:
+            opt["prices"] = {k: PriceOut.model_validate(p) for k, p in spec["prices"].items()}
+        if v.created is not None:
+            opt["created"] = v.created
+        return cls(
+            name=v.name,
+            version=v.version,
+            benchmarks=spec["benchmarks"],
+            decoding=DecodingOut.model_validate(spec["decoding"]),
+            spec_hash=v.spec_hash,
+            created_at=v.created_at,
+            created_by=v.created_by,
+            **opt,
+        )
+
 
 class SuiteListOut(ApiModel):
     """Registered suites, every version."""
@@ -260,6 +372,21 @@ class TriggerOut(ApiModel):
     priority: str
     created_at: float
     created_by: str
+
+    @classmethod
+    def of(cls, t: TriggerView) -> TriggerOut:
+        return cls(
+            trigger_id=t.trigger_id,
+            project=t.project,
+            on=cast(Literal["model", "checkpoint", "alias"], t.on),  # pydantic checks it
+            model_id=t.model_id,
+            alias=t.alias,
+            suite=t.suite,
+            adapter=t.adapter,
+            priority=t.priority,
+            created_at=t.created_at,
+            created_by=t.created_by,
+        )
 
 
 class TriggerListOut(ApiModel):
@@ -289,12 +416,35 @@ class LeaseOut(ApiModel):
     lease_expires: float
     attempt: int
 
+    @classmethod
+    def of(cls, v: ShardLease) -> LeaseOut:
+        return cls(
+            shard_id=v.shard_id,
+            evaluation_id=v.evaluation_id,
+            index=v.index,
+            benchmark=v.benchmark,
+            start=v.start,
+            stop=v.stop,
+            examples=v.examples,
+            completed_ids=v.completed_ids,
+            adapter=v.adapter,
+            decoding=DecodingOut.model_validate(v.decoding),
+            locality=v.locality,
+            lease_token=v.lease_token,
+            lease_expires=v.lease_expires,
+            attempt=v.attempt,
+        )
+
 
 class HeartbeatOut(ApiModel):
     """The lease, extended."""
 
     shard_id: int
     lease_expires: float
+
+    @classmethod
+    def of(cls, v: Heartbeat) -> HeartbeatOut:
+        return cls(shard_id=v.shard_id, lease_expires=v.lease_expires)
 
 
 class ShardReportOut(ApiModel):
@@ -303,3 +453,11 @@ class ShardReportOut(ApiModel):
     shard_id: int
     state: Literal["done", "queued", "failed"] = Field(description="queued: it will be retried")
     evaluation_state: EvaluationState
+
+    @classmethod
+    def of(cls, v: ShardReport) -> ShardReportOut:
+        return cls(
+            shard_id=v.shard_id,
+            state=cast(Literal["done", "queued", "failed"], v.state),  # pydantic checks it
+            evaluation_state=cast(EvaluationState, v.evaluation_state),
+        )

@@ -21,6 +21,7 @@ from .auth import ERROR_RESPONSES, require
 from .evaluation_models import (
     EvaluationListOut,
     EvaluationOut,
+    ExampleRowOut,
     ExamplesOut,
     HeartbeatOut,
     LeaseOut,
@@ -30,7 +31,13 @@ from .evaluation_models import (
     TriggerListOut,
     TriggerOut,
 )
-from .gate_models import AliasesOut, AliasSetOut, GateDecisionListOut, GateDecisionOut
+from .gate_models import (
+    AliasesOut,
+    AliasMoveOut,
+    AliasSetOut,
+    GateDecisionListOut,
+    GateDecisionOut,
+)
 
 __all__ = ["eval_stores", "router"]
 
@@ -99,9 +106,9 @@ class EvaluationBody(BaseModel):
     summary="Queue an evaluation of a model version or checkpoint on a suite",
     status_code=202,
 )
-async def submit(request: Request, body: EvaluationBody, scope: Writer) -> dict[str, Any]:
+async def submit(request: Request, body: EvaluationBody, scope: Writer) -> EvaluationOut:
     evals, _ = _stores(request)
-    return dict(await _run(lambda: evals.submit(scope, body.model_dump())))
+    return EvaluationOut.of(await _run(lambda: evals.submit(scope, body.model_dump())))
 
 
 @router.get(
@@ -115,9 +122,12 @@ async def list_evaluations(
     scope: Reader,
     model_id: Annotated[str, Query(alias="modelId")] = "",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> dict[str, Any]:
+) -> EvaluationListOut:
     evals, _ = _stores(request)
-    return {"evaluations": await _run(lambda: evals.evaluations(scope, model_id, limit))}
+    rows = await _run(
+        lambda: [EvaluationOut.of(v) for v in evals.evaluations(scope, model_id, limit)]
+    )
+    return EvaluationListOut(evaluations=rows)
 
 
 @router.get(
@@ -126,9 +136,9 @@ async def list_evaluations(
     response_model=EvaluationOut,
     response_model_exclude_unset=True,
 )
-async def get_evaluation(request: Request, evaluation_id: str, scope: Reader) -> dict[str, Any]:
+async def get_evaluation(request: Request, evaluation_id: str, scope: Reader) -> EvaluationOut:
     evals, _ = _stores(request)
-    return dict(await _run(lambda: evals.get(scope, evaluation_id)))
+    return EvaluationOut.of(await _run(lambda: evals.get(scope, evaluation_id)))
 
 
 @router.get(
@@ -142,10 +152,13 @@ async def evaluation_examples(
     evaluation_id: str,
     scope: Reader,
     limit: Annotated[int, Query(ge=1, le=1_000_000)] = 10000,
-) -> dict[str, Any]:
+) -> ExamplesOut:
     evals, _ = _stores(request)
-    rows = await _run(lambda: evals.example_rows(scope, evaluation_id, limit))
-    return {"evaluationId": evaluation_id, "examples": rows}
+    # Up to a million rows: their models are built in the worker thread too.
+    rows = await _run(
+        lambda: [ExampleRowOut.of(r) for r in evals.example_rows(scope, evaluation_id, limit)]
+    )
+    return ExamplesOut(evaluation_id=evaluation_id, examples=rows)
 
 
 # -- suites and the triggers that use them --------------------------------------------------
@@ -174,10 +187,10 @@ class SuiteBody(BaseModel):
     status_code=201,
     responses={409: {"description": "That version exists with other content"}},
 )
-async def register_suite(request: Request, body: SuiteBody, scope: Writer) -> dict[str, Any]:
+async def register_suite(request: Request, body: SuiteBody, scope: Writer) -> SuiteOut:
     evals, _ = _stores(request)
     spec = body.model_dump(exclude_none=True)
-    return dict(await _run(lambda: evals.suites.register(scope, spec)))
+    return SuiteOut.of(await _run(lambda: evals.suites.register(scope, spec)))
 
 
 @router.get(
@@ -188,9 +201,10 @@ async def register_suite(request: Request, body: SuiteBody, scope: Writer) -> di
 )
 async def list_suites(
     request: Request, scope: Reader, name: Annotated[str, Query(max_length=128)] = ""
-) -> dict[str, Any]:
+) -> SuiteListOut:
     evals, _ = _stores(request)
-    return {"suites": await _run(lambda: evals.suites.suites(scope, name))}
+    rows = await _run(lambda: evals.suites.suites(scope, name))
+    return SuiteListOut(suites=[SuiteOut.of(v) for v in rows])
 
 
 @router.get(
@@ -199,9 +213,9 @@ async def list_suites(
     response_model=SuiteOut,
     response_model_exclude_unset=True,
 )
-async def get_suite(request: Request, ref: str, scope: Reader) -> dict[str, Any]:
+async def get_suite(request: Request, ref: str, scope: Reader) -> SuiteOut:
     evals, _ = _stores(request)
-    return dict(await _run(lambda: evals.suites.resolve(scope, ref)))
+    return SuiteOut.of(await _run(lambda: evals.suites.resolve(scope, ref)))
 
 
 class TriggerBody(BaseModel):
@@ -224,9 +238,9 @@ class TriggerBody(BaseModel):
     summary="A policy: evaluate new model versions or verified checkpoints on a suite",
     status_code=201,
 )
-async def add_trigger(request: Request, body: TriggerBody, scope: Writer) -> dict[str, Any]:
+async def add_trigger(request: Request, body: TriggerBody, scope: Writer) -> TriggerOut:
     evals, _ = _stores(request)
-    return dict(await _run(lambda: evals.suites.add_trigger(scope, body.model_dump())))
+    return TriggerOut.of(await _run(lambda: evals.suites.add_trigger(scope, body.model_dump())))
 
 
 @router.get(
@@ -234,9 +248,10 @@ async def add_trigger(request: Request, body: TriggerBody, scope: Writer) -> dic
     summary="The policies that start evaluations",
     response_model=TriggerListOut,
 )
-async def list_triggers(request: Request, scope: Reader) -> dict[str, Any]:
+async def list_triggers(request: Request, scope: Reader) -> TriggerListOut:
     evals, _ = _stores(request)
-    return {"triggers": await _run(lambda: evals.suites.triggers(scope))}
+    rows = await _run(lambda: evals.suites.triggers(scope))
+    return TriggerListOut(triggers=[TriggerOut.of(t) for t in rows])
 
 
 # -- the worker protocol --------------------------------------------------------------------
@@ -285,7 +300,7 @@ class FailBody(BaseModel):
 async def lease(request: Request, body: LeaseBody, scope: Writer) -> Any:
     evals, _ = _stores(request)
     out = await _run(lambda: evals.lease(scope, body.workerId, body.preferLocality, body.leaseS))
-    return Response(status_code=204) if out is None else out
+    return Response(status_code=204) if out is None else LeaseOut.of(out)
 
 
 @router.post(
@@ -296,9 +311,9 @@ async def lease(request: Request, body: LeaseBody, scope: Writer) -> Any:
 )
 async def heartbeat(
     request: Request, shard_id: ShardId, body: HeartbeatBody, scope: Writer
-) -> dict[str, Any]:
+) -> HeartbeatOut:
     evals, _ = _stores(request)
-    return dict(
+    return HeartbeatOut.of(
         await _run(
             lambda: evals.heartbeat(scope, shard_id, body.leaseToken, body.leaseS, body.partial)
         )
@@ -313,9 +328,11 @@ async def heartbeat(
 )
 async def complete(
     request: Request, shard_id: ShardId, body: CompleteBody, scope: Writer
-) -> dict[str, Any]:
+) -> ShardReportOut:
     evals, _ = _stores(request)
-    return dict(await _run(lambda: evals.complete(scope, shard_id, body.leaseToken, body.scores)))
+    return ShardReportOut.of(
+        await _run(lambda: evals.complete(scope, shard_id, body.leaseToken, body.scores))
+    )
 
 
 @router.post(
@@ -326,9 +343,11 @@ async def complete(
 )
 async def fail(
     request: Request, shard_id: ShardId, body: FailBody, scope: Writer
-) -> dict[str, Any]:
+) -> ShardReportOut:
     evals, _ = _stores(request)
-    return dict(await _run(lambda: evals.fail(scope, shard_id, body.leaseToken, body.error)))
+    return ShardReportOut.of(
+        await _run(lambda: evals.fail(scope, shard_id, body.leaseToken, body.error))
+    )
 
 
 # -- gates and promotion --------------------------------------------------------------------
@@ -354,9 +373,9 @@ class GateBody(BaseModel):
     response_model=GateDecisionOut,
     response_model_exclude_unset=True,
 )
-async def run_gate(request: Request, body: GateBody, scope: Writer) -> dict[str, Any]:
+async def run_gate(request: Request, body: GateBody, scope: Writer) -> GateDecisionOut:
     _, registry = _stores(request)
-    return dict(
+    return GateDecisionOut.of(
         await _run(
             lambda: registry.run_gate(
                 scope,
@@ -382,10 +401,10 @@ async def list_decisions(
     model_id: str,
     scope: Reader,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> dict[str, Any]:
+) -> GateDecisionListOut:
     _, registry = _stores(request)
     rows = await _run(lambda: registry.decisions(scope, model_id, limit))
-    return {"modelId": model_id, "decisions": rows}
+    return GateDecisionListOut(model_id=model_id, decisions=[GateDecisionOut.of(d) for d in rows])
 
 
 @router.get(
@@ -394,9 +413,9 @@ async def list_decisions(
     response_model=GateDecisionOut,
     response_model_exclude_unset=True,
 )
-async def get_decision(request: Request, decision_id: str, scope: Reader) -> dict[str, Any]:
+async def get_decision(request: Request, decision_id: str, scope: Reader) -> GateDecisionOut:
     _, registry = _stores(request)
-    return dict(await _run(lambda: registry.decision(scope, decision_id)))
+    return GateDecisionOut.of(await _run(lambda: registry.decision(scope, decision_id)))
 
 
 @router.get(
@@ -404,17 +423,18 @@ async def get_decision(request: Request, decision_id: str, scope: Reader) -> dic
     summary="A model's aliases and every move of them",
     response_model=AliasesOut,
 )
-async def aliases(request: Request, model_id: str, scope: Reader) -> dict[str, Any]:
+async def aliases(request: Request, model_id: str, scope: Reader) -> AliasesOut:
     _, registry = _stores(request)
 
-    def work() -> dict[str, Any]:
-        return {
-            "modelId": model_id,
-            "aliases": registry.aliases(scope, model_id),
-            "history": registry.history(scope, model_id),
-        }
+    def work() -> AliasesOut:
+        return AliasesOut(
+            model_id=model_id,
+            aliases=registry.aliases(scope, model_id),
+            history=[AliasMoveOut.of(m) for m in registry.history(scope, model_id)],
+        )
 
-    return dict(await _run(work))
+    out: AliasesOut = await _run(work)
+    return out
 
 
 class AliasBody(BaseModel):
@@ -433,10 +453,10 @@ class AliasBody(BaseModel):
 )
 async def set_alias(
     request: Request, model_id: str, alias: str, body: AliasBody, scope: Writer
-) -> dict[str, Any]:
+) -> AliasSetOut:
     evals, registry = _stores(request)
 
-    def work() -> dict[str, Any]:
+    def work() -> AliasSetOut:
         out = registry.set_alias(
             scope,
             model_id,
@@ -445,17 +465,17 @@ async def set_alias(
             decision_id=body.decisionId,
             override_reason=body.overrideReason,
         )
-        project = str(out.pop("project", ""))
-        out["triggered"] = evals.fire(
+        triggered = evals.fire(
             scope.tenant,
-            project,
+            out.project,
             "alias",
             model_id=model_id,
             version=body.version,
             alias=alias,
-            run_id=str(out.pop("runId", "")),
-            checkpoint_id=str(out.pop("checkpointId", "")),
+            run_id=out.run_id,
+            checkpoint_id=out.checkpoint_id,
         )
-        return out
+        return AliasSetOut.of(out, triggered)
 
-    return dict(await _run(work))
+    result: AliasSetOut = await _run(work)
+    return result

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio
 import msgspec
@@ -98,14 +98,16 @@ def _files(body: bytes) -> tuple[list[DumpFile], str | None]:
 )
 async def post_flight_recorder(
     request: Request, run_id: str, scope: Annotated[Scope, Depends(require_any("write", "ingest"))]
-) -> dict[str, Any]:
+) -> FlightRecorderImportOut:
     svc = request.app.state.services
     body = await read_upload(request, MAX_BODY_BYTES, "send the dumps of fewer ranks per request")
     budget: BodyBudget = request.app.state.body_budget
 
-    def work() -> dict[str, Any]:
+    def work() -> FlightRecorderImportOut:
         files, job_id = _files(body)
-        return import_flight_recorder(svc.telemetry, svc.metadata, scope, run_id, files, job_id)
+        return FlightRecorderImportOut.of(
+            import_flight_recorder(svc.telemetry, svc.metadata, scope, run_id, files, job_id)
+        )
 
     try:
         return await anyio.to_thread.run_sync(work)

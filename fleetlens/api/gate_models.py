@@ -1,14 +1,18 @@
 """The JSON the evaluation API answers about quality gates and model aliases (promotion), as
-pydantic models; the keys are the ones :mod:`fleetlens.evaluation.registry` and
-:mod:`fleetlens.evaluation.gates` build."""
+pydantic models, each built by its ``of`` from the typed value
+:mod:`fleetlens.evaluation.registry` or :mod:`fleetlens.evaluation.gates` returns."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import Field
 
 from .models import ApiModel
+
+if TYPE_CHECKING:
+    from ..evaluation.gates import GateCheck
+    from ..evaluation.registry import AliasMoveView, AliasSet, GateDecisionView
 
 __all__ = [
     "AliasMoveOut",
@@ -40,6 +44,26 @@ class GateCheckOut(ApiModel):
     reasons: list[str]
     status: Literal["pass", "warn", "fail"]
 
+    @classmethod
+    def of(cls, c: GateCheck) -> GateCheckOut:
+        return cls(
+            metric=c.metric,
+            direction=cast(Literal["higher", "lower"], c.direction),  # pydantic checks them
+            hard=c.hard,
+            test=c.test,
+            confidence=c.confidence,
+            max_regression=c.max_regression,
+            candidate=c.candidate,
+            baseline=c.baseline,
+            paired=c.paired,
+            difference=c.difference,
+            interval=c.interval,
+            p_value=c.p_value,
+            regression=c.regression,
+            reasons=list(c.reasons),
+            status=cast(Literal["pass", "warn", "fail"], c.status),
+        )
+
 
 class GateDecisionOut(ApiModel):
     """A gate decision: the candidate judged against the baseline, policy by policy."""
@@ -57,6 +81,29 @@ class GateDecisionOut(ApiModel):
     baseline_version: str | None
     baseline_evaluation: str | None
     candidate_evaluation: str
+
+    @classmethod
+    def of(cls, d: GateDecisionView) -> GateDecisionOut:
+        """``actor`` and ``createdAt`` only for a stored decision read back."""
+        opt: dict[str, Any] = {}
+        if d.actor is not None:
+            opt["actor"] = d.actor
+        if d.created_at is not None:
+            opt["created_at"] = d.created_at
+        return cls(
+            decision_id=d.decision_id,
+            model_id=d.model_id,
+            version=d.version,
+            passed=d.report.passed,
+            failed=list(d.report.failed),
+            warnings=list(d.report.warnings),
+            checks=[GateCheckOut.of(c) for c in d.report.checks],
+            baseline_alias=d.baseline_alias,
+            baseline_version=d.baseline_version,
+            baseline_evaluation=d.baseline_evaluation,
+            candidate_evaluation=d.candidate_evaluation,
+            **opt,
+        )
 
 
 class GateDecisionListOut(ApiModel):
@@ -77,6 +124,20 @@ class AliasMoveOut(ApiModel):
     reason: str
     actor: str
     at: float
+
+    @classmethod
+    def of(cls, m: AliasMoveView) -> AliasMoveOut:
+        before: dict[str, Any] = {"from": m.from_version}  # a Python keyword: field ``from_``
+        return cls(
+            alias=m.alias,
+            to=m.to_version,
+            decision_id=m.decision_id,
+            override=m.override,
+            reason=m.reason,
+            actor=m.actor,
+            at=m.at,
+            **before,
+        )
 
 
 class AliasesOut(ApiModel):
@@ -104,3 +165,19 @@ class AliasSetOut(ApiModel):
     override: bool
     decision_id: str | None
     triggered: TriggeredOut
+
+    @classmethod
+    def of(cls, v: AliasSet, triggered: dict[str, list[str]]) -> AliasSetOut:
+        """The move, and what the triggers on it started (``EvalStore.fire``)."""
+        before: dict[str, Any] = {"from": v.from_version}  # a Python keyword: field ``from_``
+        return cls(
+            model_id=v.model_id,
+            alias=v.alias,
+            version=v.version,
+            override=v.override,
+            decision_id=v.decision_id,
+            triggered=TriggeredOut(
+                evaluations=list(triggered["evaluations"]), errors=list(triggered["errors"])
+            ),
+            **before,
+        )

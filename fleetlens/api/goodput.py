@@ -24,7 +24,7 @@ from ..analysis.breakdown import Breakdown
 from ..analysis.goodput import Factors
 from ..services.contract import run_contract
 from ..services.goodput import GoodputQueries, ProgramSpec, program_spec
-from ..services.scheduler import scheduling_factor
+from ..services.scheduler import run_scheduling_factor
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, UNKNOWN_NAME_RESPONSE, require
 from .fleet_models import FleetGoodputOut, PoolGoodputOut
@@ -36,7 +36,6 @@ from .goodput_models import (
     FactorsOut,
     ProgramOut,
     RunGoodputOut,
-    RunSchedulingOut,
     RuntimeModelOut,
     RuntimeTermsOut,
     TimeWindowOut,
@@ -44,6 +43,7 @@ from .goodput_models import (
     WhatIfOut,
 )
 from .models import ContractOut
+from .scheduler_models import scheduling_out
 
 __all__ = ["WhatIfBody", "advice", "advice_model", "router", "runtime_terms"]
 
@@ -217,10 +217,8 @@ async def get_run_goodput(
 
     def work() -> RunGoodputOut:
         info = svc.metadata.get_run(scope, run_id)  # 404 unless the caller may see it
-        sched = scheduling_factor(svc.telemetry, scope, run_id, scheduling)
-        bd, f, meta, spec = _measure(
-            svc, scope, run_id, window, sched["factor"], accelerator, dtype
-        )
+        sched = run_scheduling_factor(svc.telemetry, scope, run_id, scheduling)
+        bd, f, meta, spec = _measure(svc, scope, run_id, window, sched.factor, accelerator, dtype)
         is_mfu = meta["programBasis"] == "mfu_retained_steps"
         program = ProgramOut(
             devices=meta["devices"],
@@ -241,7 +239,7 @@ async def get_run_goodput(
             program=program,
             runtime_terms=runtime_terms(bd),
             advice=advice_model(bd, f, price, caps),
-            scheduling=RunSchedulingOut.model_validate(sched),
+            scheduling=scheduling_out(sched),
             contract=ContractOut.of(run_contract(svc.metadata, svc.telemetry, scope, info)),
         )
 
@@ -322,7 +320,7 @@ async def post_run_whatif(
             scope,
             run_id,
             window,
-            scheduling_factor(svc.telemetry, scope, run_id, body.scheduling)["factor"],
+            run_scheduling_factor(svc.telemetry, scope, run_id, body.scheduling).factor,
             body.accelerator,
             body.dtype,
         )

@@ -30,6 +30,7 @@ from .graph_models import (
     CompareOut,
     DatasetOut,
     DrilldownOut,
+    InfrastructureOut,
     ModelLineageOut,
     ModelListOut,
     ModelRegisteredOut,
@@ -98,14 +99,15 @@ async def compare(
     left: str | None = None,
     right: str | None = None,
     runs: str | None = None,
-) -> dict[str, Any]:
+) -> CompareOut:
     names = [r for r in (runs or "").split(",") if r] or [r for r in (left, right) if r]
     if len(names) < 2:
         raise HTTPException(400, "name two or more runs: ?left=A&right=B or ?runs=A,B,C")
     if len(names) > 50:
         raise HTTPException(400, f"{len(names)} runs; compare at most 50 at once")
     svc = _svc(request)
-    return dict(await _run(lambda: compare_runs(svc.telemetry, svc.metadata, scope, names)))
+    cmp = await _run(lambda: compare_runs(svc.telemetry, svc.metadata, scope, names))
+    return CompareOut.of(cmp)
 
 
 # -- lineage --------------------------------------------------------------------------------
@@ -122,8 +124,8 @@ async def run_lineage(request: Request, run_id: str, scope: Reader) -> dict[str,
 
     def work() -> dict[str, Any]:
         out = GraphStore(svc.metadata).run_lineage(scope, run_id)
-        out["infrastructure"] = CompareQueries(svc.telemetry, scope).infrastructure(run_id)
-        return out
+        infra = CompareQueries(svc.telemetry, scope).infrastructure(run_id)
+        return {**out, "infrastructure": InfrastructureOut.of(infra)}
 
     return dict(await _run(work))
 
@@ -202,8 +204,8 @@ async def model_drilldown(
             out["conclusion"] = "both versions come from the same run; compare their steps"
             return out
         cmp = compare_runs(svc.telemetry, svc.metadata, scope, runs)
-        out["comparison"] = cmp
-        c = cmp["conclusions"][0]
+        out["comparison"] = CompareOut.of(cmp)
+        c = cmp.conclusions[0]
         out["conclusion"] = (
             "possible systems issue: infrastructure metrics changed"
             if c["infrastructureChanged"]

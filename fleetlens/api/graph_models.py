@@ -8,10 +8,12 @@ Built by :mod:`fleetlens.store.graph` (lineage, registrations) and
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from ..services.compare_types import Comparison, Infrastructure
 from .models import ApiModel
 
 __all__ = [
@@ -256,6 +258,11 @@ class InfrastructureOut(ApiModel):
     slow_episodes: list[SlowEpisodeOut]
     speed: RunSpeedOut
 
+    @classmethod
+    def of(cls, i: Infrastructure) -> InfrastructureOut:
+        plain = dataclasses.asdict(i)  # fields by name, nested ones too (the models take either)
+        return cls.model_validate({**plain, "speed": plain["speed"] or {}})  # {}: no step yet
+
 
 class RunLineageOut(RunGraphOut):
     """A run's lineage and the infrastructure it ran on."""
@@ -453,6 +460,28 @@ class CompareOut(ApiModel):
     contract: ContractDiffOut
     conclusions: list[ConclusionOut] = Field(description="per run after the first")
     basis: CompareBasisOut
+
+    @classmethod
+    def of(cls, c: Comparison) -> CompareOut:
+        plain = dataclasses.asdict(c)  # fields by name, nested ones too
+        for side in plain["side"]:
+            if side["goodput"] is None:  # a run with no steps: no goodput keys at all
+                del side["goodput"], side["runtime_goodput"]
+        return cls.model_validate({**plain, "basis": _BASIS})
+
+
+_BASIS = {  # how each figure of a comparison is computed
+    "stepTime": "median over steps of the slowest rank's duration (last execution)",
+    "goodput": "the job's goodput (runtime x program) as the run page and /v1/runs/{run_id}/"
+    "goodput have it; runtimeGoodput its runtime factor",
+    "productiveShare": "sum of retained steps' durations over first start to last end",
+    "matchedSteps": "mean of each tenth of the steps every run logged; the conclusion reads "
+    "the last tenth",
+    "evaluations": "each run's latest completed evaluation (by runId); deltas against "
+    "the first run's, metric by metric (benchmark/metric, performance/latency...)",
+    "contract": "the software each run's ranks reported and the topology it was "
+    "placed on; differences against the first run's (seed 003 s9.3.1)",
+}
 
 
 class MetricPairOut(ApiModel):

@@ -37,10 +37,10 @@ async def incidents(
     offset: Offset = 0,
 ) -> IncidentListOut:
     meta = request.app.state.services.metadata
-    doc = await anyio.to_thread.run_sync(
+    page = await anyio.to_thread.run_sync(
         lambda: list_incidents(meta, scope, state, since, run_id, limit, offset)
     )
-    return IncidentListOut.model_validate(doc)
+    return IncidentListOut.of(page)
 
 
 @router.get(
@@ -57,8 +57,8 @@ async def preserved(
 ) -> PreservedListOut:
     svc = request.app.state.services
     windows = PreservedWindows(svc.metadata, svc.telemetry, scope)
-    doc = await anyio.to_thread.run_sync(lambda: windows.list(run_id, limit, offset))
-    return PreservedListOut.model_validate(doc)
+    got = await anyio.to_thread.run_sync(lambda: windows.list(run_id, limit, offset))
+    return PreservedListOut.of(got)
 
 
 @router.get(
@@ -77,7 +77,7 @@ async def preserved_rows(
 ) -> PreservedRowsOut:
     svc = request.app.state.services
     windows = PreservedWindows(svc.metadata, svc.telemetry, scope)
-    doc = await anyio.to_thread.run_sync(
+    rows = await anyio.to_thread.run_sync(
         lambda: windows.rows(run_id, window_id, table, limit, offset)
     )
-    return PreservedRowsOut.model_validate(doc)
+    return PreservedRowsOut.of(rows)

@@ -11,11 +11,17 @@ the app's error answers, not these.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from .models import ApiModel
+
+if TYPE_CHECKING:
+    from ..analysis.flight_recorder import StuckCollective
+    from ..services.flight_recorder import FlightRecorderImport, GroupLastCompleted, RankHome
+    from ..services.series import MetricName, SeriesPoint, SeriesRead
+    from ..services.traces import TraceCollective, TraceKernel, TraceRank, TraceStep
 
 __all__ = [
     "BATCHES_STORED",
@@ -131,6 +137,10 @@ class MetricNameOut(ApiModel):
     from_step: int
     to_step: int
 
+    @classmethod
+    def of(cls, m: MetricName) -> MetricNameOut:
+        return cls(name=m.name, points=m.points, from_step=m.from_step, to_step=m.to_step)
+
 
 class MetricPointOut(ApiModel):
     """One point of a series: a step (or a bucket of steps, or of time) summarised.
@@ -146,6 +156,28 @@ class MetricPointOut(ApiModel):
     max: float | str | None
     mean: float | str | None
     non_finite: int = Field(description="non-finite values in the bucket")
+
+    @classmethod
+    def of(cls, p: SeriesPoint) -> MetricPointOut:
+        """``time`` is set for a bucket of time only (absent for a bucket of steps)."""
+        if p.time is None:
+            return cls(
+                step=p.step,
+                value=p.value,
+                min=p.min,
+                max=p.max,
+                mean=p.mean,
+                non_finite=p.non_finite,
+            )
+        return cls(
+            step=p.step,
+            time=p.time,
+            value=p.value,
+            min=p.min,
+            max=p.max,
+            mean=p.mean,
+            non_finite=p.non_finite,
+        )
 
 
 class MetricsOut(ApiModel):
@@ -163,6 +195,23 @@ class MetricsOut(ApiModel):
     )
     points: list[MetricPointOut] = Field(default_factory=list)
 
+    @classmethod
+    def of(cls, r: SeriesRead) -> MetricsOut:
+        """One downsampled series (``metrics`` absent)."""
+        return cls(
+            run_id=r.run_id,
+            name=r.name,
+            from_step=r.from_step,
+            to_step=r.to_step,
+            resolution=r.resolution,
+            points=[MetricPointOut.of(p) for p in r.points],
+        )
+
+    @classmethod
+    def of_names(cls, run_id: str, names: list[MetricName]) -> MetricsOut:
+        """The run's scalar names (only ``runId`` and ``metrics``)."""
+        return cls(run_id=run_id, metrics=[MetricNameOut.of(m) for m in names])
+
 
 # ---- flight recorder ----------------------------------------------------------------------
 class FlightRecorderStuckOut(ApiModel):
@@ -177,6 +226,19 @@ class FlightRecorderStuckOut(ApiModel):
     sizes: list[Any] = Field(description="its input sizes, as the dump holds them")
     dtypes: list[Any]
 
+    @classmethod
+    def of(cls, s: StuckCollective) -> FlightRecorderStuckOut:
+        return cls(
+            group=s.group,
+            desc=s.desc,
+            op=s.op,
+            seq=s.seq,
+            members=list(s.members),
+            missing=list(s.missing),
+            sizes=s.sizes,
+            dtypes=s.dtypes,
+        )
+
 
 class FlightRecorderGroupOut(ApiModel):
     """The last collective each rank completed in a process group."""
@@ -188,6 +250,17 @@ class FlightRecorderGroupOut(ApiModel):
     behind: list[int] = Field(description="the ranks at the lowest (when not all equal)")
     last_completed: dict[str, int] = Field(description="rank -> its last completed collective")
 
+    @classmethod
+    def of(cls, g: GroupLastCompleted) -> FlightRecorderGroupOut:
+        return cls(
+            group=g.group,
+            desc=g.desc,
+            min=g.min,
+            max=g.max,
+            behind=g.behind,
+            last_completed={str(r): n for r, n in g.last_completed.items()},
+        )
+
 
 class FlightRecorderRankOut(ApiModel):
     """A rank missing from a stuck collective, where the job placed it."""
@@ -196,6 +269,10 @@ class FlightRecorderRankOut(ApiModel):
     node: str | None
     gpu: int | None
     rack: str | None
+
+    @classmethod
+    def of(cls, h: RankHome) -> FlightRecorderRankOut:
+        return cls(rank=h.rank, node=h.node, gpu=h.gpu, rack=h.rack)
 
 
 class FlightRecorderImportOut(ApiModel):
@@ -210,6 +287,20 @@ class FlightRecorderImportOut(ApiModel):
     groups: list[FlightRecorderGroupOut]
     missing: list[FlightRecorderRankOut]
     findings: list[str]
+
+    @classmethod
+    def of(cls, r: FlightRecorderImport) -> FlightRecorderImportOut:
+        return cls(
+            run_id=r.run_id,
+            job_id=r.job_id,
+            world=r.world,
+            ranks_with_dump=r.ranks_with_dump,
+            missing_ranks=r.missing_ranks,
+            stuck=[FlightRecorderStuckOut.of(s) for s in r.stuck],
+            groups=[FlightRecorderGroupOut.of(g) for g in r.groups],
+            missing=[FlightRecorderRankOut.of(h) for h in r.missing],
+            findings=r.findings,
+        )
 
 
 # ---- traces -------------------------------------------------------------------------------
@@ -228,6 +319,24 @@ class TraceStepOut(ApiModel):
     idle_ms: float | None
     kernels: int
     source: str
+
+    @classmethod
+    def of(cls, t: TraceStep) -> TraceStepOut:
+        ms = t.ms
+        return cls(
+            step=t.step,
+            rank=t.rank,
+            time=t.time,
+            duration_ms=t.duration_ms,
+            compute_ms=ms.compute,
+            comm_ms=ms.comm,
+            exposed_comm_ms=ms.exposed_comm,
+            overlap_ms=ms.overlap,
+            memcpy_ms=ms.memcpy,
+            idle_ms=ms.idle,
+            kernels=t.kernels,
+            source=t.source,
+        )
 
 
 class TraceRankOut(ApiModel):
@@ -253,6 +362,31 @@ class TraceRankOut(ApiModel):
     collectives: int
     file_bytes: int | None = Field(description="the rank's kept trace file; null: none")
 
+    @classmethod
+    def of(cls, r: TraceRank, file_bytes: int | None) -> TraceRankOut:
+        ms, pct = r.ms, r.pct
+        return cls(
+            rank=r.rank,
+            steps=r.steps,
+            duration_ms=r.duration_ms,
+            mean_step_ms=r.mean_step_ms,
+            compute_ms=ms.compute,
+            compute_pct=pct.compute,
+            comm_ms=ms.comm,
+            comm_pct=pct.comm,
+            exposed_comm_ms=ms.exposed_comm,
+            exposed_comm_pct=pct.exposed_comm,
+            overlap_ms=ms.overlap,
+            overlap_pct=pct.overlap,
+            memcpy_ms=ms.memcpy,
+            memcpy_pct=pct.memcpy,
+            idle_ms=ms.idle,
+            idle_pct=pct.idle,
+            kernels=r.kernels,
+            collectives=r.collectives,
+            file_bytes=file_bytes,
+        )
+
 
 class TraceKernelOut(ApiModel):
     """A kernel with much device time, every traced rank summed."""
@@ -264,6 +398,17 @@ class TraceKernelOut(ApiModel):
     pct_of_step_time: float | None
     ranks: int
 
+    @classmethod
+    def of(cls, k: TraceKernel) -> TraceKernelOut:
+        return cls(
+            name=k.name,
+            category=k.category,
+            calls=k.calls,
+            total_ms=k.total_ms,
+            pct_of_step_time=k.pct_of_step_time,
+            ranks=k.ranks,
+        )
+
 
 class TraceCollectiveOut(ApiModel):
     """A collective operation with much time between enter and exit, every rank summed."""
@@ -273,6 +418,10 @@ class TraceCollectiveOut(ApiModel):
     total_ms: float | None
     bytes: int
     ranks: int
+
+    @classmethod
+    def of(cls, c: TraceCollective) -> TraceCollectiveOut:
+        return cls(op=c.op, calls=c.calls, total_ms=c.total_ms, bytes=c.bytes, ranks=c.ranks)
 
 
 class TracesOut(ApiModel):

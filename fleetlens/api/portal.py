@@ -29,7 +29,7 @@ from ..services.portal import HEATMAP_ROWS_BUDGET, PortalQueries, run_summary, s
 from ..services.portal_costs import finding_costs
 from ..services.portal_rank import RankQueries
 from ..services.runs import RunQueries, completion, declared_world
-from ..services.scheduler import scheduling_factor
+from ..services.scheduler import run_scheduling_factor
 from ..services.series import SeriesQueries
 from ..store.findings import FindingsStore
 from ..store.scope import Scope
@@ -38,7 +38,15 @@ from .findings import finding_json
 from .goodput import advice
 from .goodput_models import BreakdownOut, FactorsOut
 from .portal_json import Clock, json_response
-from .portal_models import FailurePageOut, HeatmapOut, OverviewOut, RankDetailOut
+from .portal_models import (
+    FailurePageOut,
+    FindingCostOut,
+    HeatmapOut,
+    OverviewOut,
+    RankDetailOut,
+    RankedFindingOut,
+    ScalarPointOut,
+)
 from .remediation import action_views
 from .runs import run_json, summary_mfu_out
 
@@ -188,9 +196,9 @@ async def overview(
         names = [n for n in latest if n in SCALARS or len(latest) < 6]
         out["scalars"] = pq.scalar_series(run_id, names, lo, hi, points)
         clock.mark("scalars")
-        sched = scheduling_factor(svc.telemetry, scope, run_id)  # as GET .../goodput has it
+        sched = run_scheduling_factor(svc.telemetry, scope, run_id)  # as GET .../goodput has it
         bd, f, meta = pq.run_goodput(
-            run_id, executions, program_spec(info.config or {}), sched["factor"]
+            run_id, executions, program_spec(info.config or {}), sched.factor
         )
         out["goodput"] = {
             "breakdown": BreakdownOut.of(bd).model_dump(by_alias=True),
@@ -205,14 +213,15 @@ async def overview(
             i for i in rq.timeline(run_id, max(lo, hi - TIMELINE_STEPS + 1), hi) if i["source"]
         ][:2000]
         clock.mark("timeline")
-        found = [finding_json(f) for f in FindingsStore(svc.metadata).rows(scope, run_id, None)]
+        found = FindingsStore(svc.metadata).rows(scope, run_id, None)
         # Most costly first, each with its share of the breakdown's loss lines.
         devices = float(meta.get("devices") or info.world_size or 0)
-        out["findings"], out["goodput"]["unattributed"] = finding_costs(
-            found, bd, executions, devices
-        )
-        for f in out["findings"]:
-            f["action"] = _recommend(f["diagnosis"])
+        ranked, unattributed = finding_costs(found, bd, executions, devices)
+        out["findings"] = [
+            RankedFindingOut.doc(r, finding_json(r.finding), _recommend(r.finding.diagnosis))
+            for r in ranked
+        ]
+        out["goodput"]["unattributed"] = FindingCostOut.doc(unattributed)
         out["alerts"] = svc.alert_store.list(scope, None, run_id, 50)
         clock.mark("findings")
         out["remediations"] = _remediations(svc, scope, run_id)
@@ -359,9 +368,9 @@ async def failure(request: Request, run_id: str, scope: Reader) -> dict[str, Any
         lo = max(rng[0], at - 200)
         sq = SeriesQueries(svc.telemetry, scope)
         out["training"] = {
-            n["name"]: sq.series(run_id, n["name"], lo, at, 5)
+            n.name: [ScalarPointOut.of(p) for p in sq.series(run_id, n.name, lo, at, 5)]
             for n in sq.names(run_id)
-            if n["name"] in SCALARS
+            if n.name in SCALARS
         }
         out["stepTime"] = pq.step_series(run_id, lo, at, 5)
         # Implicated: the failing rank, and ranks slower than their peers by at least what

@@ -22,7 +22,7 @@ from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require_any
 from .fleet_models import PoolGoodputOut
 from .portal import DRAIN_KINDS, FAULT_KINDS, NODE_FAULTS, PENDING_STATES, Reader, _pending
-from .portal_fleet_models import OnCallOut, PortalCapacityOut
+from .portal_fleet_models import CapacityBucketOut, CapacityJobsOut, OnCallOut, PortalCapacityOut
 from .runs import run_json
 
 __all__ = ["router"]
@@ -325,8 +325,7 @@ async def capacity(
             program_lost += h * f.runtime * (1 - f.program)
             gpu_useful += h * f.runtime * f.program
             gpu_held += h
-        buckets = series.as_json(price)
-        spare = [b["spareGpus"] for b in buckets if b["spareGpus"] is not None]
+        spare = [g for b in series.buckets if (g := b.spare_gpus) is not None]
         causes: dict[str, int] = {}
         for r in runs:
             for fnd in FindingsStore(svc.metadata).rows(scope, r.run_id):
@@ -379,9 +378,9 @@ async def capacity(
             "price": price,
             "costPerUsefulGpuHour": price * base / useful if useful > 0 else None,
             "runs": len(runs),
-            "series": buckets,
+            "series": [CapacityBucketOut.of(b, price) for b in series.buckets],
             "spareGpusMin": min(spare) if spare else None,
-            "jobs": jobs.as_json(),
+            "jobs": CapacityJobsOut.of(jobs),
             "warnings": warnings,
         }
 

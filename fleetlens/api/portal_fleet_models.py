@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from ..services.capacity import CohortFigures, FleetBucket, JobTally
 from .alert_models import AlertOut, SilenceOut
 from .fleet_models import PoolGoodputOut
 from .models import ApiModel, RunOut
@@ -192,6 +193,23 @@ class CapacityBucketOut(ApiModel):
     cost_per_useful_gpu_hour: float | None
     spare_gpus: float | None = Field(description="GPUs in service no run held, on average")
 
+    @classmethod
+    def of(cls, b: FleetBucket, price: float) -> CapacityBucketOut:
+        return cls.model_validate(
+            {
+                "from": b.start,
+                "to": b.end,
+                "inServiceGpuHours": b.in_service,
+                "heldGpuHours": b.held,
+                "usefulGpuHours": b.useful,
+                "utilization": b.utilization,
+                "goodput": b.goodput,
+                "lossByCause": b.loss_by_cause,
+                "costPerUsefulGpuHour": b.cost_per_useful_gpu_hour(price),
+                "spareGpus": b.spare_gpus,
+            }
+        )
+
 
 class CapacityCohortOut(ApiModel):
     size: str = Field(description="1-8 GPUs, 9-64 GPUs, 65-512 GPUs, 513+ GPUs, unknown size")
@@ -199,6 +217,16 @@ class CapacityCohortOut(ApiModel):
     held_gpu_hours: float
     useful_gpu_hours: float
     goodput: float | None
+
+    @classmethod
+    def of(cls, c: CohortFigures) -> CapacityCohortOut:
+        return cls(
+            size=c.size,
+            runs=c.runs,
+            held_gpu_hours=c.held_gpu_hours,
+            useful_gpu_hours=c.useful_gpu_hours,
+            goodput=c.goodput,
+        )
 
 
 class CapacityJobsOut(ApiModel):
@@ -208,6 +236,15 @@ class CapacityJobsOut(ApiModel):
     ended: int
     success_rate: float | None
     cohorts: list[CapacityCohortOut]
+
+    @classmethod
+    def of(cls, jobs: JobTally) -> CapacityJobsOut:
+        return cls(
+            by_status=jobs.by_status,
+            ended=jobs.ended,
+            success_rate=jobs.success_rate,
+            cohorts=[CapacityCohortOut.of(c) for c in jobs.cohort_figures()],
+        )
 
 
 class PortalCapacityOut(ApiModel):

@@ -9,7 +9,7 @@ models: they document those answers, and the portal tests validate real answers 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -27,6 +27,10 @@ from .models import (
     TimelineItem,
 )
 from .remediation_models import ActionOut
+
+if TYPE_CHECKING:
+    from ..services.portal_costs import Cost, RankedFinding
+    from ..services.series import SeriesPoint
 
 __all__ = [
     "CauseOut",
@@ -96,6 +100,17 @@ class ScalarPointOut(ApiModel):
     mean: Num
     non_finite: int = Field(description="values that were not finite")
 
+    @classmethod
+    def of(cls, p: SeriesPoint) -> ScalarPointOut:
+        return cls(
+            step=p.step,
+            value=p.value,
+            min=p.min,
+            max=p.max,
+            mean=p.mean,
+            non_finite=p.non_finite,
+        )
+
 
 # ---- /overview ----------------------------------------------------------------------------
 class OverviewRunOut(RunOut):
@@ -137,6 +152,16 @@ class FindingCostOut(ApiModel):
     gpu_hours: float
     goodput_points: float
 
+    @staticmethod
+    def doc(c: Cost) -> dict[str, Any]:
+        """``c`` as the overview's JSON (sent by msgspec, not validated: the portal's speed)."""
+        return {
+            "seconds": c.seconds,
+            "totalSeconds": c.total_seconds,
+            "gpuHours": c.gpu_hours,
+            "goodputPoints": c.goodput_points,
+        }
+
 
 class FindingSinceOut(ApiModel):
     step: int
@@ -150,6 +175,16 @@ class RankedFindingOut(FindingOut):
     since: FindingSinceOut
     rank: int = Field(description="1: the most costly")
     action: str
+
+    @staticmethod
+    def doc(r: RankedFinding, finding: dict[str, Any], action: str) -> dict[str, Any]:
+        """``finding`` (the finding's JSON, :class:`FindingOut`'s) with ``r``'s cost, since
+        and rank and ``action``, as the overview's JSON (sent by msgspec, not validated)."""
+        finding["cost"] = FindingCostOut.doc(r.cost)
+        finding["since"] = {"step": r.since_step, "time": r.since_time}
+        finding["rank"] = r.rank
+        finding["action"] = action
+        return finding
 
 
 class OverviewGoodputOut(ApiModel):

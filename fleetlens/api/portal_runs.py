@@ -16,6 +16,7 @@ import anyio
 from fastapi import APIRouter, Query, Request
 
 from ..services.compare import CompareQueries
+from ..services.compare_types import RunSpeed
 from ..services.goodput import GoodputQueries, program_spec
 from ..store.findings import FindingsStore
 from .auth import ERROR_RESPONSES
@@ -81,14 +82,14 @@ async def runs_list(
             alerts[a["runId"]] = alerts.get(a["runId"], 0) + 1
         rows = []
         for r in runs:
-            sp = speed.get(r.run_id, {})
-            median = sp.get("median_step_s")
+            sp = speed.get(r.run_id) or RunSpeed()
+            median = sp.median_step_s
             rows.append(
                 {
                     **run_json(r),
                     "goodput": None,
                     "stepTimeMs": None if median is None else median * 1000.0,
-                    "tokensPerSecond": sp.get("tokens_per_s"),
+                    "tokensPerSecond": sp.tokens_per_s,
                     "findings": findings.get(r.run_id, {}),
                     "findingsCount": sum(findings.get(r.run_id, {}).values()),
                     "alertsFiring": alerts.get(r.run_id, 0),

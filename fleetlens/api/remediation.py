@@ -23,6 +23,7 @@ from .leader import LEADER_HEADER, forward_to_leader, leader_of
 from .remediation_models import (
     ActionOut,
     ControlAckOut,
+    ControlCaptureOut,
     ControlPollOut,
     RemediationListOut,
 )
@@ -215,7 +216,8 @@ async def control_poll(
     caps = request.app.state.services.monitor.captures
     asked = None
     if capture and caps is not None:  # a triggered trace capture (fleetlens.services.captures)
-        asked = caps.offered(scope.tenant, run_id, rank, job_id, step, now, world)
+        offer = caps.offered(scope.tenant, run_id, rank, job_id, step, now, world)
+        asked = ControlCaptureOut.of(offer) if offer is not None else None
     return {"action": told, "capture": asked, "minIntervalS": world / 2000.0}
 
 

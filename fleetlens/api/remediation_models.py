@@ -11,11 +11,14 @@ alert, an incident and the portal's pages list actions in the same shape (:class
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from .models import ApiModel
+
+if TYPE_CHECKING:
+    from ..services.captures import CaptureInstruction
 
 __all__ = [
     "ActionOut",
@@ -158,6 +161,12 @@ class ControlCaptureOut(ApiModel):
     warmup: int
     ranks: list[int]
     from_step: int = Field(description="a rank that hears of it later starts at once")
+
+    @classmethod
+    def of(cls, i: CaptureInstruction) -> ControlCaptureOut:
+        return cls(
+            id=i.id, steps=i.steps, warmup=i.warmup, ranks=list(i.ranks), from_step=i.from_step
+        )
 
 
 class ControlPollOut(ApiModel):

@@ -11,7 +11,7 @@ before anything is stored: a bad line is a 400 that names it, and nothing is sto
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import anyio
 import msgspec
@@ -23,7 +23,14 @@ from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import BodyBudget, read_upload
 from .body_limit import OWN_BODY
-from .scheduler_models import AllocationsOut, CapacityOut, SchedulerImportOut
+from .scheduler_models import (
+    AllocationOut,
+    AllocationsOut,
+    CapacityOut,
+    CapacityRowOut,
+    SchedulerImportOut,
+    scheduling_out,
+)
 
 __all__ = ["IMPORT_COMPONENTS", "MAX_BODY_BYTES", "router"]
 
@@ -103,11 +110,9 @@ async def post_scheduler_import(
             time=up.time,
         )
         if up.dry_run:
-            out: dict[str, Any] = {**scheduler.summary(parsed), "stored": False}
-        else:
-            key = hashlib.sha256(body).hexdigest()[:32]
-            out = scheduler.import_records(svc.telemetry, scope, parsed, key)
-        return SchedulerImportOut.model_validate(out)
+            return SchedulerImportOut.of(scheduler.summary(parsed))
+        key = hashlib.sha256(body).hexdigest()[:32]
+        return SchedulerImportOut.of(scheduler.import_records(svc.telemetry, scope, parsed, key))
 
     try:
         return await anyio.to_thread.run_sync(work)
@@ -140,16 +145,14 @@ async def get_allocations(
     def work() -> AllocationsOut:
         if run_id is not None:
             svc.metadata.get_run(scope, run_id)  # 404 unless the caller may see the run
-        out: dict[str, Any] = {
-            "allocations": scheduler.allocations(
-                svc.telemetry, scope, run_id=run_id, job_id=job_id, pool=pool, limit=limit
-            )
-        }
-        if run_id is not None:
-            sched = scheduler.run_scheduling(svc.telemetry, scope, run_id)
-            if sched is not None:
-                out["scheduling"] = sched
-        return AllocationsOut.model_validate(out)
+        rows = scheduler.allocation_records(
+            svc.telemetry, scope, run_id=run_id, job_id=job_id, pool=pool, limit=limit
+        )
+        allocations = [AllocationOut.of(a) for a in rows]
+        sched = None if run_id is None else scheduler.run_scheduling(svc.telemetry, scope, run_id)
+        if sched is None:  # no key at all, not null
+            return AllocationsOut(allocations=allocations)
+        return AllocationsOut(allocations=allocations, scheduling=scheduling_out(sched))
 
     return await anyio.to_thread.run_sync(work)
 
@@ -165,6 +168,7 @@ async def get_capacity(
     svc = request.app.state.services
 
     def work() -> CapacityOut:
-        return CapacityOut.model_validate({"pools": scheduler.capacity(svc.telemetry, scope, pool)})
+        rows = scheduler.capacity(svc.telemetry, scope, pool)
+        return CapacityOut(pools=[CapacityRowOut.of(c) for c in rows])
 
     return await anyio.to_thread.run_sync(work)

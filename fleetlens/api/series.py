@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -32,19 +32,19 @@ async def metrics(
     from_step: Annotated[int, Query(alias="fromStep", ge=0, le=2**62)] = 0,
     to_step: Annotated[int, Query(alias="toStep", ge=0, le=2**62)] = 2**62,
     points: Annotated[int, Query(ge=1, le=100_000)] = 1000,
-) -> dict[str, Any]:
+) -> MetricsOut:
     if from_step > to_step:
         raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
     svc = request.app.state.services
 
-    def work() -> dict[str, Any]:
+    def work() -> MetricsOut:
         svc.metadata.get_run(scope, run_id)  # 404 unless the caller may see the run
         q = SeriesQueries(svc.telemetry, scope)
         if name is None:
-            return {"runId": run_id, "metrics": q.names(run_id)}
+            return MetricsOut.of_names(run_id, q.names(run_id))
         # Buckets over the steps stored in the window, not up to the run registry's last step:
         # the registry is written every few seconds and may lag what was acknowledged. A long
         # window (or one whose raw rows expired) is read from the rollups.
-        return q.read(run_id, name, from_step, to_step, points)
+        return MetricsOut.of(q.read(run_id, name, from_step, to_step, points))
 
     return await anyio.to_thread.run_sync(work)

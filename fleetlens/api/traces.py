@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -11,7 +11,13 @@ from ..services.traces import TraceQueries
 from ..store.scope import Scope
 from ..traces.files import TraceFiles
 from .auth import ERROR_RESPONSES, require
-from .ops_models import TracesOut
+from .ops_models import (
+    TraceCollectiveOut,
+    TraceKernelOut,
+    TraceRankOut,
+    TracesOut,
+    TraceStepOut,
+)
 
 __all__ = ["router"]
 
@@ -43,39 +49,36 @@ async def get_traces(
     rank: Annotated[
         int | None, Query(ge=0, le=2**31 - 1, description="only this rank's steps")
     ] = None,
-) -> dict[str, Any]:
+) -> TracesOut:
     svc = request.app.state.services
     if from_step is not None and to_step is not None and from_step > to_step:
         raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
 
-    def work() -> dict[str, Any]:
+    def work() -> TracesOut:
         svc.metadata.get_run(scope, run_id)
         q = TraceQueries(svc.telemetry, scope)
         full = q.window(run_id)
         if full is None:
-            return {
-                "runId": run_id,
-                "fromStep": from_step,
-                "toStep": to_step,
-                "ranks": [],
-                "topKernels": [],
-                "topCollectives": [],
-                "steps": [],
-            }
+            return TracesOut(
+                run_id=run_id,
+                from_step=from_step,
+                to_step=to_step,
+                ranks=[],
+                top_kernels=[],
+                top_collectives=[],
+                steps=[],
+            )
         lo = from_step if from_step is not None else full[0]
         hi = to_step if to_step is not None else full[1]
-        ranks = q.ranks(run_id, lo, hi)
         kept = TraceFiles(svc.config.data_dir).sizes(scope.tenant, run_id)
-        for r in ranks:
-            r["fileBytes"] = kept.get(r["rank"])
-        return {
-            "runId": run_id,
-            "fromStep": lo,
-            "toStep": hi,
-            "ranks": ranks,
-            "topKernels": q.top_kernels(run_id, lo, hi),
-            "topCollectives": q.top_collectives(run_id, lo, hi),
-            "steps": q.steps(run_id, lo, hi, limit, rank),
-        }
+        return TracesOut(
+            run_id=run_id,
+            from_step=lo,
+            to_step=hi,
+            ranks=[TraceRankOut.of(r, kept.get(r.rank)) for r in q.ranks(run_id, lo, hi)],
+            top_kernels=[TraceKernelOut.of(k) for k in q.top_kernels(run_id, lo, hi)],
+            top_collectives=[TraceCollectiveOut.of(c) for c in q.top_collectives(run_id, lo, hi)],
+            steps=[TraceStepOut.of(t) for t in q.steps(run_id, lo, hi, limit, rank)],
+        )
 
     return await anyio.to_thread.run_sync(work)

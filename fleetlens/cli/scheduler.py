@@ -60,6 +60,7 @@ def cmd_sched_import(args: argparse.Namespace) -> int:
     if args.nodes:
         body["nodes"] = _read(args.nodes, "the alibaba GPU node list")
     if args.dry_run:
+        from ..api.scheduler_models import SchedulerImportOut
         from ..services.scheduler import parse_records, summary
 
         parsed = parse_records(
@@ -72,7 +73,10 @@ def cmd_sched_import(args: argparse.Namespace) -> int:
             epoch=args.epoch or 0.0,
             time=args.time,
         )
-        done = {**summary(parsed), "stored": False}
+        # the summary as the server answers it (POST /v1/scheduler/import with dryRun)
+        done = SchedulerImportOut.of(summary(parsed)).model_dump(
+            mode="json", by_alias=True, exclude_unset=True
+        )
     else:
         with contextlib.ExitStack() as stack:
             c = stack.enter_context(client(args, timeout=300.0))

@@ -32,7 +32,15 @@ from .performance import PERF_METRICS
 PERFORMANCE = "performance"
 Aggregates = dict[str, dict[str, float]]  # metric -> {mean, stderr, n}
 
-__all__ = ["Policy", "evaluate_gate", "parse_policies"]
+__all__ = [
+    "GateCheck",
+    "GateReport",
+    "Policy",
+    "check_json",
+    "check_of",
+    "evaluate_gate",
+    "parse_policies",
+]
 
 Scores = dict[str, dict[str, dict[str, float]]]  # benchmark -> example id -> metric -> value
 
@@ -94,35 +102,61 @@ def _mean(xs: list[float]) -> float:
     return math.fsum(xs) / len(xs) if xs else math.nan
 
 
-def _check(pol: Policy, cand: Scores, base: Scores | None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class GateCheck:
+    """One policy of a gate, judged: the figures compared and the verdict."""
+
+    metric: str  # benchmark/metric
+    direction: str  # higher or lower: which way is better
+    hard: bool  # a failure blocks (else it warns)
+    test: str  # bootstrap, mcnemar, or figure (latency and cost)
+    confidence: float | None  # None for a figure
+    max_regression: float
+    candidate: float | None  # the candidate's mean; None: no scores
+    baseline: float | None
+    paired: int  # examples both were scored on
+    difference: float | None  # candidate - baseline
+    interval: list[float] | None  # the interval of the difference
+    p_value: float | None  # McNemar's p-value (mcnemar only)
+    regression: bool
+    reasons: list[str]
+    status: str  # pass, warn or fail
+
+
+@dataclass(frozen=True, slots=True)
+class GateReport:
+    """A gate's verdict: passed unless a hard policy found a real regression."""
+
+    passed: bool
+    failed: list[str]  # the metrics that failed a hard policy
+    warnings: list[str]  # the metrics that failed a soft policy
+    checks: list[GateCheck]
+
+
+def _status(pol: Policy, regression: bool) -> str:
+    return ("fail" if pol.hard else "warn") if regression else "pass"
+
+
+def _check(pol: Policy, cand: Scores, base: Scores | None) -> GateCheck:
     c_rows = cand.get(pol.benchmark, {})
     c_vals = [s[pol.name] for s in c_rows.values() if pol.name in s]
-    out: dict[str, Any] = {
-        "metric": pol.metric,
-        "direction": pol.direction,
-        "hard": pol.hard,
-        "test": pol.test,
-        "confidence": pol.confidence,
-        "maxRegression": pol.max_regression,
-        "candidate": _mean(c_vals) if c_vals else None,
-        "baseline": None,
-        "paired": 0,
-        "difference": None,
-        "interval": None,
-        "pValue": None,
-        "regression": False,
-        "reasons": [],
-    }
-    if not c_vals:
-        out["regression"] = True
-        out["reasons"].append(f"the candidate has no {pol.metric} scores")
+    candidate = _mean(c_vals) if c_vals else None
+    baseline: float | None = None
+    paired = 0
+    difference: float | None = None
+    interval: list[float] | None = None
+    p_value: float | None = None
+    reasons: list[str] = []
+    regression = candidate is None
+    if candidate is None:
+        reasons.append(f"the candidate has no {pol.metric} scores")
     sign = 1.0 if pol.direction == "higher" else -1.0
-    if pol.minimum is not None and c_vals and out["candidate"] < pol.minimum:
-        out["regression"] = True
-        out["reasons"].append(f"{out['candidate']:.4f} is below the minimum {pol.minimum}")
-    if pol.maximum is not None and c_vals and out["candidate"] > pol.maximum:
-        out["regression"] = True
-        out["reasons"].append(f"{out['candidate']:.4f} is above the maximum {pol.maximum}")
+    if pol.minimum is not None and candidate is not None and candidate < pol.minimum:
+        regression = True
+        reasons.append(f"{candidate:.4f} is below the minimum {pol.minimum}")
+    if pol.maximum is not None and candidate is not None and candidate > pol.maximum:
+        regression = True
+        reasons.append(f"{candidate:.4f} is above the maximum {pol.maximum}")
     b_rows = (base or {}).get(pol.benchmark, {})
     shared = sorted(k for k, s in c_rows.items() if pol.name in s and pol.name in b_rows.get(k, {}))
     if base is not None and shared:
@@ -131,72 +165,88 @@ def _check(pol: Policy, cand: Scores, base: Scores | None) -> dict[str, Any]:
         gains = [sign * (c - b) for c, b in zip(cv, bv, strict=True)]  # > 0: candidate better
         lo, hi = paired_bootstrap(gains, pol.confidence)
         mean_gain = _mean(gains)
-        out.update(baseline=_mean(bv), paired=len(shared), difference=_mean(cv) - _mean(bv))
-        out["interval"] = [sign * lo, sign * hi] if sign > 0 else [sign * hi, sign * lo]
+        diff = _mean(cv) - _mean(bv)
+        baseline, paired, difference = _mean(bv), len(shared), diff
+        interval = [sign * lo, sign * hi] if sign > 0 else [sign * hi, sign * lo]
         if pol.test == "mcnemar":
             if any(v not in (0.0, 1.0) for v in cv + bv):
                 raise ConfigError(f"policy {pol.metric}: McNemar needs 0/1 scores; use bootstrap")
             worse = sum(g < 0 for g in gains)
             better = sum(g > 0 for g in gains)
             p = mcnemar_exact(worse, better)
-            out["pValue"] = p
+            p_value = p
             real = mean_gain < -pol.max_regression and p < 1.0 - pol.confidence
             why = f"p={p:.4g} < {1 - pol.confidence:.3g}"
         else:
             real = hi < -pol.max_regression
             why = f"the {pol.confidence:.0%} interval of the change excludes the allowance"
         if real:
-            out["regression"] = True
-            out["reasons"].append(
-                f"regressed by {abs(out['difference']):.4f} on {len(shared)} paired examples "
+            regression = True
+            reasons.append(
+                f"regressed by {abs(diff):.4f} on {len(shared)} paired examples "
                 f"(allowed {pol.max_regression}); {why}"
             )
     elif base is not None:
-        out["reasons"].append("no examples shared with the baseline: only absolute bounds apply")
-    out["status"] = ("fail" if pol.hard else "warn") if out["regression"] else "pass"
-    return out
+        reasons.append("no examples shared with the baseline: only absolute bounds apply")
+    return GateCheck(
+        metric=pol.metric,
+        direction=pol.direction,
+        hard=pol.hard,
+        test=pol.test,
+        confidence=pol.confidence,
+        max_regression=pol.max_regression,
+        candidate=candidate,
+        baseline=baseline,
+        paired=paired,
+        difference=difference,
+        interval=interval,
+        p_value=p_value,
+        regression=regression,
+        reasons=reasons,
+        status=_status(pol, regression),
+    )
 
 
-def _check_perf(pol: Policy, cand: Aggregates, base: Aggregates | None) -> dict[str, Any]:
+def _check_perf(pol: Policy, cand: Aggregates, base: Aggregates | None) -> GateCheck:
     """A latency or cost figure against its bounds and the baseline's figure."""
     c = (cand.get(pol.name) or {}).get("mean")
     b = (base or {}).get(pol.name, {}).get("mean") if base is not None else None
-    out: dict[str, Any] = {
-        "metric": pol.metric,
-        "direction": pol.direction,
-        "hard": pol.hard,
-        "test": "figure",
-        "confidence": None,
-        "maxRegression": pol.max_regression,
-        "candidate": c,
-        "baseline": b,
-        "paired": 0,
-        "difference": None if c is None or b is None else c - b,
-        "interval": None,
-        "pValue": None,
-        "regression": False,
-        "reasons": [],
-    }
+    reasons: list[str] = []
+    regression = c is None
     if c is None:
-        out["regression"] = True
-        out["reasons"].append(f"the candidate has no {pol.metric} (no usage, or no price)")
+        reasons.append(f"the candidate has no {pol.metric} (no usage, or no price)")
     else:
         if pol.minimum is not None and c < pol.minimum:
-            out["regression"] = True
-            out["reasons"].append(f"{c:.4g} is below the minimum {pol.minimum}")
+            regression = True
+            reasons.append(f"{c:.4g} is below the minimum {pol.minimum}")
         if pol.maximum is not None and c > pol.maximum:
-            out["regression"] = True
-            out["reasons"].append(f"{c:.4g} is above the maximum {pol.maximum}")
+            regression = True
+            reasons.append(f"{c:.4g} is above the maximum {pol.maximum}")
         if b is not None:
             worse = (c - b) if pol.direction == "lower" else (b - c)
             if worse > pol.max_regression:
-                out["regression"] = True
-                out["reasons"].append(
+                regression = True
+                reasons.append(
                     f"{c:.4g} against the baseline's {b:.4g}: worse by {worse:.4g} "
                     f"(allowed {pol.max_regression})"
                 )
-    out["status"] = ("fail" if pol.hard else "warn") if out["regression"] else "pass"
-    return out
+    return GateCheck(
+        metric=pol.metric,
+        direction=pol.direction,
+        hard=pol.hard,
+        test="figure",
+        confidence=None,
+        max_regression=pol.max_regression,
+        candidate=c,
+        baseline=b,
+        paired=0,
+        difference=None if c is None or b is None else c - b,
+        interval=None,
+        p_value=None,
+        regression=regression,
+        reasons=reasons,
+        status=_status(pol, regression),
+    )
 
 
 def evaluate_gate(
@@ -205,7 +255,7 @@ def evaluate_gate(
     baseline: Scores | None,
     candidate_perf: Aggregates | None = None,
     baseline_perf: Aggregates | None = None,
-) -> dict[str, Any]:
+) -> GateReport:
     """The verdict: passed unless a hard policy found a real regression."""
     checks = [
         _check_perf(p, candidate_perf or {}, baseline_perf if baseline is not None else None)
@@ -213,9 +263,54 @@ def evaluate_gate(
         else _check(p, candidate, baseline)
         for p in policies
     ]
+    return GateReport(
+        passed=not any(c.status == "fail" for c in checks),
+        failed=[c.metric for c in checks if c.status == "fail"],
+        warnings=[c.metric for c in checks if c.status == "warn"],
+        checks=checks,
+    )
+
+
+# -- the report as the gate decision's JSON column keeps it (and reads it back) ---------------
+
+
+def check_json(c: GateCheck) -> dict[str, Any]:
+    """A check as stored in a gate decision's ``report`` column."""
     return {
-        "passed": not any(c["status"] == "fail" for c in checks),
-        "failed": [c["metric"] for c in checks if c["status"] == "fail"],
-        "warnings": [c["metric"] for c in checks if c["status"] == "warn"],
-        "checks": checks,
+        "metric": c.metric,
+        "direction": c.direction,
+        "hard": c.hard,
+        "test": c.test,
+        "confidence": c.confidence,
+        "maxRegression": c.max_regression,
+        "candidate": c.candidate,
+        "baseline": c.baseline,
+        "paired": c.paired,
+        "difference": c.difference,
+        "interval": c.interval,
+        "pValue": c.p_value,
+        "regression": c.regression,
+        "reasons": list(c.reasons),
+        "status": c.status,
     }
+
+
+def check_of(c: dict[str, Any]) -> GateCheck:
+    """A check read back from a gate decision's ``report`` column."""
+    return GateCheck(
+        metric=c["metric"],
+        direction=c["direction"],
+        hard=c["hard"],
+        test=c["test"],
+        confidence=c["confidence"],
+        max_regression=c["maxRegression"],
+        candidate=c["candidate"],
+        baseline=c["baseline"],
+        paired=c["paired"],
+        difference=c["difference"],
+        interval=c["interval"],
+        p_value=c["pValue"],
+        regression=c["regression"],
+        reasons=list(c["reasons"]),
+        status=c["status"],
+    )

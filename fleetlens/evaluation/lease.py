@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import case, or_, select, update
@@ -35,6 +36,45 @@ def _without_texts(
     return {k: {m: v for m, v in per.items() if m not in TEXTS} for k, per in scores.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class ShardLease:
+    """A leased shard: what to run, with what, and the token every report must carry. The
+    benchmark spec (without its examples), the examples, the adapter and the decoding are the
+    JSON the evaluation was submitted with."""
+
+    shard_id: int
+    evaluation_id: str
+    index: int
+    benchmark: dict[str, Any]
+    start: int
+    stop: int
+    examples: list[dict[str, Any]]
+    completed_ids: list[str]  # examples scored by an earlier attempt
+    adapter: dict[str, Any]
+    decoding: dict[str, Any]
+    locality: str
+    lease_token: str
+    lease_expires: float
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The lease, extended."""
+
+    shard_id: int
+    lease_expires: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShardReport:
+    """A shard's state after a report (queued: it will be retried), and its evaluation's."""
+
+    shard_id: int
+    state: str
+    evaluation_state: str
+
+
 class Leases:
     """Hands shards to workers and takes their reports, each under the lease it holds."""
 
@@ -48,7 +88,7 @@ class Leases:
 
     def lease(
         self, scope: Scope, worker_id: str, prefer_locality: str = "", lease_s: float = 30.0
-    ) -> dict[str, Any] | None:
+    ) -> ShardLease | None:
         """Hand the next shard to ``worker_id``, or None when nothing is runnable."""
         for _ in range(8):
             now = time.time()
@@ -135,26 +175,27 @@ class Leases:
 
     def _payload(
         self, ev: Evaluation, sh: EvalShard, token: str, expires: float, attempt: int
-    ) -> dict[str, Any]:
+    ) -> ShardLease:
         spec = benchmark_spec(ev, sh.benchmark)
         examples = self._examples.load(spec)[sh.start : sh.stop]
         spec.pop("examples", None)
-        return {
-            "shardId": sh.id,
-            "evaluationId": ev.evaluation_id,
-            "index": sh.shard_index,
-            "benchmark": spec,
-            "start": sh.start,
-            "stop": sh.stop,
-            "examples": examples,
-            "completedIds": sorted((sh.scores or {}).keys()),
-            "adapter": ev.adapter,
-            "decoding": ev.provenance.get("decoding", {}),
-            "locality": sh.locality,
-            "leaseToken": token,
-            "leaseExpires": expires,
-            "attempt": attempt,
-        }
+        decoding = ev.provenance.get("decoding", {})
+        return ShardLease(
+            shard_id=sh.id,
+            evaluation_id=ev.evaluation_id,
+            index=sh.shard_index,
+            benchmark=spec,
+            start=sh.start,
+            stop=sh.stop,
+            examples=examples,
+            completed_ids=sorted((sh.scores or {}).keys()),
+            adapter=dict(ev.adapter),
+            decoding=dict(decoding) if isinstance(decoding, dict) else {},
+            locality=sh.locality,
+            lease_token=token,
+            lease_expires=expires,
+            attempt=attempt,
+        )
 
     def _owned(self, s: Session, scope: Scope, shard_id: int) -> EvalShard:
         q = scoped(select(EvalShard), scope, within="project").where(EvalShard.id == shard_id)
@@ -170,7 +211,7 @@ class Leases:
         token: str,
         lease_s: float = 30.0,
         partial: dict[str, dict[str, float | str]] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Heartbeat:
         """Extend the lease; record partial per-example results (keyed by example id)."""
         now = time.time()
         with self._session() as s:
@@ -190,11 +231,11 @@ class Leases:
             )
             if res.rowcount != 1:  # type: ignore[attr-defined]
                 raise LeaseLost(f"shard {shard_id}: this lease is no longer held; drop the shard")
-        return {"shardId": shard_id, "leaseExpires": now + lease_s}
+        return Heartbeat(shard_id=shard_id, lease_expires=now + lease_s)
 
     def complete(
         self, scope: Scope, shard_id: int, token: str, scores: dict[str, dict[str, float | str]]
-    ) -> dict[str, Any]:
+    ) -> ShardReport:
         now = time.time()
         with self._session() as s:
             sh = self._owned(s, scope, shard_id)
@@ -229,9 +270,9 @@ class Leases:
             tenant, eid, bench, index = sh.tenant, sh.evaluation_id, sh.benchmark, sh.shard_index
         self._results.write_examples(tenant, eid, bench, index, merged)
         state = self._results.finalize(tenant, eid)
-        return {"shardId": shard_id, "state": "done", "evaluationState": state}
+        return ShardReport(shard_id=shard_id, state="done", evaluation_state=state)
 
-    def fail(self, scope: Scope, shard_id: int, token: str, error: str) -> dict[str, Any]:
+    def fail(self, scope: Scope, shard_id: int, token: str, error: str) -> ShardReport:
         """A failed attempt: the shard alone goes back to the queue, or fails at its limit."""
         now = time.time()
         with self._session() as s:
@@ -255,11 +296,9 @@ class Leases:
                 raise LeaseLost(f"shard {shard_id}: this lease is no longer held")
             tenant, eid = sh.tenant, sh.evaluation_id
         state = self._results.finalize(tenant, eid) if final else "RUNNING"
-        return {
-            "shardId": shard_id,
-            "state": "failed" if final else "queued",
-            "evaluationState": state,
-        }
+        return ShardReport(
+            shard_id=shard_id, state="failed" if final else "queued", evaluation_state=state
+        )
 
     def _shard_examples(self, s: Session, sh: EvalShard) -> list[dict[str, Any]]:
         ev = s.scalars(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -23,13 +24,66 @@ from ..store.graph_models import ModelVersion
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.scoped import scoped
-from .gates import PERFORMANCE, evaluate_gate, parse_policies
+from .gates import PERFORMANCE, GateReport, check_json, check_of, evaluate_gate, parse_policies
 from .models import AliasMove, Evaluation, GateDecision, ModelAlias
 from .store import EvalStore
 
-__all__ = ["GUARDED", "PromotionRefused", "Registry"]
+__all__ = [
+    "GUARDED",
+    "AliasMoveView",
+    "AliasSet",
+    "GateDecisionView",
+    "PromotionRefused",
+    "Registry",
+]
 
 GUARDED = ("canary", "production")
+
+
+@dataclass(frozen=True, slots=True)
+class AliasMoveView:
+    """One move of an alias."""
+
+    alias: str
+    from_version: str | None  # None: a new alias
+    to_version: str
+    decision_id: str | None  # the gate decision behind it
+    override: bool  # an admin moved it without a passing gate
+    reason: str
+    actor: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class AliasSet:
+    """An alias moved, and the model version's run and checkpoint (for the triggers)."""
+
+    model_id: str
+    alias: str
+    version: str
+    from_version: str | None  # None: a new alias
+    override: bool
+    decision_id: str | None
+    project: str
+    run_id: str
+    checkpoint_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecisionView:
+    """A gate decision: the candidate judged against the baseline, policy by policy. ``actor``
+    and ``created_at`` are set on a stored decision read back only."""
+
+    decision_id: str
+    model_id: str
+    version: str  # the candidate version
+    report: GateReport
+    baseline_alias: str
+    baseline_version: str | None
+    baseline_evaluation: str | None
+    candidate_evaluation: str
+    actor: str | None = None
+    created_at: float | None = None
 
 
 class Registry:
@@ -60,7 +114,7 @@ class Registry:
     def resolve(self, scope: Scope, model_id: str, alias: str) -> str | None:
         return self.aliases(scope, model_id).get(alias)
 
-    def history(self, scope: Scope, model_id: str) -> list[dict[str, Any]]:
+    def history(self, scope: Scope, model_id: str) -> list[AliasMoveView]:
         with self._session() as s:
             self._model_exists(s, scope, model_id)
             rows = s.scalars(
@@ -69,16 +123,16 @@ class Registry:
                 .order_by(AliasMove.id)
             ).all()
             return [
-                {
-                    "alias": r.alias,
-                    "from": r.from_version or None,
-                    "to": r.to_version,
-                    "decisionId": r.decision_id or None,
-                    "override": r.override,
-                    "reason": r.reason,
-                    "actor": r.actor,
-                    "at": r.at,
-                }
+                AliasMoveView(
+                    alias=r.alias,
+                    from_version=r.from_version or None,
+                    to_version=r.to_version,
+                    decision_id=r.decision_id or None,
+                    override=r.override,
+                    reason=r.reason,
+                    actor=r.actor,
+                    at=r.at,
+                )
                 for r in rows
             ]
 
@@ -91,7 +145,7 @@ class Registry:
         *,
         decision_id: str = "",
         override_reason: str = "",
-    ) -> dict[str, Any]:
+    ) -> AliasSet:
         """Point ``alias`` at ``version``; guarded aliases need a passing gate or an override."""
         if not alias or len(alias) > 128 or "/" in alias:
             raise ConfigError(f"alias {alias!r} must be 1-128 characters without '/'")
@@ -161,17 +215,17 @@ class Registry:
                 },
                 scope.remote,
             )
-        return {
-            "modelId": model_id,
-            "alias": alias,
-            "version": version,
-            "from": before or None,
-            "override": override,
-            "decisionId": decision_id or None,
-            "project": project,
-            "runId": run_id,
-            "checkpointId": checkpoint_id,
-        }
+        return AliasSet(
+            model_id=model_id,
+            alias=alias,
+            version=version,
+            from_version=before or None,
+            override=override,
+            decision_id=decision_id or None,
+            project=project,
+            run_id=run_id,
+            checkpoint_id=checkpoint_id,
+        )
 
     def _guard(
         self, s: Session, scope: Scope, model_id: str, alias: str, version: str, decision_id: str
@@ -226,7 +280,7 @@ class Registry:
         candidate_evaluation: str = "",
         baseline_alias: str = "production",
         baseline_evaluation: str = "",
-    ) -> dict[str, Any]:
+    ) -> GateDecisionView:
         """Judge ``model_id:version`` against the version ``baseline_alias`` points at."""
         parsed = parse_policies(policies)
         with self._session() as s:
@@ -243,30 +297,31 @@ class Registry:
             if not base_eval and base_version and base_version != version:
                 base_eval = self._latest_eval(s, scope, model_id, base_version)
         cand = self._evals.get(scope, cand_eval)
-        if cand["state"] != "COMPLETED":
-            raise ConfigError(f"evaluation {cand_eval} is {cand['state']}; gate a COMPLETED one")
-        if (cand["modelId"], cand["modelVersion"]) != (model_id, version):
-            raise ConfigError(
-                f"evaluation {cand_eval} judged {cand['modelId']}:{cand['modelVersion']}"
-            )
+        if cand.state != "COMPLETED":
+            raise ConfigError(f"evaluation {cand_eval} is {cand.state}; gate a COMPLETED one")
+        if (cand.model_id, cand.model_version) != (model_id, version):
+            raise ConfigError(f"evaluation {cand_eval} judged {cand.model_id}:{cand.model_version}")
         base_scores = self._evals.scores(scope, base_eval) if base_eval else None
         base_perf = (
-            self._evals.get(scope, base_eval)["metrics"].get(PERFORMANCE) if base_eval else None
-        )
-        report = evaluate_gate(
-            parsed,
-            self._evals.scores(scope, cand_eval),
-            base_scores,
-            cand["metrics"].get(PERFORMANCE) or {},
-            base_perf,
-        )
-        report.update(
-            baselineAlias=baseline_alias,
-            baselineVersion=base_version or None,
-            baselineEvaluation=base_eval or None,
-            candidateEvaluation=cand_eval,
+            self._evals.get(scope, base_eval).metrics.get(PERFORMANCE) if base_eval else None
         )
         decision_id = "gd-" + uuid.uuid4().hex[:16]
+        out = GateDecisionView(
+            decision_id=decision_id,
+            model_id=model_id,
+            version=version,
+            report=evaluate_gate(
+                parsed,
+                self._evals.scores(scope, cand_eval),
+                base_scores,
+                cand.metrics.get(PERFORMANCE) or {},
+                base_perf,
+            ),
+            baseline_alias=baseline_alias,
+            baseline_version=base_version or None,
+            baseline_evaluation=base_eval or None,
+            candidate_evaluation=cand_eval,
+        )
         with self._session() as s:
             s.add(
                 GateDecision(
@@ -277,15 +332,15 @@ class Registry:
                     baseline_version=base_version,
                     candidate_evaluation=cand_eval,
                     baseline_evaluation=base_eval,
-                    passed=bool(report["passed"]),
-                    report=report,
+                    passed=out.report.passed,
+                    report=_report_json(out),
                     actor=scope.actor,
                     created_at=time.time(),
                 )
             )
-        return {"decisionId": decision_id, "modelId": model_id, "version": version, **report}
+        return out
 
-    def decisions(self, scope: Scope, model_id: str, limit: int = 100) -> list[dict[str, Any]]:
+    def decisions(self, scope: Scope, model_id: str, limit: int = 100) -> list[GateDecisionView]:
         """A model's gate decisions, newest first, each with its report."""
         with self._session() as s:
             self._model_exists(s, scope, model_id)
@@ -295,9 +350,9 @@ class Registry:
                 .order_by(GateDecision.id.desc())
                 .limit(limit)
             ).all()
-            return [_decision_json(d) for d in rows]
+            return [_decision_view(d) for d in rows]
 
-    def decision(self, scope: Scope, decision_id: str) -> dict[str, Any]:
+    def decision(self, scope: Scope, decision_id: str) -> GateDecisionView:
         with self._session() as s:
             d = s.scalars(
                 scoped(select(GateDecision), scope).where(GateDecision.decision_id == decision_id)
@@ -306,15 +361,41 @@ class Registry:
                 raise NotFound(f"gate decision {decision_id!r} does not exist")
             if scope.project:
                 model_version(s, scope, d.model_id, d.candidate_version)
-            return _decision_json(d)
+            return _decision_view(d)
 
 
-def _decision_json(d: GateDecision) -> dict[str, Any]:
+# -- a decision's report as its JSON column keeps it (and reads it back) ----------------------
+
+
+def _report_json(v: GateDecisionView) -> dict[str, Any]:
     return {
-        "decisionId": d.decision_id,
-        "modelId": d.model_id,
-        "version": d.candidate_version,
-        "actor": d.actor,
-        "createdAt": d.created_at,
-        **d.report,
+        "passed": v.report.passed,
+        "failed": list(v.report.failed),
+        "warnings": list(v.report.warnings),
+        "checks": [check_json(c) for c in v.report.checks],
+        "baselineAlias": v.baseline_alias,
+        "baselineVersion": v.baseline_version,
+        "baselineEvaluation": v.baseline_evaluation,
+        "candidateEvaluation": v.candidate_evaluation,
     }
+
+
+def _decision_view(d: GateDecision) -> GateDecisionView:
+    r: dict[str, Any] = dict(d.report)
+    return GateDecisionView(
+        decision_id=d.decision_id,
+        model_id=d.model_id,
+        version=d.candidate_version,
+        report=GateReport(
+            passed=r["passed"],
+            failed=list(r["failed"]),
+            warnings=list(r["warnings"]),
+            checks=[check_of(c) for c in r["checks"]],
+        ),
+        baseline_alias=r["baselineAlias"],
+        baseline_version=r["baselineVersion"],
+        baseline_evaluation=r["baselineEvaluation"],
+        candidate_evaluation=r["candidateEvaluation"],
+        actor=d.actor,
+        created_at=d.created_at,
+    )

@@ -86,19 +86,19 @@ def find_regressions(
         (base_metrics or {}).get(PERFORMANCE) if base_metrics is not None else None,
     )
     out = []
-    for c in report["checks"]:
-        if c["status"] == "pass":
+    for c in report.checks:
+        if c.status == "pass":
             continue
-        name = c["metric"].rpartition("/")[2]
+        name = c.metric.rpartition("/")[2]
         out.append(
             {
-                "kind": kind_of(c["metric"], declared.get(name, "")),
-                "metric": c["metric"],
-                "candidate": c["candidate"],
-                "baseline": c["baseline"],
-                "difference": c["difference"],
-                "status": c["status"],
-                "reasons": list(c["reasons"]),
+                "kind": kind_of(c.metric, declared.get(name, "")),
+                "metric": c.metric,
+                "candidate": c.candidate,
+                "baseline": c.baseline,
+                "difference": c.difference,
+                "status": c.status,
+                "reasons": list(c.reasons),
             }
         )
     return out

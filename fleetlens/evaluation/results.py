@@ -4,6 +4,7 @@ telemetry store's ``eval_examples`` table) and the aggregation once every shard 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -27,7 +28,14 @@ from .lm_eval_tasks import MC_METRICS as _MC  # an example's detail: its choices
 from .models import EvalShard, Evaluation, ModelAlias
 from .performance import performance, price_for
 from .regressions import find_regressions
-from .rows import TERMINAL, SessionFactory, evaluation_json, find_evaluation, shards_of
+from .rows import (
+    TERMINAL,
+    EvaluationView,
+    SessionFactory,
+    evaluation_view,
+    find_evaluation,
+    shards_of,
+)
 from .suites import PERFORMANCE
 
 
@@ -82,6 +90,22 @@ def judge_regressions(
     return [{**r, **baseline} for r in found]
 
 
+@dataclass(frozen=True, slots=True)
+class ExampleRow:
+    """One example's score on one metric, with its notes and texts ("" when it has none)."""
+
+    benchmark: str
+    shard_index: int
+    example_id: str
+    metric: str
+    value: float
+    loglikelihoods: str = ""  # multiple choice: the choices' scores
+    rationale: str = ""  # a judge's rationale
+    prompt: str = ""
+    output: str = ""
+    reference: str = ""
+
+
 class Results:
     """Evaluations as read back, their per-example scores, and their final metrics."""
 
@@ -91,20 +115,20 @@ class Results:
         if telemetry is not None:
             create_examples_table(telemetry)
 
-    def get(self, scope: Scope, evaluation_id: str) -> dict[str, Any]:
+    def get(self, scope: Scope, evaluation_id: str) -> EvaluationView:
         with self._session() as s:
             row = find_evaluation(s, scope, evaluation_id)
-            return evaluation_json(row, shards_of(s, scope.tenant, evaluation_id))
+            return evaluation_view(row, shards_of(s, scope.tenant, evaluation_id))
 
     def evaluations(
         self, scope: Scope, model_id: str = "", limit: int = 100
-    ) -> list[dict[str, Any]]:
+    ) -> list[EvaluationView]:
         with self._session() as s:
             q = scoped(select(Evaluation), scope, within="project")
             if model_id:
                 q = q.where(Evaluation.model_id == model_id)
             rows = s.scalars(q.order_by(Evaluation.id.desc()).limit(limit)).all()
-            return [evaluation_json(r, None) for r in rows]
+            return [evaluation_view(r, None) for r in rows]
 
     def scores(self, scope: Scope, evaluation_id: str) -> dict[str, dict[str, dict[str, float]]]:
         """Per-example scores by benchmark (a cache hit's come from the evaluation it reused)."""
@@ -119,7 +143,7 @@ class Results:
 
     def example_rows(
         self, scope: Scope, evaluation_id: str, limit: int = 10000
-    ) -> list[dict[str, Any]]:
+    ) -> list[ExampleRow]:
         """Per-example scores as the telemetry store holds them."""
         with self._session() as s:
             row = find_evaluation(s, scope, evaluation_id)
@@ -128,15 +152,18 @@ class Results:
             return []
         t = read_examples(TenantReader(self._telemetry, scope), source, limit)
         return [
-            {
-                "benchmark": b,
-                "shardIndex": i,
-                "exampleId": e,
-                "metric": m,
-                "value": v,
-                **({("loglikelihoods" if m in _MC else "rationale"): d} if d else {}),
-                **{k: x for k, x in (("prompt", p), ("output", o), ("reference", r)) if x},
-            }
+            ExampleRow(
+                benchmark=b,
+                shard_index=i,
+                example_id=e,
+                metric=m,
+                value=v,
+                loglikelihoods=d if m in _MC else "",
+                rationale="" if m in _MC else d,
+                prompt=p,
+                output=o,
+                reference=r,
+            )
             for b, i, e, m, v, d, p, o, r in zip(
                 *(t.column(c).to_pylist() for c in t.column_names), strict=True
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -65,53 +66,120 @@ def benchmark_spec(ev: Evaluation, benchmark: str) -> dict[str, Any]:
     return dict(next(b for b in benchmarks if b["name"] == benchmark))
 
 
-def evaluation_json(r: Evaluation, shards: list[EvalShard] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "evaluationId": r.evaluation_id,
-        "state": r.state,
-        "modelId": r.model_id,
-        "modelVersion": r.model_version,
-        "runId": r.run_id,
-        "checkpointId": r.checkpoint_id,
-        "priority": PRIORITY_NAMES.get(r.priority, str(r.priority)),
-        "deadline": r.deadline,
-        "cacheHit": bool(r.cached_from),
-        "cachedFrom": r.cached_from or None,
-        "cacheKey": r.cache_key,
-        "provenance": r.provenance,
-        "metrics": r.metrics,
-        "error": r.error,
-        "createdAt": r.created_at,
-        "completedAt": r.completed_at,
-        "createdBy": r.created_by,
-        "suite": {"name": r.suite.get("name"), "version": r.suite.get("version")},
-        "triggerId": r.trigger_id or None,
-        "regressions": r.regressions,
-    }
+@dataclass(frozen=True, slots=True)
+class ShardView:
+    """One shard of an evaluation: a partition of one benchmark's examples."""
+
+    shard_id: int
+    index: int
+    benchmark: str
+    start: int
+    stop: int
+    state: str
+    attempts: int
+    max_attempts: int
+    done: int  # examples scored so far
+    total: int
+    worker: str  # the worker that holds (or last held) it; empty if none
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Examples and shards settled so far."""
+
+    examples_done: int
+    examples: int
+    shards_done: int
+    shards_failed: int
+    shards: int
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluationView:
+    """An evaluation as read back: what was judged, with what, and what came out. The
+    provenance, metrics and regressions are the JSON stored with it (``Evaluation``'s
+    columns), as stored; ``shards`` and ``progress`` are None when not asked for."""
+
+    evaluation_id: str
+    state: str
+    model_id: str
+    model_version: str
+    run_id: str
+    checkpoint_id: str
+    priority: str
+    deadline: float | None
+    cache_hit: bool
+    cached_from: str | None
+    cache_key: str
+    provenance: dict[str, Any]
+    metrics: dict[str, Any]  # benchmark -> metric -> {mean, stderr, n}
+    error: str
+    created_at: float
+    completed_at: float | None
+    created_by: str
+    suite_name: str | None  # None: the suite had none
+    suite_version: str | None
+    trigger_id: str | None
+    regressions: list[dict[str, Any]] | None
+    shards: list[ShardView] | None = None
+    progress: Progress | None = None
+
+
+def _text(v: object) -> str | None:
+    return None if v is None else str(v)
+
+
+def evaluation_view(r: Evaluation, shards: list[EvalShard] | None) -> EvaluationView:
+    views: list[ShardView] | None = None
+    progress: Progress | None = None
     if shards is not None:
-        out["shards"] = [
-            {
-                "shardId": sh.id,
-                "index": sh.shard_index,
-                "benchmark": sh.benchmark,
-                "start": sh.start,
-                "stop": sh.stop,
-                "state": sh.state,
-                "attempts": sh.attempts,
-                "maxAttempts": sh.max_attempts,
-                "done": sh.done,
-                "total": sh.stop - sh.start,
-                "worker": sh.worker_id,
-                "error": sh.error,
-            }
+        views = [
+            ShardView(
+                shard_id=sh.id,
+                index=sh.shard_index,
+                benchmark=sh.benchmark,
+                start=sh.start,
+                stop=sh.stop,
+                state=sh.state,
+                attempts=sh.attempts,
+                max_attempts=sh.max_attempts,
+                done=sh.done,
+                total=sh.stop - sh.start,
+                worker=sh.worker_id,
+                error=sh.error,
+            )
             for sh in shards
         ]
-        total = sum(sh.stop - sh.start for sh in shards)
-        out["progress"] = {
-            "examplesDone": sum(sh.done for sh in shards),
-            "examples": total,
-            "shardsDone": sum(sh.state == "done" for sh in shards),
-            "shardsFailed": sum(sh.state == "failed" for sh in shards),
-            "shards": len(shards),
-        }
-    return out
+        progress = Progress(
+            examples_done=sum(sh.done for sh in shards),
+            examples=sum(sh.stop - sh.start for sh in shards),
+            shards_done=sum(sh.state == "done" for sh in shards),
+            shards_failed=sum(sh.state == "failed" for sh in shards),
+            shards=len(shards),
+        )
+    return EvaluationView(
+        evaluation_id=r.evaluation_id,
+        state=r.state,
+        model_id=r.model_id,
+        model_version=r.model_version,
+        run_id=r.run_id,
+        checkpoint_id=r.checkpoint_id,
+        priority=PRIORITY_NAMES.get(r.priority, str(r.priority)),
+        deadline=r.deadline,
+        cache_hit=bool(r.cached_from),
+        cached_from=r.cached_from or None,
+        cache_key=r.cache_key,
+        provenance=r.provenance,
+        metrics=r.metrics,
+        error=r.error,
+        created_at=r.created_at,
+        completed_at=r.completed_at,
+        created_by=r.created_by,
+        suite_name=_text(r.suite.get("name")),
+        suite_version=_text(r.suite.get("version")),
+        trigger_id=r.trigger_id or None,
+        regressions=r.regressions,
+        shards=views,
+        progress=progress,
+    )

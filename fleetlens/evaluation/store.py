@@ -19,10 +19,10 @@ from ..errors import FleetlensError
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
-from .lease import Leases
-from .results import Results
+from .lease import Heartbeat, Leases, ShardLease, ShardReport
+from .results import ExampleRow, Results
 from .rows import TERMINAL as TERMINAL  # re-exported: the settled evaluation states
-from .rows import ExampleCache
+from .rows import EvaluationView, ExampleCache
 from .submit import Submissions
 from .suites import SuiteRegistry, fill_template
 
@@ -46,7 +46,7 @@ class EvalStore:
 
     # -- submission -----------------------------------------------------------------------------
 
-    def submit(self, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
+    def submit(self, scope: Scope, req: dict[str, Any]) -> EvaluationView:
         """Queue an evaluation (or reuse a cached result); returns at once."""
         return self._submissions.submit(scope, req)
 
@@ -81,36 +81,36 @@ class EvalStore:
             "checkpoint_id": checkpoint_id,
         }
         for t in self.suites.matching(tenant, project, on, model_id, alias):
-            if self.suites.already_fired(tenant, t["triggerId"], key):
+            if self.suites.already_fired(tenant, t.trigger_id, key):
                 continue
             scope = Scope(
-                tenant=tenant, role="editor", project=project, actor=f"trigger:{t['triggerId']}"
+                tenant=tenant, role="editor", project=project, actor=f"trigger:{t.trigger_id}"
             )
             req: dict[str, Any] = {
-                "benchmarkSuite": t["suite"],
-                "priority": t["priority"],
-                "adapter": fill_template(t["adapter"], values),
-                "triggerId": t["triggerId"],
+                "benchmarkSuite": t.suite,
+                "priority": t.priority,
+                "adapter": fill_template(t.adapter, values),
+                "triggerId": t.trigger_id,
             }
             if model_id:
                 req.update(modelId=model_id, modelVersion=version)
             else:
                 req.update(runId=run_id, checkpointId=checkpoint_id)
             try:
-                out["evaluations"].append(self.submit(scope, req)["evaluationId"])
+                out["evaluations"].append(self.submit(scope, req).evaluation_id)
             except FleetlensError as exc:
-                log.warning("trigger %s could not start an evaluation: %s", t["triggerId"], exc)
-                out["errors"].append(f"trigger {t['triggerId']}: {exc}")
+                log.warning("trigger %s could not start an evaluation: %s", t.trigger_id, exc)
+                out["errors"].append(f"trigger {t.trigger_id}: {exc}")
         return out
 
     # -- reading --------------------------------------------------------------------------------
 
-    def get(self, scope: Scope, evaluation_id: str) -> dict[str, Any]:
+    def get(self, scope: Scope, evaluation_id: str) -> EvaluationView:
         return self._results.get(scope, evaluation_id)
 
     def evaluations(
         self, scope: Scope, model_id: str = "", limit: int = 100
-    ) -> list[dict[str, Any]]:
+    ) -> list[EvaluationView]:
         return self._results.evaluations(scope, model_id, limit)
 
     def scores(self, scope: Scope, evaluation_id: str) -> dict[str, dict[str, dict[str, float]]]:
@@ -119,7 +119,7 @@ class EvalStore:
 
     def example_rows(
         self, scope: Scope, evaluation_id: str, limit: int = 10000
-    ) -> list[dict[str, Any]]:
+    ) -> list[ExampleRow]:
         """Per-example scores as the telemetry store holds them."""
         return self._results.example_rows(scope, evaluation_id, limit)
 
@@ -127,7 +127,7 @@ class EvalStore:
 
     def lease(
         self, scope: Scope, worker_id: str, prefer_locality: str = "", lease_s: float = 30.0
-    ) -> dict[str, Any] | None:
+    ) -> ShardLease | None:
         """Hand the next shard to ``worker_id``, or None when nothing is runnable."""
         return self._leases.lease(scope, worker_id, prefer_locality, lease_s)
 
@@ -138,15 +138,15 @@ class EvalStore:
         token: str,
         lease_s: float = 30.0,
         partial: dict[str, dict[str, float | str]] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Heartbeat:
         """Extend the lease; record partial per-example results (keyed by example id)."""
         return self._leases.heartbeat(scope, shard_id, token, lease_s, partial)
 
     def complete(
         self, scope: Scope, shard_id: int, token: str, scores: dict[str, dict[str, float | str]]
-    ) -> dict[str, Any]:
+    ) -> ShardReport:
         return self._leases.complete(scope, shard_id, token, scores)
 
-    def fail(self, scope: Scope, shard_id: int, token: str, error: str) -> dict[str, Any]:
+    def fail(self, scope: Scope, shard_id: int, token: str, error: str) -> ShardReport:
         """A failed attempt: the shard alone goes back to the queue, or fails at its limit."""
         return self._leases.fail(scope, shard_id, token, error)

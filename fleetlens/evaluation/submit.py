@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -20,7 +21,7 @@ from .cache import EVALUATOR_VERSION, cache_key, canonical_hash
 from .judge import JudgeConfig
 from .models import EvalShard, Evaluation
 from .results import judge_regressions
-from .rows import ExampleCache, SessionFactory, evaluation_json, shards_of
+from .rows import EvaluationView, ExampleCache, SessionFactory, evaluation_view, shards_of
 from .scheduler import NO_DEADLINE, parse_priority, plan_shards
 from .suites import PERFORMANCE, SuiteRegistry, validate_prices
 
@@ -52,9 +53,20 @@ def _complete_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[st
     return req
 
 
-def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, str]:
+@dataclass(frozen=True, slots=True)
+class ModelIdentity:
+    """The model being judged (empty strings where not named) and its content hash."""
+
+    model_id: str
+    model_version: str
+    run_id: str
+    checkpoint_id: str
+    hash: str
+
+
+def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> ModelIdentity:
     """The model being judged and its content hash (the checkpoint's checksum)."""
-    out = {"modelId": "", "modelVersion": "", "runId": "", "checkpointId": "", "hash": ""}
+    model_id = model_version = run_id = checkpoint_id = digest = ""
     req = _complete_identity(s, scope, req)
     if req.get("modelId") and req.get("modelVersion"):
         q = scoped(select(ModelVersion), scope, within="project").where(
@@ -63,33 +75,34 @@ def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, s
         mv = s.scalars(q).first()
         if mv is None:
             raise NotFound(f"model version {req['modelId']}:{req['modelVersion']} does not exist")
-        out.update(modelId=mv.model_id, modelVersion=mv.version, runId=mv.run_id)
-        out["checkpointId"] = mv.checkpoint_id
+        model_id, model_version, run_id = mv.model_id, mv.version, mv.run_id
+        checkpoint_id = mv.checkpoint_id
         if req.get("checkpointId") and req["checkpointId"] != mv.checkpoint_id:
             raise ConfigError(
                 f"checkpointId {req['checkpointId']!r}: model version {mv.model_id}:{mv.version} "
                 f"was registered from checkpoint {mv.checkpoint_id!r}"
             )
     elif req.get("runId") and req.get("checkpointId"):
-        out.update(runId=req["runId"], checkpointId=req["checkpointId"])
-    if out["checkpointId"]:
+        run_id, checkpoint_id = req["runId"], req["checkpointId"]
+    if checkpoint_id:
         ck = s.scalars(
             scoped(select(Checkpoint), scope).where(
-                Checkpoint.run_id == out["runId"],
-                Checkpoint.checkpoint_id == out["checkpointId"],
+                Checkpoint.run_id == run_id,
+                Checkpoint.checkpoint_id == checkpoint_id,
             )
         ).first()
         if ck is None:
-            raise NotFound(
-                f"checkpoint {out['checkpointId']} of run {out['runId']!r} does not exist"
-            )
-        out["hash"] = ck.checksum
+            raise NotFound(f"checkpoint {checkpoint_id} of run {run_id!r} does not exist")
+        digest = ck.checksum
     # A caller-declared hash (a served model's weights digest) wins; without any, the
     # adapter spec itself identifies the model.
-    out["hash"] = str(
-        req.get("modelHash") or out["hash"] or "spec:" + canonical_hash(req["adapter"])
+    return ModelIdentity(
+        model_id=model_id,
+        model_version=model_version,
+        run_id=run_id,
+        checkpoint_id=checkpoint_id,
+        hash=str(req.get("modelHash") or digest or "spec:" + canonical_hash(req["adapter"])),
     )
-    return out
 
 
 _NOT_SPEC = ("specHash", "createdAt", "createdBy", "created")
@@ -111,14 +124,15 @@ class Submissions:
         if ref and req.get("suite"):
             raise ConfigError("send suite (inline) or benchmarkSuite (a registered name), not both")
         if ref:
-            return self._suites.resolve(scope, ref)
+            found = self._suites.resolve(scope, ref)
+            return {**found.spec, "name": found.name, "version": found.version}
         if not req.get("suite"):
             raise ConfigError(
                 "suite is missing: send suite {name, version, benchmarks} or benchmarkSuite NAME"
             )
         return dict(req["suite"])
 
-    def submit(self, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
+    def submit(self, scope: Scope, req: dict[str, Any]) -> EvaluationView:
         """Queue an evaluation (or reuse a cached result); returns at once."""
         suite = self._suite(scope, req)
         adapter = dict(req.get("adapter") or suite.get("adapter") or {})
@@ -182,7 +196,7 @@ class Submissions:
         with self._session() as s:
             model = model_identity(s, scope, req)
             provenance = {
-                "modelHash": model["hash"],
+                "modelHash": model.hash,
                 "benchmarks": bench_prov,
                 "evaluatorVersion": str(req.get("evaluatorVersion") or EVALUATOR_VERSION),
                 "decoding": decoding,
@@ -208,10 +222,10 @@ class Submissions:
                 tenant=scope.tenant,
                 project=scope.project,
                 evaluation_id=eid,
-                model_id=model["modelId"],
-                model_version=model["modelVersion"],
-                run_id=model["runId"],
-                checkpoint_id=model["checkpointId"],
+                model_id=model.model_id,
+                model_version=model.model_version,
+                run_id=model.run_id,
+                checkpoint_id=model.checkpoint_id,
                 adapter=adapter,
                 suite={
                     **{k: v for k, v in suite.items() if k not in _NOT_SPEC},
@@ -242,9 +256,9 @@ class Submissions:
                     row.regressions = judge_regressions(
                         s, scope.tenant, row, scores, dict(row.metrics)
                     )
-                return evaluation_json(row, [])
+                return evaluation_view(row, [])
             s.add(row)
-            locality = model["hash"]
+            locality = model.hash
             deadline = row.deadline if row.deadline is not None else NO_DEADLINE
             for p in plans:
                 s.add(
@@ -272,4 +286,4 @@ class Submissions:
                         updated_at=now,
                     )
                 )
-            return evaluation_json(row, [])
+            return evaluation_view(row, [])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -32,7 +33,15 @@ from .gates import parse_policies
 from .models import EvalSuite, EvalTrigger, Evaluation
 from .rows import SessionFactory
 
-__all__ = ["EVENTS", "PERFORMANCE", "SuiteRegistry", "fill_template", "validate_suite"]
+__all__ = [
+    "EVENTS",
+    "PERFORMANCE",
+    "SuiteRegistry",
+    "SuiteView",
+    "TriggerView",
+    "fill_template",
+    "validate_suite",
+]
 
 EVENTS = ("model", "checkpoint", "alias")
 PERFORMANCE = "performance"  # the reserved benchmark name of latency and cost aggregates
@@ -99,30 +108,62 @@ def fill_template(adapter: dict[str, Any], values: dict[str, str]) -> dict[str, 
     return out
 
 
-def _suite_json(r: EvalSuite) -> dict[str, Any]:
-    return {
-        **r.spec,
-        "name": r.name,
-        "version": r.version,
-        "specHash": r.spec_hash,
-        "createdAt": r.created_at,
-        "createdBy": r.created_by,
-    }
+@dataclass(frozen=True, slots=True)
+class SuiteView:
+    """A registered suite version: its spec as registered (the user's JSON, normalised by
+    :func:`validate_suite`), and who registered it when. ``created`` is set by a registration
+    only (False when that version existed already)."""
+
+    name: str
+    version: str
+    spec: dict[str, Any]
+    spec_hash: str
+    created_at: float
+    created_by: str
+    created: bool | None = None
 
 
-def _trigger_json(r: EvalTrigger) -> dict[str, Any]:
-    return {
-        "triggerId": r.trigger_id,
-        "project": r.project,
-        "on": r.on,
-        "modelId": r.model_id,
-        "alias": r.alias,
-        "suite": r.suite,
-        "adapter": r.adapter,
-        "priority": r.priority,
-        "createdAt": r.created_at,
-        "createdBy": r.created_by,
-    }
+@dataclass(frozen=True, slots=True)
+class TriggerView:
+    """A policy that starts evaluations."""
+
+    trigger_id: str
+    project: str  # empty: every project
+    on: str
+    model_id: str  # empty: any model
+    alias: str
+    suite: str  # a registered suite: name or name@version
+    adapter: dict[str, Any]  # the adapter template
+    priority: str
+    created_at: float
+    created_by: str
+
+
+def _suite_view(r: EvalSuite, created: bool | None = None) -> SuiteView:
+    return SuiteView(
+        name=r.name,
+        version=r.version,
+        spec=dict(r.spec),
+        spec_hash=r.spec_hash,
+        created_at=r.created_at,
+        created_by=r.created_by,
+        created=created,
+    )
+
+
+def _trigger_view(r: EvalTrigger) -> TriggerView:
+    return TriggerView(
+        trigger_id=r.trigger_id,
+        project=r.project,
+        on=r.on,
+        model_id=r.model_id,
+        alias=r.alias,
+        suite=r.suite,
+        adapter=dict(r.adapter),
+        priority=r.priority,
+        created_at=r.created_at,
+        created_by=r.created_by,
+    )
 
 
 class SuiteRegistry:
@@ -131,7 +172,7 @@ class SuiteRegistry:
 
     # -- suites ---------------------------------------------------------------------------------
 
-    def register(self, scope: Scope, spec: dict[str, Any]) -> dict[str, Any]:
+    def register(self, scope: Scope, spec: dict[str, Any]) -> SuiteView:
         spec = validate_suite(spec)
         digest = canonical_hash(spec)
         with self._session() as s:
@@ -146,7 +187,7 @@ class SuiteRegistry:
                         f"suite {spec['name']}@{spec['version']} is already registered with "
                         "other content; a version is immutable, register a new version"
                     )
-                return {**_suite_json(row), "created": False}
+                return _suite_view(row, created=False)
             row = EvalSuite(
                 tenant=scope.tenant,
                 name=spec["name"],
@@ -158,9 +199,9 @@ class SuiteRegistry:
             )
             s.add(row)
             s.flush()
-            return {**_suite_json(row), "created": True}
+            return _suite_view(row, created=True)
 
-    def resolve(self, scope: Scope, ref: str) -> dict[str, Any]:
+    def resolve(self, scope: Scope, ref: str) -> SuiteView:
         """``name`` (its newest version) or ``name@version``."""
         name, _, version = ref.partition("@")
         with self._session() as s:
@@ -171,18 +212,18 @@ class SuiteRegistry:
             if row is None:
                 known = sorted(set(s.scalars(scoped(select(EvalSuite.name), scope)).all()))
                 raise NotFound(f"benchmarkSuite {ref!r} is not registered; suites: {known}")
-            return _suite_json(row)
+            return _suite_view(row)
 
-    def suites(self, scope: Scope, name: str = "") -> list[dict[str, Any]]:
+    def suites(self, scope: Scope, name: str = "") -> list[SuiteView]:
         with self._session() as s:
             q = scoped(select(EvalSuite), scope)
             if name:
                 q = q.where(EvalSuite.name == name)
-            return [_suite_json(r) for r in s.scalars(q.order_by(EvalSuite.id)).all()]
+            return [_suite_view(r) for r in s.scalars(q.order_by(EvalSuite.id)).all()]
 
     # -- triggers -------------------------------------------------------------------------------
 
-    def add_trigger(self, scope: Scope, body: dict[str, Any]) -> dict[str, Any]:
+    def add_trigger(self, scope: Scope, body: dict[str, Any]) -> TriggerView:
         on = str(body.get("on", ""))
         if on not in EVENTS:
             raise ConfigError(f"on {on!r} is unknown; use one of {EVENTS}")
@@ -192,7 +233,7 @@ class SuiteRegistry:
         if scope.project and project != scope.project:
             raise ConfigError(f"project {project!r}: this token is limited to {scope.project!r}")
         suite = self.resolve(scope, str(body.get("suite", "")))
-        adapter = dict(body.get("adapter") or suite.get("adapter") or {})
+        adapter = dict(body.get("adapter") or suite.spec.get("adapter") or {})
         if not adapter:
             raise ConfigError("adapter is missing: give the trigger one, or the suite a default")
         validate_spec(adapter)
@@ -212,18 +253,18 @@ class SuiteRegistry:
             )
             s.add(row)
             s.flush()
-            return _trigger_json(row)
+            return _trigger_view(row)
 
-    def triggers(self, scope: Scope) -> list[dict[str, Any]]:
+    def triggers(self, scope: Scope) -> list[TriggerView]:
         with self._session() as s:
             q = scoped(select(EvalTrigger), scope)
             if scope.project:
                 q = q.where(EvalTrigger.project.in_(("", scope.project)))
-            return [_trigger_json(r) for r in s.scalars(q.order_by(EvalTrigger.id)).all()]
+            return [_trigger_view(r) for r in s.scalars(q.order_by(EvalTrigger.id)).all()]
 
     def matching(
         self, tenant: str, project: str, on: str, model_id: str = "", alias: str = ""
-    ) -> list[dict[str, Any]]:
+    ) -> list[TriggerView]:
         """The triggers an event in ``project`` fires."""
         with self._session() as s:
             q = scoped(select(EvalTrigger), tenant).where(
@@ -231,7 +272,7 @@ class SuiteRegistry:
             )
             rows = s.scalars(q.order_by(EvalTrigger.id)).all()
             return [
-                _trigger_json(r)
+                _trigger_view(r)
                 for r in rows
                 if (not r.model_id or r.model_id == model_id)
                 and (on != "alias" or r.alias == alias)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..analysis.breakdown import Event, StepArrays
 from ..store.metadata import MetadataStore, RunInfo
@@ -24,6 +23,7 @@ from .goodput import GoodputQueries, program_spec
 __all__ = [
     "BUCKETS_MAX",
     "COHORTS",
+    "CohortFigures",
     "FleetBucket",
     "FleetSeries",
     "JobTally",
@@ -87,25 +87,32 @@ class FleetBucket:
     useful: float = 0.0
     lost: dict[str, float] = field(default_factory=dict)
 
-    def as_json(self, price: float) -> dict[str, Any]:
-        base = max(self.in_service or 0.0, self.held)
-        return {
-            "from": self.start,
-            "to": self.end,
-            "inServiceGpuHours": self.in_service,
-            "heldGpuHours": self.held,
-            "usefulGpuHours": self.useful,
-            "utilization": self.held / base if base else None,
-            "goodput": self.useful / base if base else None,
-            "lossByCause": {k: v for k, v in self.lost.items() if v > 0},
-            "costPerUsefulGpuHour": price * base / self.useful if self.useful > 0 else None,
-            # GPUs in service that no run held, on average over the bucket: the spare pool
-            "spareGpus": (
-                max(0.0, self.in_service - self.held) * 3600.0 / (self.end - self.start)
-                if self.in_service is not None and self.end > self.start
-                else None
-            ),
-        }
+    @property
+    def base(self) -> float:
+        """The GPU-hours the shares are of: in service, never less than what runs held."""
+        return max(self.in_service or 0.0, self.held)
+
+    @property
+    def utilization(self) -> float | None:
+        return self.held / self.base if self.base else None
+
+    @property
+    def goodput(self) -> float | None:
+        return self.useful / self.base if self.base else None
+
+    @property
+    def loss_by_cause(self) -> dict[str, float]:
+        return {k: v for k, v in self.lost.items() if v > 0}
+
+    def cost_per_useful_gpu_hour(self, price: float) -> float | None:
+        return price * self.base / self.useful if self.useful > 0 else None
+
+    @property
+    def spare_gpus(self) -> float | None:
+        """GPUs in service that no run held, on average over the bucket: the spare pool."""
+        if self.in_service is None or self.end <= self.start:
+            return None
+        return max(0.0, self.in_service - self.held) * 3600.0 / (self.end - self.start)
 
 
 class FleetSeries:
@@ -163,9 +170,6 @@ class FleetSeries:
                 if k != "productive":
                     bucket.lost[k] = bucket.lost.get(k, 0.0) + v * gpus / 3600.0
 
-    def as_json(self, price: float) -> list[dict[str, Any]]:
-        return [b.as_json(price) for b in self.buckets]
-
 
 COHORTS = ((1, 8, "1-8 GPUs"), (9, 64, "9-64 GPUs"), (65, 512, "65-512 GPUs"))
 """Job sizes the planner compares (a node, a few racks, more); beyond: 513+ GPUs."""
@@ -176,6 +180,17 @@ def cohort(gpus: float) -> str:
         if lo <= gpus <= hi:
             return name
     return "513+ GPUs" if gpus > 512 else "unknown size"
+
+
+@dataclass(frozen=True, slots=True)
+class CohortFigures:
+    """The runs of one size (:data:`COHORTS`) and their GPU-hours."""
+
+    size: str
+    runs: int
+    held_gpu_hours: float
+    useful_gpu_hours: float
+    goodput: float | None
 
 
 @dataclass
@@ -193,22 +208,31 @@ class JobTally:
         c["held"] += held_h
         c["useful"] += useful_h
 
-    def as_json(self) -> dict[str, Any]:
-        ended = sum(self.status.get(k, 0) for k in ("FINISHED", "FAILED", "STOPPED"))
+    @property
+    def by_status(self) -> dict[str, int]:
+        return dict(sorted(self.status.items()))
+
+    @property
+    def ended(self) -> int:
+        """Runs that ended: finished, failed or stopped."""
+        return sum(self.status.get(k, 0) for k in ("FINISHED", "FAILED", "STOPPED"))
+
+    @property
+    def success_rate(self) -> float | None:
+        ended = self.ended
+        return self.status.get("FINISHED", 0) / ended if ended else None
+
+    def cohort_figures(self) -> list[CohortFigures]:
+        """The sizes that had runs, smallest first."""
         order = [name for _, _, name in COHORTS] + ["513+ GPUs", "unknown size"]
-        return {
-            "byStatus": dict(sorted(self.status.items())),
-            "ended": ended,
-            "successRate": self.status.get("FINISHED", 0) / ended if ended else None,
-            "cohorts": [
-                {
-                    "size": name,
-                    "runs": int(c["runs"]),
-                    "heldGpuHours": c["held"],
-                    "usefulGpuHours": c["useful"],
-                    "goodput": c["useful"] / c["held"] if c["held"] > 0 else None,
-                }
-                for name in order
-                if (c := self.cohorts.get(name)) is not None
-            ],
-        }
+        return [
+            CohortFigures(
+                size=name,
+                runs=int(c["runs"]),
+                held_gpu_hours=c["held"],
+                useful_gpu_hours=c["useful"],
+                goodput=c["useful"] / c["held"] if c["held"] > 0 else None,
+            )
+            for name in order
+            if (c := self.cohorts.get(name)) is not None
+        ]

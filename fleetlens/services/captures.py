@@ -41,7 +41,7 @@ from ..traces.capture import capture_batch, rank_summary
 from ..traces.importer import RankTrace, analyze
 from ..traces.kineto import read_trace
 
-__all__ = ["MAX_RANKS", "MAX_STEPS", "Captures", "instruction"]
+__all__ = ["MAX_RANKS", "MAX_STEPS", "CaptureInstruction", "Captures", "instruction"]
 
 log = logging.getLogger("fleetlens.captures")
 
@@ -60,16 +60,23 @@ _LEAD_S = 10.0
 poll (every 2 s, later on a loaded host) before then, so all profile the same steps."""
 
 
-def instruction(c: Capture) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class CaptureInstruction:
     """What a rank's control poll is told of a capture it is part of: from which step (a rank
     that hears of it later starts at once), how many, after how many warm-up steps."""
-    return {
-        "id": c.id,
-        "steps": c.steps,
-        "warmup": c.warmup,
-        "ranks": list(c.ranks),
-        "fromStep": c.from_step,
-    }
+
+    id: int
+    steps: int
+    warmup: int
+    ranks: tuple[int, ...]
+    from_step: int
+
+
+def instruction(c: Capture) -> CaptureInstruction:
+    """The instruction of capture ``c`` to the ranks it names."""
+    return CaptureInstruction(
+        id=c.id, steps=c.steps, warmup=c.warmup, ranks=tuple(c.ranks), from_step=c.from_step
+    )
 
 
 _PACE_S = 20.0
@@ -110,7 +117,7 @@ class Captures:
         step: int,
         now: float,
         world: int = 1,
-    ) -> dict[str, Any] | None:
+    ) -> CaptureInstruction | None:
         """Rank ``rank``, at ``step``, can capture: the capture it is asked for, if any."""
         key = (tenant, run_id)
         with self._lock:

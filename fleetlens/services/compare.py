@@ -7,6 +7,7 @@ range (loss curves), so comparing twenty 100,000-step runs moves kilobytes.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -33,9 +34,27 @@ from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.scoped import scoped
 from ..store.telemetry import TelemetryStore
+from .compare_types import (
+    ChangedValues,
+    CompareSide,
+    Comparison,
+    ContractDiff,
+    EvaluationDeltas,
+    InfraFault,
+    InfraNode,
+    Infrastructure,
+    JobEnd,
+    MatchedBucket,
+    MatchedMetric,
+    MetricDeltas,
+    RunEvaluation,
+    RunHealth,
+    RunSpeed,
+    XidError,
+)
 from .contract import compared, run_contract
 from .goodput import GoodputQueries, program_spec, window_mfu
-from .scheduler import scheduling_factor
+from .scheduler import run_scheduling_factor
 
 __all__ = ["FAULT_KINDS", "CompareQueries", "compare_runs"]
 
@@ -52,66 +71,61 @@ class CompareQueries:
         self.q = ComparisonQueries(TenantReader(telemetry, scope))
         self.tenant = scope.tenant
 
-    def speed(self, runs: list[str]) -> dict[str, dict[str, Any]]:
+    def speed(self, runs: list[str]) -> dict[str, RunSpeed]:
         """Per run: steps, median/mean step time, tokens/s, rank spread, slow-step share and
         the productive share of wall-clock (last execution of each step over first start to
         last end)."""
         table = self.q.speed(runs)
         out = {}
         for r in table.to_pylist():
-            out[str(r.pop("run_id"))] = {k: _clean(v) for k, v in r.items()}
+            out[str(r["run_id"])] = RunSpeed(**{k: _clean(v) for k, v in r.items()})
         return out
 
-    def matched_scalars(self, runs: list[str], names: list[str]) -> dict[str, Any]:
+    def matched_scalars(self, runs: list[str], names: list[str]) -> dict[str, MatchedMetric]:
         """Scalars at the steps every run logged: per metric the matched range and, per run,
         the mean over each tenth of it (the last tenth is what the conclusion reads)."""
         table = self.q.matched_scalar_buckets(runs, names, BUCKETS)
-        out: dict[str, Any] = {}
+        ranges: dict[str, tuple[int, int, int]] = {}
+        # metric -> bucket -> ([from step, to step], {run: mean})
+        tenths: dict[str, dict[int, tuple[list[int], dict[str, float | None]]]] = {}
         for r in table.to_pylist():
-            m = out.setdefault(
-                r["metric"],
-                {
-                    "fromStep": r["x_lo"],
-                    "toStep": r["x_hi"],
-                    "matchedSteps": r["x_cnt"],
-                    "buckets": {},
-                },
+            ranges.setdefault(r["metric"], (r["x_lo"], r["x_hi"], r["x_cnt"]))
+            span, values = tenths.setdefault(r["metric"], {}).setdefault(
+                r["bucket"], ([r["x_from"], r["x_to"]], {})
             )
-            b = m["buckets"].setdefault(
-                r["bucket"], {"fromStep": r["x_from"], "toStep": r["x_to"], "values": {}}
-            )
-            b["fromStep"], b["toStep"] = (
-                min(b["fromStep"], r["x_from"]),
-                max(b["toStep"], r["x_to"]),
-            )
-            b["values"][r["run_id"]] = _clean(r["x_mean"])
-        for m in out.values():
-            m["buckets"] = [m["buckets"][k] for k in sorted(m["buckets"])]
-            m["tail"] = m["buckets"][-1]["values"] if m["buckets"] else {}
+            span[0], span[1] = min(span[0], r["x_from"]), max(span[1], r["x_to"])
+            values[r["run_id"]] = _clean(r["x_mean"])
+        out: dict[str, MatchedMetric] = {}
+        for metric, (lo, hi, cnt) in ranges.items():
+            per = tenths[metric]
+            buckets = [MatchedBucket(per[k][0][0], per[k][0][1], per[k][1]) for k in sorted(per)]
+            out[metric] = MatchedMetric(lo, hi, cnt, buckets, buckets[-1].values if buckets else {})
         return out
 
-    def health(self, runs: list[str]) -> dict[str, dict[str, Any]]:
+    def health(self, runs: list[str]) -> dict[str, RunHealth]:
         """Per run: fault and lifecycle events by kind, nodes named by them, nodes and GPUs used."""
         ev = self.q.events_by_kind(runs, list(FAULT_KINDS))
         pl = self.q.placement_counts(runs)
-        out: dict[str, dict[str, Any]] = {
-            r: {"faults": {}, "faultNodes": [], "nodes": 0, "gpus": 0} for r in runs
-        }
+        faults: dict[str, dict[str, int]] = {r: {} for r in runs}
+        fault_nodes: dict[str, set[str]] = {r: set() for r in runs}
+        used = {r: (0, 0) for r in runs}
         for r in ev.to_pylist():
-            h = out[r["run_id"]]
-            h["faults"][r["kind"]] = int(r["n"])
-            h["faultNodes"] = sorted(set(h["faultNodes"]) | {n for n in r["nodes"] if n})
+            faults[r["run_id"]][r["kind"]] = int(r["n"])
+            fault_nodes[r["run_id"]] |= {n for n in r["nodes"] if n}
         for r in pl.to_pylist():
-            out[r["run_id"]].update(nodes=int(r["n_nodes"]), gpus=int(r["n_gpus"]))
-        return out
+            used[r["run_id"]] = (int(r["n_nodes"]), int(r["n_gpus"]))
+        return {
+            r: RunHealth(faults[r], sorted(fault_nodes[r]), used[r][0], used[r][1]) for r in runs
+        }
 
-    def infrastructure(self, run_id: str) -> dict[str, Any]:
+    def infrastructure(self, run_id: str) -> Infrastructure:
         """Run -> the nodes and GPUs it used -> their faults during the run; its slow episodes
         and how each job attempt ended."""
-        span = self.speed([run_id]).get(run_id, {})
+        span = self.speed([run_id]).get(run_id)
         used = self.q.gpus_used(run_id).to_pylist()
         nodes = sorted({r["node_id"] for r in used})
-        t0, t1 = span.get("t_first"), span.get("t_last")
+        t0 = span.t_first if span is not None else None
+        t1 = span.t_last if span is not None else None
         ev_rows = self.q.events_of_run_or_nodes(
             run_id,
             list(FAULT_KINDS),
@@ -126,71 +140,47 @@ class CompareQueries:
             return any(a <= t <= b for a, b in placed.get(node, []))
 
         ev_rows = [e for e in ev_rows if e["of_run"] == run_id or here(e["node_id"], e["time"])]
-        xid: list[dict[str, Any]] = []
+        xid: list[XidError] = []
         if nodes and t0 is not None:
-            per: dict[tuple[str, int], dict[str, Any]] = {}
+            per: dict[tuple[str, int], tuple[float, Any, int]] = {}  # first, max XID, samples
             for r in self.q.xid_samples(nodes, float(t0), float(t1 or t0)).to_pylist():
                 if here(r["node_id"], r["time"]):
-                    first = {
-                        "node_id": r["node_id"],
-                        "gpu": r["gpu"],
-                        "first": r["time"],
-                        "max_xid": r["xid"],
-                        "n": 0,
-                    }
-                    g = per.setdefault((r["node_id"], r["gpu"]), first)
-                    g["max_xid"], g["n"] = max(g["max_xid"], r["xid"]), g["n"] + 1
-            xid = [per[k] for k in sorted(per)]
+                    key = (r["node_id"], r["gpu"])
+                    first, top, n = per.get(key, (r["time"], r["xid"], 0))
+                    per[key] = (first, max(top, r["xid"]), n + 1)
+            xid = [
+                XidError(k[0], k[1], per[k][0], _clean(per[k][1]), per[k][2]) for k in sorted(per)
+            ]
         steps, durs = self.q.step_times(run_id)
-        ends = [
-            {
-                "time": e["time"],
-                "kind": e["kind"],
-                "jobId": e["job_id"] or None,
-                "message": e["message"],
-                "attrs": e["attrs"],
-            }
-            for e in ev_rows
-            if e["kind"] in ("failure", "preemption") and e["of_run"] == run_id
-        ]
-        return {
-            "runId": run_id,
-            "nodes": [
-                {
-                    "node": r["node_id"],
-                    "gpu": r["gpu"],
-                    "gpuUuid": r["uuid"] or None,
-                    "rack": r["rk"] or None,
-                    "jobs": sorted(r["jobs"]),
-                }
+        return Infrastructure(
+            run_id=run_id,
+            nodes=[
+                InfraNode(
+                    r["node_id"], r["gpu"], r["uuid"] or None, r["rk"] or None, sorted(r["jobs"])
+                )
                 for r in used
             ],
-            "faults": [
-                {
-                    "time": e["time"],
-                    "kind": e["kind"],
-                    "node": e["node_id"] or None,
-                    "gpu": e["gpu"] if e["gpu"] >= 0 else None,
-                    "step": e["step"],
-                    "message": e["message"],
-                    "sameRun": e["of_run"] == run_id,
-                }
+            faults=[
+                InfraFault(
+                    time=e["time"],
+                    kind=e["kind"],
+                    node=e["node_id"] or None,
+                    gpu=e["gpu"] if e["gpu"] >= 0 else None,
+                    step=e["step"],
+                    message=e["message"],
+                    same_run=e["of_run"] == run_id,
+                )
                 for e in ev_rows
             ],
-            "xidErrors": [
-                {
-                    "node": r["node_id"],
-                    "gpu": r["gpu"],
-                    "first": r["first"],
-                    "maxXid": _clean(r["max_xid"]),
-                    "samples": r["n"],
-                }
-                for r in xid
+            xid_errors=xid,
+            job_ends=[
+                JobEnd(e["time"], e["kind"], e["job_id"] or None, e["message"], e["attrs"])
+                for e in ev_rows
+                if e["kind"] in ("failure", "preemption") and e["of_run"] == run_id
             ],
-            "jobEnds": ends,
-            "slowEpisodes": slow_episodes(steps, durs),
-            "speed": span,
-        }
+            slow_episodes=slow_episodes(steps, durs),
+            speed=span,
+        )
 
 
 def _clean(v: Any) -> Any:
@@ -201,24 +191,26 @@ def _clean(v: Any) -> Any:
 
 def _figures(
     run_id: str,
-    speed: dict[str, Any],
-    health: dict[str, Any],
-    quality: dict[str, Any],
+    speed: RunSpeed | None,
+    health: RunHealth,
+    quality: dict[str, MatchedMetric],
     lineage: dict[str, Any],
     findings: dict[str, int],
 ) -> RunFigures:
     ds = lineage.get("dataset") or {}
     code = lineage.get("code") or {}
-    faults = {k: v for k, v in health.get("faults", {}).items() if k in INFRA_FAULTS}
+    faults = {k: v for k, v in health.faults.items() if k in INFRA_FAULTS}
+    sp = speed or RunSpeed()
     return RunFigures(
         run_id=run_id,
-        step_time_s=speed.get("median_step_s"),
-        tokens_per_s=speed.get("tokens_per_s"),
-        straggler_spread=speed.get("spread"),
-        slow_step_share=speed.get("slow_share"),
+        step_time_s=sp.median_step_s,
+        tokens_per_s=sp.tokens_per_s,
+        straggler_spread=sp.spread,
+        slow_step_share=sp.slow_share,
         faults=faults,
         findings=findings,
-        quality={m: v["tail"][run_id] for m, v in quality.items() if run_id in v["tail"]},
+        # a run's mean that was not finite is as good as none (conclude reads .get)
+        quality={m: x for m, v in quality.items() if (x := v.tail.get(run_id)) is not None},
         dataset=f"{ds['name']}:{ds['version']}" if ds.get("name") else None,
         code=str(code.get("commit") or "") or None,
     )
@@ -236,32 +228,27 @@ def _infra_findings(store: FindingsStore, scope: Scope, run_id: str) -> dict[str
 
 def _goodput(
     telemetry: TelemetryStore, scope: Scope, runs: list[str], configs: list[dict[str, Any]]
-) -> dict[str, dict[str, float | None]]:
-    """Each run's goodput as its run page and ``GET /v1/runs/{id}/goodput`` have it (the same
-    breakdown, program spec and scheduling factor), so that a comparison never disagrees with
-    them; a run without steps has none."""
+) -> dict[str, tuple[float, float]]:
+    """Each run's goodput and its runtime factor as its run page and
+    ``GET /v1/runs/{id}/goodput`` have them (the same breakdown, program spec and scheduling
+    factor), so that a comparison never disagrees with them; a run without steps has none."""
     q = GoodputQueries(telemetry, scope)
-    out: dict[str, dict[str, float | None]] = {}
+    out: dict[str, tuple[float, float]] = {}
     for run, config in zip(runs, configs, strict=True):
-        sched = scheduling_factor(telemetry, scope, run)["factor"]
+        sched = run_scheduling_factor(telemetry, scope, run).factor
         bd, f, _ = q.run_goodput(run, program_spec(config), scheduling=sched)
         if bd.retained_steps:
-            out[run] = {"goodput": f.job_product, "runtimeGoodput": f.runtime}
+            out[run] = (f.job_product, f.runtime)
     return out
 
 
-def _mfu(config: dict[str, Any], speed: dict[str, Any]) -> float | None:
-    return window_mfu(
-        program_spec(config),
-        speed.get("tokens_per_s"),
-        speed.get("median_step_s"),
-        speed.get("ranks"),
-    )
+def _mfu(config: dict[str, Any], speed: RunSpeed) -> float | None:
+    return window_mfu(program_spec(config), speed.tokens_per_s, speed.median_step_s, speed.ranks)
 
 
 def compare_runs(
     telemetry: TelemetryStore, metadata: MetadataStore, scope: Scope, runs: list[str]
-) -> dict[str, Any]:
+) -> Comparison:
     """Runs side by side, the first as the baseline (see docs/run_graph.md)."""
     if len(runs) < 2:
         raise ConfigError("compare needs at least two runs")
@@ -286,74 +273,54 @@ def compare_runs(
     against = compared(contracts)
     failures = _evaluation_failures(metadata, scope, runs, evaluations)
     figures = [
-        _figures(r, speed.get(r, {}), health[r], quality, ln, _infra_findings(store, scope, r))
+        _figures(r, speed.get(r), health[r], quality, ln, _infra_findings(store, scope, r))
         for r, ln in zip(runs, lineages, strict=True)
     ]
     for f in figures:
-        f.goodput = goodput.get(f.run_id, {}).get("goodput")
+        f.goodput = goodput[f.run_id][0] if f.run_id in goodput else None
         f.evaluation_failures = failures[f.run_id]
     side = []
     for r, ln, f in zip(runs, lineages, figures, strict=True):
-        sp = speed.get(r, {})
+        sp = speed.get(r) or RunSpeed()
+        g = goodput.get(r)
         side.append(
-            {
-                "runId": r,
-                "steps": sp.get("n_steps"),
-                "lastStep": sp.get("last_step"),
-                "stepTimeMedianSeconds": sp.get("median_step_s"),
-                "tokensPerSecond": sp.get("tokens_per_s"),
-                "mfu": _mfu(ln["config"], sp),
-                **goodput.get(r, {}),
-                "productiveShare": sp.get("productive_share"),
-                "stragglerSpread": sp.get("spread"),
-                "slowStepShare": sp.get("slow_share"),
-                "replayedSteps": sp.get("replayed_steps"),
-                "health": {**health[r], "issues": f.infra_issues()},
-                "dataset": f.dataset,
-                "code": f.code,
-            }
+            CompareSide(
+                run_id=r,
+                steps=sp.n_steps,
+                last_step=sp.last_step,
+                step_time_median_seconds=sp.median_step_s,
+                tokens_per_second=sp.tokens_per_s,
+                mfu=_mfu(ln["config"], sp),
+                goodput=g[0] if g is not None else None,
+                runtime_goodput=g[1] if g is not None else None,
+                productive_share=sp.productive_share,
+                straggler_spread=sp.spread,
+                slow_step_share=sp.slow_share,
+                replayed_steps=sp.replayed_steps,
+                health=dataclasses.replace(health[r], issues=f.infra_issues()),
+                dataset=f.dataset,
+                code=f.code,
+            )
         )
-    return {
-        "runs": runs,
-        "baseline": runs[0],
-        "config": diff,
-        "dataset": {
-            "values": [f.dataset for f in figures],
-            "changed": len({f.dataset for f in figures}) > 1,
-        },
-        "code": {
-            "values": [f.code for f in figures],
-            "changed": len({f.code for f in figures}) > 1,
-        },
-        "side": side,
-        "matchedSteps": quality,
-        "evaluations": evaluations,
-        "contract": {
-            "values": [c.text() for c in contracts],
-            "differences": against,
-            "changed": any(against),
-        },
-        "conclusions": [
+    return Comparison(
+        runs=runs,
+        baseline=runs[0],
+        config=diff,
+        dataset=ChangedValues([f.dataset for f in figures], len({f.dataset for f in figures}) > 1),
+        code=ChangedValues([f.code for f in figures], len({f.code for f in figures}) > 1),
+        side=side,
+        matched_steps=quality,
+        evaluations=evaluations,
+        contract=ContractDiff([c.text() for c in contracts], against, any(against)),
+        conclusions=[
             conclude(figures[0], f, config_diff([lineages[0]["config"], ln["config"]]), d)
             for f, ln, d in zip(figures[1:], lineages[1:], against, strict=True)
         ],
-        "basis": {
-            "stepTime": "median over steps of the slowest rank's duration (last execution)",
-            "goodput": "the job's goodput (runtime x program) as the run page and "
-            "/v1/runs/{run_id}/goodput have it; runtimeGoodput its runtime factor",
-            "productiveShare": "sum of retained steps' durations over first start to last end",
-            "matchedSteps": "mean of each tenth of the steps every run logged; the "
-            "conclusion reads the last tenth",
-            "evaluations": "each run's latest completed evaluation (by runId); deltas against "
-            "the first run's, metric by metric (benchmark/metric, performance/latency...)",
-            "contract": "the software each run's ranks reported and the topology it was "
-            "placed on; differences against the first run's (seed 003 s9.3.1)",
-        },
-    }
+    )
 
 
 def _evaluation_failures(
-    metadata: MetadataStore, scope: Scope, runs: list[str], evaluations: dict[str, Any] | None
+    metadata: MetadataStore, scope: Scope, runs: list[str], evaluations: EvaluationDeltas | None
 ) -> dict[str, list[str]]:
     """What each run's latest evaluation failed: its regressions against the model's
     baseline (by kind: safety, benchmark, latency, cost) and the quality gates decided on it."""
@@ -361,14 +328,14 @@ def _evaluation_failures(
     if evaluations is None:
         return out
     with metadata.session() as s:
-        for r, ev in zip(runs, evaluations["byRun"], strict=True):
+        for r, ev in zip(runs, evaluations.by_run, strict=True):
             if ev is None:
                 continue
-            for reg in ev.get("regressions") or []:
+            for reg in ev.regressions or []:
                 out[r].append(f"{reg.get('kind', 'benchmark')} regression in {reg.get('metric')}")
             failed = s.scalars(
                 scoped(select(GateDecision), scope).where(
-                    GateDecision.candidate_evaluation == ev["evaluationId"],
+                    GateDecision.candidate_evaluation == ev.evaluation_id,
                     GateDecision.passed.is_(False),
                 )
             ).all()
@@ -378,7 +345,7 @@ def _evaluation_failures(
 
 def evaluation_deltas(
     metadata: MetadataStore, scope: Scope, runs: list[str]
-) -> dict[str, Any] | None:
+) -> EvaluationDeltas | None:
     """Each run's latest completed evaluation, and every metric's change against the first
     run's (None when no run has one)."""
     latest: list[Evaluation | None] = []
@@ -403,22 +370,21 @@ def evaluation_deltas(
         by_run = [
             None
             if ev is None
-            else {
-                "runId": r,
-                "evaluationId": ev.evaluation_id,
-                "modelId": ev.model_id or None,
-                "modelVersion": ev.model_version or None,
-                "suite": f"{ev.suite.get('name')}@{ev.suite.get('version')}",
-                "regressions": ev.regressions,
-            }
+            else RunEvaluation(
+                run_id=r,
+                evaluation_id=ev.evaluation_id,
+                model_id=ev.model_id or None,
+                model_version=ev.model_version or None,
+                suite=f"{ev.suite.get('name')}@{ev.suite.get('version')}",
+                regressions=ev.regressions,
+            )
             for r, ev in zip(runs, latest, strict=True)
         ]
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, MetricDeltas] = {}
     for name in sorted({k for f in flat for k in f}):
         values = [f.get(name) for f in flat]
         base = values[0]
-        metrics[name] = {
-            "values": values,
-            "deltas": [None if v is None or base is None else v - base for v in values],
-        }
-    return {"byRun": by_run, "metrics": metrics}
+        metrics[name] = MetricDeltas(
+            values, [None if v is None or base is None else v - base for v in values]
+        )
+    return EvaluationDeltas(by_run, metrics)

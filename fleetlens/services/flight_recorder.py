@@ -15,6 +15,7 @@ from typing import Any
 
 from ..analysis.flight_recorder import (
     FlightRecorderReport,
+    StuckCollective,
     analyze_dumps,
     diagnoses,
     group_summary,
@@ -28,7 +29,14 @@ from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 
-__all__ = ["DumpFile", "import_flight_recorder", "read_dumps"]
+__all__ = [
+    "DumpFile",
+    "FlightRecorderImport",
+    "GroupLastCompleted",
+    "RankHome",
+    "import_flight_recorder",
+    "read_dumps",
+]
 
 
 @dataclass(frozen=True)
@@ -59,45 +67,66 @@ def read_dumps(files: Sequence[DumpFile]) -> dict[int, dict[str, Any]]:
     return dumps
 
 
-def _report_json(rep: FlightRecorderReport) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class GroupLastCompleted:
+    """The last collective each rank completed in a process group (rank -> its sequence
+    number), the lowest and highest of them, and the ranks at the lowest (when not all equal)."""
+
+    group: str
+    desc: str
+    min: int
+    max: int
+    behind: list[int]
+    last_completed: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RankHome:
+    """A rank missing from a stuck collective, where the job placed it (None: not known)."""
+
+    rank: int
+    node: str | None
+    gpu: int | None
+    rack: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FlightRecorderImport:
+    """The dumps' analysis (the ranks that sent one, those missing from a stuck collective,
+    the stuck collectives, each group's progress), where the missing ranks ran, and the keys
+    of the ``hang`` findings stored."""
+
+    run_id: str
+    job_id: str | None
+    world: int
+    ranks_with_dump: list[int]
+    missing_ranks: list[int]
+    stuck: list[StuckCollective]
+    groups: list[GroupLastCompleted]
+    missing: list[RankHome]
+    findings: list[str]
+
+
+def _groups(rep: FlightRecorderReport) -> list[GroupLastCompleted]:
     summary = group_summary(rep, len(rep.progress))
-    stuck = [
-        {
-            "group": s.group,
-            "desc": s.desc,
-            "op": s.op,
-            "seq": s.seq,
-            "members": list(s.members),
-            "missing": list(s.missing),
-            "sizes": s.sizes,
-            "dtypes": s.dtypes,
-        }
-        for s in rep.stuck
-    ]
-    groups = [
-        {
-            "group": p.group,
-            **summary[p.group],
-            "lastCompleted": {str(r): n for r, n in p.last_completed.items()},
-        }
-        for p in rep.progress
-    ]
-    return {
-        "world": rep.world,
-        "ranksWithDump": list(rep.ranks),
-        "missingRanks": rep.missing,
-        "stuck": stuck,
-        "groups": groups,
-    }
+    out = []
+    for p in rep.progress:
+        g = summary[p.group]
+        out.append(
+            GroupLastCompleted(
+                group=p.group,
+                desc=g["desc"],
+                min=g["min"],
+                max=g["max"],
+                behind=g["behind"],
+                last_completed=dict(p.last_completed),
+            )
+        )
+    return out
 
 
-def _home(rank: int, node: str, gpu: int, rack: str) -> dict[str, Any]:
-    return {
-        "rank": rank,
-        "node": node or None,
-        "gpu": gpu if gpu >= 0 else None,
-        "rack": rack or None,
-    }
+def _home(rank: int, node: str, gpu: int, rack: str) -> RankHome:
+    return RankHome(rank=rank, node=node or None, gpu=gpu if gpu >= 0 else None, rack=rack or None)
 
 
 def import_flight_recorder(
@@ -107,7 +136,7 @@ def import_flight_recorder(
     run_id: str,
     files: Sequence[DumpFile],
     job_id: str | None = None,
-) -> dict[str, Any]:
+) -> FlightRecorderImport:
     """Analyse the dumps of one job of ``run_id`` and store a ``hang`` finding per stuck
     collective; the answer is the analysis and the findings' keys.
 
@@ -154,13 +183,17 @@ def import_flight_recorder(
 
     found = diagnoses(rep, where, job_id, step=run.last_step, time=time.time())
     stored = FindingsStore(metadata).upsert(scope.tenant, run_id, found)
-    return {
-        "runId": run_id,
-        "jobId": job_id or None,
-        **_report_json(rep),
-        "missing": [_home(r, *where(r)) for r in rep.missing],
-        "findings": [f.key for f in stored],
-    }
+    return FlightRecorderImport(
+        run_id=run_id,
+        job_id=job_id or None,
+        world=rep.world,
+        ranks_with_dump=list(rep.ranks),
+        missing_ranks=rep.missing,
+        stuck=list(rep.stuck),
+        groups=_groups(rep),
+        missing=[_home(r, *where(r)) for r in rep.missing],
+        findings=[f.key for f in stored],
+    )
 
 
 def _span(dumps: dict[int, dict[str, Any]]) -> tuple[float, float]:

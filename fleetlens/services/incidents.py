@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, literal, select, union_all
@@ -25,30 +26,106 @@ from ..store.metadata import MetadataStore
 from ..store.models import Finding, Run
 from ..store.scope import Scope
 from ..store.scoped import same_tenant, scoped
-from .preserved import finding_brief
+from .preserved import FailureBrief, finding_brief
 
-__all__ = ["INCIDENT_STATES", "list_incidents"]
+__all__ = [
+    "INCIDENT_STATES",
+    "IncidentAlert",
+    "IncidentEntry",
+    "IncidentPage",
+    "WindowRef",
+    "list_incidents",
+]
 
 INCIDENT_STATES = ("open", "closed", "unalerted")
 
 
-def _alert(a: Alert, now: float) -> dict[str, Any]:
-    return {
-        "id": a.id,
-        "alertname": a.alertname,
-        "severity": a.severity,
-        "audience": a.audience,
-        "state": a.state,
-        "startsAt": a.starts_at,
-        "endsAt": a.ends_at,
-        "ageS": max(0.0, now - a.starts_at),
-        "ackedBy": a.acked_by or None,
-        "summary": a.annotations.get("summary", ""),
-        "node": a.labels.get("node") or None,
-        "gpu": a.labels.get("gpu") or None,
-        "ranks": [int(r) for r in a.labels.get("rank", "").split(",") if r.strip().isdigit()],
-        "finding": a.finding_key or None,
-    }
+@dataclass(frozen=True, slots=True)
+class IncidentAlert:
+    """An alert of an incident: its state and age, and where it points (node, GPU, ranks)."""
+
+    id: int
+    alertname: str
+    severity: str
+    audience: str
+    state: str
+    starts_at: float
+    ends_at: float | None
+    age_s: float
+    acked_by: str | None
+    summary: str
+    node: str | None
+    gpu: str | None
+    ranks: tuple[int, ...]
+    finding: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRef:
+    """A preserved failure window kept for an incident, by id, with its bounds."""
+
+    id: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentEntry:
+    """One run's trouble: an incident of the alert store (``id``), or a failure no alert rule
+    raised (``state`` unalerted, ``id`` and ``duration_s`` None)."""
+
+    key: str
+    id: int | None
+    title: str
+    severity: str
+    state: str
+    time: float
+    opened_at: float
+    closed_at: float | None
+    age_s: float
+    duration_s: float | None
+    run_id: str
+    project: str
+    job_ids: tuple[str, ...]
+    diagnosis: str | None
+    owner: str | None
+    summary: str
+    nodes: tuple[str, ...]
+    ranks: tuple[int, ...]
+    gpus: tuple[str, ...]
+    alerts: tuple[IncidentAlert, ...]
+    firing: int
+    failures: tuple[FailureBrief, ...]
+    windows: tuple[WindowRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentPage:
+    """A page of the list, newest first, and the time it was read at."""
+
+    incidents: tuple[IncidentEntry, ...]
+    limit: int
+    offset: int
+    now: float
+
+
+def _alert(a: Alert, now: float) -> IncidentAlert:
+    return IncidentAlert(
+        id=a.id,
+        alertname=a.alertname,
+        severity=a.severity,
+        audience=a.audience,
+        state=a.state,
+        starts_at=a.starts_at,
+        ends_at=a.ends_at,
+        age_s=max(0.0, now - a.starts_at),
+        acked_by=a.acked_by or None,
+        summary=a.annotations.get("summary", ""),
+        node=a.labels.get("node") or None,
+        gpu=a.labels.get("gpu") or None,
+        ranks=tuple(int(r) for r in a.labels.get("rank", "").split(",") if r.strip().isdigit()),
+        finding=a.finding_key or None,
+    )
 
 
 def _on_run(model: Any) -> Any:
@@ -71,33 +148,48 @@ def _entry(
     findings: list[Finding],
     alerts: list[Alert],
     windows: list[Preservation],
-) -> dict[str, Any]:
+    *,
+    key: str,
+    id: int | None,
+    title: str,
+    severity: str,
+    state: str,
+    at: float,
+    opened_at: float,
+    closed_at: float | None,
+    duration_s: float | None,
+) -> IncidentEntry:
     fs = [finding_brief(FindingRow.of(f)) for f in findings]
     als = [_alert(a, now) for a in alerts]
     # What failed: the failure the analysis is surest of, else the loudest alert's diagnosis.
-    top = max(fs, key=lambda f: (f["kind"] == "failure", f["confidence"]), default=None)
+    top = max(fs, key=lambda f: (f.kind == "failure", f.confidence), default=None)
     diag = next((a.labels.get("diagnosis") for a in alerts if a.labels.get("diagnosis")), None)
     owner = next((a.labels.get("owner") for a in alerts if a.labels.get("owner")), None)
-    return {
-        "runId": run.run_id,
-        "project": run.project,
-        "jobIds": _union([[f["jobId"]] for f in fs if f["jobId"]]),
-        "diagnosis": top["diagnosis"] if top else diag,
-        "owner": top["owner"] if top else owner,
-        "summary": top["summary"] if top else (als[0]["summary"] if als else ""),
-        "nodes": _union([f["nodes"] for f in fs] + [[a["node"]] for a in als if a["node"]]),
-        "ranks": sorted(_union([f["ranks"] for f in fs] + [a["ranks"] for a in als])),
-        "gpus": _union([f["gpus"] for f in fs]),
-        "alerts": als,
-        "firing": sum(1 for a in alerts if a.state == "firing"),
-        "failures": fs,
-        "windows": [{"id": p.id, "from": p.t0, "to": p.t1} for p in windows],
-        "links": {
-            "failurePage": f"/runs/{run.run_id}/failure",
-            "failure": f"/v1/runs/{run.run_id}/failure",
-            "preserved": f"/v1/runs/{run.run_id}/preserved",
-        },
-    }
+    return IncidentEntry(
+        key=key,
+        id=id,
+        title=title,
+        severity=severity,
+        state=state,
+        time=at,
+        opened_at=opened_at,
+        closed_at=closed_at,
+        age_s=max(0.0, now - at),
+        duration_s=duration_s,
+        run_id=run.run_id,
+        project=run.project,
+        job_ids=tuple(_union([[f.job_id] for f in fs if f.job_id])),
+        diagnosis=top.diagnosis if top else diag,
+        owner=top.owner if top else owner,
+        summary=top.summary if top else (als[0].summary if als else ""),
+        nodes=tuple(_union([f.nodes for f in fs] + [[a.node] for a in als if a.node])),
+        ranks=tuple(sorted(_union([f.ranks for f in fs] + [a.ranks for a in als]))),
+        gpus=tuple(_union([f.gpus for f in fs])),
+        alerts=tuple(als),
+        firing=sum(1 for a in alerts if a.state == "firing"),
+        failures=tuple(fs),
+        windows=tuple(WindowRef(id=p.id, start=p.t0, end=p.t1) for p in windows),
+    )
 
 
 class _Page:
@@ -106,7 +198,7 @@ class _Page:
     def __init__(self, s: Session, scope: Scope) -> None:
         self.s, self.scope = s, scope
 
-    def incident(self, inc: Incident, run: Run, now: float) -> dict[str, Any]:
+    def incident(self, inc: Incident, run: Run, now: float) -> IncidentEntry:
         alerts = list(
             self.s.scalars(
                 scoped(select(Alert), self.scope)
@@ -141,35 +233,41 @@ class _Page:
         )
         end = inc.closed_at if inc.closed_at is not None else now
         at = min((a.starts_at for a in alerts), default=inc.opened_at)
-        return {
-            "key": f"incident:{inc.id}",
-            "id": inc.id,
-            "title": inc.title,
-            "severity": inc.severity,
-            "state": inc.status,
-            "time": at,
-            "openedAt": inc.opened_at,
-            "closedAt": inc.closed_at,
-            "ageS": max(0.0, now - at),
-            "durationS": max(0.0, end - inc.opened_at),
-            **_entry(run, now, findings, alerts, windows),
-        }
+        return _entry(
+            run,
+            now,
+            findings,
+            alerts,
+            windows,
+            key=f"incident:{inc.id}",
+            id=inc.id,
+            title=inc.title,
+            severity=inc.severity,
+            state=inc.status,
+            at=at,
+            opened_at=inc.opened_at,
+            closed_at=inc.closed_at,
+            duration_s=max(0.0, end - inc.opened_at),
+        )
 
-    def failure(self, f: Finding, run: Run, now: float) -> dict[str, Any]:
+    def failure(self, f: Finding, run: Run, now: float) -> IncidentEntry:
         at = f.time if f.time is not None else f.first_seen
-        return {
-            "key": f"failure:{f.id}",
-            "id": None,
-            "title": f"{f.diagnosis} on run {f.run_id}: {f.summary}"[:500],
-            "severity": "none",
-            "state": "unalerted",
-            "time": at,
-            "openedAt": at,
-            "closedAt": None,
-            "ageS": max(0.0, now - at),
-            "durationS": None,
-            **_entry(run, now, [f], [], []),
-        }
+        return _entry(
+            run,
+            now,
+            [f],
+            [],
+            [],
+            key=f"failure:{f.id}",
+            id=None,
+            title=f"{f.diagnosis} on run {f.run_id}: {f.summary}"[:500],
+            severity="none",
+            state="unalerted",
+            at=at,
+            opened_at=at,
+            closed_at=None,
+            duration_s=None,
+        )
 
 
 def list_incidents(
@@ -180,7 +278,7 @@ def list_incidents(
     run_id: str | None = None,
     limit: int = 50,
     offset: int = 0,
-) -> dict[str, Any]:
+) -> IncidentPage:
     """A page of the caller's incidents, newest first (``state``: one of ``INCIDENT_STATES``;
     ``since``: opened, or failed, at or after this UNIX time)."""
     now = time.time()
@@ -242,7 +340,7 @@ def list_incidents(
         if run_id:
             fail = fail.where(Finding.run_id == run_id)
         parts.append(fail)
-    out: list[dict[str, Any]] = []
+    out: list[IncidentEntry] = []
     with metadata.session() as s:
         if parts:
             u = union_all(*parts).subquery()
@@ -267,4 +365,4 @@ def list_incidents(
             obj, run = row
             entry = details.incident if kind == "incident" else details.failure
             out.append(entry(obj, run, now))
-    return {"incidents": out, "limit": limit, "offset": offset, "now": now}
+    return IncidentPage(incidents=tuple(out), limit=limit, offset=offset, now=now)

@@ -43,7 +43,7 @@ from ..store.sched_queries import SchedQueries
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 from .goodput import GoodputQueries, program_spec
-from .scheduler import allocations
+from .scheduler import allocation_records
 
 __all__ = ["MAX_RUNS", "MIN_STEPS", "PEER_REREAD_S", "Regressions", "RunRegression"]
 
@@ -247,9 +247,9 @@ def _first_allocation(
 ) -> tuple[float, str, float, int] | None:
     """The run's first scheduler allocation that completed its gang: its wait from submission
     to gang completion, its pool, its submission time and GPUs."""
-    for a in allocations(telemetry, scope, run_id=run_id, limit=100):
-        if a["submit"] is not None and a["gangComplete"] is not None and not a["gangNeverComplete"]:
-            return a["gangComplete"] - a["submit"], a["pool"], a["submit"], a["gpus"]
+    for a in allocation_records(telemetry, scope, run_id=run_id, limit=100):
+        if a.submit is not None and a.gang_complete is not None and not a.gang_never_complete:
+            return a.gang_complete - a.submit, a.pool, a.submit, a.gpus
     return None
 
 

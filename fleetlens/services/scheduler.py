@@ -22,7 +22,7 @@ import math
 import time as _time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
@@ -39,13 +39,18 @@ from .goodput import GoodputQueries
 
 __all__ = [
     "FORMATS",
+    "Allocation",
+    "CapacityRecord",
+    "FileSummary",
     "Parsed",
-    "allocations",
+    "PoolScheduling",
+    "RunScheduling",
+    "allocation_records",
     "capacity",
     "import_records",
     "parse_records",
     "run_scheduling",
-    "scheduling_factor",
+    "run_scheduling_factor",
 ]
 
 FORMATS = ("sacct", "sinfo", "k8s", "alibaba")
@@ -159,27 +164,39 @@ def parse_records(
     return out
 
 
-def summary(parsed: Parsed) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class CapacityRecord:
+    """A pool's GPUs at a time: installed (``capacity_gpus``) and in service."""
+
+    pool: str
+    time: float
+    capacity_gpus: int
+    in_service_gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class FileSummary:
+    """What a scheduler file held; None: the file had none of it (an absent key)."""
+
+    format: str
+    stored: bool
+    allocations: int
+    capacity: list[CapacityRecord]
+    started: int | None = None
+    pending: int | None = None
+    gpus: int | None = None
+    pools: list[str] | None = None
+    run_ids: list[str] | None = None
+    pods: int | None = None
+    pending_reasons: dict[str, str] | None = None
+
+
+def summary(parsed: Parsed, stored: bool = False) -> FileSummary:
     """What a file held: allocations, jobs started and pending, GPUs, and capacity per pool."""
-    out: dict[str, Any] = {"format": parsed.format, "allocations": 0, "capacity": []}
-    a = parsed.allocations
-    if a is not None:
-        started = ~np.isnan(a.start)
-        out.update(
-            allocations=len(a),
-            started=int(started.sum()),
-            pending=int((~started).sum()),
-            gpus=int(a.gpus.sum()),
-            pools=sorted({str(p) for p in a.pool}),
-            runIds=sorted({str(r) for r in a.run_id if r}),
-        )
-        if parsed.pods:
-            out["pods"] = int(sum(parsed.pods.values()))
-        if parsed.pending_reasons:
-            out["pendingReasons"] = dict(parsed.pending_reasons)
+    capacity: list[CapacityRecord] = []
     if parsed.pools is not None:
-        out["capacity"] = [
-            {"pool": str(p), "time": float(t), "capacityGpus": int(c), "inServiceGpus": int(s)}
+        capacity = [
+            CapacityRecord(str(p), float(t), int(c), int(s))
             for p, t, c, s in zip(
                 parsed.pools.pool,
                 parsed.pools.time,
@@ -188,12 +205,28 @@ def summary(parsed: Parsed) -> dict[str, Any]:
                 strict=True,
             )
         ]
-    return out
+    a = parsed.allocations
+    if a is None:
+        return FileSummary(parsed.format, stored, 0, capacity)
+    started = ~np.isnan(a.start)
+    return FileSummary(
+        parsed.format,
+        stored,
+        len(a),
+        capacity,
+        started=int(started.sum()),
+        pending=int((~started).sum()),
+        gpus=int(a.gpus.sum()),
+        pools=sorted({str(p) for p in a.pool}),
+        run_ids=sorted({str(r) for r in a.run_id if r}),
+        pods=int(sum(parsed.pods.values())) if parsed.pods else None,
+        pending_reasons=dict(parsed.pending_reasons) if parsed.pending_reasons else None,
+    )
 
 
 def import_records(
     telemetry: TelemetryStore, scope: Scope, parsed: Parsed, batch_id: str
-) -> dict[str, Any]:
+) -> FileSummary:
     """Store a parsed file's allocations and capacity for the caller's tenant."""
     ctx = {"tenant": scope.tenant}
     if parsed.allocations is not None and len(parsed.allocations):
@@ -202,30 +235,48 @@ def import_records(
         )
     if parsed.pools is not None and len(parsed.pools.pool):
         telemetry.insert("sched_pool", pa.table(parsed.pools.columns()), ctx, f"{batch_id}-pool")
-    return {**summary(parsed), "stored": True}
+    return summary(parsed, stored=True)
 
 
 def _num(x: Any) -> float | None:
     return float(x) if x is not None and math.isfinite(float(x)) else None
 
 
-def _alloc_json(r: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A stored allocation: submit, start, gang complete (None with ``gang_never_complete``:
+    the gang never all started), release; None where unknown."""
+
+    pool: str
+    job_id: str
+    run_id: str | None
+    gpus: int
+    state: str
+    submit: float | None
+    start: float | None
+    gang_complete: float | None
+    gang_never_complete: bool
+    end: float | None
+    queue_wait_seconds: float | None
+
+
+def _allocation(r: dict[str, Any]) -> Allocation:
     start, submit = r["start"], r["submit"]
     wait = start - submit if math.isfinite(start) and math.isfinite(submit) else None
     gc = r["gang_complete"]
-    return {
-        "pool": r["pool"],
-        "jobId": r["job_id"],
-        "runId": r["run_id"] or None,
-        "gpus": int(r["gpus"]),
-        "state": r["state"],
-        "submit": _num(submit),
-        "start": _num(start),
-        "gangComplete": _num(gc if not math.isnan(gc) else start),
-        "gangNeverComplete": bool(math.isinf(gc)),
-        "end": _num(r["end"]),
-        "queueWaitSeconds": wait,
-    }
+    return Allocation(
+        pool=r["pool"],
+        job_id=r["job_id"],
+        run_id=r["run_id"] or None,
+        gpus=int(r["gpus"]),
+        state=r["state"],
+        submit=_num(submit),
+        start=_num(start),
+        gang_complete=_num(gc if not math.isnan(gc) else start),
+        gang_never_complete=bool(math.isinf(gc)),
+        end=_num(r["end"]),
+        queue_wait_seconds=wait,
+    )
 
 
 def _queries(telemetry: TelemetryStore, scope: Scope) -> SchedQueries:
@@ -249,7 +300,7 @@ def run_job_ids(telemetry: TelemetryStore, scope: Scope, run_id: str) -> list[st
     return sorted(ids)
 
 
-def allocations(
+def allocation_records(
     telemetry: TelemetryStore,
     scope: Scope,
     *,
@@ -257,63 +308,84 @@ def allocations(
     job_id: str | None = None,
     pool: str | None = None,
     limit: int = 1000,
-) -> list[dict[str, Any]]:
+) -> list[Allocation]:
     """Stored allocations, oldest submit first; ``run_id`` also finds the jobs the run carries."""
     jobs = run_job_ids(telemetry, scope, run_id) if run_id is not None else []
     rows = _queries(telemetry, scope).allocations(
         limit, run_id=run_id, jobs=jobs, job_id=job_id, pool=pool
     )
-    return [_alloc_json(r) for r in rows.to_pylist()]
+    return [_allocation(r) for r in rows.to_pylist()]
 
 
 def capacity(
     telemetry: TelemetryStore, scope: Scope, pool: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[CapacityRecord]:
     """Each pool's capacity records, in time order."""
     rows = _queries(telemetry, scope).capacity(pool).to_pylist()
     return [
-        {
-            "pool": r["pool"],
-            "time": r["time"],
-            "capacityGpus": int(r["capacity_gpus"]),
-            "inServiceGpus": int(r["in_service_gpus"]),
-        }
+        CapacityRecord(r["pool"], r["time"], int(r["capacity_gpus"]), int(r["in_service_gpus"]))
         for r in rows
     ]
 
 
-def run_scheduling(telemetry: TelemetryStore, scope: Scope, run_id: str) -> dict[str, Any] | None:
+PoolBasis = Literal["pool", "own_allocations"]
+SchedulingBasis = Literal["manual", "default", "pool", "own_allocations", "mixed"]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolScheduling:
+    """A pool a run drew from: its factor over ``[start, end]``, weighted by the GPU-time the
+    run held there."""
+
+    pool: str
+    factor: float
+    basis: PoolBasis
+    start: float
+    end: float
+    held_gpu_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunScheduling:
+    """A run's scheduling factor and where it came from; ``pools`` and ``jobs`` (None: not
+    said) only for one worked out from the run's allocations."""
+
+    factor: float
+    basis: SchedulingBasis
+    pools: list[PoolScheduling] | None = None
+    jobs: list[str] | None = None
+
+
+def run_scheduling(telemetry: TelemetryStore, scope: Scope, run_id: str) -> RunScheduling | None:
     """The run's scheduling factor from its own allocations, or None when it has none.
 
     Per pool the run drew from: that pool's scheduling goodput over the interval the run held it
     (basis ``pool``), or, without the pool's capacity, the run's own complete-gang share (basis
     ``own_allocations``); pools are weighted by the GPU-time the run held in each."""
-    rows = [
-        a
-        for a in allocations(telemetry, scope, run_id=run_id, limit=10000)
-        if a["start"] is not None
-    ]
-    if not rows:
+    rows = allocation_records(telemetry, scope, run_id=run_id, limit=10000)
+    started = [(a, a.start) for a in rows if a.start is not None]
+    if not started:
         return None
     q = GoodputQueries(telemetry, scope)
     sched = _queries(telemetry, scope)
     now = _time.time()
     total = weighted = 0.0
     pools_out = []
-    bases = set()
-    for pool in sorted({a["pool"] for a in rows}):
-        mine = [a for a in rows if a["pool"] == pool]
-        lo = min(a["start"] for a in mine)
-        hi = max(a["end"] if a["end"] is not None else now for a in mine)
-        gpus = np.array([a["gpus"] for a in mine], dtype=np.float64)
-        start = np.array([a["start"] for a in mine], dtype=np.float64)
-        end = np.array([a["end"] if a["end"] is not None else hi for a in mine], np.float64)
+    bases: set[PoolBasis] = set()
+    for pool in sorted({a.pool for a, _ in started}):
+        mine = [(a, s) for a, s in started if a.pool == pool]
+        lo = min(s for _, s in mine)
+        hi = max(a.end if a.end is not None else now for a, _ in mine)
+        gpus = np.array([a.gpus for a, _ in mine], dtype=np.float64)
+        start = np.array([s for _, s in mine], dtype=np.float64)
+        end = np.array([a.end if a.end is not None else hi for a, _ in mine], np.float64)
         gc = np.array(
-            [math.inf if a["gangNeverComplete"] else a["gangComplete"] for a in mine], np.float64
+            [math.inf if a.gang_never_complete else a.gang_complete for a, _ in mine], np.float64
         )
         held = float(np.sum(gpus * np.maximum(end - start, 0.0)))
         if held <= 0:
             continue
+        basis: PoolBasis
         if hi > lo and sched.capacity_records(pool):
             factor = q.pool_scheduling(pool, lo, hi).scheduling_goodput
             basis = "pool"
@@ -326,31 +398,22 @@ def run_scheduling(telemetry: TelemetryStore, scope: Scope, run_id: str) -> dict
         bases.add(basis)
         total += held
         weighted += held * factor
-        pools_out.append(
-            {
-                "pool": pool,
-                "factor": factor,
-                "basis": basis,
-                "from": lo,
-                "to": hi,
-                "heldGpuSeconds": held,
-            }
-        )
+        pools_out.append(PoolScheduling(pool, factor, basis, lo, hi, held))
     if total <= 0:
         return None
-    return {
-        "factor": weighted / total,
-        "basis": bases.pop() if len(bases) == 1 else "mixed",
-        "pools": pools_out,
-        "jobs": sorted({a["jobId"] for a in rows}),
-    }
+    return RunScheduling(
+        weighted / total,
+        bases.pop() if len(bases) == 1 else "mixed",
+        pools_out,
+        sorted({a.job_id for a, _ in started}),
+    )
 
 
-def scheduling_factor(
+def run_scheduling_factor(
     telemetry: TelemetryStore, scope: Scope, run_id: str, manual: float | None = None
-) -> dict[str, Any]:
+) -> RunScheduling:
     """The scheduling factor a run's goodput uses: ``manual`` when given, else the one from the
     run's own allocations (:func:`run_scheduling`), else 1 (``default``: no records)."""
     if manual is not None:
-        return {"factor": float(manual), "basis": "manual"}
-    return run_scheduling(telemetry, scope, run_id) or {"factor": 1.0, "basis": "default"}
+        return RunScheduling(float(manual), "manual")
+    return run_scheduling(telemetry, scope, run_id) or RunScheduling(1.0, "default")
