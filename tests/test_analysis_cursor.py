@@ -27,7 +27,13 @@ pytestmark = pytest.mark.unit
 # straggler state went with ``done``.
 V1 = {
     "jobs": {
-        "run-a0": {"done": 199, "cusum": {"world": 4}, "t": [1.0, 2.0], "steps": [0, 199]},
+        "run-a0": {
+            "done": 199,
+            "cusum": {"world": 4},
+            "t": [1.0, 2.0],
+            "steps": [0, 199],
+            "tail": [199, 3, 2],  # before version 3: passes over an unchanged tail
+        },
         "run-a1": {"done": 19},
     },
     "bl_compute": {"n": 3},
@@ -38,15 +44,16 @@ def test_a_version_1_cursor_is_read_into_the_current_shape() -> None:
     stored = copy.deepcopy(V1)
     state = migrate(stored)
     assert stored == V1  # the stored state is not touched
-    assert state["version"] == VERSION == 2
+    assert state["version"] == VERSION == 3
     a0, a1 = state["jobs"]["run-a0"], state["jobs"]["run-a1"]
     assert (a0["blocked"], a0["sealed"]) == (199, 199)  # analysed through 199: not again
     assert a1["blocked"] == 19 and "sealed" not in a1  # its straggler scan never ran
+    assert "tail" not in a0  # the loop comes back on arrival, not for counted passes
     assert state["coll"] == {} and state["bl_compute"] == {"n": 3}
     assert migrate(state) == state  # the current shape goes through unchanged
 
 
-@pytest.mark.parametrize("version", [3, 99, "2"])
+@pytest.mark.parametrize("version", [4, 99, "2"])
 def test_a_cursor_this_server_cannot_read_is_refused_by_name(version: object) -> None:
     with pytest.raises(CursorVersionError, match=f"version {version!r}.*up to {VERSION}"):
         migrate({"version": version, "jobs": {}})
@@ -83,15 +90,19 @@ def test_an_old_cursor_resumes_and_a_newer_ones_run_waits(
     del v1["version"]
     for js in v1["jobs"].values():
         del js["blocked"]
-    bench.store.save_cursor(tenant, run_id, -1.0, v1)
+    bench.store.save_cursor(tenant, run_id, -1.0, v1, 0)  # an older server's: no count
     analyze_once(bench.tel, bench.store, time.time(), AnalyzerConfig(max_steps=100))
-    assert _state(bench, tenant, run_id)["jobs"] == state["jobs"]
+    # (Its late scalars are looked at again: the old cursor had no count of arrivals.)
+    resumed = _state(bench, tenant, run_id)["jobs"]
+    assert {j: {k: v for k, v in js.items() if k != "sc"} for j, js in resumed.items()} == {
+        j: {k: v for k, v in js.items() if k != "sc"} for j, js in state["jobs"].items()
+    }
     # A newer server's state (here its attempts under another key): not read as an empty
     # cursor and analysed again from the first step over it, but left as stored, and said.
     newer = {"version": VERSION + 1, "attempts": state["jobs"]}
-    bench.store.save_cursor(tenant, run_id, -1.0, newer)
+    bench.store.save_cursor(tenant, run_id, -1.0, newer, 0)
     with caplog.at_level(logging.WARNING, logger="fleetlens.analyzer"):
         for _ in range(2):
             analyze_once(bench.tel, bench.store, time.time(), AnalyzerConfig(max_steps=100))
     assert _state(bench, tenant, run_id) == newer
-    assert f"run {run_id} not analysed: the analysis cursor is version 3" in caplog.text
+    assert f"run {run_id} not analysed: the analysis cursor is version 4" in caplog.text

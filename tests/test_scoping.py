@@ -146,7 +146,8 @@ def test_findings_cursors_and_baselines(meta: MetadataStore) -> None:
     findings.save_baseline("acme", "sig", "step", {"p50": 1.0})
     assert findings.baseline("bolt", "sig", "step") == {}
     assert findings.baseline("acme", "sig", "step") == {"p50": 1.0}
-    findings.save_cursor("acme", "r1", 2.0, {"n": 1})
+    (read,) = [r for r in findings.runs_with_new_data() if (r.tenant, r.run_id) == ("acme", "r1")]
+    findings.save_cursor("acme", "r1", 2.0, {"n": 1}, read.arrivals)
     # The loop's scan crosses tenants on purpose: bolt's r1 is still new after acme's cursor.
     new = {(r.tenant, r.run_id) for r in findings.runs_with_new_data()}
     assert ("bolt", "r1") in new and ("acme", "r1") not in new

@@ -71,7 +71,7 @@ __all__ = ["analyze_once", "analyze_run"]
 log = logging.getLogger("fleetlens.analyzer")
 
 DEFAULTS = AnalyzerConfig()
-_TAIL_PASSES = 10  # passes a run with an incomplete, unchanged step tail is still revisited
+_SETTLE_ARRIVALS = 10  # arrivals an older attempt's late scalars are still looked at after
 
 
 def analyze_once(
@@ -93,7 +93,8 @@ def analyze_once(
             continue
         out += store.upsert(run.tenant, run.run_id, found)
         out += store.upsert(run.tenant, run.run_id, stragglers, replace_kind="straggler")
-        store.save_cursor(run.tenant, run.run_id, -1.0 if pending else run.last_seen, state)
+        seen = -1.0 if pending else run.last_seen
+        store.save_cursor(run.tenant, run.run_id, seen, state, run.arrivals)
     return out
 
 
@@ -152,7 +153,8 @@ def analyze_run(
             nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
             late, watching = late_hardware(q, run.run_id, now, job, events, nxt, cfg.device_lag_s)
             ctx.found += late
-            watch = _late_scalars(ctx, job, js, i + 1 == len(jobs)) or watching or watch
+            _late_scalars(ctx, job, js, i + 1 == len(jobs))
+            watch = watching or watch
             continue
         lo = int(js["done"]) + 1
         per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
@@ -189,7 +191,7 @@ def analyze_run(
         # that never completed) still belongs to the last job.
         _instability(ctx, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62)
         if hi == job.last_step:
-            js["sc"], watch = [-1, 0], True  # its scalars may still come: _late_scalars
+            js["sc"] = [-1, 0]  # its scalars may still come: _late_scalars
             ctx.found += find_hangs(ctx.q, ctx.run, cfg, now, job, m, place, events, nxt)
             watch = watch or device_window(now, job, events, nxt, cfg.device_lag_s) is not None
         js["done"] = hi
@@ -277,18 +279,13 @@ def _advance_stragglers(
     js["cusum"] = rs.to_json()
     js["sealed"] = (hi if k == len(ok) else int(m.steps[k]) - 1) if k else sealed
     if k == len(ok):
-        js.pop("tail", None)
         return hi < job.last_step
     # The incomplete tail, from a copy of the committed state. Rows that complete it may be
-    # older than the run's newest data, so they do not move ``last_seen``: the run asks for
-    # another pass while its tail keeps changing (and a few passes after, then rests).
+    # older than the run's newest data; their arrival brings the run back to the loop.
     tails[job.job_id] = scan_stragglers(
         m.steps[k:], compute[k:], RankState.from_json(js["cusum"], m.world)
     )
-    sig = [js["sealed"], int(np.isfinite(m.compute[k:]).sum())]
-    idle = js["tail"][2] + 1 if js.get("tail", [None, None])[:2] == sig else 0
-    js["tail"] = [*sig, idle]
-    return hi < job.last_step or idle < _TAIL_PASSES
+    return hi < job.last_step
 
 
 def _advance_blocks(
@@ -444,16 +441,17 @@ def _episode(coll: dict[str, Any], job: JobSpan, s0: int, s1: int) -> str:
     return str(coll["key"])
 
 
-def _late_scalars(ctx: _Ctx, job: JobSpan, js: dict[str, Any], newest: bool) -> bool:
+def _late_scalars(ctx: _Ctx, job: JobSpan, js: dict[str, Any], newest: bool) -> None:
     """Scalars of an attempt whose last window was judged may come later (an importer sends
-    steps, then scalars), older than the run's newest record: judged again while they change,
-    and :data:`_TAIL_PASSES` passes after; True while that lasts (asks for another pass)."""
+    steps, then scalars; a loss logged after its step's row), older than the run's newest
+    record. Judged again on each pass that data of the run arrived (whenever that is): the
+    newest attempt's always, an older one's while they change and :data:`_SETTLE_ARRIVALS`
+    arrivals after."""
     seen = js.get("sc")
-    if seen is None or seen[1] >= _TAIL_PASSES:
-        return False
+    if seen is None or not ctx.run.arrived or (not newest and seen[1] >= _SETTLE_ARRIVALS):
+        return
     n = _instability(ctx, job, job.last_step + 1, 2**62 if newest else job.last_step)
     js["sc"] = [n, seen[1] + 1 if n == seen[0] else 0]
-    return bool(js["sc"][1] < _TAIL_PASSES)
 
 
 def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> int:

@@ -3,7 +3,7 @@
 The state is JSON in the metadata store (``AnalysisCursor.state``): per job attempt, how far it
 was analysed (``done``), how far its blocks were judged (``blocked``), the steps its straggler
 state is committed through (``sealed``), its ranks' CUSUM and episodes (``cusum``), its
-incomplete tail (``tail``), hot racks (``hot``) and, in a pipeline-parallel job, its stages'
+hot racks (``hot``) and, in a pipeline-parallel job, its stages'
 compute over the judged blocks (``stages``, absent until the first: an optional key, read
 with a default, so no version bump); per run, the last slow-collective episode (``coll``) and
 the workload baselines (``bl_compute``, ``bl_transfer``).
@@ -24,9 +24,11 @@ from ..errors import FleetlensError
 
 __all__ = ["VERSION", "CursorVersionError", "migrate"]
 
-VERSION = 2
+VERSION = 3
 """1: no version key; blocks went with ``done``, the straggler state with ``done`` (no
-``sealed``). 2: ``blocked`` and ``sealed`` per attempt, ``jobs`` and ``coll`` always present."""
+``sealed``). 2: ``blocked`` and ``sealed`` per attempt, ``jobs`` and ``coll`` always present.
+3: no ``tail`` per attempt (the passes an unchanged incomplete tail was revisited: the loop now
+comes back to a run when its data arrives)."""
 
 
 class CursorVersionError(FleetlensError):
@@ -48,6 +50,9 @@ def migrate(state: Mapping[str, Any]) -> dict[str, Any]:
             js.setdefault("blocked", js["done"])
             if "cusum" in js:
                 js.setdefault("sealed", js["done"])
+    if version < 3:
+        for js in jobs.values():
+            js.pop("tail", None)
     s.setdefault("coll", {})
     s["version"] = VERSION
     return s

@@ -74,9 +74,14 @@ class RunToAnalyze:
         world: int,
         config: dict[str, Any],
         state: dict[str, Any],
+        arrivals: int = 0,
+        arrived: bool = True,
     ) -> None:
         self.tenant, self.run_id, self.last_seen = tenant, run_id, last_seen
         self.world, self.config, self.state = world, config, state
+        # The run's registry writes when read, and whether any came since the last pass
+        # (data arrived, whatever its times: an import's scalars, a rank's late rows).
+        self.arrivals, self.arrived = arrivals, arrived
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,9 @@ class FindingsStore:
 
     # ---- the loop's side ------------------------------------------------------------------
     def runs_with_new_data(self, limit: int = 50) -> list[RunToAnalyze]:
-        """Runs whose ``last_seen`` moved since the loop's last pass over them (oldest first)."""
+        """Runs with data that arrived since the loop's last pass over them (oldest first): their
+        ``last_seen`` moved, or their registry was written (older data came), or the last pass
+        asked for another."""
         with self._session() as s:
             rows = s.execute(
                 all_tenants(select(Run, AnalysisCursor))
@@ -144,7 +151,11 @@ class FindingsStore:
                     AnalysisCursor,
                     same_tenant(AnalysisCursor, Run) & (AnalysisCursor.run_id == Run.run_id),
                 )
-                .where((AnalysisCursor.id.is_(None)) | (Run.last_seen > AnalysisCursor.seen_last))
+                .where(
+                    (AnalysisCursor.id.is_(None))
+                    | (Run.last_seen > AnalysisCursor.seen_last)
+                    | (Run.arrivals != AnalysisCursor.arrivals_seen)
+                )
                 .order_by(Run.last_seen)
                 .limit(limit)
             ).all()
@@ -156,14 +167,23 @@ class FindingsStore:
                     r.world_size,
                     dict(r.config or {}),
                     dict(c.state or {}) if c is not None else {},
+                    r.arrivals,
+                    c is None or r.arrivals != c.arrivals_seen,
                 )
                 for r, c in rows
             ]
 
     def save_cursor(
-        self, tenant: str, run_id: str, seen_last: float, state: dict[str, Any]
+        self,
+        tenant: str,
+        run_id: str,
+        seen_last: float,
+        state: dict[str, Any],
+        arrivals: int,
     ) -> None:
-        """Store the loop's state; ``seen_last`` -1 asks for another pass (work left over)."""
+        """Store the loop's state; ``seen_last`` -1 asks for another pass (work left over);
+        ``arrivals`` is the run's count of registry writes the pass read (a write after it
+        brings the run back)."""
         with self._session() as s:
             c = s.scalars(
                 scoped(select(AnalysisCursor), tenant).where(AnalysisCursor.run_id == run_id)
@@ -175,12 +195,14 @@ class FindingsStore:
                         tenant=tenant,
                         run_id=run_id,
                         seen_last=seen_last,
+                        arrivals_seen=arrivals,
                         state=state,
                         updated_at=now,
                     )
                 )
             else:
                 c.seen_last, c.state, c.updated_at = seen_last, state, now
+                c.arrivals_seen = arrivals
 
     def upsert(
         self,

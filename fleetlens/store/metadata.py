@@ -214,9 +214,12 @@ class MetadataStore:
                 last_step=step,
                 world_size=world_size,
                 config={},
+                arrivals=1,
             )
             s.add(run)
         else:
+            # In SQL, so that two collectors writing at once both count (row-locked increment).
+            run.arrivals = Run.arrivals + 1
             run.first_seen = min(run.first_seen, first)
             run.last_seen = max(run.last_seen, last)
             run.last_step = max(run.last_step, step)

@@ -36,6 +36,9 @@ class Run(Base):
     last_step: Mapped[int] = mapped_column(BigInteger, default=-1)
     world_size: Mapped[int] = mapped_column(Integer, default=0)
     config: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    # Bumped by every registry write of the run (data of it arrived, whatever its times): what
+    # the analysis loop compares with its cursor's ``arrivals_seen`` to revisit the run.
+    arrivals: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class Job(Base):
@@ -171,6 +174,7 @@ class AnalysisCursor(Base):
     tenant: Mapped[str] = mapped_column(String(256), index=True)
     run_id: Mapped[str] = mapped_column(String(256))
     seen_last: Mapped[float] = mapped_column(Float, default=0.0)
+    arrivals_seen: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     state: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
     updated_at: Mapped[float] = mapped_column(Float)
 
