@@ -82,7 +82,7 @@ STEP_S, SLOW_RANK, TOKENS_PER_RANK = 2.0, 777, 4096
 
 LAUNCH = """
 import sys, uvicorn
-from fleetlens.server import create_app
+from fleetlens.server import create_app, settle_heap
 from fleetlens.config import ServerConfig
 cfg = ServerConfig.resolve({"data_dir": sys.argv[1], "port": int(sys.argv[2]), "host": "127.0.0.1",
                            "analysis_interval_s": 86400.0})
@@ -92,6 +92,7 @@ if not any(getattr(r, "path", "") == "/oncall" for r in app.routes):
     from fleetlens.ui.pages import router as pages_router
     app.include_router(portal_router)
     app.include_router(pages_router)
+settle_heap()  # as fleetlens serve does
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 

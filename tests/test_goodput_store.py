@@ -97,18 +97,18 @@ def test_goodput_window_and_config_spec(store: ChdbStore) -> None:
     _events(store, "a0", [(0.0, "job_start")])
     end = _steps(store, "a0", range(0, 360), 0.0)
     w = goodput_window(store, "default", "r1", 600.0, end)
-    assert w["windowSeconds"] == 600.0
-    assert w["runtimeGoodput"] == pytest.approx(0.9)  # 1 s input wait per 10 s step
-    assert not w["instrumentationHole"]
+    assert w.window_s == 600.0
+    assert w.runtime_goodput == pytest.approx(0.9)  # 1 s input wait per 10 s step
+    assert not w.instrumentation_hole
     # A window past the run's end is all unaccounted: the hole shows.
     late = goodput_window(store, "default", "r1", 600.0, end + 3600)
-    assert late["instrumentationHole"]
+    assert late.instrumentation_hole
     # A run younger than the window: the window begins at its first record (it read about 0%
     # for a live job's first minutes, the time before it began counted as held).
     young = goodput_window(store, "default", "r1", 2 * end + 3600, end)
-    assert young["runtimeGoodput"] < 0.5
+    assert young.runtime_goodput < 0.5
     started = goodput_window(store, "default", "r1", 2 * end + 3600, end, started=0.0)
-    assert started["from"] == 0.0 and started["runtimeGoodput"] == pytest.approx(0.9, abs=0.01)
+    assert started.start == 0.0 and started.runtime_goodput == pytest.approx(0.9, abs=0.01)
     with pytest.raises(ValueError, match="positive"):
         goodput_window(store, "default", "r1", 0.0, end)
     spec = program_spec({"n_params": 7e9, "accelerator": "H100-SXM", "recompute": "full"})

@@ -736,13 +736,13 @@ def test_step_buckets_and_summary_count_a_replayed_step_at_its_latest_attempt() 
     assert per_step.step.tolist() == [0, 1, 2, 3, 4, 5]
     assert per_step.job_id.tolist() == ["a", "a", "b", "b", "b", "b"]
     buckets = step_buckets(per_step, 0, 5, 2)  # two buckets of three steps
-    assert [b["step"] for b in buckets] == [0, 3]
-    assert [b["steps"] for b in buckets] == [3, 3]
-    assert [(b["min"], b["p50"], b["max"]) for b in buckets] == [(1.0, 2.0, 3.0), (1.0, 2.0, 5.0)]
-    assert [b["computeMax"] for b in buckets] == [1.1667, 1.8333]
-    assert [b["t"] for b in buckets] == [100.0, 113.0]
-    assert [b["tokens"] for b in buckets] == [300, 300]
-    assert buckets[0]["tokensPerSecond"] == round(300 / 6.0, 1)
+    assert [b.step for b in buckets] == [0, 3]
+    assert [b.steps for b in buckets] == [3, 3]
+    assert [(b.min, b.p50, b.max) for b in buckets] == [(1.0, 2.0, 3.0), (1.0, 2.0, 5.0)]
+    assert [b.compute_max for b in buckets] == [1.1667, 1.8333]
+    assert [b.t for b in buckets] == [100.0, 113.0]
+    assert [b.tokens for b in buckets] == [300, 300]
+    assert buckets[0].tokens_per_second == round(300 / 6.0, 1)
     summary = run_summary(per_step, {"loss": 2.5}, window=4)
     assert summary["steps"] == 6 and summary["step"] == 5
     assert summary["tokensProcessed"] == 600 and summary["worldSize"] == 8

@@ -18,6 +18,7 @@ reads a newer server's answer with keys it does not know yet.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,6 +26,8 @@ from pydantic.alias_generators import to_camel
 
 if TYPE_CHECKING:  # the client decodes with these models and needs only pydantic
     from ..analysis.contract import Contract
+    from ..services.runs_types import RankFigures, RankHardware
+    from ..services.runs_types import TimelineItem as TimelineItemValue
     from ..store.metadata import RunInfo
 
 __all__ = [
@@ -48,6 +51,9 @@ __all__ = [
     "TimelineItem",
     "TimelineMetricOut",
     "TimelineOut",
+    "attrs_doc",
+    "timeline_doc",
+    "timeline_out",
 ]
 
 
@@ -55,6 +61,17 @@ class ApiModel(BaseModel):
     """snake_case in Python, camelCase on the wire; unknown keys refused."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+@cache
+def _fields(model: type[ApiModel]) -> tuple[tuple[str, str], ...]:
+    return tuple((name, f.alias or name) for name, f in model.model_fields.items())
+
+
+def attrs_doc(model: type[ApiModel], value: object, skip: str = "") -> dict[str, Any]:
+    """``value``'s attributes named as ``model``'s fields (but ``skip``), keyed and ordered as
+    ``model``'s JSON: what a document sent without validation (msgspec) holds of ``value``."""
+    return {alias: getattr(value, name) for name, alias in _fields(model) if name != skip}
 
 
 # ---- runs ---------------------------------------------------------------------------------
@@ -306,6 +323,11 @@ class RankHardwareOut(ApiModel):
     ib_errors_per_s: float | None = Field(None, description="InfiniBand port errors per second")
     rdma_retries_per_s: float | None = Field(None, description="RDMA retries per second")
 
+    @classmethod
+    def doc(cls, h: RankHardware) -> dict[str, Any]:
+        """``h`` as JSON (the portal's documents sent by msgspec embed it)."""
+        return attrs_doc(cls, h)
+
 
 class RankOut(ApiModel):
     rank: int
@@ -325,6 +347,19 @@ class RankOut(ApiModel):
     hardware: RankHardwareOut | None = Field(
         default=None, description="absent when no rank of the answer has a known node"
     )
+
+    @classmethod
+    def of(cls, r: RankFigures) -> RankOut:
+        return cls.model_validate(cls.doc(r))
+
+    @classmethod
+    def doc(cls, r: RankFigures) -> dict[str, Any]:
+        """``r`` as JSON (sent by msgspec in the portal's heatmap: no validation on that path);
+        ``hardware`` only where it was looked up."""
+        out = attrs_doc(cls, r, skip="hardware")
+        if r.hardware_read:
+            out["hardware"] = None if r.hardware is None else RankHardwareOut.doc(r.hardware)
+        return out
 
 
 class RanksOut(ApiModel):
@@ -368,6 +403,17 @@ class TimelineMetricOut(ApiModel):
 
 
 TimelineItem = Annotated[TimelineEventOut | TimelineMetricOut, Field(discriminator="source")]
+
+
+def timeline_doc(item: TimelineItemValue) -> dict[str, Any]:
+    """A timeline item as JSON (the portal's documents, sent by msgspec, embed these)."""
+    return attrs_doc(TimelineEventOut if item.source == "event" else TimelineMetricOut, item)
+
+
+def timeline_out(item: TimelineItemValue) -> TimelineEventOut | TimelineMetricOut:
+    model: type[TimelineEventOut | TimelineMetricOut]
+    model = TimelineEventOut if item.source == "event" else TimelineMetricOut
+    return model.model_validate(attrs_doc(model, item))
 
 
 class TimelineOut(ApiModel):

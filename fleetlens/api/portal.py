@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Annotated, Any
 
 import anyio
@@ -24,12 +25,10 @@ from fastapi.responses import Response
 from ..analysis.layout import layout_of
 from ..analysis.ranks import CusumParams
 from ..remediation.controller import ACTIVE
-from ..services.goodput import program_spec
-from ..services.portal import HEATMAP_ROWS_BUDGET, PortalQueries, run_summary, step_buckets
-from ..services.portal_costs import finding_costs
+from ..services.portal import HEATMAP_ROWS_BUDGET, PortalQueries, run_overview
 from ..services.portal_rank import RankQueries
-from ..services.runs import RunQueries, completion, declared_world
-from ..services.scheduler import run_scheduling_factor
+from ..services.portal_types import RunOverview
+from ..services.runs import RunQueries
 from ..services.series import SeriesQueries
 from ..store.findings import FindingsStore
 from ..store.scope import Scope
@@ -37,22 +36,26 @@ from .auth import ERROR_RESPONSES, require
 from .findings import finding_json
 from .goodput import advice
 from .goodput_models import BreakdownOut, FactorsOut
+from .models import RankOut, timeline_doc, timeline_out
 from .portal_json import Clock, json_response
 from .portal_models import (
     FailurePageOut,
     FindingCostOut,
     HeatmapOut,
+    HeatmapRowsOut,
     OverviewOut,
+    PhaseBucketOut,
+    PlacementOut,
+    PortalEventOut,
     RankDetailOut,
     RankedFindingOut,
     ScalarPointOut,
+    StepBucketOut,
 )
 from .remediation import action_views
 from .runs import run_json, summary_mfu_out
 
 __all__ = ["router"]
-
-TIMELINE_STEPS = 5_000
 
 router = APIRouter(prefix="/v1", tags=["portal"], responses=ERROR_RESPONSES)
 Reader = Annotated[Scope, Depends(require("read"))]
@@ -145,6 +148,40 @@ def _window(hi_lo: tuple[int, int, int], world: int, heat_steps: int | None) -> 
     return max(lo, hi - span + 1), hi
 
 
+def _overview_doc(ov: RunOverview, generated: float) -> dict[str, Any]:
+    """The overview's JSON up to its findings (sent by msgspec, not validated: the portal's
+    speed; :class:`OverviewOut` documents it)."""
+    info, summary = ov.info, ov.summary
+    out: dict[str, Any] = {"run": run_json(info), "generatedAt": generated}
+    out["run"]["config"] = info.config
+    out["summary"] = summary
+    out["layout"] = ov.layout.to_json() if ov.layout else None
+    # MFU as GET /v1/runs/{id} has it (or why there is none)
+    out["mfu"] = summary_mfu_out(info.config or {}, summary).model_dump(by_alias=True)
+    st = ov.steps
+    if st is None:
+        return out
+    w = st.window
+    out["window"] = {
+        "fromStep": w.from_step,
+        "toStep": w.to_step,
+        "runFromStep": w.run_from_step,
+        "runToStep": w.run_to_step,
+    }
+    out["stepSeries"] = [StepBucketOut.doc(b) for b in st.step_series]
+    out["scalars"] = {
+        name: [ScalarPointOut.doc(p) for p in series] for name, series in st.scalars.items()
+    }
+    out["goodput"] = {
+        "breakdown": BreakdownOut.of(st.breakdown).model_dump(by_alias=True),
+        "factors": FactorsOut.of(st.factors).model_dump(by_alias=True),
+        "program": st.program,
+        "advice": advice(st.breakdown, st.factors, None),
+    }
+    out["timeline"] = [timeline_doc(i) for i in st.timeline]
+    return out
+
+
 @router.get(
     "/runs/{run_id}/overview",
     summary="What the run page draws on first paint, downsampled to the pixels shown",
@@ -168,65 +205,25 @@ async def overview(
 
     def work() -> Response:
         clock = Clock()
-        info = svc.metadata.get_run(scope, run_id)
-        pq = PortalQueries(svc.telemetry, scope)
-        out: dict[str, Any] = {"run": run_json(info), "generatedAt": time.time()}
-        out["run"]["config"] = info.config
-        clock.mark("run")
-        # One read of the rollup serves the summary, the step series and the goodput.
-        executions = pq.executions(run_id)
-        per_step = executions.latest()
-        clock.mark("steps")
-        latest = pq.latest_scalars(run_id)
-        summary = declared_world(run_summary(per_step, latest), svc.metadata.jobs(scope, run_id))
-        out["summary"] = summary
-        lay = layout_of(info.config or {}, int(summary.get("worldSize") or info.world_size or 0))
-        out["layout"] = lay.to_json() if lay else None
-        # MFU as GET /v1/runs/{id} has it (or why there is none)
-        out["mfu"] = summary_mfu_out(info.config or {}, summary).model_dump(by_alias=True)
-        clock.mark("summary")
-        if not len(per_step):
-            return json_response(request, out, clock)
-        first, last = int(per_step.step[0]), int(per_step.step[-1])
-        lo = first if from_step is None else max(first, from_step)
-        hi = last if to_step is None else min(last, to_step)
-        out["window"] = {"fromStep": lo, "toStep": hi, "runFromStep": first, "runToStep": last}
-        out["stepSeries"] = step_buckets(per_step, lo, hi, points)
-        clock.mark("stepSeries")
-        names = [n for n in latest if n in SCALARS or len(latest) < 6]
-        out["scalars"] = pq.scalar_series(run_id, names, lo, hi, points)
-        clock.mark("scalars")
-        sched = run_scheduling_factor(svc.telemetry, scope, run_id)  # as GET .../goodput has it
-        bd, f, meta = pq.run_goodput(
-            run_id, executions, program_spec(info.config or {}), sched.factor
+        generated = time.time()
+        ov = run_overview(
+            svc.metadata, svc.telemetry, scope, run_id, points, from_step, to_step, clock.mark
         )
-        out["goodput"] = {
-            "breakdown": BreakdownOut.of(bd).model_dump(by_alias=True),
-            "factors": FactorsOut.of(f).model_dump(by_alias=True),
-            "program": meta,
-            "advice": advice(bd, f, None),
-        }
-        clock.mark("goodput")
-        # The recent part on first paint; the page asks /timeline for any other window.
-        rq = RunQueries(svc.telemetry, scope)
-        out["timeline"] = [
-            i for i in rq.timeline(run_id, max(lo, hi - TIMELINE_STEPS + 1), hi) if i["source"]
-        ][:2000]
-        clock.mark("timeline")
-        found = FindingsStore(svc.metadata).rows(scope, run_id, None)
-        # Most costly first, each with its share of the breakdown's loss lines.
-        devices = float(meta.get("devices") or info.world_size or 0)
-        ranked, unattributed = finding_costs(found, bd, executions, devices)
+        out = _overview_doc(ov, generated)
+        st = ov.steps
+        if st is None:
+            return json_response(request, out, clock)
+        clock.mark("document")
         out["findings"] = [
             RankedFindingOut.doc(r, finding_json(r.finding), _recommend(r.finding.diagnosis))
-            for r in ranked
+            for r in st.findings
         ]
-        out["goodput"]["unattributed"] = FindingCostOut.doc(unattributed)
+        out["goodput"]["unattributed"] = FindingCostOut.doc(st.unattributed)
         out["alerts"] = svc.alert_store.list(scope, None, run_id, 50)
         clock.mark("findings")
         out["remediations"] = _remediations(svc, scope, run_id)
         clock.mark("remediation")
-        out["completion"] = completion(info.config or {}, summary, info.status)
+        out["completion"] = st.completion
         return json_response(request, out, clock)
 
     return await anyio.to_thread.run_sync(work)
@@ -270,12 +267,16 @@ async def heatmap(
         out = {"runId": run_id, **pq.heatmap(run_id, lo, hi, rng[2], ranks, steps)}
         clock.mark("heatmap")
         # Per row, the rank its click opens and where that rank ran (the hover names them).
-        out["rowRanks"] = RankQueries(svc.telemetry, scope).rows(run_id, out.pop("rowRank"))
+        rows = RankQueries(svc.telemetry, scope).rows(run_id, out.pop("rowRank"))
+        out["rowRanks"] = HeatmapRowsOut.doc(rows)
         clock.mark("rows")
         if slowest:
-            out["slowestRanks"] = RunQueries(svc.telemetry, scope).ranks(
-                run_id, lo, hi, "compute", True, slowest
-            )
+            out["slowestRanks"] = [
+                RankOut.doc(r)
+                for r in RunQueries(svc.telemetry, scope).ranks(
+                    run_id, lo, hi, "compute", True, slowest
+                )
+            ]
             clock.mark("ranks")
         return json_response(request, out, clock)
 
@@ -296,7 +297,7 @@ async def rank_detail(
     from_step: Annotated[int | None, Query(alias="fromStep", ge=0, le=2**62)] = None,
     to_step: Annotated[int | None, Query(alias="toStep", ge=0, le=2**62)] = None,
     points: Annotated[int, Query(ge=10, le=2000)] = 300,
-) -> dict[str, Any]:
+) -> RankDetailOut:
     """The heatmap's click-through (the run's whole step range unless a window is given): the
     rank's mean phase timings per step bucket next to the mean rank's compute, for each job
     attempt that placed it, its node and GPU with the GPU's samples while it ran there, and
@@ -306,7 +307,7 @@ async def rank_detail(
     if from_step is not None and to_step is not None and from_step > to_step:
         raise HTTPException(400, f"fromStep {from_step} is after toStep {to_step}")
 
-    def work() -> dict[str, Any]:
+    def work() -> RankDetailOut:
         info = svc.metadata.get_run(scope, run_id)
         rng = PortalQueries(svc.telemetry, scope).step_range(run_id)
         out: dict[str, Any] = {"runId": run_id, "rank": rank, "phases": [], "placements": []}
@@ -314,19 +315,22 @@ async def rank_detail(
         if lay is not None and rank < lay.world:  # where the rank sits in the parallel layout
             out["layout"], out["coords"] = lay.to_json(), lay.coords(rank)
         if rng is None:
-            return out
+            return RankDetailOut.model_validate(out)
         lo = rng[0] if from_step is None else from_step
         hi = rng[1] if to_step is None else to_step
         rq = RankQueries(svc.telemetry, scope)
-        out.update(fromStep=lo, toStep=hi, phases=rq.phases(run_id, rank, lo, hi, points))
+        phases = [PhaseBucketOut.of(b) for b in rq.phases(run_id, rank, lo, hi, points)]
+        out.update(fromStep=lo, toStep=hi, phases=phases)
         span = rq.time_span(run_id, lo, hi)
         places = rq.placements(run_id, rank)
-        ends = [p["time"] for p in places[1:]] + [math.inf] * bool(places)
+        ends = [p.time for p in places[1:]] + [math.inf] * bool(places)
+        placed = []
         for p, end in zip(places, ends, strict=True):
-            a, b = (max(p["time"], span[0] - 60), min(end, span[1] + 60)) if span else (0, -1)
-            p["samples"] = rq.gpu_samples(p["node"], p["gpu"], a, b, points) if a < b else []
-        out["placements"] = places
-        return out
+            a, b = (max(p.time, span[0] - 60), min(end, span[1] + 60)) if span else (0, -1)
+            samples = rq.gpu_samples(p.node, p.gpu, a, b, points) if a < b else []
+            placed.append(PlacementOut.of(p, samples))
+        out["placements"] = placed
+        return RankDetailOut.model_validate(out)
 
     return await anyio.to_thread.run_sync(work)
 
@@ -346,11 +350,15 @@ async def failure(request: Request, run_id: str, scope: Reader) -> dict[str, Any
         pq = PortalQueries(svc.telemetry, scope)
         findings = [finding_json(f) for f in FindingsStore(svc.metadata).rows(scope, run_id)]
         events = pq.events(FAILURE_KINDS, 0.0, run_id, 50)
-        failed = next((e for e in events if e["kind"] != "restart"), None)
+        failed = next((e for e in events if e.kind != "restart"), None)
         rng = pq.step_range(run_id)
         top = max(findings, key=lambda f: (f["kind"] == "failure", f["confidence"]), default=None)
-        at = (failed or {}).get("step") or (top or {}).get("step")
-        out: dict[str, Any] = {"run": run_json(info), "failure": failed, "cause": None}
+        at = (failed.step if failed else None) or (top or {}).get("step")
+        out: dict[str, Any] = {
+            "run": run_json(info),
+            "failure": PortalEventOut.of(failed) if failed else None,
+            "cause": None,
+        }
         # Findings imported without telemetry (Flight Recorder dumps) show without steps too.
         if top is not None:
             out["cause"] = {
@@ -372,28 +380,27 @@ async def failure(request: Request, run_id: str, scope: Reader) -> dict[str, Any
             for n in sq.names(run_id)
             if n.name in SCALARS
         }
-        out["stepTime"] = pq.step_series(run_id, lo, at, 5)
+        out["stepTime"] = [StepBucketOut.of(b) for b in pq.step_series(run_id, lo, at, 5)]
         # Implicated: the failing rank, and ranks slower than their peers by at least what
         # detection calls slow (a 1.00x rank beside the slow one implicates nobody).
         ranks = [
             r
             for r in rq.ranks(run_id, lo, at, "compute", True, 3)
-            if (r.get("computeSlowdown") or 0.0) >= IMPLICATED
+            if (r.compute_slowdown or 0.0) >= IMPLICATED
         ]
-        if failed and failed.get("rank") is not None:
+        if failed and failed.rank is not None:
             mine = [
-                r
-                for r in rq.ranks(run_id, lo, at, "rank", False, 100_000)
-                if r["rank"] == failed["rank"]
+                r for r in rq.ranks(run_id, lo, at, "rank", False, 100_000) if r.rank == failed.rank
             ]
-            if mine and failed.get("node"):
+            if mine and failed.node:
                 # Placement answers with the rank's latest home (a spare after the restart);
                 # the failure happened where the event says.
-                mine[0].update(node=failed["node"], gpu=failed.get("gpu"), rack=None)
-                rq.hardware(run_id, mine, lo, at)
-            ranks = mine + [r for r in ranks if r["rank"] != failed["rank"]]
-        out["infrastructure"] = ranks[:4]
-        out["related"] = rq.timeline(run_id, max(rng[0], at - 100), min(rng[1], at + 100))[:200]
+                mine[0] = replace(mine[0], node=failed.node, gpu=failed.gpu, rack=None)
+                mine = rq.hardware(run_id, mine, lo, at)
+            ranks = mine + [r for r in ranks if r.rank != failed.rank]
+        out["infrastructure"] = [RankOut.of(r) for r in ranks[:4]]
+        related = rq.timeline(run_id, max(rng[0], at - 100), min(rng[1], at + 100))[:200]
+        out["related"] = [timeline_out(i) for i in related]
         out["atStep"] = at
         return out
 

@@ -22,7 +22,15 @@ from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require_any
 from .fleet_models import PoolGoodputOut
 from .portal import DRAIN_KINDS, FAULT_KINDS, NODE_FAULTS, PENDING_STATES, Reader, _pending
-from .portal_fleet_models import CapacityBucketOut, CapacityJobsOut, OnCallOut, PortalCapacityOut
+from .portal_fleet_models import (
+    CapacityBucketOut,
+    CapacityJobsOut,
+    NodeEventOut,
+    OnCallOut,
+    PortalCapacityOut,
+    RunSpreadOut,
+)
+from .portal_models import PortalEventOut
 from .runs import run_json
 
 __all__ = ["router"]
@@ -103,6 +111,7 @@ def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
     since = now - window_s
     for r in runs:
         _bd, f, _ = gq.run_goodput(r.run_id, program_spec(r.config or {}))
+        spread = pq.recent_spread(r.run_id)
         jobs.append(
             {
                 **run_json(r),
@@ -110,22 +119,20 @@ def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
                 "runtimeGoodput": f.runtime,
                 "threshold": threshold,
                 "below": f.runtime * f.program < threshold,
-                "spread": pq.recent_spread(r.run_id),
+                "spread": None if spread is None else RunSpreadOut.of(spread),
             }
         )
         since = min(since, r.first_seen)
     faults = pq.events(FAULT_KINDS, since)
     nodes: dict[str, dict[str, Any]] = {}
     for e in faults:
-        if not e["node"]:
+        if not e.node:
             continue
-        n = nodes.setdefault(
-            e["node"], {"node": e["node"], "fatal": 0, "recoverable": 0, "events": []}
-        )
-        fatal = e["kind"] == "failure" or "fatal" in (e["message"] or "").lower()
+        n = nodes.setdefault(e.node, {"node": e.node, "fatal": 0, "recoverable": 0, "events": []})
+        fatal = e.kind == "failure" or "fatal" in (e.message or "").lower()
         n["fatal" if fatal else "recoverable"] += 1
         if len(n["events"]) < 5:
-            n["events"].append(e)
+            n["events"].append(PortalEventOut.of(e))
     alerts = sorted(svc.alert_store.list(scope, "firing", None, 200), key=queue_order)
     for a in alerts:
         a["live"] = a["runId"] in live
@@ -139,7 +146,7 @@ def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         "view": "tenant",
         "jobs": sorted(jobs, key=lambda j: j["goodput"]),
         "nodes": sorted(nodes.values(), key=lambda n: (-n["fatal"], -n["recoverable"])),
-        "drains": pq.events(DRAIN_KINDS, since),
+        "drains": [PortalEventOut.of(e) for e in pq.events(DRAIN_KINDS, since)],
         # an action a person could still approve only while its job runs; one under way stays
         "remediations": [
             a
@@ -212,7 +219,10 @@ def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         "generatedAt": now,
         "view": "infra",
         "nodes": sorted(nodes.values(), key=lambda n: (-n["fatal"], -n["recoverable"])),
-        "drains": PortalQueries(svc.telemetry, scope).node_events(DRAIN_KINDS, now - window_s),
+        "drains": [
+            NodeEventOut.of(e)
+            for e in PortalQueries(svc.telemetry, scope).node_events(DRAIN_KINDS, now - window_s)
+        ],
         "remediations": actions,  # trimmed for on-call (api.remediation.INFRA_KEYS)
         "alerts": alerts,
         "incidents": [incidents[i] for i in sorted(incidents)],

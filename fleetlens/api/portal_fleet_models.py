@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..services.capacity import CohortFigures, FleetBucket, JobTally
+from ..services.portal_types import NodeEvent, RecentSpread
 from .alert_models import AlertOut, SilenceOut
 from .fleet_models import PoolGoodputOut
 from .models import ApiModel, RunOut
@@ -52,6 +53,15 @@ class RunSpreadOut(ApiModel):
     compute_max_ms: float | None
     compute_mean_ms: float | None
     spread: float | None
+
+    @classmethod
+    def of(cls, s: RecentSpread) -> RunSpreadOut:
+        return cls(
+            steps=s.steps,
+            compute_max_ms=s.compute_max_ms,
+            compute_mean_ms=s.compute_mean_ms,
+            spread=s.spread,
+        )
 
 
 class OnCallJobOut(RunOut):
@@ -106,6 +116,18 @@ class NodeEventOut(ApiModel):
     node: str
     gpu: int | None
     message: str
+
+    @classmethod
+    def of(cls, e: NodeEvent) -> NodeEventOut:
+        return cls(
+            time=e.time,
+            tenant=e.tenant,
+            run_id=e.run_id,
+            kind=e.kind,
+            node=e.node,
+            gpu=e.gpu,
+            message=e.message,
+        )
 
 
 class InfraAlertOut(ApiModel):

@@ -30,6 +30,14 @@ from .remediation_models import ActionOut
 
 if TYPE_CHECKING:
     from ..services.portal_costs import Cost, RankedFinding
+    from ..services.portal_types import (
+        GpuSample,
+        HeatmapRows,
+        PhaseBucket,
+        Placement,
+        PortalEvent,
+        StepBucket,
+    )
     from ..services.series import SeriesPoint
 
 __all__ = [
@@ -73,6 +81,20 @@ class PortalEventOut(ApiModel):
     gpu: int | None
     message: str
 
+    @classmethod
+    def of(cls, e: PortalEvent) -> PortalEventOut:
+        return cls(
+            time=e.time,
+            run_id=e.run_id,
+            job_id=e.job_id,
+            step=e.step,
+            rank=e.rank,
+            kind=e.kind,
+            node=e.node,
+            gpu=e.gpu,
+            message=e.message,
+        )
+
 
 class StepBucketOut(ApiModel):
     """A bucket of steps: the job's step time (median, min, max of the slowest rank's), the
@@ -88,6 +110,26 @@ class StepBucketOut(ApiModel):
     compute_mean: float | None
     tokens: int
     tokens_per_second: float | None
+
+    @classmethod
+    def of(cls, b: StepBucket) -> StepBucketOut:
+        return cls.model_validate(cls.doc(b))
+
+    @staticmethod
+    def doc(b: StepBucket) -> dict[str, Any]:
+        """``b`` as the overview's JSON (sent by msgspec, not validated: the portal's speed)."""
+        return {
+            "step": b.step,
+            "steps": b.steps,
+            "t": b.t,
+            "p50": b.p50,
+            "max": b.max,
+            "min": b.min,
+            "computeMax": b.compute_max,
+            "computeMean": b.compute_mean,
+            "tokens": b.tokens,
+            "tokensPerSecond": b.tokens_per_second,
+        }
 
 
 class ScalarPointOut(ApiModel):
@@ -110,6 +152,18 @@ class ScalarPointOut(ApiModel):
             mean=p.mean,
             non_finite=p.non_finite,
         )
+
+    @staticmethod
+    def doc(p: SeriesPoint) -> dict[str, Any]:
+        """``p`` as the overview's JSON (sent by msgspec, not validated: the portal's speed)."""
+        return {
+            "step": p.step,
+            "value": p.value,
+            "min": p.min,
+            "max": p.max,
+            "mean": p.mean,
+            "nonFinite": p.non_finite,
+        }
 
 
 # ---- /overview ----------------------------------------------------------------------------
@@ -233,6 +287,11 @@ class HeatmapRowsOut(ApiModel):
     node: list[str | None]
     gpu: list[int | None]
 
+    @staticmethod
+    def doc(r: HeatmapRows) -> dict[str, Any]:
+        """``r`` as the heatmap's JSON (sent by msgspec, not validated: the portal's speed)."""
+        return {"rank": r.rank, "node": r.node, "gpu": r.gpu}
+
 
 class HeatmapOut(ApiModel):
     """Rank buckets x step buckets of the maximum compute time per cell (ms); only ``runId``,
@@ -268,6 +327,21 @@ class PhaseBucketOut(ApiModel):
     duration: float | None
     compute_mean: float | None
 
+    @classmethod
+    def of(cls, b: PhaseBucket) -> PhaseBucketOut:
+        return cls(
+            step=b.step,
+            t=b.t,
+            forward=b.forward,
+            backward=b.backward,
+            optimizer=b.optimizer,
+            compute=b.compute,
+            comm=b.comm,
+            data_wait=b.data_wait,
+            duration=b.duration,
+            compute_mean=b.compute_mean,
+        )
+
 
 class GpuSampleOut(ApiModel):
     """A bucket of time: the GPU's DCGM samples (MHz, °C, W, MiB) and its largest Xid."""
@@ -280,6 +354,18 @@ class GpuSampleOut(ApiModel):
     fb_used: float | None
     xid: int
 
+    @classmethod
+    def of(cls, g: GpuSample) -> GpuSampleOut:
+        return cls(
+            t=g.t,
+            sm_clock=g.sm_clock,
+            sm_clock_max=g.sm_clock_max,
+            temp=g.temp,
+            power=g.power,
+            fb_used=g.fb_used,
+            xid=g.xid,
+        )
+
 
 class PlacementOut(ApiModel):
     """Where the rank ran in one job attempt, and its GPU's samples while it ran there."""
@@ -289,6 +375,16 @@ class PlacementOut(ApiModel):
     gpu: int
     time: float
     samples: list[GpuSampleOut]
+
+    @classmethod
+    def of(cls, p: Placement, samples: list[GpuSample]) -> PlacementOut:
+        return cls(
+            job_id=p.job_id,
+            node=p.node,
+            gpu=p.gpu,
+            time=p.time,
+            samples=[GpuSampleOut.of(g) for g in samples],
+        )
 
 
 class RankDetailOut(ApiModel):

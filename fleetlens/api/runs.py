@@ -24,12 +24,14 @@ from .models import (
     FrontierOut,
     FrontierRunOut,
     MfuOut,
+    RankOut,
     RankSort,
     RanksOut,
     RunDetailOut,
     RunListOut,
     RunOut,
     TimelineOut,
+    timeline_out,
 )
 
 __all__ = ["router", "run_json", "summary_mfu_out"]
@@ -153,15 +155,13 @@ async def get_ranks(
         if window is None:
             return RanksOut(run_id=run_id, from_step=None, to_step=None, ranks=[])
         ranks = q.ranks(run_id, window[0], window[1], sort, order == "desc", limit)
-        return RanksOut.model_validate(
-            {
-                "runId": run_id,
-                "fromStep": window[0],
-                "toStep": window[1],
-                "sort": sort,
-                "order": order,
-                "ranks": ranks,
-            }
+        return RanksOut(
+            run_id=run_id,
+            from_step=window[0],
+            to_step=window[1],
+            sort=sort,
+            order=order,
+            ranks=[RankOut.of(r) for r in ranks],
         )
 
     return await anyio.to_thread.run_sync(work)
@@ -195,13 +195,11 @@ async def get_timeline(
                 f"fromStep {window[0]} to toStep {window[1]} is over {MAX_TIMELINE_STEPS} "
                 "steps; ask for a shorter window"
             )
-        return TimelineOut.model_validate(
-            {
-                "runId": run_id,
-                "fromStep": window[0],
-                "toStep": window[1],
-                "items": q.timeline(run_id, window[0], window[1]),
-            }
+        return TimelineOut(
+            run_id=run_id,
+            from_step=window[0],
+            to_step=window[1],
+            items=[timeline_out(i) for i in q.timeline(run_id, window[0], window[1])],
         )
 
     return await anyio.to_thread.run_sync(work)

@@ -6,19 +6,26 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from ..client import Client
 from ..config import DEFAULT_PORT, ServerConfig
+
+if TYPE_CHECKING:  # the models are imported where a command decodes (pydantic is not cheap)
+    from pydantic import BaseModel
 
 __all__ = [
     "access_store",
     "client",
     "client_opts",
+    "decode",
     "exit_past_engine",
+    "query",
     "server_config",
     "server_opts",
 ]
+
+M = TypeVar("M", bound="BaseModel")
 
 
 def exit_past_engine(code: int) -> NoReturn:
@@ -52,6 +59,24 @@ def client(args: argparse.Namespace, timeout: float = 60.0) -> Client:
     """The command's client: ``--server`` / ``--token``, else the client's own resolution
     (``$FLEETLENS_SERVER`` / ``$FLEETLENS_TOKEN``)."""
     return Client(getattr(args, "server", None), getattr(args, "token", None), timeout=timeout)
+
+
+def decode(model: type[M], doc: Any) -> M:
+    """The server's answer ``doc`` (its JSON, decoded) as the route's response model ``model``
+    (:mod:`fleetlens.api.models`): snake_case attributes for the camelCase keys.
+
+    Keys the model does not know are ignored, at every depth, so that the CLI also reads a newer
+    server's answers (the models themselves refuse them: that is the server's contract test).
+    A command prints ``doc`` itself for ``--json``, never the model dumped again."""
+    return model.model_validate(doc, extra="ignore")
+
+
+def query(**params: Any) -> dict[str, Any]:
+    """A route's query parameters named in snake_case, as the API spells them (camelCase, as
+    its models' aliases); those that are None left out."""
+    from pydantic.alias_generators import to_camel
+
+    return {to_camel(k): v for k, v in params.items() if v is not None}
 
 
 def server_opts(sp: argparse.ArgumentParser) -> None:

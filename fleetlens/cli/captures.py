@@ -11,11 +11,14 @@ import argparse
 import sys
 import time
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FleetlensError
-from ._common import client, client_opts
+from ._common import client, client_opts, decode
 from ._output import Table, fmt, print_json
+
+if TYPE_CHECKING:
+    from ..api.captures import CaptureOut
 
 __all__ = ["add_parsers", "cmd_capture", "cmd_captures", "evidence_lines", "side_by_side"]
 
@@ -39,12 +42,12 @@ def _span(ev: dict[str, Any]) -> str:
     return f"steps {ev['fromStep']}-{ev['toStep']}" if ev["fromStep"] is not None else "no steps"
 
 
-def side_by_side(c: dict[str, Any]) -> list[str]:
+def side_by_side(c: CaptureOut) -> list[str]:
     """A capture as lines of text: what asked it, then one column per rank."""
-    ev = c["evidence"]
-    out = [f"capture {c['captureId']} ({c['state']}, {_span(ev)}): {c['reason']}"]
-    if c["message"]:
-        out.append(f"  {c['message']}")
+    ev = c.evidence
+    out = [f"capture {c.capture_id} ({c.state}, {_span(ev)}): {c.reason}"]
+    if c.message:
+        out.append(f"  {c.message}")
     return out + rank_table(ev, "  ")
 
 
@@ -81,18 +84,21 @@ def rank_table(ev: dict[str, Any], indent: str) -> list[str]:
 
 
 def cmd_captures(args: argparse.Namespace) -> int:
+    from ..api.captures import CapturesOut
+
     run = urllib.parse.quote(args.run, safe="")
     with client(args) as c:
         doc = c.get(f"/v1/runs/{run}/traces/captures")
     if args.json:
         print_json(doc)
         return 0
-    if not doc["captures"]:
+    captures = decode(CapturesOut, doc).captures
+    if not captures:
         raise FleetlensError(
             f"run {args.run} has no trace capture (start the job with FLEETLENS_TRACE_CAPTURE=1; "
             f"ask one with fleetlens traces capture {args.run} --rank R)"
         )
-    for i, cap in enumerate(doc["captures"]):
+    for i, cap in enumerate(captures):
         if i:
             print()
         print("\n".join(side_by_side(cap)))
@@ -100,25 +106,29 @@ def cmd_captures(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
+    from ..api.captures import CaptureOut
+
     run = urllib.parse.quote(args.run, safe="")
     with client(args) as c:
-        cap = c.post(f"/v1/runs/{run}/traces/captures", {"ranks": args.rank, "steps": args.steps})
+        doc = c.post(f"/v1/runs/{run}/traces/captures", {"ranks": args.rank, "steps": args.steps})
+        cap = decode(CaptureOut, doc)
         print(
-            f"capture {cap['captureId']} asked of ranks {cap['ranks']} from step {cap['fromStep']}",
+            f"capture {cap.capture_id} asked of ranks {cap.ranks} from step {cap.from_step}",
             file=sys.stderr,
         )
         deadline = time.monotonic() + args.wait
-        while cap["state"] in ("requested", "partial") and time.monotonic() < deadline:
+        while cap.state in ("requested", "partial") and time.monotonic() < deadline:
             time.sleep(1.0)
-            cap = c.get(f"/v1/runs/{run}/traces/captures/{cap['captureId']}")
+            doc = c.get(f"/v1/runs/{run}/traces/captures/{cap.capture_id}")
+            cap = decode(CaptureOut, doc)
     if args.json:
-        print_json(cap)
+        print_json(doc)
     else:
         print("\n".join(side_by_side(cap)))
-    if args.wait and cap["state"] != "done":
+    if args.wait and cap.state != "done":
         raise FleetlensError(
-            f"capture {cap['captureId']} is {cap['state']} after {args.wait:.0f} s: "
-            f"{cap['message'] or 'the ranks have not sent their traces yet'}"
+            f"capture {cap.capture_id} is {cap.state} after {args.wait:.0f} s: "
+            f"{cap.message or 'the ranks have not sent their traces yet'}"
         )
     return 0
 

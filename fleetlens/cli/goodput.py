@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from . import scheduler
-from ._common import client, client_opts
+from ._common import client, client_opts, decode
 from ._output import Table, fmt, pct, print_json
 from .goodput_answers import (
     add_options,
@@ -20,6 +20,8 @@ __all__ = ["add_parsers", "cmd_fleet_goodput", "cmd_goodput"]
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
+    from ..api.goodput_models import RunGoodputOut
+
     ceilings = parse_ceilings(args.ceiling)
     with client(args) as c:
         data = c.goodput(
@@ -30,59 +32,64 @@ def cmd_goodput(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             ceilings=ceilings or None,
         )
-        if args.what_if:
-            change = parse_what_if(args.what_if, data["breakdown"]["measuredTerms"])
-            change.update(scheduling=data["factors"]["scheduling"])
+        gp = decode(RunGoodputOut, data) if args.what_if or not args.json else None
+        what_if: dict[str, Any] | None = None
+        if args.what_if and gp is not None:
+            change = parse_what_if(args.what_if, gp.breakdown.measured_terms)
+            change.update(scheduling=gp.factors.scheduling)
             change.update(accelerator=args.accelerator, dtype=args.dtype)
-            data["whatIf"] = c.whatif(args.run, {k: v for k, v in change.items() if v is not None})
-    if args.json:
+            what_if = c.whatif(args.run, {k: v for k, v in change.items() if v is not None})
+            data["whatIf"] = what_if  # the what-if's answer rides in the run's (--json prints it)
+    if args.json or gp is None:
         print_json(data)
         return 0
-    bd, f = data["breakdown"], data["factors"]
+    bd, f = gp.breakdown, gp.factors
     print(
-        f"run {data['runId']}  wall {bd['wallSeconds'] / 3600:.2f} h  held "
-        f"{bd['heldSeconds'] / 3600:.2f} h  attempts {bd['attempts']}"
+        f"run {gp.run_id}  wall {bd.wall_seconds / 3600:.2f} h  held "
+        f"{bd.held_seconds / 3600:.2f} h  attempts {bd.attempts}"
     )
     t = Table(("LINE", "<12"), ("HOURS", ">10"), ("SHARE", ">7"), (" FACTOR", ""), indent="  ")
     print(t.header())
-    for line in bd["lines"]:
-        if line["seconds"] <= 0 and line["category"] != "unaccounted":
+    for line in bd.lines:
+        if line.seconds <= 0 and line.category != "unaccounted":
             continue
-        share = pct(line["share"])
-        hours = f"{line['seconds'] / 3600:.3f}"
-        print(t.row(line["category"], hours, share, f" {line['factor']}"))
-    if bd["instrumentationHole"]:
-        print(f"  ! unaccounted {pct(bd['unaccountedShare'])} of wall-clock: instrumentation hole")
+        print(
+            t.row(line.category, f"{line.seconds / 3600:.3f}", pct(line.share), f" {line.factor}")
+        )
+    if bd.instrumentation_hole:
+        print(f"  ! unaccounted {pct(bd.unaccounted_share)} of wall-clock: instrumentation hole")
     print(
-        f"  runtime {fmt(f['runtime'], '.3f')}  program {fmt(f['program'], '.3f')} "
-        f"({data['program']['programBasis']})  scheduling {fmt(f['scheduling'], '.3f')} "
-        f"({data.get('scheduling', {}).get('basis', 'manual')})  "
-        f"job {fmt(f['jobProduct'], '.3f')}  MPG {fmt(f['mpg'], '.3f')}"
+        f"  runtime {fmt(f.runtime, '.3f')}  program {fmt(f.program, '.3f')} "
+        f"({gp.program.program_basis})  scheduling {fmt(f.scheduling, '.3f')} "
+        f"({gp.scheduling.basis if gp.scheduling else 'manual'})  "
+        f"job {fmt(f.job_product, '.3f')}  MPG {fmt(f.mpg, '.3f')}"
     )
-    adv = data["advice"]
-    ck = adv.get("checkpoint")
+    adv = gp.advice
+    ck = adv.checkpoint
     if ck:
         print(
-            f"  checkpoint every {ck['currentIntervalSeconds'] / 60:.1f} min; Young-Daly "
-            f"{ck['optimalIntervalSeconds'] / 60:.1f} min (waste {pct(ck['wasteAtCurrent'])} -> "
-            f"{pct(ck['wasteAtOptimal'])})"
+            f"  checkpoint every {ck.current_interval_seconds / 60:.1f} min; Young-Daly "
+            f"{ck.optimal_interval_seconds / 60:.1f} min (waste {pct(ck.waste_at_current)} -> "
+            f"{pct(ck.waste_at_optimal)})"
         )
-    if "costPerUsefulHour" in adv:
+    if "cost_per_useful_hour" in adv.model_fields_set:  # a price was given (null: no useful hour)
         print(
-            f"  cost per useful accelerator-hour {fmt(adv['costPerUsefulHour'], '.2f')}  "
-            f"chargeback {fmt(adv['chargebackPerUsefulHour'], '.2f')}"
+            f"  cost per useful accelerator-hour {fmt(adv.cost_per_useful_hour, '.2f')}  "
+            f"chargeback {fmt(adv.chargeback_per_useful_hour, '.2f')}"
         )
     print_answers(data)
-    if "whatIf" in data:
-        print_what_if(data["whatIf"])
+    if what_if is not None:
+        print_what_if(what_if)
     return 0
 
 
 def cmd_fleet_goodput(args: argparse.Namespace) -> int:
+    from ..api.fleet_models import FleetGoodputOut
+
     with client(args) as c:
-        data = c.fleet_goodput(pool=args.pool, since=args.since, until=args.until, as_="json")
+        doc = c.fleet_goodput(pool=args.pool, since=args.since, until=args.until, as_="json")
     if args.json:
-        print_json(data)
+        print_json(doc)
         return 0
     t = Table(
         ("POOL", "<16"),
@@ -93,15 +100,15 @@ def cmd_fleet_goodput(args: argparse.Namespace) -> int:
         ("WAIT p50", ">9"),
     )
     print(t.header())
-    for p in data["pools"]:
-        s, w = p["shares"], p["queueWaitSeconds"]
+    for p in decode(FleetGoodputOut, doc).pools:
+        s, w = p.shares, p.queue_wait_seconds
         print(
             t.row(
-                p["pool"],
-                pct(p["schedulingGoodput"]),
-                pct(p["availability"]),
-                pct(s["partial"]),
-                pct(s["stranded"]),
+                p.pool,
+                pct(p.scheduling_goodput),
+                pct(p.availability),
+                pct(s.partial),
+                pct(s.stranded),
                 f"{fmt(w.get('p50'), '.0f'):>8}s",
             )
         )

@@ -5,22 +5,27 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..schema import LOG_LEVELS
-from ._common import client, client_opts
+from ._common import client, client_opts, decode, query
 from ._output import Table, fmt, print_json
+
+if TYPE_CHECKING:
+    from ..api.models import RunDetailOut
 
 __all__ = ["add_parsers", "cmd_frontier", "cmd_logs", "cmd_memory", "cmd_run_show", "cmd_runs"]
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    from ..api.models import RunListOut
+
     with client(args) as c:
         data = c.runs(project=args.project, limit=args.limit, as_="json")
     if args.json:
         print_json(data)
         return 0
-    rows = data["runs"]
+    rows = decode(RunListOut, data).runs
     t = Table(
         ("RUN", "<32"),
         ("PROJECT", "<16"),
@@ -31,83 +36,46 @@ def cmd_runs(args: argparse.Namespace) -> int:
     )
     print(t.header())
     for r in rows:
-        print(
-            t.row(
-                r["runId"],
-                r["project"] or "-",
-                r["status"],
-                r["lastStep"],
-                r["worldSize"],
-                r["jobs"],
-            )
-        )
+        print(t.row(r.run_id, r.project or "-", r.status, r.last_step, r.world_size, r.jobs))
     if not rows:
         print("(no runs yet)")
     return 0
 
 
 def cmd_run_show(args: argparse.Namespace) -> int:
+    from ..api.models import RanksOut, RunDetailOut
+
     with client(args) as c:
-        run = c.run(args.run)
-        ranks = c.ranks(args.run, limit=args.top, sort="compute", as_="json")
+        run_doc = c.run(args.run)
+        ranks_doc = c.ranks(args.run, limit=args.top, sort="compute", as_="json")
     if args.json:
-        print_json({"run": run, "ranks": ranks})
+        print_json({"run": run_doc, "ranks": ranks_doc})
         return 0
-    m = run.get("metrics", {})
-    print(f"run {run['runId']}  project {run['project'] or '-'}  status {run['status']}")
-    ended = run.get("ended")
-    if ended:
-        print(f"  ended: {ended['reason']}")
-    if run["status"] == "RECORDED":
+    run, ranks = decode(RunDetailOut, run_doc), decode(RanksOut, ranks_doc)
+    print(f"run {run.run_id}  project {run.project or '-'}  status {run.status}")
+    if run.ended:
+        print(f"  ended: {run.ended.reason}")
+    if run.status == "RECORDED":
         print(
-            f"  known only from recordings (traces, dumps), steps up to {run['lastStep']}: "
-            f"fleetlens traces show {run['runId']}"
+            f"  known only from recordings (traces, dumps), steps up to {run.last_step}: "
+            f"fleetlens traces show {run.run_id}"
         )
     print(
-        f"  step {fmt(run.get('step'))}  tokens {fmt(run.get('tokensProcessed'), ',')}  "
-        f"ranks {run.get('worldSize')}  jobs {run.get('jobs')}"
+        f"  step {fmt(run.step)}  tokens {fmt(run.tokens_processed, ',')}  "
+        f"ranks {run.world_size}  jobs {run.jobs}"
     )
-    lay = run.get("layout")
+    lay = run.layout
     if lay:
-        sizes = " x ".join(f"{a} {lay[a]}" for a in ("tp", "cp", "pp", "dp") if lay[a] > 1)
-        extra = "".join(f", {a} {lay[a]}" for a in ("ep", "vpp") if lay[a] > 1)
-        print(f"  layout: {sizes}{extra} (from the {lay['source']}; ranks judged per stage)")
-    reporting, world = run.get("ranksReporting"), run.get("worldSize")
+        axes = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp}
+        sizes = " x ".join(f"{a} {n}" for a, n in axes.items() if n > 1)
+        extra = "".join(f", {a} {n}" for a, n in (("ep", lay.ep), ("vpp", lay.vpp)) if n > 1)
+        print(f"  layout: {sizes}{extra} (from the {lay.source}; ranks judged per stage)")
+    reporting, world = run.ranks_reporting, run.world_size
     if reporting is not None and world and reporting < world:
         print(f"  only {reporting} of {world} ranks report steps")
-    print(
-        f"  step time {fmt(m.get('stepTimeMs'), '.1f')} ms (slowest rank, median of last "
-        f"{run.get('window', {}).get('steps', 0)} steps)  tokens/s "
-        f"{fmt(m.get('tokensPerSecond'), ',.0f')}  loss {fmt(m.get('loss'), '.4g')}"
-    )
-    done = run.get("completion")
-    if done:
-        at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(done["finishAt"]))
-        budget = (
-            f"{done['targetKey']}: {done['tokensLeft']:,} tokens left"
-            if done.get("tokensLeft") is not None
-            else done["targetKey"]
-        )
-        print(
-            f"  completion: step {fmt(run.get('step'), ',')} of {done['totalSteps']:,} "
-            f"({budget}), {fmt(done['secondsPerStep'], '.3g')} s/step lately: "
-            f"{_hours(done['seconds'])} left, about {at}"
-        )
-    contract = run.get("contract")
-    if contract:
-        print(f"  measured on: {contract['text']}")
-    mfu = run.get("mfu") or {}
-    if mfu.get("value") is not None:
-        hfu = f"  HFU {fmt(mfu['hfu'], '.1%')}" if mfu.get("hfu") is not None else ""
-        print(
-            f"  MFU {fmt(mfu['value'], '.1%')}{hfu} ({mfu['devices']} x {mfu['accelerator'] or '-'}"
-            f" at {fmt(mfu['peakFlopsPerDevice'] / 1e12, '.1f')} TFLOP/s {mfu['dtype']}, same "
-            "window)"
-        )
-    elif mfu:
-        print(f"  MFU unknown: {mfu.get('missing')}")
-    if ranks["ranks"]:
-        print(f"  slowest ranks by compute time, steps {ranks['fromStep']}-{ranks['toStep']}:")
+    _speed(run)
+    if ranks.ranks:
+        print(f"  slowest ranks by compute time, steps {ranks.from_step}-{ranks.to_step}:")
         t = Table(
             ("RANK", ">6"),
             ("NODE", "<20"),
@@ -119,19 +87,55 @@ def cmd_run_show(args: argparse.Namespace) -> int:
             indent="    ",
         )
         print(t.header())
-        for r in ranks["ranks"]:
+        for r in ranks.ranks:
             print(
                 t.row(
-                    r["rank"],
-                    r["node"] or "-",
-                    r["gpu"],
-                    fmt(r["computeMs"], ".1f"),
-                    fmt(r["computeSlowdown"], ".3f"),
-                    fmt(r["commMs"], ".1f"),
-                    fmt(r["stepTimeMs"], ".1f"),
+                    r.rank,
+                    r.node or "-",
+                    r.gpu,
+                    fmt(r.compute_ms, ".1f"),
+                    fmt(r.compute_slowdown, ".3f"),
+                    fmt(r.comm_ms, ".1f"),
+                    fmt(r.step_time_ms, ".1f"),
                 )
             )
     return 0
+
+
+def _speed(run: RunDetailOut) -> None:
+    """The run's speed lines: step time, tokens/s and loss, completion, contract and MFU."""
+    m = run.metrics  # by scalar name, and the window's figures (named as the API's JSON does)
+    print(
+        f"  step time {fmt(m.get('stepTimeMs'), '.1f')} ms (slowest rank, median of last "
+        f"{run.window.steps if run.window else 0} steps)  tokens/s "
+        f"{fmt(m.get('tokensPerSecond'), ',.0f')}  loss {fmt(m.get('loss'), '.4g')}"
+    )
+    done = run.completion
+    if done:
+        at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(done.finish_at))
+        budget = (
+            f"{done.target_key}: {done.tokens_left:,} tokens left"
+            if done.tokens_left is not None
+            else done.target_key
+        )
+        print(
+            f"  completion: step {fmt(run.step, ',')} of {done.total_steps:,} "
+            f"({budget}), {fmt(done.seconds_per_step, '.3g')} s/step lately: "
+            f"{_hours(done.seconds)} left, about {at}"
+        )
+    if run.contract:
+        print(f"  measured on: {run.contract.text}")
+    mfu = run.mfu
+    if mfu and mfu.value is not None:
+        hfu = f"  HFU {fmt(mfu.hfu, '.1%')}" if mfu.hfu is not None else ""
+        peak = mfu.peak_flops_per_device
+        print(
+            f"  MFU {fmt(mfu.value, '.1%')}{hfu} ({mfu.devices} x {mfu.accelerator or '-'}"
+            f" at {fmt(None if peak is None else peak / 1e12, '.1f')} TFLOP/s {mfu.dtype}, same "
+            "window)"
+        )
+    elif mfu:
+        print(f"  MFU unknown: {mfu.missing}")
 
 
 def _hours(seconds: float) -> str:
@@ -141,40 +145,40 @@ def _hours(seconds: float) -> str:
 
 
 def cmd_frontier(args: argparse.Namespace) -> int:
-    params = {"targetSteps": args.target_steps, "targetLoss": args.target_loss}
+    from ..api.models import FrontierOut
+
+    params = query(target_steps=args.target_steps, target_loss=args.target_loss)
     with client(args) as c:
-        data = c.get(
-            f"/v1/projects/{args.project}/frontier",
-            **{k: v for k, v in params.items() if v is not None},
-        )
+        doc = c.get(f"/v1/projects/{args.project}/frontier", **params)
     if args.json:
-        print_json(data)
+        print_json(doc)
         return 0
+    data = decode(FrontierOut, doc)
     target = (
-        f"loss <= {data['targetLoss']:g}"
-        if data["targetLoss"] is not None
-        else f"step {data['targetSteps']:,}"
-        if data["targetSteps"]
+        f"loss <= {data.target_loss:g}"
+        if data.target_loss is not None
+        else f"step {data.target_steps:,}"
+        if data.target_steps
         else None
     )
     if target is None:
-        print(f"project {data['project']}: no target (no run names one: --target-steps N)")
+        print(f"project {data.project}: no target (no run names one: --target-steps N)")
         return 0
-    print(f"project {data['project']}: time to {target}, fastest first (* on the frontier)")
+    print(f"project {data.project}: time to {target}, fastest first (* on the frontier)")
     cols = [("", "<1"), ("RUN", "<32"), ("STATUS", "<9"), ("DEVICES", ">7"), ("TIME", ">10")]
     t = Table(*cols, ("GPU-HOURS", ">10"), ("", "<10"))
     print(t.header())
-    for r in data["runs"]:
-        time_s = _hours(r["seconds"]) if r["seconds"] is not None else "not reached"
+    for r in data.runs:
+        time_s = _hours(r.seconds) if r.seconds is not None else "not reached"
         print(
             t.row(
-                "*" if r["onFrontier"] else " ",
-                r["runId"],
-                r["status"],
-                r["devices"],
+                "*" if r.on_frontier else " ",
+                r.run_id,
+                r.status,
+                r.devices,
                 time_s,
-                fmt(r["gpuHours"], ",.1f"),
-                "estimated" if r["estimated"] else "",
+                fmt(r.gpu_hours, ",.1f"),
+                "estimated" if r.estimated else "",
             )
         )
     return 0
@@ -185,33 +189,33 @@ def _gib(n: float | None) -> str:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    params = {"rank": args.rank, "top": args.top}
+    from ..api.memory import MemoryOut
+
     with client(args) as c:
-        data = c.get(
-            f"/v1/runs/{args.run}/memory", **{k: v for k, v in params.items() if v is not None}
-        )
+        doc = c.get(f"/v1/runs/{args.run}/memory", **query(rank=args.rank, top=args.top))
     if args.json:
-        print_json(data)
+        print_json(doc)
         return 0
-    pools = data["pools"]
+    data = decode(MemoryOut, doc)
+    pools = data.pools
     if not pools:
-        print(f"run {data['runId']}: no memory samples (FLEETLENS_MEMORY_S=0, or no step yet)")
+        print(f"run {data.run_id}: no memory samples (FLEETLENS_MEMORY_S=0, or no step yet)")
         return 0
-    print(f"run {data['runId']}: memory per rank in GiB, least headroom first")
+    print(f"run {data.run_id}: memory per rank in GiB, least headroom first")
     cols = [("RANK", ">5"), ("POOL", "<6"), ("USED", ">9"), ("PEAK", ">9"), ("LIMIT", ">9")]
     t = Table(*cols, ("HEADROOM", ">9"), ("CLIMB/STEP", ">10"), ("STEPS LEFT", ">10"))
     print(t.header())
     for p in pools[: args.top if args.rank is None else None]:
-        per = (p["climb"] or {}).get("perStepBytes")
-        left = p["stepsToLimit"]
+        per = p.climb.per_step_bytes if p.climb else None
+        left = p.steps_to_limit
         print(
             t.row(
-                p["rank"],
-                p["pool"],
-                _gib(p["usedBytes"]),
-                _gib(p["peakBytes"]),
-                _gib(p["limitBytes"]),
-                _gib(p["headroomBytes"]),
+                p.rank,
+                p.pool,
+                _gib(p.used_bytes),
+                _gib(p.peak_bytes),
+                _gib(p.limit_bytes),
+                _gib(p.headroom_bytes),
                 "-" if per is None else f"{per / 2**20:+,.1f} MiB",
                 "-" if left is None else f"{left:,.0f}",
             )
@@ -222,28 +226,29 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    params = {
-        "q": args.grep,
-        "rank": args.rank,
-        "fromStep": args.from_step,
-        "toStep": args.to_step,
-        "around": args.around,
-        "level": args.level,
-        "limit": args.limit,
-    }
+    from ..api.logs import LogsOut
+
+    params = query(
+        q=args.grep,
+        rank=args.rank,
+        from_step=args.from_step,
+        to_step=args.to_step,
+        around=args.around,
+        level=args.level,
+        limit=args.limit,
+    )
     with client(args) as c:
-        data = c.get(
-            f"/v1/runs/{args.run}/logs", **{k: v for k, v in params.items() if v is not None}
-        )
+        doc = c.get(f"/v1/runs/{args.run}/logs", **params)
     if args.json:
-        print_json(data)
+        print_json(doc)
         return 0
-    for x in data["lines"]:
-        where = f"step {x['step']:>6} rank {x['rank']:>4} {x['level']:<8} {x['source']}"
-        print(f"{where}: {x['message']}")
-    if not data["lines"]:
-        print(f"run {data['runId']}: no lines matched (the SDK sends them with FLEETLENS_LOGS=1)")
-    elif data["truncated"]:
+    data = decode(LogsOut, doc)
+    for x in data.lines:
+        where = f"step {x.step:>6} rank {x.rank:>4} {x.level:<8} {x.source}"
+        print(f"{where}: {x.message}")
+    if not data.lines:
+        print(f"run {data.run_id}: no lines matched (the SDK sends them with FLEETLENS_LOGS=1)")
+    elif data.truncated:
         print("... more lines matched: --limit N, or narrow with --grep, --rank, --around")
     return 0
 

@@ -18,7 +18,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..api.http_protocol import timed_protocol
-    from ..server import create_app
+    from ..server import create_app, settle_heap
 
     cfg = server_config(args)
     print(
@@ -27,8 +27,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    app = create_app(cfg)
+    settle_heap()
     uvicorn.run(
-        create_app(cfg),
+        app,
         host=cfg.host,
         port=cfg.port,
         log_level=cfg.log_level,

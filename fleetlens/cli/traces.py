@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FleetlensError
-from ._common import client, client_opts
+from ._common import client, client_opts, decode, query
 from ._output import Table, fmt, print_json
 from .captures import add_parsers as add_capture_parsers
+
+if TYPE_CHECKING:
+    from ..api.ops_models import TraceRankOut
 
 __all__ = ["add_parser", "cmd_traces_import", "cmd_traces_show"]
 
@@ -30,7 +33,9 @@ _SHARES = (
     ("IDLE%", "idlePct"),
 )
 """Where a rank's step time went, as ``traces import`` and ``traces show`` print it: the same
-columns from the same keys (the importer's summary and the API's ranks)."""
+columns, from the keys of the importer's summary (:meth:`RankTrace.summary`: the trace parsed on
+this machine, as ``traces import --json`` prints it) and from the API's ranks
+(:func:`_rank_shares`)."""
 
 
 def _table(steps_width: int, last: tuple[str, str] | None = None) -> Table:
@@ -42,6 +47,20 @@ def _table(steps_width: int, last: tuple[str, str] | None = None) -> Table:
 
 def _shares(r: dict[str, Any]) -> list[str]:
     return [fmt(r[key], ".1f") for _, key in _SHARES]
+
+
+def _rank_shares(r: TraceRankOut) -> list[str]:
+    """:func:`_shares` of a rank the server answered, in :data:`_SHARES`' order."""
+    shares = (
+        r.mean_step_ms,
+        r.compute_pct,
+        r.comm_pct,
+        r.exposed_comm_pct,
+        r.overlap_pct,
+        r.memcpy_pct,
+        r.idle_pct,
+    )
+    return [fmt(v, ".1f") for v in shares]
 
 
 _TABLE = _table(11, (" FILE", ""))
@@ -147,43 +166,44 @@ _SHOWN = _table(6)
 def cmd_traces_show(args: argparse.Namespace) -> int:
     """The imported traces of a run: per rank over the window (every imported step by
     default), its mean step and where the device time went."""
+    from ..api.ops_models import TracesOut
+
     # The table shows the ranks' totals: the per-step rows come with --json only.
-    params = {"fromStep": args.from_step, "toStep": args.to_step}
+    params = query(from_step=args.from_step, to_step=args.to_step)
     if not args.json:
         params["limit"] = 1
     with client(args) as c:
-        doc = c.get(
-            f"/v1/runs/{args.run}/traces", **{k: v for k, v in params.items() if v is not None}
-        )
+        doc = c.get(f"/v1/runs/{args.run}/traces", **params)
     if args.json:
         print_json(doc)
         return 0
-    if not doc["ranks"]:
+    got = decode(TracesOut, doc)
+    if not got.ranks:
         raise FleetlensError(
             f"run {args.run} has no imported trace (fleetlens traces import PATH --run {args.run})"
         )
-    print(f"run {args.run}: steps {doc['fromStep']}-{doc['toStep']}, {len(doc['ranks'])} rank(s)")
+    print(f"run {args.run}: steps {got.from_step}-{got.to_step}, {len(got.ranks)} rank(s)")
     print(_SHOWN.header())
-    for r in doc["ranks"]:
-        print(_SHOWN.row(r["rank"], r["steps"], *_shares(r), r["kernels"], r["collectives"]))
-    if doc["topKernels"]:
+    for r in got.ranks:
+        print(_SHOWN.row(r.rank, r.steps, *_rank_shares(r), r.kernels, r.collectives))
+    if got.top_kernels:
         print("\nheaviest kernels (device time, every rank)")
         print(_KERNELS.header())
-        for k in doc["topKernels"]:
+        for k in got.top_kernels:
             print(
                 _KERNELS.row(
-                    fmt(k["totalMs"], ".1f"),
-                    fmt(k["pctOfStepTime"], ".1f"),
-                    k["calls"],
-                    k["category"],
-                    f" {k['name'][:100]}",
+                    fmt(k.total_ms, ".1f"),
+                    fmt(k.pct_of_step_time, ".1f"),
+                    k.calls,
+                    k.category,
+                    f" {k.name[:100]}",
                 )
             )
-    if doc["topCollectives"]:
+    if got.top_collectives:
         print("\nheaviest collectives (enter to exit, every rank)")
         print(_COLLS.header())
-        for c in doc["topCollectives"]:
-            print(_COLLS.row(fmt(c["totalMs"], ".1f"), c["calls"], c["bytes"], f" {c['op']}"))
+        for co in got.top_collectives:
+            print(_COLLS.row(fmt(co.total_ms, ".1f"), co.calls, co.bytes, f" {co.op}"))
     return 0
 
 

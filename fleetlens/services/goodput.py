@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from ..store.telemetry import TelemetryStore
 
 __all__ = [
     "GoodputQueries",
+    "GoodputWindow",
     "ProgramSpec",
     "goodput_window",
     "program_spec",
@@ -313,6 +314,23 @@ class GoodputQueries:
         return self.q.time_span(pool)
 
 
+@dataclass(frozen=True, slots=True)
+class GoodputWindow:
+    """A run's goodput over a window of time (:func:`goodput_window`): [start, end] UNIX seconds
+    of ``window_s`` at most; ``unaccounted_share`` NaN for an empty window."""
+
+    run_id: str
+    start: float
+    end: float
+    window_s: float
+    runtime_goodput: float
+    program_goodput_bound: float
+    job_product: float
+    unaccounted_share: float
+    instrumentation_hole: bool
+    seconds: dict[str, float]  # per breakdown category
+
+
 def goodput_window(
     telemetry: TelemetryStore,
     tenant: str | Scope,
@@ -320,7 +338,7 @@ def goodput_window(
     window_s: float,
     now: float,
     started: float | None = None,
-) -> dict[str, Any]:
+) -> GoodputWindow:
     """A run's goodput over the last ``window_s`` seconds before ``now``, for alerts and series.
 
     Runtime goodput over the window's held time; program goodput's straggler-only bound (MFU
@@ -334,15 +352,15 @@ def goodput_window(
         raise ConfigError(f"window_s is {window_s}; a window has a positive length")
     t0 = now - window_s if started is None else min(now, max(now - window_s, started))
     bd, f, _meta = GoodputQueries(telemetry, tenant).run_goodput(run_id, window=(t0, now))
-    return {
-        "runId": run_id,
-        "from": t0,
-        "to": now,
-        "windowSeconds": window_s,
-        "runtimeGoodput": bd.runtime_goodput,
-        "programGoodputBound": f.program,
-        "jobProduct": f.job_product,
-        "unaccountedShare": bd.seconds["unaccounted"] / bd.wall_s if bd.wall_s > 0 else math.nan,
-        "instrumentationHole": bd.instrumentation_hole,
-        "seconds": bd.seconds,
-    }
+    return GoodputWindow(
+        run_id=run_id,
+        start=t0,
+        end=now,
+        window_s=window_s,
+        runtime_goodput=bd.runtime_goodput,
+        program_goodput_bound=f.program,
+        job_product=f.job_product,
+        unaccounted_share=bd.seconds["unaccounted"] / bd.wall_s if bd.wall_s > 0 else math.nan,
+        instrumentation_hole=bd.instrumentation_hole,
+        seconds=bd.seconds,
+    )

@@ -371,7 +371,7 @@ class Monitor:
             run_id=run.run_id,
             goodput=series[-1][1] if series else None,
             # the on-call page's spread (it was exported, never filled)
-            spread=spread["spread"] if spread else None,
+            spread=spread.spread if spread else None,
             step_time_max=step_ms / 1000.0 if step_ms else None,
             step_time_median=(m.get("meanRankStepTimeMs") or 0) / 1000.0 or None,
             tokens_per_s=m.get("tokensPerSecond"),
@@ -414,8 +414,8 @@ class Monitor:
             now,
             started=run.first_seen,
         )
-        g = w.get("jobProduct")
-        if g is None or not math.isfinite(g):
+        g = w.job_product
+        if not math.isfinite(g):
             return series
         series.append((now, float(g)))
         # Stored beside the run's scalars, so dashboards read goodput over time too.

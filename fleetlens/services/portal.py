@@ -13,12 +13,14 @@ The run page's first paint reads the rollup once: :meth:`PortalQueries.execution
 step execution (``FINAL`` merges the rollup's partial rows in the engine, far cheaper than a
 GROUP BY over 100,000 steps), and pure functions here derive the step-time series
 (:func:`step_buckets`) and the summary (:func:`run_summary`) from it while the goodput breakdown
-reads the same rows (:meth:`PortalQueries.run_goodput`).
+reads the same rows (:meth:`PortalQueries.run_goodput`); :func:`run_overview` composes the page's
+first paint of them (typed values: :mod:`.portal_types`; the API makes the JSON).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -29,18 +31,33 @@ import pyarrow.compute as pc
 
 from ..analysis.breakdown import Breakdown, StepArrays
 from ..analysis.goodput import Factors
+from ..analysis.layout import layout_of
 from ..analysis.nanstats import nanmedian
+from ..store.findings import FindingsStore
+from ..store.metadata import MetadataStore
 from ..store.portal_queries import PortalStoreQueries
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
-from .goodput import GoodputQueries, ProgramSpec
-from .runs import RecentSteps, summarize
+from .goodput import GoodputQueries, ProgramSpec, program_spec
+from .portal_types import (
+    NodeEvent,
+    OverviewSteps,
+    OverviewWindow,
+    PortalEvent,
+    RecentSpread,
+    RunOverview,
+    StepBucket,
+)
+from .runs import RecentSteps, RunQueries, completion, declared_world, summarize
+from .scheduler import run_scheduling_factor
+from .series import SeriesPoint
 
 __all__ = [
     "HEATMAP_ROWS_BUDGET",
     "Executions",
     "PortalQueries",
+    "run_overview",
     "run_summary",
     "step_buckets",
 ]
@@ -50,6 +67,10 @@ I64 = npt.NDArray[np.int64]
 
 HEATMAP_ROWS_BUDGET = 2_000_000
 """Rank-step rows the default heatmap window reads: ~2,000 steps at 1,024 ranks, ~120 at 16k."""
+OVERVIEW_SCALARS = ("loss", "lr", "grad_norm")
+"""The scalars the run page charts (all of them when the run logs fewer than six)."""
+TIMELINE_STEPS = 5_000
+"""The run page's first paint shows the timeline of the window's last steps (2,000 items)."""
 
 
 def _f(x: Any) -> float | None:
@@ -130,11 +151,7 @@ class Executions:
         return arrays, extra
 
 
-_BUCKET_KEYS = ("step", "steps", "t", "p50", "max", "min", "computeMax", "computeMean", "tokens",
-                "tokensPerSecond")  # fmt: skip
-
-
-def step_buckets(per_step: Executions, lo: int, hi: int, points: int) -> list[dict[str, Any]]:
+def step_buckets(per_step: Executions, lo: int, hi: int, points: int) -> list[StepBucket]:
     """Per bucket of steps in [lo, hi] (``points`` buckets at most), from one row per step (see
     :meth:`Executions.latest`): the job's step time (median, min and max over the bucket's
     steps), the slowest and the mean rank's compute (bucket means), tokens and tokens/s."""
@@ -169,7 +186,7 @@ def step_buckets(per_step: Executions, lo: int, hi: int, points: int) -> list[di
         _col(tps, 1),
         strict=True,
     )
-    return [dict(zip(_BUCKET_KEYS, c, strict=True)) for c in cols]
+    return [StepBucket(*c) for c in cols]
 
 
 def run_summary(
@@ -256,7 +273,7 @@ class PortalQueries:
 
     def scalar_series(
         self, run_id: str, names: list[str], lo: int, hi: int, points: int
-    ) -> dict[str, list[dict[str, Any]]]:
+    ) -> dict[str, list[SeriesPoint]]:
         """Several scalars in one scan, as :meth:`SeriesQueries.series` shapes one: per bucket
         of steps, the first, min, max and mean of the lowest rank's value at each step (six
         significant digits), and how many were not finite (kept as strings: "nan", "inf")."""
@@ -264,21 +281,21 @@ class PortalQueries:
             return {}
         width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
         rows = self.q.scalar_buckets(run_id, names, lo, hi, width).to_pylist()
-        out: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        out: dict[str, list[SeriesPoint]] = {n: [] for n in names}
         for r in rows:
             out[r["name"]].append(
-                {
-                    "step": int(r["v_step"]),
-                    "value": _g(r["v_first"]),
-                    "min": _g(r["v_min"]),
-                    "max": _g(r["v_max"]),
-                    "mean": _g(r["v_mean"]),
-                    "nonFinite": int(r["v_bad"]),
-                }
+                SeriesPoint(
+                    step=int(r["v_step"]),
+                    value=_g(r["v_first"]),
+                    min=_g(r["v_min"]),
+                    max=_g(r["v_max"]),
+                    mean=_g(r["v_mean"]),
+                    non_finite=int(r["v_bad"]),
+                )
             )
         return out
 
-    def step_series(self, run_id: str, lo: int, hi: int, points: int) -> list[dict[str, Any]]:
+    def step_series(self, run_id: str, lo: int, hi: int, points: int) -> list[StepBucket]:
         """:func:`step_buckets` over the steps in [lo, hi] (a replayed step counts once, at its
         latest attempt)."""
         return step_buckets(self.executions(run_id, lo, hi).latest(), lo, hi, points)
@@ -336,56 +353,56 @@ class PortalQueries:
             "rowRank": pick,
         }
 
-    def recent_spread(self, run_id: str, window: int = 100) -> dict[str, Any] | None:
+    def recent_spread(self, run_id: str, window: int = 100) -> RecentSpread | None:
         """Per-rank spread over the last ``window`` steps: (slowest - mean compute) / mean."""
         recent = self.q.recent_compute(run_id, window)
         if not recent.steps:
             return None
         mx, mean = _f(recent.max_compute), _f(recent.mean_compute)
-        return {
-            "steps": recent.steps,
-            "computeMaxMs": None if mx is None else round(mx * 1000, 2),
-            "computeMeanMs": None if mean is None else round(mean * 1000, 2),
-            "spread": (mx - mean) / mean if mx is not None and mean else None,
-        }
+        return RecentSpread(
+            steps=recent.steps,
+            compute_max_ms=None if mx is None else round(mx * 1000, 2),
+            compute_mean_ms=None if mean is None else round(mean * 1000, 2),
+            spread=(mx - mean) / mean if mx is not None and mean else None,
+        )
 
     def events(
         self, kinds: tuple[str, ...], since: float, run_id: str | None = None, limit: int = 500
-    ) -> list[dict[str, Any]]:
+    ) -> list[PortalEvent]:
         """Events of the given kinds after ``since`` (all the tenant's runs, or one)."""
         rows = self.q.events(kinds, since, run_id, limit).to_pylist()
         return [
-            {
-                "time": r["time"],
-                "runId": r["run_id"],
-                "jobId": r["job_id"],
-                "step": int(r["step"]) if r["step"] >= 0 else None,
-                "rank": int(r["rank"]) if r["rank"] >= 0 else None,
-                "kind": r["kind"],
-                "node": r["node_id"] or None,
-                "gpu": int(r["gpu"]) if r["gpu"] >= 0 else None,
-                "message": r["message"],
-            }
+            PortalEvent(
+                time=r["time"],
+                run_id=r["run_id"],
+                job_id=r["job_id"],
+                step=int(r["step"]) if r["step"] >= 0 else None,
+                rank=int(r["rank"]) if r["rank"] >= 0 else None,
+                kind=r["kind"],
+                node=r["node_id"] or None,
+                gpu=int(r["gpu"]) if r["gpu"] >= 0 else None,
+                message=r["message"],
+            )
             for r in rows
         ]
 
     def node_events(
         self, kinds: tuple[str, ...], since: float, limit: int = 500
-    ) -> list[dict[str, Any]]:
+    ) -> list[NodeEvent]:
         """Events of the given kinds on a node after ``since``, each with its tenant, for
         infrastructure on-call: every tenant's for a cross-tenant scope (role oncall), else the
         caller's tenant's. Only where, when and what happened to the node: no rank or step."""
         rows = self.q.node_events(kinds, since, limit).to_pylist()
         return [
-            {
-                "time": r["time"],
-                "tenant": r["n_tenant"],
-                "runId": r["run_id"],
-                "kind": r["kind"],
-                "node": r["node_id"],
-                "gpu": int(r["gpu"]) if r["gpu"] >= 0 else None,
-                "message": r["message"],
-            }
+            NodeEvent(
+                time=r["time"],
+                tenant=r["n_tenant"],
+                run_id=r["run_id"],
+                kind=r["kind"],
+                node=r["node_id"],
+                gpu=int(r["gpu"]) if r["gpu"] >= 0 else None,
+                message=r["message"],
+            )
             for r in rows
         ]
 
@@ -395,3 +412,67 @@ class PortalQueries:
             return {}
         rows = self.q.nodes_of(runs).to_pylist()
         return {r["p_node"]: sorted(r["p_runs"]) for r in rows}
+
+
+def run_overview(
+    metadata: MetadataStore,
+    telemetry: TelemetryStore,
+    scope: Scope,
+    run_id: str,
+    points: int,
+    from_step: int | None = None,
+    to_step: int | None = None,
+    mark: Callable[[str], object] = lambda _: None,
+) -> RunOverview:
+    """What the run page draws on first paint: the series and the timeline over [from_step,
+    to_step] of the run's steps (all of them by default) at ``points`` buckets; the summary,
+    goodput and findings (most costly first) of the whole run. One read of the rollup serves the
+    summary, the step series, the goodput and the costs. ``mark(part)`` is called as each part
+    is done (the API times them)."""
+    from .portal_costs import finding_costs  # it reads this module's Executions
+
+    info = metadata.get_run(scope, run_id)
+    pq = PortalQueries(telemetry, scope)
+    config = info.config or {}
+    mark("run")
+    executions = pq.executions(run_id)
+    per_step = executions.latest()
+    mark("steps")
+    latest = pq.latest_scalars(run_id)
+    summary = declared_world(run_summary(per_step, latest), metadata.jobs(scope, run_id))
+    layout = layout_of(config, int(summary.get("worldSize") or info.world_size or 0))
+    mark("summary")
+    if not len(per_step):
+        return RunOverview(info=info, summary=summary, layout=layout, steps=None)
+    first, last = int(per_step.step[0]), int(per_step.step[-1])
+    lo = first if from_step is None else max(first, from_step)
+    hi = last if to_step is None else min(last, to_step)
+    series = step_buckets(per_step, lo, hi, points)
+    mark("stepSeries")
+    names = [n for n in latest if n in OVERVIEW_SCALARS or len(latest) < 6]
+    scalars = pq.scalar_series(run_id, names, lo, hi, points)
+    mark("scalars")
+    sched = run_scheduling_factor(telemetry, scope, run_id)  # as GET .../goodput has it
+    bd, f, program = pq.run_goodput(run_id, executions, program_spec(config), sched.factor)
+    mark("goodput")
+    # The recent part on first paint; the page asks /timeline for any other window.
+    rq = RunQueries(telemetry, scope)
+    timeline = rq.timeline(run_id, max(lo, hi - TIMELINE_STEPS + 1), hi)[:2000]
+    mark("timeline")
+    found = FindingsStore(metadata).rows(scope, run_id, None)
+    devices = float(program.get("devices") or info.world_size or 0)
+    ranked, unattributed = finding_costs(found, bd, executions, devices)
+    mark("costs")
+    steps = OverviewSteps(
+        window=OverviewWindow(from_step=lo, to_step=hi, run_from_step=first, run_to_step=last),
+        step_series=series,
+        scalars=scalars,
+        breakdown=bd,
+        factors=f,
+        program=program,
+        timeline=timeline,
+        findings=ranked,
+        unattributed=unattributed,
+        completion=completion(config, summary, info.status),
+    )
+    return RunOverview(info=info, summary=summary, layout=layout, steps=steps)

@@ -18,6 +18,7 @@ from ..store.portal_queries import RankStoreQueries
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
+from .portal_types import GpuSample, HeatmapRows, PhaseBucket, Placement
 
 __all__ = ["RankQueries"]
 
@@ -33,15 +34,15 @@ class RankQueries:
     def __init__(self, telemetry: TelemetryStore, scope: Scope) -> None:
         self.q = RankStoreQueries(TenantReader(telemetry, scope))
 
-    def placements(self, run_id: str, rank: int) -> list[dict[str, Any]]:
+    def placements(self, run_id: str, rank: int) -> list[Placement]:
         """Where ``rank`` ran, one row per job attempt, oldest first."""
         rows = self.q.placements(run_id, rank).to_pylist()
         return [
-            {"jobId": r["p_job"], "node": r["p_node"], "gpu": int(r["p_gpu"]), "time": r["p_time"]}
+            Placement(job_id=r["p_job"], node=r["p_node"], gpu=int(r["p_gpu"]), time=r["p_time"])
             for r in rows
         ]
 
-    def phases(self, run_id: str, rank: int, lo: int, hi: int, points: int) -> list[dict[str, Any]]:
+    def phases(self, run_id: str, rank: int, lo: int, hi: int, points: int) -> list[PhaseBucket]:
         """Per bucket of steps in [lo, hi]: the rank's mean phase timings (seconds) and the
         mean rank's compute; ``t``: the bucket's first start."""
         width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
@@ -50,40 +51,39 @@ class RankQueries:
             int(r["b"]): r["m_c"]
             for r in self.q.mean_compute_buckets(run_id, lo, hi, width).to_pylist()
         }
-        keys = {
-            "k_fw": "forward",
-            "k_bw": "backward",
-            "k_opt": "optimizer",
-            "k_compute": "compute",
-            "k_comm": "comm",
-            "k_wait": "dataWait",
-            "k_dur": "duration",
-        }
-        out = []
-        for r in mine:
-            row: dict[str, Any] = {"step": int(r["k_step"]), "t": _f(r["k_t"], 2)}
-            row.update({name: _f(r[k], 5) for k, name in keys.items()})
-            row["computeMean"] = _f(mean.get(int(r["b"])), 5)
-            out.append(row)
-        return out
+        return [
+            PhaseBucket(
+                step=int(r["k_step"]),
+                t=_f(r["k_t"], 2),
+                forward=_f(r["k_fw"], 5),
+                backward=_f(r["k_bw"], 5),
+                optimizer=_f(r["k_opt"], 5),
+                compute=_f(r["k_compute"], 5),
+                comm=_f(r["k_comm"], 5),
+                data_wait=_f(r["k_wait"], 5),
+                duration=_f(r["k_dur"], 5),
+                compute_mean=_f(mean.get(int(r["b"])), 5),
+            )
+            for r in mine
+        ]
 
     def gpu_samples(
         self, node: str, gpu: int, t0: float, t1: float, points: int
-    ) -> list[dict[str, Any]]:
+    ) -> list[GpuSample]:
         """Per bucket of time in [t0, t1]: the GPU's mean SM clock (MHz), its maximum clock,
         mean temperature (°C), power (W), framebuffer in use (MiB) and the largest Xid."""
         width = max(1.0, (t1 - t0) / max(1, points))
         rows = self.q.gpu_sample_buckets(node, gpu, t0, t1, math.ceil(width)).to_pylist()
         return [
-            {
-                "t": _f(r["g_t"], 2),
-                "smClock": _f(r["g_clock"], 1),
-                "smClockMax": _f(r["g_clock_max"], 1),
-                "temp": _f(r["g_temp"], 1),
-                "power": _f(r["g_power"], 1),
-                "fbUsed": _f(r["g_fb"], 1),
-                "xid": int(r["g_xid"]) if _f(r["g_xid"]) else 0,
-            }
+            GpuSample(
+                t=_f(r["g_t"], 2),
+                sm_clock=_f(r["g_clock"], 1),
+                sm_clock_max=_f(r["g_clock_max"], 1),
+                temp=_f(r["g_temp"], 1),
+                power=_f(r["g_power"], 1),
+                fb_used=_f(r["g_fb"], 1),
+                xid=int(r["g_xid"]) if _f(r["g_xid"]) else 0,
+            )
             for r in rows
         ]
 
@@ -91,15 +91,15 @@ class RankQueries:
         """The first start and last end of steps [lo, hi] (None: no step)."""
         return self.q.time_span(run_id, lo, hi)
 
-    def rows(self, run_id: str, ranks: list[int]) -> dict[str, list[Any]]:
+    def rows(self, run_id: str, ranks: list[int]) -> HeatmapRows:
         """The heatmap's rows: the rank each opens (``ranks``, one per row) and its node and GPU
         (its latest placement)."""
         places = {
             int(r["rank"]): (r["x_node"], int(r["x_gpu"]))
             for r in self.q.latest_placements(run_id, ranks).to_pylist()
         }
-        return {
-            "rank": ranks,
-            "node": [places.get(k, (None, None))[0] for k in ranks],
-            "gpu": [places.get(k, (None, None))[1] for k in ranks],
-        }
+        return HeatmapRows(
+            rank=ranks,
+            node=[places.get(k, (None, None))[0] for k in ranks],
+            gpu=[places.get(k, (None, None))[1] for k in ranks],
+        )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ from ..store.reader import TenantReader
 from ..store.run_queries import RANK_SORT_KEYS, RunTelemetryQueries
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
+from .runs_types import MetricChangeItem, RankFigures, RankHardware, TimelineEvent, TimelineItem
 
 __all__ = ["RecentSteps", "RunQueries", "summarize"]
 
@@ -211,7 +212,7 @@ class RunQueries:
 
     def ranks(
         self, run_id: str, from_step: int, to_step: int, sort: str, descending: bool, limit: int
-    ) -> list[dict[str, Any]]:
+    ) -> list[RankFigures]:
         """Per rank over a step window: compute (median), step time, data wait, communication."""
         if sort not in RANK_SORT_KEYS:
             raise ConfigError(f"unknown sort key {sort!r}")
@@ -224,36 +225,36 @@ class RunQueries:
         for r in rows:
             med, med_c = _f(r["median_all"]), _f(r["median_compute"])
             out.append(
-                {
-                    "rank": int(r["rank"]),
-                    "node": r["p_node"] or None,
-                    "gpu": int(r["p_gpu"]) if r["p_node"] and r["p_gpu"] is not None else None,
-                    "gpuUuid": r["p_uuid"] or None,
-                    "rack": r["p_rack"] or None,
-                    "jobId": job or None,
-                    "steps": int(r["r_steps"]),
-                    "stepTimeMs": _ms(r["r_step_time"]),
-                    "maxStepTimeMs": _ms(r["r_max_step_time"]),
-                    "dataWaitMs": _ms(r["r_data_wait"]),
-                    "commMs": _ms(r["r_comm"]),
-                    "computeMs": _ms(r["r_compute"]),
-                    "slowdown": (_f(r["r_step_time"]) or 0.0) / med if med else None,
-                    "computeSlowdown": (_f(r["r_compute"]) or 0.0) / med_c if med_c else None,
-                }
+                RankFigures(
+                    rank=int(r["rank"]),
+                    node=r["p_node"] or None,
+                    gpu=int(r["p_gpu"]) if r["p_node"] and r["p_gpu"] is not None else None,
+                    gpu_uuid=r["p_uuid"] or None,
+                    rack=r["p_rack"] or None,
+                    job_id=job or None,
+                    steps=int(r["r_steps"]),
+                    step_time_ms=_ms(r["r_step_time"]),
+                    max_step_time_ms=_ms(r["r_max_step_time"]),
+                    data_wait_ms=_ms(r["r_data_wait"]),
+                    comm_ms=_ms(r["r_comm"]),
+                    compute_ms=_ms(r["r_compute"]),
+                    slowdown=(_f(r["r_step_time"]) or 0.0) / med if med else None,
+                    compute_slowdown=(_f(r["r_compute"]) or 0.0) / med_c if med_c else None,
+                )
             )
-        self.hardware(run_id, out, from_step, to_step)
-        return out
+        return self.hardware(run_id, out, from_step, to_step)
 
     def hardware(
-        self, run_id: str, ranks: list[dict[str, Any]], from_step: int, to_step: int
-    ) -> None:
-        """Each listed rank's GPU and host evidence over the window's time span."""
-        nodes = sorted({r["node"] for r in ranks if r["node"]})
+        self, run_id: str, ranks: list[RankFigures], from_step: int, to_step: int
+    ) -> list[RankFigures]:
+        """``ranks`` with each one's GPU and host evidence over the window's time span (as they
+        were when no rank has a node or the window no steps)."""
+        nodes = sorted({r.node for r in ranks if r.node})
         if not nodes:
-            return
+            return ranks
         t0, t1 = self.q.step_span(run_id, from_step, to_step)
         if t0 is None or t1 is None:
-            return
+            return ranks
         dq = DetectQueries(self.t, self.tenant)
         gpus: dict[tuple[str, int], GpuHealth] = {}
         hosts: dict[str, NodeHealth] = {}
@@ -263,31 +264,14 @@ class RunQueries:
         for (a, b), on in by_placed_span(dq.placed(run_id), nodes, t0, t1).items():
             gpus.update(gpu_health(dq.gpu_health_rows(on, a, b)))
             hosts.update(node_health(dq.node_health_rows(on, a, b)))
+        out = []
         for r in ranks:
-            g = gpus.get((r["node"], r["gpu"])) if r["gpu"] is not None else None
-            h = hosts.get(r["node"]) if r["node"] else None
-            r["hardware"] = (
-                None
-                if g is None and h is None
-                else {
-                    "gpuTempMax": _f(g.temp_max) if g else None,
-                    "smClockRatioMin": _f(g.clock_ratio_min) if g else None,
-                    "throttleReasons": g.throttle if g else None,
-                    "powerMaxW": _f(g.power_max) if g else None,
-                    "eccCorrectable": _f(g.sbe_delta) if g else None,
-                    "eccUncorrectable": _f(g.dbe_delta) if g else None,
-                    "xids": list(g.xids) if g else [],
-                    "nvlinkCrcErrors": _f(g.nvlink_crc_delta) if g else None,
-                    "pcieReplays": _f(g.pcie_replay_delta) if g else None,
-                    "hostCpuMax": _f(h.cpu_max) if h else None,
-                    "nicErrorsPerS": _f(h.nic_errors_per_s) if h else None,
-                    "tcpRetransmitsPerS": _f(h.retransmits_per_s) if h else None,
-                    "ibErrorsPerS": _f(h.ib_errors_per_s) if h else None,
-                    "rdmaRetriesPerS": _f(h.rdma_retries_per_s) if h else None,
-                }
-            )
+            g = gpus.get((r.node, r.gpu)) if r.node and r.gpu is not None else None
+            h = hosts.get(r.node) if r.node else None
+            out.append(replace(r, hardware=_hardware(g, h), hardware_read=True))
+        return out
 
-    def timeline(self, run_id: str, from_step: int, to_step: int) -> list[dict[str, Any]]:
+    def timeline(self, run_id: str, from_step: int, to_step: int) -> list[TimelineItem]:
         """Events and metric changes in a step window, in order."""
         if to_step - from_step > MAX_TIMELINE_STEPS:
             raise ConfigError(f"a timeline covers at most {MAX_TIMELINE_STEPS} steps")
@@ -307,18 +291,17 @@ class RunQueries:
             t0 if t0 is not None else 0.0,
             t1 if t1 is not None else -1.0,
         ).to_pylist()
-        items: list[dict[str, Any]] = [
-            {
-                "step": int(e["step"]) if e["step"] >= 0 else None,
-                "time": e["time"],
-                "source": "event",
-                "kind": e["kind"],
-                "rank": int(e["rank"]) if e["rank"] >= 0 else None,
-                "node": e["node_id"] or None,
-                "gpu": int(e["gpu"]) if e["gpu"] >= 0 else None,
-                "message": e["message"],
-                "attrs": json.loads(e["attrs"] or "{}"),
-            }
+        items: list[TimelineItem] = [
+            TimelineEvent(
+                step=int(e["step"]) if e["step"] >= 0 else None,
+                time=e["time"],
+                kind=e["kind"],
+                rank=int(e["rank"]) if e["rank"] >= 0 else None,
+                node=e["node_id"] or None,
+                gpu=int(e["gpu"]) if e["gpu"] >= 0 else None,
+                message=e["message"],
+                attrs=json.loads(e["attrs"] or "{}"),
+            )
             for e in events
         ]
         series = self.q.scalar_steps(run_id, max(0, from_step - 20), to_step)
@@ -337,20 +320,40 @@ class RunQueries:
                 lo, hi = where[ch.name]
                 at = lo + int(np.searchsorted(steps[lo:hi], ch.step))
                 items.append(
-                    {
-                        "step": ch.step,
-                        "endStep": ch.end_step,
-                        "time": float(times[at]),
-                        "source": "metric",
-                        "kind": ch.what,
-                        "metric": ch.name,
-                        "value": _json_num(ch.value),
-                        "previous": _json_num(ch.previous),
-                        "message": _describe(ch),
-                    }
+                    MetricChangeItem(
+                        step=ch.step,
+                        end_step=ch.end_step,
+                        time=float(times[at]),
+                        kind=ch.what,
+                        metric=ch.name,
+                        value=_json_num(ch.value),
+                        previous=_json_num(ch.previous),
+                        message=_describe(ch),
+                    )
                 )
-        items.sort(key=lambda i: (i["time"], i["step"] if i["step"] is not None else -1))
+        items.sort(key=lambda i: (i.time, i.step if i.step is not None else -1))
         return items
+
+
+def _hardware(g: GpuHealth | None, h: NodeHealth | None) -> RankHardware | None:
+    if g is None and h is None:
+        return None
+    return RankHardware(
+        gpu_temp_max=_f(g.temp_max) if g else None,
+        sm_clock_ratio_min=_f(g.clock_ratio_min) if g else None,
+        throttle_reasons=g.throttle if g else None,
+        power_max_w=_f(g.power_max) if g else None,
+        ecc_correctable=_f(g.sbe_delta) if g else None,
+        ecc_uncorrectable=_f(g.dbe_delta) if g else None,
+        xids=list(g.xids) if g else [],
+        nvlink_crc_errors=_f(g.nvlink_crc_delta) if g else None,
+        pcie_replays=_f(g.pcie_replay_delta) if g else None,
+        host_cpu_max=_f(h.cpu_max) if h else None,
+        nic_errors_per_s=_f(h.nic_errors_per_s) if h else None,
+        tcp_retransmits_per_s=_f(h.retransmits_per_s) if h else None,
+        ib_errors_per_s=_f(h.ib_errors_per_s) if h else None,
+        rdma_retries_per_s=_f(h.rdma_retries_per_s) if h else None,
+    )
 
 
 def _ms(x: Any) -> float | None:
