@@ -11,6 +11,7 @@ from bench._common import json_endpoint
 from fleetlens.errors import ConfigError
 from fleetlens.evaluation.adapters import Generation
 from fleetlens.evaluation.benchmarks import aggregate, score
+from fleetlens.evaluation.requests import EvaluationRequest
 from fleetlens.evaluation.store import EvalStore
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
@@ -74,13 +75,13 @@ def test_judge_configuration_is_versioned_and_part_of_the_cache_key(
         suite = toy_suite(4)
         examples = suite["benchmarks"][0]["examples"]
 
-        def req(**over: Any) -> dict[str, Any]:
+        def req(**over: Any) -> EvaluationRequest:
             bench = {**_spec(judge_url, **over), "source": "inline", "examples": examples}
-            return {
-                "adapter": {"kind": "callable", "target": "tests.test_eval_support:echo_answer"},
-                "suite": {"name": "judged", "version": "1", "benchmarks": [bench]},
-                "modelHash": "sha256:m",
-            }
+            return EvaluationRequest(
+                adapter={"kind": "callable", "target": "tests.test_eval_support:echo_answer"},
+                suite={"name": "judged", "version": "1", "benchmarks": [bench]},
+                model_hash="sha256:m",
+            )
 
         base = evals.submit(scope, req())
         keys = {base.cache_key}

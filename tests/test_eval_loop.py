@@ -20,6 +20,7 @@ from fleetlens.alerts.policy import DEFAULT_POLICY
 from fleetlens.evaluation.gates import evaluate_gate, parse_policies
 from fleetlens.evaluation.performance import performance, price_for
 from fleetlens.evaluation.regressions import find_regressions
+from fleetlens.evaluation.requests import TriggerRequest
 from fleetlens.testing import Server, step_batch, wait_passes, wait_until
 from fleetlens.wire import TableBuilder, encode_batch
 
@@ -495,7 +496,7 @@ def test_triggers_regressions_and_their_alerts_on_both_engines(metadata_url: str
         evals = EvalStore(meta)
         reg = Registry(meta, evals, AccessStore(meta))
         evals.suites.register(A, _suite("rel"))
-        evals.suites.add_trigger(A, {"on": "model", "suite": "rel", "adapter": _adapter("x")})
+        evals.suites.add_trigger(A, TriggerRequest(on="model", suite="rel", adapter=_adapter("x")))
 
         def evaluate(version: str, unsafe: float) -> EvaluationView:
             _model(meta, version)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from fleetlens.errors import LeaseLost, PromotionRefused
 from fleetlens.evaluation.registry import Registry
+from fleetlens.evaluation.requests import EvaluationRequest
 from fleetlens.evaluation.store import EvalStore
 from fleetlens.store.access import AccessStore
 from fleetlens.store.graph import GraphStore
@@ -33,8 +35,8 @@ def meta(metadata_url: str) -> Any:
     store.engine.dispose()
 
 
-def _req(n: int = 20, **kw: Any) -> dict[str, Any]:
-    return {"adapter": ECHO, "suite": toy_suite(n), "shardSize": 5, **kw}
+def _req(n: int = 20, **kw: Any) -> EvaluationRequest:
+    return EvaluationRequest(**{"adapter": ECHO, "suite": toy_suite(n), "shard_size": 5, **kw})
 
 
 def _drain(evals: EvalStore, scope: Scope, answer: Any = None) -> int:
@@ -71,7 +73,7 @@ def test_expired_lease_goes_to_another_worker_and_the_old_token_is_refused(
     meta: MetadataStore,
 ) -> None:
     evals = EvalStore(meta)
-    ev = evals.submit(A, _req(5, maxAttempts=2))
+    ev = evals.submit(A, _req(5, max_attempts=2))
     first = evals.lease(A, "w1", lease_s=0.05)
     assert first is not None and first.attempt == 1
     evals.heartbeat(A, first.shard_id, first.lease_token, 0.05, {"0": {"exact_match": 1.0}})
@@ -89,7 +91,7 @@ def test_expired_lease_goes_to_another_worker_and_the_old_token_is_refused(
     done = evals.get(A, ev.evaluation_id)
     assert done.metrics["toy"]["exact_match"]["n"] == 5
     # A lease that expires on its last attempt fails the shard instead of looping forever.
-    ev2 = evals.submit(A, _req(5, maxAttempts=1, codeCommit="other"))
+    ev2 = evals.submit(A, _req(5, max_attempts=1, code_commit="other"))
     assert evals.lease(A, "w3", lease_s=0.01) is not None
     time.sleep(0.05)
     assert evals.lease(A, "w4") is None
@@ -99,15 +101,15 @@ def test_expired_lease_goes_to_another_worker_and_the_old_token_is_refused(
 
 def test_lease_order_priority_then_deadline_then_locality(meta: MetadataStore) -> None:
     evals = EvalStore(meta)
-    p3 = evals.submit(A, _req(5, priority="P3", codeCommit="a"))
-    late = evals.submit(A, _req(5, priority="P1", deadline=time.time() + 900, codeCommit="b"))
-    soon = evals.submit(A, _req(5, priority="P1", deadline=time.time() + 60, codeCommit="c"))
-    p0 = evals.submit(A, _req(5, priority="P0", codeCommit="d"))
+    p3 = evals.submit(A, _req(5, priority="P3", code_commit="a"))
+    late = evals.submit(A, _req(5, priority="P1", deadline=time.time() + 900, code_commit="b"))
+    soon = evals.submit(A, _req(5, priority="P1", deadline=time.time() + 60, code_commit="c"))
+    p0 = evals.submit(A, _req(5, priority="P0", code_commit="d"))
     order = [evals.lease(A, "w").evaluation_id for _ in range(4)]  # type: ignore[union-attr]
     assert order == [p0.evaluation_id, soon.evaluation_id, late.evaluation_id,
                      p3.evaluation_id]  # fmt: skip
-    x = evals.submit(A, _req(5, priority="P2", modelHash="sha256:x"))
-    y = evals.submit(A, _req(5, priority="P2", modelHash="sha256:y"))
+    x = evals.submit(A, _req(5, priority="P2", model_hash="sha256:x"))
+    y = evals.submit(A, _req(5, priority="P2", model_hash="sha256:y"))
     first = evals.lease(A, "w", prefer_locality="sha256:y")
     assert first is not None and first.evaluation_id == y.evaluation_id
     assert evals.lease(A, "w").evaluation_id == x.evaluation_id  # type: ignore[union-attr]
@@ -115,7 +117,7 @@ def test_lease_order_priority_then_deadline_then_locality(meta: MetadataStore) -
 
 def test_cache_hit_reuses_and_any_provenance_change_misses(meta: MetadataStore) -> None:
     evals = EvalStore(meta)
-    base = _req(10, modelHash="sha256:m1", codeCommit="abc", decoding={"temperature": 0})
+    base = _req(10, model_hash="sha256:m1", code_commit="abc", decoding={"temperature": 0})
     first = evals.submit(A, base)
     assert _drain(evals, A) == 2
     again = evals.submit(A, base)
@@ -126,15 +128,15 @@ def test_cache_hit_reuses_and_any_provenance_change_misses(meta: MetadataStore) 
     assert not evals.submit(B, base).cache_hit  # another tenant's result is never reused
     suite = toy_suite(10)
     variants = {
-        "model hash": {**base, "modelHash": "sha256:m2"},
-        "code commit": {**base, "codeCommit": "abd"},
-        "decoding": {**base, "decoding": {"temperature": 0.7}},
-        "evaluator version": {**base, "evaluatorVersion": "fleetlens-eval-2"},
-        "benchmark version": {**base, "suite": {**suite, "benchmarks": [
-            {**suite["benchmarks"][0], "version": "2"}]}},
-        "prompt template": {**base, "suite": {**suite, "benchmarks": [
-            {**suite["benchmarks"][0], "promptTemplate": {"version": "v2", "text": "{prompt}"}}]}},
-        "dataset": {**base, "suite": toy_suite(11)},
+        "model hash": replace(base, model_hash="sha256:m2"),
+        "code commit": replace(base, code_commit="abd"),
+        "decoding": replace(base, decoding={"temperature": 0.7}),
+        "evaluator version": replace(base, evaluator_version="fleetlens-eval-2"),
+        "benchmark version": replace(base, suite={**suite, "benchmarks": [
+            {**suite["benchmarks"][0], "version": "2"}]}),
+        "prompt template": replace(base, suite={**suite, "benchmarks": [
+            {**suite["benchmarks"][0], "promptTemplate": {"version": "v2", "text": "{prompt}"}}]}),
+        "dataset": replace(base, suite=toy_suite(11)),
     }  # fmt: skip
     keys = {first.cache_key}
     for what, req in variants.items():
@@ -163,8 +165,8 @@ def _evaluate(evals: EvalStore, version: str, quality: float, unsafe: float) -> 
     n = 200
     suite = toy_suite(n)
     suite["benchmarks"].append({**suite["benchmarks"][0], "name": "safety"})
-    ev = evals.submit(A, {"adapter": ECHO, "suite": suite, "shardSize": 100,
-                          "modelId": "llm", "modelVersion": version})  # fmt: skip
+    ev = evals.submit(A, EvaluationRequest(adapter=ECHO, suite=suite, shard_size=100,
+                                           model_id="llm", model_version=version))  # fmt: skip
     while (sh := evals.lease(A, "w")) is not None:
         key = "exact_match" if sh.benchmark["name"] == "toy" else "unsafe_rate"
         rate = quality if key == "exact_match" else unsafe

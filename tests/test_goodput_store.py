@@ -84,7 +84,7 @@ def test_run_goodput_from_the_store_matches_the_pure_breakdown(store: ChdbStore)
     assert s["unaccounted"] == pytest.approx(0.0, abs=1e-6)
     assert bd.attempts == 2 and bd.interruptions == {"recovery": 1}
     # MFU over the retained steps only: 150 steps x 4 ranks x 1000 tokens x 1 GFLOP.
-    assert meta["programBasis"] == "mfu_retained_steps"
+    assert meta.program_basis == "mfu_retained_steps"
     assert f.program == pytest.approx(150 * 4000 * 1e9 / (bd.retained_step_s * RANKS * 1e12))
     # The same numbers as the pure function on the same rows.
     steps, _ = q.step_executions("r1")

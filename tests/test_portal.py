@@ -32,6 +32,7 @@ import pytest
 from fleetlens.alerts.store import queue_order
 from fleetlens.remediation.models import Remediation
 from fleetlens.services.portal import Executions, run_summary, step_buckets
+from fleetlens.services.runs_types import SummaryWindow
 from fleetlens.sim.library import load_scenario, run_scenario
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
@@ -744,16 +745,15 @@ def test_step_buckets_and_summary_count_a_replayed_step_at_its_latest_attempt() 
     assert [b.tokens for b in buckets] == [300, 300]
     assert buckets[0].tokens_per_second == round(300 / 6.0, 1)
     summary = run_summary(per_step, {"loss": 2.5}, window=4)
-    assert summary["steps"] == 6 and summary["step"] == 5
-    assert summary["tokensProcessed"] == 600 and summary["worldSize"] == 8
-    assert summary["window"] == {"fromStep": 2, "toStep": 5, "steps": 4}
-    m = summary["metrics"]
-    assert m["loss"] == 2.5
-    assert m["stepTimeMs"] == 2500.0  # median of 3, 5, 1, 2
-    assert m["meanRankStepTimeMs"] == 1250.0
-    assert m["tokensPerSecond"] == pytest.approx(400 / 11.0)
+    assert summary.steps == 6 and summary.step == 5
+    assert summary.tokens_processed == 600 and summary.world_size == 8
+    assert summary.window == SummaryWindow(from_step=2, to_step=5, steps=4)
+    assert summary.scalars == {"loss": 2.5}
+    assert summary.step_time_ms == 2500.0  # median of 3, 5, 1, 2
+    assert summary.mean_rank_step_time_ms == 1250.0
+    assert summary.tokens_per_second == pytest.approx(400 / 11.0)
     assert step_buckets(per_step, 10, 20, 5) == []
-    assert run_summary(ex.take(np.zeros(0, np.intp)), {})["step"] is None
+    assert run_summary(ex.take(np.zeros(0, np.intp)), {}).step is None
 
 
 # --------------------------------------------------------------------------- signing in

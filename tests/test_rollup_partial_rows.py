@@ -56,7 +56,7 @@ def test_the_run_page_counts_every_rank_and_finds_the_slow_one(store: ChdbStore)
     pq = PortalQueries(store, Scope("acme", "viewer"))
     assert pq.step_range("r1") == (0, STEPS - 1, RANKS)
     heat = pq.heatmap("r1", 0, STEPS - 1, RANKS, RANKS, STEPS)
-    assert heat["rows"] == RANKS and heat["hot"]["rank"] == SLOW
+    assert heat.rows == RANKS and heat.hot is not None and heat.hot.rank == SLOW
     summary = pq.executions("r1")
     assert len(summary) == STEPS and set(summary.ranks.tolist()) == {RANKS}
 

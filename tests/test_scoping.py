@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -29,6 +28,7 @@ from fleetlens.alerts.store import AlertStore
 from fleetlens.analysis.rootcause import Diagnosis
 from fleetlens.errors import NotFound, StoreError
 from fleetlens.evaluation.registry import Registry
+from fleetlens.evaluation.requests import EvaluationRequest
 from fleetlens.evaluation.store import EvalStore
 from fleetlens.remediation.machine import Action, State
 from fleetlens.remediation.repository import Repository
@@ -237,9 +237,14 @@ def test_graph_objects(meta: MetadataStore) -> None:
         g.model_lineage(vision, "m", "v1")
 
 
-def _req(model_version: str, shard_size: int = 2) -> dict[str, Any]:
-    return {"adapter": ECHO, "suite": toy_suite(4), "shardSize": shard_size, "modelId": "m",
-            "modelVersion": model_version}  # fmt: skip
+def _req(model_version: str, shard_size: int = 2) -> EvaluationRequest:
+    return EvaluationRequest(
+        adapter=ECHO,
+        suite=toy_suite(4),
+        shard_size=shard_size,
+        model_id="m",
+        model_version=model_version,
+    )
 
 
 def test_evaluations_and_registry(meta: MetadataStore) -> None:

@@ -53,16 +53,16 @@ def test_summary_counts_a_replayed_step_once_and_uses_the_slowest_rank(
     # The job failed after step 9; the restart resumes from a checkpoint at step 5.
     _insert(chdb_store, step_batch("r1", range(5, 12), 4, job_id="a1", t0=2000.0, slow={2: 1.5})[1])
     s = RunQueries(chdb_store, Scope("default", "viewer")).summary("r1")
-    assert s["step"] == 11 and s["steps"] == 12
-    assert s["tokensProcessed"] == 12 * 4 * 1000
-    assert s["metrics"]["stepTimeMs"] == pytest.approx(600.0)  # the straggler's 0.4 s x 1.5
-    assert s["worldSize"] == 4
+    assert s.step == 11 and s.steps == 12
+    assert s.tokens_processed == 12 * 4 * 1000
+    assert s.step_time_ms == pytest.approx(600.0)  # the straggler's 0.4 s x 1.5
+    assert s.world_size == 4
 
 
 def test_queries_are_scoped_to_the_tenant(chdb_store: ChdbStore) -> None:
     _insert(chdb_store, step_batch("r1", range(0, 3), 2)[1], tenant="acme")
-    assert RunQueries(chdb_store, Scope("other", "viewer")).summary("r1")["steps"] == 0
-    assert RunQueries(chdb_store, Scope("acme", "viewer")).summary("r1")["steps"] == 3
+    assert RunQueries(chdb_store, Scope("other", "viewer")).summary("r1").steps == 0
+    assert RunQueries(chdb_store, Scope("acme", "viewer")).summary("r1").steps == 3
 
 
 def test_second_embedded_store_in_one_process_is_refused(chdb_store, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -8,82 +8,24 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response
-from pydantic import Field
 
-from ..services.captures import MAX_RANKS, MAX_STEPS, Captures
-from ..store.captures import Capture, capture_evidence
+from ..services.captures import Captures
 from ..store.scope import Scope
 from ..traces.importer import RankTrace
 from .auth import ERROR_RESPONSES, require, require_any
 from .bodies import drain
+from .capture_models import CaptureIn, CaptureOut, CapturesOut
 from .ingest import error_response
 from .leader import forward_to_leader
-from .models import ApiModel
 from .trace_files import FILE_REFUSED, GZIP_UPLOAD, Rank, keep_file, refused_early
 
-__all__ = ["CaptureOut", "router"]
+__all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["traces"], responses=ERROR_RESPONSES)
 Reader = Annotated[Scope, Depends(require("read"))]
 Writer = Annotated[Scope, Depends(require("write"))]
 Uploader = Annotated[Scope, Depends(require_any("write", "ingest"))]
 Id = Annotated[int, Path(ge=1, le=2**62)]
-
-
-class CaptureIn(ApiModel):
-    """Ask the job's ranks for a short profiler trace (ranks that offer capture)."""
-
-    ranks: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(
-        min_length=1, max_length=MAX_RANKS, description="the ranks to profile, compared in order"
-    )
-    steps: int = Field(3, ge=1, le=MAX_STEPS, description="profiled steps, after one warm-up")
-
-
-class CaptureOut(ApiModel):
-    """A capture: what asked it, its state, and each rank's breakdown once its trace is in."""
-
-    capture_id: int
-    run_id: str
-    job_id: str
-    ranks: list[int] = Field(description="the lagging (or first named) rank first")
-    from_step: int = Field(description="the step the ranks start profiling at (warm-up first)")
-    steps: int
-    warmup: int
-    reason: str
-    finding_key: str = Field(description="the finding that asked for it; empty when a person did")
-    state: str = Field(description="requested, partial, done or expired")
-    message: str
-    requested_at: float
-    updated_at: float
-    evidence: dict[str, Any] = Field(
-        description="the side-by-side the finding shows (signal trace_capture): per rank, the "
-        "mean step, compute, communication, idle and memory-copy milliseconds a step, the "
-        "heaviest kernels and collectives"
-    )
-
-    @classmethod
-    def of(cls, c: Capture) -> CaptureOut:
-        return cls(
-            capture_id=c.id,
-            run_id=c.run_id,
-            job_id=c.job_id,
-            ranks=list(c.ranks),
-            from_step=c.from_step,
-            steps=c.steps,
-            warmup=c.warmup,
-            reason=c.reason,
-            finding_key=c.finding_key,
-            state=c.state,
-            message=c.message,
-            requested_at=c.requested_at,
-            updated_at=c.updated_at,
-            evidence=capture_evidence(c),
-        )
-
-
-class CapturesOut(ApiModel):
-    run_id: str
-    captures: list[CaptureOut] = Field(description="newest first")
 
 
 def _captures(request: Request) -> Captures:

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from ..evaluation.registry import Registry
 from ..evaluation.store import EvalStore
@@ -31,6 +30,17 @@ from .evaluation_models import (
     TriggerListOut,
     TriggerOut,
 )
+from .evaluation_requests import (
+    AliasBody,
+    CompleteBody,
+    EvaluationBody,
+    FailBody,
+    GateBody,
+    HeartbeatBody,
+    LeaseBody,
+    SuiteBody,
+    TriggerBody,
+)
 from .gate_models import (
     AliasesOut,
     AliasMoveOut,
@@ -40,9 +50,6 @@ from .gate_models import (
 )
 
 __all__ = ["eval_stores", "router"]
-
-# Request bodies take JSON as it is: no 0 for false, no false for 0, no "1" for 1.
-STRICT = ConfigDict(strict=True)
 
 router = APIRouter(prefix="/v1", tags=["evaluation"], responses=ERROR_RESPONSES)
 
@@ -77,28 +84,6 @@ async def _run(fn: Any) -> Any:
 # -- evaluations ----------------------------------------------------------------------------
 
 
-class EvaluationBody(BaseModel):
-    model_config = STRICT
-
-    modelId: str = ""
-    modelVersion: str = ""
-    runId: str = ""
-    checkpointId: str = ""
-    modelHash: str = Field("", description="content hash of the weights, when no checkpoint")
-    adapter: dict[str, Any] | None = Field(
-        None, description="{kind: callable|openai|hf, ...}; default: the suite's"
-    )
-    suite: dict[str, Any] | None = Field(None, description="{name, version, benchmarks: [...]}")
-    benchmarkSuite: str = Field("", description="a registered suite: name or name@version")
-    decoding: dict[str, Any] = Field(default_factory=dict)
-    priority: str = Field("P2", description="P0 safety .. P3 exploratory")
-    deadline: float | None = Field(None, ge=0, le=1e12, allow_inf_nan=False)
-    shardSize: int = Field(50, ge=1, le=100_000)
-    maxAttempts: int = Field(3, ge=1, le=20)
-    codeCommit: str = ""
-    noCache: bool = False
-
-
 @router.post(
     "/evaluations",
     response_model=EvaluationOut,
@@ -108,7 +93,7 @@ class EvaluationBody(BaseModel):
 )
 async def submit(request: Request, body: EvaluationBody, scope: Writer) -> EvaluationOut:
     evals, _ = _stores(request)
-    return EvaluationOut.of(await _run(lambda: evals.submit(scope, body.model_dump())))
+    return EvaluationOut.of(await _run(lambda: evals.submit(scope, body.request())))
 
 
 @router.get(
@@ -164,21 +149,6 @@ async def evaluation_examples(
 # -- suites and the triggers that use them --------------------------------------------------
 
 
-class SuiteBody(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    name: str = Field(min_length=1, max_length=128)
-    version: str = Field(min_length=1, max_length=128)
-    description: str = ""
-    benchmarks: list[dict[str, Any]] = Field(min_length=1)
-    gates: list[dict[str, Any]] | None = Field(None, description="gate policies, as POST /v1/gates")
-    decoding: dict[str, Any] | None = None
-    adapter: dict[str, Any] | None = Field(None, description="the default adapter (a template)")
-    prices: dict[str, dict[str, float]] | None = Field(
-        None, description="model or endpoint (or *) -> {inputPer1kTokens, outputPer1kTokens}"
-    )
-
-
 @router.post(
     "/evaluation-suites",
     response_model=SuiteOut,
@@ -189,7 +159,7 @@ class SuiteBody(BaseModel):
 )
 async def register_suite(request: Request, body: SuiteBody, scope: Writer) -> SuiteOut:
     evals, _ = _stores(request)
-    spec = body.model_dump(exclude_none=True)
+    spec = body.spec()
     return SuiteOut.of(await _run(lambda: evals.suites.register(scope, spec)))
 
 
@@ -218,20 +188,6 @@ async def get_suite(request: Request, ref: str, scope: Reader) -> SuiteOut:
     return SuiteOut.of(await _run(lambda: evals.suites.resolve(scope, ref)))
 
 
-class TriggerBody(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-    on: str = Field(description="model (a version registered), checkpoint (verified), alias")
-    suite: str = Field(min_length=1, description="a registered suite: name or name@version")
-    project: str = Field("", description="empty: every project")
-    modelId: str = Field("", description="empty: any model")
-    alias: str = ""
-    adapter: dict[str, Any] | None = Field(
-        None, description="template: {checkpointUri}, {runId}, {modelId}, {modelVersion}"
-    )
-    priority: str = Field("P1", pattern="^P[0-3]$")
-
-
 @router.post(
     "/evaluation-triggers",
     response_model=TriggerOut,
@@ -240,7 +196,7 @@ class TriggerBody(BaseModel):
 )
 async def add_trigger(request: Request, body: TriggerBody, scope: Writer) -> TriggerOut:
     evals, _ = _stores(request)
-    return TriggerOut.of(await _run(lambda: evals.suites.add_trigger(scope, body.model_dump())))
+    return TriggerOut.of(await _run(lambda: evals.suites.add_trigger(scope, body.request())))
 
 
 @router.get(
@@ -257,40 +213,6 @@ async def list_triggers(request: Request, scope: Reader) -> TriggerListOut:
 # -- the worker protocol --------------------------------------------------------------------
 
 
-# One example's scores: numbers by metric, and notes beside them (a judge's ``judge_rationale``).
-Scores = dict[str, dict[str, float | Annotated[str, Field(max_length=16_384)]]]
-
-
-class LeaseBody(BaseModel):
-    model_config = STRICT
-
-    workerId: str = Field(min_length=1, max_length=256)
-    preferLocality: str = ""
-    leaseS: float = Field(30.0, gt=0, le=3600)
-
-
-class HeartbeatBody(BaseModel):
-    model_config = STRICT
-
-    leaseToken: str
-    leaseS: float = Field(30.0, gt=0, le=3600)
-    partial: Scores | None = None
-
-
-class CompleteBody(BaseModel):
-    model_config = STRICT
-
-    leaseToken: str
-    scores: Scores
-
-
-class FailBody(BaseModel):
-    model_config = STRICT
-
-    leaseToken: str
-    error: str = ""
-
-
 @router.post(
     "/eval-shards/lease",
     response_model=LeaseOut,
@@ -299,7 +221,7 @@ class FailBody(BaseModel):
 )
 async def lease(request: Request, body: LeaseBody, scope: Writer) -> Any:
     evals, _ = _stores(request)
-    out = await _run(lambda: evals.lease(scope, body.workerId, body.preferLocality, body.leaseS))
+    out = await _run(lambda: evals.lease(scope, body.worker_id, body.prefer_locality, body.lease_s))
     return Response(status_code=204) if out is None else LeaseOut.of(out)
 
 
@@ -315,7 +237,7 @@ async def heartbeat(
     evals, _ = _stores(request)
     return HeartbeatOut.of(
         await _run(
-            lambda: evals.heartbeat(scope, shard_id, body.leaseToken, body.leaseS, body.partial)
+            lambda: evals.heartbeat(scope, shard_id, body.lease_token, body.lease_s, body.partial)
         )
     )
 
@@ -331,7 +253,7 @@ async def complete(
 ) -> ShardReportOut:
     evals, _ = _stores(request)
     return ShardReportOut.of(
-        await _run(lambda: evals.complete(scope, shard_id, body.leaseToken, body.scores))
+        await _run(lambda: evals.complete(scope, shard_id, body.lease_token, body.scores))
     )
 
 
@@ -346,24 +268,11 @@ async def fail(
 ) -> ShardReportOut:
     evals, _ = _stores(request)
     return ShardReportOut.of(
-        await _run(lambda: evals.fail(scope, shard_id, body.leaseToken, body.error))
+        await _run(lambda: evals.fail(scope, shard_id, body.lease_token, body.error))
     )
 
 
 # -- gates and promotion --------------------------------------------------------------------
-
-
-class GateBody(BaseModel):
-    model_config = STRICT
-
-    modelId: str = Field(min_length=1)
-    version: str = Field(min_length=1)
-    policies: list[dict[str, Any]] = Field(
-        description="[{metric: 'bench/metric', direction, maxRegression, hard, test, confidence}]"
-    )
-    candidateEvaluation: str = ""
-    baselineAlias: str = "production"
-    baselineEvaluation: str = ""
 
 
 @router.post(
@@ -379,12 +288,12 @@ async def run_gate(request: Request, body: GateBody, scope: Writer) -> GateDecis
         await _run(
             lambda: registry.run_gate(
                 scope,
-                body.modelId,
+                body.model_id,
                 body.version,
                 body.policies,
-                candidate_evaluation=body.candidateEvaluation,
-                baseline_alias=body.baselineAlias,
-                baseline_evaluation=body.baselineEvaluation,
+                candidate_evaluation=body.candidate_evaluation,
+                baseline_alias=body.baseline_alias,
+                baseline_evaluation=body.baseline_evaluation,
             )
         )
     )
@@ -437,14 +346,6 @@ async def aliases(request: Request, model_id: str, scope: Reader) -> AliasesOut:
     return out
 
 
-class AliasBody(BaseModel):
-    model_config = STRICT
-
-    version: str = Field(min_length=1)
-    decisionId: str = ""
-    overrideReason: str = Field("", description="admin only: move a guarded alias without a gate")
-
-
 @router.post(
     "/models/{model_id}/aliases/{alias}",
     response_model=AliasSetOut,
@@ -462,8 +363,8 @@ async def set_alias(
             model_id,
             alias,
             body.version,
-            decision_id=body.decisionId,
-            override_reason=body.overrideReason,
+            decision_id=body.decision_id,
+            override_reason=body.override_reason,
         )
         triggered = evals.fire(
             scope.tenant,

@@ -23,7 +23,7 @@ from ..analysis.advisors import (
 from ..analysis.breakdown import Breakdown
 from ..analysis.goodput import Factors
 from ..services.contract import run_contract
-from ..services.goodput import GoodputQueries, ProgramSpec, program_spec
+from ..services.goodput import GoodputQueries, ProgramFigures, ProgramSpec, program_spec
 from ..services.scheduler import run_scheduling_factor
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, UNKNOWN_NAME_RESPONSE, require
@@ -164,7 +164,7 @@ def _measure(
     scheduling: float,
     accelerator: str | None,
     dtype: str | None,
-) -> tuple[Breakdown, Factors, dict[str, Any], ProgramSpec]:
+) -> tuple[Breakdown, Factors, ProgramFigures, ProgramSpec]:
     """The run's breakdown and factors. An accelerator or dtype named in the request must be
     known (a 422 listing the known ones otherwise), and so must the config's accelerator that a
     requested dtype applies to; an unknown name in the stored config alone leaves MFU out and
@@ -219,11 +219,11 @@ async def get_run_goodput(
         info = svc.metadata.get_run(scope, run_id)  # 404 unless the caller may see it
         sched = run_scheduling_factor(svc.telemetry, scope, run_id, scheduling)
         bd, f, meta, spec = _measure(svc, scope, run_id, window, sched.factor, accelerator, dtype)
-        is_mfu = meta["programBasis"] == "mfu_retained_steps"
+        is_mfu = meta.program_basis == "mfu_retained_steps"
         program = ProgramOut(
-            devices=meta["devices"],
-            retained_flops=meta["retainedFlops"],
-            program_basis=meta["programBasis"],
+            devices=meta.devices,
+            retained_flops=meta.retained_flops,
+            program_basis=meta.program_basis,
             mfu=f.program if is_mfu else None,
             hfu=f.hfu,
             mbu=f.mbu,
@@ -328,7 +328,7 @@ async def post_run_whatif(
             {
                 "run_id": run_id,
                 "window": TimeWindowOut.of(bd.t0, bd.t1),
-                "program_basis": meta["programBasis"],
+                "program_basis": meta.program_basis,
                 **judge(bd, f, body),
             }
         )

@@ -4,7 +4,7 @@ the wire, unknown keys refused, a key a route leaves out has a default."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -13,6 +13,7 @@ from .models import ApiModel, ContractOut
 if TYPE_CHECKING:
     from ..analysis.breakdown import Breakdown
     from ..analysis.goodput import Factors, LossShares
+    from ..services.goodput import ProgramFigures
 
 __all__ = [
     "AdviceOut",
@@ -152,6 +153,15 @@ class ProgramOut(ApiModel):
     dtype: str | None = None
     peak_flops_per_device: float | None = None
     missing: str | None = Field(default=None, description="why MFU is not computed")
+
+    @staticmethod
+    def doc(p: ProgramFigures) -> dict[str, Any]:
+        """``p`` as the run page's overview has it (sent by msgspec, not validated)."""
+        return {
+            "devices": p.devices,
+            "retainedFlops": p.retained_flops,
+            "programBasis": p.program_basis,
+        }
 
 
 class RuntimeModelOut(ApiModel):

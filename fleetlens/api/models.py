@@ -26,7 +26,7 @@ from pydantic.alias_generators import to_camel
 
 if TYPE_CHECKING:  # the client decodes with these models and needs only pydantic
     from ..analysis.contract import Contract
-    from ..services.runs_types import RankFigures, RankHardware
+    from ..services.runs_types import Completion, RankFigures, RankHardware
     from ..services.runs_types import TimelineItem as TimelineItemValue
     from ..store.metadata import RunInfo
 
@@ -260,6 +260,12 @@ class CompletionOut(ApiModel):
         description="a token budget's tokens left (the config names tokens, not steps; the "
         "steps left are them at the run's tokens per step so far)",
     )
+
+    @classmethod
+    def of(cls, c: Completion) -> CompletionOut:
+        """``c``'s JSON: ``tokensLeft`` only for a token budget."""
+        skip = "" if c.tokens_left is not None else "tokens_left"
+        return cls.model_validate(attrs_doc(cls, c, skip=skip))
 
 
 class RunDetailOut(RunOut):

@@ -35,8 +35,8 @@ from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
 from .findings import finding_json
 from .goodput import advice
-from .goodput_models import BreakdownOut, FactorsOut
-from .models import RankOut, timeline_doc, timeline_out
+from .goodput_models import BreakdownOut, FactorsOut, ProgramOut
+from .models import CompletionOut, RankOut, timeline_doc, timeline_out
 from .portal_json import Clock, json_response
 from .portal_models import (
     FailurePageOut,
@@ -49,6 +49,7 @@ from .portal_models import (
     PortalEventOut,
     RankDetailOut,
     RankedFindingOut,
+    RunSummaryOut,
     ScalarPointOut,
     StepBucketOut,
 )
@@ -154,7 +155,7 @@ def _overview_doc(ov: RunOverview, generated: float) -> dict[str, Any]:
     info, summary = ov.info, ov.summary
     out: dict[str, Any] = {"run": run_json(info), "generatedAt": generated}
     out["run"]["config"] = info.config
-    out["summary"] = summary
+    out["summary"] = RunSummaryOut.doc(summary)
     out["layout"] = ov.layout.to_json() if ov.layout else None
     # MFU as GET /v1/runs/{id} has it (or why there is none)
     out["mfu"] = summary_mfu_out(info.config or {}, summary).model_dump(by_alias=True)
@@ -175,7 +176,7 @@ def _overview_doc(ov: RunOverview, generated: float) -> dict[str, Any]:
     out["goodput"] = {
         "breakdown": BreakdownOut.of(st.breakdown).model_dump(by_alias=True),
         "factors": FactorsOut.of(st.factors).model_dump(by_alias=True),
-        "program": st.program,
+        "program": ProgramOut.doc(st.program),
         "advice": advice(st.breakdown, st.factors, None),
     }
     out["timeline"] = [timeline_doc(i) for i in st.timeline]
@@ -223,7 +224,12 @@ async def overview(
         clock.mark("findings")
         out["remediations"] = _remediations(svc, scope, run_id)
         clock.mark("remediation")
-        out["completion"] = st.completion
+        eta = st.completion
+        out["completion"] = (
+            None
+            if eta is None
+            else CompletionOut.of(eta).model_dump(by_alias=True, exclude_unset=True)
+        )
         return json_response(request, out, clock)
 
     return await anyio.to_thread.run_sync(work)
@@ -264,10 +270,11 @@ async def heatmap(
         hi = to_step if to_step is not None else hi
         if hi - lo + 1 > 1_000_000:
             raise HTTPException(400, "a heatmap window covers at most 1,000,000 steps")
-        out = {"runId": run_id, **pq.heatmap(run_id, lo, hi, rng[2], ranks, steps)}
+        heat = pq.heatmap(run_id, lo, hi, rng[2], ranks, steps)
+        out = HeatmapOut.doc(run_id, heat)
         clock.mark("heatmap")
         # Per row, the rank its click opens and where that rank ran (the hover names them).
-        rows = RankQueries(svc.telemetry, scope).rows(run_id, out.pop("rowRank"))
+        rows = RankQueries(svc.telemetry, scope).rows(run_id, heat.row_rank)
         out["rowRanks"] = HeatmapRowsOut.doc(rows)
         clock.mark("rows")
         if slowest:

@@ -323,7 +323,7 @@ async def capacity(
                 executions=reads[0],
                 events=reads[1],
             )
-            gpus = float(meta.get("devices") or r.world_size or 0)
+            gpus = float(meta.devices or r.world_size or 0)
             series.add_run(r, reads, window, held_only, gpus, f.program)
             for k, v in bd.seconds.items():
                 seconds[k] = seconds.get(k, 0.0) + v * gpus / 3600.0

@@ -25,6 +25,7 @@ from .models import (
     RunOut,
     StepWindowOut,
     TimelineItem,
+    attrs_doc,
 )
 from .remediation_models import ActionOut
 
@@ -32,12 +33,14 @@ if TYPE_CHECKING:
     from ..services.portal_costs import Cost, RankedFinding
     from ..services.portal_types import (
         GpuSample,
+        Heatmap,
         HeatmapRows,
         PhaseBucket,
         Placement,
         PortalEvent,
         StepBucket,
     )
+    from ..services.runs_types import RunSummary
     from ..services.series import SeriesPoint
 
 __all__ = [
@@ -188,6 +191,38 @@ class RunSummaryOut(ApiModel):
     ranks_reporting: int | None = Field(default=None, description="absent before the first step")
     window: StepWindowOut | None = Field(default=None, description="absent before the first step")
 
+    @classmethod
+    def of(cls, s: RunSummary) -> RunSummaryOut:
+        return cls.model_validate(cls.doc(s))
+
+    @staticmethod
+    def doc(s: RunSummary) -> dict[str, Any]:
+        """A run summary as JSON (:class:`RunDetailOut`'s summary keys; the overview's
+        ``summary``): before the first step only its counts and empty ``metrics``; ``metrics`` are
+        the scalars' latest values with the window's stepTimeMs, meanRankStepTimeMs and
+        tokensPerSecond; ``ranksReporting`` where the world size is the job's declared one."""
+        out: dict[str, Any] = {
+            "steps": s.steps,
+            "step": s.step,
+            "tokensProcessed": s.tokens_processed,
+        }
+        w = s.window
+        if w is None:
+            out["metrics"] = {}
+            return out
+        out["wallSecondsPerStep"] = s.wall_seconds_per_step
+        out["worldSize"] = s.world_size
+        out["window"] = {"fromStep": w.from_step, "toStep": w.to_step, "steps": w.steps}
+        out["metrics"] = {
+            **s.scalars,
+            "stepTimeMs": s.step_time_ms,
+            "meanRankStepTimeMs": s.mean_rank_step_time_ms,
+            "tokensPerSecond": s.tokens_per_second,
+        }
+        if s.ranks_reporting is not None:
+            out["ranksReporting"] = s.ranks_reporting
+        return out
+
 
 class OverviewWindowOut(ApiModel):
     """The steps the series and the timeline cover, and the run's whole range."""
@@ -310,6 +345,25 @@ class HeatmapOut(ApiModel):
     signal: Literal["compute"] | None = None
     row_ranks: HeatmapRowsOut | None = None
     slowest_ranks: list[RankOut] | None = Field(default=None, description="with ?slowest=N")
+
+    @staticmethod
+    def doc(run_id: str, h: Heatmap) -> dict[str, Any]:
+        """``h`` as the heatmap's JSON up to its ``rowRanks`` (sent by msgspec, not validated:
+        the portal's speed)."""
+        hot = h.hot
+        return {
+            "runId": run_id,
+            "fromStep": h.from_step,
+            "toStep": h.to_step,
+            "ranksPerRow": h.ranks_per_row,
+            "stepsPerColumn": h.steps_per_column,
+            "rows": h.rows,
+            "columns": h.columns,
+            "unit": "ms",
+            "signal": "compute",
+            "cells": h.cells,
+            "hot": None if hot is None else attrs_doc(HotRowOut, hot),
+        }
 
 
 # ---- /ranks/{rank}/detail -----------------------------------------------------------------

@@ -16,10 +16,12 @@ from ..services.contract import run_contract
 from ..services.frontier import frontier
 from ..services.goodput import summary_mfu
 from ..services.runs import MAX_TIMELINE_STEPS, RunQueries, completion, declared_world
+from ..services.runs_types import RunSummary
 from ..store.metadata import RunInfo
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
 from .models import (
+    CompletionOut,
     ContractOut,
     FrontierOut,
     FrontierRunOut,
@@ -33,6 +35,7 @@ from .models import (
     TimelineOut,
     timeline_out,
 )
+from .portal_models import RunSummaryOut
 
 __all__ = ["router", "run_json", "summary_mfu_out"]
 
@@ -50,13 +53,13 @@ def run_json(info: RunInfo) -> dict[str, Any]:
     return RunOut.from_info(info).model_dump(by_alias=True)
 
 
-def summary_mfu_out(config: dict[str, Any], summary: dict[str, Any]) -> MfuOut:
+def summary_mfu_out(config: dict[str, Any], summary: RunSummary) -> MfuOut:
     """MFU over the summary's window (tokens/s or step time), or why there is none."""
     value, spec = summary_mfu(config, summary)
     missing = spec.missing
     if value is None and missing is None:
         missing = "no steps with tokens or step time yet"
-    devices = spec.devices or summary.get("worldSize") or None
+    devices = spec.devices or summary.world_size or None
     return MfuOut(
         value=value,
         hfu=value * spec.hardware_ratio if value is not None and spec.hardware_ratio else None,
@@ -101,22 +104,22 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
 
     def work() -> RunDetailOut:
         info = svc.metadata.get_run(scope, run_id)
-        summary = RunQueries(svc.telemetry, scope).summary(run_id)
         jobs = svc.metadata.jobs(scope, run_id)
         job_ids = [j["jobId"] for j in jobs]
-        declared_world(summary, jobs)  # the metadata's world size before any step
+        # the metadata's world size before any step
+        summary = declared_world(RunQueries(svc.telemetry, scope).summary(run_id), jobs)
         mfu = summary_mfu_out(info.config or {}, summary)
         eta = completion(info.config or {}, summary, info.status)
-        lay = layout_of(info.config or {}, int(summary.get("worldSize") or info.world_size or 0))
+        lay = layout_of(info.config or {}, int(summary.world_size or info.world_size or 0))
         contract = ContractOut.of(run_contract(svc.metadata, svc.telemetry, scope, info))
         return RunDetailOut.model_validate(
             {
                 **run_json(info),
                 "config": info.config,
                 "jobIds": job_ids,
-                **summary,
+                **RunSummaryOut.doc(summary),
                 "mfu": mfu,
-                "completion": eta,
+                "completion": None if eta is None else CompletionOut.of(eta),
                 "contract": contract,
                 "layout": lay.to_json() if lay else None,
             }

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ._common import client, client_opts
+from ._common import client, client_opts, decode
 from ._output import Table, print_json
 
 __all__ = ["add_parser", "cmd_alerts"]
@@ -33,6 +33,8 @@ def _prometheus_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
+    from ..api.alert_models import AlertListOut
+
     cmd = args.alerts_command or "list"
     if cmd == "prometheus-rules":
         return _prometheus_rules(args)
@@ -43,10 +45,11 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         if cmd in ("ack", "resolve"):
             print_json(c.post(f"/v1/alerts/{args.id}/{cmd}"))
             return 0
-        data = c.alerts(state=args.state, run_id=args.run, as_="json")
+        doc = c.alerts(state=args.state, run_id=args.run, as_="json")
     if args.json:
-        print_json(data)
+        print_json(doc)
         return 0
+    data = decode(AlertListOut, doc)
     t = Table(
         ("ID", ">5"),
         ("STATE", "<9"),
@@ -56,12 +59,12 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         ("WHERE", ""),
     )
     print(t.header())
-    for a in data["alerts"]:
+    for a in data.alerts:
         where = " ".join(
-            f"{k}={a['labels'][k]}" for k in ("node", "gpu", "rank", "rack") if a["labels"].get(k)
+            f"{k}={a.labels[k]}" for k in ("node", "gpu", "rank", "rack") if a.labels.get(k)
         )
-        print(t.row(a["id"], a["state"], a["severity"], a["alertname"], a["runId"], where))
-    if not data["alerts"]:
+        print(t.row(a.id, a.state, a.severity, a.alertname, a.run_id, where))
+    if not data.alerts:
         print("(no alerts)")
     return 0
 

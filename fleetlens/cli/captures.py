@@ -18,62 +18,75 @@ from ._common import client, client_opts, decode
 from ._output import Table, fmt, print_json
 
 if TYPE_CHECKING:
-    from ..api.captures import CaptureOut
+    from ..api.capture_models import CapturedRankOut, CaptureEvidenceOut, CaptureOut
 
 __all__ = ["add_parsers", "cmd_capture", "cmd_captures", "evidence_lines", "side_by_side"]
 
 _LINES = (
-    ("step ms", "stepMs"),
-    ("compute ms", "computeMs"),
-    ("exposed comm ms", "exposedCommMs"),
-    ("idle ms", "idleMs"),
-    ("memcpy ms", "memcpyMs"),
+    ("step ms", "step_ms"),
+    ("compute ms", "compute_ms"),
+    ("exposed comm ms", "exposed_comm_ms"),
+    ("idle ms", "idle_ms"),
+    ("memcpy ms", "memcpy_ms"),
     ("kernels", "kernels"),
     ("collectives", "collectives"),
 )
 
 
-def _heaviest(r: dict[str, Any], key: str, name: str) -> str:
-    top = r.get(key) or []
-    return f"{top[0][name][:40]} {fmt(top[0]['totalMs'], '.1f')}" if top else "-"
+def _evidence(ev: dict[str, Any]) -> CaptureEvidenceOut:
+    from ..api.capture_models import CaptureEvidenceOut
+
+    return decode(CaptureEvidenceOut, ev)
 
 
-def _span(ev: dict[str, Any]) -> str:
-    return f"steps {ev['fromStep']}-{ev['toStep']}" if ev["fromStep"] is not None else "no steps"
+def _heaviest_kernel(r: CapturedRankOut) -> str:
+    top = r.top_kernels
+    return f"{top[0].name[:40]} {fmt(top[0].total_ms, '.1f')}" if top else "-"
+
+
+def _heaviest_collective(r: CapturedRankOut) -> str:
+    top = r.top_collectives
+    return f"{top[0].op[:40]} {fmt(top[0].total_ms, '.1f')}" if top else "-"
+
+
+def _span(ev: CaptureEvidenceOut) -> str:
+    return f"steps {ev.from_step}-{ev.to_step}" if ev.from_step is not None else "no steps"
 
 
 def side_by_side(c: CaptureOut) -> list[str]:
     """A capture as lines of text: what asked it, then one column per rank."""
-    ev = c.evidence
+    ev = _evidence(c.evidence)
     out = [f"capture {c.capture_id} ({c.state}, {_span(ev)}): {c.reason}"]
     if c.message:
         out.append(f"  {c.message}")
     return out + rank_table(ev, "  ")
 
 
-def evidence_lines(ev: dict[str, Any], indent: str) -> list[str]:
+def evidence_lines(item: dict[str, Any], indent: str) -> list[str]:
     """A finding's ``trace_capture`` evidence item as ``fleetlens diagnose`` prints it."""
-    head = f"{indent}trace capture {ev['captureId']} ({ev['state']}, {_span(ev)}):"
+    ev = _evidence(item)
+    head = f"{indent}trace capture {ev.capture_id} ({ev.state}, {_span(ev)}):"
     return [head, *rank_table(ev, indent + "  ")]
 
 
-def rank_table(ev: dict[str, Any], indent: str) -> list[str]:
+def rank_table(ev: CaptureEvidenceOut, indent: str) -> list[str]:
     """The captured ranks in columns, a line of the step's time in each row."""
-    ranks = ev["ranks"]
+    ranks = ev.ranks
     rows: list[list[str]] = []
     for label, key in _LINES:
         cells = [label]
         for r in ranks:
-            if r.get("missing"):
+            if r.missing:
                 cells.append("not in")
-            elif key == "idleMs" and r.get("hostOnly"):
+            elif key == "idle_ms" and r.host_only:
                 cells.append("host only")
             else:
-                cells.append(fmt(r.get(key), ".1f") if key.endswith("Ms") else fmt(r.get(key)))
+                v = getattr(r, key)
+                cells.append(fmt(v, ".1f") if key.endswith("_ms") else fmt(v))
         rows.append(cells)
-    rows.append(["heaviest kernel", *(_heaviest(r, "topKernels", "name") for r in ranks)])
-    rows.append(["heaviest coll.", *(_heaviest(r, "topCollectives", "op") for r in ranks)])
-    head = ["", *(f"rank {r['rank']} ({r['role']})" for r in ranks)]
+    rows.append(["heaviest kernel", *(_heaviest_kernel(r) for r in ranks)])
+    rows.append(["heaviest coll.", *(_heaviest_collective(r) for r in ranks)])
+    head = ["", *(f"rank {r.rank} ({r.role})" for r in ranks)]
     widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
     t = Table(
         ("", f"<{widths[0]}"),
@@ -84,7 +97,7 @@ def rank_table(ev: dict[str, Any], indent: str) -> list[str]:
 
 
 def cmd_captures(args: argparse.Namespace) -> int:
-    from ..api.captures import CapturesOut
+    from ..api.capture_models import CapturesOut
 
     run = urllib.parse.quote(args.run, safe="")
     with client(args) as c:
@@ -106,7 +119,7 @@ def cmd_captures(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    from ..api.captures import CaptureOut
+    from ..api.capture_models import CaptureOut
 
     run = urllib.parse.quote(args.run, safe="")
     with client(args) as c:

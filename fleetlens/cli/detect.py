@@ -119,7 +119,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 def cmd_regression(args: argparse.Namespace) -> int:
     """The run against the earlier runs of its workload: each tier, its baseline, the change."""
-    from ..api.regression import RegressionOut
+    from ..api.regression_models import RegressionOut
 
     with client(args) as c:
         doc = c.get(f"/v1/runs/{args.run}/regression")

@@ -11,8 +11,8 @@ import sys
 from typing import Any
 
 from ..errors import FleetlensError
-from ._common import client, client_opts
-from ._output import print_json
+from ._common import client, client_opts, decode
+from ._output import fmt, print_json
 
 __all__ = ["add_parser", "cmd_eval"]
 
@@ -138,6 +138,25 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(doc: Any) -> int:
+    """An evaluation's state, progress and metrics (its answer ``doc``); 1 if it failed."""
+    from ..api.evaluation_models import EvaluationOut
+
+    e = decode(EvaluationOut, doc)
+    p = e.progress
+    done, total, shards, failed = (
+        (p.examples_done, p.examples, p.shards_done, p.shards_failed) if p else (None,) * 4
+    )
+    print(
+        f"{e.evaluation_id} {e.state} cache_hit={e.cache_hit} "
+        f"examples {fmt(done)}/{fmt(total)} shards done {fmt(shards)} failed {fmt(failed)}"
+    )
+    for bench, ms in e.metrics.items():
+        for name, v in ms.items():
+            print(f"  {bench}/{name} = {v.mean:.4f} ± {v.stderr:.4f} (n={v.n})")
+    return 0 if e.state != "FAILED" else 1
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     cmd = args.eval_command
     if cmd == "worker":
@@ -175,16 +194,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             }
             out = c.post(f"/v1/models/{args.model}/aliases/{args.alias}", body)
     if cmd == "status" and not args.json:
-        p = out.get("progress", {})
-        print(
-            f"{out['evaluationId']} {out['state']} cache_hit={out['cacheHit']} "
-            f"examples {p.get('examplesDone', '-')}/{p.get('examples', '-')} "
-            f"shards done {p.get('shardsDone', '-')} failed {p.get('shardsFailed', '-')}"
-        )
-        for bench, ms in (out.get("metrics") or {}).items():
-            for name, v in ms.items():
-                print(f"  {bench}/{name} = {v['mean']:.4f} ± {v['stderr']:.4f} (n={v['n']})")
-        return 0 if out["state"] != "FAILED" else 1
+        return _status(out)
     print_json(out)
     if cmd == "gate":
         return 0 if out["passed"] else 1

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..analysis.flight_recorder import rank_from_name
 from ..errors import ConfigError
-from ._common import client, client_opts
+from ._common import client, client_opts, decode
 from ._output import print_json
 
 __all__ = ["add_parser", "cmd_fr_import", "dump_paths"]
@@ -46,28 +46,28 @@ def dump_paths(paths: list[str]) -> list[str]:
 
 
 def cmd_fr_import(args: argparse.Namespace) -> int:
+    from ..api.ops_models import FlightRecorderImportOut
+
     files = dump_paths(args.paths)
     with client(args, timeout=300.0) as c:
-        out = c.flight_recorder(args.run, files, job_id=args.job)
+        doc = c.flight_recorder(args.run, files, job_id=args.job)
     if args.json:
-        print_json(out)
+        print_json(doc)
         return 0
-    print(
-        f"run {out['runId']} job {out.get('jobId') or '-'}: {len(files)} dump(s), "
-        f"world {out['world']}"
-    )
-    if not out["stuck"]:
+    out = decode(FlightRecorderImportOut, doc)
+    print(f"run {out.run_id} job {out.job_id or '-'}: {len(files)} dump(s), world {out.world}")
+    if not out.stuck:
         print("no stuck collective: every rank reached the same collective in every group")
-    for s in out["stuck"]:
-        name = f"{s['desc']} ({s['group']})" if s["desc"] else s["group"]
+    for s in out.stuck:
+        name = f"{s.desc} ({s.group})" if s.desc else s.group
         print(
-            f"stuck: {s['op'] or 'collective'} #{s['seq']} in {name}; "
-            f"missing ranks {','.join(map(str, s['missing']))}"
+            f"stuck: {s.op or 'collective'} #{s.seq} in {name}; "
+            f"missing ranks {','.join(map(str, s.missing))}"
         )
-    for m in out["missing"]:
-        where = f"{m['node']} GPU {m['gpu'] if m['gpu'] is not None else '?'}" if m["node"] else ""
-        print(f"  rank {m['rank']}: {where or 'placement unknown'}")
-    print(f"{len(out['findings'])} finding(s) stored on run {out['runId']}", file=sys.stderr)
+    for m in out.missing:
+        where = f"{m.node} GPU {m.gpu if m.gpu is not None else '?'}" if m.node else ""
+        print(f"  rank {m.rank}: {where or 'placement unknown'}")
+    print(f"{len(out.findings)} finding(s) stored on run {out.run_id}", file=sys.stderr)
     return 0
 
 

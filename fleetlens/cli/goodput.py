@@ -20,7 +20,7 @@ __all__ = ["add_parsers", "cmd_fleet_goodput", "cmd_goodput"]
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
-    from ..api.goodput_models import RunGoodputOut
+    from ..api.goodput_models import RunGoodputOut, WhatIfOut
 
     ceilings = parse_ceilings(args.ceiling)
     with client(args) as c:
@@ -77,9 +77,9 @@ def cmd_goodput(args: argparse.Namespace) -> int:
             f"  cost per useful accelerator-hour {fmt(adv.cost_per_useful_hour, '.2f')}  "
             f"chargeback {fmt(adv.chargeback_per_useful_hour, '.2f')}"
         )
-    print_answers(data)
+    print_answers(gp)
     if what_if is not None:
-        print_what_if(what_if)
+        print_what_if(decode(WhatIfOut, what_if))
     return 0
 
 

@@ -4,10 +4,13 @@ and predicted, ceiling gains, and ``--what-if`` (a change judged by the product 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ._output import Table, fmt, pct
+
+if TYPE_CHECKING:
+    from ..api.goodput_models import RunGoodputOut, WhatIfOut
 
 __all__ = ["add_options", "parse_ceilings", "parse_what_if", "print_answers", "print_what_if"]
 
@@ -95,48 +98,48 @@ def parse_what_if(specs: list[str], measured_terms: dict[str, float]) -> dict[st
     return {"after": after, "ratios": ratios, "terms": terms}
 
 
-def print_answers(data: dict[str, Any]) -> None:
+def print_answers(gp: RunGoodputOut) -> None:
     """The program line (MFU/HFU/MBU or why not), equation 4, ceiling gains."""
-    prog = data["program"]
-    if prog.get("mfu") is not None:
-        peak = prog.get("peakFlopsPerDevice")
+    prog = gp.program
+    if prog.mfu is not None:
+        peak = prog.peak_flops_per_device
         print(
-            f"  MFU {pct(prog['mfu'])}  HFU {pct(prog.get('hfu'))}  MBU {pct(prog.get('mbu'))}  "
-            f"over retained steps ({fmt(prog.get('devices'))} x {prog.get('accelerator') or '-'}"
-            f" at {fmt(peak / 1e12 if peak else None, '.1f')} TFLOP/s {prog.get('dtype') or ''})"
+            f"  MFU {pct(prog.mfu)}  HFU {pct(prog.hfu)}  MBU {pct(prog.mbu)}  "
+            f"over retained steps ({fmt(prog.devices)} x {prog.accelerator or '-'}"
+            f" at {fmt(peak / 1e12 if peak else None, '.1f')} TFLOP/s {prog.dtype or ''})"
         )
     else:
-        print(f"  MFU unknown: {prog.get('missing')}")
-    terms = data.get("runtimeTerms")
-    if terms:
-        pred, res = terms.get("predicted") or {}, terms.get("residual") or {}
+        print(f"  MFU unknown: {prog.missing}")
+    terms = gp.runtime_terms
+    if terms is not None:
+        pred, res = terms.predicted or {}, terms.residual or {}
         print("  equation 4, share of held time:")
         t = Table(("TERM", "<12"), ("MEASURED", ">9"), ("PREDICTED", ">10"), ("RESIDUAL", ">9"))
         t.indent = "    "
         print(t.header())
-        for name, v in terms["measured"].items():
+        for name, v in terms.measured.items():
             r = res.get(name)
             print(t.row(name, pct(v), pct(pred.get(name)), "-" if r is None else f"{r:+.2%}"))
         if "total" in res:
             print(t.row("residual", "", "", f"{res['total']:+.2%}"))
-    gains = data["advice"].get("ceilingGains")
+    gains = gp.advice.ceiling_gains
     if gains:
         cells = [
-            f"{k} at {v['ceiling']:.2f}: MPG {v['mpg']:.3f} ({fmt(v['gain'], '+.1%')})"
+            f"{k} at {v.ceiling:.2f}: MPG {v.mpg:.3f} ({fmt(v.gain, '+.1%')})"
             for k, v in gains.items()
         ]
         print("  ceiling gains: " + "; ".join(cells))
 
 
-def print_what_if(w: dict[str, Any]) -> None:
-    b, a, r = w["before"], w["after"], w["ratios"]
+def print_what_if(w: WhatIfOut) -> None:
+    b, a, r = w.before, w.after, w.ratios
     print("what-if, judged by the product of ratios (003 s9.9.1):")
     for k in FACTORS:
-        print(f"  {k:<11} {b[k]:.3f} -> {a[k]:.3f}  x{r[k]:.3f}")
-    verdict = "improves" if w["improves"] else "does not improve"
+        print(f"  {k:<11} {getattr(b, k):.3f} -> {getattr(a, k):.3f}  x{r[k]:.3f}")
+    verdict = "improves" if w.improves else "does not improve"
     print(
-        f"  product x{w['product']:.3f} (MPG {b['mpg']:.3f} -> {a['mpg']:.3f}; job product "
-        f"x{w['jobProductRatio']:.3f}): the change {verdict} the fleet's goodput"
+        f"  product x{w.product:.3f} (MPG {b.mpg:.3f} -> {a.mpg:.3f}; job product "
+        f"x{w.job_product_ratio:.3f}): the change {verdict} the fleet's goodput"
     )
-    be = w["breakEven"]
+    be = w.break_even
     print("  break-even ratios: " + ", ".join(f"{k} x{be[k]:.3f}" for k in FACTORS))

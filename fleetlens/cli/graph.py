@@ -7,65 +7,67 @@ import urllib.parse
 from typing import Any
 
 from ..errors import FleetlensError
-from ._common import client, client_opts
+from ._common import client, client_opts, decode
 from ._output import fmt, print_json, value
 
 __all__ = ["add_parsers", "cmd_compare", "cmd_lineage", "cmd_models_register"]
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from ..api.graph_models import CompareOut
+
     with client(args) as c:
-        data = c.get("/v1/runs/compare", runs=",".join(args.runs))
+        doc = c.get("/v1/runs/compare", runs=",".join(args.runs))
     if args.json:
-        print_json(data)
+        print_json(doc)
         return 0
-    runs = data["runs"]
+    data = decode(CompareOut, doc)
+    runs = data.runs
     w = max(14, *(len(r) for r in runs))
 
     def line(label: str, cells: list[str]) -> str:
         return f"{label:<28}" + "".join(f"{cell:>{w + 2}}" for cell in cells)
 
     print(line("", runs))
-    for d in data["config"]:
-        mark = "  <- changed" if d["status"] == "changed" else f"  ({d['status']})"
-        print(line(d["key"], [value(x) for x in d["values"]]) + mark)
-    for key in ("dataset", "code"):
-        if data[key]["changed"]:
-            print(line(key, [value(x) for x in data[key]["values"]]))
-    if data["contract"]["changed"]:  # what differs of the software and the topology
+    for d in data.config:
+        mark = "  <- changed" if d.status == "changed" else f"  ({d.status})"
+        print(line(d.key, [value(x) for x in d.values]) + mark)
+    for key, changed in (("dataset", data.dataset), ("code", data.code)):
+        if changed.changed:
+            print(line(key, [value(x) for x in changed.values]))
+    if data.contract.changed:  # what differs of the software and the topology
         print(
             line(
                 "measured on",
-                ["(baseline)", *("; ".join(d) or "same" for d in data["contract"]["differences"])],
+                ["(baseline)", *("; ".join(d) or "same" for d in data.contract.differences)],
             )
         )
     for key, label, spec in (
-        ("stepTimeMedianSeconds", "step time (s)", ".4g"),
-        ("tokensPerSecond", "tokens/s", ".4g"),
+        ("step_time_median_seconds", "step time (s)", ".4g"),
+        ("tokens_per_second", "tokens/s", ".4g"),
         ("mfu", "MFU", ".1%"),
         ("goodput", "goodput (job)", ".1%"),
-        ("runtimeGoodput", "runtime goodput", ".1%"),
-        ("stragglerSpread", "straggler spread", ".1%"),
+        ("runtime_goodput", "runtime goodput", ".1%"),
+        ("straggler_spread", "straggler spread", ".1%"),
     ):
-        print(line(label, [fmt(s.get(key), spec) for s in data["side"]]))
-    for metric, m in data["matchedSteps"].items():
-        tail = m["tail"]
-        print(line(metric + " (last tenth)", [fmt(tail.get(r), ".4g") for r in runs]))
-    evals = data.get("evaluations")
+        print(line(label, [fmt(getattr(s, key), spec) for s in data.side]))
+    for metric, m in data.matched_steps.items():
+        print(line(metric + " (last tenth)", [fmt(m.tail.get(r), ".4g") for r in runs]))
+    evals = data.evaluations
     if evals:
-        ids = [(e or {}).get("evaluationId") or "-" for e in evals["byRun"]]
+        ids = [(e.evaluation_id if e is not None else "") or "-" for e in evals.by_run]
         print(line("evaluation", ids))
-        for metric, m in evals["metrics"].items():
+        for metric, md in evals.metrics.items():
             cells = [
                 fmt(v, ".4g") + ("" if d is None or i == 0 else f" ({d:+.3g})")
-                for i, (v, d) in enumerate(zip(m["values"], m["deltas"], strict=True))
+                for i, (v, d) in enumerate(zip(md.values, md.deltas, strict=True))
             ]
             print(line(metric, cells))
-    health = [(", ".join(s["health"]["issues"]) or "healthy")[:w] for s in data["side"]]
+    health = [(", ".join(s.health.issues) or "healthy")[:w] for s in data.side]
     print(line("health", health))
-    for c in data["conclusions"]:
-        print(f"\n{c['run']} vs {c['baseline']}: likely cause: {c['cause']}")
-        for text in c["lines"]:
+    for con in data.conclusions:
+        print(f"\n{con.run} vs {con.baseline}: likely cause: {con.cause}")
+        for text in con.lines:
             print(f"  {text}")
     return 0
 

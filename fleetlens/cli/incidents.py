@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from ._common import client, client_opts
+from ._common import client, client_opts, decode
 from ._output import Table, fmt, print_json
+
+if TYPE_CHECKING:
+    from ..api.incident_models import IncidentOut
 
 __all__ = ["add_parsers", "cmd_failure_window", "cmd_incidents", "parse_since"]
 
@@ -43,18 +46,20 @@ def _age(s: float | None) -> str:
     return f"{s:.0f}s"
 
 
-def _where(e: dict[str, Any]) -> str:
+def _where(e: IncidentOut) -> str:
     parts = []
-    if e["nodes"]:
-        parts.append("nodes " + ",".join(e["nodes"][:4]) + ("..." if len(e["nodes"]) > 4 else ""))
-    if e["ranks"]:
-        parts.append("ranks " + ",".join(map(str, e["ranks"][:8])))
+    if e.nodes:
+        parts.append("nodes " + ",".join(e.nodes[:4]) + ("..." if len(e.nodes) > 4 else ""))
+    if e.ranks:
+        parts.append("ranks " + ",".join(map(str, e.ranks[:8])))
     return " ".join(parts) or "-"
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
+    from ..api.incident_models import IncidentListOut
+
     with client(args) as c:
-        data = c.incidents(
+        doc = c.incidents(
             state=args.state,
             since=parse_since(args.since),
             run_id=args.run,
@@ -63,8 +68,9 @@ def cmd_incidents(args: argparse.Namespace) -> int:
             as_="json",
         )
     if args.json:
-        print_json(data)
+        print_json(doc)
         return 0
+    data = decode(IncidentListOut, doc)
     t = Table(
         ("WHEN", "<21"),
         ("STATE", "<9"),
@@ -77,11 +83,11 @@ def cmd_incidents(args: argparse.Namespace) -> int:
         ("WHERE", ""),
     )
     print(t.header())
-    for e in data["incidents"]:
-        alerts = ",".join(f"{a['alertname']}:{a['state']}" for a in e["alerts"][:2]) or "-"
-        cells = (_when(e["time"]), e["state"], _age(e["ageS"]), e["severity"], e["runId"])
-        print(t.row(*cells, e["diagnosis"], e["owner"], alerts, _where(e)))
-    if not data["incidents"]:
+    for e in data.incidents:
+        alerts = ",".join(f"{a.alertname}:{a.state}" for a in e.alerts[:2]) or "-"
+        cells = (_when(e.time), e.state, _age(e.age_s), e.severity, e.run_id)
+        print(t.row(*cells, e.diagnosis, e.owner, alerts, _where(e)))
+    if not data.incidents:
         print("(no incidents)")
     else:
         print("failure page of a run: /runs/RUN/failure; its windows: fleetlens failure-window RUN")
@@ -89,22 +95,25 @@ def cmd_incidents(args: argparse.Namespace) -> int:
 
 
 def _print_windows(doc: dict[str, Any]) -> None:
-    windows = doc["windows"]
-    print(f"run {doc['runId']}: {len(windows)} preserved failure window(s)")
+    from ..api.incident_models import PreservedListOut
+
+    got = decode(PreservedListOut, doc)
+    windows = got.windows
+    print(f"run {got.run_id}: {len(windows)} preserved failure window(s)")
     for w in windows:
-        a, f = w["alert"], w["failure"]
-        why = f"{a['alertname']} ({a['severity']}, {a['state']})" if a else "alert gone"
-        if f:
-            why += f": {f['diagnosis']} (owner {f['owner']}) {f['summary']}"
-        print(f"\nwindow {w['id']}  failure at {_when(w['failureAt'])}  {why}")
-        state = "complete" if w["complete"] else f"copied until {_when(w['copiedUntil'])}"
-        nodes = ",".join(w["nodes"]) or "the run's nodes"
-        print(f"  from {_when(w['from'])} to {_when(w['to'])} ({state}); node samples of {nodes}")
-        print("  kept: " + ", ".join(f"{k} {n}" for k, n in w["kept"].items()))
+        a, f = w.alert, w.failure
+        why = f"{a.alertname} ({a.severity}, {a.state})" if a is not None else "alert gone"
+        if f is not None:
+            why += f": {f.diagnosis} (owner {f.owner}) {f.summary}"
+        print(f"\nwindow {w.id}  failure at {_when(w.failure_at)}  {why}")
+        state = "complete" if w.complete else f"copied until {_when(w.copied_until)}"
+        nodes = ",".join(w.nodes) or "the run's nodes"
+        print(f"  from {_when(w.start)} to {_when(w.to)} ({state}); node samples of {nodes}")
+        print("  kept: " + ", ".join(f"{k} {n}" for k, n in w.kept.items()))
     if windows:
         print(
-            f"\nrows: fleetlens failure-window {doc['runId']} --window ID --table "
-            f"{'|'.join(doc['tables'])}"
+            f"\nrows: fleetlens failure-window {got.run_id} --window ID --table "
+            f"{'|'.join(got.tables)}"
         )
 
 
@@ -116,11 +125,14 @@ def _cell(v: Any) -> str:
 
 
 def _print_rows(doc: dict[str, Any]) -> None:
-    rows = doc["rows"]
-    end = doc["offset"] + len(rows)
+    from ..api.incident_models import PreservedRowsOut
+
+    got = decode(PreservedRowsOut, doc)
+    rows = got.rows
+    end = got.offset + len(rows)
     print(
-        f"window {doc['windowId']} of run {doc['runId']}: {doc['table']} rows "
-        f"{doc['offset'] + 1 if rows else 0}-{end} of {doc['total']}"
+        f"window {got.window_id} of run {got.run_id}: {got.table} rows "
+        f"{got.offset + 1 if rows else 0}-{end} of {got.total}"
     )
     if not rows:
         return
@@ -131,7 +143,7 @@ def _print_rows(doc: dict[str, Any]) -> None:
     print(t.header())
     for c in cells:
         print(t.row(*c))
-    if end < doc["total"]:
+    if end < got.total:
         print(f"(more: --offset {end})")
 
 

@@ -3,35 +3,41 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._common import client, client_opts
+from ._common import client, client_opts, decode, query
 from ._output import Table, print_json
+
+if TYPE_CHECKING:
+    from ..api.remediation_models import ActionOut
 
 __all__ = ["add_parser", "cmd_remediations"]
 
 
-def _phases(a: dict[str, Any]) -> str:
+def _phases(a: ActionOut) -> str:
     return ", ".join(
-        f"{name} {p['seconds']:.2f}s" if p["seconds"] is not None else f"{name} ..."
-        for name, p in a["phases"].items()
+        f"{name} {p.seconds:.2f}s" if p.seconds is not None else f"{name} ..."
+        for name, p in a.phases.items()
     )
 
 
 def cmd_remediations(args: argparse.Namespace) -> int:
+    from ..api.remediation_models import ActionOut, RemediationListOut
+
     cmd = args.remediations_command or "list"
     with client(args) as c:
         if cmd == "list":
-            data = c.get("/v1/remediations", runId=args.run, state=args.state)
+            doc = c.get("/v1/remediations", **query(run_id=args.run, state=args.state))
         elif cmd == "show":
-            a = c.get(f"/v1/remediations/{args.id}")
+            doc = c.get(f"/v1/remediations/{args.id}")
         else:
-            a = c.post(f"/v1/remediations/{args.id}/{cmd}")
+            doc = c.post(f"/v1/remediations/{args.id}/{cmd}")
+    if args.json:
+        print_json(doc)
+        return 0
     if cmd == "list":
-        if args.json:
-            print_json(data)
-            return 0
-        print(f"mode: {data['mode']}")
+        data = decode(RemediationListOut, doc)
+        print(f"mode: {data.mode}")
         t = Table(
             ("ID", ">5"),
             ("STATE", "<18"),
@@ -41,22 +47,18 @@ def cmd_remediations(args: argparse.Namespace) -> int:
             ("RECOVERY", ""),
         )
         print(t.header())
-        for r in data["remediations"]:
-            rec = f"{r['recoveryS']:.1f}s, {r['stepsLost']} steps lost" if r["recoveryS"] else "-"
-            print(t.row(r["id"], r["state"], r["node"], r["reason"], r["runId"], rec))
-        if not data["remediations"]:
+        for r in data.remediations:
+            rec = f"{r.recovery_s:.1f}s, {r.steps_lost} steps lost" if r.recovery_s else "-"
+            print(t.row(r.id, r.state, r.node, r.reason, r.run_id, rec))
+        if not data.remediations:
             print("(no actions)")
         return 0
-    if args.json:
-        print_json(a)
-        return 0
-    print(f"#{a['id']} {a['state']}: {a['summary']}")
-    print(
-        f"  run {a['runId']} ({a['jobId']}), world {a['worldBefore']} -> {a['worldAfter'] or '-'}"
-    )
+    a = decode(ActionOut, doc)
+    print(f"#{a.id} {a.state}: {a.summary}")
+    print(f"  run {a.run_id} ({a.job_id}), world {a.world_before} -> {a.world_after or '-'}")
     print(f"  phases: {_phases(a)}")
-    if a["error"]:
-        print(f"  error: {a['error']}")
+    if a.error:
+        print(f"  error: {a.error}")
     return 0
 
 

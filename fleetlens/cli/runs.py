@@ -189,7 +189,7 @@ def _gib(n: float | None) -> str:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
-    from ..api.memory import MemoryOut
+    from ..api.memory_models import MemoryOut
 
     with client(args) as c:
         doc = c.get(f"/v1/runs/{args.run}/memory", **query(rank=args.rank, top=args.top))
@@ -226,7 +226,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from ..api.logs import LogsOut
+    from ..api.log_models import LogsOut
 
     params = query(
         q=args.grep,

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigError
-from ._common import client, client_opts
+from ._common import client, client_opts, decode, query
 from ._output import Table, fmt, print_json
 
 __all__ = [
@@ -88,25 +88,28 @@ def cmd_sched_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_sched(s: dict[str, Any]) -> None:
+def print_sched(doc: dict[str, Any]) -> None:
     """A scheduler file's summary, as a person reads it (``--json``: the summary as it is)."""
-    stored = "stored" if s.get("stored") else "parsed (dry run, nothing stored)"
-    print(f"{s['format']}: {stored}")
-    if "started" in s:
+    from ..api.scheduler_models import SchedulerImportOut
+
+    s = decode(SchedulerImportOut, doc)
+    stored = "stored" if s.stored else "parsed (dry run, nothing stored)"
+    print(f"{s.format}: {stored}")
+    if s.started is not None:
         print(
-            f"  allocations {s['allocations']} ({s['started']} started, {s['pending']} "
-            f"pending), {s['gpus']} GPUs, pools {', '.join(s.get('pools') or []) or '-'}"
+            f"  allocations {s.allocations} ({s.started} started, {s.pending} "
+            f"pending), {s.gpus} GPUs, pools {', '.join(s.pools or []) or '-'}"
         )
-        if s.get("runIds"):
-            print(f"  runs: {', '.join(s['runIds'])}")
-        for reason, n in (s.get("pendingReasons") or {}).items():
+        if s.run_ids:
+            print(f"  runs: {', '.join(s.run_ids)}")
+        for reason, n in (s.pending_reasons or {}).items():
             print(f"  pending: {n} x {reason}")
-    cap = s.get("capacity") or []
+    cap = s.capacity
     if cap:
         t = _CAPACITY
         print(t.header())
         for p in cap[:50]:
-            print(t.row(p["pool"], utc(p["time"]), p["capacityGpus"], p["inServiceGpus"]))
+            print(t.row(p.pool, utc(p.time), p.capacity_gpus, p.in_service_gpus))
         if len(cap) > 50:
             print(f"  ... {len(cap) - 50} more capacity records (--json for all)")
 
@@ -160,17 +163,17 @@ def utc(t: float | None) -> str:
 
 
 def cmd_fleet_allocations(args: argparse.Namespace) -> int:
+    from ..api.scheduler_models import AllocationsOut
+
     with client(args) as c:
-        data = c.get(
+        doc = c.get(
             "/v1/scheduler/allocations",
-            runId=args.run,
-            jobId=args.job,
-            pool=args.pool,
-            limit=args.limit,
+            **query(run_id=args.run, job_id=args.job, pool=args.pool, limit=args.limit),
         )
     if args.json:
-        print_json(data)
+        print_json(doc)
         return 0
+    data = decode(AllocationsOut, doc)
     t = Table(
         ("POOL", "<12"),
         ("JOB", "<24"),
@@ -182,43 +185,35 @@ def cmd_fleet_allocations(args: argparse.Namespace) -> int:
         ("STATE", ""),
     )
     print(t.header())
-    for a in data["allocations"]:
-        start, end = a["start"], a["end"]
+    for a in data.allocations:
+        start, end = a.start, a.end
+        done = a.gang_complete
         gang = (
             "never"
-            if a["gangNeverComplete"]
-            else (fmt(a["gangComplete"] - start, ".0f") if start is not None else None)
+            if a.gang_never_complete
+            else (fmt(done - start, ".0f") if start is not None and done is not None else None)
         )
         held = (end - start) / 3600 if start is not None and end is not None else None
-        wait = fmt(a["queueWaitSeconds"], ".0f")
-        print(
-            t.row(
-                a["pool"],
-                a["jobId"],
-                a["gpus"],
-                utc(a["submit"]),
-                wait,
-                gang,
-                fmt(held, ".2f"),
-                a["state"],
-            )
-        )
-    s = data.get("scheduling")
-    if s:
-        print(f"run {args.run}: scheduling factor {s['factor']:.3f} ({s['basis']})")
+        wait = fmt(a.queue_wait_seconds, ".0f")
+        print(t.row(a.pool, a.job_id, a.gpus, utc(a.submit), wait, gang, fmt(held, ".2f"), a.state))
+    s = data.scheduling
+    if s is not None:
+        print(f"run {args.run}: scheduling factor {s.factor:.3f} ({s.basis})")
     return 0
 
 
 def cmd_fleet_capacity(args: argparse.Namespace) -> int:
+    from ..api.scheduler_models import CapacityOut
+
     with client(args) as c:
-        data = c.get("/v1/scheduler/capacity", pool=args.pool)
+        doc = c.get("/v1/scheduler/capacity", pool=args.pool)
     if args.json:
-        print_json(data)
+        print_json(doc)
         return 0
     t = _CAPACITY
     print(t.header())
-    for p in data["pools"]:
-        print(t.row(p["pool"], utc(p["time"]), p["capacityGpus"], p["inServiceGpus"]))
+    for p in decode(CapacityOut, doc).pools:
+        print(t.row(p.pool, utc(p.time), p.capacity_gpus, p.in_service_gpus))
     return 0
 
 

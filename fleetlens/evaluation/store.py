@@ -13,13 +13,13 @@ twice), and copied into the telemetry store's ``eval_examples`` table for analys
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from ..errors import FleetlensError
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
 from .lease import Heartbeat, Leases, ShardLease, ShardReport
+from .requests import EvaluationRequest
 from .results import ExampleRow, Results
 from .rows import TERMINAL as TERMINAL  # re-exported: the settled evaluation states
 from .rows import EvaluationView, ExampleCache
@@ -46,7 +46,7 @@ class EvalStore:
 
     # -- submission -----------------------------------------------------------------------------
 
-    def submit(self, scope: Scope, req: dict[str, Any]) -> EvaluationView:
+    def submit(self, scope: Scope, req: EvaluationRequest) -> EvaluationView:
         """Queue an evaluation (or reuse a cached result); returns at once."""
         return self._submissions.submit(scope, req)
 
@@ -86,16 +86,16 @@ class EvalStore:
             scope = Scope(
                 tenant=tenant, role="editor", project=project, actor=f"trigger:{t.trigger_id}"
             )
-            req: dict[str, Any] = {
-                "benchmarkSuite": t.suite,
-                "priority": t.priority,
-                "adapter": fill_template(t.adapter, values),
-                "triggerId": t.trigger_id,
-            }
-            if model_id:
-                req.update(modelId=model_id, modelVersion=version)
-            else:
-                req.update(runId=run_id, checkpointId=checkpoint_id)
+            req = EvaluationRequest(
+                benchmark_suite=t.suite,
+                priority=t.priority,
+                adapter=fill_template(t.adapter, values),
+                trigger_id=t.trigger_id,
+                model_id=model_id,
+                model_version=version if model_id else "",
+                run_id="" if model_id else run_id,
+                checkpoint_id="" if model_id else checkpoint_id,
+            )
             try:
                 out["evaluations"].append(self.submit(scope, req).evaluation_id)
             except FleetlensError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -20,36 +20,35 @@ from .adapters import Decoding, validate_spec
 from .cache import EVALUATOR_VERSION, cache_key, canonical_hash
 from .judge import JudgeConfig
 from .models import EvalShard, Evaluation
+from .requests import EvaluationRequest
 from .results import judge_regressions
 from .rows import EvaluationView, ExampleCache, SessionFactory, evaluation_view, shards_of
 from .scheduler import NO_DEADLINE, parse_priority, plan_shards
 from .suites import PERFORMANCE, SuiteRegistry, validate_prices
 
 
-def _complete_identity(s: Session, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
+def _complete_identity(s: Session, scope: Scope, req: EvaluationRequest) -> EvaluationRequest:
     """Seed 001 s43 names ``modelVersion`` (or ``checkpointId``) alone: the tenant's one model
     version (checkpoint) of that name is meant; several are ambiguous, and refused."""
-    if req.get("modelVersion") and not req.get("modelId"):
+    if req.model_version and not req.model_id:
         q = scoped(select(ModelVersion), scope, within="project")
-        rows = s.scalars(q.where(ModelVersion.version == req["modelVersion"]).limit(2)).all()
+        rows = s.scalars(q.where(ModelVersion.version == req.model_version).limit(2)).all()
         if not rows:
-            raise NotFound(f"modelVersion {req['modelVersion']!r} does not exist")
+            raise NotFound(f"modelVersion {req.model_version!r} does not exist")
         if len(rows) > 1:
             raise ConfigError(
-                f"modelVersion {req['modelVersion']!r} is a version of several models; "
+                f"modelVersion {req.model_version!r} is a version of several models; "
                 "name modelId too"
             )
-        return {**req, "modelId": rows[0].model_id}
-    if req.get("checkpointId") and not req.get("runId") and not req.get("modelId"):
-        cq = scoped(select(Checkpoint), scope).where(
-            Checkpoint.checkpoint_id == req["checkpointId"]
-        )
+        return replace(req, model_id=rows[0].model_id)
+    if req.checkpoint_id and not req.run_id and not req.model_id:
+        cq = scoped(select(Checkpoint), scope).where(Checkpoint.checkpoint_id == req.checkpoint_id)
         cks = s.scalars(cq.limit(2)).all()
         if not cks:
-            raise NotFound(f"checkpointId {req['checkpointId']!r} does not exist")
+            raise NotFound(f"checkpointId {req.checkpoint_id!r} does not exist")
         if len(cks) > 1:
-            raise ConfigError(f"checkpointId {req['checkpointId']!r} is ambiguous; name runId too")
-        return {**req, "runId": cks[0].run_id}
+            raise ConfigError(f"checkpointId {req.checkpoint_id!r} is ambiguous; name runId too")
+        return replace(req, run_id=cks[0].run_id)
     return req
 
 
@@ -64,26 +63,28 @@ class ModelIdentity:
     hash: str
 
 
-def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> ModelIdentity:
+def model_identity(
+    s: Session, scope: Scope, req: EvaluationRequest, adapter: dict[str, Any]
+) -> ModelIdentity:
     """The model being judged and its content hash (the checkpoint's checksum)."""
     model_id = model_version = run_id = checkpoint_id = digest = ""
     req = _complete_identity(s, scope, req)
-    if req.get("modelId") and req.get("modelVersion"):
+    if req.model_id and req.model_version:
         q = scoped(select(ModelVersion), scope, within="project").where(
-            ModelVersion.model_id == req["modelId"], ModelVersion.version == req["modelVersion"]
+            ModelVersion.model_id == req.model_id, ModelVersion.version == req.model_version
         )
         mv = s.scalars(q).first()
         if mv is None:
-            raise NotFound(f"model version {req['modelId']}:{req['modelVersion']} does not exist")
+            raise NotFound(f"model version {req.model_id}:{req.model_version} does not exist")
         model_id, model_version, run_id = mv.model_id, mv.version, mv.run_id
         checkpoint_id = mv.checkpoint_id
-        if req.get("checkpointId") and req["checkpointId"] != mv.checkpoint_id:
+        if req.checkpoint_id and req.checkpoint_id != mv.checkpoint_id:
             raise ConfigError(
-                f"checkpointId {req['checkpointId']!r}: model version {mv.model_id}:{mv.version} "
+                f"checkpointId {req.checkpoint_id!r}: model version {mv.model_id}:{mv.version} "
                 f"was registered from checkpoint {mv.checkpoint_id!r}"
             )
-    elif req.get("runId") and req.get("checkpointId"):
-        run_id, checkpoint_id = req["runId"], req["checkpointId"]
+    elif req.run_id and req.checkpoint_id:
+        run_id, checkpoint_id = req.run_id, req.checkpoint_id
     if checkpoint_id:
         ck = s.scalars(
             scoped(select(Checkpoint), scope).where(
@@ -101,7 +102,7 @@ def model_identity(s: Session, scope: Scope, req: dict[str, Any]) -> ModelIdenti
         model_version=model_version,
         run_id=run_id,
         checkpoint_id=checkpoint_id,
-        hash=str(req.get("modelHash") or digest or "spec:" + canonical_hash(req["adapter"])),
+        hash=req.model_hash or digest or "spec:" + canonical_hash(adapter),
     )
 
 
@@ -118,31 +119,30 @@ class Submissions:
         self._examples = examples
         self._suites = suites
 
-    def _suite(self, scope: Scope, req: dict[str, Any]) -> dict[str, Any]:
-        """The inline ``suite``, or the registered one ``benchmarkSuite`` names."""
-        ref = str(req.get("benchmarkSuite") or "")
-        if ref and req.get("suite"):
+    def _suite(self, scope: Scope, req: EvaluationRequest) -> dict[str, Any]:
+        """The inline ``suite`` (a JSON spec), or the registered one ``benchmarkSuite`` names."""
+        ref = req.benchmark_suite
+        if ref and req.suite:
             raise ConfigError("send suite (inline) or benchmarkSuite (a registered name), not both")
         if ref:
             found = self._suites.resolve(scope, ref)
             return {**found.spec, "name": found.name, "version": found.version}
-        if not req.get("suite"):
+        if not req.suite:
             raise ConfigError(
                 "suite is missing: send suite {name, version, benchmarks} or benchmarkSuite NAME"
             )
-        return dict(req["suite"])
+        return dict(req.suite)
 
-    def submit(self, scope: Scope, req: dict[str, Any]) -> EvaluationView:
+    def submit(self, scope: Scope, req: EvaluationRequest) -> EvaluationView:
         """Queue an evaluation (or reuse a cached result); returns at once."""
         suite = self._suite(scope, req)
-        adapter = dict(req.get("adapter") or suite.get("adapter") or {})
+        adapter = dict(req.adapter or suite.get("adapter") or {})
         if not adapter:
             raise ConfigError(
                 "adapter is missing: send adapter {kind: callable|openai|hf, ...}, or register "
                 "the suite with a default adapter"
             )
         validate_spec(adapter)
-        req = {**req, "adapter": adapter}
         specs = [bm.normalize_spec(dict(b)) for b in suite.get("benchmarks") or []]
         if not specs:
             raise ConfigError("suite.benchmarks is empty; name at least one benchmark")
@@ -154,10 +154,10 @@ class Submissions:
             )
         if suite.get("prices") is not None:
             validate_prices(suite["prices"])
-        decoding = Decoding.from_json(req.get("decoding") or suite.get("decoding")).as_json()
-        priority = parse_priority(req.get("priority", "P2"))
-        shard_size = int(req.get("shardSize") or 50)
-        max_attempts = int(req.get("maxAttempts") or 3)
+        decoding = Decoding.from_json(req.decoding or suite.get("decoding")).as_json()
+        priority = parse_priority(req.priority)
+        shard_size = int(req.shard_size or 50)
+        max_attempts = int(req.max_attempts or 3)
         if max_attempts < 1:
             raise ConfigError(f"maxAttempts {max_attempts} must be >= 1")
         sizes: list[tuple[str, int]] = []
@@ -194,13 +194,13 @@ class Submissions:
         now = time.time()
         eid = "ev-" + uuid.uuid4().hex[:16]
         with self._session() as s:
-            model = model_identity(s, scope, req)
+            model = model_identity(s, scope, req, adapter)
             provenance = {
                 "modelHash": model.hash,
                 "benchmarks": bench_prov,
-                "evaluatorVersion": str(req.get("evaluatorVersion") or EVALUATOR_VERSION),
+                "evaluatorVersion": req.evaluator_version or EVALUATOR_VERSION,
                 "decoding": decoding,
-                "codeCommit": str(req.get("codeCommit", "")),
+                "codeCommit": req.code_commit,
                 "adapter": {k: v for k, v in adapter.items() if k != "apiKeyEnv"},
             }
             if suite.get("prices"):  # the cost figures depend on them
@@ -208,7 +208,7 @@ class Submissions:
             key = cache_key(provenance)
             provenance["cacheKey"] = key
             hit = None
-            if not req.get("noCache"):
+            if not req.no_cache:
                 # A result is reused across the tenant's projects: same inputs, same scores.
                 hit = s.scalars(
                     scoped(select(Evaluation), scope)
@@ -232,7 +232,7 @@ class Submissions:
                     "benchmarks": specs,
                 },
                 priority=priority,
-                deadline=float(req["deadline"]) if req.get("deadline") else None,
+                deadline=float(req.deadline) if req.deadline else None,
                 state="QUEUED",
                 cache_key=key,
                 cached_from="",
@@ -242,7 +242,7 @@ class Submissions:
                 created_at=now,
                 completed_at=None,
                 created_by=scope.actor,
-                trigger_id=str(req.get("triggerId") or ""),
+                trigger_id=req.trigger_id,
             )
             if hit is not None:
                 row.state, row.metrics, row.completed_at = "COMPLETED", dict(hit.metrics), now

@@ -31,6 +31,7 @@ from .adapters import Decoding, validate_spec
 from .cache import canonical_hash
 from .gates import parse_policies
 from .models import EvalSuite, EvalTrigger, Evaluation
+from .requests import TriggerRequest
 from .rows import SessionFactory
 
 __all__ = [
@@ -223,17 +224,17 @@ class SuiteRegistry:
 
     # -- triggers -------------------------------------------------------------------------------
 
-    def add_trigger(self, scope: Scope, body: dict[str, Any]) -> TriggerView:
-        on = str(body.get("on", ""))
+    def add_trigger(self, scope: Scope, body: TriggerRequest) -> TriggerView:
+        on = body.on
         if on not in EVENTS:
             raise ConfigError(f"on {on!r} is unknown; use one of {EVENTS}")
-        if on == "alias" and not (body.get("alias") and body.get("modelId")):
+        if on == "alias" and not (body.alias and body.model_id):
             raise ConfigError("a trigger on an alias needs modelId and alias")
-        project = str(body.get("project") or scope.project)
+        project = body.project or scope.project
         if scope.project and project != scope.project:
             raise ConfigError(f"project {project!r}: this token is limited to {scope.project!r}")
-        suite = self.resolve(scope, str(body.get("suite", "")))
-        adapter = dict(body.get("adapter") or suite.spec.get("adapter") or {})
+        suite = self.resolve(scope, body.suite)
+        adapter = dict(body.adapter or suite.spec.get("adapter") or {})
         if not adapter:
             raise ConfigError("adapter is missing: give the trigger one, or the suite a default")
         validate_spec(adapter)
@@ -243,11 +244,11 @@ class SuiteRegistry:
                 trigger_id="et-" + uuid.uuid4().hex[:12],
                 project=project,
                 on=on,
-                model_id=str(body.get("modelId") or ""),
-                alias=str(body.get("alias") or ""),
-                suite=str(body["suite"]),
+                model_id=body.model_id,
+                alias=body.alias,
+                suite=body.suite,
                 adapter=adapter,
-                priority=str(body.get("priority") or "P1"),
+                priority=body.priority or "P1",
                 created_at=time.time(),
                 created_by=scope.actor,
             )

@@ -123,7 +123,7 @@ def frontier(
                 summary = summaries.summary(r.run_id)
                 eta = completion({"total_steps": target_steps}, summary, r.status)
                 if eta is not None:
-                    at, step, estimated = eta["finishAt"], target_steps - 1, True
+                    at, step, estimated = eta.finish_at, target_steps - 1, True
         results.append(
             RunResult(r.run_id, r.status, max(r.world_size, 1), r.first_seen, at, step, estimated)
         )

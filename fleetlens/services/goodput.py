@@ -27,10 +27,12 @@ from ..store.goodput_queries import GoodputInputQueries
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
+from .runs_types import RunSummary
 
 __all__ = [
     "GoodputQueries",
     "GoodputWindow",
+    "ProgramFigures",
     "ProgramSpec",
     "goodput_window",
     "program_spec",
@@ -153,19 +155,16 @@ def window_mfu(
     return None
 
 
-def summary_mfu(
-    config: dict[str, Any], summary: dict[str, Any]
-) -> tuple[float | None, ProgramSpec]:
+def summary_mfu(config: dict[str, Any], summary: RunSummary) -> tuple[float | None, ProgramSpec]:
     """MFU over a run summary's window (:func:`fleetlens.services.runs.summarize`: its
     tokens/s, median step time and world size), with the spec it was computed from."""
     spec = program_spec(config)
-    m = summary.get("metrics", {})
-    step_ms = m.get("stepTimeMs")
+    step_ms = summary.step_time_ms
     value = window_mfu(
         spec,
-        m.get("tokensPerSecond"),
+        summary.tokens_per_second,
         step_ms / 1000.0 if step_ms else None,
-        summary.get("worldSize"),
+        summary.world_size,
     )
     return value, spec
 
@@ -201,6 +200,17 @@ def _executions(table: pa.Table | None) -> tuple[StepArrays, dict[str, float]]:
         "ranks": float(col["x_ranks"][np.argmax(col["x_start"])]),
     }
     return arrays, extra
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramFigures:
+    """What a run's program goodput was computed from (:meth:`GoodputQueries.run_goodput`): its
+    devices, the retained steps' model FLOPs (None: the config names none) and the basis,
+    ``mfu_retained_steps`` (MFU of the retained steps) or ``straggler_bound``."""
+
+    devices: int | None
+    retained_flops: float | None
+    program_basis: str
 
 
 class GoodputQueries:
@@ -239,7 +249,7 @@ class GoodputQueries:
         executions: tuple[StepArrays, dict[str, float]] | None = None,
         held_only: bool = False,
         events: list[Event] | None = None,
-    ) -> tuple[Breakdown, Factors, dict[str, Any]]:
+    ) -> tuple[Breakdown, Factors, ProgramFigures]:
         """The run's breakdown and factors (program goodput = MFU over retained steps).
 
         ``executions`` are the whole run's step executions when the caller has read them
@@ -275,7 +285,7 @@ class GoodputQueries:
         program_basis = (
             "mfu_retained_steps" if flops is not None and spec.peak_flops else ("straggler_bound")
         )
-        return bd, f, {"devices": devices, "retainedFlops": flops, "programBasis": program_basis}
+        return bd, f, ProgramFigures(devices, flops, program_basis)
 
     def pool_scheduling(self, pool: str, t0: float, t1: float) -> SchedulingResult:
         """Scheduling goodput of ``pool`` over [t0, t1] from ``sched_alloc`` and ``sched_pool``."""

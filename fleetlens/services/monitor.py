@@ -66,6 +66,7 @@ from .portal import PortalQueries
 from .regressions import Regressions
 from .run_signals import metric_samples
 from .runs import RunQueries
+from .runs_types import RunSummary
 
 __all__ = ["Monitor", "MonitorMetrics"]
 
@@ -323,7 +324,7 @@ class Monitor:
         reader = TenantReader(self.telemetry, scope)
         reads = RunTelemetryQueries(reader)
         last_end = reads.last_step_end(run.run_id) or None
-        step_ms = summary.get("metrics", {}).get("stepTimeMs")
+        step_ms = summary.step_time_ms
         findings = self.findings.rows(scope, run.run_id)
         stops = reads.events_of_kinds(run.run_id, _STOP_KINDS).to_pylist()
         drains = [
@@ -344,7 +345,7 @@ class Monitor:
         open_findings: dict[str, int] = {}
         for f in findings:
             end = f.end_step
-            if end is None or summary.get("step") is None or summary["step"] - end <= RESOLVE_STEPS:
+            if end is None or summary.step is None or summary.step - end <= RESOLVE_STEPS:
                 open_findings[f.diagnosis] = open_findings.get(f.diagnosis, 0) + 1
         signals = RunSignals(
             tenant=run.tenant,
@@ -352,7 +353,7 @@ class Monitor:
             project=run.project,
             now=now,
             status=status,
-            last_step=int(summary.get("step") or -1),
+            last_step=int(summary.step or -1),
             last_step_end=last_end,
             step_time=step_ms / 1000.0 if step_ms else None,
             goodput=list(series),
@@ -363,7 +364,7 @@ class Monitor:
             metrics={k: list(v) for k, v in sampled.items()},
             clock=run.last_seen,  # the newest time the run's own records carry
         )
-        m = summary.get("metrics", {})
+        logged_mfu = summary.scalars.get("mfu")
         spread = PortalQueries(self.telemetry, scope).recent_spread(run.run_id, window=50)
         metrics = RunMetrics(
             tenant=run.tenant,
@@ -373,10 +374,10 @@ class Monitor:
             # the on-call page's spread (it was exported, never filled)
             spread=spread.spread if spread else None,
             step_time_max=step_ms / 1000.0 if step_ms else None,
-            step_time_median=(m.get("meanRankStepTimeMs") or 0) / 1000.0 or None,
-            tokens_per_s=m.get("tokensPerSecond"),
+            step_time_median=(summary.mean_rank_step_time_ms or 0) / 1000.0 or None,
+            tokens_per_s=summary.tokens_per_second,
             # a scalar the job logs as "mfu" wins; else the config's FLOPs over the window
-            mfu=m["mfu"] if m.get("mfu") is not None else summary_mfu(run.config or {}, summary)[0],
+            mfu=logged_mfu if logged_mfu is not None else summary_mfu(run.config or {}, summary)[0],
             last_step_age_s=(now - last_end) if last_end else None,
             findings=open_findings,
             **{k: v[-1][1] for k, v in sampled.items() if v and k in SAMPLED_METRICS},
@@ -384,7 +385,7 @@ class Monitor:
         return signals, metrics
 
     def _metric_series(
-        self, run: Run, now: float, status: str, reader: TenantReader, summary: dict[str, Any]
+        self, run: Run, now: float, status: str, reader: TenantReader, summary: RunSummary
     ) -> dict[str, deque[tuple[float, float]]]:
         """The run's per-metric alert inputs over time, sampled like its goodput."""
         series = self._series.setdefault((run.tenant, run.run_id), {})

@@ -39,8 +39,10 @@ from ..store.portal_queries import PortalStoreQueries
 from ..store.reader import TenantReader
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
-from .goodput import GoodputQueries, ProgramSpec, program_spec
+from .goodput import GoodputQueries, ProgramFigures, ProgramSpec, program_spec
 from .portal_types import (
+    Heatmap,
+    HotRow,
     NodeEvent,
     OverviewSteps,
     OverviewWindow,
@@ -50,6 +52,7 @@ from .portal_types import (
     StepBucket,
 )
 from .runs import RecentSteps, RunQueries, completion, declared_world, summarize
+from .runs_types import RunSummary
 from .scheduler import run_scheduling_factor
 from .series import SeriesPoint
 
@@ -191,7 +194,7 @@ def step_buckets(per_step: Executions, lo: int, hi: int, points: int) -> list[St
 
 def run_summary(
     per_step: Executions, latest: dict[str, float | None], window: int = 100
-) -> dict[str, Any]:
+) -> RunSummary:
     """:func:`fleetlens.services.runs.summarize` from one row per step (see
     :meth:`Executions.latest`): the run page's summary is the API's."""
     if not len(per_step):
@@ -260,7 +263,7 @@ class PortalQueries:
 
     def run_goodput(
         self, run_id: str, rows: Executions, spec: ProgramSpec, scheduling: float = 1.0
-    ) -> tuple[Breakdown, Factors, dict[str, Any]]:
+    ) -> tuple[Breakdown, Factors, ProgramFigures]:
         """:meth:`GoodputQueries.run_goodput` of the whole run over ``rows``, read already."""
         return GoodputQueries(self.t, self.tenant).run_goodput(
             run_id, spec, scheduling=scheduling, executions=rows.goodput_input()
@@ -302,7 +305,7 @@ class PortalQueries:
 
     def heatmap(
         self, run_id: str, lo: int, hi: int, world: int, rank_buckets: int, step_buckets: int
-    ) -> dict[str, Any]:
+    ) -> Heatmap:
         """Rank buckets x step buckets of the maximum compute time (ms) per cell, the hot row
         (highest median ratio to its column's median) and the slowest rank inside it, and per
         row the rank that was the slowest in most of its cells (``rowRank``)."""
@@ -324,34 +327,32 @@ class PortalQueries:
             pairs, counts = np.unique(np.c_[rb[ok], slow[ok]], axis=0, return_counts=True)
             for k in np.argsort(counts, kind="stable"):  # the most frequent is written last
                 pick[int(pairs[k, 0])] = int(pairs[k, 1])
-        hot: dict[str, Any] | None = None
+        hot: HotRow | None = None
         with np.errstate(all="ignore"):
             col_med = nanmedian(np.where(np.isfinite(grid), grid, np.nan), axis=0)
             ratio = grid / col_med
             row_score = nanmedian(np.where(np.isfinite(ratio), ratio, np.nan), axis=1)
         if np.isfinite(row_score).any():
             row = int(np.nanargmax(row_score))
-            hot = {
-                "row": row,
-                "rankFrom": row * rw,
-                "rankTo": min(world, (row + 1) * rw) - 1,
-                "ratio": _r(row_score[row]),
-                "rank": self.q.slowest_rank(run_id, lo, hi, row * rw, (row + 1) * rw - 1),
-            }
+            hot = HotRow(
+                row=row,
+                rank_from=row * rw,
+                rank_to=min(world, (row + 1) * rw) - 1,
+                ratio=_r(row_score[row]),
+                rank=self.q.slowest_rank(run_id, lo, hi, row * rw, (row + 1) * rw - 1),
+            )
         cells = [[None if not math.isfinite(x) else round(float(x), 1) for x in r] for r in grid]
-        return {
-            "fromStep": lo,
-            "toStep": hi,
-            "ranksPerRow": rw,
-            "stepsPerColumn": sw,
-            "rows": n_rows,
-            "columns": n_cols,
-            "unit": "ms",
-            "signal": "compute",
-            "cells": cells,
-            "hot": hot,
-            "rowRank": pick,
-        }
+        return Heatmap(
+            from_step=lo,
+            to_step=hi,
+            ranks_per_row=rw,
+            steps_per_column=sw,
+            rows=n_rows,
+            columns=n_cols,
+            cells=cells,
+            hot=hot,
+            row_rank=pick,
+        )
 
     def recent_spread(self, run_id: str, window: int = 100) -> RecentSpread | None:
         """Per-rank spread over the last ``window`` steps: (slowest - mean compute) / mean."""
@@ -440,7 +441,7 @@ def run_overview(
     mark("steps")
     latest = pq.latest_scalars(run_id)
     summary = declared_world(run_summary(per_step, latest), metadata.jobs(scope, run_id))
-    layout = layout_of(config, int(summary.get("worldSize") or info.world_size or 0))
+    layout = layout_of(config, int(summary.world_size or info.world_size or 0))
     mark("summary")
     if not len(per_step):
         return RunOverview(info=info, summary=summary, layout=layout, steps=None)
@@ -460,7 +461,7 @@ def run_overview(
     timeline = rq.timeline(run_id, max(lo, hi - TIMELINE_STEPS + 1), hi)[:2000]
     mark("timeline")
     found = FindingsStore(metadata).rows(scope, run_id, None)
-    devices = float(program.get("devices") or info.world_size or 0)
+    devices = float(program.devices or info.world_size or 0)
     ranked, unattributed = finding_costs(found, bd, executions, devices)
     mark("costs")
     steps = OverviewSteps(

@@ -5,20 +5,23 @@ measured" (or not finite)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..analysis.breakdown import Breakdown
     from ..analysis.goodput import Factors
     from ..analysis.layout import ParallelLayout
     from ..store.metadata import RunInfo
+    from .goodput import ProgramFigures
     from .portal_costs import Cost, RankedFinding
-    from .runs_types import TimelineItem
+    from .runs_types import Completion, RunSummary, TimelineItem
     from .series import SeriesPoint
 
 __all__ = [
     "GpuSample",
+    "Heatmap",
     "HeatmapRows",
+    "HotRow",
     "NodeEvent",
     "OverviewSteps",
     "OverviewWindow",
@@ -129,6 +132,35 @@ class GpuSample:
 
 
 @dataclass(frozen=True, slots=True)
+class HotRow:
+    """The heatmap's row slowest against its columns' medians (ranks [rank_from, rank_to]),
+    its median ratio and the slowest rank inside it."""
+
+    row: int
+    rank_from: int
+    rank_to: int
+    ratio: float | None
+    rank: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Heatmap:
+    """Rank buckets (``ranks_per_row`` ranks) x step buckets (``steps_per_column`` steps) of
+    steps [from_step, to_step]: the maximum compute time (ms) per cell (None: no steps), the
+    hot row, and per row the rank slowest in most of its cells (``row_rank``)."""
+
+    from_step: int
+    to_step: int
+    ranks_per_row: int
+    steps_per_column: int
+    rows: int
+    columns: int
+    cells: list[list[float | None]]
+    hot: HotRow | None
+    row_rank: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class HeatmapRows:
     """The heatmap's rows: the rank each opens, and that rank's node and GPU (its latest
     placement; None where it has none)."""
@@ -160,11 +192,11 @@ class OverviewSteps:
     scalars: dict[str, list[SeriesPoint]]
     breakdown: Breakdown
     factors: Factors
-    program: dict[str, Any]
+    program: ProgramFigures
     timeline: list[TimelineItem]
     findings: list[RankedFinding]
     unattributed: Cost
-    completion: dict[str, Any] | None
+    completion: Completion | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +206,6 @@ class RunOverview:
     rest once it has steps."""
 
     info: RunInfo
-    summary: dict[str, Any]
+    summary: RunSummary
     layout: ParallelLayout | None
     steps: OverviewSteps | None

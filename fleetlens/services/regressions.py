@@ -214,7 +214,7 @@ def _read(telemetry: TelemetryStore, tenant: str, runs: list[RunBrief]) -> dict[
         mfu = None
         if spec.missing is None:  # its config names FLOPs and a peak: MFU of retained steps
             _, factors, how = GoodputQueries(telemetry, scope).run_goodput(brief.run_id, spec)
-            if how["programBasis"] == "mfu_retained_steps" and (how["retainedFlops"] or 0) > 0:
+            if how.program_basis == "mfu_retained_steps" and (how.retained_flops or 0) > 0:
                 mfu = factors.program  # (FLOPs a token with no tokens logged: none)
         out[brief.run_id] = RunFigures(
             run_id=brief.run_id,

@@ -16,6 +16,7 @@ from typing import Any
 from ..store.reader import TenantReader
 from ..store.run_queries import RunTelemetryQueries
 from .goodput import summary_mfu
+from .runs_types import RunSummary
 
 __all__ = ["RECENT_STEPS", "metric_samples"]
 
@@ -31,18 +32,18 @@ def _num(v: Any) -> float | None:
 
 
 def metric_samples(
-    reader: TenantReader, run_id: str, config: dict[str, Any], summary: dict[str, Any], now: float
+    reader: TenantReader, run_id: str, config: dict[str, Any], summary: RunSummary, now: float
 ) -> dict[str, float | None]:
-    m = summary.get("metrics", {})
-    step_max, step_mean = _num(m.get("stepTimeMs")), _num(m.get("meanRankStepTimeMs"))
+    step_max, step_mean = _num(summary.step_time_ms), _num(summary.mean_rank_step_time_ms)
     # the MFU /metrics exports: a scalar the job logs as "mfu" wins, else the config's FLOPs
-    mfu = _num(m["mfu"]) if m.get("mfu") is not None else summary_mfu(config, summary)[0]
+    logged = summary.scalars.get("mfu")
+    mfu = _num(logged) if logged is not None else summary_mfu(config, summary)[0]
     out: dict[str, float | None] = {
         "mfu": mfu,
-        "tokens_per_s": _num(m.get("tokensPerSecond")),
+        "tokens_per_s": _num(summary.tokens_per_second),
         "rank_step_ratio": step_max / step_mean if step_max and step_mean else None,
     }
-    last = summary.get("step")
+    last = summary.step
     if last is None:
         return out
     lo = int(last) - RECENT_STEPS + 1

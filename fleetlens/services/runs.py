@@ -25,7 +25,16 @@ from ..store.reader import TenantReader
 from ..store.run_queries import RANK_SORT_KEYS, RunTelemetryQueries
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
-from .runs_types import MetricChangeItem, RankFigures, RankHardware, TimelineEvent, TimelineItem
+from .runs_types import (
+    Completion,
+    MetricChangeItem,
+    RankFigures,
+    RankHardware,
+    RunSummary,
+    SummaryWindow,
+    TimelineEvent,
+    TimelineItem,
+)
 
 __all__ = ["RecentSteps", "RunQueries", "summarize"]
 
@@ -73,51 +82,47 @@ class RecentSteps:
 
 def summarize(
     steps: int, last_step: int, tokens: int, recent: RecentSteps, latest: dict[str, float | None]
-) -> dict[str, Any]:
+) -> RunSummary:
     """A run's progress and speed, the one definition the API, the monitor and the run page
     share: its step count, last step and tokens, and over the recent steps the median step time
     (slowest rank) and mean rank's step time, tokens/s over the time they were busy, and the
     world size at the last step. ``latest`` is each scalar's latest value."""
     if not steps or not len(recent.step):
-        return {"steps": 0, "step": None, "tokensProcessed": 0, "metrics": {}}
+        return RunSummary(steps=0, step=None, tokens_processed=0, scalars={})
     busy = float(np.sum(recent.end - recent.start))
-    metrics: dict[str, Any] = dict(latest)
-    metrics.update(
-        {
-            "stepTimeMs": _f(np.median(recent.max_duration) * 1000.0),
-            "meanRankStepTimeMs": _f(np.median(recent.mean_duration) * 1000.0),
-            "tokensPerSecond": _f(np.sum(recent.tokens) / busy) if busy > 0 else None,
-        }
-    )
     span = int(recent.step[-1] - recent.step[0])
     wall = float(recent.end[-1] - recent.end[0]) / span if span > 0 else None
-    return {
-        "steps": steps,
-        "step": last_step,
-        "tokensProcessed": tokens,
+    return RunSummary(
+        steps=steps,
+        step=last_step,
+        tokens_processed=tokens,
+        scalars=dict(latest),
+        window=SummaryWindow(
+            from_step=int(recent.step[0]), to_step=int(recent.step[-1]), steps=len(recent.step)
+        ),
+        step_time_ms=_f(np.median(recent.max_duration) * 1000.0),
+        mean_rank_step_time_ms=_f(np.median(recent.mean_duration) * 1000.0),
+        tokens_per_second=_f(np.sum(recent.tokens) / busy) if busy > 0 else None,
         # wall-clock seconds per step over the window, from step end to step end: with what
         # happens between steps (data stalls, checkpoints, evaluation, logging)
-        "wallSecondsPerStep": _f(wall) if wall is not None and wall > 0 else None,
-        "worldSize": int(recent.ranks[-1]),
-        "window": {
-            "fromStep": int(recent.step[0]),
-            "toStep": int(recent.step[-1]),
-            "steps": len(recent.step),
-        },
-        "metrics": metrics,
-    }
+        wall_seconds_per_step=_f(wall) if wall is not None and wall > 0 else None,
+        world_size=int(recent.ranks[-1]),
+    )
 
 
-def declared_world(summary: dict[str, Any], jobs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The summary's world size as the job declared it, with the ranks that report steps as
-    ``ranksReporting``: the telemetry's count is the ranks of the newest step, which is fewer
-    when some ranks do not report (or an imported log's one rank stands for the job). The one
-    rule of the API's run and the run page."""
+def declared_world(summary: RunSummary, jobs: list[dict[str, Any]]) -> RunSummary:
+    """The summary with its world size as the job declared it, and the ranks that report steps
+    as ``ranks_reporting``: the telemetry's count is the ranks of the newest step, which is
+    fewer when some ranks do not report (or an imported log's one rank stands for the job). The
+    one rule of the API's run and the run page."""
     declared = int(jobs[-1]["worldSize"]) if jobs else 0
-    if summary.get("worldSize"):
-        summary["ranksReporting"] = summary["worldSize"]
-        summary["worldSize"] = max(declared, int(summary["worldSize"]))
-    return summary
+    if not summary.world_size:
+        return summary
+    return replace(
+        summary,
+        ranks_reporting=summary.world_size,
+        world_size=max(declared, summary.world_size),
+    )
 
 
 TARGET_KEYS = ("total_steps", "max_steps", "train_steps", "train_iters", "max_iters",
@@ -136,40 +141,37 @@ def step_target(config: dict[str, Any]) -> tuple[str, int] | None:
     return None if key is None else (key, int(config[key]))
 
 
-def completion(
-    config: dict[str, Any], summary: dict[str, Any], status: str
-) -> dict[str, Any] | None:
+def completion(config: dict[str, Any], summary: RunSummary, status: str) -> Completion | None:
     """When a live run will reach its target step: the steps left (from the config's target,
-    :data:`TARGET_KEYS`) at the recent wall-clock pace (``wallSecondsPerStep``: what happens
+    :data:`TARGET_KEYS`) at the recent wall-clock pace (``wall_seconds_per_step``: what happens
     between steps counts); None unless it is RUNNING (ended, hung or stalled: no pace to go
-    by), or without a target or a pace. ``finishAt`` is UNIX time."""
+    by), or without a target or a pace."""
     target = step_target(config)
-    pace, step = summary.get("wallSecondsPerStep"), summary.get("step")
+    pace, step = summary.wall_seconds_per_step, summary.step
     if status != "RUNNING" or not pace or step is None:
         return None
-    out: dict[str, Any] = {}
+    tokens_left: int | None = None
     if target is not None:
         key, total = target
         left = max(0, total - 1 - int(step))  # steps count from 0: the last is total - 1
     else:
         tkey = next((k for k in TOKEN_TARGET_KEYS if _count(config.get(k))), None)
-        done, steps = int(summary.get("tokensProcessed") or 0), int(summary.get("steps") or 0)
+        done, steps = int(summary.tokens_processed or 0), int(summary.steps or 0)
         if tkey is None or done <= 0 or steps <= 0:
             return None
         key = tkey
         tokens_left = max(0, int(config[key]) - done)
         left = math.ceil(tokens_left / (done / steps))  # at its tokens per step so far
         total = int(step) + 1 + left
-        out["tokensLeft"] = tokens_left
-    return {
-        "totalSteps": total,
-        "targetKey": key,
-        "stepsLeft": left,
-        "secondsPerStep": pace,
-        "seconds": left * pace,
-        "finishAt": time.time() + left * pace,
-        **out,
-    }
+    return Completion(
+        total_steps=total,
+        target_key=key,
+        steps_left=left,
+        seconds_per_step=pace,
+        seconds=left * pace,
+        finish_at=time.time() + left * pace,
+        tokens_left=tokens_left,
+    )
 
 
 def _count(v: Any) -> bool:
@@ -182,7 +184,7 @@ class RunQueries:
         self.tenant = scope.tenant
         self.q = RunTelemetryQueries(TenantReader(telemetry, scope))
 
-    def summary(self, run_id: str, window: int = 100) -> dict[str, Any]:
+    def summary(self, run_id: str, window: int = 100) -> RunSummary:
         """Progress and speed: last step, tokens, and step time / tokens/s over recent steps
         (:func:`summarize` over the run's totals and its last ``window`` steps)."""
         total = self.q.step_totals(run_id)

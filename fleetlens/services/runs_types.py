@@ -1,12 +1,69 @@
-"""What :class:`fleetlens.services.runs.RunQueries` answers of a run's ranks and timeline, as
-typed values (snake_case; the API makes their JSON). None stands for "not measured"."""
+"""What :class:`fleetlens.services.runs.RunQueries` answers of a run's summary, ranks and
+timeline, and when it will finish (:func:`fleetlens.services.runs.completion`), as typed values
+(snake_case; the API makes their JSON). None stands for "not measured"."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["MetricChangeItem", "RankFigures", "RankHardware", "TimelineEvent", "TimelineItem"]
+__all__ = [
+    "Completion",
+    "MetricChangeItem",
+    "RankFigures",
+    "RankHardware",
+    "RunSummary",
+    "SummaryWindow",
+    "TimelineEvent",
+    "TimelineItem",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryWindow:
+    """The recent steps a summary's speed figures are computed over."""
+
+    from_step: int
+    to_step: int
+    steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A run's progress and speed (:func:`fleetlens.services.runs.summarize`): its step count,
+    last step and tokens; with steps (``window`` not None), each scalar's latest value
+    (``scalars``), and over the recent steps the median step time (slowest rank, ms), the mean
+    rank's, tokens/s, the wall-clock seconds per step (step end to step end) and the world size
+    at the last step; ``ranks_reporting`` (set by
+    :func:`~fleetlens.services.runs.declared_world`): the ranks that report steps, where the
+    world size is the job's declared one."""
+
+    steps: int
+    step: int | None
+    tokens_processed: int
+    scalars: dict[str, float | None]
+    window: SummaryWindow | None = None
+    step_time_ms: float | None = None
+    mean_rank_step_time_ms: float | None = None
+    tokens_per_second: float | None = None
+    wall_seconds_per_step: float | None = None
+    world_size: int | None = None
+    ranks_reporting: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """When a live run reaches its target step (:func:`fleetlens.services.runs.completion`):
+    the steps left at the recent wall-clock pace; ``finish_at`` is UNIX time; ``tokens_left``
+    where the target is a token budget (None otherwise)."""
+
+    total_steps: int
+    target_key: str
+    steps_left: int
+    seconds_per_step: float
+    seconds: float
+    finish_at: float
+    tokens_left: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
