@@ -7,12 +7,16 @@ committer thread as pieces (one Arrow table per kind, with its context columns).
 takes everything waiting when it comes round, so the window adapts by itself: a lone request is
 inserted once ``gap_s`` (10 ms) passed with nothing after it, and under load each insert carries
 the requests that arrived while the previous one ran. While requests keep arriving (each within
-``gap_s`` of the last) it also lingers, up to ``linger_s`` from the first waiting request, so
+the gap of the last) it also lingers, up to ``linger_s`` from the first waiting request, so
 that a busy second becomes a few large inserts rather than dozens of small ones: the engine's
 cost is per insert far more than per row (~46 ms of CPU for one rank-step's rows, ~60 ms for 64,
-issue 35), and every part it writes is merged again later. So under a fleet's load every
-request waits up to ``linger_s`` for its answer; a client alone, which waits for its answer
-before sending again, waits ``gap_s``. Pieces already stored (a retry, or the same batch twice
+issue 35), and every part it writes is merged again later. The gap stretches while most requests
+arrive before those ahead of them were answered (many senders, not one client waiting for each
+answer): to three of their usual spacings, up to ``linger_s``. So 64 ranks sending once a second
+(a request every ~16 ms: alone in its insert at a 10 ms gap, ~13 ms of the server's CPU a
+rank-step) share inserts, while a lone client, which waits for its answer before sending again,
+still waits only ``gap_s``; under a fleet's load every request waits up to ``linger_s`` for its
+answer. Pieces already stored (a retry, or the same batch twice
 in one group) are dropped by the :class:`~.ledger.Ledger`; the rest is concatenated per kind
 and column set, tagged with its batch keys, announced in the ledger, inserted, and committed. A
 request's future resolves when every insert holding its rows returned: the acknowledgement still
@@ -37,7 +41,33 @@ from .ledger import Ledger
 from .ledger import Piece as LedgerPiece
 from .space import DiskSpace, is_out_of_space
 
-__all__ = ["CommitMetrics", "GroupCommitter", "RowWriter"]
+__all__ = ["Cadence", "CommitMetrics", "GroupCommitter", "RowWriter"]
+
+
+class Cadence:
+    """How requests arrive, for the quiet spell that ends a group: running means (the newest
+    request weighing 0.1) of whether a request came while others were unanswered, and of the
+    time between such requests."""
+
+    def __init__(self) -> None:
+        self.overlap = 0.0
+        self.spacing = 0.0
+        self._prev_at: float | None = None
+
+    def arrived(self, now: float, unanswered: int) -> None:
+        """A request came at ``now`` with ``unanswered`` others submitted and not answered."""
+        overlapped = unanswered > 0
+        self.overlap += 0.1 * (float(overlapped) - self.overlap)
+        if overlapped and self._prev_at is not None:
+            self.spacing += 0.1 * (now - self._prev_at - self.spacing)
+        self._prev_at = now
+
+    def gap(self, gap_s: float, linger_s: float) -> float:
+        """``gap_s``; while most requests come before those ahead of them were answered (many
+        senders), three of their usual spacings, within [``gap_s``, ``linger_s``]."""
+        if self.overlap < 0.5:
+            return gap_s
+        return min(linger_s, max(gap_s, 3.0 * self.spacing))
 
 
 class RowWriter(Protocol):
@@ -91,6 +121,8 @@ class GroupCommitter:
         self._first_at = 0.0  # when the oldest waiting request came
         self._last_at = 0.0  # and the newest
         self._rows_waiting = 0
+        self._unanswered = 0  # submitted, not yet resolved
+        self._cadence = Cadence()
         self.stats = CommitStats()
         self._waiting: deque[_Request] = deque()
         self._cv = threading.Condition()
@@ -109,6 +141,8 @@ class GroupCommitter:
                 req.future.set_exception(RuntimeError("the collector is shutting down"))
                 return req.future
             now = time.monotonic()
+            self._cadence.arrived(now, self._unanswered)
+            self._unanswered += 1
             if not self._waiting:
                 self._first_at = now
             self._last_at = now
@@ -149,6 +183,9 @@ class GroupCommitter:
                 for req in group:
                     if not req.future.done():
                         req.future.set_exception(exc)
+            finally:
+                with self._cv:
+                    self._unanswered -= len(group)
             self.stats.busy_s += time.perf_counter() - t0
 
     def _linger(self) -> None:
@@ -156,12 +193,13 @@ class GroupCommitter:
         up to ``linger_s`` from the oldest waiting one and under ``max_rows`` rows."""
         while not self._closed:
             now = time.monotonic()
-            quiet = now - self._last_at >= self.gap_s
+            gap = self._cadence.gap(self.gap_s, self.linger_s)
+            quiet = now - self._last_at >= gap
             if quiet or now - self._first_at >= self.linger_s:
                 return
             if self._rows_waiting >= self.max_rows:
                 return
-            self._cv.wait(min(self.gap_s, self._first_at + self.linger_s - now))
+            self._cv.wait(min(gap, self._first_at + self.linger_s - now))
 
     def _commit(self, group: list[_Request]) -> None:
         by_table: dict[tuple[str, tuple[tuple[str, str], ...]], list[list[Part]]] = {}
