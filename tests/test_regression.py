@@ -270,14 +270,23 @@ def test_a_new_image_slower_than_its_workloads_runs_is_a_finding_and_a_ticket(
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         page.goto(f"{server.url}/runs/reg-c")
-        row = page.locator(
-            "#wrong-table tbody tr", has=page.locator("[data-code=scaling_regression]")
-        )
-        row.wait_for(timeout=30_000)
-        assert "Scales worse than on the software it replaced" in row.inner_text()
-        assert "coincides with image train:1 vs train:2" in row.inner_text()
-        prog = page.locator("#wrong-table [data-code=program_regression]")
-        assert prog.inner_text() == "Slower than its workload's baseline"
+        # "What's wrong" lists the five costliest findings. Under the suite's load these capped
+        # runs may also show slow collectives or idle compute costing more (a gate saw six), so
+        # both regressions are looked for in the Diagnosis section, which lists every finding,
+        # and in "What's wrong" where the overview ranks them among its five.
+        ranked = server.get("/v1/runs/reg-c/overview")["findings"]
+        rank = {f["diagnosis"]: f["rank"] for f in ranked}
+        for code, name in (
+            ("scaling_regression", "Scales worse than on the software it replaced"),
+            ("program_regression", "Slower than its workload's baseline"),
+        ):
+            row = page.locator("#findings tbody tr", has=page.locator(f"[data-code={code}]"))
+            row.wait_for(timeout=30_000)
+            assert name in row.inner_text(), row.inner_text()
+            assert "coincides with image train:1 vs train:2" in row.inner_text()
+            if rank[code] <= 5:
+                wrong = page.locator(f"#wrong-table [data-code={code}]")
+                assert wrong.inner_text() == name, (ranked, wrong.inner_text())
     finally:
         page.close()
     assert not errors, errors
