@@ -26,6 +26,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _PortTaken(RuntimeError):
+    """The server could not bind its port: another process holds it."""
+
+
 @dataclass
 class Server:
     """``fleetlens serve`` in a subprocess on a loopback port, with its own data directory."""
@@ -42,6 +46,22 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> Server:
+        """Start it and wait for ``/healthz``. A first start whose port another process took
+        between :func:`free_port` and the bind (several test workers start servers at once) is
+        tried again on a new port; a restart keeps its port (the test's clients know it)."""
+        first, own_log = self.proc is None, not self.log_path
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                if not first or attempt == 2:
+                    raise
+                self.port = free_port()
+                if own_log:
+                    self.log_path = ""
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> Server:
         self.log_path = self.log_path or os.path.join(self.data_dir, f"server-{self.port}.log")
         os.makedirs(self.data_dir, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
@@ -65,7 +85,9 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log()}")
+                text = self.log()
+                error = _PortTaken if "address already in use" in text else RuntimeError
+                raise error(f"server exited early:\n{text}")
             try:
                 with urllib.request.urlopen(self.url + "/healthz", timeout=1) as r:
                     if r.status == 200:
