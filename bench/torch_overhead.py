@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -138,6 +139,20 @@ def capture_job(data: str, stats: str, steps: int) -> tuple[dict[int, float], di
     return {s: t for s, (_, t) in job_steps(rank_steps(stats)).items()}, cap, took
 
 
+CAPTURE_SPAN_S = 20.0
+"""Seconds of steps the capture run needs after its step 20: the server's view of the run
+lagging the job (~2 s), the capture's lead (``services.captures._LEAD_S``, 10 s: the capture
+starts that far ahead at the ranks' pace), its steps and the trace written after them."""
+
+
+def capture_length(alt: dict[int, tuple[bool, float]]) -> int:
+    """Steps of the capture run, from the step time the alternate run measured: on a fast
+    machine 200 steps end before a capture 10 s ahead of step 20 starts. The unpinned step time
+    is shorter than the pinned run's, so this errs long."""
+    step_s = statistics.median(t for _, t in alt.values())
+    return max(200, 20 + math.ceil(CAPTURE_SPAN_S / step_s))
+
+
 def capture_figures(steps: dict[int, float], cap: dict, took: float, warm: int) -> dict:
     """The capture's cost: the slowest step outside it over the run's median step. The capture
     is its warm-up step, its profiled steps, and the step after them: the profiled ranks write
@@ -226,11 +241,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--block", type=int, default=1, help="steps per on/off block")
     ap.add_argument(
-        "--capture-steps", type=int, default=0, help="steps of the trace-capture run (400)"
+        "--capture-steps",
+        type=int,
+        default=0,
+        help="steps of the trace-capture run (default: enough for the capture at this "
+        "machine's step time, at least 200)",
     )
     args = ap.parse_args()
-    # --quick: 200 (the capture ends near step 70 on this project's machine)
-    args.capture_steps = args.capture_steps or (200 if args.quick else 400)
     steps = 60 if args.quick else args.steps
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(f"{tmp}/data")
@@ -247,7 +264,7 @@ def main() -> None:
             stop_server(proc)
         os.makedirs(f"{tmp}/capture")
         cap_steps, capture, capture_s = capture_job(
-            f"{tmp}/capture-data", f"{tmp}/capture", args.capture_steps
+            f"{tmp}/capture-data", f"{tmp}/capture", args.capture_steps or capture_length(alt)
         )
     warm = max(10, 2 * args.block)  # the first steps warm caches and the allocator
     on = [t for s, (flag, t) in alt.items() if flag and s >= warm]
