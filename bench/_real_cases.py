@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from bench._delivery import Player, Way, from_matrix
@@ -145,7 +146,7 @@ def _log_cases(player: Player, quick: bool) -> list[Case]:
     runs = {p.name: read_megatron(p) for p in sorted(BIG.glob("*.out"))}
     golden = read_megatron(GOLDEN)
     for name, run in runs.items():
-        s = run.summary()
+        s = msgspec.to_builtins(run.summary())  # as `fleetlens import --json` prints it
         want = 32 if "n8" in name else 64
         case(f"{name} world size", f"world size {want}",
              "the arguments block prints world_size (and the launcher --nnodes x --nproc_per_node)",
@@ -169,7 +170,7 @@ def _log_cases(player: Player, quick: bool) -> list[Case]:
                               and not s["nonFinite"] and not s["slowPeriods"],
                               f"attempts {s['attempts']} restarts {s['restarts']} nonfinite "
                               f"{s['nonFinite']} slow {s['slowPeriods']}"))  # fmt: skip
-    gs = golden.summary()
+    gs = msgspec.to_builtins(golden.summary())
     case("golden slow period", "one slow period covering iterations 2,100-2,300",
          "iteration-time is ~6.1 s at steps 2100, 2200, 2300 (recorded every 100) against a "
          "median of 1.435 s",

@@ -125,7 +125,7 @@ def main() -> None:
                 t = time.perf_counter()
                 compare_runs(store, meta, scope, runs)
                 twenty.append(time.perf_counter() - t)
-            print(out2.conclusions[0]["lines"], file=sys.stderr)
+            print(out2.conclusions[0].lines, file=sys.stderr)
         finally:
             meta.close()
             store.close()
@@ -142,7 +142,7 @@ def main() -> None:
             "stored": "steps_by_step rollup (one row per step) + scalars (loss every step, "
             "val_loss every 100); the 1,024 rank rows per step are represented, not stored",
             "rank_step_rows_represented_per_run": steps * RANKS,
-            "cause_2": out2.conclusions[0]["cause"],
+            "cause_2": out2.conclusions[0].cause,
             "goal": {"seconds": 1.0, "seconds_20": 3.0},
         }
     )

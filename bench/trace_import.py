@@ -34,6 +34,7 @@ MAIN_TRACE = REAL / "world16_a100_80gb" / "rank0.json.gz"
 
 _OURS = r"""
 import json, sys, time
+import msgspec
 from fleetlens.traces.importer import batches, import_traces
 t0 = time.perf_counter()
 out = []
@@ -45,7 +46,7 @@ rt, nbytes = out[0]
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
 print(json.dumps({
     "seconds": dt, "peak_rss_mb": int(hwm) / 1024, "events": rt.events, "rank": rt.rank,
-    "batch_bytes": nbytes, "hta_view": rt.hta, "summary": rt.summary(),
+    "batch_bytes": nbytes, "hta_view": rt.hta, "summary": msgspec.to_builtins(rt.summary()),
     "steps": [int(s) for s in rt.steps],
     "step_dur_us": [float(d) * 1e6 for d in rt.breakdown.duration],
 }))

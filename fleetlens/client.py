@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
+
 from .config import DEFAULT_PORT
 from .errors import APIError, APINotFound, ConfigError, FleetlensError, TransportError
 
@@ -44,6 +46,7 @@ __all__ = [
     "APIError",
     "APINotFound",
     "Client",
+    "WindowFigures",
     "resolve_server",
     "resolve_token",
     "to_table",
@@ -66,6 +69,34 @@ def resolve_token(token: str | None = None, environ: Mapping[str, str] | None = 
         return token
     env = os.environ if environ is None else environ
     return env.get("FLEETLENS_TOKEN", "")
+
+
+class WindowFigures(msgspec.Struct, frozen=True, rename="camel"):
+    """Of a run's ``metrics`` (``GET /v1/runs/{id}``: the latest value of every scalar by name,
+    and the window's figures): the slowest rank's median step time and the tokens a second over
+    the window, and the latest loss; None where the run has none."""
+
+    step_time_ms: float | None = None
+    tokens_per_second: float | None = None
+    loss: float | None = None
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, Any]) -> WindowFigures:
+        return msgspec.convert(metrics, cls)
+
+
+class _DumpFile(msgspec.Struct):
+    """A Flight Recorder dump as sent: its file name and its bytes, base64."""
+
+    name: str
+    data: str
+
+
+class _FlightRecorderIn(msgspec.Struct, rename="camel", omit_defaults=True):
+    """``POST /v1/runs/{id}/flight-recorder``'s body: the dumps, the job that wrote them."""
+
+    files: list[_DumpFile]
+    job_id: str = ""
 
 
 def _quote(part: str) -> str:
@@ -328,11 +359,8 @@ class Client:
     ) -> dict[str, Any]:
         """How much faster the run would be with each type, worker or stage at its peers'
         median, and with each finding fixed (``GET /v1/runs/{id}/whatif/stragglers``)."""
-        q = "&".join(
-            f"{k}={v}" for k, v in (("fromStep", from_step), ("toStep", to_step)) if v is not None
-        )
         path = f"/v1/runs/{_quote(run_id)}/whatif/stragglers"
-        return dict(self.get(path + (f"?{q}" if q else "")))
+        return dict(self.get(path, fromStep=from_step, toStep=to_step))
 
     def flight_recorder(
         self,
@@ -353,8 +381,8 @@ class Client:
                 with open(f, "rb") as fh:
                     data = fh.read()
                 name = os.path.basename(os.fspath(f))
-            sent.append({"name": name, "data": base64.b64encode(data).decode("ascii")})
-        body = {"files": sent, **({"jobId": job_id} if job_id else {})}
+            sent.append(_DumpFile(name, base64.b64encode(data).decode("ascii")))
+        body = msgspec.to_builtins(_FlightRecorderIn(sent, job_id or ""))
         path = f"/v1/runs/{_quote(run_id)}/flight-recorder"
         return dict(self.request("POST", path, json=body, timeout=timeout).json())
 

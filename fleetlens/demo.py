@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from .client import Client
+from .client import Client, WindowFigures
 from .config import ServerConfig
 from .errors import FleetlensError
 from .sigint import restore_sigint
@@ -61,37 +61,39 @@ def _hours(s: float) -> str:
 
 def summary(client: Client, run_id: str, truth: Any) -> str:
     """The terminal summary of the demo run, read back through the API."""
-    run = client.run(run_id)
-    ranks = client.ranks(run_id, limit=3, from_step=0, to_step=run["step"])
-    good = client.goodput(run_id)
-    timeline = client.timeline(run_id, from_step=0, to_step=run["step"])
-    m = run["metrics"]
+    from .api.goodput_models import RunGoodputOut
+    from .api.models import RankOut, RunDetailOut
+
+    run = RunDetailOut.model_validate(client.run(run_id), extra="ignore")
+    ranks = client.ranks(run_id, limit=3, from_step=0, to_step=run.step)
+    good = RunGoodputOut.model_validate(client.goodput(run_id), extra="ignore")
+    timeline = client.timeline(run_id, from_step=0, to_step=run.step)
+    m = WindowFigures.of(run.metrics)
+    loss = float("nan") if m.loss is None else m.loss
     lines = [
-        f"run {run_id}: {run['worldSize']} ranks, {run['steps']} steps in "
-        f"{len(run['jobIds'])} job attempts, status {run['status']}",
-        f"  step time {m['stepTimeMs']:.0f} ms (slowest rank)   tokens "
-        f"{run['tokensProcessed']:,}   loss {m.get('loss', float('nan')):.3f}",
+        f"run {run_id}: {run.world_size} ranks, {run.steps} steps in "
+        f"{len(run.job_ids)} job attempts, status {run.status}",
+        f"  step time {m.step_time_ms:.0f} ms (slowest rank)   tokens "
+        f"{run.tokens_processed:,}   loss {loss:.3f}",
         "",
         "where the time went:",
     ]
-    bd = good["breakdown"]
-    for line in bd["lines"]:
-        if line["seconds"] > 0:
+    for line in good.breakdown.lines:
+        if line.seconds > 0:
             lines.append(
-                f"  {line['category']:<12} {_hours(line['seconds']):>10} "
-                f"{100 * line['share']:5.1f}%   ({line['factor']})"
+                f"  {line.category:<12} {_hours(line.seconds):>10} "
+                f"{100 * line.share:5.1f}%   ({line.factor})"
             )
-    f = good["factors"]
+    f = good.factors
     lines.append(
-        f"  goodput: runtime {f['runtime']:.3f} x program {f['program']:.3f} = job "
-        f"{f['jobProduct']:.3f}"
+        f"  goodput: runtime {f.runtime:.3f} x program {f.program:.3f} = job {f.job_product:.3f}"
     )
-    lines += ["", f"slowest ranks by compute time over the whole run (steps 0-{run['step']}):"]
-    for r in ranks:
+    lines += ["", f"slowest ranks by compute time over the whole run (steps 0-{run.step}):"]
+    for r in (RankOut.model_validate(r, extra="ignore") for r in ranks):
         lines.append(
-            f"  rank {r['rank']:>4} on {r['node']} GPU {r['gpu']} ({r['rack']}): compute "
-            f"{r['computeMs']:.0f} ms, {r['computeSlowdown']:.3f} x median, waits "
-            f"{r['commMs']:.0f} ms in collectives"
+            f"  rank {r.rank:>4} on {r.node} GPU {r.gpu} ({r.rack}): compute "
+            f"{r.compute_ms:.0f} ms, {r.compute_slowdown:.3f} x median, waits "
+            f"{r.comm_ms:.0f} ms in collectives"
         )
     events = [
         i
@@ -122,6 +124,7 @@ def found_vs_injected(
     long each finding took: steps after the fault's onset, and wall seconds from the moment the
     run began to be sent to the finding's first appearance. Waits up to ``wait_s`` for the
     analysis to find every fault."""
+    from .api.models import FindingOut
     from .sim.truth import score_detections
 
     deadline = time.monotonic() + wait_s
@@ -142,13 +145,13 @@ def found_vs_injected(
         if i is None:
             lines.append("    NOT FOUND")
             continue
-        f = found[i]
-        after = max(0, f["step"] - fault.start_step)
-        lines.append(f"    found    {f['summary']}")
+        f = FindingOut.model_validate(found[i], extra="ignore")
+        after = max(0, f.step - fault.start_step)
+        lines.append(f"    found    {f.summary}")
         lines.append(
-            f"             at step {f['step']} ({after} step{'s' if after != 1 else ''} after "
-            f"onset), shown {max(0.0, f['firstSeen'] - played_at):.1f} s after the run began to "
-            f"be sent; owner {f['owner']}"
+            f"             at step {f.step} ({after} step{'s' if after != 1 else ''} after "
+            f"onset), shown {max(0.0, f.first_seen - played_at):.1f} s after the run began to "
+            f"be sent; owner {f.owner}"
         )
     matched = {i for _, i in score.matched}
     extra = [f for i, f in enumerate(found) if i not in matched]
@@ -170,6 +173,8 @@ def _torch_available() -> bool:
 def real_ddp(client: Client, run_id: str, steps: int = 40, slow_rank: int = 2) -> str:
     """The real thing beside the simulation: 4 gloo processes under torchrun, one slowed."""
     import subprocess
+
+    from .api.models import RankOut
 
     env = {
         **os.environ,
@@ -220,10 +225,10 @@ def real_ddp(client: Client, run_id: str, steps: int = 40, slow_rank: int = 2) -
         f"real DDP run {run_id}: {steps} steps on 4 ranks",
         "  ranks by compute time (steps 12+):",
     ]
-    for r in ranks:
+    for r in (RankOut.model_validate(r, extra="ignore") for r in ranks):
         lines.append(
-            f"    rank {r['rank']}: compute {r['computeMs']:.1f} ms, waits "
-            f"{r['commMs']:.1f} ms in all-reduce"
+            f"    rank {r.rank}: compute {r.compute_ms:.1f} ms, waits "
+            f"{r.comm_ms:.1f} ms in all-reduce"
         )
     for f in found:
         last = [e for e in f["evidence"] if e.get("signal") == "last_arriver"]

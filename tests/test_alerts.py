@@ -269,13 +269,14 @@ def test_lifecycle_dedup_resolution_incident_and_ack(metadata_url: str) -> None:
         assert store.apply("other", ["r"], [], now=10_040.0) == []  # other tenants untouched
         scope = Scope("t", "editor", actor="alice", remote="10.0.0.1")
         (alert,) = store.list(scope, state="firing")
-        acked = store.ack(scope, alert["id"])
-        assert acked["ackedBy"] == "alice"
+        acked = store.ack(scope, alert.id)
+        assert acked.acked_by == "alice"
         resolved = store.apply("t", ["r"], [], now=10_060.0)
         assert [a.status for a in resolved] == ["resolved"] and resolved[0].ends_at == 10_060.0
-        inc = store.incident(scope, alert["incidentId"])
-        assert inc["status"] == "closed" and inc["findings"] == ["k1"]
-        assert [a["state"] for a in inc["alerts"]] == ["resolved"]
+        assert alert.incident_id is not None
+        inc = store.incident(scope, alert.incident_id)
+        assert inc.status == "closed" and inc.findings == ["k1"]
+        assert [a.state for a in inc.alerts] == ["resolved"]
         assert store.list(Scope("other", "viewer")) == []
         audit = access.audit_log(scope)
         assert audit[0]["action"] == "alert.ack" and audit[0]["remote"] == "10.0.0.1"

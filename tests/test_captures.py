@@ -153,7 +153,7 @@ def test_the_straggler_finding_shows_the_two_ranks_traces_side_by_side(tmp_path:
         (ev,) = [e for e in finding["evidence"] if e.get("signal") == "trace_capture"]
         assert [(r["rank"], r["role"]) for r in ev["ranks"]] == [(1, "lagging"), (0, "peer")]
         for r in ev["ranks"]:  # each rank's figures are its trace's own
-            want = rank_summary(analyze(read_trace(TRACES[r["rank"]]), r["rank"]))
+            want = rank_summary(analyze(read_trace(TRACES[r["rank"]]), r["rank"])).stored()
             assert {k: r[k] for k in want} == want
             assert not r["hostOnly"] and r["kernels"] > 0 and r["topKernels"], r
             assert r["computeMs"] > 0 and r["stepMs"] >= r["computeMs"], r
@@ -287,6 +287,7 @@ def test_a_run_ending_in_the_middle_of_a_capture_stops_the_profiler_and_keeps_no
 
     import torch
 
+    from fleetlens.sdk.control import CaptureAsk
     from fleetlens.torch.capture import Capturer
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -294,7 +295,7 @@ def test_a_run_ending_in_the_middle_of_a_capture_stops_the_profiler_and_keeps_no
     cfg = SimpleNamespace(rank=0, server="http://127.0.0.1:9", run_id="r", token="")
     cap = Capturer(SimpleNamespace(config=cfg), channel)  # type: ignore[arg-type]
     assert channel.capture_offer  # it offers on the channel's polls
-    channel.capture = {"id": 7, "steps": 20, "warmup": 1, "ranks": [0], "fromStep": 20}
+    channel.capture = CaptureAsk(id=7, steps=20, warmup=1, ranks=(0,), from_step=20)
     model = torch.nn.Linear(16, 16)
     for n in (0, 10, 20, 30, 40):  # waits for step 20, then profiles
         cap.begin(n)

@@ -13,7 +13,7 @@ import pytest
 from bench._generated import FleetPlayer, PlayedRun
 from fleetlens.analysis.rootcause import Diagnosis, diagnose_instability
 from fleetlens.config import AnalyzerConfig
-from fleetlens.services.analyzer import _episode
+from fleetlens.services.cursor import SlowCollectives
 from fleetlens.services.shifts import fold_into_racks
 from fleetlens.sim.devices import DeviceSampler
 from fleetlens.sim.faults import FAULT_KINDS, Injected
@@ -147,10 +147,11 @@ def test_network_block_restated_as_nvlink_once_its_errors_are_counted(tmp_path: 
                                                                     ["node-0002"])  # fmt: skip
     # the episode: consecutive slow blocks, and the next attempt replaying a slow last block
     a0, a1 = JobSpan("j-a0", 0, 330, 0.0, 330.0, 8), JobSpan("j-a1", 300, 400, 400.0, 500.0, 8)
-    coll: dict[str, object] = {}
-    keys = [_episode(coll, a0, 100, 149), _episode(coll, a0, 150, 199),
-            _episode(coll, a0, 250, 299), _episode(coll, a0, 300, 330),
-            _episode(coll, a1, 300, 349), _episode(coll, a1, 400, 400)]  # fmt: skip
+    coll, keys = SlowCollectives(), []
+    blocks = [(a0, 100, 149), (a0, 150, 199), (a0, 250, 299), (a0, 300, 330), (a1, 300, 349)]
+    for job, s0, s1 in [*blocks, (a1, 400, 400)]:
+        coll = coll.after(job, s0, s1)
+        keys.append(coll.key)
     assert keys == [key, key, "collectives:j-a0:250", "collectives:j-a0:250",
                     "collectives:j-a0:250", "collectives:j-a1:400"]  # fmt: skip
 

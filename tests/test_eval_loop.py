@@ -351,13 +351,13 @@ def test_regressions_have_kinds_and_the_policy_pages_only_on_safety() -> None:
           "performance": {"latency_p95_ms": {"mean": 100.0}}}  # fmt: skip
     found = find_regressions(None, cand, m, base, bm)
     assert found is not None
-    assert {(r["kind"], r["metric"]) for r in found} == {
+    assert {(r.kind, r.metric) for r in found} == {
         ("safety", "safety/unsafe_rate"), ("benchmark", "qa/exact_match"),
         ("latency", "performance/latency_p95_ms"),
     }  # fmt: skip
     assert find_regressions(None, cand, m, None, None) is None  # nothing to judge by
     sig = EvaluationSignals("acme", "llm", "r1", "m", "2", "ev-1", 1.0,
-                            [{**r, "baselineVersion": "1"} for r in found])  # fmt: skip
+                            [{**r.as_json(), "baselineVersion": "1"} for r in found])  # fmt: skip
     cands = {c.rule.name: c for c in evaluate_evaluation(DEFAULT_POLICY, sig)}
     assert {n: c.labels["severity"] for n, c in cands.items()} == {
         "EvalSafetyRegression": "page", "EvalBenchmarkRegression": "ticket",
@@ -527,9 +527,9 @@ def test_triggers_regressions_and_their_alerts_on_both_engines(metadata_url: str
         names = monitor._evaluation_rules()
         monitor._evaluation_alerts(time.time(), names)
         (page,) = alerts.list(A, state="firing")
-        assert (page["alertname"], page["labels"]["model_version"]) == ("EvalSafetyRegression", "2")
+        assert (page.alertname, page.labels["model_version"]) == ("EvalSafetyRegression", "2")
         alerts.apply("acme", ["run-1"], [], time.time(), exclude=names)  # the run pass
-        assert [a["alertname"] for a in alerts.list(A, state="firing")] == ["EvalSafetyRegression"]
+        assert [a.alertname for a in alerts.list(A, state="firing")] == ["EvalSafetyRegression"]
     finally:
         delivery.close()
         meta.engine.dispose()

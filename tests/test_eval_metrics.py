@@ -11,7 +11,8 @@ from fleetlens.errors import ConfigError
 from fleetlens.evaluation import metrics as m
 from fleetlens.evaluation.adapters import Decoding, Generation, adapter_from_spec
 from fleetlens.evaluation.benchmarks import aggregate, score
-from fleetlens.evaluation.cache import cache_key
+from fleetlens.evaluation.cache import cache_key, canonical_hash
+from fleetlens.evaluation.doc_types import BenchmarkProvenance, Provenance
 from fleetlens.evaluation.gates import evaluate_gate, parse_policies
 from fleetlens.evaluation.sandbox import SandboxLimits, run_program
 from fleetlens.evaluation.scheduler import lease_key, plan_shards
@@ -196,13 +197,46 @@ def test_scheduler_plans_and_orders() -> None:
 
 
 def test_cache_key_covers_every_field() -> None:
-    base = {"modelHash": "m", "benchmarks": [{"name": "b", "datasetHash": "d"}],
-            "evaluatorVersion": "e", "decoding": {"temperature": 0}, "codeCommit": "c"}  # fmt: skip
+    bench = BenchmarkProvenance(
+        name="b",
+        version="",
+        dataset_hash="d",
+        prompt_template_version="",
+        metrics=["exact_match"],
+        k=[],
+        examples=1,
+    )
+    base = Provenance(
+        model_hash="m",
+        benchmarks=[bench],
+        evaluator_version="e",
+        decoding={"temperature": 0},
+        code_commit="c",
+        adapter={"kind": "x"},
+    )
     key = cache_key(base)
-    assert len(key) == 64 and cache_key(dict(reversed(list(base.items())))) == key
-    for field in ("modelHash", "evaluatorVersion", "codeCommit"):
-        assert cache_key({**base, field: "other"}) != key
-    assert cache_key({**base, "decoding": {"temperature": 1}}) != key
+    stored = {
+        "name": "b",
+        "version": "",
+        "datasetHash": "d",
+        "promptTemplateVersion": "",
+        "metrics": ["exact_match"],
+        "k": [],
+        "examples": 1,
+    }
+    assert key == canonical_hash(
+        {
+            "modelHash": "m",
+            "benchmarks": [stored],
+            "evaluatorVersion": "e",
+            "decoding": {"temperature": 0},
+            "codeCommit": "c",
+        }
+    )
+    assert cache_key(base.model_copy(update={"adapter": {"kind": "y"}})) == key
+    for field in ("model_hash", "evaluator_version", "code_commit"):
+        assert cache_key(base.model_copy(update={field: "other"})) != key
+    assert cache_key(base.model_copy(update={"decoding": {"temperature": 1}})) != key
 
 
 def test_text_and_math_metrics() -> None:

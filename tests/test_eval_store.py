@@ -226,6 +226,6 @@ def test_gates_and_promotion(meta: MetadataStore) -> None:
     audit = [e["action"] for e in AccessStore(meta).audit_log(A)]
     assert audit.count("model.alias.override") == 2 and audit.count("model.alias.move") == 3
     assert reg.decision(A, d2.decision_id).report.passed is False
-    assert GraphStore(meta).model_versions(A, "llm")[2]["evaluationId"] is not None
+    assert GraphStore(meta).model_versions(A, "llm")[2].evaluation_id is not None
     with pytest.raises(Exception, match="does not exist"):
         reg.aliases(B, "llm")

@@ -10,6 +10,7 @@ import pytest
 
 from fleetlens.errors import ConfigError, NotFound
 from fleetlens.store.graph import GraphStore
+from fleetlens.store.graph_types import DatasetInfo
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.scope import Scope
 from fleetlens.testing import Server, step_batch
@@ -50,8 +51,8 @@ def test_a_run_described_by_two_writers_at_once_is_described_once(
         monkeypatch.setattr(lineage, "_extra", racing)
         GraphStore(meta).describe_run(A, "r1", code="abc123", environment={"python": "3.11"})
         lin = GraphStore(meta).run_lineage(A, "r1")
-        assert raced and lin["code"] == {"commit": "abc123"}
-        assert lin["environment"] == {"hostname": "n1", "python": "3.11"}
+        assert raced and lin.code == {"commit": "abc123"}
+        assert lin.environment == {"hostname": "n1", "python": "3.11"}
     finally:
         meta.close()
 
@@ -93,34 +94,34 @@ def test_lineage_round_trip_model_to_checkpoint_to_run_to_dataset(
             sync=False,
             compute_checksum=True,
         )
-        assert ck["checksum"] == "sha256:" + _sha(ckpt) and ck["sizeBytes"] == 35000
+        assert ck.checksum == "sha256:" + _sha(ckpt) and ck.size_bytes == 35000
         mv = g.register_model_version(
             A, "llama-x", "v142", "r918", step=820000, evaluation_id="e3491", metrics={"mmlu": 80.1}
         )
-        assert mv["checkpointId"] == "r918@820000"
+        assert mv.checkpoint_id == "r918@820000"
 
         lin = g.model_lineage(A, "llama-x", "v142", verify=True)
-        assert lin["evaluation"] == {"evaluationId": "e3491"}
-        assert lin["checkpoint"]["jobId"] == "j1" and lin["checkpoint"]["sync"] is False
-        assert lin["step"] == 820000
-        run = lin["run"]
-        assert run["runId"] == "r918" and run["experimentId"] == "exp-1"
-        assert run["config"] == {"optim": {"lr": 2e-4}, "batch": 1024}
-        assert run["code"] == {"commit": "a94df2"}
-        assert run["dataset"]["version"] == "v42" and run["dataset"]["shards"][0]["uri"] == str(
-            shard
-        )
-        assert lin["verification"]["ok"] is True
-        assert [c["what"] for c in lin["verification"]["checks"]] == ["checkpoint", "dataset shard"]
+        assert lin.evaluation_id == "e3491"
+        assert lin.checkpoint.job_id == "j1" and lin.checkpoint.sync is False
+        assert lin.step == 820000
+        run = lin.run
+        assert run.run_id == "r918" and run.experiment_id == "exp-1"
+        assert run.config == {"optim": {"lr": 2e-4}, "batch": 1024}
+        assert run.code == {"commit": "a94df2"}
+        assert isinstance(run.dataset, DatasetInfo)
+        assert run.dataset.version == "v42" and run.dataset.shards[0]["uri"] == str(shard)
+        assert lin.verification is not None and lin.verification["ok"] is True
+        assert [c["what"] for c in lin.verification["checks"]] == ["checkpoint", "dataset shard"]
 
         # The other way: run -> its checkpoints and model versions.
         back = g.run_lineage(A, "r918")
-        assert [m["version"] for m in back["modelVersions"]] == ["v142"]
-        assert back["checkpoints"][0]["checkpointId"] == "r918@820000"
+        assert [m.version for m in back.model_versions] == ["v142"]
+        assert back.checkpoints[0].checkpoint_id == "r918@820000"
 
         # A changed checkpoint file fails verification; a version is immutable.
         ckpt.write_bytes(b"tampered")
-        bad = g.model_lineage(A, "llama-x", "v142", verify=True)["verification"]
+        bad = g.model_lineage(A, "llama-x", "v142", verify=True).verification
+        assert bad is not None
         assert bad["ok"] is False and bad["checks"][0]["ok"] is False
         g.record_checkpoint(A, "r918", 830000, uri="s3://b/c", ok=False)
         with pytest.raises(ConfigError, match="ok=false"):

@@ -132,12 +132,12 @@ def test_diagnosed_infrastructure_findings_count_before_the_config_is_blamed() -
     slow = RunFigures("b", step_time_s=1.3, findings={"network": 1, "rack_cooling": 1})
     lr = [{"key": "optim.lr", "values": [3e-4, 6e-4], "status": "changed"}]
     c = conclude(base, slow, lr)
-    assert c["infrastructureChanged"] and c["cause"] == "configuration and infrastructure"
-    assert "1 network finding(s)" in c["lines"][0] and "1 rack_cooling finding(s)" in c["lines"][0]
-    assert conclude(base, slow, [])["cause"] == "infrastructure"
+    assert c.infrastructure_changed and c.cause == "configuration and infrastructure"
+    assert "1 network finding(s)" in c.lines[0] and "1 rack_cooling finding(s)" in c.lines[0]
+    assert conclude(base, slow, []).cause == "infrastructure"
     # The same findings in both runs did not change: the config is what changed.
     assert (
-        conclude(slow, RunFigures("c", step_time_s=1.7, findings=slow.findings), lr)["cause"]
+        conclude(slow, RunFigures("c", step_time_s=1.7, findings=slow.findings), lr).cause
         == "configuration"
     )
 
@@ -145,14 +145,14 @@ def test_diagnosed_infrastructure_findings_count_before_the_config_is_blamed() -
 def test_conclusion_rules() -> None:
     base = RunFigures("a", step_time_s=1.0, quality={"val_loss": 2.0})
     same = RunFigures("b", step_time_s=1.0, quality={"val_loss": 2.0})
-    assert conclude(base, same, [])["cause"] == "none"
+    assert conclude(base, same, []).cause == "none"
     worse = RunFigures("b", step_time_s=1.0, quality={"val_loss": 2.2}, dataset="web:v42")
-    assert conclude(base, worse, [])["cause"] == "data"
+    assert conclude(base, worse, []).cause == "data"
     both = RunFigures("b", step_time_s=1.3, faults={"hardware_fault": 2})
     diff = [{"key": "lr", "status": "changed", "values": [1, 2]}]
-    assert conclude(base, both, diff)["cause"] == "configuration and infrastructure"
+    assert conclude(base, both, diff).cause == "configuration and infrastructure"
     assert (
-        conclude(base, RunFigures("b", step_time_s=1.0, quality={"val_loss": 2.2}), [])["cause"]
+        conclude(base, RunFigures("b", step_time_s=1.0, quality={"val_loss": 2.2}), []).cause
         == "unexplained"
     )
 
@@ -171,9 +171,9 @@ def test_a_candidate_that_lost_goodput_to_a_fatal_fault_and_failed_a_gate_regres
     )
     lr = [{"key": "optim.lr", "values": [3e-4, 6e-4], "status": "changed"}]
     c = conclude(base, cand, lr)
-    assert c["cause"] != "none" and c["goodputRegressed"] and c["faultsRegressed"]
-    assert c["evaluationRegressed"] and not c["qualityRegressed"] and not c["speedRegressed"]
-    assert not any("No regression" in line for line in c["lines"])
+    assert c.cause != "none" and c.goodput_regressed and c.faults_regressed
+    assert c.evaluation_regressed and not c.quality_regressed and not c.speed_regressed
+    assert not any("No regression" in line for line in c.lines)
     # Goodput, faults and the evaluation come before the configuration in what it says.
     said = (
         "Goodput fell: 83.8% -> 73.4% (-10.4 points)",
@@ -181,9 +181,9 @@ def test_a_candidate_that_lost_goodput_to_a_fatal_fault_and_failed_a_gate_regres
         "Evaluation of v142 failed: safety",
         "Training configuration changed",
     )
-    order = [next(i for i, line in enumerate(c["lines"]) if line.startswith(p)) for p in said]
-    assert order == sorted(order), c["lines"]
-    assert c["cause"] == "configuration and infrastructure"
+    order = [next(i for i, line in enumerate(c.lines) if line.startswith(p)) for p in said]
+    assert order == sorted(order), c.lines
+    assert c.cause == "configuration and infrastructure"
     # A goodput a point lower, no new fault, no failed gate: no regression.
     close = RunFigures("v143", step_time_s=1.0, quality={"val_loss": 2.0}, goodput=0.83)
-    assert conclude(base, close, [])["cause"] == "none"
+    assert conclude(base, close, []).cause == "none"

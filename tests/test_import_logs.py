@@ -83,10 +83,10 @@ def test_golden_values_slowdown_episode_is_found() -> None:
     assert logged.sum() == 508 and run.clock == "synthetic"
     assert float(np.median(durs[logged])) == pytest.approx(1.435, abs=0.01)
     eps = slow_episodes(steps[logged], durs[logged])
-    big = [e for e in eps if e["points"] >= 2]
+    big = [e for e in eps if e.points >= 2]
     assert len(big) == 1
-    assert (big[0]["fromStep"], big[0]["toStep"]) == (2100, 2300)
-    assert big[0]["medianSeconds"] == pytest.approx(6.1, abs=0.2)
+    assert (big[0].from_step, big[0].to_step) == (2100, 2300)
+    assert big[0].median_seconds == pytest.approx(6.1, abs=0.2)
     assert len(a.scalars["loss"][0]) > 10_000
 
 
@@ -256,10 +256,10 @@ def test_timestamped_megatron_lm_lines_and_what_their_numbers_say() -> None:
     ck = [e for e in a0.events if e["kind"] == "checkpoint_end"]
     assert len(ck) == 1 and ck[0]["attrs"]["duration_s"] == pytest.approx(40.0)
     s = run.summary()
-    assert s["nonFinite"] == {"iteration_time": 1, "loss": 1}  # iteration 45: nan time and loss
-    assert s["toStep"] == 44 and r2.scalars["loss"][0][-1] == 45
-    assert [(p["fromStep"], p["toStep"]) for p in s["slowPeriods"]] == [(21, 26)]
-    assert s["worldSize"] == 64 and s["restarts"] == 2
+    assert s.non_finite == {"iteration_time": 1, "loss": 1}  # iteration 45: nan time and loss
+    assert s.to_step == 44 and r2.scalars["loss"][0][-1] == 45
+    assert [(p.from_step, p.to_step) for p in s.slow_periods] == [(21, 26)]
+    assert s.world_size == 64 and s.restarts == 2
     c = run.config
     assert (c["tensor_model_parallel_size"], c["pipeline_model_parallel_size"]) == (8, 2)
     assert c["data_parallel_size"] == 4 and c["devices"] == 64 and c["dtype"] == "bf16"
@@ -303,7 +303,7 @@ def test_golden_values_nan_is_a_gap_unless_other_metrics_were_recorded() -> None
     }
     g = parse_golden_values(data)
     # Step 4 took 12 x the median with no mark in the record: a restart.
-    assert [a.steps[0] for a in g.attempts] == [1, 4] and g.summary()["restarts"] == 1
+    assert [a.steps[0] for a in g.attempts] == [1, 4] and g.summary().restarts == 1
     assert g.attempts[1].times[0] - (g.attempts[0].times[-1] + 1.0) == pytest.approx(11.0)
     # Step 7's loss is nan where num-zeros was recorded: a NaN loss; step 8's is not recorded.
     assert g.nonfinite == {"loss": 1}
@@ -353,15 +353,15 @@ def test_nemo_and_torchtitan_logs_and_what_their_numbers_say() -> None:
     nemo = read_nemo(NEMO)
     assert [a.job_id for a in nemo.attempts] == ["a0", "a0.r1"]  # global_step went 59 -> 50
     assert nemo.steps == 110 and nemo.world_size == 8
-    assert nemo.nonfinite == {"loss": 1} and nemo.slow_periods[0]["fromStep"] == 30
-    assert nemo.slow_periods[0]["toStep"] == 34
+    assert nemo.nonfinite == {"loss": 1} and nemo.slow_periods[0].from_step == 30
+    assert nemo.slow_periods[0].to_step == 34
     assert nemo.startup_seconds > 12.0  # the first iteration of each attempt
     titan = read_torchtitan(TITAN)
     assert [(a.steps[0], a.steps[-1]) for a in titan.attempts] == [(1, 130), (101, 200)]
     assert titan.world_size == 8 and titan.config["seq_len"] == 8192
     # 35 s of compile in step 1, and again in the relaunch's first interval (47 s for 10 steps)
     assert titan.startup_seconds == pytest.approx(70.0, abs=0.2)
-    assert [(p["fromStep"], p["toStep"]) for p in titan.slow_periods] == [(71, 90)]
+    assert [(p.from_step, p.to_step) for p in titan.slow_periods] == [(71, 90)]
     saves = [e for a in titan.attempts for e in a.events if e["kind"] == "checkpoint_end"]
     assert [e["step"] for e in saves] == [50, 100, 150, 200]
     # The save is not step time: the interval after it has the steps' own length.
@@ -421,12 +421,12 @@ def test_a_resume_is_a_spike_over_its_neighbours_and_a_slow_stretch_a_level() ->
     restarts = [e for a in run.attempts for e in a.events if e["kind"] == "restart"]
     assert [(e["step"], e["attrs"]["inferred"]) for e in restarts] == [(401, "iteration time")]
     assert restarts[0]["attrs"]["excess_s"] == pytest.approx(10 * (9.7 - 1.0), rel=0.05)
-    assert [(p["fromStep"], p["toStep"]) for p in run.slow_periods] == [(801, 820)]
+    assert [(p.from_step, p.to_step) for p in run.slow_periods] == [(801, 820)]
     # Three lines in a row at 4x are a level (a slower stretch), not three resumes.
     times = list(1.0 * rng.lognormal(0.0, 0.05, 120))
     times[60:63] = [4.1, 4.3, 4.2]
     run = parse_megatron_log(_iteration_log(times), "level.log")
-    assert len(run.attempts) == 1 and [(p["fromStep"], p["toStep"]) for p in run.slow_periods] == [
+    assert len(run.attempts) == 1 and [(p.from_step, p.to_step) for p in run.slow_periods] == [
         (601, 630)
     ]
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fleetlens.alerts.store import queue_order
+from fleetlens.alerts.store import AlertView, queue_order
 from fleetlens.remediation.models import Remediation
 from fleetlens.services.portal import Executions, run_summary, step_buckets
 from fleetlens.services.runs_types import SummaryWindow
@@ -390,9 +390,10 @@ def test_oncall_alerts_are_a_queue_pages_first_then_unhandled_then_oldest(
     """They were listed as the store last touched them: a ticket could sit above a page, an
     acknowledged alert above one nobody had seen."""
 
-    def alert(name: str, severity: str, starts: float, acked: bool = False) -> dict[str, Any]:
-        return {"alertname": name, "severity": severity, "startsAt": starts,
-                "ackedBy": "ana" if acked else None, "silencedBy": []}  # fmt: skip
+    def alert(name: str, severity: str, starts: float, acked: bool = False) -> AlertView:
+        return AlertView(1, "fp", name, severity, "researcher", "firing", "r", {}, {}, None,
+                         None, starts, None, "ana" if acked else None, None, None, None, "t",
+                         silenced_by=[])  # fmt: skip
 
     mixed = [
         alert("old-ticket", "ticket", 1.0),
@@ -400,12 +401,17 @@ def test_oncall_alerts_are_a_queue_pages_first_then_unhandled_then_oldest(
         alert("new-page", "page", 3.0),
         alert("old-page", "page", 2.0),
     ]
-    assert [a["alertname"] for a in sorted(mixed, key=queue_order)] == [
+    assert [a.alertname for a in sorted(mixed, key=queue_order)] == [
         "old-page", "new-page", "new-page-acked", "old-ticket"
     ]  # fmt: skip
+
+    def order(a: dict[str, Any]) -> tuple[int, bool, float]:  # queue_order, of the document
+        rank = {"page": 2, "ticket": 1}.get(a["severity"], 0)
+        return (-rank, bool(a["ackedBy"]) or bool(a["silencedBy"]), float(a["startsAt"]))
+
     # The on-call document and page list them in that order.
     alerts = played.get("/v1/portal/oncall")["alerts"]
-    assert alerts and [queue_order(a) for a in alerts] == sorted(map(queue_order, alerts))
+    assert alerts and [order(a) for a in alerts] == sorted(map(order, alerts))
     page, errors = _open(browser, f"{played.url}/oncall", None)
     shown = [t.split("\n")[0].strip() for t in page.locator("#alerts tbody th").all_inner_texts()]
     assert shown == [a["alertname"] for a in alerts][: len(shown)], shown

@@ -55,7 +55,7 @@ def _straggler(wait: float, first_seen: float = NOW - 3600) -> FindingRow:
         ["n2"],
         kind="straggler",
         first_seen=first_seen,
-        evidence=[{"metric": "compute / step median", "waitPerStepS": wait}],
+        evidence=[{"metric": "compute / step median", "wait_per_step_s": wait}],
     )
 
 

@@ -35,6 +35,7 @@ from fleetlens.remediation.repository import Repository
 from fleetlens.store.access import AccessStore
 from fleetlens.store.findings import FindingsStore
 from fleetlens.store.graph import GraphStore
+from fleetlens.store.graph_types import DatasetInfo
 from fleetlens.store.metadata import MetadataStore
 from fleetlens.store.models import Base, Job, Run, Tenant
 from fleetlens.store.scope import Scope
@@ -99,7 +100,7 @@ def test_runs_and_jobs(meta: MetadataStore) -> None:
     assert meta.get_run(B, "r1").last_step == 20
     with pytest.raises(NotFound):
         meta.get_run(A, "rb")
-    assert [j["jobId"] for j in meta.jobs(A, "r1")] == ["ja"]
+    assert [j.job_id for j in meta.jobs(A, "r1")] == ["ja"]
     meta.set_status("acme", "r1", "FINISHED", 5.0)
     assert meta.get_run(A, "r1").status == "FINISHED"
     assert meta.get_run(B, "r1").status != "FINISHED"
@@ -165,22 +166,23 @@ def test_alerts_and_incidents(meta: MetadataStore) -> None:
     alerts.apply("bolt", ["r1"], [_candidate("bolt")], now=200.0)
     (mine,) = alerts.list(A)
     (theirs,) = alerts.list(B)
-    assert mine["annotations"]["summary"] == "acme's"
+    assert mine.annotations["summary"] == "acme's"
+    assert mine.incident_id is not None and theirs.incident_id is not None
     for read in (alerts.get, alerts.ack, alerts.resolve):
         with pytest.raises(NotFound):
-            read(A, theirs["id"])
+            read(A, theirs.id)
     with pytest.raises(NotFound):
-        alerts.incident(A, theirs["incidentId"])
-    inc = alerts.incident(A, mine["incidentId"])
-    assert [a["id"] for a in inc["alerts"]] == [mine["id"]]
+        alerts.incident(A, theirs.incident_id)
+    inc = alerts.incident(A, mine.incident_id)
+    assert [a.id for a in inc.alerts] == [mine.id]
     # On-call sees every tenant's infrastructure alerts; a tenant's admin its own only.
-    assert {a["tenant"] for a in alerts.list_infra(ONCALL)} == {"acme", "bolt"}
-    assert {a["tenant"] for a in alerts.list_infra(A)} == {"acme"}
+    assert {a.tenant for a in alerts.list_infra(ONCALL)} == {"acme", "bolt"}
+    assert {a.tenant for a in alerts.list_infra(A)} == {"acme"}
     # Reconciling acme's runs with nothing firing resolves acme's alert, not bolt's.
     alerts.apply("acme", ["r1"], [], now=300.0)
-    assert alerts.get(A, mine["id"])["state"] == "resolved"
-    assert alerts.get(B, theirs["id"])["state"] == "firing"
-    assert alerts.incident(B, theirs["incidentId"])["status"] == "open"
+    assert alerts.get(A, mine.id).state == "resolved"
+    assert alerts.get(B, theirs.id).state == "firing"
+    assert alerts.incident(B, theirs.incident_id).status == "open"
 
 
 def test_oncall_acknowledges_every_tenants_infrastructure_alerts_and_nothing_else(
@@ -196,12 +198,12 @@ def test_oncall_acknowledges_every_tenants_infrastructure_alerts_and_nothing_els
         finding_key="j",
     )
     alerts.apply("bolt", ["r1"], [_candidate("bolt"), job], now=200.0)
-    by_name = {a["alertname"]: a for a in alerts.list(B)}
+    by_name = {a.alertname: a for a in alerts.list(B)}
     infra = by_name[_candidate("bolt").rule.name]
-    assert alerts.ack(ONCALL, infra["id"])["ackedBy"] == "olga"
+    assert alerts.ack(ONCALL, infra.id).acked_by == "olga"
     with pytest.raises(NotFound):  # a tenant's job alert is the tenant's to acknowledge
-        alerts.ack(ONCALL, by_name[job_rule.name]["id"])
-    assert alerts.get(B, by_name[job_rule.name]["id"])["ackedBy"] is None
+        alerts.ack(ONCALL, by_name[job_rule.name].id)
+    assert alerts.get(B, by_name[job_rule.name].id).acked_by is None
 
 
 def _graph_of(g: GraphStore, scope: Scope, ck_size: int) -> None:
@@ -218,16 +220,17 @@ def test_graph_objects(meta: MetadataStore) -> None:
     _graph_of(g, A, 1)
     _graph_of(g, B, 2)
     lineage = g.run_lineage(A, "r1")
-    assert lineage["code"] == {"commit": "acme"}
-    assert lineage["dataset"]["contentHash"] == "sha256:acme"
-    assert [j["jobId"] for j in lineage["jobs"]] == ["ja"]
-    assert [c["sizeBytes"] for c in lineage["checkpoints"]] == [1]
-    assert len(lineage["modelVersions"]) == 1
-    assert g.dataset(A, "web", "v1")["contentHash"] == "sha256:acme"
-    assert [c["sizeBytes"] for c in g.checkpoints(B, "r1")] == [2]
-    assert [a["uri"] for a in g.artifacts(A, "r1")] == ["s3://acme/log"]
+    assert lineage.code == {"commit": "acme"}
+    assert isinstance(lineage.dataset, DatasetInfo)
+    assert lineage.dataset.content_hash == "sha256:acme"
+    assert [j.job_id for j in lineage.jobs] == ["ja"]
+    assert [c.size_bytes for c in lineage.checkpoints] == [1]
+    assert len(lineage.model_versions) == 1
+    assert g.dataset(A, "web", "v1").content_hash == "sha256:acme"
+    assert [c.size_bytes for c in g.checkpoints(B, "r1")] == [2]
+    assert [a.uri for a in g.artifacts(A, "r1")] == ["s3://acme/log"]
     assert len(g.model_versions(A)) == 1
-    assert g.model_lineage(B, "m", "v1")["checkpoint"]["sizeBytes"] == 2
+    assert g.model_lineage(B, "m", "v1").checkpoint.size_bytes == 2
     with pytest.raises(NotFound):
         g.checkpoints(A, "rb")
     # A project-scoped caller: bolt's vision project does not see its llm run's model.

@@ -45,15 +45,15 @@ def test_a_silenced_alert_fires_but_notifies_no_one_until_the_silence_ends(
     now = time.time()
     sent = alerts.apply("t1", None, [hang, slow], now)
     assert [p.labels["alertname"] for p in sent] == ["GoodputLow"]  # the hang is held back
-    listed = {a["alertname"]: a for a in alerts.list(writer, "firing")}
-    assert listed["JobHang"]["silencedBy"] == [sil["id"]]
-    assert listed["GoodputLow"]["silencedBy"] == []
+    listed = {a.alertname: a for a in alerts.list(writer, "firing")}
+    assert listed["JobHang"].silenced_by == [sil.id]
+    assert listed["GoodputLow"].silenced_by == []
     assert alerts.apply("t1", None, [hang, slow], now + 60) == []  # no reminder either
     # Expired early: the next pass notifies the hang, which still fires.
-    silences.expire(writer, sil["id"])
+    silences.expire(writer, sil.id)
     sent = alerts.apply("t1", None, [hang, slow], time.time() + 1)
     assert [p.labels["alertname"] for p in sent] == ["JobHang"]
-    assert alerts.list(writer, "firing")[0]["silencedBy"] == []
+    assert alerts.list(writer, "firing")[0].silenced_by == []
     # An alert silenced for all its life resolves without telling anyone it ended.
     silences.create(writer, {"alertname": "GoodputLow", "run_id": "r3"}, time.time() + 3600, "x")
     quiet = _candidate("GoodputLow", "r3")
@@ -63,7 +63,7 @@ def test_a_silenced_alert_fires_but_notifies_no_one_until_the_silence_ends(
     other = Scope("t2", "admin", actor="eve")
     assert silences.list(other) == []
     with pytest.raises(NotFound):
-        silences.expire(other, sil["id"])
+        silences.expire(other, sil.id)
     meta.close()
 
 
@@ -80,7 +80,7 @@ def test_oncall_silences_every_tenants_infrastructure_alerts_and_nothing_else(
     hang = _candidate("JobHang", "r1", node="gpu-17")  # a researcher's alert: not on-call's
     sent = alerts.apply("t1", None, [fatal, hang], time.time())
     assert [p.labels["alertname"] for p in sent] == ["JobHang"]
-    assert [s["matchers"] for s in silences.list(oncall)] == [{"node": "gpu-17"}]
+    assert [s.matchers for s in silences.list(oncall)] == [{"node": "gpu-17"}]
     assert silences.list(Scope("t1", "viewer")) == []  # not the tenant's own silence
     for bad in ({}, {"node": ""}):
         with pytest.raises(ConfigError, match="matcher"):

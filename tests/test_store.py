@@ -86,7 +86,7 @@ def test_metadata_registry_on_both_engines(metadata_url: str) -> None:
         assert (info.first_seen, info.last_seen, info.last_step) == (10.0, 50.0, 12)
         assert info.world_size == 8 and info.jobs == 2 and info.status == "FINISHED"
         assert info.config == {"lr": 3e-4, "layers": 2}
-        assert [j["jobId"] for j in store.jobs(T, "r1")] == ["a0", "a1"]
+        assert [j.job_id for j in store.jobs(T, "r1")] == ["a0", "a1"]
         assert store.list_runs(Scope("other", "viewer")) == []
         with pytest.raises(NotFound):
             store.get_run(Scope("other", "viewer"), "r1")

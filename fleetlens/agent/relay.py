@@ -69,6 +69,26 @@ _FORWARD_BUDGET_S = 5.0  # one forwarding round, so a stop or a wake is never ke
 _SAFE = re.compile(r"[^A-Za-z0-9_.]")
 
 
+class _Taken(msgspec.Struct, rename="camel"):
+    """A rank's batch spooled: sent on within ``flush_s`` seconds."""
+
+    batch_id: str
+    status: str
+    flush_s: float
+
+
+class _Busy(msgspec.Struct, rename="camel"):
+    """A rank's batch not taken (the spool full or unusable): the sender retries."""
+
+    error: str
+    retry_after: int = 1
+
+
+def _answer(doc: msgspec.Struct) -> dict[str, Any]:
+    """An answer to a rank, as its JSON object."""
+    return cast(dict[str, Any], msgspec.to_builtins(doc))
+
+
 @dataclass(frozen=True)
 class RelayConfig:
     """``server``: where to forward; ``listen``: ``HOST:PORT`` (empty: no TCP listener);
@@ -281,18 +301,18 @@ class Relay:
         except OSError as exc:
             self._count("spool_errors")
             log.warning("relay spool %s: %s", self.cfg.spool_dir, exc)
-            return 503, {"error": f"relay spool unavailable: {exc}", "retryAfter": 1}
+            return 503, _answer(_Busy(f"relay spool unavailable: {exc}"))
         if not taken:
             with self._lock:
                 self.counts["refused_full"] += 1
                 self._turned_away += records
-            return 503, {"error": "relay spool is full; retry later", "retryAfter": 1}
+            return 503, _answer(_Busy("relay spool is full; retry later"))
         with self._lock:
             self.counts["received"] += 1
             self.counts["records_received"] += records
         if prio == 0 or len(self.spool) >= self.cfg.max_frames:
             self._wake.set()
-        return 200, {"batchId": batch_id, "status": "spooled", "flushS": self.interval}
+        return 200, _answer(_Taken(batch_id, "spooled", self.interval))
 
     # -- forwarding ------------------------------------------------------------------------------
 

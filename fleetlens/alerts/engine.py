@@ -12,14 +12,16 @@ import hashlib
 import statistics
 from dataclasses import dataclass, field
 
+import msgspec
+
 from ..analysis.hangs import HangRule, live_hang
 from ..lifecycle import LIVE
 from ..store.findings import FindingRow
 from .policy import BASELINE_S, Policy, Rule
 
 __all__ = [
-    "RESOLVE_STEPS", "Candidate", "EvaluationSignals", "RunSignals", "evaluate",
-    "evaluate_evaluation", "fingerprint",
+    "RESOLVE_STEPS", "Candidate", "EvaluationSignals", "RunSignals", "StoredRegression",
+    "evaluate", "evaluate_evaluation", "fingerprint",
 ]  # fmt: skip
 
 RESOLVE_STEPS = 100
@@ -65,6 +67,20 @@ class EvaluationSignals:
     evaluation_id: str
     completed_at: float
     regressions: list[dict[str, object]] = field(default_factory=list)
+
+
+class StoredRegression(msgspec.Struct, frozen=True, rename="camel"):
+    """What an alert reads of one regression as an evaluation stores it (camelCase keys, as
+    its JSON column holds them; other keys ignored)."""
+
+    kind: object = None
+    metric: object = None
+    reasons: object = None
+    baseline_version: object = None
+
+    @classmethod
+    def read(cls, stored: dict[str, object]) -> StoredRegression:
+        return msgspec.convert(stored, cls)
 
 
 @dataclass(frozen=True)
@@ -291,26 +307,24 @@ def evaluate(policy: Policy, s: RunSignals) -> list[Candidate]:
     return kept
 
 
-def _reasons(r: dict[str, object]) -> list[object]:
-    reasons = r.get("reasons")
-    return list(reasons) if isinstance(reasons, list) else []
+def _reasons(r: StoredRegression) -> list[object]:
+    return list(r.reasons) if isinstance(r.reasons, list) else []
 
 
 def evaluate_evaluation(policy: Policy, e: EvaluationSignals) -> list[Candidate]:
     """The alerts a model version's regressions raise: one per rule whose kinds they match,
     naming every regressed metric of that kind."""
     out = []
+    regressions = [StoredRegression.read(r) for r in e.regressions]
     for rule in policy.rules:
         if rule.signal != "evaluation" or rule.severity == "never":
             continue
-        found = [r for r in e.regressions if r.get("kind") in rule.kinds]
+        found = [r for r in regressions if r.kind in rule.kinds]
         if not found:
             continue
-        metrics = [str(r.get("metric", "")) for r in found]
-        base = next((str(r["baselineVersion"]) for r in found if r.get("baselineVersion")), "")
-        said = "; ".join(
-            f"{r.get('metric')}: " + ", ".join(str(x) for x in _reasons(r)) for r in found
-        )
+        metrics = [str("" if r.metric is None else r.metric) for r in found]
+        base = next((str(r.baseline_version) for r in found if r.baseline_version), "")
+        said = "; ".join(f"{r.metric}: " + ", ".join(str(x) for x in _reasons(r)) for r in found)
         labels = {
             "alertname": rule.name,
             "severity": rule.severity,

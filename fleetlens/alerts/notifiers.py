@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import msgspec
+
 from ..client import Client
 from ..errors import FleetlensError
 
@@ -24,7 +26,10 @@ __all__ = [
     "AlertmanagerNotifier",
     "Delivery",
     "Notifier",
+    "PostableAlert",
     "SlackNotifier",
+    "WebhookAlert",
+    "WebhookMessage",
     "WebhookNotifier",
 ]
 
@@ -47,6 +52,38 @@ class AlertPayload:
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+class PostableAlert(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """An alert as Alertmanager's API v2 takes it (``POST /api/v2/alerts``): times in RFC 3339;
+    no ``endsAt`` while it fires."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: str
+    ends_at: str | None = None
+    generator_url: str = msgspec.field(default="", name="generatorURL")
+
+
+class WebhookAlert(msgspec.Struct, frozen=True, rename="camel"):
+    """An alert in Alertmanager's webhook message (version 4); a firing one ends at year 1."""
+
+    status: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: str
+    ends_at: str
+    fingerprint: str
+    generator_url: str = msgspec.field(name="generatorURL")
+
+
+class WebhookMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """Alertmanager's webhook message (version 4), as its receivers expect it."""
+
+    version: str = "4"
+    status: str
+    receiver: str = "fleetlens"
+    alerts: list[WebhookAlert]
 
 
 class _Receiver:
@@ -86,19 +123,17 @@ class AlertmanagerNotifier:
         self._receiver = _Receiver(self.name, self.url, self.timeout)
 
     def send(self, alerts: list[AlertPayload]) -> None:
-        body = []
-        for a in alerts:
-            item: dict[str, Any] = {
-                "labels": a.labels,
-                "annotations": a.annotations,
-                "startsAt": _iso(a.starts_at),
-            }
-            if a.ends_at is not None:
-                item["endsAt"] = _iso(a.ends_at)
-            if a.generator_url:
-                item["generatorURL"] = a.generator_url
-            body.append(item)
-        self._receiver.post(self.url.rstrip("/") + "/api/v2/alerts", body)
+        body = [
+            PostableAlert(
+                labels=a.labels,
+                annotations=a.annotations,
+                starts_at=_iso(a.starts_at),
+                ends_at=None if a.ends_at is None else _iso(a.ends_at),
+                generator_url=a.generator_url,
+            )
+            for a in alerts
+        ]
+        self._receiver.post(self.url.rstrip("/") + "/api/v2/alerts", msgspec.to_builtins(body))
 
 
 @dataclass
@@ -115,26 +150,22 @@ class WebhookNotifier:
 
     def send(self, alerts: list[AlertPayload]) -> None:
         status = "firing" if any(a.ends_at is None for a in alerts) else "resolved"
-        self._receiver.post(
-            self.url,
-            {
-                "version": "4",
-                "status": status,
-                "receiver": "fleetlens",
-                "alerts": [
-                    {
-                        "status": a.status,
-                        "labels": a.labels,
-                        "annotations": a.annotations,
-                        "startsAt": _iso(a.starts_at),
-                        "endsAt": _iso(a.ends_at) if a.ends_at else "0001-01-01T00:00:00Z",
-                        "fingerprint": a.fingerprint,
-                        "generatorURL": a.generator_url,
-                    }
-                    for a in alerts
-                ],
-            },
+        message = WebhookMessage(
+            status=status,
+            alerts=[
+                WebhookAlert(
+                    status=a.status,
+                    labels=a.labels,
+                    annotations=a.annotations,
+                    starts_at=_iso(a.starts_at),
+                    ends_at=_iso(a.ends_at) if a.ends_at else "0001-01-01T00:00:00Z",
+                    fingerprint=a.fingerprint,
+                    generator_url=a.generator_url,
+                )
+                for a in alerts
+            ],
         )
+        self._receiver.post(self.url, msgspec.to_builtins(message))
 
 
 @dataclass

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from sqlalchemy import select
 
 from ..errors import ConfigError, NotFound
@@ -23,24 +24,48 @@ from ..store.scope import Scope
 from ..store.scoped import all_tenants, scoped
 from .models import Silence
 
-__all__ = ["MAX_SILENCE_S", "ActiveSilences", "SilenceStore"]
+__all__ = ["MAX_SILENCE_S", "ActiveSilences", "SilenceStore", "SilenceView"]
 
 MAX_SILENCE_S = 30 * 86400.0
 """The longest a silence may last: longer, and it is a policy change (override the rule)."""
 
 
-def silence_json(s: Silence) -> dict[str, Any]:
-    return {
-        "id": s.id,
-        "matchers": dict(s.matchers),
-        "startsAt": s.starts_at,
-        "endsAt": s.ends_at,
-        "comment": s.comment,
-        "createdBy": s.created_by,
-        "createdAt": s.created_at,
-        "infra": s.infra,
-        "tenant": s.tenant,
-    }
+class SilenceAudit(msgspec.Struct, frozen=True, rename="camel"):
+    """What the audit log records of a new silence (its ``detail``)."""
+
+    matchers: dict[str, str]
+    ends_at: float
+
+
+@dataclass(frozen=True)
+class SilenceView:
+    """A silence: alerts matching all its matchers notify no one while it lasts."""
+
+    id: int
+    matchers: dict[str, str]
+    """label -> value."""
+    starts_at: float
+    ends_at: float
+    comment: str
+    created_by: str
+    created_at: float
+    infra: bool
+    """Made by infrastructure on-call, for every tenant."""
+    tenant: str
+
+
+def silence_view(s: Silence) -> SilenceView:
+    return SilenceView(
+        id=s.id,
+        matchers=dict(s.matchers),
+        starts_at=s.starts_at,
+        ends_at=s.ends_at,
+        comment=s.comment,
+        created_by=s.created_by,
+        created_at=s.created_at,
+        infra=s.infra,
+        tenant=s.tenant,
+    )
 
 
 @dataclass(frozen=True)
@@ -70,7 +95,7 @@ class SilenceStore:
         ends_at: float,
         comment: str,
         starts_at: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> SilenceView:
         now = time.time()
         start = now if starts_at is None else starts_at
         if not matchers or any(not k or not v for k, v in matchers.items()):
@@ -96,13 +121,13 @@ class SilenceStore:
             )
             s.add(row)
             s.flush()
-            out = silence_json(row)
+            out = silence_view(row)
         self.access.audit(
             scope.tenant,
             scope.actor,
             "silence.create",
-            f"silence:{out['id']}",
-            {"matchers": matchers, "endsAt": ends_at},
+            f"silence:{out.id}",
+            msgspec.to_builtins(SilenceAudit(matchers, ends_at)),
             scope.remote,
         )
         return out
@@ -112,23 +137,23 @@ class SilenceStore:
             return all_tenants(select(Silence)).where(Silence.infra.is_(True))
         return scoped(select(Silence), scope)
 
-    def list(self, scope: Scope, include_expired_s: float = 86400.0) -> list[dict[str, Any]]:
+    def list(self, scope: Scope, include_expired_s: float = 86400.0) -> list[SilenceView]:
         """Silences in force or to come, and those that ended in the last ``include_expired_s``."""
         since = time.time() - include_expired_s
         with self._session() as s:
             rows = s.scalars(
                 self._visible(scope).where(Silence.ends_at >= since).order_by(Silence.id.desc())
             ).all()
-            return [silence_json(r) for r in rows]
+            return [silence_view(r) for r in rows]
 
-    def expire(self, scope: Scope, silence_id: int) -> dict[str, Any]:
+    def expire(self, scope: Scope, silence_id: int) -> SilenceView:
         now = time.time()
         with self._session() as s:
             row = s.scalars(self._visible(scope).where(Silence.id == silence_id)).first()
             if row is None:
                 raise NotFound(f"silence {silence_id} does not exist")
             row.ends_at = min(row.ends_at, now)
-            out = silence_json(row)
+            out = silence_view(row)
         self.access.audit(
             scope.tenant, scope.actor, "silence.expire", f"silence:{silence_id}", {}, scope.remote
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable
-from typing import Any
+from dataclasses import dataclass, replace
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -28,42 +28,89 @@ from .runbooks import runbook_url
 from .silences import ActiveSilences
 from .silences import active as active_silences
 
-__all__ = ["PRESERVE_S", "AlertStore", "alert_json", "queue_order"]
+__all__ = ["PRESERVE_S", "AlertStore", "AlertView", "IncidentView", "alert_view", "queue_order"]
 
 PRESERVE_S = 600.0
 """A failure window keeps raw telemetry from T-10 min to T+10 min at full resolution."""
 
 _SEVERITY_RANK = {"page": 2, "ticket": 1, "never": 0}
-Alerts = list[dict[str, Any]]
 
 
-def queue_order(a: dict[str, Any]) -> tuple[int, bool, float]:
-    """On-call's order of firing alerts (as :func:`alert_json` has them): pages before tickets,
-    the ones nobody acknowledged or silenced first, then the longest firing."""
-    handled = bool(a.get("ackedBy")) or bool(a.get("silencedBy"))
-    return (-_SEVERITY_RANK.get(a["severity"], 0), handled, float(a["startsAt"]))
+@dataclass(frozen=True)
+class AlertView:
+    """One alert: firing or resolved, acknowledged or not, and what raised it."""
+
+    id: int
+    fingerprint: str
+    alertname: str
+    severity: str
+    audience: str
+    state: str
+    run_id: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    """summary, description, runbook_url."""
+    finding: str | None
+    """The key of the finding that raised it."""
+    step: int | None
+    starts_at: float
+    ends_at: float | None
+    acked_by: str | None
+    acked_at: float | None
+    incident_id: int | None
+    notified_at: float | None
+    tenant: str
+    silenced_by: list[int] | None = None
+    """The silences holding it back now; None where not looked up (lists look them up)."""
 
 
-def alert_json(a: Alert) -> dict[str, Any]:
-    return {
-        "id": a.id,
-        "fingerprint": a.fingerprint,
-        "alertname": a.alertname,
-        "severity": a.severity,
-        "audience": a.audience,
-        "state": a.state,
-        "runId": a.run_id,
-        "labels": a.labels,
-        "annotations": a.annotations,
-        "finding": a.finding_key or None,
-        "step": a.step if a.step >= 0 else None,
-        "startsAt": a.starts_at,
-        "endsAt": a.ends_at,
-        "ackedBy": a.acked_by or None,
-        "ackedAt": a.acked_at,
-        "incidentId": a.incident_id,
-        "notifiedAt": a.notified_at,
-    }
+@dataclass(frozen=True)
+class IncidentView:
+    """An incident: a run's alerts grouped, their findings, open until none fires."""
+
+    id: int
+    run_id: str
+    title: str
+    severity: str
+    status: str
+    opened_at: float
+    closed_at: float | None
+    findings: list[str]
+    """Keys of the findings its alerts name."""
+    alerts: list[AlertView]
+
+
+Alerts = list[AlertView]
+
+
+def queue_order(a: AlertView) -> tuple[int, bool, float]:
+    """On-call's order of firing alerts: pages before tickets, the ones nobody acknowledged or
+    silenced first, then the longest firing."""
+    handled = bool(a.acked_by) or bool(a.silenced_by)
+    return (-_SEVERITY_RANK.get(a.severity, 0), handled, float(a.starts_at))
+
+
+def alert_view(a: Alert) -> AlertView:
+    return AlertView(
+        id=a.id,
+        fingerprint=a.fingerprint,
+        alertname=a.alertname,
+        severity=a.severity,
+        audience=a.audience,
+        state=a.state,
+        run_id=a.run_id,
+        labels=a.labels,
+        annotations=a.annotations,
+        finding=a.finding_key or None,
+        step=a.step if a.step >= 0 else None,
+        starts_at=a.starts_at,
+        ends_at=a.ends_at,
+        acked_by=a.acked_by or None,
+        acked_at=a.acked_at,
+        incident_id=a.incident_id,
+        notified_at=a.notified_at,
+        tenant=a.tenant,
+    )
 
 
 def _payload(a: Alert, base_url: str) -> AlertPayload:
@@ -253,7 +300,7 @@ class AlertStore:
 
     def list_infra(
         self, scope: Scope, state: str | None = None, limit: int = 200
-    ) -> list[dict[str, Any]]:
+    ) -> list[AlertView]:
         """Alerts for infrastructure on-call (audience ``infra_oncall``: hardware faults, drained
         nodes), each with its ``tenant``: every tenant's for a scope with ``cross_tenant_infra``
         (role oncall), the caller's tenant's for any other."""
@@ -262,13 +309,12 @@ class AlertStore:
             if state:
                 q = q.where(Alert.state == state)
             rows = s.scalars(q.order_by(Alert.updated_at.desc()).limit(limit)).all()
-            return self._silenced(
-                s, [{**alert_json(a), "tenant": a.tenant} for a in rows if self._visible(scope, a)]
-            )
+            return self._silenced(s, [alert_view(a) for a in rows if self._visible(scope, a)])
 
     def list(
         self, scope: Scope, state: str | None = None, run_id: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
+    ) -> list[AlertView]:
+        """The caller's alerts, newest first, each with the silences holding it back."""
         with self._session() as s:
             q = scoped(select(Alert), scope)
             if state:
@@ -276,27 +322,22 @@ class AlertStore:
             if run_id:
                 q = q.where(Alert.run_id == run_id)
             rows = s.scalars(q.order_by(Alert.updated_at.desc()).limit(limit)).all()
-            out = self._silenced(
-                s, [{**alert_json(a), "tenant": a.tenant} for a in rows if self._visible(scope, a)]
-            )
-            for a in out:
-                del a["tenant"]  # the caller's own
-            return out
+            return self._silenced(s, [alert_view(a) for a in rows if self._visible(scope, a)])
 
     @staticmethod
     def _silenced(s: Session, alerts: Alerts) -> Alerts:
-        """Each firing alert with the silences holding it back now (``silencedBy``)."""
+        """Each alert with the silences holding it back now (none for a resolved one)."""
         now = time.time()
         by_tenant: dict[str, ActiveSilences] = {}
+        out: Alerts = []
         for a in alerts:
-            if a["state"] != "firing":
-                a["silencedBy"] = []
+            if a.state != "firing":
+                out.append(replace(a, silenced_by=[]))
                 continue
-            t = a["tenant"]
-            if t not in by_tenant:
-                by_tenant[t] = active_silences(s, t, now)
-            a["silencedBy"] = by_tenant[t].matching(a["labels"], a["audience"])
-        return alerts
+            if a.tenant not in by_tenant:
+                by_tenant[a.tenant] = active_silences(s, a.tenant, now)
+            out.append(replace(a, silenced_by=by_tenant[a.tenant].matching(a.labels, a.audience)))
+        return out
 
     @staticmethod
     def _visible(scope: Scope, a: Alert) -> bool:
@@ -314,26 +355,26 @@ class AlertStore:
             raise NotFound(f"alert {alert_id} does not exist")
         return a
 
-    def get(self, scope: Scope, alert_id: int) -> dict[str, Any]:
+    def get(self, scope: Scope, alert_id: int) -> AlertView:
         with self._session() as s:
-            return alert_json(self._get(s, scope, alert_id))
+            return alert_view(self._get(s, scope, alert_id))
 
-    def ack(self, scope: Scope, alert_id: int) -> dict[str, Any]:
+    def ack(self, scope: Scope, alert_id: int) -> AlertView:
         with self._session() as s:
             a = self._get(s, scope, alert_id)
             a.acked_by, a.acked_at = scope.actor, time.time()
-            out, tenant = alert_json(a), a.tenant
+            out, tenant = alert_view(a), a.tenant
         self.access.audit(
             tenant,
             scope.actor,
             "alert.ack",
             f"alert:{alert_id}",
-            {"alertname": out["alertname"], "run": out["runId"]},
+            {"alertname": out.alertname, "run": out.run_id},
             scope.remote,
         )
         return out
 
-    def resolve(self, scope: Scope, alert_id: int) -> tuple[dict[str, Any], AlertPayload | None]:
+    def resolve(self, scope: Scope, alert_id: int) -> tuple[AlertView, AlertPayload | None]:
         """An operator clears an alert (e.g. the GPU was replaced); it is notified as resolved."""
         now = time.time()
         payload = None
@@ -344,18 +385,18 @@ class AlertStore:
                 a.acked_by, a.acked_at = "resolved-by-operator", now
                 payload = _payload(a, self.base_url)
                 self._maybe_close(s, scope.tenant, a.incident_id, now)
-            out = alert_json(a)
+            out = alert_view(a)
         self.access.audit(
             scope.tenant,
             scope.actor,
             "alert.resolve",
             f"alert:{alert_id}",
-            {"alertname": out["alertname"], "run": out["runId"]},
+            {"alertname": out.alertname, "run": out.run_id},
             scope.remote,
         )
         return out, payload
 
-    def incident(self, scope: Scope, incident_id: int) -> dict[str, Any]:
+    def incident(self, scope: Scope, incident_id: int) -> IncidentView:
         with self._session() as s:
             inc = s.scalars(
                 scoped(select(Incident), scope).where(Incident.id == incident_id)
@@ -369,14 +410,14 @@ class AlertStore:
             ).all()
             if scope.project and not any(self._visible(scope, a) for a in alerts):
                 raise NotFound(f"incident {incident_id} does not exist")
-            return {
-                "id": inc.id,
-                "runId": inc.run_id,
-                "title": inc.title,
-                "severity": inc.severity,
-                "status": inc.status,
-                "openedAt": inc.opened_at,
-                "closedAt": inc.closed_at,
-                "findings": list(inc.findings),
-                "alerts": [alert_json(a) for a in alerts],
-            }
+            return IncidentView(
+                id=inc.id,
+                run_id=inc.run_id,
+                title=inc.title,
+                severity=inc.severity,
+                status=inc.status,
+                opened_at=inc.opened_at,
+                closed_at=inc.closed_at,
+                findings=list(inc.findings),
+                alerts=[alert_view(a) for a in alerts],
+            )

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .breakdown import CATEGORIES, Breakdown
+from .evidence import Evidence
 
 __all__ = ["LOSS_LINES", "Attribution", "FindingWindow", "attribute", "slows_steps"]
 
@@ -102,7 +102,7 @@ class Attribution:
         return sum(self.by_finding.get(key, {}).values())
 
 
-def severity(evidence: Sequence[dict[str, Any]], confidence: float) -> float:
+def severity(evidence: Sequence[Evidence], confidence: float) -> float:
     """A finding's first evidence value over its baseline (1.15: 15% slower), else confidence."""
     for e in evidence:
         v, b = e.get("value"), e.get("baseline")

@@ -18,7 +18,9 @@ import numpy as np
 
 __all__ = [
     "QUALITY_METRICS",
+    "Conclusion",
     "RunFigures",
+    "SlowEpisode",
     "conclude",
     "config_diff",
     "derived_config",
@@ -102,12 +104,26 @@ def config_diff(configs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return changed + partial
 
 
+@dataclass(frozen=True)
+class SlowEpisode:
+    """Consecutive logged steps slower than a factor of the run's median step time."""
+
+    from_step: int
+    to_step: int
+    points: int
+    median_seconds: float
+    """The episode's median step time."""
+    run_median_seconds: float
+    slowdown: float
+    """The episode's median over the run's."""
+
+
 def slow_episodes(
     steps: np.ndarray[Any, Any],
     durations: np.ndarray[Any, Any],
     factor: float = 2.0,
     min_points: int = 1,
-) -> list[dict[str, Any]]:
+) -> list[SlowEpisode]:
     """Runs of consecutive (logged) steps slower than ``factor`` x the run's median step time.
 
     ``steps`` sorted ascending; NaN durations (not measured) are skipped. Each episode names
@@ -119,7 +135,7 @@ def slow_episodes(
         return []
     med = float(np.median(d))
     slow = d > factor * med
-    out: list[dict[str, Any]] = []
+    out: list[SlowEpisode] = []
     i = 0
     while i < len(d):
         if not slow[i]:
@@ -131,14 +147,14 @@ def slow_episodes(
         if j - i + 1 >= min_points:
             ep = d[i : j + 1]
             out.append(
-                {
-                    "fromStep": int(s[i]),
-                    "toStep": int(s[j]),
-                    "points": j - i + 1,
-                    "medianSeconds": float(np.median(ep)),
-                    "runMedianSeconds": med,
-                    "slowdown": float(np.median(ep)) / med if med > 0 else math.inf,
-                }
+                SlowEpisode(
+                    from_step=int(s[i]),
+                    to_step=int(s[j]),
+                    points=j - i + 1,
+                    median_seconds=float(np.median(ep)),
+                    run_median_seconds=med,
+                    slowdown=float(np.median(ep)) / med if med > 0 else math.inf,
+                )
             )
         i = j + 1
     return out
@@ -174,6 +190,26 @@ class RunFigures:
         return issues
 
 
+@dataclass(frozen=True)
+class Conclusion:
+    """A likely conclusion for a run against the baseline (:func:`conclude`)."""
+
+    baseline: str
+    run: str
+    cause: str
+    """none, configuration, infrastructure, configuration and infrastructure, data, code,
+    contract or unexplained."""
+    infrastructure_changed: bool
+    contract_changed: bool
+    configuration_changed: bool
+    goodput_regressed: bool
+    faults_regressed: bool
+    evaluation_regressed: bool
+    quality_regressed: bool
+    speed_regressed: bool
+    lines: list[str]
+
+
 def _rel(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or not math.isfinite(a) or not math.isfinite(b) or a == 0:
         return None
@@ -191,7 +227,7 @@ def conclude(
     other: RunFigures,
     diff: Sequence[Mapping[str, Any]],
     contract: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> Conclusion:
     """A likely conclusion for ``other`` against ``base`` (section 23 of the requirements).
 
     - regression, weighed in this order: goodput more than 2 points lower, more fault events
@@ -324,17 +360,17 @@ def conclude(
     else:
         cause = "unexplained"
         lines.append(f"{what} with no change in configuration, data, code or infrastructure.")
-    return {
-        "baseline": base.run_id,
-        "run": other.run_id,
-        "cause": cause,
-        "infrastructureChanged": infra_changed,
-        "contractChanged": bool(contract),
-        "configurationChanged": bool(config_keys),
-        "goodputRegressed": goodput_regressed,
-        "faultsRegressed": faults_regressed,
-        "evaluationRegressed": bool(evaluation_regressed),
-        "qualityRegressed": quality_regressed,
-        "speedRegressed": speed_regressed,
-        "lines": lines,
-    }
+    return Conclusion(
+        baseline=base.run_id,
+        run=other.run_id,
+        cause=cause,
+        infrastructure_changed=infra_changed,
+        contract_changed=bool(contract),
+        configuration_changed=bool(config_keys),
+        goodput_regressed=goodput_regressed,
+        faults_regressed=faults_regressed,
+        evaluation_regressed=bool(evaluation_regressed),
+        quality_regressed=quality_regressed,
+        speed_regressed=speed_regressed,
+        lines=lines,
+    )

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..scalars import DATA_SCALARS
+from .evidence import Evidence
 
 __all__ = ["data_causes"]
 
@@ -37,7 +38,7 @@ _CACHE_DROP = 0.2
 
 def _shards(
     steps: Arr, stalled: npt.NDArray[np.bool_], shard_events: list[tuple[int, int, str]]
-) -> tuple[list[str], list[dict[str, Any]]]:
+) -> tuple[list[str], list[Evidence]]:
     names: dict[str, int] = {}
     code = np.full(stalled.shape, -1, dtype=np.int64)  # shard read by (step row, rank), -1 unknown
     by_rank: dict[int, list[tuple[int, int]]] = {}
@@ -64,13 +65,13 @@ def _shards(
             blamed.append((frac, label[int(c)], int(stalled[on].sum()), int(on.sum())))
     blamed.sort(reverse=True)
     phrases = [f"dataset shard {', '.join(b[1] for b in blamed[:3])}"] if blamed else []
-    evidence = [
+    evidence: list[Evidence] = [
         {
             "metric": "dataset shard",
             "value": name,
-            "stalledRankSteps": hit,
-            "rankSteps": total,
-            "stalledShare": frac,
+            "stalled_rank_steps": hit,
+            "rank_steps": total,
+            "stalled_share": frac,
         }
         for frac, name, hit, total in blamed[:3]
     ]
@@ -104,7 +105,7 @@ def data_causes(
     stalled: npt.NDArray[np.bool_],
     shard_events: list[tuple[int, int, str]],
     scalars: dict[str, tuple[Arr, Arr, Arr]],
-) -> tuple[list[str], list[dict[str, Any]]]:
+) -> tuple[list[str], list[Evidence]]:
     """The causes of a data stall: phrases for the summary and evidence entries.
 
     ``steps`` are the window's step numbers (ascending), ``stalled`` is steps x ranks (True

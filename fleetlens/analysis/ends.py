@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..lifecycle import END_STATE_OF_EVENT, RankEnd, job_verdict
+from .evidence import Evidence
 from .rootcause import Diagnosis
 
 __all__ = ["diagnose_ends", "rank_ends"]
@@ -56,12 +57,12 @@ def diagnose_ends(
         for e in events
         if e["job_id"] == job_id and e["kind"] == "job_start" and e["node_id"]
     }
-    evidence: list[dict[str, Any]] = [
+    evidence: list[Evidence] = [
         {
             "metric": "ranks with no finish, error or signal",
             "value": silent[:64],
             "world": world,
-            "lastStep": last_step,
+            "last_step": last_step,
         },
     ]
     evidence += [

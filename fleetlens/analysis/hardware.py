@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .evidence import Evidence
 from .xid import classify_xid
 
 __all__ = [
@@ -101,9 +102,9 @@ class Signal:
     metric: str
     value: float
     threshold: float
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: Evidence = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Evidence:
         return {
             "signal": self.name,
             "metric": self.metric,
@@ -125,8 +126,8 @@ def gpu_signals(g: GpuHealth) -> list[Signal]:
                 0.0,
                 {
                     "reasons": throttle_names(g.throttle),
-                    "gpuTempMax": g.temp_max,
-                    "smClockRatioMin": g.clock_ratio_min,
+                    "gpu_temp_max": g.temp_max,
+                    "sm_clock_ratio_min": g.clock_ratio_min,
                 },
             )
         )
@@ -137,7 +138,7 @@ def gpu_signals(g: GpuHealth) -> list[Signal]:
                 "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
                 float(g.throttle),
                 0.0,
-                {"reasons": throttle_names(g.throttle), "powerMax": g.power_max},
+                {"reasons": throttle_names(g.throttle), "power_max": g.power_max},
             )
         )
     elif g.clock_ratio_median < 0.9:
@@ -170,7 +171,7 @@ def gpu_signals(g: GpuHealth) -> list[Signal]:
                 "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
                 g.nvlink_crc_delta,
                 10.0,
-                {"bandwidthMin": g.nvlink_bw_min},
+                {"bandwidth_min": g.nvlink_bw_min},
             )
         )
     if g.pcie_replay_delta >= 100:

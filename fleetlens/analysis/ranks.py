@@ -38,9 +38,11 @@ The episodes are classified in :mod:`fleetlens.analysis.stragglers`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 
 from .nanstats import nanmedian
@@ -48,7 +50,11 @@ from .nanstats import nanmedian
 __all__ = [
     "CusumParams",
     "Episode",
+    "GapRank",
+    "LiveRank",
     "RankState",
+    "RankStateDoc",
+    "SlowRank",
     "open_episodes",
     "robust_sigma",
     "scan_stragglers",
@@ -137,73 +143,126 @@ class RankState:
             opened=np.zeros(world, dtype=np.int8),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_doc(self) -> RankStateDoc:
+        """The state as the analysis cursor keeps it (the newest 500 episodes)."""
         live = np.flatnonzero((self.c > 0) | (self.since >= 0))
-        return {
-            "world": len(self.c),
-            "live": {
-                int(r): [
+        return RankStateDoc(
+            world=len(self.c),
+            live={
+                int(r): LiveRank(
                     float(self.c[r]),
                     int(self.since[r]),
                     int(self.alarm[r]),
                     float(self.excess[r]),
                     int(self.count[r]),
                     int(self.opened[r]),
-                ]
+                )
                 for r in live
             },
-            "episodes": [e.to_dict() for e in self.episodes[-500:]],
+            episodes=self.episodes[-500:],
             # exact floats (JSON keeps them), None for a rank not seen yet
-            "prev": [None if not np.isfinite(v) else float(v) for v in self.prev],
-            "noise": list(self.noise),
-            "gap": {
-                int(r): [float(self.gap_excess[r]), int(self.gap_count[r])]
+            prev=[None if not np.isfinite(v) else float(v) for v in self.prev],
+            noise=[float(v) for v in self.noise],
+            gap={
+                int(r): GapRank(float(self.gap_excess[r]), int(self.gap_count[r]))
                 for r in np.flatnonzero(self.gap_count >= 0)
             },
-            "before": {
+            before={
                 int(r): float(self.before[r])
                 for r in np.flatnonzero(np.isfinite(self.before) & (self.alarm >= 0))
             },
-            "slow": {
-                int(r): [
+            slow={
+                int(r): SlowRank(
                     float(self.c_slow[r]),
                     int(self.since_slow[r]),
                     float(self.excess_slow[r]),
                     int(self.count_slow[r]),
-                ]
+                )
                 for r in np.flatnonzero(self.c_slow > 0)
             },
-        }
+        )
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], world: int) -> RankState:
-        st = cls.fresh(max(world, int(d.get("world", 0))))
-        for r, (c, since, alarm, ex, n, *opened) in d.get("live", {}).items():
-            i = int(r)
-            if not 0 <= i < len(st.c):
-                continue
-            st.c[i], st.since[i], st.alarm[i], st.excess[i], st.count[i] = c, since, alarm, ex, n
-            st.opened[i] = int(opened[0]) if opened else 0
-        st.episodes = [Episode(**e) for e in d.get("episodes", [])]
-        prev = [np.nan if v is None else float(v) for v in d.get("prev", [])][: len(st.c)]
+    def from_doc(cls, d: RankStateDoc, world: int) -> RankState:
+        """The state a cursor kept, over at least ``world`` ranks."""
+        st = cls.fresh(max(world, d.world))
+        n = len(st.c)
+        for i, lv in d.live.items():
+            if 0 <= i < n:
+                st.c[i], st.since[i], st.alarm[i] = lv.c, lv.since, lv.alarm
+                st.excess[i], st.count[i], st.opened[i] = lv.excess, lv.steps, lv.opened
+        st.episodes = [replace(e) for e in d.episodes]
+        prev = [np.nan if v is None else v for v in d.prev][:n]
         st.prev[: len(prev)] = prev
-        st.noise = [float(v) for v in d.get("noise", [])]
-        for r, (ex, n) in d.get("gap", {}).items():
-            if 0 <= int(r) < len(st.c):
-                st.gap_excess[int(r)], st.gap_count[int(r)] = ex, n
-        for r, v in d.get("before", {}).items():
-            if 0 <= int(r) < len(st.c):
-                st.before[int(r)] = v
-        for r, (c, since, ex, n) in d.get("slow", {}).items():
-            if 0 <= int(r) < len(st.c):
-                i = int(r)
-                st.c_slow[i], st.since_slow[i], st.excess_slow[i], st.count_slow[i] = (
-                    c,
-                    since,
-                    ex,
-                    n,
-                )
+        st.noise = list(d.noise)
+        for i, g in d.gap.items():
+            if 0 <= i < n:
+                st.gap_excess[i], st.gap_count[i] = g.excess, g.steps
+        for i, v in d.before.items():
+            if 0 <= i < n:
+                st.before[i] = v
+        for i, sl in d.slow.items():
+            if 0 <= i < n:
+                st.c_slow[i], st.since_slow[i] = sl.c, sl.since
+                st.excess_slow[i], st.count_slow[i] = sl.excess, sl.steps
         return st
+
+    def to_json(self) -> dict[str, Any]:
+        """:meth:`to_doc` as JSON values."""
+        out: dict[str, Any] = msgspec.to_builtins(self.to_doc(), enc_hook=_number)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], world: int) -> RankState:
+        """The state from its stored JSON (:meth:`to_doc`, as JSON values)."""
+        return cls.from_doc(msgspec.convert(d, type=RankStateDoc, strict=False), world)
+
+
+def _number(value: object) -> object:
+    if isinstance(value, np.generic):  # a step number or value of a numpy array
+        return value.item()
+    raise NotImplementedError(f"{type(value).__name__} is not part of a straggler state")
+
+
+class LiveRank(NamedTuple):
+    """A rank's CUSUM while it is above 0 or its episode is open (stored as an array)."""
+
+    c: float
+    since: int
+    alarm: int
+    excess: float
+    steps: int
+    opened: int = 0
+
+
+class GapRank(NamedTuple):
+    """Between a rank's episodes: the sum of (x - 1) and the steps since its last one ended."""
+
+    excess: float
+    steps: int
+
+
+class SlowRank(NamedTuple):
+    """The slow lane's evidence of a rank while no episode is open."""
+
+    c: float
+    since: int
+    excess: float
+    steps: int
+
+
+class RankStateDoc(msgspec.Struct):
+    """:class:`RankState` as the analysis cursor keeps it between passes: per rank (by rank
+    number) what is not at rest, the episodes, each rank's last value and the recent noise."""
+
+    world: int = 0
+    live: dict[int, LiveRank] = msgspec.field(default_factory=dict)
+    episodes: list[Episode] = msgspec.field(default_factory=list)
+    prev: list[float | None] = msgspec.field(default_factory=list)
+    noise: list[float] = msgspec.field(default_factory=list)
+    gap: dict[int, GapRank] = msgspec.field(default_factory=dict)
+    before: dict[int, float] = msgspec.field(default_factory=dict)
+    slow: dict[int, SlowRank] = msgspec.field(default_factory=dict)
 
 
 _PER_RANK = ("c", "since", "alarm", "excess", "count", "prev", "gap_excess", "gap_count", "before",

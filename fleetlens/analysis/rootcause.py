@@ -21,6 +21,7 @@ import numpy as np
 
 from ..lifecycle import peer_error
 from ..names import action_name
+from .evidence import Evidence, window
 from .hardware import Signal
 from .memory import size_text
 from .stragglers import StragglerClass
@@ -95,7 +96,7 @@ class Diagnosis:
     gpus: list[str] = field(default_factory=list)
     rack: str = ""
     job_id: str = ""
-    evidence: list[dict[str, Any]] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
 
     @property
     def owner(self) -> str:
@@ -115,15 +116,15 @@ def diagnose_straggler(
     time_of_step: dict[int, float] | None = None,
 ) -> Diagnosis:
     """A classified straggler, unless its GPU's telemetry names a hardware cause (thermal)."""
-    ev: list[dict[str, Any]] = [
+    ev: list[Evidence] = [
         {
             "metric": "compute / step median",
             "value": 1.0 + c.slowdown,
             "baseline": 1.0,
-            "window": {"fromStep": c.start, "toStep": c.end},
+            "window": window(c.start, c.end),
             "episodes": c.episodes,
-            "flaggedSteps": c.flagged_steps,
-            "waitPerStepS": c.slowdown * step_time_s,
+            "flagged_steps": c.flagged_steps,
+            "wait_per_step_s": c.slowdown * step_time_s,
         }
     ]
     diag, conf = c.diagnosis, 0.8
@@ -176,7 +177,7 @@ def diagnose_events(events: list[dict[str, Any]]) -> list[Diagnosis]:
         ranks = [rank] if rank >= 0 else []
         nodes = [node] if node else []
         gpus = [f"{node}:{gpu}"] if node and gpu >= 0 else []
-        ev = {"metric": f"event:{kind}", "value": e.get("message", ""), "time": e["time"]}
+        ev: Evidence = {"metric": f"event:{kind}", "value": e.get("message", ""), "time": e["time"]}
         if kind == "hardware_fault" and "xid" in attrs:
             out.append(xid_diagnosis(int(attrs["xid"]), node, gpu, rank, step, float(e["time"])))
         elif kind == "hardware_fault" and attrs.get("component") == "host":
@@ -253,16 +254,16 @@ def diagnose_events(events: list[dict[str, Any]]) -> list[Diagnosis]:
     return out
 
 
-def _oom(attrs: dict[str, Any], rank: int, ev: dict[str, Any], **where: Any) -> Diagnosis:
+def _oom(attrs: dict[str, Any], rank: int, ev: Evidence, **where: Any) -> Diagnosis:
     """An out-of-memory event (the SDK's, from the real exception): the step, what was asked
     for on which device, the batch shape when the run's config gave it, the device's memory."""
     seq, batch, asked = attrs.get("seq_len"), attrs.get("batch_size"), attrs.get("requested_bytes")
     device, step = attrs.get("device"), where["step"]
     ev.update(
         {
-            "seqLen": seq,
-            "batchSize": batch,
-            "requestedBytes": asked,
+            "seq_len": seq,
+            "batch_size": batch,
+            "requested_bytes": asked,
             "device": device,
             "step": step,
             "rank": rank,
@@ -402,32 +403,28 @@ def diagnose_instability(
                 break
     if not len(bad) and not spikes:
         return None
-    ev: list[dict[str, Any]] = []
+    # (step, metric, value, baseline) of each link of the chain, in the order of its steps
+    chain: list[tuple[int, str, float | str, float | None]] = []
     if spikes:
         i, ref = spikes[0]
-        ev.append(
-            {"metric": "grad_norm", "step": int(s[i]), "value": float(gn[i]), "baseline": ref}
-        )
+        chain.append((int(s[i]), "grad_norm", float(gn[i]), ref))
     if len(bad):
-        ev.append({"metric": "loss", "step": int(s[bad[0]]), "value": "nan"})
-    ev.sort(key=lambda e: e["step"])
-    first = ev[0]["step"]
+        chain.append((int(s[bad[0]]), "loss", "nan", None))
+    chain.sort(key=lambda e: e[0])
+    first = chain[0][0]
     fin = np.isfinite(lr_a)
     ch = np.flatnonzero(fin[1:] & fin[:-1] & (np.abs(np.diff(lr_a)) > 1e-3 * np.abs(lr_a[:-1])))
     before_first = [int(i) + 1 for i in ch if s[int(i) + 1] <= first]
     conf = 0.7
     if before_first:
         i = before_first[-1]
-        ev.insert(
-            0,
-            {
-                "metric": "lr",
-                "step": int(s[i]),
-                "value": float(lr_a[i]),
-                "baseline": float(lr_a[i - 1]),
-            },
-        )
+        chain.insert(0, (int(s[i]), "lr", float(lr_a[i]), float(lr_a[i - 1])))
         conf = 0.9
+    ev: list[Evidence] = []
+    for step, metric, value, baseline in chain:
+        ev.append({"metric": metric, "step": step, "value": value})
+        if baseline is not None:
+            ev[-1]["baseline"] = baseline
     return Diagnosis(
         f"instability:{first}",
         "instability",
@@ -435,12 +432,12 @@ def diagnose_instability(
         conf,
         "training instability: "
         + " -> ".join(
-            {"lr": "LR change", "grad_norm": "grad-norm spike", "loss": "NaN loss"}[e["metric"]]
-            for e in ev
+            {"lr": "LR change", "grad_norm": "grad-norm spike", "loss": "NaN loss"}[e[1]]
+            for e in chain
         ),
         step=first,
-        start_step=ev[0]["step"],
-        end_step=ev[-1]["step"],
+        start_step=chain[0][0],
+        end_step=chain[-1][0],
         evidence=ev,
     )
 

@@ -308,7 +308,12 @@ def fold_tp_groups(stragglers: list[Diagnosis], layout: ParallelLayout | None) -
             if ranks == list(range(ranks[0], ranks[-1] + 1))
             else f"ranks {ranks}"
         )
-        slow = [float(e["value"]) for m in members for e in m.evidence[:1] if "value" in e]
+        slow = [
+            float(v)
+            for m in members
+            for e in m.evidence[:1]
+            if isinstance(v := e.get("value"), (int, float))
+        ]
         out.append(
             Diagnosis(
                 f"{first.key}:tp-group",

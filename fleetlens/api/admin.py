@@ -88,7 +88,7 @@ async def create_token(request: Request, body: TokenRequest, scope: Admin) -> To
             scope.tenant, body.role, project=body.project, name=body.name, actor=scope
         )
     )
-    return TokenCreatedOut.model_validate({"token": plaintext, **info.as_json()})
+    return TokenCreatedOut.created(plaintext, info)
 
 
 @router.get(
@@ -96,7 +96,7 @@ async def create_token(request: Request, body: TokenRequest, scope: Admin) -> To
 )
 async def list_tokens(request: Request, scope: Admin) -> TokenListOut:
     tokens = await anyio.to_thread.run_sync(_access(request).list_tokens, scope)
-    return TokenListOut.model_validate({"tokens": [t.as_json() for t in tokens]})
+    return TokenListOut(tokens=[TokenOut.of(t) for t in tokens])
 
 
 @router.delete(
@@ -108,7 +108,7 @@ async def revoke_token(
     request: Request, token_id: Annotated[int, Path(ge=1, le=2**62)], scope: Admin
 ) -> TokenOut:
     info = await anyio.to_thread.run_sync(_access(request).revoke_token, scope, token_id)
-    return TokenOut.model_validate(info.as_json())
+    return TokenOut.of(info)
 
 
 @router.get("/audit", summary="The tenant's audit log, newest first", response_model=AuditLogOut)

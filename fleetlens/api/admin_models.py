@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from ..store.access import TokenInfo
 from .models import ApiModel
 
 __all__ = [
@@ -39,11 +40,33 @@ class TokenOut(ApiModel):
     created_by: str
     revoked_at: float | None = Field(description="null while it works")
 
+    @classmethod
+    def of(cls, t: TokenInfo) -> TokenOut:
+        return cls.model_validate(_token_fields(t))
+
+
+def _token_fields(t: TokenInfo) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "prefix": t.prefix,
+        "name": t.name,
+        "tenant": t.tenant,
+        "project": t.project or None,
+        "role": t.role,
+        "created_at": t.created_at,
+        "created_by": t.created_by,
+        "revoked_at": t.revoked_at,
+    }
+
 
 class TokenCreatedOut(TokenOut):
     """A new token, with its secret: shown this once and never stored."""
 
     token: str = Field(description="the secret, to send as `Authorization: Bearer ...`")
+
+    @classmethod
+    def created(cls, plaintext: str, t: TokenInfo) -> TokenCreatedOut:
+        return cls.model_validate({"token": plaintext, **_token_fields(t)})
 
 
 class TokenListOut(ApiModel):

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from ..alerts.silences import SilenceView
+from ..alerts.store import AlertView, IncidentView
 from .models import ApiModel
 from .remediation_models import ActionOut
 
@@ -65,6 +67,40 @@ class AlertOut(ApiModel):
         default=None, description="the on-call page only: its run is still running (or hung)"
     )
 
+    @classmethod
+    def of(cls, a: AlertView, remediations: list[ActionOut] | None = None) -> AlertOut:
+        """``silenced_by`` where the store looked the silences up (its lists);
+        ``remediations`` where given (one alert, when remediation is on)."""
+        fields: dict[str, Any] = {
+            "id": a.id,
+            "fingerprint": a.fingerprint,
+            "alertname": a.alertname,
+            "severity": a.severity,
+            "audience": a.audience,
+            "state": a.state,
+            "run_id": a.run_id,
+            "labels": a.labels,
+            "annotations": a.annotations,
+            "finding": a.finding,
+            "step": a.step,
+            "starts_at": a.starts_at,
+            "ends_at": a.ends_at,
+            "acked_by": a.acked_by,
+            "acked_at": a.acked_at,
+            "incident_id": a.incident_id,
+            "notified_at": a.notified_at,
+        }
+        if a.silenced_by is not None:
+            fields["silenced_by"] = a.silenced_by
+        if remediations is not None:
+            fields["remediations"] = remediations
+        return cls.model_validate(fields)
+
+    @classmethod
+    def doc(cls, a: AlertView) -> dict[str, Any]:
+        """The alert as a page's document holds it (the keys :meth:`of` sets)."""
+        return cls.of(a).model_dump(by_alias=True, exclude_unset=True)
+
 
 class AlertListOut(ApiModel):
     """Alerts, newest first."""
@@ -87,6 +123,28 @@ class IncidentDetailOut(ApiModel):
     remediations: list[ActionOut] = Field(
         default_factory=list, description="when remediation is on"
     )
+
+    @classmethod
+    def of(cls, i: IncidentView, remediations: list[ActionOut] | None = None) -> IncidentDetailOut:
+        fields: dict[str, Any] = {
+            "id": i.id,
+            "run_id": i.run_id,
+            "title": i.title,
+            "severity": i.severity,
+            "status": i.status,
+            "opened_at": i.opened_at,
+            "closed_at": i.closed_at,
+            "findings": list(i.findings),
+            "alerts": [AlertOut.of(a) for a in i.alerts],
+        }
+        if remediations is not None:
+            fields["remediations"] = remediations
+        return cls.model_validate(fields)
+
+    @classmethod
+    def summary_doc(cls, i: IncidentView) -> dict[str, Any]:
+        """The incident as the on-call document lists it: without its alerts."""
+        return cls.of(i).model_dump(by_alias=True, exclude_unset=True, exclude={"alerts"})
 
 
 # ---- the policy ---------------------------------------------------------------------------
@@ -146,6 +204,25 @@ class SilenceOut(ApiModel):
     created_at: float
     infra: bool = Field(description="made by infrastructure on-call, for every tenant")
     tenant: str
+
+    @classmethod
+    def of(cls, s: SilenceView) -> SilenceOut:
+        return cls(
+            id=s.id,
+            matchers=dict(s.matchers),
+            starts_at=s.starts_at,
+            ends_at=s.ends_at,
+            comment=s.comment,
+            created_by=s.created_by,
+            created_at=s.created_at,
+            infra=s.infra,
+            tenant=s.tenant,
+        )
+
+    @classmethod
+    def doc(cls, s: SilenceView) -> dict[str, Any]:
+        """The silence as a page's document holds it."""
+        return cls.of(s).model_dump(by_alias=True)
 
 
 class SilenceListOut(ApiModel):

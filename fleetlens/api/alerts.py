@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
@@ -22,6 +22,7 @@ from .alert_models import (
 )
 from .auth import ERROR_RESPONSES, require, require_any
 from .remediation import action_json
+from .remediation_models import ActionOut
 
 __all__ = ["router"]
 
@@ -49,7 +50,7 @@ async def list_alerts(
     alerts = await anyio.to_thread.run_sync(
         lambda: svc.alert_store.list(scope, state, run_id, limit)
     )
-    return AlertListOut.model_validate({"alerts": alerts})
+    return AlertListOut(alerts=[AlertOut.of(a) for a in alerts])
 
 
 @router.get(
@@ -76,12 +77,12 @@ async def policy(request: Request, scope: Reader) -> AlertPolicyOut:
 )
 async def get_alert(request: Request, alert_id: Id, scope: Reader) -> AlertOut:
     svc = request.app.state.services
-    out: dict[str, Any] = await anyio.to_thread.run_sync(svc.alert_store.get, scope, alert_id)
+    alert = await anyio.to_thread.run_sync(svc.alert_store.get, scope, alert_id)
     ctl = svc.monitor.remediation
-    if ctl is not None:
-        actions = await anyio.to_thread.run_sync(ctl.for_alert, scope, alert_id)
-        out["remediations"] = [action_json(a) for a in actions]
-    return AlertOut.model_validate(out)
+    if ctl is None:
+        return AlertOut.of(alert)
+    actions = await anyio.to_thread.run_sync(ctl.for_alert, scope, alert_id)
+    return AlertOut.of(alert, [ActionOut.model_validate(action_json(a)) for a in actions])
 
 
 @router.post(
@@ -93,7 +94,7 @@ async def get_alert(request: Request, alert_id: Id, scope: Reader) -> AlertOut:
 async def ack(request: Request, alert_id: Id, scope: Acker) -> AlertOut:
     svc = request.app.state.services
     out = await anyio.to_thread.run_sync(svc.alert_store.ack, scope, alert_id)
-    return AlertOut.model_validate(out)
+    return AlertOut.of(out)
 
 
 @router.post(
@@ -107,7 +108,7 @@ async def resolve(request: Request, alert_id: Id, scope: Writer) -> AlertOut:
     out, payload = await anyio.to_thread.run_sync(svc.alert_store.resolve, scope, alert_id)
     if payload is not None:
         svc.delivery.submit([payload])
-    return AlertOut.model_validate(out)
+    return AlertOut.of(out)
 
 
 @router.get(
@@ -118,14 +119,12 @@ async def resolve(request: Request, alert_id: Id, scope: Writer) -> AlertOut:
 )
 async def incident(request: Request, incident_id: Id, scope: Reader) -> IncidentDetailOut:
     svc = request.app.state.services
-    out: dict[str, Any] = await anyio.to_thread.run_sync(
-        svc.alert_store.incident, scope, incident_id
-    )
+    inc = await anyio.to_thread.run_sync(svc.alert_store.incident, scope, incident_id)
     ctl = svc.monitor.remediation
-    if ctl is not None:
-        actions = await anyio.to_thread.run_sync(ctl.for_incident, scope, incident_id)
-        out["remediations"] = [action_json(a) for a in actions]
-    return IncidentDetailOut.model_validate(out)
+    if ctl is None:
+        return IncidentDetailOut.of(inc)
+    actions = await anyio.to_thread.run_sync(ctl.for_incident, scope, incident_id)
+    return IncidentDetailOut.of(inc, [ActionOut.model_validate(action_json(a)) for a in actions])
 
 
 # -- silences ---------------------------------------------------------------------------------
@@ -171,7 +170,7 @@ async def create_silence(request: Request, body: SilenceBody, scope: Acker) -> S
     out = await anyio.to_thread.run_sync(
         lambda: store.create(scope, body.matchers, ends, body.comment, start)
     )
-    return SilenceOut.model_validate(out)
+    return SilenceOut.of(out)
 
 
 @router.get(
@@ -181,9 +180,8 @@ async def create_silence(request: Request, body: SilenceBody, scope: Acker) -> S
 )
 async def list_silences(request: Request, scope: InfraReader) -> SilenceListOut:
     store = _silences(request)
-    return SilenceListOut.model_validate(
-        {"silences": await anyio.to_thread.run_sync(store.list, scope)}
-    )
+    found = await anyio.to_thread.run_sync(store.list, scope)
+    return SilenceListOut(silences=[SilenceOut.of(s) for s in found])
 
 
 @router.delete(
@@ -191,6 +189,4 @@ async def list_silences(request: Request, scope: InfraReader) -> SilenceListOut:
 )
 async def expire_silence(request: Request, silence_id: Id, scope: Acker) -> SilenceOut:
     store = _silences(request)
-    return SilenceOut.model_validate(
-        await anyio.to_thread.run_sync(store.expire, scope, silence_id)
-    )
+    return SilenceOut.of(await anyio.to_thread.run_sync(store.expire, scope, silence_id))

@@ -41,6 +41,7 @@ from ..errors import ConfigError, FleetlensError, http_status
 from ..services.monitor import Monitor, MonitorMetrics
 from ..sigint import keep_sigint
 from ..store.access import AccessStore
+from ..store.graph_types import CheckpointInfo
 from ..store.leader import open_election
 from ..store.metadata import MetadataStore
 from ..store.retention import retention_days, stored_bytes
@@ -245,15 +246,15 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         app.state.services = svc
         evals, _ = eval_stores(app.state)
 
-        def on_checkpoint(tenant: str, run_id: str, ck: dict[str, Any]) -> None:
+        def on_checkpoint(tenant: str, run_id: str, ck: CheckpointInfo) -> None:
             project = svc.metadata.get_run(Scope(tenant=tenant, role="viewer"), run_id).project
             evals.fire(
                 tenant,
                 project,
                 "checkpoint",
                 run_id=run_id,
-                checkpoint_id=ck["checkpointId"],
-                checkpoint_uri=ck["uri"],
+                checkpoint_id=ck.checkpoint_id,
+                checkpoint_uri=ck.uri,
             )
 
         svc.ingestor.registry.on_verified_checkpoint = on_checkpoint

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from ..services.captures import MAX_RANKS, MAX_STEPS
-from ..store.captures import Capture, capture_evidence
+from ..store.captures import Capture, CapturedRank, CaptureEvidence
+from ..traces.summary import RankSummary
 from .models import ApiModel
 
 __all__ = [
@@ -69,7 +70,9 @@ class CaptureOut(ApiModel):
             message=c.message,
             requested_at=c.requested_at,
             updated_at=c.updated_at,
-            evidence=capture_evidence(c),
+            evidence=CaptureEvidenceOut.of(CaptureEvidence.of(c)).model_dump(
+                mode="json", by_alias=True, exclude_unset=True
+            ),
         )
 
 
@@ -118,11 +121,45 @@ class CapturedRankOut(ApiModel):
     top_kernels: list[TopKernelOut] = Field(default_factory=list)
     top_collectives: list[TopCollectiveOut] = Field(default_factory=list)
 
+    @classmethod
+    def of(cls, r: CapturedRank) -> CapturedRankOut:
+        s = r.summary
+        if s is None:
+            return cls(rank=r.rank, role=r.role, missing=True)
+        if not s.steps:
+            return cls(rank=r.rank, role=r.role, steps=0)
+        return cls(rank=r.rank, role=r.role, **_summary_fields(s))
+
+
+def _summary_fields(s: RankSummary) -> dict[str, Any]:
+    return {
+        "steps": s.steps,
+        "from_step": s.from_step,
+        "to_step": s.to_step,
+        "clock": s.clock,
+        "host_only": s.host_only,
+        "step_ms": s.step_ms,
+        "compute_ms": s.compute_ms,
+        "comm_ms": s.comm_ms,
+        "exposed_comm_ms": s.exposed_comm_ms,
+        "memcpy_ms": s.memcpy_ms,
+        "idle_ms": s.idle_ms,
+        "kernels": s.kernels,
+        "collectives": s.collectives,
+        "top_kernels": [
+            TopKernelOut(name=k.name, category=k.category, calls=k.calls, total_ms=k.total_ms)
+            for k in s.top_kernels
+        ],
+        "top_collectives": [
+            TopCollectiveOut(op=k.op, calls=k.calls, total_ms=k.total_ms) for k in s.top_collectives
+        ],
+    }
+
 
 class CaptureEvidenceOut(ApiModel):
     """A capture as a finding's evidence item (signal ``trace_capture``) and as
     :attr:`CaptureOut.evidence`: its captured steps and each rank's breakdown, lagging first
-    (:func:`fleetlens.store.captures.capture_evidence`). The answers carry it as a plain
+    (:class:`fleetlens.store.captures.CaptureEvidence`). The answers carry it as a plain
     object; this is its shape, for readers (the CLI)."""
 
     signal: str
@@ -131,3 +168,14 @@ class CaptureEvidenceOut(ApiModel):
     from_step: int | None
     to_step: int | None
     ranks: list[CapturedRankOut]
+
+    @classmethod
+    def of(cls, ev: CaptureEvidence) -> CaptureEvidenceOut:
+        return cls(
+            signal=ev.signal,
+            capture_id=ev.capture_id,
+            state=ev.state,
+            from_step=ev.from_step,
+            to_step=ev.to_step,
+            ranks=[CapturedRankOut.of(r) for r in ev.ranks],
+        )

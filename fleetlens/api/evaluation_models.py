@@ -425,7 +425,7 @@ class LeaseOut(ApiModel):
             benchmark=v.benchmark,
             start=v.start,
             stop=v.stop,
-            examples=v.examples,
+            examples=[dict(e) for e in v.examples],
             completed_ids=v.completed_ids,
             adapter=v.adapter,
             decoding=DecodingOut.model_validate(v.decoding),

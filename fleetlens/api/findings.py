@@ -13,6 +13,7 @@ from ..services.whatif import RunWhatIf, run_whatif
 from ..store.findings import FindingRow, FindingsStore
 from ..store.scope import Scope
 from .auth import ERROR_RESPONSES, require
+from .evidence import evidence_json
 from .models import (
     DiagnosisOut,
     FindingOut,
@@ -29,7 +30,7 @@ Reader = Annotated[Scope, Depends(require("read"))]
 
 
 def finding_out(row: FindingRow) -> FindingOut:
-    return FindingOut.model_validate(asdict(row))
+    return FindingOut.model_validate({**asdict(row), "evidence": evidence_json(row.evidence)})
 
 
 def finding_json(row: FindingRow) -> dict[str, Any]:

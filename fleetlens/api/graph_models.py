@@ -1,19 +1,32 @@
-"""The JSON the run graph's routes answer (:mod:`fleetlens.api.graph`): lineage both ways, run
-comparison, checkpoints, model versions, datasets and artifacts.
+"""The JSON the run graph's routes answer (:mod:`fleetlens.api.graph`,
+:mod:`fleetlens.api.graph_registration`): lineage both ways, checkpoints, model versions,
+datasets and artifacts; a run comparison's is :mod:`fleetlens.api.compare_models`.
 
-Built by :mod:`fleetlens.store.graph` (lineage, registrations) and
-:mod:`fleetlens.services.compare` (comparison, a run's infrastructure); the routes answer with
+Built from the store's values (:mod:`fleetlens.store.graph_types`) and
+:mod:`fleetlens.services.compare` (a run's infrastructure); the routes answer with
 ``response_model_exclude_unset`` where a key is present only in some answers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from ..services.compare_types import Comparison, Infrastructure
+from ..services.compare_types import Infrastructure
+from ..store.graph_types import (
+    ArtifactInfo,
+    CheckpointInfo,
+    DatasetInfo,
+    DatasetRef,
+    JobLineage,
+    ModelLineage,
+    ModelVersionInfo,
+    RunLineage,
+)
+from .compare_models import CompareOut
 from .models import ApiModel
 
 __all__ = [
@@ -47,6 +60,11 @@ class TriggeredOut(ApiModel):
     evaluations: list[str] = Field(description="ids of the evaluations started")
     errors: list[str] = Field(description="triggers that could not start one, and why")
 
+    @classmethod
+    def of(cls, triggered: object) -> TriggeredOut:
+        """From what the evaluation store's ``fire`` answered."""
+        return cls.model_validate(triggered, from_attributes=not isinstance(triggered, Mapping))
+
 
 class CheckpointOut(ApiModel):
     """A saved checkpoint: where, how big, its checksum, how long it took, who wrote it."""
@@ -63,6 +81,14 @@ class CheckpointOut(ApiModel):
     ok: bool = Field(description="the save succeeded")
     time: float = Field(description="UNIX seconds")
 
+    @classmethod
+    def of(cls, c: CheckpointInfo) -> CheckpointOut:
+        return cls(**_checkpoint_fields(c))
+
+
+def _checkpoint_fields(c: CheckpointInfo) -> dict[str, Any]:
+    return {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
+
 
 class CheckpointRecordedOut(CheckpointOut):
     """The checkpoint as recorded; a verified one (checksum known, ok) fires the triggers."""
@@ -70,6 +96,13 @@ class CheckpointRecordedOut(CheckpointOut):
     triggered: TriggeredOut | None = Field(
         default=None, description="present only for a verified checkpoint"
     )
+
+    @classmethod
+    def recorded(cls, c: CheckpointInfo, triggered: object = None) -> CheckpointRecordedOut:
+        """``triggered``: what the triggers started (a verified checkpoint only)."""
+        if triggered is None:
+            return cls(**_checkpoint_fields(c))
+        return cls(**_checkpoint_fields(c), triggered=TriggeredOut.of(triggered))
 
 
 class CheckpointListOut(ApiModel):
@@ -88,6 +121,10 @@ class ArtifactOut(ApiModel):
     size_bytes: int | None = Field(description="known when the server read the file")
     sha256: str | None = Field(description="hex digest; null when unknown")
     created_at: float = Field(description="UNIX seconds")
+
+    @classmethod
+    def of(cls, a: ArtifactInfo) -> ArtifactOut:
+        return cls.model_validate(dataclasses.asdict(a))
 
 
 class ArtifactListOut(ApiModel):
@@ -112,11 +149,21 @@ class ModelVersionOut(ApiModel):
     created_at: float = Field(description="UNIX seconds")
     created_by: str
 
+    @classmethod
+    def of(cls, m: ModelVersionInfo) -> ModelVersionOut:
+        return cls.model_validate(dataclasses.asdict(m))
+
 
 class ModelRegisteredOut(ModelVersionOut):
     """The registered version and the evaluations its registration started."""
 
     triggered: TriggeredOut
+
+    @classmethod
+    def registered(cls, m: ModelVersionInfo, triggered: object) -> ModelRegisteredOut:
+        return cls.model_validate(
+            {**dataclasses.asdict(m), "triggered": TriggeredOut.of(triggered)}
+        )
 
 
 class ModelListOut(ApiModel):
@@ -134,6 +181,17 @@ class DatasetOut(ApiModel):
     uri: str | None
     shards: list[dict[str, Any]] = Field(description="as registered: [{uri, sha256, ...}]")
     created_at: float = Field(description="UNIX seconds")
+
+    @classmethod
+    def of(cls, d: DatasetInfo) -> DatasetOut:
+        return cls(
+            name=d.name,
+            version=d.version,
+            content_hash=d.content_hash,
+            uri=d.uri,
+            shards=list(d.shards),
+            created_at=d.created_at,
+        )
 
 
 class DatasetRefOut(ApiModel):
@@ -153,6 +211,10 @@ class JobOut(ApiModel):
     last_seen: float
     last_step: int
 
+    @classmethod
+    def of(cls, j: JobLineage) -> JobOut:
+        return cls.model_validate(dataclasses.asdict(j))
+
 
 class LineageRunOut(ApiModel):
     """What a run was made of: config, code, dataset, launch command, environment."""
@@ -166,6 +228,39 @@ class LineageRunOut(ApiModel):
     launch_command: str | None
     environment: dict[str, Any]
 
+    @classmethod
+    def of(cls, r: RunLineage) -> LineageRunOut:
+        return cls(**_made_of(r))
+
+
+def _made_of(r: RunLineage) -> dict[str, Any]:
+    """What a run was made of, as :class:`LineageRunOut`'s fields."""
+    ds = r.dataset
+    return {
+        "run_id": r.run_id,
+        "project": r.project,
+        "experiment_id": r.experiment_id,
+        "config": r.config,
+        "code": r.code,
+        "dataset": DatasetOut.of(ds)
+        if isinstance(ds, DatasetInfo)
+        else DatasetRefOut(name=ds.name, version=ds.version)
+        if isinstance(ds, DatasetRef)
+        else None,
+        "launch_command": r.launch_command,
+        "environment": r.environment,
+    }
+
+
+def _graph_of(r: RunLineage) -> dict[str, Any]:
+    """A run's lineage, as :class:`RunGraphOut`'s fields."""
+    return {
+        **_made_of(r),
+        "jobs": [JobOut.of(j) for j in r.jobs],
+        "checkpoints": [CheckpointOut.of(c) for c in r.checkpoints],
+        "model_versions": [ModelVersionOut.of(m) for m in r.model_versions],
+    }
+
 
 class RunGraphOut(LineageRunOut):
     """A run's lineage: what it was made of, its jobs, checkpoints and model versions."""
@@ -173,6 +268,10 @@ class RunGraphOut(LineageRunOut):
     jobs: list[JobOut]
     checkpoints: list[CheckpointOut]
     model_versions: list[ModelVersionOut]
+
+    @classmethod
+    def of(cls, r: RunLineage) -> RunGraphOut:
+        return cls(**_graph_of(r))
 
 
 class InfraNodeOut(ApiModel):
@@ -269,6 +368,10 @@ class RunLineageOut(RunGraphOut):
 
     infrastructure: InfrastructureOut
 
+    @classmethod
+    def with_infrastructure(cls, r: RunLineage, infra: Infrastructure) -> RunLineageOut:
+        return cls(**_graph_of(r), infrastructure=InfrastructureOut.of(infra))
+
 
 class EvaluationRefOut(ApiModel):
     evaluation_id: str
@@ -303,185 +406,22 @@ class ModelLineageOut(ApiModel):
     run: LineageRunOut
     verification: VerificationOut | None = Field(default=None, description="with ?verify=true")
 
-
-# ---- comparison ---------------------------------------------------------------------------
-class ConfigDiffOut(ApiModel):
-    """A flattened config key whose values differ between the runs."""
-
-    key: str
-    status: Literal["changed", "added", "removed"]
-    values: list[Any] = Field(description="in run order; null where absent")
-
-
-class ChangedValuesOut(ApiModel):
-    values: list[str | None] = Field(description="in run order")
-    changed: bool
-
-
-class RunHealthOut(ApiModel):
-    """A run's fault and lifecycle events, and the nodes and GPUs it used."""
-
-    faults: dict[str, int] = Field(description="events by kind")
-    fault_nodes: list[str]
-    nodes: int
-    gpus: int
-    issues: list[str] = Field(description="the infrastructure issues the conclusion reads")
-
-
-class CompareSideOut(ApiModel):
-    """One run's figures side by side with the others'."""
-
-    run_id: str
-    steps: int | None
-    last_step: int | None
-    step_time_median_seconds: float | None
-    tokens_per_second: float | None
-    mfu: float | None
-    goodput: float | None = Field(default=None, description="absent for a run with no steps")
-    runtime_goodput: float | None = Field(default=None, description="goodput's runtime factor")
-    productive_share: float | None
-    straggler_spread: float | None
-    slow_step_share: float | None
-    replayed_steps: int | None
-    health: RunHealthOut
-    dataset: str | None = Field(description="name:version")
-    code: str | None = Field(description="the commit")
-
-
-class MatchedBucketOut(ApiModel):
-    """A tenth of the matched steps: each run's mean."""
-
-    from_step: int
-    to_step: int
-    values: dict[str, float | None] = Field(description="by run")
-
-
-class MatchedMetricOut(ApiModel):
-    """A scalar at the steps every run logged."""
-
-    from_step: int
-    to_step: int
-    matched_steps: int
-    buckets: list[MatchedBucketOut]
-    tail: dict[str, float | None] = Field(description="the last bucket's values, by run")
-
-
-class RegressionOut(ApiModel):
-    """A check an evaluation failed against the model's baseline or its suite's bounds."""
-
-    kind: str
-    metric: str
-    status: str
-    reasons: list[str]
-    candidate: float | None = None
-    baseline: float | None = None
-    difference: float | None = None
-    baseline_version: str | None = None
-    baseline_evaluation: str | None = None
-
-
-class RunEvaluationOut(ApiModel):
-    """A run's latest completed evaluation."""
-
-    run_id: str
-    evaluation_id: str
-    model_id: str | None
-    model_version: str | None
-    suite: str = Field(description="name@version")
-    regressions: list[RegressionOut] | None
-
-
-class MetricDeltasOut(ApiModel):
-    values: list[float | None] = Field(description="in run order")
-    deltas: list[float | None] = Field(description="against the first run's")
-
-
-class EvaluationDeltasOut(ApiModel):
-    """Each run's latest completed evaluation, and each metric's change against the first's."""
-
-    by_run: list[RunEvaluationOut | None]
-    metrics: dict[str, MetricDeltasOut] = Field(description="by benchmark/metric")
-
-
-class ContractDiffOut(ApiModel):
-    values: list[str] = Field(description="each run's contract in a line")
-    differences: list[list[str]] = Field(description="per run after the first: what differs")
-    changed: bool
-
-
-class ConclusionOut(ApiModel):
-    """A likely conclusion for a run against the baseline."""
-
-    baseline: str
-    run: str
-    cause: Literal[
-        "none",
-        "configuration",
-        "infrastructure",
-        "configuration and infrastructure",
-        "data",
-        "code",
-        "contract",
-        "unexplained",
-    ]
-    infrastructure_changed: bool
-    contract_changed: bool
-    configuration_changed: bool
-    goodput_regressed: bool
-    faults_regressed: bool
-    evaluation_regressed: bool
-    quality_regressed: bool
-    speed_regressed: bool
-    lines: list[str]
-
-
-class CompareBasisOut(ApiModel):
-    """How each figure of the comparison was computed."""
-
-    step_time: str
-    goodput: str
-    productive_share: str
-    matched_steps: str
-    evaluations: str
-    contract: str
-
-
-class CompareOut(ApiModel):
-    """Runs side by side, the first as the baseline."""
-
-    runs: list[str]
-    baseline: str
-    config: list[ConfigDiffOut] = Field(description="changed keys first")
-    dataset: ChangedValuesOut
-    code: ChangedValuesOut
-    side: list[CompareSideOut]
-    matched_steps: dict[str, MatchedMetricOut] = Field(description="by scalar name")
-    evaluations: EvaluationDeltasOut | None = Field(description="null when no run has one")
-    contract: ContractDiffOut
-    conclusions: list[ConclusionOut] = Field(description="per run after the first")
-    basis: CompareBasisOut
-
     @classmethod
-    def of(cls, c: Comparison) -> CompareOut:
-        plain = dataclasses.asdict(c)  # fields by name, nested ones too
-        for side in plain["side"]:
-            if side["goodput"] is None:  # a run with no steps: no goodput keys at all
-                del side["goodput"], side["runtime_goodput"]
-        return cls.model_validate({**plain, "basis": _BASIS})
-
-
-_BASIS = {  # how each figure of a comparison is computed
-    "stepTime": "median over steps of the slowest rank's duration (last execution)",
-    "goodput": "the job's goodput (runtime x program) as the run page and /v1/runs/{run_id}/"
-    "goodput have it; runtimeGoodput its runtime factor",
-    "productiveShare": "sum of retained steps' durations over first start to last end",
-    "matchedSteps": "mean of each tenth of the steps every run logged; the conclusion reads "
-    "the last tenth",
-    "evaluations": "each run's latest completed evaluation (by runId); deltas against "
-    "the first run's, metric by metric (benchmark/metric, performance/latency...)",
-    "contract": "the software each run's ranks reported and the topology it was "
-    "placed on; differences against the first run's (seed 003 s9.3.1)",
-}
+    def of(cls, m: ModelLineage, verification: Mapping[str, Any] | None = None) -> ModelLineageOut:
+        """``verification``: the store's (``m.verification``) unless given."""
+        checked = verification if verification is not None else m.verification
+        fields: dict[str, Any] = {
+            "model": ModelVersionOut.of(m.model),
+            "evaluation": None
+            if m.evaluation_id is None
+            else EvaluationRefOut(evaluation_id=m.evaluation_id),
+            "checkpoint": CheckpointOut.of(m.checkpoint),
+            "step": m.step,
+            "run": LineageRunOut.of(m.run),
+        }
+        if checked is not None:
+            fields["verification"] = VerificationOut.model_validate(checked)
+        return cls(**fields)
 
 
 class MetricPairOut(ApiModel):

@@ -19,6 +19,7 @@ from .models import ApiModel
 
 if TYPE_CHECKING:
     from ..analysis.flight_recorder import StuckCollective
+    from ..collector.space import SpaceHealth
     from ..services.flight_recorder import FlightRecorderImport, GroupLastCompleted, RankHome
     from ..services.series import MetricName, SeriesPoint, SeriesRead
     from ..services.traces import TraceCollective, TraceKernel, TraceRank, TraceStep
@@ -117,6 +118,15 @@ class StorageHealthOut(ApiModel):
     free_bytes: int = Field(description="-1 when the file system cannot be asked")
     min_free_bytes: int
     out_of_space: bool = Field(description="ingest is refused until space is freed")
+
+    @classmethod
+    def of(cls, h: SpaceHealth) -> StorageHealthOut:
+        return cls(
+            path=h.path,
+            free_bytes=h.free_bytes,
+            min_free_bytes=h.min_free_bytes,
+            out_of_space=h.out_of_space,
+        )
 
 
 class HealthOut(ApiModel):

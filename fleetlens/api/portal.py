@@ -32,6 +32,7 @@ from ..services.runs import RunQueries
 from ..services.series import SeriesQueries
 from ..store.findings import FindingsStore
 from ..store.scope import Scope
+from .alert_models import AlertOut
 from .auth import ERROR_RESPONSES, require
 from .findings import finding_json
 from .goodput import advice
@@ -220,7 +221,7 @@ async def overview(
             for r in st.findings
         ]
         out["goodput"]["unattributed"] = FindingCostOut.doc(st.unattributed)
-        out["alerts"] = svc.alert_store.list(scope, None, run_id, 50)
+        out["alerts"] = [AlertOut.doc(a) for a in svc.alert_store.list(scope, None, run_id, 50)]
         clock.mark("findings")
         out["remediations"] = _remediations(svc, scope, run_id)
         clock.mark("remediation")

@@ -11,7 +11,7 @@ import anyio
 from fastapi import APIRouter, Depends, Query, Request
 
 from ..alerts.silences import SilenceStore
-from ..alerts.store import queue_order
+from ..alerts.store import AlertView, queue_order
 from ..errors import NotFound
 from ..lifecycle import LIVE
 from ..services.capacity import FleetSeries, JobTally, held, pool_runs
@@ -19,6 +19,7 @@ from ..services.goodput import GoodputQueries, program_spec
 from ..services.portal import PortalQueries
 from ..store.findings import FindingsStore
 from ..store.scope import Scope
+from .alert_models import AlertOut, IncidentDetailOut, SilenceOut
 from .auth import ERROR_RESPONSES, require_any
 from .fleet_models import PoolGoodputOut
 from .portal import DRAIN_KINDS, FAULT_KINDS, NODE_FAULTS, PENDING_STATES, Reader, _pending
@@ -133,14 +134,14 @@ def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         n["fatal" if fatal else "recoverable"] += 1
         if len(n["events"]) < 5:
             n["events"].append(PortalEventOut.of(e))
-    alerts = sorted(svc.alert_store.list(scope, "firing", None, 200), key=queue_order)
+    firing = sorted(svc.alert_store.list(scope, "firing", None, 200), key=queue_order)
+    alerts = [AlertOut.doc(a) for a in firing]
     for a in alerts:
         a["live"] = a["runId"] in live
     _alert_nodes(nodes, alerts, pq.nodes_of(sorted(live)))
     incidents = []
     for iid in sorted({a["incidentId"] for a in alerts if a.get("incidentId")}):
-        inc = svc.alert_store.incident(scope, iid)
-        incidents.append({k: v for k, v in inc.items() if k != "alerts"})
+        incidents.append(IncidentDetailOut.summary_doc(svc.alert_store.incident(scope, iid)))
     return {
         "generatedAt": now,
         "view": "tenant",
@@ -155,36 +156,36 @@ def _tenant_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         ],
         "alerts": alerts,
         "incidents": incidents,
-        "silences": SilenceStore(svc.metadata, svc.access).list(scope),
+        "silences": [SilenceOut.doc(s) for s in SilenceStore(svc.metadata, svc.access).list(scope)],
     }
 
 
-def _infra_alert(a: dict[str, Any]) -> dict[str, Any]:
+def _infra_alert(a: AlertView) -> dict[str, Any]:
     """What on-call sees of an alert: the node it names, not the run's labels (rank, project)."""
-    labels = a["labels"]
+    labels = a.labels
     return {
-        "id": a["id"],
-        "alertname": a["alertname"],
-        "severity": a["severity"],
-        "tenant": a["tenant"],
-        "runId": a["runId"],
+        "id": a.id,
+        "alertname": a.alertname,
+        "severity": a.severity,
+        "tenant": a.tenant,
+        "runId": a.run_id,
         "node": labels.get("node") or None,
         "gpu": labels.get("gpu") or None,
         "rack": labels.get("rack") or None,
-        "summary": a["annotations"].get("summary", ""),
-        "startsAt": a["startsAt"],
-        "incidentId": a["incidentId"],
-        "ackedBy": a["ackedBy"],
-        "silencedBy": a["silencedBy"],
-        "ackedAt": a["ackedAt"],
-        "runbookUrl": a["annotations"].get("runbook_url"),
+        "summary": a.annotations.get("summary", ""),
+        "startsAt": a.starts_at,
+        "incidentId": a.incident_id,
+        "ackedBy": a.acked_by,
+        "silencedBy": a.silenced_by,
+        "ackedAt": a.acked_at,
+        "runbookUrl": a.annotations.get("runbook_url"),
     }
 
 
 def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
     now = time.time()
-    alerts = [_infra_alert(a) for a in svc.alert_store.list_infra(scope, "firing", 500)]
-    alerts.sort(key=queue_order)
+    firing = sorted(svc.alert_store.list_infra(scope, "firing", 500), key=queue_order)
+    alerts = [_infra_alert(a) for a in firing]
     nodes: dict[str, dict[str, Any]] = {}
     for a in sorted(alerts, key=lambda a: a["startsAt"], reverse=True):
         severity = NODE_FAULTS.get(a["alertname"])
@@ -226,7 +227,7 @@ def _infra_oncall(svc: Any, scope: Scope, window_s: float) -> dict[str, Any]:
         "remediations": actions,  # trimmed for on-call (api.remediation.INFRA_KEYS)
         "alerts": alerts,
         "incidents": [incidents[i] for i in sorted(incidents)],
-        "silences": SilenceStore(svc.metadata, svc.access).list(scope),
+        "silences": [SilenceOut.doc(s) for s in SilenceStore(svc.metadata, svc.access).list(scope)],
     }
 
 

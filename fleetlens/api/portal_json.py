@@ -13,6 +13,7 @@ import msgspec
 import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
+from pydantic.alias_generators import to_camel
 
 __all__ = ["Clock", "json_response"]
 
@@ -41,7 +42,8 @@ class Clock:
         self._t = now
 
     def header(self) -> str:
-        return ", ".join(f"{name};dur={ms:.1f}" for name, ms in self.parts)
+        """Each part's milliseconds, the part named in camelCase as the documents' keys are."""
+        return ", ".join(f"{to_camel(name)};dur={ms:.1f}" for name, ms in self.parts)
 
 
 def _accepts_gzip(request: Request) -> bool:

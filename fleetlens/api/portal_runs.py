@@ -79,7 +79,7 @@ async def runs_list(
         findings = FindingsStore(svc.metadata).diagnoses(scope, ids)
         alerts: dict[str, int] = {}
         for a in svc.alert_store.list(scope, "firing", None, 10_000):
-            alerts[a["runId"]] = alerts.get(a["runId"], 0) + 1
+            alerts[a.run_id] = alerts.get(a.run_id, 0) + 1
         rows = []
         for r in runs:
             sp = speed.get(r.run_id) or RunSpeed()

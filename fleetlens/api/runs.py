@@ -105,7 +105,7 @@ async def get_run(request: Request, run_id: str, scope: Reader) -> RunDetailOut:
     def work() -> RunDetailOut:
         info = svc.metadata.get_run(scope, run_id)
         jobs = svc.metadata.jobs(scope, run_id)
-        job_ids = [j["jobId"] for j in jobs]
+        job_ids = [j.job_id for j in jobs]
         # the metadata's world size before any step
         summary = declared_world(RunQueries(svc.telemetry, scope).summary(run_id), jobs)
         mfu = summary_mfu_out(info.config or {}, summary)

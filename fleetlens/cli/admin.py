@@ -37,7 +37,9 @@ def cmd_tokens(args: argparse.Namespace) -> int:
     elif args.tokens_command == "list":
         tokens = access.list_tokens(_admin(args.tenant))
         if args.json:
-            print_json([t.as_json() for t in tokens])
+            from ..api.admin_models import TokenOut
+
+            print_json([TokenOut.of(t).model_dump(mode="json", by_alias=True) for t in tokens])
             return 0
         t = Table(("", ">5"), ("", ""), ("", "<8"), ("", "<16"), ("", "<8"), ("", ""))
         for tok in tokens:

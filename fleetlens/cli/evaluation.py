@@ -8,11 +8,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FleetlensError
 from ._common import client, client_opts, decode
 from ._output import fmt, print_json
+
+if TYPE_CHECKING:  # the models are imported where a command sends one (pydantic is not cheap)
+    from pydantic import BaseModel
+
+    from ..api.evaluation_requests import EvaluationBody
 
 __all__ = ["add_parser", "cmd_eval"]
 
@@ -55,20 +60,19 @@ def _suites(args: argparse.Namespace) -> int:
 def _triggers(args: argparse.Namespace) -> int:
     with client(args) as c:
         if args.triggers_command == "add":
-            body: dict[str, Any] = {
-                "on": args.on,
-                "suite": args.suite,
-                "project": args.project,
-                "modelId": args.model,
-                "alias": args.alias,
-                "priority": args.priority,
-            }
-            if args.adapter:
-                try:
-                    body["adapter"] = json.loads(args.adapter)
-                except ValueError as exc:
-                    raise FleetlensError(f"--adapter is not JSON: {exc}") from exc
-            out = c.post("/v1/evaluation-triggers", body)
+            from ..api.evaluation_requests import TriggerBody
+
+            adapter = {"adapter": _json_arg("--adapter", args.adapter)} if args.adapter else {}
+            body = TriggerBody.model_construct(
+                on=args.on,
+                suite=args.suite,
+                project=args.project,
+                model_id=args.model,
+                alias=args.alias,
+                priority=args.priority,
+                **adapter,
+            )
+            out = c.post("/v1/evaluation-triggers", _wire(body))
         elif args.triggers_command == "list":
             out = c.get("/v1/evaluation-triggers")
         else:
@@ -84,9 +88,14 @@ def _json_arg(flag: str, value: str) -> Any:
         raise FleetlensError(f"{flag} is not JSON: {exc}") from exc
 
 
+def _wire(body: BaseModel) -> Any:
+    """A request body as the API takes it: the fields set, under their JSON keys."""
+    return body.model_dump(by_alias=True, exclude_unset=True)
+
+
 def lm_eval_request(
     task: str, adapter: str, shard_size: int = 50, no_cache: bool = False
-) -> dict[str, Any]:
+) -> EvaluationBody:
     """An evaluation of one lm-evaluation-harness task file (read by the server, as the path
     names it here) on the model ``adapter`` (JSON) names."""
     import hashlib
@@ -102,12 +111,14 @@ def lm_eval_request(
         raise FleetlensError(f"cannot read lm-eval task {task}: {exc}") from exc
     name = os.path.splitext(os.path.basename(task))[0]
     bench = {"name": name, "version": digest, "source": "lm_eval", "task": os.path.abspath(task)}
-    return {
-        "adapter": spec,
-        "suite": {"name": name, "version": digest, "benchmarks": [bench]},
-        "shardSize": shard_size,
-        "noCache": no_cache,
-    }
+    from ..api.evaluation_requests import EvaluationBody
+
+    return EvaluationBody.model_construct(
+        adapter=spec,
+        suite={"name": name, "version": digest, "benchmarks": [bench]},
+        shard_size=shard_size,
+        no_cache=no_cache,
+    )
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -175,24 +186,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
             out = c.post("/v1/evaluations", _load(args.request))
         elif cmd == "lm-eval":
             body = lm_eval_request(args.task, args.adapter, args.shard_size, args.no_cache)
-            out = c.post("/v1/evaluations", body)
+            out = c.post("/v1/evaluations", _wire(body))
         elif cmd == "status":
             out = c.get(f"/v1/evaluations/{args.evaluation_id}")
         elif cmd == "gate":
-            body = {
-                "modelId": args.model,
-                "version": args.version,
-                "policies": _load(args.policies),
-                "baselineAlias": args.baseline,
-            }
-            out = c.post("/v1/gates", body)
+            from ..api.evaluation_requests import GateBody
+
+            gate = GateBody.model_construct(
+                model_id=args.model,
+                version=args.version,
+                policies=_load(args.policies),
+                baseline_alias=args.baseline,
+            )
+            out = c.post("/v1/gates", _wire(gate))
         else:
-            body = {
-                "version": args.version,
-                "decisionId": args.decision or "",
-                "overrideReason": args.override_reason or "",
-            }
-            out = c.post(f"/v1/models/{args.model}/aliases/{args.alias}", body)
+            from ..api.evaluation_requests import AliasBody
+
+            move = AliasBody.model_construct(
+                version=args.version,
+                decision_id=args.decision or "",
+                override_reason=args.override_reason or "",
+            )
+            out = c.post(f"/v1/models/{args.model}/aliases/{args.alias}", _wire(move))
     if cmd == "status" and not args.json:
         return _status(out)
     print_json(out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import msgspec
+
 from . import scheduler
 from ._common import client, client_opts, decode
 from ._output import Table, fmt, pct, print_json
@@ -17,6 +19,12 @@ from .goodput_answers import (
 )
 
 __all__ = ["add_parsers", "cmd_fleet_goodput", "cmd_goodput"]
+
+
+class _WithWhatIf(msgspec.Struct, rename="camel"):
+    """What ``goodput --what-if --json`` adds to the run's goodput: the what-if's answer."""
+
+    what_if: dict[str, Any]
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
@@ -39,7 +47,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
             change.update(scheduling=gp.factors.scheduling)
             change.update(accelerator=args.accelerator, dtype=args.dtype)
             what_if = c.whatif(args.run, {k: v for k, v in change.items() if v is not None})
-            data["whatIf"] = what_if  # the what-if's answer rides in the run's (--json prints it)
+            data.update(msgspec.to_builtins(_WithWhatIf(what_if)))  # --json prints both
     if args.json or gp is None:
         print_json(data)
         return 0

@@ -96,15 +96,18 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 def cmd_models_register(args: argparse.Namespace) -> int:
     model, version = _model_version(args.model)
-    body: dict[str, Any] = {"modelId": model, "version": version, "runId": args.run}
-    if args.checkpoint:
-        body["checkpointId"] = args.checkpoint
-    if args.step is not None:
-        body["step"] = args.step
-    if args.evaluation:
-        body["evaluationId"] = args.evaluation
+    from ..api.graph_registration import ModelBody
+
+    body = ModelBody.model_construct(  # the server validates it
+        modelId=model,
+        version=version,
+        runId=args.run,
+        checkpointId=args.checkpoint or None,
+        step=args.step,
+        evaluationId=args.evaluation or None,
+    )
     with client(args) as c:
-        print_json(c.post("/v1/models", body))
+        print_json(c.post("/v1/models", body.model_dump(exclude_none=True)))
     return 0
 
 

@@ -11,11 +11,16 @@ import argparse
 import contextlib
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from . import scheduler
 from ._common import client, client_opts
 from ._output import fmt, print_json
+
+if TYPE_CHECKING:
+    from ..importers.runlog import RunLogSummary
 
 __all__ = ["LOG_FORMATS", "add_parser", "cmd_import_log"]
 
@@ -67,16 +72,15 @@ def cmd_import_log(args: argparse.Namespace) -> int:
         # "h100", "NVIDIA H100 80GB HBM3"...: stored under the table's name; an unknown name
         # fails here, listing the known ones
         acc_name = accelerator(args.accelerator).name
-    out: list[dict[str, Any]] = []
+    out: list[RunLogSummary] = []
     with contextlib.ExitStack() as stack:
         c = None if args.dry_run else stack.enter_context(client(args, timeout=120.0))
         for log in args.logs:
             run = read(log, start=args.start)
             if acc_name:
                 run.config["accelerator"] = acc_name
-            summary = run.summary()
             rid = args.run if len(args.logs) == 1 else f"{args.run}-{len(out)}"
-            summary["runId"] = rid
+            summary = msgspec.structs.replace(run.summary(), run_id=rid)
             if c is not None:
                 for _, body in batches(run, rid, args.project or ""):
                     c.ingest(body, gzip=True)
@@ -85,7 +89,7 @@ def cmd_import_log(args: argparse.Namespace) -> int:
                 print(f"{len(out)}/{len(args.logs)} {log}", file=sys.stderr)
         where = f"imported into {c.server}" if c is not None else "parsed (dry run, nothing sent)"
     if args.json:
-        print_json(out if len(out) > 1 else out[0])
+        print_json(msgspec.to_builtins(out if len(out) > 1 else out[0]))
     else:
         for summary in out:
             _print_log(summary)
@@ -93,29 +97,27 @@ def cmd_import_log(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_log(s: dict[str, Any]) -> None:
+def _print_log(s: RunLogSummary) -> None:
     """One imported log, as a person reads it (``--json``: the summary as it is)."""
-    attempts = s.get("attempts") or []
-    print(f"run {s['runId']}  ({s['source']}, {s['file']})")
+    print(f"run {s.run_id}  ({s.source}, {s.file})")
     print(
-        f"  steps {s['fromStep']}-{s['toStep']} ({s['steps']}), median step "
-        f"{fmt(s.get('medianStepSeconds'), '.3f')} s, world size {fmt(s.get('worldSize'))}, "
-        f"clock {s.get('clock', '-')}"
+        f"  steps {s.from_step}-{s.to_step} ({s.steps}), median step "
+        f"{fmt(s.median_step_seconds, '.3f')} s, world size {fmt(s.world_size)}, "
+        f"clock {s.clock}"
     )
     print(
-        f"  attempts {len(attempts)} ({', '.join(map(str, attempts)) or '-'}), restarts "
-        f"{s.get('restarts', 0)}, start-up {fmt(s.get('startupSeconds'), '.1f')} s"
+        f"  attempts {len(s.attempts)} ({', '.join(map(str, s.attempts)) or '-'}), restarts "
+        f"{s.restarts}, start-up {fmt(s.startup_seconds, '.1f')} s"
     )
-    for e in s.get("events") or []:
-        print(f"  {e['kind']} at step {e.get('step', '-')}: {e.get('message', '')}"[:160])
-    slow = s.get("slowPeriods") or []
-    print(f"  slow periods: {len(slow) or 'none'}")
-    for p in slow:
-        print(f"    {json.dumps(p)[:150]}")
-    if s.get("nonFinite"):
-        print(f"  non-finite values: {json.dumps(s['nonFinite'])}")
-    print(f"  scalars: {', '.join(s.get('scalars') or []) or '-'}")
-    for note in s.get("notes") or []:
+    for e in s.events:
+        print(f"  {e.kind} at step {e.step}: {e.message}"[:160])
+    print(f"  slow periods: {len(s.slow_periods) or 'none'}")
+    for p in s.slow_periods:
+        print(f"    {msgspec.json.encode(p).decode()[:150]}")
+    if s.non_finite:
+        print(f"  non-finite values: {json.dumps(s.non_finite)}")
+    print(f"  scalars: {', '.join(s.scalars) or '-'}")
+    for note in s.notes:
         print(f"  note: {note}")
 
 

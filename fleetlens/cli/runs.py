@@ -7,6 +7,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..client import WindowFigures
 from ..schema import LOG_LEVELS
 from ._common import client, client_opts, decode, query
 from ._output import Table, fmt, print_json
@@ -104,11 +105,11 @@ def cmd_run_show(args: argparse.Namespace) -> int:
 
 def _speed(run: RunDetailOut) -> None:
     """The run's speed lines: step time, tokens/s and loss, completion, contract and MFU."""
-    m = run.metrics  # by scalar name, and the window's figures (named as the API's JSON does)
+    m = WindowFigures.of(run.metrics)
     print(
-        f"  step time {fmt(m.get('stepTimeMs'), '.1f')} ms (slowest rank, median of last "
+        f"  step time {fmt(m.step_time_ms, '.1f')} ms (slowest rank, median of last "
         f"{run.window.steps if run.window else 0} steps)  tokens/s "
-        f"{fmt(m.get('tokensPerSecond'), ',.0f')}  loss {fmt(m.get('loss'), '.4g')}"
+        f"{fmt(m.tokens_per_second, ',.0f')}  loss {fmt(m.loss, '.4g')}"
     )
     done = run.completion
     if done:

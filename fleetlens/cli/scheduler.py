@@ -14,6 +14,8 @@ import contextlib
 from datetime import datetime, timezone
 from typing import Any
 
+import msgspec
+
 from ..errors import ConfigError
 from ._common import client, client_opts, decode, query
 from ._output import Table, fmt, print_json
@@ -47,26 +49,26 @@ def _read(path: str, what: str) -> str:
 
 
 def cmd_sched_import(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"format": args.format, "data": _read(args.logs[0], args.format)}
-    for key, value in (
-        ("runId", args.run),
-        ("pool", args.pool),
-        ("tz", args.tz),
-        ("epoch", args.epoch),
-        ("time", args.time),
-    ):
-        if value is not None:
-            body[key] = value
-    if args.nodes:
-        body["nodes"] = _read(args.nodes, "the alibaba GPU node list")
+    from ..api.scheduler import SchedulerImport
+
+    body = SchedulerImport(
+        format=args.format,
+        data=_read(args.logs[0], args.format),
+        run_id=args.run,
+        pool=args.pool,
+        tz=args.tz or "UTC",
+        epoch=args.epoch or 0.0,
+        nodes=_read(args.nodes, "the alibaba GPU node list") if args.nodes else None,
+        time=args.time,
+    )
     if args.dry_run:
         from ..api.scheduler_models import SchedulerImportOut
         from ..services.scheduler import parse_records, summary
 
         parsed = parse_records(
             args.format,
-            body["data"],
-            nodes=body.get("nodes"),
+            body.data,
+            nodes=body.nodes,
             pool=args.pool,
             run_id=args.run,
             tz=args.tz or "UTC",
@@ -80,7 +82,7 @@ def cmd_sched_import(args: argparse.Namespace) -> int:
     else:
         with contextlib.ExitStack() as stack:
             c = stack.enter_context(client(args, timeout=300.0))
-            done = c.post("/v1/scheduler/import", body)
+            done = c.post("/v1/scheduler/import", msgspec.to_builtins(body))
     if args.json:
         print_json(done)
     else:

@@ -13,6 +13,8 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..errors import FleetlensError
 from ._common import client, client_opts, decode, query
 from ._output import Table, fmt, print_json
@@ -20,37 +22,25 @@ from .captures import add_parsers as add_capture_parsers
 
 if TYPE_CHECKING:
     from ..api.ops_models import TraceRankOut
+    from ..traces.importer import TraceSummary
 
 __all__ = ["add_parser", "cmd_traces_import", "cmd_traces_show"]
 
-_SHARES = (
-    ("STEP_MS", "meanStepMs"),
-    ("COMPUTE%", "computePct"),
-    ("COMM%", "commPct"),
-    ("EXPOSED%", "exposedCommPct"),
-    ("OVERLAP%", "overlapPct"),
-    ("MEMCPY%", "memcpyPct"),
-    ("IDLE%", "idlePct"),
-)
+_SHARES = ("STEP_MS", "COMPUTE%", "COMM%", "EXPOSED%", "OVERLAP%", "MEMCPY%", "IDLE%")
 """Where a rank's step time went, as ``traces import`` and ``traces show`` print it: the same
-columns, from the keys of the importer's summary (:meth:`RankTrace.summary`: the trace parsed on
-this machine, as ``traces import --json`` prints it) and from the API's ranks
-(:func:`_rank_shares`)."""
+columns, from the importer's summary (:meth:`RankTrace.summary`: the trace parsed on this
+machine) and from the API's ranks (:func:`_shares`)."""
 
 
 def _table(steps_width: int, last: tuple[str, str] | None = None) -> Table:
     cols = [("RANK", ">5"), ("STEPS", f">{steps_width}")]
-    cols += [(name, f">{max(6, len(name))}") for name, _ in _SHARES]
+    cols += [(name, f">{max(6, len(name))}") for name in _SHARES]
     cols += [("KERNELS", ">8"), ("COLLS", ">6")]
     return Table(*cols, *([last] if last else []))
 
 
-def _shares(r: dict[str, Any]) -> list[str]:
-    return [fmt(r[key], ".1f") for _, key in _SHARES]
-
-
-def _rank_shares(r: TraceRankOut) -> list[str]:
-    """:func:`_shares` of a rank the server answered, in :data:`_SHARES`' order."""
+def _shares(r: TraceSummary | TraceRankOut) -> list[str]:
+    """A rank's :data:`_SHARES`, parsed here or answered by the server."""
     shares = (
         r.mean_step_ms,
         r.compute_pct,
@@ -66,41 +56,39 @@ def _rank_shares(r: TraceRankOut) -> list[str]:
 _TABLE = _table(11, (" FILE", ""))
 
 
-def _row(s: dict[str, Any]) -> str:
-    steps = f"{s['fromStep']}-{s['toStep']}" if s["steps"] else "-"
-    return _TABLE.row(
-        s["rank"], steps, *_shares(s), s["kernels"], s["collectives"], f" {s['file']}"
-    )
+def _row(s: TraceSummary) -> str:
+    steps = f"{s.from_step}-{s.to_step}" if s.steps else "-"
+    return _TABLE.row(s.rank, steps, *_shares(s), s.kernels, s.collectives, f" {s.file}")
 
 
 def cmd_traces_import(args: argparse.Namespace) -> int:
     from ..traces.importer import RankTrace, batches, find_trace_files, import_traces
 
     files = find_trace_files(args.paths)  # a path with no trace is an error before any output
-    summaries: list[dict[str, Any]] = []
+    summaries: list[TraceSummary] = []
     stepless: list[str] = []
     rt: RankTrace
     with contextlib.ExitStack() as stack:
         c = None if args.dry_run else stack.enter_context(client(args, timeout=120.0))
         for rt in import_traces(files):
             s = rt.summary()
-            if not s["steps"]:
+            if not s.steps:
                 # nothing to store: a run of it would have no step to show
-                stepless.append(s["file"])
+                stepless.append(s.file)
                 print(
-                    f"fleetlens: {s['file']}: no ProfilerStep# annotations (profile with "
+                    f"fleetlens: {s.file}: no ProfilerStep# annotations (profile with "
                     "torch.profiler.schedule and call prof.step()); skipped",
                     file=sys.stderr,
                 )
                 continue
-            if s["clock"] == "trace" and args.as_run:
+            if s.clock == "trace" and args.as_run:
                 raise FleetlensError(
-                    f"{s['file']}: no UNIX time base in the trace, so its steps cannot be a "
+                    f"{s.file}: no UNIX time base in the trace, so its steps cannot be a "
                     "run's (--as-run); import it without --as-run"
                 )
-            if s["clock"] == "trace":
+            if s.clock == "trace":
                 print(
-                    f"fleetlens: {s['file']}: no UNIX time base in the trace; times are the "
+                    f"fleetlens: {s.file}: no UNIX time base in the trace; times are the "
                     "profiler's own clock in seconds",
                     file=sys.stderr,
                 )
@@ -118,7 +106,7 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
                     print(_TABLE.header())
                 print(_row(s), flush=True)
             else:  # stdout is the JSON's alone
-                print(f"{len(summaries) + 1}/{len(files)} {s['file']}", file=sys.stderr)
+                print(f"{len(summaries) + 1}/{len(files)} {s.file}", file=sys.stderr)
             summaries.append(s)
         where = f"imported into {c.server}" if c is not None else ""
     if not summaries:
@@ -126,7 +114,8 @@ def cmd_traces_import(args: argparse.Namespace) -> int:
             f"no trace with profiler steps among {len(files)} file(s): nothing imported"
         )
     if args.json:
-        print_json({"run": args.run, "ranks": summaries, "skipped": stepless})
+        ranks = msgspec.to_builtins(summaries)
+        print_json({"run": args.run, "ranks": ranks, "skipped": stepless})
     what = where or "parsed (dry run, nothing sent)"
     print(f"{len(summaries)} rank trace(s) {what}, run {args.run}", file=sys.stderr)
     return 0
@@ -185,7 +174,7 @@ def cmd_traces_show(args: argparse.Namespace) -> int:
     print(f"run {args.run}: steps {got.from_step}-{got.to_step}, {len(got.ranks)} rank(s)")
     print(_SHOWN.header())
     for r in got.ranks:
-        print(_SHOWN.row(r.rank, r.steps, *_rank_shares(r), r.kernels, r.collectives))
+        print(_SHOWN.row(r.rank, r.steps, *_shares(r), r.kernels, r.collectives))
     if got.top_kernels:
         print("\nheaviest kernels (device time, every rank)")
         print(_KERNELS.header())

@@ -24,6 +24,7 @@ from sqlalchemy import select
 
 from ..lifecycle import END_STATE_OF_EVENT, RankEnd
 from ..schema import KINDS
+from ..store.graph_types import CheckpointInfo
 from ..store.metadata import MetadataStore
 from ..store.models import Job
 from ..store.run_queries import job_extents
@@ -78,7 +79,7 @@ class RunRegistry:
         self._lock = threading.Lock()
         # Called with (tenant, run_id, checkpoint) for a checkpoint recorded with its checksum
         # (verified); the server starts the evaluations its triggers ask for.
-        self.on_verified_checkpoint: Callable[[str, str, dict[str, Any]], object] | None = None
+        self.on_verified_checkpoint: Callable[[str, str, CheckpointInfo], object] | None = None
 
     def declared(self, tenant: str, ctx: dict[str, str]) -> int:
         """The world size the job's placement or start declared (0: none yet)."""
@@ -262,7 +263,7 @@ class RunRegistry:
                     checkpoint_id=str(a.get("checkpoint_id") or ""),
                 )
                 hook = self.on_verified_checkpoint
-                if hook is not None and ck["checksum"] and ck["ok"]:
+                if hook is not None and ck.checksum and ck.ok:
                     try:
                         hook(tenant, run_id, ck)
                     except Exception:  # an evaluation that cannot start never fails ingest

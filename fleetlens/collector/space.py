@@ -19,16 +19,29 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ..errors import StoreError
 
-__all__ = ["DiskSpace", "OutOfSpace", "SpaceMetrics", "is_out_of_space"]
+__all__ = ["DiskSpace", "OutOfSpace", "SpaceHealth", "SpaceMetrics", "is_out_of_space"]
 
 _LOOK_EVERY_S = 1.0
 _MARGIN = 64 << 20  # after an insert failed for space: how much more must be free to try again
 _NO_SPACE = ("no space left on device", "not_enough_space", "cannot reserve", "disk quota")
+
+
+@dataclass(frozen=True)
+class SpaceHealth:
+    """What ``/healthz`` says of the data directory's space."""
+
+    path: str
+    free_bytes: int
+    """-1 when the file system cannot be asked."""
+    min_free_bytes: int
+    out_of_space: bool
+    """Ingest is refused until space is freed."""
 
 
 class OutOfSpace(StoreError):
@@ -99,14 +112,9 @@ class DiskSpace:
             f"{self.min_free_bytes >> 20} MiB free): nothing was stored; retry later"
         )
 
-    def health(self) -> dict[str, object]:
+    def health(self) -> SpaceHealth:
         """What ``/healthz`` says of the data directory's space."""
-        return {
-            "path": self.path,
-            "freeBytes": self.free_bytes(),
-            "minFreeBytes": self.min_free_bytes,
-            "outOfSpace": self.full(),
-        }
+        return SpaceHealth(self.path, self.free_bytes(), self.min_free_bytes, self.full())
 
 
 class SpaceMetrics:

@@ -20,9 +20,10 @@ import importlib
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from ..errors import AdapterError, ConfigError
+from .doc_types import AdapterSpec, CallableAnswer
 
 __all__ = ["ADAPTER_KINDS", "Adapter", "Decoding", "Generation", "adapter_from_spec"]
 
@@ -66,10 +67,29 @@ class Decoding:
             raise ConfigError(f"decoding {d} is invalid: n >= 1, max_tokens >= 1, temperature >= 0")
         return out
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> DecodingJson:
         out = asdict(self)
-        out["stop"] = list(self.stop)
-        return out
+        return DecodingJson(
+            temperature=out["temperature"],
+            top_p=out["top_p"],
+            max_tokens=out["max_tokens"],
+            n=out["n"],
+            stop=list(self.stop),
+            seed=out["seed"],
+            logprobs=out["logprobs"],
+        )
+
+
+class DecodingJson(TypedDict):
+    """A :class:`Decoding` as evaluations record it."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+    n: int
+    stop: list[str]
+    seed: int
+    logprobs: bool
 
 
 _DECODING_TYPES: dict[str, tuple[type, ...]] = {
@@ -126,12 +146,13 @@ class CallableAdapter:
         tout: int | None = None
         for item in raw:
             if isinstance(item, dict):
-                texts.append(str(item["text"]))
-                logprobs.append([float(x) for x in item.get("logprobs") or []])
-                if item.get("tokensIn") is not None:
-                    tin = int(item["tokensIn"])
-                if item.get("tokensOut") is not None:
-                    tout = (tout or 0) + int(item["tokensOut"])
+                answer = CallableAnswer.model_validate(item)
+                texts.append(str(answer.text))
+                logprobs.append(list(answer.logprobs or []))
+                if answer.tokens_in is not None:
+                    tin = answer.tokens_in
+                if answer.tokens_out is not None:
+                    tout = (tout or 0) + answer.tokens_out
             else:
                 texts.append(str(item))
         return Generation(texts, logprobs if any(logprobs) else [], tin, tout)
@@ -305,34 +326,34 @@ class HFAdapter:
 
 
 def adapter_from_spec(spec: dict[str, Any]) -> Adapter:
-    kind = spec.get("kind")
-    if kind == "callable":
-        target = str(spec.get("target", ""))
-        module, _, attr = target.partition(":")
+    a = AdapterSpec.of(spec)
+    if a.kind == "callable":
+        module, _, attr = a.target.partition(":")
         if not module or not attr:
-            raise ConfigError(f"callable adapter target {target!r} must be 'package.module:name'")
+            raise ConfigError(f"callable adapter target {a.target!r} must be 'package.module:name'")
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"cannot import callable adapter {target!r}: {exc}") from exc
+            raise ConfigError(f"cannot import callable adapter {a.target!r}: {exc}") from exc
         return CallableAdapter(fn)
-    if kind == "openai":
-        if not spec.get("baseUrl"):
+    if a.kind == "openai":
+        if not a.base_url:
             raise ConfigError("openai adapter needs baseUrl, e.g. http://127.0.0.1:8000")
-        key = os.environ.get(str(spec["apiKeyEnv"]), "") if spec.get("apiKeyEnv") else ""
-        return OpenAIAdapter(str(spec["baseUrl"]), str(spec.get("model", "")), api_key=key)
-    if kind == "hf":
-        return HFAdapter(str(spec.get("path", "")))
-    raise ConfigError(f"adapter kind {kind!r} is unknown; use one of {', '.join(ADAPTER_KINDS)}")
+        key = os.environ.get(a.api_key_env, "") if a.api_key_env else ""
+        return OpenAIAdapter(a.base_url, a.model, api_key=key)
+    if a.kind == "hf":
+        return HFAdapter(a.path)
+    raise ConfigError(f"adapter kind {a.kind!r} is unknown; use one of {', '.join(ADAPTER_KINDS)}")
 
 
 def validate_spec(spec: dict[str, Any]) -> None:
     """Check a spec's shape on the server (without importing or connecting)."""
-    kind = spec.get("kind")
-    if kind not in ADAPTER_KINDS:
+    a = AdapterSpec.of(spec)
+    if a.kind not in ADAPTER_KINDS:
         raise ConfigError(
-            f"adapter kind {kind!r} is unknown; use one of {', '.join(ADAPTER_KINDS)}"
+            f"adapter kind {a.kind!r} is unknown; use one of {', '.join(ADAPTER_KINDS)}"
         )
-    required = {"callable": "target", "openai": "baseUrl", "hf": "path"}[str(kind)]
-    if not spec.get(required):
-        raise ConfigError(f"adapter kind {kind!r} needs {required!r}")
+    required = {"callable": "target", "openai": "base_url", "hf": "path"}[str(a.kind)]
+    if not getattr(a, required):
+        key = AdapterSpec.model_fields[required].alias
+        raise ConfigError(f"adapter kind {a.kind!r} needs {key!r}")

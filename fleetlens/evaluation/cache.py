@@ -13,17 +13,11 @@ import hashlib
 import json
 from typing import Any
 
-__all__ = ["EVALUATOR_VERSION", "PROVENANCE_FIELDS", "cache_key", "canonical_hash"]
+from .doc_types import Provenance
+
+__all__ = ["EVALUATOR_VERSION", "cache_key", "canonical_hash"]
 
 EVALUATOR_VERSION = "fleetlens-eval-1"
-
-PROVENANCE_FIELDS = (
-    "modelHash",
-    "benchmarks",  # [{name, version, datasetHash, promptTemplateVersion, metric}]
-    "evaluatorVersion",
-    "decoding",
-    "codeCommit",
-)
 
 
 def canonical_hash(value: Any) -> str:
@@ -31,5 +25,7 @@ def canonical_hash(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def cache_key(provenance: dict[str, Any]) -> str:
-    return canonical_hash({k: provenance.get(k) for k in PROVENANCE_FIELDS})
+def cache_key(provenance: Provenance) -> str:
+    """SHA-256 over the canonical JSON of the provenance fields a reused result must share
+    (:data:`.doc_types.CACHED_FIELDS`), under their JSON keys."""
+    return canonical_hash(provenance.cached())

@@ -22,10 +22,14 @@ the baseline, a regression is the figure worse by more than ``maxRegression`` (i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..errors import ConfigError
+from .doc_types import CheckRecord, PolicySpec, invalid
 from .metrics import mcnemar_exact, paired_bootstrap
 from .performance import PERF_METRICS
 
@@ -40,6 +44,7 @@ __all__ = [
     "check_of",
     "evaluate_gate",
     "parse_policies",
+    "policy_specs",
 ]
 
 Scores = dict[str, dict[str, dict[str, float]]]  # benchmark -> example id -> metric -> value
@@ -65,10 +70,10 @@ class Policy:
         return self.metric.split("/", 1)[1]
 
 
-def parse_policies(raw: list[dict[str, Any]]) -> list[Policy]:
+def parse_policies(raw: Sequence[dict[str, Any] | PolicySpec]) -> list[Policy]:
     out = []
-    for i, p in enumerate(raw):
-        metric = str(p.get("metric", ""))
+    for i, p in enumerate(policy_specs(raw)):
+        metric = str(p.metric)
         if metric in PERF_METRICS:
             metric = f"{PERFORMANCE}/{metric}"
         if metric.startswith(PERFORMANCE + "/") and metric.split("/", 1)[1] not in PERF_METRICS:
@@ -78,13 +83,13 @@ def parse_policies(raw: list[dict[str, Any]]) -> list[Policy]:
         perf = metric.startswith(PERFORMANCE + "/")
         pol = Policy(
             metric=metric,
-            direction=str(p.get("direction", "lower" if perf else "higher")),
-            max_regression=float(p.get("maxRegression", 0.0)),
-            hard=bool(p.get("hard", True)),
-            test=str(p.get("test", "bootstrap")),
-            confidence=float(p.get("confidence", 0.95)),
-            minimum=None if p.get("min") is None else float(p["min"]),
-            maximum=None if p.get("max") is None else float(p["max"]),
+            direction=p.direction or ("lower" if perf else "higher"),
+            max_regression=p.max_regression,
+            hard=p.hard,
+            test=p.test,
+            confidence=p.confidence,
+            minimum=p.minimum,
+            maximum=p.maximum,
         )
         if pol.direction not in ("higher", "lower"):
             raise ConfigError(f"policy {metric}: direction must be 'higher' or 'lower'")
@@ -95,6 +100,20 @@ def parse_policies(raw: list[dict[str, Any]]) -> list[Policy]:
         out.append(pol)
     if not out:
         raise ConfigError("a gate needs at least one policy")
+    return out
+
+
+def policy_specs(raw: Sequence[dict[str, Any] | PolicySpec]) -> list[PolicySpec]:
+    """Gate policies as the user wrote them, read (a policy's key of the wrong type refused)."""
+    out = []
+    for i, p in enumerate(raw):
+        if isinstance(p, PolicySpec):
+            out.append(p)
+            continue
+        try:
+            out.append(PolicySpec.model_validate(p))
+        except ValidationError as exc:
+            raise invalid(f"policy {i}", exc) from exc
     return out
 
 
@@ -274,43 +293,11 @@ def evaluate_gate(
 # -- the report as the gate decision's JSON column keeps it (and reads it back) ---------------
 
 
-def check_json(c: GateCheck) -> dict[str, Any]:
+def check_json(c: GateCheck) -> CheckRecord:
     """A check as stored in a gate decision's ``report`` column."""
-    return {
-        "metric": c.metric,
-        "direction": c.direction,
-        "hard": c.hard,
-        "test": c.test,
-        "confidence": c.confidence,
-        "maxRegression": c.max_regression,
-        "candidate": c.candidate,
-        "baseline": c.baseline,
-        "paired": c.paired,
-        "difference": c.difference,
-        "interval": c.interval,
-        "pValue": c.p_value,
-        "regression": c.regression,
-        "reasons": list(c.reasons),
-        "status": c.status,
-    }
+    return CheckRecord.model_validate(asdict(c))
 
 
-def check_of(c: dict[str, Any]) -> GateCheck:
+def check_of(c: CheckRecord) -> GateCheck:
     """A check read back from a gate decision's ``report`` column."""
-    return GateCheck(
-        metric=c["metric"],
-        direction=c["direction"],
-        hard=c["hard"],
-        test=c["test"],
-        confidence=c["confidence"],
-        max_regression=c["maxRegression"],
-        candidate=c["candidate"],
-        baseline=c["baseline"],
-        paired=c["paired"],
-        difference=c["difference"],
-        interval=c["interval"],
-        p_value=c["pValue"],
-        regression=c["regression"],
-        reasons=list(c["reasons"]),
-        status=c["status"],
-    )
+    return GateCheck(**dict(c))

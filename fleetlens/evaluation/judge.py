@@ -16,13 +16,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..errors import ConfigError
 from .adapters import Adapter, Decoding, adapter_from_spec, validate_spec
+from .doc_types import AdapterSpec, JudgeProvenance, JudgeSpec, invalid
 
 __all__ = ["JudgeConfig", "judge"]
 
 _SCORE = re.compile(r"SCORE:\s*(-?[0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
-REQUIRED = ("adapter", "model", "modelVersion", "prompt", "promptVersion", "rubricVersion")
 
 
 @dataclass(frozen=True)
@@ -42,38 +44,46 @@ class JudgeConfig:
         j = spec.get("judge")
         if not isinstance(j, dict):
             raise ConfigError("metric 'judge' needs a 'judge' object in the benchmark spec")
-        missing = [k for k in REQUIRED if not j.get(k)]
+        missing = [
+            f.alias
+            for f in JudgeSpec.model_fields.values()
+            if f.is_required() and f.alias and not j.get(f.alias)
+        ]
         if missing:
             raise ConfigError(
                 f"judge configuration is missing {missing}; every field that can "
                 "change a verdict is versioned"
             )
-        validate_spec(dict(j["adapter"]))
+        try:
+            js = JudgeSpec.model_validate(j)
+        except ValidationError as exc:
+            raise invalid("judge", exc) from exc
+        validate_spec(dict(js.adapter))
         cfg = cls(
-            dict(j["adapter"]),
-            str(j["model"]),
-            str(j["modelVersion"]),
-            str(j["prompt"]),
-            str(j["promptVersion"]),
-            str(j["rubricVersion"]),
-            float(j.get("temperature", 0.0)),
-            int(j.get("samples", 1)),
-            int(j.get("maxTokens", 256)),
+            dict(js.adapter),
+            js.model,
+            js.model_version,
+            js.prompt,
+            js.prompt_version,
+            js.rubric_version,
+            js.temperature,
+            js.samples,
+            js.max_tokens,
         )
         if cfg.samples < 1 or cfg.temperature < 0:
             raise ConfigError("judge samples must be >= 1 and temperature >= 0")
         return cfg
 
-    def provenance(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "modelVersion": self.model_version,
-            "promptVersion": self.prompt_version,
-            "rubricVersion": self.rubric_version,
-            "temperature": self.temperature,
-            "samples": self.samples,
-            "adapter": {k: v for k, v in self.adapter.items() if k != "apiKeyEnv"},
-        }
+    def provenance(self) -> JudgeProvenance:
+        return JudgeProvenance(
+            model=self.model,
+            model_version=self.model_version,
+            prompt_version=self.prompt_version,
+            rubric_version=self.rubric_version,
+            temperature=self.temperature,
+            samples=self.samples,
+            adapter=AdapterSpec.of(self.adapter).provenance(),
+        )
 
 
 @functools.lru_cache(maxsize=8)

@@ -23,6 +23,7 @@ from ..errors import ConfigError, LeaseLost, NotFound
 from ..store.eval_queries import TEXTS
 from ..store.scope import Scope
 from ..store.scoped import scoped
+from .example_types import Example
 from .models import EvalShard, Evaluation
 from .results import Results
 from .rows import ExampleCache, SessionFactory, benchmark_spec
@@ -48,7 +49,7 @@ class ShardLease:
     benchmark: dict[str, Any]
     start: int
     stop: int
-    examples: list[dict[str, Any]]
+    examples: list[Example]
     completed_ids: list[str]  # examples scored by an earlier attempt
     adapter: dict[str, Any]
     decoding: dict[str, Any]
@@ -300,7 +301,7 @@ class Leases:
             shard_id=shard_id, state="failed" if final else "queued", evaluation_state=state
         )
 
-    def _shard_examples(self, s: Session, sh: EvalShard) -> list[dict[str, Any]]:
+    def _shard_examples(self, s: Session, sh: EvalShard) -> list[Example]:
         ev = s.scalars(
             scoped(select(Evaluation), sh.tenant).where(
                 Evaluation.evaluation_id == sh.evaluation_id

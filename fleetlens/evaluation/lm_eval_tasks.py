@@ -28,13 +28,15 @@ import ast
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from ..errors import ConfigError
+from .example_types import Example
 
-__all__ = ["MC_METRICS", "choice_scores", "load_task", "task_examples"]
+__all__ = ["MC_METRICS", "TaskConfig", "choice_scores", "load_task", "task_examples"]
 
 MC_METRICS = ("acc", "acc_norm", "acc_bytes")
 # Fields that only name, describe or tune lm-eval's own bookkeeping: read and ignored.
@@ -73,7 +75,32 @@ def _function(loader: Any, node: Any) -> _Function:
 _TaskLoader.add_constructor("!function", _function)
 
 
-def _read(path: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _TaskFile:
+    """A task file's mapping as written, the files it includes merged in (not yet checked)."""
+
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What fleetlens reads of an lm-eval task file: where its documents are, how one becomes
+    an example (``doc_to_*``: a field name, a Jinja template or a literal) and its metrics."""
+
+    dir: str  # the task file's folder: relative data files are looked for there
+    dataset_path: str
+    dataset_name: str | None
+    dataset_kwargs: dict[str, Any]
+    split: str  # test_split, else validation_split (empty: neither)
+    doc_to_text: Any
+    doc_to_choice: Any
+    doc_to_target: Any
+    description: Any
+    target_delimiter: str
+    metrics: list[str]
+
+
+def _read(path: str, seen: tuple[str, ...] = ()) -> _TaskFile:
     if path in seen:
         raise ConfigError(f"lm-eval task {path!r} includes itself (through {list(seen)})")
     try:
@@ -88,14 +115,16 @@ def _read(path: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     base = doc.get("include")
     if base:  # lm-eval: the included file's fields, overridden by this file's
         inc = str(base) if os.path.isabs(str(base)) else os.path.join(os.path.dirname(path), base)
-        doc = {**_read(inc, (*seen, path)), **{k: v for k, v in doc.items() if k != "include"}}
-    return doc
+        doc = {
+            **_read(inc, (*seen, path)).fields,
+            **{k: v for k, v in doc.items() if k != "include"},
+        }
+    return _TaskFile(doc)
 
 
-def load_task(path: str) -> dict[str, Any]:
+def load_task(path: str) -> TaskConfig:
     """A task file's fields (``include`` resolved), refusing what fleetlens cannot run."""
-    cfg = _read(os.path.abspath(path))
-    cfg["_dir"] = os.path.dirname(os.path.abspath(path))
+    cfg = _read(os.path.abspath(path)).fields
     for key, value in cfg.items():
         if isinstance(value, _Function):
             raise ConfigError(
@@ -123,17 +152,30 @@ def load_task(path: str) -> dict[str, Any]:
     for key in ("dataset_path", "doc_to_text", "doc_to_choice", "doc_to_target"):
         if cfg.get(key) is None:
             raise ConfigError(f"lm-eval task {path!r} has no {key}")
-    for metric in metrics_of(cfg):
+    metrics = metrics_of(cfg.get("metric_list"))
+    for metric in metrics:
         if metric not in MC_METRICS:
             raise ConfigError(
                 f"lm-eval task {path!r}: metric {metric!r} is not supported; use {MC_METRICS}"
             )
-    return cfg
+    return TaskConfig(
+        dir=os.path.dirname(os.path.abspath(path)),
+        dataset_path=cfg["dataset_path"],
+        dataset_name=cfg.get("dataset_name"),
+        dataset_kwargs=dict(cfg.get("dataset_kwargs") or {}),
+        split=str(cfg.get("test_split") or cfg.get("validation_split") or ""),
+        doc_to_text=cfg["doc_to_text"],
+        doc_to_choice=cfg["doc_to_choice"],
+        doc_to_target=cfg["doc_to_target"],
+        description=cfg.get("description"),
+        target_delimiter=str(cfg.get("target_delimiter", " ")),
+        metrics=metrics,
+    )
 
 
-def metrics_of(cfg: dict[str, Any]) -> list[str]:
+def metrics_of(metric_list: Any) -> list[str]:
     """The task's metric_list (lm-eval's default for multiple_choice: acc, acc_norm)."""
-    entries = cfg.get("metric_list") or [{"metric": "acc"}, {"metric": "acc_norm"}]
+    entries = metric_list or [{"metric": "acc"}, {"metric": "acc_norm"}]
     out = []
     for e in entries:
         if not isinstance(e, dict) or not isinstance(e.get("metric"), str):
@@ -162,7 +204,7 @@ def _environment() -> Any:
 class _Renderer:
     """lm-eval's ConfigurableTask.doc_to_* for field names and templates."""
 
-    def __init__(self, cfg: dict[str, Any], features: Sequence[str]) -> None:
+    def __init__(self, cfg: TaskConfig, features: Sequence[str]) -> None:
         self.cfg = cfg
         self.features = set(features)
         self.env = _environment()
@@ -180,7 +222,7 @@ class _Renderer:
             raise ConfigError(f"template {template!r} failed on a document: {exc}") from exc
 
     def text(self, doc: dict[str, Any]) -> Any:
-        spec = self.cfg["doc_to_text"]
+        spec = self.cfg.doc_to_text
         if isinstance(spec, int):
             return spec
         if spec in self.features:
@@ -189,7 +231,7 @@ class _Renderer:
         return ast.literal_eval(out) if out.isdigit() else out
 
     def target(self, doc: dict[str, Any]) -> Any:
-        spec = self.cfg["doc_to_target"]
+        spec = self.cfg.doc_to_target
         if isinstance(spec, (int, list)):
             return spec
         if spec in self.features:
@@ -205,7 +247,7 @@ class _Renderer:
         return out
 
     def choices(self, doc: dict[str, Any]) -> list[str]:
-        spec = self.cfg["doc_to_choice"]
+        spec = self.cfg.doc_to_choice
         if isinstance(spec, list):
             return [str(c) for c in spec]
         if isinstance(spec, dict):
@@ -219,7 +261,7 @@ class _Renderer:
         return list(out)
 
     def description(self, doc: dict[str, Any]) -> str:
-        spec = self.cfg.get("description")
+        spec = self.cfg.description
         if not spec:
             return ""
         return str(doc[spec]) if spec in doc else self._render(str(spec), doc)
@@ -238,30 +280,38 @@ def _data_files(value: Any, base: str) -> Any:
     return os.path.join(base, path)
 
 
-def _documents(cfg: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+@dataclass(frozen=True)
+class _Documents:
+    """The evaluation split of a task's dataset: its rows and the names of their fields."""
+
+    rows: list[dict[str, Any]]  # the dataset's rows, as datasets loads them
+    features: list[str]
+
+
+def _documents(cfg: TaskConfig) -> _Documents:
     try:
         import datasets
     except ImportError as exc:
         raise ConfigError(
             "benchmark source 'lm_eval' loads data with the datasets package: pip install datasets"
         ) from exc
-    kwargs = dict(cfg.get("dataset_kwargs") or {})
+    kwargs = dict(cfg.dataset_kwargs)
     kwargs.pop("trust_remote_code", None)  # datasets >= 4 refuses it, as lm-eval drops it
     if "data_files" in kwargs:
-        kwargs["data_files"] = _data_files(kwargs["data_files"], cfg["_dir"])
-    split = cfg.get("test_split") or cfg.get("validation_split")
+        kwargs["data_files"] = _data_files(kwargs["data_files"], cfg.dir)
+    split = cfg.split
     if not split:
         raise ConfigError("an lm-eval task needs test_split or validation_split")
     try:
-        ds = datasets.load_dataset(path=cfg["dataset_path"], name=cfg.get("dataset_name"), **kwargs)
+        ds = datasets.load_dataset(path=cfg.dataset_path, name=cfg.dataset_name, **kwargs)
         docs = ds[split]
     except KeyError as exc:
         raise ConfigError(f"the task's dataset has no split {split!r}") from exc
     except Exception as exc:  # datasets raises many kinds (offline, missing file, bad format)
         raise ConfigError(
-            f"cannot load dataset {cfg['dataset_path']!r} ({kwargs}): {type(exc).__name__}: {exc}"
+            f"cannot load dataset {cfg.dataset_path!r} ({kwargs}): {type(exc).__name__}: {exc}"
         ) from exc
-    return [dict(d) for d in docs], list(docs.features.keys())
+    return _Documents([dict(d) for d in docs], list(docs.features.keys()))
 
 
 def _gold(target: Any, choices: list[str]) -> int | list[int]:
@@ -275,14 +325,15 @@ def _gold(target: Any, choices: list[str]) -> int | list[int]:
     return choices.index(target) if target in choices else -100
 
 
-def task_examples(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def task_examples(spec: dict[str, Any]) -> list[Example]:
     """The benchmark's examples, one per document of the evaluation split."""
     cfg = load_task(str(spec.get("task") or ""))
-    docs, features = _documents(cfg)
+    found = _documents(cfg)
+    docs = found.rows
     if not docs:
         raise ConfigError(f"lm-eval task {spec.get('task')!r} has no documents")
-    r = _Renderer(cfg, features)
-    delimiter = str(cfg.get("target_delimiter", " "))
+    r = _Renderer(cfg, found.features)
+    delimiter = cfg.target_delimiter
     rows = []
     for i, doc in enumerate(docs):
         text = r.text(doc)
@@ -293,13 +344,13 @@ def task_examples(spec: dict[str, Any]) -> list[dict[str, Any]]:
             )
         choices = [str(c) for c in r.choices(doc)]
         rows.append(
-            {
-                "id": str(i),
-                "prompt": r.description(doc) + text,
-                "choices": choices,
-                "continuations": [delimiter + c for c in choices],
-                "gold": _gold(r.target(doc), choices),
-            }
+            Example(
+                id=str(i),
+                prompt=r.description(doc) + text,
+                choices=list(choices),
+                continuations=[delimiter + c for c in choices],
+                gold=_gold(r.target(doc), choices),
+            )
         )
     return rows
 
@@ -313,7 +364,7 @@ def _argmax(values: Sequence[float]) -> int:
 
 
 def choice_scores(
-    loglikelihoods: Sequence[float], example: dict[str, Any], metrics: Sequence[str]
+    loglikelihoods: Sequence[float], example: Example, metrics: Sequence[str]
 ) -> dict[str, float]:
     """acc / acc_norm / acc_bytes of one example from its choices' log-likelihoods."""
     choices = [str(c) for c in example["choices"]]

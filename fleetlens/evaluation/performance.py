@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .doc_types import AdapterSpec, Price
+
 __all__ = ["PERF_METRICS", "USAGE", "performance", "price_for"]
 
 USAGE = ("latency_ms", "tokens_in", "tokens_out", "tokens_counted")
@@ -25,16 +27,16 @@ PERF_METRICS = (
 )  # fmt: skip
 
 
-def price_for(prices: dict[str, Any] | None, adapter: dict[str, Any]) -> dict[str, float] | None:
+def price_for(prices: dict[str, Any] | None, adapter: dict[str, Any]) -> Price | None:
     """The adapter's row of the price table: by model name, endpoint, callable or path, else
     ``*``; None when the table has none of them."""
     if not prices:
         return None
-    for key in ("model", "baseUrl", "target", "path"):
-        value = adapter.get(key)
-        if isinstance(value, str) and value in prices:
-            return dict(prices[value])
-    return dict(prices["*"]) if "*" in prices else None
+    a = AdapterSpec.of(adapter)
+    for value in (a.model, a.base_url, a.target, a.path):
+        if value and value in prices:
+            return Price.model_validate(prices[value])
+    return Price.model_validate(prices["*"]) if "*" in prices else None
 
 
 def _stat(value: float, n: int) -> dict[str, float]:
@@ -42,7 +44,7 @@ def _stat(value: float, n: int) -> dict[str, float]:
 
 
 def performance(
-    examples: Iterable[dict[str, Any]], price: dict[str, float] | None
+    examples: Iterable[dict[str, Any]], price: Price | None
 ) -> dict[str, dict[str, float]]:
     """p50/p95/mean latency, mean tokens in/out and (priced) cost, over examples with usage."""
     rows = [e for e in examples if isinstance(e.get("latency_ms"), (int, float))]
@@ -60,8 +62,7 @@ def performance(
         "tokens_out_mean": _stat(math.fsum(tout) / n, n),
     }
     if price is not None:
-        pin = float(price.get("inputPer1kTokens", 0.0))
-        pout = float(price.get("outputPer1kTokens", 0.0))
+        pin, pout = price.input_per_1k_tokens, price.output_per_1k_tokens
         costs = [i / 1000.0 * pin + o / 1000.0 * pout for i, o in zip(tin, tout, strict=True)]
         total = math.fsum(costs)
         out["cost_per_example"] = _stat(total / n, n)

@@ -24,6 +24,7 @@ from ..store.graph_models import ModelVersion
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.scoped import scoped
+from .doc_types import AliasMoveAudit, ReportRecord
 from .gates import PERFORMANCE, GateReport, check_json, check_of, evaluate_gate, parse_policies
 from .models import AliasMove, Evaluation, GateDecision, ModelAlias
 from .store import EvalStore
@@ -207,12 +208,12 @@ class Registry:
                 scope.actor,
                 "model.alias.override" if override else "model.alias.move",
                 f"model:{model_id}:{alias}",
-                {
-                    "from": before or None,
-                    "to": version,
-                    "decisionId": decision_id or None,
-                    "reason": override_reason,
-                },
+                AliasMoveAudit(
+                    from_version=before or None,
+                    to=version,
+                    decision_id=decision_id or None,
+                    reason=override_reason,
+                ).as_json(),
                 scope.remote,
             )
         return AliasSet(
@@ -333,7 +334,7 @@ class Registry:
                     candidate_evaluation=cand_eval,
                     baseline_evaluation=base_eval,
                     passed=out.report.passed,
-                    report=_report_json(out),
+                    report=_report_json(out).as_json(),
                     actor=scope.actor,
                     created_at=time.time(),
                 )
@@ -367,35 +368,35 @@ class Registry:
 # -- a decision's report as its JSON column keeps it (and reads it back) ----------------------
 
 
-def _report_json(v: GateDecisionView) -> dict[str, Any]:
-    return {
-        "passed": v.report.passed,
-        "failed": list(v.report.failed),
-        "warnings": list(v.report.warnings),
-        "checks": [check_json(c) for c in v.report.checks],
-        "baselineAlias": v.baseline_alias,
-        "baselineVersion": v.baseline_version,
-        "baselineEvaluation": v.baseline_evaluation,
-        "candidateEvaluation": v.candidate_evaluation,
-    }
+def _report_json(v: GateDecisionView) -> ReportRecord:
+    return ReportRecord(
+        passed=v.report.passed,
+        failed=list(v.report.failed),
+        warnings=list(v.report.warnings),
+        checks=[check_json(c) for c in v.report.checks],
+        baseline_alias=v.baseline_alias,
+        baseline_version=v.baseline_version,
+        baseline_evaluation=v.baseline_evaluation,
+        candidate_evaluation=v.candidate_evaluation,
+    )
 
 
 def _decision_view(d: GateDecision) -> GateDecisionView:
-    r: dict[str, Any] = dict(d.report)
+    r = ReportRecord.model_validate(d.report)
     return GateDecisionView(
         decision_id=d.decision_id,
         model_id=d.model_id,
         version=d.candidate_version,
         report=GateReport(
-            passed=r["passed"],
-            failed=list(r["failed"]),
-            warnings=list(r["warnings"]),
-            checks=[check_of(c) for c in r["checks"]],
+            passed=r.passed,
+            failed=list(r.failed),
+            warnings=list(r.warnings),
+            checks=[check_of(c) for c in r.checks],
         ),
-        baseline_alias=r["baselineAlias"],
-        baseline_version=r["baselineVersion"],
-        baseline_evaluation=r["baselineEvaluation"],
-        candidate_evaluation=r["candidateEvaluation"],
+        baseline_alias=r.baseline_alias,
+        baseline_version=r.baseline_version,
+        baseline_evaluation=r.baseline_evaluation,
+        candidate_evaluation=r.candidate_evaluation,
         actor=d.actor,
         created_at=d.created_at,
     )

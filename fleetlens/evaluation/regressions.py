@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .gates import PERFORMANCE, Scores, evaluate_gate, parse_policies
+from .doc_types import PolicySpec, RegressionRecord
+from .gates import PERFORMANCE, Scores, evaluate_gate, parse_policies, policy_specs
 
 __all__ = ["KINDS", "default_policies", "find_regressions", "kind_of"]
 
@@ -34,9 +35,9 @@ def kind_of(metric: str, declared: str = "") -> str:
 
 def default_policies(
     cand_metrics: dict[str, Any], base_metrics: dict[str, Any]
-) -> list[dict[str, Any]]:
+) -> list[PolicySpec]:
     """Every metric both evaluations have, in the direction that is better for it."""
-    out: list[dict[str, Any]] = []
+    out: list[PolicySpec] = []
     for bench, ms in cand_metrics.items():
         for name in ms:
             if name not in (base_metrics.get(bench) or {}):
@@ -45,21 +46,21 @@ def default_policies(
                 if name == "latency_p95_ms":
                     base = float(base_metrics[bench][name]["mean"])
                     out.append(
-                        {
-                            "metric": f"{bench}/{name}",
-                            "direction": "lower",
-                            "maxRegression": base * LATENCY_ALLOWANCE,
-                        }
+                        PolicySpec(
+                            metric=f"{bench}/{name}",
+                            direction="lower",
+                            max_regression=base * LATENCY_ALLOWANCE,
+                        )
                     )
                 continue
             if name == "perplexity":
                 continue  # one figure over all tokens, not per example
             out.append(
-                {
-                    "metric": f"{bench}/{name}",
-                    "test": "bootstrap",
-                    "direction": "lower" if name in _LOWER else "higher",
-                }
+                PolicySpec(
+                    metric=f"{bench}/{name}",
+                    test="bootstrap",
+                    direction="lower" if name in _LOWER else "higher",
+                )
             )
     return out
 
@@ -70,14 +71,14 @@ def find_regressions(
     cand_metrics: dict[str, Any],
     base_scores: Scores | None,
     base_metrics: dict[str, Any] | None,
-) -> list[dict[str, Any]] | None:
+) -> list[RegressionRecord] | None:
     """The failing checks, each with its kind; None when there is nothing to judge by."""
-    raw = list(gates or [])
+    raw = policy_specs(gates or [])
     if not raw and base_metrics is not None:
         raw = default_policies(cand_metrics, base_metrics)
     if not raw:
         return None
-    declared = {str(p.get("metric", "")).rpartition("/")[2]: str(p.get("kind", "")) for p in raw}
+    declared = {str(p.metric).rpartition("/")[2]: p.kind for p in raw}
     report = evaluate_gate(
         parse_policies(raw),
         cand_scores,
@@ -91,14 +92,14 @@ def find_regressions(
             continue
         name = c.metric.rpartition("/")[2]
         out.append(
-            {
-                "kind": kind_of(c.metric, declared.get(name, "")),
-                "metric": c.metric,
-                "candidate": c.candidate,
-                "baseline": c.baseline,
-                "difference": c.difference,
-                "status": c.status,
-                "reasons": list(c.reasons),
-            }
+            RegressionRecord(
+                kind=kind_of(c.metric, declared.get(name, "")),
+                metric=c.metric,
+                candidate=c.candidate,
+                baseline=c.baseline,
+                difference=c.difference,
+                status=c.status,
+                reasons=list(c.reasons),
+            )
         )
     return out

@@ -24,6 +24,7 @@ from ..store.scope import Scope
 from ..store.scoped import scoped
 from ..store.telemetry import TelemetryStore
 from . import benchmarks as bm
+from .doc_types import RegressionRecord
 from .lm_eval_tasks import MC_METRICS as _MC  # an example's detail: its choices' likelihoods
 from .models import EvalShard, Evaluation, ModelAlias
 from .performance import performance, price_for
@@ -45,7 +46,7 @@ def judge_regressions(
     ev: Evaluation,
     scores: dict[str, dict[str, dict[str, float]]],
     metrics: dict[str, Any],
-) -> list[dict[str, Any]] | None:
+) -> list[RegressionRecord] | None:
     """What this evaluation regressed against the production version's latest evaluation
     (and its suite's absolute bounds); None when there is nothing to judge by."""
     prod = s.scalars(
@@ -80,14 +81,19 @@ def judge_regressions(
             dict(base.metrics) if base is not None else None,
         )
     except ConfigError as exc:  # a gate that cannot judge these scores (McNemar on 0.5)
-        return [{"kind": "benchmark", "metric": "", "status": "error", "reasons": [str(exc)]}]
+        return [RegressionRecord(kind="benchmark", metric="", status="error", reasons=[str(exc)])]
     if found is None:
         return None
-    baseline = {
-        "baselineVersion": prod.version if prod else None,
-        "baselineEvaluation": base.evaluation_id if base else None,
+    against = {
+        "baseline_version": prod.version if prod else None,
+        "baseline_evaluation": base.evaluation_id if base else None,
     }
-    return [{**r, **baseline} for r in found]
+    return [r.model_copy(update=against) for r in found]
+
+
+def stored_regressions(found: list[RegressionRecord] | None) -> list[Any] | None:
+    """Regressions as an evaluation's ``regressions`` column keeps them."""
+    return None if found is None else [r.as_json() for r in found]
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +239,9 @@ class Results:
                 .values(state=state, metrics=metrics, error=error[:4000], completed_at=time.time())
             )
             if res.rowcount == 1 and state == "COMPLETED" and ev.model_id:  # type: ignore[attr-defined]
-                ev.regressions = judge_regressions(s, tenant, ev, per_bench, metrics)
+                ev.regressions = stored_regressions(
+                    judge_regressions(s, tenant, ev, per_bench, metrics)
+                )
                 mv = s.scalars(
                     scoped(select(ModelVersion), tenant).where(
                         ModelVersion.model_id == ev.model_id,

@@ -17,6 +17,7 @@ from ..store.scope import Scope
 from ..store.scoped import scoped
 from . import benchmarks as bm
 from .cache import canonical_hash
+from .example_types import Example
 from .models import EvalShard, Evaluation
 from .scheduler import PRIORITY_NAMES
 
@@ -29,9 +30,9 @@ class ExampleCache:
     """Benchmark examples by spec, the 32 most recently used kept in memory."""
 
     def __init__(self) -> None:
-        self._examples: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._examples: OrderedDict[str, list[Example]] = OrderedDict()
 
-    def load(self, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    def load(self, spec: dict[str, Any]) -> list[Example]:
         key = canonical_hash(spec)
         rows = self._examples.get(key)
         if rows is None:

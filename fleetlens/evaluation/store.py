@@ -18,6 +18,7 @@ from ..errors import FleetlensError
 from ..store.metadata import MetadataStore
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
+from .doc_types import TemplateValues
 from .lease import Heartbeat, Leases, ShardLease, ShardReport
 from .requests import EvaluationRequest
 from .results import ExampleRow, Results
@@ -67,13 +68,13 @@ class EvalStore:
         A trigger that cannot submit (its suite was removed, a bad template) is reported, and
         never fails the registration that fired it."""
         out: dict[str, list[str]] = {"evaluations": [], "errors": []}
-        values = {
-            "modelId": model_id,
-            "modelVersion": version,
-            "runId": run_id,
-            "checkpointId": checkpoint_id,
-            "checkpointUri": checkpoint_uri,
-        }
+        values = TemplateValues(
+            model_id=model_id,
+            model_version=version,
+            run_id=run_id,
+            checkpoint_id=checkpoint_id,
+            checkpoint_uri=checkpoint_uri,
+        )
         key = {
             "model_id": model_id,
             "model_version": version,
@@ -86,17 +87,17 @@ class EvalStore:
             scope = Scope(
                 tenant=tenant, role="editor", project=project, actor=f"trigger:{t.trigger_id}"
             )
-            req = EvaluationRequest(
-                benchmark_suite=t.suite,
-                priority=t.priority,
-                adapter=fill_template(t.adapter, values),
-                trigger_id=t.trigger_id,
-                model_id=model_id,
-                model_version=version if model_id else "",
-                run_id="" if model_id else run_id,
-                checkpoint_id="" if model_id else checkpoint_id,
-            )
             try:
+                req = EvaluationRequest(
+                    benchmark_suite=t.suite,
+                    priority=t.priority,
+                    adapter=fill_template(t.adapter, values).as_json(),
+                    trigger_id=t.trigger_id,
+                    model_id=model_id,
+                    model_version=version if model_id else "",
+                    run_id="" if model_id else run_id,
+                    checkpoint_id="" if model_id else checkpoint_id,
+                )
                 out["evaluations"].append(self.submit(scope, req).evaluation_id)
             except FleetlensError as exc:
                 log.warning("trigger %s could not start an evaluation: %s", t.trigger_id, exc)

@@ -18,10 +18,11 @@ from ..store.scoped import scoped
 from . import benchmarks as bm
 from .adapters import Decoding, validate_spec
 from .cache import EVALUATOR_VERSION, cache_key, canonical_hash
+from .doc_types import AdapterSpec, BenchmarkProvenance, BenchmarkTemplate, Provenance, SuiteSpec
 from .judge import JudgeConfig
 from .models import EvalShard, Evaluation
 from .requests import EvaluationRequest
-from .results import judge_regressions
+from .results import judge_regressions, stored_regressions
 from .rows import EvaluationView, ExampleCache, SessionFactory, evaluation_view, shards_of
 from .scheduler import NO_DEADLINE, parse_priority, plan_shards
 from .suites import PERFORMANCE, SuiteRegistry, validate_prices
@@ -106,9 +107,6 @@ def model_identity(
     )
 
 
-_NOT_SPEC = ("specHash", "createdAt", "createdBy", "created")
-
-
 class Submissions:
     """Takes evaluation requests; one per store."""
 
@@ -119,31 +117,33 @@ class Submissions:
         self._examples = examples
         self._suites = suites
 
-    def _suite(self, scope: Scope, req: EvaluationRequest) -> dict[str, Any]:
+    def _suite(self, scope: Scope, req: EvaluationRequest) -> SuiteSpec:
         """The inline ``suite`` (a JSON spec), or the registered one ``benchmarkSuite`` names."""
         ref = req.benchmark_suite
         if ref and req.suite:
             raise ConfigError("send suite (inline) or benchmarkSuite (a registered name), not both")
         if ref:
             found = self._suites.resolve(scope, ref)
-            return {**found.spec, "name": found.name, "version": found.version}
+            return SuiteSpec.model_validate(
+                {**found.spec, "name": found.name, "version": found.version}
+            )
         if not req.suite:
             raise ConfigError(
                 "suite is missing: send suite {name, version, benchmarks} or benchmarkSuite NAME"
             )
-        return dict(req.suite)
+        return SuiteSpec.model_validate(req.suite)
 
     def submit(self, scope: Scope, req: EvaluationRequest) -> EvaluationView:
         """Queue an evaluation (or reuse a cached result); returns at once."""
         suite = self._suite(scope, req)
-        adapter = dict(req.adapter or suite.get("adapter") or {})
+        adapter = dict(req.adapter or suite.adapter or {})
         if not adapter:
             raise ConfigError(
                 "adapter is missing: send adapter {kind: callable|openai|hf, ...}, or register "
                 "the suite with a default adapter"
             )
         validate_spec(adapter)
-        specs = [bm.normalize_spec(dict(b)) for b in suite.get("benchmarks") or []]
+        specs = [bm.normalize_spec(dict(b)) for b in suite.benchmarks or []]
         if not specs:
             raise ConfigError("suite.benchmarks is empty; name at least one benchmark")
         names = [str(b.get("name", "")) for b in specs]
@@ -152,9 +152,9 @@ class Submissions:
                 f"benchmark names {names} must be non-empty and unique in a suite "
                 f"({PERFORMANCE!r} is reserved for latency and cost)"
             )
-        if suite.get("prices") is not None:
-            validate_prices(suite["prices"])
-        decoding = Decoding.from_json(req.decoding or suite.get("decoding")).as_json()
+        if suite.prices is not None:
+            validate_prices(suite.prices)
+        decoding = Decoding.from_json(req.decoding or suite.decoding).as_json()
         priority = parse_priority(req.priority)
         shard_size = int(req.shard_size or 50)
         max_attempts = int(req.max_attempts or 3)
@@ -172,41 +172,40 @@ class Submissions:
                     raise ConfigError(f"pass@{max(ks)} needs decoding.n >= {max(ks)}")
             rows = self._examples.load(spec)
             sizes.append((spec["name"], len(rows)))
+            judged = (
+                {"judge": JudgeConfig.from_spec(spec).provenance()}
+                if "judge" in (spec.get("metrics") or [])
+                else {}
+            )
             bench_prov.append(
-                {
-                    "name": spec["name"],
-                    "version": str(spec.get("version", "")),
-                    "datasetHash": bm.dataset_hash(rows),
-                    "promptTemplateVersion": str(
-                        (spec.get("promptTemplate") or {}).get("version", "")
-                    ),
-                    "metrics": list(spec.get("metrics") or ["exact_match"]),
-                    "k": list(spec.get("k") or []),
-                    "examples": len(rows),
-                    **(
-                        {"judge": JudgeConfig.from_spec(spec).provenance()}
-                        if "judge" in (spec.get("metrics") or [])
-                        else {}
-                    ),
-                }
+                BenchmarkProvenance(
+                    name=spec["name"],
+                    version=str(spec.get("version", "")),
+                    dataset_hash=bm.dataset_hash(rows),
+                    prompt_template_version=str(BenchmarkTemplate.of(spec).version),
+                    metrics=list(spec.get("metrics") or ["exact_match"]),
+                    k=list(spec.get("k") or []),
+                    examples=len(rows),
+                    **judged,
+                )
             )
         plans = plan_shards(sizes, shard_size)
         now = time.time()
         eid = "ev-" + uuid.uuid4().hex[:16]
         with self._session() as s:
             model = model_identity(s, scope, req, adapter)
-            provenance = {
-                "modelHash": model.hash,
-                "benchmarks": bench_prov,
-                "evaluatorVersion": req.evaluator_version or EVALUATOR_VERSION,
-                "decoding": decoding,
-                "codeCommit": req.code_commit,
-                "adapter": {k: v for k, v in adapter.items() if k != "apiKeyEnv"},
-            }
-            if suite.get("prices"):  # the cost figures depend on them
-                provenance["prices"] = suite["prices"]
+            priced = {"prices": suite.prices} if suite.prices else {}  # cost depends on them
+            provenance = Provenance(
+                model_hash=model.hash,
+                benchmarks=bench_prov,
+                evaluator_version=req.evaluator_version or EVALUATOR_VERSION,
+                decoding=decoding,
+                code_commit=req.code_commit,
+                adapter=AdapterSpec.of(adapter).provenance(),
+                **priced,
+            )
             key = cache_key(provenance)
-            provenance["cacheKey"] = key
+            provenance = provenance.model_copy(update={"cache_key": key})
             hit = None
             if not req.no_cache:
                 # A result is reused across the tenant's projects: same inputs, same scores.
@@ -227,16 +226,13 @@ class Submissions:
                 run_id=model.run_id,
                 checkpoint_id=model.checkpoint_id,
                 adapter=adapter,
-                suite={
-                    **{k: v for k, v in suite.items() if k not in _NOT_SPEC},
-                    "benchmarks": specs,
-                },
+                suite={**suite.spec(), "benchmarks": specs},
                 priority=priority,
                 deadline=float(req.deadline) if req.deadline else None,
                 state="QUEUED",
                 cache_key=key,
                 cached_from="",
-                provenance=provenance,
+                provenance=provenance.as_json(),
                 metrics={},
                 error="",
                 created_at=now,
@@ -253,8 +249,8 @@ class Submissions:
                     for sh in shards_of(s, scope.tenant, row.cached_from):
                         if sh.state == "done":
                             scores.setdefault(sh.benchmark, {}).update(sh.scores or {})  # type: ignore[arg-type]
-                    row.regressions = judge_regressions(
-                        s, scope.tenant, row, scores, dict(row.metrics)
+                    row.regressions = stored_regressions(
+                        judge_regressions(s, scope.tenant, row, scores, dict(row.metrics))
                     )
                 return evaluation_view(row, [])
             s.add(row)

@@ -29,6 +29,7 @@ from ..store.scope import Scope
 from ..store.scoped import scoped
 from .adapters import Decoding, validate_spec
 from .cache import canonical_hash
+from .doc_types import AdapterSpec, Price, SuiteSpec, TemplateValues
 from .gates import parse_policies
 from .models import EvalSuite, EvalTrigger, Evaluation
 from .requests import TriggerRequest
@@ -51,7 +52,7 @@ _SUITE_FIELDS = {"name", "version", "description", "benchmarks", "gates", "decod
                  "prices"}  # fmt: skip
 
 
-def validate_suite(spec: dict[str, Any]) -> dict[str, Any]:
+def validate_suite(spec: dict[str, Any]) -> SuiteSpec:
     """A suite's spec checked field by field; returns it normalised."""
     unknown = sorted(set(spec) - _SUITE_FIELDS)
     if unknown:
@@ -81,7 +82,7 @@ def validate_suite(spec: dict[str, Any]) -> dict[str, Any]:
         validate_spec(spec["adapter"])
     if spec.get("prices") is not None:
         validate_prices(spec["prices"])
-    return out
+    return SuiteSpec.model_validate(out)
 
 
 def validate_prices(prices: Any) -> None:
@@ -89,7 +90,7 @@ def validate_prices(prices: Any) -> None:
     if not isinstance(prices, dict):
         raise ConfigError("prices must be an object: model or endpoint -> price")
     for key, p in prices.items():
-        if not isinstance(p, dict) or set(p) - {"inputPer1kTokens", "outputPer1kTokens"}:
+        if not isinstance(p, dict) or set(p) - {f.alias for f in Price.model_fields.values()}:
             raise ConfigError(
                 f"prices[{key!r}] must be {{inputPer1kTokens, outputPer1kTokens}}, got {p!r}"
             )
@@ -98,15 +99,15 @@ def validate_prices(prices: Any) -> None:
                 raise ConfigError(f"prices[{key!r}].{k} is {v!r}; a price is a number >= 0")
 
 
-def fill_template(adapter: dict[str, Any], values: dict[str, str]) -> dict[str, Any]:
+def fill_template(adapter: dict[str, Any], values: TemplateValues) -> AdapterSpec:
     """The adapter spec with ``{checkpointUri}``-style placeholders filled in."""
     out: dict[str, Any] = {}
     for k, v in adapter.items():
         if isinstance(v, str):
-            for name, value in values.items():
+            for name, value in values.as_json().items():
                 v = v.replace("{" + name + "}", value)
         out[k] = v
-    return out
+    return AdapterSpec.of(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +174,9 @@ class SuiteRegistry:
 
     # -- suites ---------------------------------------------------------------------------------
 
-    def register(self, scope: Scope, spec: dict[str, Any]) -> SuiteView:
-        spec = validate_suite(spec)
+    def register(self, scope: Scope, raw: dict[str, Any]) -> SuiteView:
+        suite = validate_suite(raw)
+        spec = suite.as_json()
         digest = canonical_hash(spec)
         with self._session() as s:
             row = s.scalars(

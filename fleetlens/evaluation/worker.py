@@ -23,6 +23,9 @@ from ..errors import AdapterError, APIError, FleetlensError
 from .adapters import Adapter, Decoding, Generation, ScoresContinuations, adapter_from_spec
 from .benchmarks import is_multiple_choice, render, score
 from .cache import canonical_hash
+from .doc_types import Doc
+from .example_types import Example
+from .worker_types import CompleteAsk, FailAsk, HeartbeatAsk, LeaseAsk, LeasedShard
 
 __all__ = ["Worker", "WorkerConfig", "usage"]
 
@@ -61,9 +64,7 @@ SHOWN_CHARS = 4000
 """The most of an example's prompt, output and reference kept for the evaluation page."""
 
 
-def shown(
-    spec: dict[str, Any], example: dict[str, Any], prompt: str, gen: Generation
-) -> dict[str, str]:
+def shown(spec: dict[str, Any], example: Example, prompt: str, gen: Generation) -> dict[str, str]:
     """What the model was asked (the rendered prompt), what it answered (its first sample; for a
     multiple-choice example, the choice it ranked first) and what was expected, as texts kept
     beside the scores."""
@@ -116,23 +117,21 @@ class Worker:
                 close()
         self._client.close()
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
+    def _post(self, path: str, body: Doc) -> Any:
         """POST ``body``; the lease being gone (HTTP 409) is :class:`_LeaseGone`."""
         try:
-            return self._client.post(path, body)
+            return self._client.post(path, body.as_json())
         except APIError as exc:
             if exc.status == 409:
                 raise _LeaseGone(exc.message) from exc
             raise
 
-    def lease(self) -> dict[str, Any] | None:
-        body = {
-            "workerId": self.worker_id,
-            "preferLocality": self._locality,
-            "leaseS": self.config.lease_s,
-        }
+    def lease(self) -> LeasedShard | None:
+        body = LeaseAsk(
+            worker_id=self.worker_id, prefer_locality=self._locality, lease_s=self.config.lease_s
+        )
         shard = self._post("/v1/eval-shards/lease", body)
-        return dict(shard) if shard else None
+        return LeasedShard.model_validate(shard) if shard else None
 
     def preload(self) -> None:
         for spec in self.config.preload:
@@ -161,8 +160,8 @@ class Worker:
             self._adapters[key] = adapter_from_spec(spec)
         return self._adapters[key]
 
-    def run_shard(self, shard: dict[str, Any]) -> None:
-        sid, token = shard["shardId"], shard["leaseToken"]
+    def run_shard(self, shard: LeasedShard) -> None:
+        sid, token = shard.shard_id, shard.lease_token
         scores: dict[str, dict[str, float | str]] = {}
         lock = threading.Lock()
         stop = threading.Event()
@@ -177,7 +176,9 @@ class Worker:
                 try:
                     self._post(
                         f"/v1/eval-shards/{sid}/heartbeat",
-                        {"leaseToken": token, "leaseS": self.config.lease_s, "partial": partial},
+                        HeartbeatAsk(
+                            lease_token=token, lease_s=self.config.lease_s, partial=partial
+                        ),
                     )
                 except _LeaseGone:
                     lost.set()
@@ -188,12 +189,12 @@ class Worker:
         thread = threading.Thread(target=beat, name=f"heartbeat-{sid}", daemon=True)
         thread.start()
         try:
-            adapter = self._adapter(shard["adapter"])
-            self._locality = shard.get("locality", "")
-            decoding = Decoding.from_json(shard["decoding"])
-            spec = shard["benchmark"]
-            skip = set(shard.get("completedIds") or [])
-            for ex in shard["examples"]:
+            adapter = self._adapter(shard.adapter)
+            self._locality = shard.locality
+            decoding = Decoding.from_json(shard.decoding)
+            spec = shard.benchmark
+            skip = set(shard.completed_ids)
+            for ex in shard.examples_read():
                 if lost.is_set():
                     raise _LeaseGone(f"shard {sid} was leased to another worker")
                 if ex["id"] in skip:
@@ -201,7 +202,7 @@ class Worker:
                 prompt = render(spec, ex)
                 t0 = time.perf_counter()
                 if is_multiple_choice(spec):
-                    gen = _scorer(adapter, shard["adapter"]).loglikelihood(
+                    gen = _scorer(adapter, shard.adapter).loglikelihood(
                         prompt, list(ex["continuations"])
                     )
                 else:
@@ -218,7 +219,9 @@ class Worker:
             thread.join()
             with lock:
                 final = dict(scores)
-            self._post(f"/v1/eval-shards/{sid}/complete", {"leaseToken": token, "scores": final})
+            self._post(
+                f"/v1/eval-shards/{sid}/complete", CompleteAsk(lease_token=token, scores=final)
+            )
             self.shards_done += 1
         except _LeaseGone as exc:
             log.warning("dropped shard %s: %s", sid, exc)
@@ -228,7 +231,7 @@ class Worker:
             try:
                 self._post(
                     f"/v1/eval-shards/{sid}/fail",
-                    {"leaseToken": token, "error": f"{type(exc).__name__}: {exc}"},
+                    FailAsk(lease_token=token, error=f"{type(exc).__name__}: {exc}"),
                 )
             except FleetlensError as exc2:
                 log.warning("could not report the failure of shard %s: %s", sid, exc2)

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import numpy as np
 
 from ..analysis.compare import slow_episodes
-from .runlog import Attempt, ImportedRun
+from .runlog import Attempt, ImportedRun, SlowPeriod
 
-__all__ = ["intervals", "settle"]
+__all__ = ["SlowPeriod", "intervals", "settle"]
 
 RESTART_FACTOR = 2.5
 SLOW_FACTOR = 1.5
@@ -200,22 +201,24 @@ def _slow_periods(run: ImportedRun, median: float, factor: float) -> None:
     durs = np.asarray([p[2] for p in pts], dtype=np.float64)
     first = {p[0]: (p[1], p[3]) for p in pts}
     for ep in slow_episodes(steps, durs, factor, min_points=1):
-        lo, owner = first[ep["fromStep"]]
-        hi = ep["toStep"]
-        period = {
-            **ep,
-            "fromStep": lo,
-            "runMedianSeconds": median,
-            "slowdown": ep["medianSeconds"] / median,
-        }
+        lo, owner = first[ep.from_step]
+        hi = ep.to_step
+        period = SlowPeriod(
+            from_step=lo,
+            to_step=hi,
+            points=ep.points,
+            median_seconds=ep.median_seconds,
+            run_median_seconds=median,
+            slowdown=ep.median_seconds / median,
+        )
         run.slow_periods.append(period)
         owner.event(
             owner.time_at(lo),
             "custom",
             lo,
-            f"slow period: steps {lo}..{hi} at {ep['medianSeconds']:.4g} s per iteration, "
-            f"{period['slowdown']:.1f} x the median {median:.4g} s",
-            slow_period=period,
+            f"slow period: steps {lo}..{hi} at {ep.median_seconds:.4g} s per iteration, "
+            f"{period.slowdown:.1f} x the median {median:.4g} s",
+            slow_period=msgspec.to_builtins(period),
         )
 
 

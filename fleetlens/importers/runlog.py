@@ -16,15 +16,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ..lifecycle import ATTEMPT_ENDS
 from ..wire import Table, TableBuilder, encode_batch
 
-__all__ = ["Attempt", "ImportedRun", "batches"]
+__all__ = ["Attempt", "ImportedRun", "LogEvent", "RunLogSummary", "batches"]
 
 _MAX_ROWS = 200_000
 # What ends an attempt for the analysis (its hang check runs to the last of these, not to now).
+
+
+class SlowPeriod(msgspec.Struct, frozen=True, rename="camel"):
+    """A slow period as the import reports it (the summary's ``slowPeriods``, a ``custom``
+    event's ``attrs.slow_period``): its steps, its median interval and the run's."""
+
+    from_step: int
+    to_step: int
+    points: int
+    median_seconds: float
+    run_median_seconds: float
+    slowdown: float
+    """The period's median interval over the run's."""
 
 
 @dataclass
@@ -85,37 +99,71 @@ class ImportedRun:
     # time taken out of slow first iterations, the slow periods.
     nonfinite: dict[str, int] = field(default_factory=dict)
     startup_seconds: float = 0.0
-    slow_periods: list[dict[str, Any]] = field(default_factory=list)
+    slow_periods: list[SlowPeriod] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
         return sum(len(a.steps) for a in self.attempts)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunLogSummary:
         durs = np.asarray([d for a in self.attempts for d in a.durations], dtype=np.float64)
-        return {
-            "source": self.source,
-            "file": self.path,
-            "attempts": [a.job_id for a in self.attempts],
-            "steps": self.steps,
-            "fromStep": min((a.steps[0] for a in self.attempts if a.steps), default=None),
-            "toStep": max((a.steps[-1] for a in self.attempts if a.steps), default=None),
-            "medianStepSeconds": float(np.median(durs)) if len(durs) else None,
-            "scalars": sorted({n for a in self.attempts for n in a.scalars}),
-            "events": [
-                {"jobId": a.job_id, "kind": e["kind"], "step": e["step"], "message": e["message"]}
+        return RunLogSummary(
+            source=self.source,
+            file=self.path,
+            attempts=[a.job_id for a in self.attempts],
+            steps=self.steps,
+            from_step=min((a.steps[0] for a in self.attempts if a.steps), default=None),
+            to_step=max((a.steps[-1] for a in self.attempts if a.steps), default=None),
+            median_step_seconds=float(np.median(durs)) if len(durs) else None,
+            scalars=sorted({n for a in self.attempts for n in a.scalars}),
+            events=[
+                LogEvent(a.job_id, e["kind"], e["step"], e["message"])
                 for a in self.attempts
                 for e in a.events
                 if e["kind"] not in ("job_start",)
             ],
-            "clock": self.clock,
-            "worldSize": self.world_size or None,
-            "nonFinite": dict(self.nonfinite),
-            "restarts": sum(1 for a in self.attempts for e in a.events if e["kind"] == "restart"),
-            "startupSeconds": self.startup_seconds,
-            "slowPeriods": self.slow_periods,
-            "notes": self.notes,
-        }
+            clock=self.clock,
+            world_size=self.world_size or None,
+            non_finite=dict(self.nonfinite),
+            restarts=sum(1 for a in self.attempts for e in a.events if e["kind"] == "restart"),
+            startup_seconds=self.startup_seconds,
+            slow_periods=self.slow_periods,
+            notes=self.notes,
+        )
+
+
+class LogEvent(msgspec.Struct, frozen=True, rename="camel"):
+    """An event the log told of (a restart, a NaN, the job's end), in the attempt it ended."""
+
+    job_id: str
+    kind: str
+    step: int
+    message: str
+
+
+class RunLogSummary(msgspec.Struct, frozen=True, rename="camel"):
+    """An imported log as ``fleetlens import`` prints it (camelCase keys with ``--json``): its
+    attempts and steps (None without any), the median step, the events, the world size the
+    log states (None: not stated), the non-finite values by metric, the start-up seconds taken
+    out of slow first iterations, the slow periods; ``run_id``: the run it is stored as."""
+
+    source: str
+    file: str
+    attempts: list[str]
+    steps: int
+    from_step: int | None
+    to_step: int | None
+    median_step_seconds: float | None
+    scalars: list[str]
+    events: list[LogEvent]
+    clock: str
+    world_size: int | None
+    non_finite: dict[str, int]
+    restarts: int
+    startup_seconds: float
+    slow_periods: list[SlowPeriod]
+    notes: list[str]
+    run_id: str | None = None
 
 
 def _tables(a: Attempt, run: ImportedRun, first: bool, last: bool) -> list[dict[str, Table]]:

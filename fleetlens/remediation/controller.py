@@ -57,6 +57,7 @@ from ..store.metadata import MetadataStore
 from ..store.models import Run
 from ..store.scope import Scope
 from ..store.telemetry import TelemetryStore
+from .ack_types import ack_keys
 from .actuators import Actuator
 from .machine import (
     ACTIVE as ACTIVE_STATES,
@@ -153,7 +154,12 @@ class Controller:
         aid = int(body.get("id", 0))
         if body.get("event") == "stopped" and aid:
             n, world = self.positions.stopped(
-                tenant, run_id, aid, str(body.get("jobId")), int(body["rank"]), float(body["time"])
+                tenant,
+                run_id,
+                aid,
+                str(ack_keys(body).job()),
+                int(body["rank"]),
+                float(body["time"]),
             )
             if n < world:
                 return Answer(aid, State.DRAINING)

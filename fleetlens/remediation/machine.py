@@ -39,7 +39,10 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
+
 from ..errors import Refused
+from .ack_types import StoppedAck, Verification, ack_keys
 from .positions import Instruction
 
 __all__ = [
@@ -303,7 +306,7 @@ def _begin(a: Action, obs: Observations, now: float) -> tuple[Action, list[Effec
 
 
 def _acks(a: Action, event: str) -> list[dict[str, Any]]:
-    return [x for x in a.acks if x.get("jobId") == a.job_id and x.get("event") == event]
+    return [x for x in a.acks if ack_keys(x).job() == a.job_id and x.get("event") == event]
 
 
 _LOST = "newest verified periodic checkpoint (the node's ranks were lost: no drain checkpoint)"
@@ -335,13 +338,7 @@ def _draining(
         if not obs.verified:
             return a, [Verify(str(man.get("path", "")))]
         t_stop = obs.stopped_at
-        stopped = {
-            "event": "stopped",
-            "ranks": obs.stopped,
-            "time": t_stop,
-            "jobId": a.job_id,
-            "received": now,
-        }
+        stopped = msgspec.to_builtins(StoppedAck("stopped", obs.stopped, t_stop, a.job_id, now))
         t_ck = min(float(c.get("started", t_stop)), t_stop)
         a = replace(
             a,
@@ -365,7 +362,7 @@ def _draining(
             verified_by = "server (read-back checksum) and rank 0"
         a = replace(
             a,
-            checkpoint={**man, "verifiedBy": verified_by},
+            checkpoint={**man, **msgspec.to_builtins(Verification(verified_by))},
             phases={**a.phases, "verify": (float(c["time"]), obs.verified_at)},
         )
         return _remove(a, now, effects)
@@ -419,12 +416,12 @@ def _restart(a: Action, now: float) -> Action:
 def _restarting(
     a: Action, obs: Observations, now: float, limits: Limits
 ) -> tuple[Action, list[Effect]]:
-    resumed = [x for x in a.acks if x.get("event") == "resumed" and x.get("jobId") != a.job_id]
+    resumed = [x for x in a.acks if x.get("event") == "resumed" and ack_keys(x).job() != a.job_id]
     if resumed:
         first = resumed[0]
         if a.stop_step < 0 and int(first.get("step", -1)) >= 0 and not obs.looked_up:
             if a.lost:  # where the job stopped, in whichever attempt ran steps before this one
-                return a, [LookUpLastStep("", exclude=str(first.get("jobId", "")))]
+                return a, [LookUpLastStep("", exclude=str(ack_keys(first).job("")))]
             return a, [LookUpLastStep(a.job_id)]  # a hang: where the job stopped
         return _finish(a, first, obs.last_step, now)
     if now - a.phase_start("rendezvous") > limits.resume_timeout_s:
@@ -436,7 +433,8 @@ def _finish(
     a: Action, first: dict[str, Any], last_step: int | None, now: float
 ) -> tuple[Action, list[Effect]]:
     t_first = float(first["time"])
-    loaded = float(first.get("loadedAt", t_first))
+    keys = ack_keys(first)
+    loaded = keys.loaded(t_first)
     load_s = float(first.get("loadS", 0.0))
     # Contiguous and in order, whatever the clocks of the hosts say.
     t0 = a.phase_start("rendezvous")
@@ -452,7 +450,7 @@ def _finish(
     stop_step = a.stop_step
     if stop_step < 0 and resume_step >= 0:
         stop_step = last_step + 1 if last_step is not None else resume_step
-    new_job = str(first.get("jobId", ""))
+    new_job = str(keys.job(""))
     effects: list[Effect] = []
     for name, (p0, p1) in phases.items():
         if p0 is None or p1 is None or name in ("detection", "approval"):

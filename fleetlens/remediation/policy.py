@@ -115,8 +115,8 @@ def decide(policy: RemediationPolicy, finding: FindingRow, run: RunContext) -> D
         return None  # not yet shown to persist: an episode may end by itself
     wait = 0.0
     for ev in finding.evidence:
-        if isinstance(ev, dict) and isinstance(ev.get("waitPerStepS"), (int, float)):
-            wait = float(ev["waitPerStepS"])
+        if isinstance(ev, dict) and isinstance(ev.get("wait_per_step_s"), (int, float)):
+            wait = float(ev["wait_per_step_s"])
     left, basis = run.remaining_steps(policy.horizon_s)
     measured = sorted(run.measured_restart_s)
     restart = measured[len(measured) // 2] if measured else policy.restart_cost_s

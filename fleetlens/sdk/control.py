@@ -28,12 +28,64 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from .config import SDKConfig
 
-__all__ = ["DRAIN_EXIT_CODE", "ControlChannel"]
+__all__ = ["DRAIN_EXIT_CODE", "CaptureAsk", "ControlChannel"]
 
 DRAIN_EXIT_CODE = 75
 """A drained worker's exit status (EX_TEMPFAIL): non-zero, so torchrun restarts the workers."""
+
+
+class CaptureAsk(msgspec.Struct, frozen=True, rename="camel"):
+    """A trace capture the server asks of the job (a poll's ``capture``): profile ``steps``
+    steps after ``warmup`` from step ``from_step`` on, on the ranks named."""
+
+    id: int = 0
+    steps: int = 3
+    warmup: int = 1
+    ranks: tuple[int, ...] = ()
+    from_step: int | None = None
+
+
+class _Addressed(msgspec.Struct, rename="camel"):
+    """Whom an instruction (a poll's ``action``) is for: a job attempt (empty: any)."""
+
+    job_id: str | None = None
+
+
+class _Poll(msgspec.Struct, rename="camel", omit_defaults=True):
+    """A poll's query: where the rank is, and what it offers (``capture`` 1: trace captures;
+    ``acts`` 0: it carries out no instruction)."""
+
+    job_id: str
+    rank: int
+    world: int
+    node: str
+    step: int
+    seq: int
+    progress_at: str
+    pid: int
+    agent_pid: int
+    capture: int = 0
+    acts: int = 1
+
+
+class _AckHead(msgspec.Struct, rename="camel"):
+    """Who answers an instruction, and when; the answer's own fields follow."""
+
+    id: int
+    event: str
+    rank: int
+    node: str
+    job_id: str
+    time: float
+
+
+def _job_of(action: dict[str, Any]) -> str:
+    """The job attempt an instruction is for ("" when any)."""
+    return msgspec.convert(action, _Addressed, strict=False).job_id or ""
 
 
 class ControlChannel:
@@ -63,7 +115,7 @@ class ControlChannel:
         # False: the channel only offers captures; the server leaves the job out of remediation
         # (no position reported) and this thread carries out no instruction
         self.acts = acts
-        self.capture: dict[str, Any] | None = None
+        self.capture: CaptureAsk | None = None
         self.errors = 0
         self.rejected = 0
         self.polls = 0
@@ -97,22 +149,14 @@ class ControlChannel:
         a = self.action
         if a is None or a.get("phase") != phase:
             return None
-        job = a.get("jobId") or ""
+        job = _job_of(a)
         return a if not job or job == self.config.job_id else None
 
     def ack(self, action_id: int, event: str, **fields: Any) -> None:
         """Queue an answer for the server; sent at once by the channel's thread."""
-        self._acks.append(
-            {
-                "id": action_id,
-                "event": event,
-                "rank": self.config.rank,
-                "node": self.config.node_id,
-                "jobId": self.config.job_id,
-                "time": time.time(),
-                **fields,
-            }
-        )
+        cfg = self.config
+        head = _AckHead(action_id, event, cfg.rank, cfg.node_id, cfg.job_id, time.time())
+        self._acks.append({**msgspec.to_builtins(head), **fields})
         self._wake.set()
 
     def poll_now(self) -> None:
@@ -162,21 +206,20 @@ class ControlChannel:
         if pos != self._last_pos:
             self._last_pos, self._progress_at = pos, now
         cfg = self.config
-        query = urllib.parse.urlencode(
-            {
-                "jobId": cfg.job_id,
-                "rank": cfg.rank,
-                "world": cfg.world_size,
-                "node": cfg.node_id,
-                "step": pos[0],
-                "seq": pos[1],
-                "progressAt": f"{self._progress_at:.3f}",
-                "pid": os.getpid(),
-                "agentPid": os.getppid(),
-                **({"capture": 1} if self.capture_offer else {}),
-                **({} if self.acts else {"acts": 0}),
-            }
+        poll = _Poll(
+            job_id=cfg.job_id,
+            rank=cfg.rank,
+            world=cfg.world_size,
+            node=cfg.node_id,
+            step=pos[0],
+            seq=pos[1],
+            progress_at=f"{self._progress_at:.3f}",
+            pid=os.getpid(),
+            agent_pid=os.getppid(),
+            capture=1 if self.capture_offer else 0,
+            acts=1 if self.acts else 0,
         )
+        query = urllib.parse.urlencode(msgspec.to_builtins(poll))
         try:
             out = self._request("GET", f"{self._url}?{query}")
         except Exception:
@@ -184,8 +227,7 @@ class ControlChannel:
             return
         if isinstance(out, dict):
             self.action = out.get("action")
-            asked = out.get("capture")
-            self.capture = asked if isinstance(asked, dict) else None
+            self.capture = _capture_ask(out.get("capture"))
             floor = out.get("minIntervalS")
             if isinstance(floor, (int, float)) and 0 <= floor <= 60:
                 self.min_interval = float(floor)
@@ -213,7 +255,7 @@ class ControlChannel:
         if a is None or not self.acts:
             return
         aid, phase = int(a.get("id", 0)), str(a.get("phase", ""))
-        if (aid, phase) in self._handled or a.get("jobId", "") not in ("", self.config.job_id):
+        if (aid, phase) in self._handled or _job_of(a) not in ("", self.config.job_id):
             return  # done already, or meant for an earlier attempt of the job
         mine = a.get("node") == self.config.node_id
         if phase == "remove" and mine:
@@ -232,3 +274,13 @@ class ControlChannel:
             if self._flush is not None:
                 self._flush(2.0)
             os._exit(DRAIN_EXIT_CODE)  # the training thread is stuck in a collective
+
+
+def _capture_ask(asked: object) -> CaptureAsk | None:
+    """A poll's ``capture``: None when there is none, or none this SDK can read."""
+    if not isinstance(asked, dict):
+        return None
+    try:
+        return msgspec.convert(asked, CaptureAsk, strict=False)
+    except msgspec.ValidationError:
+        return None

@@ -30,11 +30,10 @@ from ..analysis.ends import diagnose_ends
 from ..analysis.hangs import RECENT_STEPS
 from ..analysis.layout import ParallelLayout, layout_of, peer_normalize
 from ..analysis.nanstats import nanmedian
-from ..analysis.ranks import RankState, scan_stragglers
+from ..analysis.ranks import RankState, RankStateDoc, scan_stragglers
 from ..analysis.rootcause import (
     Diagnosis,
     diagnose_events,
-    diagnose_instability,
     diagnose_slow_checkpoints,
 )
 from ..analysis.stages import (
@@ -52,26 +51,43 @@ from ..store.detect_queries import DetectQueries, JobSpan, Placement, StepMatrix
 from ..store.findings import FindingsStore, RunToAnalyze
 from ..store.models import Finding
 from ..store.telemetry import TelemetryStore
-from .cursor import CursorVersionError, migrate
+from .cursor import (
+    AttemptState,
+    CursorCorruptError,
+    CursorState,
+    CursorVersionError,
+    ScalarWatch,
+    SlowCollectives,
+    as_json,
+    migrate,
+    stored,
+)
 from .data_stalls import data_stall
 from .devices import device_window, hardware, late_hardware, placed_until
 from .hang_findings import find_hangs
+from .instability import instability, late_scalars
 from .memory import memory_climbs, with_oom_climbs
 from .shifts import (
     fold_into_racks,
     network_diagnosis,
-    note_hot,
     shift_diagnosis,
     throttled_racks,
 )
 from .straggler_findings import straggler_findings
 
-__all__ = ["analyze_once", "analyze_run"]
+__all__ = ["LoopCounts", "analyze_once", "analyze_run"]
 
 log = logging.getLogger("fleetlens.analyzer")
 
 DEFAULTS = AnalyzerConfig()
-_SETTLE_ARRIVALS = 10  # arrivals an older attempt's late scalars are still looked at after
+
+
+@dataclass
+class LoopCounts:
+    """What the loop's passes met that a server's operator should see (its ``/metrics``)."""
+
+    cursor_resets: int = 0
+    """Runs whose analysis cursor was corrupt: analysed again from their first step."""
 
 
 def analyze_once(
@@ -79,22 +95,30 @@ def analyze_once(
     store: FindingsStore,
     now: float,
     config: AnalyzerConfig = DEFAULTS,
+    counts: LoopCounts | None = None,
 ) -> list[Finding]:
     """One pass of the loop over every run with new data; returns the findings it wrote."""
     out: list[Finding] = []
     for run in store.runs_with_new_data(config.max_runs):
         try:
-            found, stragglers, state, pending = analyze_run(telemetry, store, run, now, config)
+            state = migrate(run.state)
         except CursorVersionError as exc:  # a newer server's state: left as it is, not reset
             log.warning("run %s not analysed: %s", run.run_id, exc)
             continue
+        except CursorCorruptError as exc:  # this run only starts over; the others go on
+            log.error("run %s analysed again from its first step: %s", run.run_id, exc)
+            if counts is not None:
+                counts.cursor_resets += 1
+            state = CursorState.fresh()
+        try:
+            found, stragglers, pending = analyze_run(telemetry, store, run, now, config, state)
         except Exception:  # one bad run must not stop the loop; the next pass retries it
             log.exception("analysis of run %s failed", run.run_id)
             continue
         out += store.upsert(run.tenant, run.run_id, found)
         out += store.upsert(run.tenant, run.run_id, stragglers, replace_kind="straggler")
         seen = -1.0 if pending else run.last_seen
-        store.save_cursor(run.tenant, run.run_id, seen, state, run.arrivals)
+        store.save_cursor(run.tenant, run.run_id, seen, stored(state), run.arrivals)
     return out
 
 
@@ -106,7 +130,7 @@ class _Ctx:
     now: float
     found: list[Diagnosis] = field(default_factory=list)
     signature: str = ""
-    coll: dict[str, Any] = field(default_factory=dict)  # the last slow-collective episode
+    coll: SlowCollectives = field(default_factory=SlowCollectives)
     layout: ParallelLayout | None = None  # the job's parallel layout, when its config names one
 
     def peers(self, compute: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -123,28 +147,33 @@ def analyze_run(
     run: RunToAnalyze,
     now: float,
     cfg: AnalyzerConfig = DEFAULTS,
-) -> tuple[list[Diagnosis], list[Diagnosis], dict[str, Any], bool]:
-    """Analyse a run's new windows: (findings, the run's straggler findings, state, pending)."""
+    state: CursorState | None = None,
+) -> tuple[list[Diagnosis], list[Diagnosis], bool]:
+    """Analyse a run's new windows: (findings, the run's straggler findings, pending).
+    ``state`` (the run's cursor, read from ``run.state`` when not given) is carried forward."""
     q = DetectQueries(telemetry, run.tenant)
     ctx = _Ctx(q, run, cfg, now)
-    state = migrate(run.state)
+    state = migrate(run.state) if state is None else state
     jobs = q.jobs(run.run_id)
     if not jobs:
-        return [], [], state, False
+        return [], [], False
     events = q.events(run.run_id)
     world = max(j.world for j in jobs)
     ctx.signature = workload_signature(run.config, world)
     ctx.layout = layout_of(run.config, world)
     bl = {
-        m: Baseline.from_json(state.get(f"bl_{m}") or store.baseline(run.tenant, ctx.signature, m))
-        for m in ("compute", "transfer")
+        "compute": Baseline.from_json(
+            state.bl_compute or store.baseline(run.tenant, ctx.signature, "compute")
+        ),
+        "transfer": Baseline.from_json(
+            state.bl_transfer or store.baseline(run.tenant, ctx.signature, "transfer")
+        ),
     }
-    jstate: dict[str, Any] = state["jobs"]
-    ctx.coll = state["coll"]
+    ctx.coll = state.collectives
     pending = watch = False
     for i, job in enumerate(jobs):
-        js = jstate.setdefault(job.job_id, _new_attempt(job))
-        if job.last_step <= js["done"]:
+        js = state.attempt(job)
+        if job.last_step <= js.done:
             if i + 1 == len(jobs):  # no new step: is the newest attempt hung by its own clock?
                 lo = max(job.first_step, job.last_step - RECENT_STEPS)
                 m = q.step_matrix(run.run_id, job.job_id, lo, job.last_step, job.world)
@@ -153,10 +182,10 @@ def analyze_run(
             nxt = jobs[i + 1].start if i + 1 < len(jobs) else None
             late, watching = late_hardware(q, run.run_id, now, job, events, nxt, cfg.device_lag_s)
             ctx.found += late
-            _late_scalars(ctx, job, js, i + 1 == len(jobs))
+            ctx.found += late_scalars(q, run, job, js, i + 1 == len(jobs))
             watch = watching or watch
             continue
-        lo = int(js["done"]) + 1
+        lo = js.done + 1
         per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
         hi = min(job.last_step, lo + per - 1)
         m = q.step_matrix(run.run_id, job.job_id, lo, hi, max(job.world, run.world))
@@ -164,7 +193,7 @@ def analyze_run(
             # A gap of steps (a stray step number far ahead): jump to the next step stored
             # instead of walking the gap one window per pass.
             ahead = q.next_step(run.run_id, job.job_id, hi)
-            js["done"] = (ahead - 1) if ahead is not None else job.last_step
+            js.done = (ahead - 1) if ahead is not None else job.last_step
             pending = True
             break
         place = q.placement(run.run_id, job.job_id, m.world)
@@ -189,14 +218,17 @@ def analyze_run(
         )
         # A NaN logged after the run's last step row (a step whose time was not finite, or
         # that never completed) still belongs to the last job.
-        _instability(ctx, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62)
+        ctx.found += instability(
+            q, run.run_id, job, lo, hi if i + 1 < len(jobs) or hi < job.last_step else 2**62
+        )[0]
         if hi == job.last_step:
-            js["sc"] = [-1, 0]  # its scalars may still come: _late_scalars
+            js.scalars = ScalarWatch(-1, 0)  # its scalars may still come: late_scalars
             ctx.found += find_hangs(ctx.q, ctx.run, cfg, now, job, m, place, events, nxt)
             watch = watch or device_window(now, job, events, nxt, cfg.device_lag_s) is not None
-        js["done"] = hi
-        js["t"] = [float(m.start.min()), float(m.end.max())] if len(m.steps) else js.get("t")
-        js["steps"] = [job.first_step, hi]
+        js.done = hi
+        if len(m.steps):
+            js.times = (float(m.start.min()), float(m.end.max()))
+        js.steps = (job.first_step, hi)
         pending = pending or hi < job.last_step
         if pending:
             break
@@ -204,9 +236,10 @@ def analyze_run(
     for i, job in enumerate(jobs):
         over = i + 1 < len(jobs)
         width = max(job.world, run.world)
-        left = _advance_stragglers(ctx, job, jstate, width, over, tails)
+        js = state.attempt(job)
+        left = _advance_stragglers(ctx, job, js, width, over, tails)
         ended = over or any(e["job_id"] == job.job_id and e["kind"] in STOPS for e in events)
-        if left | _advance_blocks(ctx, job, jstate[job.job_id], width, ended, bl):
+        if left | _advance_blocks(ctx, job, js, width, ended, bl):
             pending = True
             break
     ctx.found += with_oom_climbs(q.r, run.run_id, diagnose_events(events))
@@ -219,28 +252,26 @@ def analyze_run(
     pending = pending or ending
     ends = (Event.from_row(e) for e in events if e["kind"] == "checkpoint_end")
     ctx.found += diagnose_slow_checkpoints(*save_pauses(ends))
-    hot = [h for js in jstate.values() for h in js.get("hot", [])]
+    state.collectives = ctx.coll
+    hot = [list(h) for js in state.attempts.values() for h in js.hot]
+    attempts = as_json(state.attempts)  # the straggler pass reads them as stored
     stragglers = fold_tp_groups(
-        fold_into_racks(straggler_findings(ctx.q, run, jobs, jstate, tails), hot, cfg.block_steps),
+        fold_into_racks(
+            straggler_findings(ctx.q, run, jobs, attempts, tails), hot, cfg.block_steps
+        ),
         ctx.layout,
     )
+    state.bl_compute, state.bl_transfer = bl["compute"].to_json(), bl["transfer"].to_json()
     for metric, b in bl.items():
-        state[f"bl_{metric}"] = b.to_json()
         if b.ready:
             store.save_baseline(run.tenant, ctx.signature, metric, b.to_json())
-    return ctx.found, stragglers, state, pending or watch
-
-
-def _new_attempt(job: JobSpan) -> dict[str, Any]:
-    """An attempt's state before its first step is analysed (cursor version 2)."""
-    before = job.first_step - 1
-    return {"done": before, "blocked": before, "sealed": before}
+    return ctx.found, stragglers, pending or watch
 
 
 def _advance_stragglers(
     ctx: _Ctx,
     job: JobSpan,
-    jstate: dict[str, Any],
+    js: AttemptState,
     expected: int,
     superseded: bool,
     tails: dict[str, RankState],
@@ -254,8 +285,7 @@ def _advance_stragglers(
     was superseded or it is a whole window (``per`` steps) behind the attempt's newest step:
     its missing rows are lost, or later than the analysis waits. Returns whether work is left.
     """
-    js = jstate.setdefault(job.job_id, _new_attempt(job))
-    sealed = int(js.get("sealed", job.first_step - 1))  # none: nothing committed yet
+    sealed = job.first_step - 1 if js.sealed is None else js.sealed  # nothing committed yet
     if sealed >= job.last_step:
         return False
     cfg, q = ctx.cfg, ctx.q
@@ -263,11 +293,11 @@ def _advance_stragglers(
     lo = sealed + 1
     hi = min(job.last_step, lo + per - 1)
     m = q.step_matrix(ctx.run.run_id, job.job_id, lo, hi, max(job.world, expected))
-    rs = RankState.from_json(js.get("cusum", {}), m.world)
+    rs = RankState.from_doc(js.stragglers or RankStateDoc(), m.world)
     if not len(m.steps):
         ahead = q.next_step(ctx.run.run_id, job.job_id, hi) if hi < job.last_step else None
-        js["sealed"] = (ahead - 1) if ahead is not None else hi
-        js["cusum"] = rs.to_json()
+        js.sealed = (ahead - 1) if ahead is not None else hi
+        js.stragglers = rs.to_doc()
         return hi < job.last_step
     complete = np.isfinite(m.compute).sum(axis=1) >= expected
     overdue = m.steps <= job.last_step - per
@@ -276,14 +306,14 @@ def _advance_stragglers(
     compute = ctx.peers(m.compute)
     if k:
         scan_stragglers(m.steps[:k], compute[:k], rs)
-    js["cusum"] = rs.to_json()
-    js["sealed"] = (hi if k == len(ok) else int(m.steps[k]) - 1) if k else sealed
+    js.stragglers = rs.to_doc()
+    js.sealed = (hi if k == len(ok) else int(m.steps[k]) - 1) if k else sealed
     if k == len(ok):
         return hi < job.last_step
     # The incomplete tail, from a copy of the committed state. Rows that complete it may be
     # older than the run's newest data; their arrival brings the run back to the loop.
     tails[job.job_id] = scan_stragglers(
-        m.steps[k:], compute[k:], RankState.from_json(js["cusum"], m.world)
+        m.steps[k:], compute[k:], RankState.from_doc(js.stragglers, m.world)
     )
     return hi < job.last_step
 
@@ -291,7 +321,7 @@ def _advance_stragglers(
 def _advance_blocks(
     ctx: _Ctx,
     job: JobSpan,
-    js: dict[str, Any],
+    js: AttemptState,
     width: int,
     ended: bool,
     bl: dict[str, Baseline],
@@ -300,8 +330,8 @@ def _advance_blocks(
     by step number (``first_step + j * block_steps``), so they are the same whatever the passes;
     the last, partial block once the attempt is over. Returns whether work is left."""
     b = ctx.cfg.block_steps
-    blocked = int(js["blocked"])
-    sealed = int(js.get("sealed", job.first_step - 1))
+    blocked = js.blocked
+    sealed = job.first_step - 1 if js.sealed is None else js.sealed
     if ended and sealed >= job.last_step:
         top = job.last_step
     else:
@@ -314,7 +344,7 @@ def _advance_blocks(
     if len(m.steps):
         place = ctx.q.placement(ctx.run.run_id, job.job_id, m.world)
         _blocks(ctx, job, m, place, bl, js)
-    js["blocked"] = hi
+    js.blocked = hi
     return hi < top
 
 
@@ -333,7 +363,7 @@ def _blocks(
     m: StepMatrix,
     place: Placement,
     bl: dict[str, Baseline],
-    js: dict[str, Any],
+    js: AttemptState,
 ) -> None:
     """Absolute (baseline) checks of compute and transfer, and data stalls, per block of steps."""
     cfg = ctx.cfg
@@ -363,7 +393,7 @@ def _blocks(
             hot = throttled_racks(ctx.q, ctx.signature, job, place, s0, s1, t0, t1, rank_vals)
         for d in hot:
             ctx.found.append(d)
-            note_hot(js, d)
+            js.note_hot(d.rack, d.start_step, d.end_step, list(d.ranks))
         for sh in shifts:
             for d in shift_diagnosis(
                 ctx.q,
@@ -381,7 +411,7 @@ def _blocks(
             ):
                 ctx.found.append(d)
                 if d.diagnosis == "rack_cooling":
-                    note_hot(js, d)
+                    js.note_hot(d.rack, d.start_step, d.end_step, list(d.ranks))
         tb = bl["transfer"]
         tr = float(nanmedian(transfer[a:z]))
         slow_transfer = tb.ready and tr / tb.median - 1.0 >= shift_threshold(
@@ -390,7 +420,7 @@ def _blocks(
         if slow_transfer:
             ctx.found.append(
                 network_diagnosis(
-                    ctx.q, job, place, tr, tb, s0, s1, t0, t1, _episode(ctx.coll, job, s0, s1)
+                    ctx.q, job, place, tr, tb, s0, s1, t0, t1, _episode(ctx, job, s0, s1)
                 )
             )
         stalls = data_stall(
@@ -412,7 +442,7 @@ def _blocks(
     lay = ctx.layout
     if lay is not None and lay.pp > 1:  # the stages against each other, over the same steps
         tally = tally_stages(
-            StageTally.from_json(js.get("stages")),
+            StageTally.from_json(js.stages),
             m.steps,
             m.compute,
             step_time,
@@ -422,70 +452,13 @@ def _blocks(
             lay.replicas(m.compute.shape[1]),
             ids,
         )
-        js["stages"] = tally.to_json()
+        js.stages = tally.to_json()
         ctx.found += stage_imbalance(tally, lay, job.job_id, cfg.stage_min_excess)
         ctx.found += batch_imbalance(tally, lay, job.job_id, cfg.batch_min_spread)
 
 
-def _episode(coll: dict[str, Any], job: JobSpan, s0: int, s1: int) -> str:
-    """The key of a slow-collective block's episode: consecutive slow blocks of an attempt, and
-    the first block of an attempt that replays steps of a slow last block of the one before, are
-    one episode, whose verdict (network or NVLink) is restated by its later blocks."""
-    same = coll.get("job") == job.job_id and coll.get("to") == s0 - 1
-    carried = (
-        coll.get("job") != job.job_id and s0 == job.first_step and coll.get("to", -2) >= s0 - 1
-    )
-    if not (same or carried):
-        coll["key"] = f"collectives:{job.job_id}:{s0}"
-    coll.update(job=job.job_id, to=s1)
-    return str(coll["key"])
-
-
-def _late_scalars(ctx: _Ctx, job: JobSpan, js: dict[str, Any], newest: bool) -> None:
-    """Scalars of an attempt whose last window was judged may come later (an importer sends
-    steps, then scalars; a loss logged after its step's row), older than the run's newest
-    record. Judged again on each pass that data of the run arrived (whenever that is): the
-    newest attempt's always, an older one's while they change and :data:`_SETTLE_ARRIVALS`
-    arrivals after."""
-    seen = js.get("sc")
-    if seen is None or not ctx.run.arrived or (not newest and seen[1] >= _SETTLE_ARRIVALS):
-        return
-    n = _instability(ctx, job, job.last_step + 1, 2**62 if newest else job.last_step)
-    js["sc"] = [n, seen[1] + 1 if n == seen[0] else 0]
-
-
-def _instability(ctx: _Ctx, job: JobSpan, lo: int, hi: int) -> int:
-    """An instability in the job's scalars of steps ``lo``-200..``hi``; what it read (a count)."""
-    sc = ctx.q.scalars(
-        ctx.run.run_id,
-        ["loss", "grad_norm", "lr", "skipped_iterations"],
-        max(0, lo - 200),
-        hi,
-        job.job_id,
-    )
-    rows = sum(len(v[0]) + int(np.isnan(v[1]).sum()) for v in sc.values())
-    if "loss" not in sc and "grad_norm" not in sc:
-        return rows
-    steps = np.unique(np.concatenate([v[0] for v in sc.values()]))
-
-    def col(name: str) -> Any:
-        out = np.full(len(steps), np.nan)
-        if name in sc:
-            out[np.searchsorted(steps, sc[name][0])] = sc[name][1]
-        return out
-
-    logged = np.zeros(len(steps), bool)  # a step with no loss logged has no NaN loss either
-    if "loss" in sc:
-        logged[np.searchsorted(steps, sc["loss"][0])] = True
-    d = diagnose_instability(
-        steps,
-        col("loss"),
-        col("grad_norm"),
-        col("lr"),
-        loss_logged=logged,
-        skipped=col("skipped_iterations"),
-    )
-    if d is not None and d.step >= lo - 200:
-        d.job_id = job.job_id
-        ctx.found.append(d)
-    return rows
+def _episode(ctx: _Ctx, job: JobSpan, s0: int, s1: int) -> str:
+    """The key of a slow-collective block's episode (:class:`SlowCollectives`), the block
+    added to the run's last one."""
+    ctx.coll = ctx.coll.after(job, s0, s1)
+    return ctx.coll.key

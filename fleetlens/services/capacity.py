@@ -55,7 +55,7 @@ def pool_runs(
     return [
         r
         for r in runs
-        if r.run_id in run_ids or any(j["jobId"] in job_ids for j in metadata.jobs(scope, r.run_id))
+        if r.run_id in run_ids or any(j.job_id in job_ids for j in metadata.jobs(scope, r.run_id))
     ]
 
 

@@ -29,6 +29,7 @@ from ..store.compare_queries import ComparisonQueries
 from ..store.detect_queries import DetectQueries
 from ..store.findings import FindingsStore
 from ..store.graph import GraphStore
+from ..store.graph_types import RunLineage
 from ..store.metadata import MetadataStore
 from ..store.reader import TenantReader
 from ..store.scope import Scope
@@ -194,11 +195,11 @@ def _figures(
     speed: RunSpeed | None,
     health: RunHealth,
     quality: dict[str, MatchedMetric],
-    lineage: dict[str, Any],
+    lineage: RunLineage,
     findings: dict[str, int],
 ) -> RunFigures:
-    ds = lineage.get("dataset") or {}
-    code = lineage.get("code") or {}
+    ds = lineage.dataset
+    code = lineage.code
     faults = {k: v for k, v in health.faults.items() if k in INFRA_FAULTS}
     sp = speed or RunSpeed()
     return RunFigures(
@@ -211,7 +212,7 @@ def _figures(
         findings=findings,
         # a run's mean that was not finite is as good as none (conclude reads .get)
         quality={m: x for m, v in quality.items() if (x := v.tail.get(run_id)) is not None},
-        dataset=f"{ds['name']}:{ds['version']}" if ds.get("name") else None,
+        dataset=f"{ds.name}:{ds.version}" if ds is not None and ds.name else None,
         code=str(code.get("commit") or "") or None,
     )
 
@@ -261,9 +262,9 @@ def compare_runs(
     health = q.health(runs)
     names = [*QUALITY_METRICS, "lr", "grad_norm"]
     quality = q.matched_scalars(runs, names)
-    diff = config_diff([ln["config"] for ln in lineages])
+    diff = config_diff([ln.config for ln in lineages])
     store = FindingsStore(metadata)
-    goodput = _goodput(telemetry, scope, runs, [ln["config"] or {} for ln in lineages])
+    goodput = _goodput(telemetry, scope, runs, [ln.config for ln in lineages])
     evaluations = evaluation_deltas(metadata, scope, runs)
     contracts = [
         run_contract(metadata, telemetry, scope, metadata.get_run(scope, r))
@@ -290,7 +291,7 @@ def compare_runs(
                 last_step=sp.last_step,
                 step_time_median_seconds=sp.median_step_s,
                 tokens_per_second=sp.tokens_per_s,
-                mfu=_mfu(ln["config"], sp),
+                mfu=_mfu(ln.config, sp),
                 goodput=g[0] if g is not None else None,
                 runtime_goodput=g[1] if g is not None else None,
                 productive_share=sp.productive_share,
@@ -313,7 +314,7 @@ def compare_runs(
         evaluations=evaluations,
         contract=ContractDiff([c.text() for c in contracts], against, any(against)),
         conclusions=[
-            conclude(figures[0], f, config_diff([lineages[0]["config"], ln["config"]]), d)
+            conclude(figures[0], f, config_diff([lineages[0].config, ln.config]), d)
             for f, ln, d in zip(figures[1:], lineages[1:], against, strict=True)
         ],
     )

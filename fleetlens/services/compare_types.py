@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..analysis.compare import Conclusion, SlowEpisode
+
 __all__ = [
     "ChangedValues",
     "CompareSide",
@@ -125,7 +127,7 @@ class Infrastructure:
     faults: list[InfraFault]
     xid_errors: list[XidError]
     job_ends: list[JobEnd]
-    slow_episodes: list[dict[str, Any]]
+    slow_episodes: list[SlowEpisode]
     speed: RunSpeed | None
 
 
@@ -201,4 +203,4 @@ class Comparison:
     matched_steps: dict[str, MatchedMetric]
     evaluations: EvaluationDeltas | None
     contract: ContractDiff
-    conclusions: list[dict[str, Any]]
+    conclusions: list[Conclusion]

@@ -7,11 +7,10 @@ shard the stalled ranks read, the storage latency, the prefetch queue, the cache
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..analysis.datapipe import data_causes
+from ..analysis.evidence import Evidence, window
 from ..analysis.hardware import node_health, node_signals
 from ..analysis.rootcause import Diagnosis
 from ..scalars import DATA_SCALARS
@@ -100,7 +99,7 @@ def data_stall(
                         "value": val,
                         "baseline": typical,
                         "threshold": thr,
-                        "window": {"fromStep": int(m.steps[a]), "toStep": int(m.steps[z - 1])},
+                        "window": window(int(m.steps[a]), int(m.steps[z - 1])),
                     },
                     *cause_ev,
                     *cpu,
@@ -116,7 +115,7 @@ def _dur(seconds: float) -> str:
 
 def _causes(
     q: DetectQueries, run_id: str, job: JobSpan, steps: np.ndarray, stalled: np.ndarray
-) -> tuple[list[str], list[dict[str, Any]]]:
+) -> tuple[list[str], list[Evidence]]:
     """The shard, storage, prefetch and cache signals of the job's ranks over a stalled window
     (``Run.data``), read only once a stall is found."""
     lo, hi = int(steps[0]), int(steps[-1])

@@ -174,7 +174,7 @@ def import_flight_recorder(
     q = DetectQueries(telemetry, scope.tenant)
     if not job_id:
         jobs = metadata.jobs(scope, run_id)
-        job_id = jobs[-1]["jobId"] if jobs else ""
+        job_id = jobs[-1].job_id if jobs else ""
     rep = analyze_dumps(dumps, run.world_size)
     place = q.placement(run_id, job_id, rep.world) if job_id else None
 

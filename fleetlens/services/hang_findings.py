@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.evidence import Evidence
 from ..analysis.hangs import HangRule, behind_ranks, find_stalls, recent_step_time
 from ..analysis.rootcause import Diagnosis
 from ..config import AnalyzerConfig
@@ -65,6 +66,14 @@ def find_hangs(
         behind = behind_ranks(beats, end, thr) if st.until >= end else []
         if behind:  # hung now: the heartbeats say whom the others wait for
             missing, why = behind, "stopped behind the others (heartbeats)"
+        heard: list[Evidence] = []
+        if behind:
+            heard.append(
+                {
+                    "metric": "rank heartbeats (time, step, phase, since)",
+                    "value": {str(r): list(beats[r]) for r in behind[:64]},
+                }
+            )
         found.append(
             Diagnosis(
                 f"hang:{job.job_id}:{step}",
@@ -95,16 +104,7 @@ def find_hangs(
                         "entered": len(entered),
                         "world": m.world,
                     },
-                    *(
-                        [
-                            {
-                                "metric": "rank heartbeats (time, step, phase, since)",
-                                "value": {str(r): list(beats[r]) for r in behind[:64]},
-                            }
-                        ]
-                        if behind
-                        else []
-                    ),
+                    *heard,
                 ],
             )
         )

@@ -10,6 +10,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+from ..analysis.evidence import Evidence
 from ..analysis.memory import POOLS, Climb, PoolMemory, climb, pool_memory, steady
 from ..analysis.rootcause import Diagnosis
 from ..config import AnalyzerConfig
@@ -164,16 +165,16 @@ def memory_climbs(
             f"{what} of {who} climbs to its limit: {c.text(first.limit)}; at this pace it runs "
             f"out in about {first.steps_to_limit:,.0f} steps"
         )
-        evidence = [
+        evidence: list[Evidence] = [
             {
                 "signal": "memory_climb",
                 "rank": p.rank,
-                "fromStep": p.climb.from_step if p.climb else None,
-                "toStep": p.climb.to_step if p.climb else None,
-                "usedBytes": p.used,
-                "limitBytes": p.limit,
-                "perStepBytes": p.climb.per_step if p.climb else None,
-                "stepsToLimit": p.steps_to_limit,
+                "from_step": p.climb.from_step if p.climb else None,
+                "to_step": p.climb.to_step if p.climb else None,
+                "used_bytes": p.used,
+                "limit_bytes": p.limit,
+                "per_step_bytes": p.climb.per_step if p.climb else None,
+                "steps_to_limit": p.steps_to_limit,
             }
             for p in climbing[:16]
         ]
@@ -245,14 +246,14 @@ def with_oom_climbs(reader: TenantReader, run_id: str, found: list[Diagnosis]) -
             out.append(d)
             continue
         c, limit = got
-        memory = {
+        memory: Evidence = {
             "signal": "memory_climb",
-            "fromStep": c.from_step,
-            "fromBytes": c.from_bytes,
-            "toStep": c.to_step,
-            "toBytes": c.to_bytes,
-            "perStepBytes": c.per_step,
-            "limitBytes": limit,
+            "from_step": c.from_step,
+            "from_bytes": c.from_bytes,
+            "to_step": c.to_step,
+            "to_bytes": c.to_bytes,
+            "per_step_bytes": c.per_step,
+            "limit_bytes": limit,
         }
         out.append(
             replace(d, summary=f"{d.summary}; {c.text(limit)}", evidence=[*d.evidence, memory])

@@ -15,13 +15,11 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import yaml
-from prometheus_client.core import CounterMetricFamily, Metric
 from sqlalchemy import select
 
 from ..alerts.engine import (
@@ -59,9 +57,10 @@ from ..store.run_queries import RunTelemetryQueries
 from ..store.scope import Scope
 from ..store.scoped import all_tenants
 from ..store.telemetry import TelemetryStore
-from .analyzer import analyze_once
+from .analyzer import LoopCounts, analyze_once
 from .captures import Captures
 from .goodput import goodput_window, summary_mfu
+from .monitor_metrics import MonitorMetrics
 from .portal import PortalQueries
 from .regressions import Regressions
 from .run_signals import metric_samples
@@ -109,6 +108,7 @@ class Monitor:
     )
     passes: int = 0
     errors: int = 0
+    loop: LoopCounts = field(default_factory=LoopCounts)
 
     @classmethod
     def build(
@@ -196,7 +196,7 @@ class Monitor:
     def run_once(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         try:
-            analyze_once(self.telemetry, self.findings, now, self.analyzer)
+            analyze_once(self.telemetry, self.findings, now, self.analyzer, self.loop)
         except Exception:
             self.errors += 1
             log.exception("analysis pass failed")
@@ -443,11 +443,11 @@ class Monitor:
         for tenant in {r.tenant for r in runs}:
             scope = Scope(tenant=tenant, role="viewer", actor="monitor")
             for a in self.alerts.list(scope, state="firing", limit=10_000):
-                key = (tenant, a["alertname"], a["severity"])
+                key = (tenant, a.alertname, a.severity)
                 firing[key] = firing.get(key, 0) + 1
-                node = a["labels"].get("node")
-                if node and a["alertname"] in ("FatalHardwareFault", "RecoverableHardwareFault"):
-                    cls = "fatal" if a["severity"] == "page" else "recoverable"
+                node = a.labels.get("node")
+                if node and a.alertname in ("FatalHardwareFault", "RecoverableHardwareFault"):
+                    cls = "fatal" if a.severity == "page" else "recoverable"
                     faults[(tenant, node, cls)] = faults.get((tenant, node, cls), 0) + 1
         states = self.remediation.state_counts() if self.remediation is not None else {}
         self.metrics.update(runs, firing, faults, states)
@@ -469,26 +469,3 @@ class Monitor:
             except Exception:
                 self.errors += 1
                 log.exception("preserving failure window %s failed", p.id)
-
-
-class MonitorMetrics:
-    """The monitor's passes on ``/metrics`` (read at scrape): a wait for "N more passes" counts
-    passes instead of sleeping, and a stalled monitor shows as a flat counter."""
-
-    def __init__(self, monitor: Monitor) -> None:
-        self.monitor = monitor
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        yield CounterMetricFamily(
-            "fleetlens_monitor_passes",
-            "Monitoring passes finished: analysis, alerts, remediation",
-            value=self.monitor.passes,
-        )
-        yield CounterMetricFamily(
-            "fleetlens_monitor_errors",
-            "Steps of a pass that failed (logged, retried next pass)",
-            value=self.monitor.errors,
-        )

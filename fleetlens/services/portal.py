@@ -429,7 +429,7 @@ def run_overview(
     to_step] of the run's steps (all of them by default) at ``points`` buckets; the summary,
     goodput and findings (most costly first) of the whole run. One read of the rollup serves the
     summary, the step series, the goodput and the costs. ``mark(part)`` is called as each part
-    is done (the API times them)."""
+    is done (the API times them; ``part`` in snake_case)."""
     from .portal_costs import finding_costs  # it reads this module's Executions
 
     info = metadata.get_run(scope, run_id)
@@ -449,7 +449,7 @@ def run_overview(
     lo = first if from_step is None else max(first, from_step)
     hi = last if to_step is None else min(last, to_step)
     series = step_buckets(per_step, lo, hi, points)
-    mark("stepSeries")
+    mark("step_series")
     names = [n for n in latest if n in OVERVIEW_SCALARS or len(latest) < 6]
     scalars = pq.scalar_series(run_id, names, lo, hi, points)
     mark("scalars")

@@ -16,11 +16,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
 from ..analysis.contract import software
+from ..analysis.evidence import Evidence
 from ..analysis.regression import (
     CONFIG_SOFTWARE_KEYS,
     TIERS,
@@ -263,7 +263,7 @@ def _diagnosis(
 ) -> Diagnosis:
     """A tier's finding: ``v`` worse than its bound (ongoing while the run is live), or, with
     ``v`` None, the stored finding ``key`` ended at the run's last step."""
-    evidence: list[dict[str, Any]] = []
+    evidence: list[Evidence] = []
     if v is not None:
         change = f"; coincides with {', '.join(v.changes)}" if v.changes else ""
         ratio = f" ({v.ratio:.2f}x)" if v.ratio is not None else ""
@@ -289,14 +289,14 @@ def _diagnosis(
     )
 
 
-def _evidence(v: Verdict) -> dict[str, Any]:
+def _evidence(v: Verdict) -> Evidence:
     return {
         "signal": "regression",
         "metric": TIERS[v.tier].what,
         "value": v.value,
         "baseline": v.baseline,
         "threshold": v.bound,
-        "baselineRuns": v.runs,
-        "baselineSoftware": v.software,
+        "baseline_runs": v.runs,
+        "baseline_software": v.software,
         "changes": v.changes,
     }

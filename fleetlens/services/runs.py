@@ -21,6 +21,7 @@ from ..analysis.changes import MetricChange, series_changes
 from ..analysis.hardware import GpuHealth, NodeHealth, gpu_health, node_health
 from ..errors import ConfigError
 from ..store.detect_queries import DetectQueries, by_placed_span
+from ..store.metadata import JobInfo
 from ..store.reader import TenantReader
 from ..store.run_queries import RANK_SORT_KEYS, RunTelemetryQueries
 from ..store.scope import Scope
@@ -110,12 +111,12 @@ def summarize(
     )
 
 
-def declared_world(summary: RunSummary, jobs: list[dict[str, Any]]) -> RunSummary:
+def declared_world(summary: RunSummary, jobs: list[JobInfo]) -> RunSummary:
     """The summary with its world size as the job declared it, and the ranks that report steps
     as ``ranks_reporting``: the telemetry's count is the ranks of the newest step, which is
     fewer when some ranks do not report (or an imported log's one rank stands for the job). The
     one rule of the API's run and the run page."""
-    declared = int(jobs[-1]["worldSize"]) if jobs else 0
+    declared = jobs[-1].world_size if jobs else 0
     if not summary.world_size:
         return summary
     return replace(

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.baseline import Baseline, GroupShift, shift_threshold
+from ..analysis.evidence import Evidence, window
 from ..analysis.hardware import gpu_health, gpu_signals, node_health, node_signals
 from ..analysis.nanstats import nanmedian
 from ..analysis.rootcause import Diagnosis
@@ -83,16 +84,16 @@ def shift_diagnosis(
         diag = "thermal" if frac > 0 else "host"
     else:
         diag = "inefficient_compute"
-    ev = [
+    ev: list[Evidence] = [
         {
             "metric": "median rank compute / "
             + ("the other ranks'" if peer else "workload baseline"),
             "value": sh.ratio,
             "baseline": 1.0,
-            "baselineMedianS": b.median if b.ready else None,
+            "baseline_median_s": b.median if b.ready else None,
             "threshold": None if peer else 1 + shift_threshold(b, 0.03),
-            "othersRatio": sh.others_ratio if np.isfinite(sh.others_ratio) else None,
-            "window": {"fromStep": s0, "toStep": s1},
+            "others_ratio": sh.others_ratio if np.isfinite(sh.others_ratio) else None,
+            "window": window(s0, s1),
             "signature": signature,
         },
         {"metric": "GPUs with thermal throttle reasons", "value": thermal, "of": seen},
@@ -161,15 +162,15 @@ def throttled_racks(
             if ratio is not None and np.isfinite(ratio)
             else ""
         )
-        ev = [
+        ev: list[Evidence] = [
             {
                 "metric": "GPUs with thermal throttle reasons",
                 "value": n_hot,
                 "of": len(mine),
-                "window": {"fromStep": s0, "toStep": s1},
+                "window": window(s0, s1),
                 "signature": signature,
                 "baseline": None,
-                "othersRatio": ratio,
+                "others_ratio": ratio,
             }
         ]
         out.append(
@@ -284,12 +285,12 @@ def network_diagnosis(
         {g.node for g in gh.values() if any(s.name == "nvlink_errors" for s in gpu_signals(g))}
     )
     net = [s for h in nh.values() for s in node_signals(h) if s.name in _NET_SIGNALS]
-    ev: list[dict[str, Any]] = [
+    ev: list[Evidence] = [
         {
             "metric": "collective transfer time (least wait of any rank)",
             "value": tr,
             "baseline": tb.median,
-            "window": {"fromStep": s0, "toStep": s1},
+            "window": window(s0, s1),
             "verdict": "slow_network: every rank on time, the transfer itself longer",
         }
     ]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.collectives import analyze_collectives
+from ..analysis.evidence import Evidence
 from ..analysis.hardware import GpuHealth, Signal, gpu_health, gpu_signals
 from ..analysis.ranks import RankState, open_episodes
 from ..analysis.rootcause import Diagnosis, diagnose_straggler
@@ -86,7 +87,7 @@ def _last_arrivals(
     ranks: Sequence[int],
     start: int,
     end: int,
-) -> list[dict[str, Any]]:
+) -> list[Evidence]:
     """The clock-free collective evidence: how often the straggler arrived last."""
     job = jobs[-1]
     hi = end if end >= 0 else job.last_step
@@ -104,7 +105,7 @@ def _last_arrivals(
             "rank": r,
             "value": counts.get(r, 0) / total,
             "collectives": total,
-            "waitedForMedianS": float(np.median(rep.lateness_s[rep.last_rank == r]))
+            "waited_for_median_s": float(np.median(rep.lateness_s[rep.last_rank == r]))
             if counts.get(r)
             else 0.0,
         }

@@ -39,6 +39,8 @@ def _hash(token: str) -> str:
 
 @dataclass(frozen=True)
 class TokenInfo:
+    """An API token as the store knows it: never its secret; ``project`` "" for all."""
+
     id: int
     prefix: str
     name: str
@@ -48,19 +50,6 @@ class TokenInfo:
     created_at: float
     created_by: str
     revoked_at: float | None
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "prefix": self.prefix,
-            "name": self.name,
-            "tenant": self.tenant,
-            "project": self.project or None,
-            "role": self.role,
-            "createdAt": self.created_at,
-            "createdBy": self.created_by,
-            "revokedAt": self.revoked_at,
-        }
 
 
 def _info(t: ApiToken) -> TokenInfo:

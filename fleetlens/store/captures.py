@@ -17,12 +17,13 @@ from typing import Any
 from sqlalchemy import select
 
 from ..errors import NotFound
+from ..traces.summary import RankSummary, decode_summary, snake_fields
 from .metadata import MetadataStore
 from .models import TraceCaptureRow
 from .scope import Scope
 from .scoped import all_tenants, scoped
 
-__all__ = ["CAPTURE_STATES", "Capture", "CaptureStore"]
+__all__ = ["CAPTURE_STATES", "Capture", "CaptureEvidence", "CaptureStore", "CapturedRank"]
 
 CAPTURE_STATES = ("requested", "partial", "done", "expired")
 """``requested``: no trace in yet; ``partial``: some ranks' traces in; ``done``: every rank's;
@@ -48,7 +49,7 @@ class Capture:
     message: str
     requested_at: float
     updated_at: float
-    results: dict[int, dict[str, Any]] = field(default_factory=dict)
+    results: dict[int, RankSummary] = field(default_factory=dict)
 
     @property
     def open(self) -> bool:
@@ -71,7 +72,7 @@ class Capture:
             message=r.message,
             requested_at=r.requested_at,
             updated_at=r.updated_at,
-            results={int(k): dict(v) for k, v in dict(r.results or {}).items()},  # type: ignore[call-overload]
+            results={int(k): decode_summary(v) for k, v in dict(r.results or {}).items()},
         )
 
 
@@ -141,7 +142,7 @@ class CaptureStore:
             return Capture.of(row)
 
     def record(
-        self, who: Scope | str, run_id: str, capture_id: int, rank: int, result: dict[str, Any]
+        self, who: Scope | str, run_id: str, capture_id: int, rank: int, result: RankSummary
     ) -> Capture:
         """Rank ``rank``'s breakdown is in: ``done`` once every named rank's is. A trace that
         arrives after the capture expired still counts (the job was only late)."""
@@ -150,7 +151,7 @@ class CaptureStore:
         with self._record, self._session() as s:
             row = self._row(s, who, run_id, capture_id, lock=True)
             results = {str(k): v for k, v in dict(row.results or {}).items()}
-            results[str(rank)] = result
+            results[str(rank)] = result.stored()
             row.results = results
             got = {int(k) for k in results}
             row.state = "done" if got >= {int(r) for r in row.ranks} else "partial"
@@ -185,25 +186,66 @@ def captured_steps(c: Capture) -> tuple[int, int] | None:
     """The steps the capture's traces hold (the first rank's in), None before any is in."""
     for rank in c.ranks:
         r = c.results.get(rank)
-        if r and r.get("fromStep") is not None:
-            return int(r["fromStep"]), int(r["toStep"])
+        if r is not None and r.from_step is not None and r.to_step is not None:
+            return r.from_step, r.to_step
     return None
 
 
+@dataclass(frozen=True)
+class CapturedRank:
+    """A rank of a capture's evidence: ``lagging`` (the finding's rank), its healthy ``peer``,
+    or ``named`` by a person; its summary once its trace is in (None: ``missing``)."""
+
+    rank: int
+    role: str
+    summary: RankSummary | None
+
+
+@dataclass(frozen=True)
+class CaptureEvidence:
+    """A capture as a finding's evidence item (signal ``trace_capture``): the steps its traces
+    hold (None before any is in) and each rank's summary, the lagging rank first."""
+
+    capture_id: int
+    state: str
+    from_step: int | None
+    to_step: int | None
+    ranks: tuple[CapturedRank, ...]
+    signal: str = "trace_capture"
+
+    @classmethod
+    def of(cls, c: Capture) -> CaptureEvidence:
+        span = captured_steps(c)
+        ranks = []
+        for i, rank in enumerate(c.ranks):
+            role = "lagging" if i == 0 and c.finding_key else ("peer" if c.finding_key else "named")
+            ranks.append(CapturedRank(rank, role, c.results.get(rank)))
+        return cls(
+            capture_id=c.id,
+            state=c.state,
+            from_step=span[0] if span else None,
+            to_step=span[1] if span else None,
+            ranks=tuple(ranks),
+        )
+
+
+def _rank_item(r: CapturedRank) -> dict[str, Any]:
+    if r.summary is None:
+        return {"rank": r.rank, "role": r.role, "missing": True}
+    got = snake_fields(r.summary) if r.summary.steps else {"steps": 0}
+    return {"rank": r.rank, "role": r.role, **got}
+
+
 def capture_evidence(c: Capture) -> dict[str, Any]:
-    """A finding's evidence item: each rank's captured steps, the lagging rank first."""
-    span = captured_steps(c)
-    ranks = []
-    for i, rank in enumerate(c.ranks):
-        role = "lagging" if i == 0 and c.finding_key else ("peer" if c.finding_key else "named")
-        ranks.append({"rank": rank, "role": role, **c.results.get(rank, {"missing": True})})
+    """A finding's evidence item (:class:`CaptureEvidence`), snake_case keys: the API names them."""
+    ev = CaptureEvidence.of(c)
     return {
-        "signal": "trace_capture",
-        "captureId": c.id,
-        "state": c.state,
-        "fromStep": span[0] if span else None,
-        "toStep": span[1] if span else None,
-        "ranks": ranks,
+        "signal": ev.signal,
+        "capture_id": ev.capture_id,
+        "state": ev.state,
+        "from_step": ev.from_step,
+        "to_step": ev.to_step,
+        "ranks": [_rank_item(r) for r in ev.ranks],
     }
 
 

@@ -8,7 +8,7 @@ for any tenant (it is the server's own process); every read takes the caller's s
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -178,12 +178,12 @@ class FindingsStore:
         tenant: str,
         run_id: str,
         seen_last: float,
-        state: dict[str, Any],
+        state: Mapping[str, object],
         arrivals: int,
     ) -> None:
-        """Store the loop's state; ``seen_last`` -1 asks for another pass (work left over);
-        ``arrivals`` is the run's count of registry writes the pass read (a write after it
-        brings the run back)."""
+        """Store the loop's state (as JSON); ``seen_last`` -1 asks for another pass (work left
+        over); ``arrivals`` is the run's count of registry writes the pass read (a write after
+        it brings the run back)."""
         with self._session() as s:
             c = s.scalars(
                 scoped(select(AnalysisCursor), tenant).where(AnalysisCursor.run_id == run_id)
@@ -196,12 +196,12 @@ class FindingsStore:
                         run_id=run_id,
                         seen_last=seen_last,
                         arrivals_seen=arrivals,
-                        state=state,
+                        state=dict(state),
                         updated_at=now,
                     )
                 )
             else:
-                c.seen_last, c.state, c.updated_at = seen_last, state, now
+                c.seen_last, c.state, c.updated_at = seen_last, dict(state), now
                 c.arrivals_seen = arrivals
 
     def upsert(

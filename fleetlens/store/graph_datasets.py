@@ -12,10 +12,11 @@ from sqlalchemy.orm import Session
 from ..errors import ConfigError, NotFound
 from .graph_models import DatasetVersion, Experiment
 from .graph_runs import GraphPart
+from .graph_types import DatasetInfo
 from .scope import Scope
 from .scoped import scoped
 
-__all__ = ["Datasets", "dataset_json", "dataset_ref", "ensure_experiment", "upsert_dataset"]
+__all__ = ["Datasets", "dataset_info", "dataset_ref", "ensure_experiment", "upsert_dataset"]
 
 
 class Datasets(GraphPart):
@@ -28,7 +29,7 @@ class Datasets(GraphPart):
         content_hash: str = "",
         uri: str = "",
         shards: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
+    ) -> DatasetInfo:
         """A dataset version; without ``version`` it is the content hash (content-addressed)."""
         ds = dataset_ref(
             {
@@ -43,7 +44,7 @@ class Datasets(GraphPart):
             upsert_dataset(s, scope.tenant, scope.project, ds)
         return self.dataset(scope, ds["name"], ds["version"])
 
-    def dataset(self, scope: Scope, name: str, version: str) -> dict[str, Any]:
+    def dataset(self, scope: Scope, name: str, version: str) -> DatasetInfo:
         """The version, if the caller may see it: a project-scoped caller sees its project's
         datasets and the tenant's datasets that belong to no project."""
         with self._session() as s:
@@ -53,7 +54,7 @@ class Datasets(GraphPart):
             ).first()
             if row is None:
                 raise NotFound(f"dataset {name}:{version} does not exist")
-            return dataset_json(row)
+            return dataset_info(row)
 
 
 def ensure_experiment(s: Session, tenant: str, project: str, experiment_id: str) -> None:
@@ -116,12 +117,12 @@ def dataset_ref(ds: dict[str, Any] | str) -> dict[str, Any]:
     return out
 
 
-def dataset_json(r: DatasetVersion) -> dict[str, Any]:
-    return {
-        "name": r.name,
-        "version": r.version,
-        "contentHash": r.content_hash or None,
-        "uri": r.uri or None,
-        "shards": list(r.shards or []),
-        "createdAt": r.created_at,
-    }
+def dataset_info(r: DatasetVersion) -> DatasetInfo:
+    return DatasetInfo(
+        name=r.name,
+        version=r.version,
+        content_hash=r.content_hash or None,
+        uri=r.uri or None,
+        shards=list(r.shards or []),
+        created_at=r.created_at,
+    )

@@ -9,11 +9,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .graph_datasets import dataset_json, dataset_ref, ensure_experiment, upsert_dataset
+from .graph_datasets import dataset_info, dataset_ref, ensure_experiment, upsert_dataset
 from .graph_files import verify as verify_files
 from .graph_models import Checkpoint, DatasetVersion, ModelVersion, RunExtra
-from .graph_runs import GraphPart, checkpoint_json, checkpoint_row, run_row
-from .graph_versions import model_json, model_version
+from .graph_runs import GraphPart, checkpoint_info, checkpoint_row, run_row
+from .graph_types import DatasetInfo, DatasetRef, JobLineage, ModelLineage, RunLineage
+from .graph_versions import model_info, model_version
 from .metadata import retry_conflicts
 from .models import Job
 from .scope import Scope
@@ -42,7 +43,7 @@ class Lineage(GraphPart):
         launch_command: str | None = None,
         environment: dict[str, Any] | None = None,
         experiment_id: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunLineage:
         """Record what the run was made of (what the SDK did not see, or an imported run's)."""
         ds = dataset_ref(dataset) if dataset is not None else None
 
@@ -70,14 +71,14 @@ class Lineage(GraphPart):
         retry_conflicts(write)
         return self.run_lineage(scope, run_id)
 
-    def run_lineage(self, scope: Scope, run_id: str) -> dict[str, Any]:
+    def run_lineage(self, scope: Scope, run_id: str) -> RunLineage:
         """Run -> experiment, config, code, dataset, environment, jobs, checkpoints, models."""
         with self._session() as s:
             run = run_row(s, scope, run_id)
             extra = s.scalars(
                 scoped(select(RunExtra), scope).where(RunExtra.run_id == run_id)
             ).first()
-            dataset: dict[str, Any] | None = None
+            dataset: DatasetInfo | DatasetRef | None = None
             if extra is not None and extra.dataset_name:
                 row = s.scalars(
                     scoped(select(DatasetVersion), scope).where(
@@ -86,9 +87,9 @@ class Lineage(GraphPart):
                     )
                 ).first()
                 dataset = (
-                    dataset_json(row)
+                    dataset_info(row)
                     if row is not None
-                    else {"name": extra.dataset_name, "version": extra.dataset_version}
+                    else DatasetRef(extra.dataset_name, extra.dataset_version)
                 )
             jobs = s.scalars(
                 scoped(select(Job), scope).where(Job.run_id == run_id).order_by(Job.first_seen)
@@ -101,60 +102,37 @@ class Lineage(GraphPart):
             models = s.scalars(
                 scoped(select(ModelVersion), scope).where(ModelVersion.run_id == run_id)
             ).all()
-            return {
-                "runId": run.run_id,
-                "project": run.project,
-                "experimentId": run.experiment_id or None,
-                "config": dict(run.config or {}),
-                "code": dict(extra.code or {}) if extra else {},
-                "dataset": dataset,
-                "launchCommand": (extra.launch_command or None) if extra else None,
-                "environment": dict(extra.environment or {}) if extra else {},
-                "jobs": [
-                    {
-                        "jobId": j.job_id,
-                        "status": j.status,
-                        "firstSeen": j.first_seen,
-                        "lastSeen": j.last_seen,
-                        "lastStep": j.last_step,
-                    }
+            return RunLineage(
+                run_id=run.run_id,
+                project=run.project,
+                experiment_id=run.experiment_id or None,
+                config=dict(run.config or {}),
+                code=dict(extra.code or {}) if extra else {},
+                dataset=dataset,
+                launch_command=(extra.launch_command or None) if extra else None,
+                environment=dict(extra.environment or {}) if extra else {},
+                jobs=[
+                    JobLineage(j.job_id, j.status, j.first_seen, j.last_seen, j.last_step)
                     for j in jobs
                 ],
-                "checkpoints": [checkpoint_json(c) for c in cks],
-                "modelVersions": [model_json(m) for m in models],
-            }
+                checkpoints=[checkpoint_info(c) for c in cks],
+                model_versions=[model_info(m) for m in models],
+            )
 
     def model_lineage(
         self, scope: Scope, model_id: str, version: str, *, verify: bool = False
-    ) -> dict[str, Any]:
+    ) -> ModelLineage:
         """Model version -> evaluation (optional) -> checkpoint -> step -> run -> config,
         dataset and code. With ``verify``, re-read the checkpoint and the dataset's shards
         through fsspec and compare their sha256 with what was registered."""
         with self._session() as s:
             mv = model_version(s, scope, model_id, version)
-            run_id, cid, evaluation_id = mv.run_id, mv.checkpoint_id, mv.evaluation_id
-            model = model_json(mv)
-            ck = checkpoint_json(checkpoint_row(s, scope, run_id, cid))
-        run = self.run_lineage(scope, run_id)
-        out: dict[str, Any] = {
-            "model": model,
-            "evaluation": {"evaluationId": evaluation_id} if evaluation_id else None,
-            "checkpoint": ck,
-            "step": ck["step"],
-            "run": {
-                k: run[k]
-                for k in (
-                    "runId",
-                    "project",
-                    "experimentId",
-                    "config",
-                    "code",
-                    "dataset",
-                    "launchCommand",
-                    "environment",
-                )
-            },
-        }
+            model = model_info(mv)
+            ck = checkpoint_info(checkpoint_row(s, scope, mv.run_id, mv.checkpoint_id))
+        run = self.run_lineage(scope, model.run_id)
+        verification = None
         if verify:
-            out["verification"] = verify_files(ck, run.get("dataset"))
-        return out
+            ds = run.dataset
+            shards = {"shards": ds.shards} if isinstance(ds, DatasetInfo) else None
+            verification = verify_files({"uri": ck.uri, "checksum": ck.checksum or ""}, shards)
+        return ModelLineage(model, model.evaluation_id or None, ck, run, verification)

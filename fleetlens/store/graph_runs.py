@@ -4,7 +4,6 @@ its checkpoints and its artifacts (files by pointer and sha256)."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -12,12 +11,13 @@ from sqlalchemy.orm import Session
 from ..errors import ConfigError, NotFound
 from .graph_files import bare, sha256_of
 from .graph_models import Artifact, Checkpoint
+from .graph_types import ArtifactInfo, CheckpointInfo
 from .metadata import MetadataStore
 from .models import Run
 from .scope import Scope
 from .scoped import scoped
 
-__all__ = ["ARTIFACT_KINDS", "GraphPart", "RunRecords", "checkpoint_json", "checkpoint_row",
+__all__ = ["ARTIFACT_KINDS", "GraphPart", "RunRecords", "checkpoint_info", "checkpoint_row",
            "run_row"]  # fmt: skip
 
 ARTIFACT_KINDS = ("trace", "log", "eval_output", "checkpoint", "config", "other")
@@ -75,7 +75,7 @@ class RunRecords(GraphPart):
         at: float | None = None,
         checkpoint_id: str = "",
         compute_checksum: bool = False,
-    ) -> dict[str, Any]:
+    ) -> CheckpointInfo:
         """Record (or update) a checkpoint of a run; its id defaults to ``<run>@<step>``."""
         if compute_checksum and uri and not checksum:
             digest, size = sha256_of(uri)
@@ -105,9 +105,9 @@ class RunRecords(GraphPart):
             row.size_bytes = size_bytes if size_bytes is not None else row.size_bytes
             row.duration_s = duration_s if duration_s is not None else row.duration_s
             row.time = at if at is not None else (row.time or time.time())
-            return checkpoint_json(row)
+            return checkpoint_info(row)
 
-    def checkpoints(self, scope: Scope, run_id: str) -> list[dict[str, Any]]:
+    def checkpoints(self, scope: Scope, run_id: str) -> list[CheckpointInfo]:
         with self._session() as s:
             run_row(s, scope, run_id)
             rows = s.scalars(
@@ -115,7 +115,7 @@ class RunRecords(GraphPart):
                 .where(Checkpoint.run_id == run_id)
                 .order_by(Checkpoint.step, Checkpoint.time)
             ).all()
-            return [checkpoint_json(r) for r in rows]
+            return [checkpoint_info(r) for r in rows]
 
     def register_artifact(
         self,
@@ -127,7 +127,7 @@ class RunRecords(GraphPart):
         kind: str = "other",
         sha256: str = "",
         compute_checksum: bool = True,
-    ) -> dict[str, Any]:
+    ) -> ArtifactInfo:
         """A file of a run, by pointer; its sha256 is read through fsspec unless given."""
         if kind not in ARTIFACT_KINDS:
             raise ConfigError(f"artifact kind {kind!r} is unknown; use one of {ARTIFACT_KINDS}")
@@ -147,9 +147,9 @@ class RunRecords(GraphPart):
                 )
                 s.add(row)
             row.kind, row.uri, row.sha256, row.size_bytes = kind, uri, bare(sha256), size
-            return _artifact_json(row)
+            return _artifact_info(row)
 
-    def artifacts(self, scope: Scope, run_id: str) -> list[dict[str, Any]]:
+    def artifacts(self, scope: Scope, run_id: str) -> list[ArtifactInfo]:
         with self._session() as s:
             run_row(s, scope, run_id)
             rows = s.scalars(
@@ -157,31 +157,31 @@ class RunRecords(GraphPart):
                 .where(Artifact.run_id == run_id)
                 .order_by(Artifact.name)
             ).all()
-            return [_artifact_json(r) for r in rows]
+            return [_artifact_info(r) for r in rows]
 
 
-def checkpoint_json(r: Checkpoint) -> dict[str, Any]:
-    return {
-        "checkpointId": r.checkpoint_id,
-        "runId": r.run_id,
-        "jobId": r.job_id or None,
-        "step": r.step,
-        "uri": r.uri,
-        "sizeBytes": r.size_bytes,
-        "checksum": r.checksum or None,
-        "durationSeconds": r.duration_s,
-        "sync": r.sync,
-        "ok": r.ok,
-        "time": r.time,
-    }
+def checkpoint_info(r: Checkpoint) -> CheckpointInfo:
+    return CheckpointInfo(
+        checkpoint_id=r.checkpoint_id,
+        run_id=r.run_id,
+        job_id=r.job_id or None,
+        step=r.step,
+        uri=r.uri,
+        size_bytes=r.size_bytes,
+        checksum=r.checksum or None,
+        duration_seconds=r.duration_s,
+        sync=r.sync,
+        ok=r.ok,
+        time=r.time,
+    )
 
 
-def _artifact_json(r: Artifact) -> dict[str, Any]:
-    return {
-        "name": r.name,
-        "kind": r.kind,
-        "uri": r.uri,
-        "sizeBytes": r.size_bytes,
-        "sha256": r.sha256 or None,
-        "createdAt": r.created_at,
-    }
+def _artifact_info(r: Artifact) -> ArtifactInfo:
+    return ArtifactInfo(
+        name=r.name,
+        kind=r.kind,
+        uri=r.uri,
+        size_bytes=r.size_bytes,
+        sha256=r.sha256 or None,
+        created_at=r.created_at,
+    )

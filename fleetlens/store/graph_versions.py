@@ -4,7 +4,6 @@ run, immutable once registered (a new checkpoint is a new version)."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -12,10 +11,11 @@ from sqlalchemy.orm import Session
 from ..errors import ConfigError, NotFound
 from .graph_models import ModelVersion
 from .graph_runs import GraphPart, checkpoint_row, run_row
+from .graph_types import ModelVersionInfo
 from .scope import Scope
 from .scoped import scoped
 
-__all__ = ["ModelVersions", "model_json", "model_version"]
+__all__ = ["ModelVersions", "model_info", "model_version"]
 
 
 def model_version(s: Session, scope: Scope, model_id: str, version: str) -> ModelVersion:
@@ -41,7 +41,7 @@ class ModelVersions(GraphPart):
         step: int | None = None,
         evaluation_id: str | None = None,
         metrics: dict[str, float] | None = None,
-    ) -> dict[str, Any]:
+    ) -> ModelVersionInfo:
         """Register ``model_id:version`` from a checkpoint of a run (by id or by step)."""
         with self._session() as s:
             ck = checkpoint_row(s, scope, run_id, checkpoint_id, step)
@@ -79,25 +79,25 @@ class ModelVersions(GraphPart):
                 row.evaluation_id = evaluation_id
             if metrics:
                 row.metrics = {**(row.metrics or {}), **metrics}
-            return model_json(row)
+            return model_info(row)
 
-    def model_versions(self, scope: Scope, model_id: str | None = None) -> list[dict[str, Any]]:
+    def model_versions(self, scope: Scope, model_id: str | None = None) -> list[ModelVersionInfo]:
         with self._session() as s:
             q = scoped(select(ModelVersion), scope, within="project")
             if model_id:
                 q = q.where(ModelVersion.model_id == model_id)
             rows = s.scalars(q.order_by(ModelVersion.model_id, ModelVersion.created_at)).all()
-            return [model_json(r) for r in rows]
+            return [model_info(r) for r in rows]
 
 
-def model_json(r: ModelVersion) -> dict[str, Any]:
-    return {
-        "modelId": r.model_id,
-        "version": r.version,
-        "runId": r.run_id,
-        "checkpointId": r.checkpoint_id,
-        "evaluationId": r.evaluation_id,
-        "metrics": dict(r.metrics or {}),
-        "createdAt": r.created_at,
-        "createdBy": r.created_by,
-    }
+def model_info(r: ModelVersion) -> ModelVersionInfo:
+    return ModelVersionInfo(
+        model_id=r.model_id,
+        version=r.version,
+        run_id=r.run_id,
+        checkpoint_id=r.checkpoint_id,
+        evaluation_id=r.evaluation_id,
+        metrics=dict(r.metrics or {}),
+        created_at=r.created_at,
+        created_by=r.created_by,
+    )

@@ -28,7 +28,15 @@ from .models import Finding, Job, RankEndRow, Run
 from .scope import Scope
 from .scoped import all_tenants, scoped
 
-__all__ = ["RECORDED", "MetadataStore", "RunBrief", "RunInfo", "retry_conflicts", "run_status"]
+__all__ = [
+    "RECORDED",
+    "JobInfo",
+    "MetadataStore",
+    "RunBrief",
+    "RunInfo",
+    "retry_conflicts",
+    "run_status",
+]
 
 T = TypeVar("T")
 
@@ -55,6 +63,19 @@ class RunBrief:
     world_size: int
     first_seen: float
     last_seen: float
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job attempt of a run (a restart is a new job)."""
+
+    job_id: str
+    status: str
+    first_seen: float
+    last_seen: float
+    last_step: int
+    world_size: int
+    """As the job declared it (0: not declared)."""
 
 
 @dataclass(frozen=True)
@@ -421,21 +442,15 @@ class MetadataStore:
                 raise NotFound(f"run {run_id!r} does not exist")
             return self._info(s, run, time.time())
 
-    def jobs(self, scope: Scope, run_id: str) -> list[dict[str, Any]]:
+    def jobs(self, scope: Scope, run_id: str) -> list[JobInfo]:
+        """The run's job attempts, oldest first."""
         self.get_run(scope, run_id)
         with self.session() as s:
             rows = s.scalars(
                 scoped(select(Job), scope).where(Job.run_id == run_id).order_by(Job.first_seen)
             ).all()
             return [
-                {
-                    "jobId": j.job_id,
-                    "status": j.status,
-                    "firstSeen": j.first_seen,
-                    "lastSeen": j.last_seen,
-                    "lastStep": j.last_step,
-                    "worldSize": j.world_size,
-                }
+                JobInfo(j.job_id, j.status, j.first_seen, j.last_seen, j.last_step, j.world_size)
                 for j in rows
             ]
 

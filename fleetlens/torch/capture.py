@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..sdk.control import ControlChannel
+from ..sdk.control import CaptureAsk, ControlChannel
 from ..sdk.run import Run
 
 __all__ = ["MAX_FILE_BYTES", "MAX_STEPS", "Capturer", "ensure_capture"]
@@ -81,10 +81,10 @@ class Capturer:
             asked = self.channel.capture
             if asked is None or n is None:
                 return
-            cid = int(asked.get("id", 0))
-            if cid in self._done or self.run.config.rank not in asked.get("ranks", ()):
+            cid = asked.id
+            if cid in self._done or self.run.config.rank not in asked.ranks:
                 return
-            if n < int(asked.get("fromStep") or 0):
+            if n < (asked.from_step or 0):
                 return  # every rank asked starts at the same step
             self._done.add(cid)  # whatever happens, once
             self._start(cid, asked)
@@ -116,9 +116,9 @@ class Capturer:
         rec.__enter__()  # type: ignore[no-untyped-call]
         self._rec = rec
 
-    def _start(self, cid: int, asked: dict[str, Any]) -> None:
-        steps = max(1, min(int(asked.get("steps", 3)), MAX_STEPS))
-        warmup = max(0, min(int(asked.get("warmup", 1)), 5))
+    def _start(self, cid: int, asked: CaptureAsk) -> None:
+        steps = max(1, min(asked.steps, MAX_STEPS))
+        warmup = max(0, min(asked.warmup, 5))
         self._asked = {"id": cid, "steps": steps, "warmup": warmup}
         self._total, self._ended, self._calls = warmup + steps, 0, 0
         self._written = None

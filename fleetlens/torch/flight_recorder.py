@@ -35,6 +35,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from ..sdk.run import Run
 from ..sdk.transport import HttpTransport
 
@@ -73,6 +75,21 @@ def _dump_trace() -> bytes:
 
     c10d: Any = torch._C._distributed_c10d  # not in torch's stubs
     return bytes(c10d._dump_fr_trace())
+
+
+class _DumpFile(msgspec.Struct):
+    """One rank's dump as the upload route takes it: its file name, base64 of its bytes."""
+
+    name: str
+    data: str
+
+
+class _Upload(msgspec.Struct, rename="camel", omit_defaults=True):
+    """The body of ``POST /v1/runs/{run}/flight-recorder``: the dumps, and the job they are of
+    (absent: the run's newest)."""
+
+    files: list[_DumpFile]
+    job_id: str | None = None
 
 
 class HangDump:
@@ -179,14 +196,12 @@ class HangDump:
         for path in paths:
             with open(path, "rb") as fh:
                 data = base64.b64encode(fh.read()).decode("ascii")
-            files.append({"name": os.path.basename(path), "data": data})
-        body = json.dumps({"files": files, **({"jobId": cfg.job_id} if cfg.job_id else {})})
+            files.append(_DumpFile(os.path.basename(path), data))
+        body = msgspec.json.encode(_Upload(files, cfg.job_id or None))
         route = f"/v1/runs/{urllib.parse.quote(cfg.run_id, safe='')}/flight-recorder"
         transport = HttpTransport(cfg.server, cfg.token, 120.0, path=route)
         try:
-            status, reason, _, answer = transport.post(
-                body.encode(), {"Content-Type": "application/json"}
-            )
+            status, reason, _, answer = transport.post(body, {"Content-Type": "application/json"})
         finally:
             transport.close()
         if status != 200:

@@ -4,20 +4,20 @@ tables it is stored as beside imported traces.
 
 The side-by-side of a lagging rank and its healthy peer is made of two of these
 (:func:`rank_summary`). On a GPU the lines are the device's (compute, communication, memory
-copies, idle); a trace with no device activity (CPU training, gloo) says so with ``hostOnly``,
-and its ``computeMs`` is the host's own work: the step less the time in collectives.
+copies, idle); a trace with no device activity (CPU training, gloo) says so with ``host_only``,
+and its ``compute_ms`` is the host's own work: the step less the time in collectives.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
 from ..wire import encode_batch
 from .importer import RankTrace, tables
+from .summary import RankSummary, TopCollective, TopKernel
 
 __all__ = ["TOP", "capture_batch", "rank_summary"]
 
@@ -29,12 +29,12 @@ def _mean_ms(x: np.ndarray, n: int) -> float:
     return round(1000.0 * float(np.asarray(x).sum()) / n, 3)
 
 
-def rank_summary(rt: RankTrace) -> dict[str, Any]:
+def rank_summary(rt: RankTrace) -> RankSummary:
     """Rank ``rt.rank``'s captured steps: mean milliseconds a step per line, the kernels and
     collectives with the most time (summed over the steps), the trace's clock."""
     n = len(rt.steps)
     if n == 0:
-        return {"steps": 0}
+        return RankSummary(steps=0)
     b = rt.breakdown
     host_only = int(rt.kernels.sum()) == 0
     c = rt.collectives
@@ -52,28 +52,28 @@ def rank_summary(rt: RankTrace) -> dict[str, Any]:
         got[1] += k.total
     kernels = sorted(kern.items(), key=lambda kv: -kv[1][1])[:TOP]
     compute = b.duration - b.exposed_comm - b.memcpy if host_only else b.compute
-    return {
-        "steps": n,
-        "fromStep": int(rt.steps.min()),
-        "toStep": int(rt.steps.max()),
-        "clock": rt.clock,
-        "hostOnly": host_only,
-        "stepMs": _mean_ms(b.duration, n),
-        "computeMs": _mean_ms(compute, n),
-        "commMs": _mean_ms(b.comm, n),
-        "exposedCommMs": _mean_ms(b.exposed_comm, n),
-        "memcpyMs": _mean_ms(b.memcpy, n),
-        "idleMs": None if host_only else _mean_ms(b.idle, n),
-        "kernels": int(rt.kernels.sum()),
-        "collectives": len(c),
-        "topKernels": [
-            {"name": name, "category": cat, "calls": int(v[0]), "totalMs": round(v[1] * 1e3, 3)}
+    return RankSummary(
+        steps=n,
+        from_step=int(rt.steps.min()),
+        to_step=int(rt.steps.max()),
+        clock=rt.clock,
+        host_only=host_only,
+        step_ms=_mean_ms(b.duration, n),
+        compute_ms=_mean_ms(compute, n),
+        comm_ms=_mean_ms(b.comm, n),
+        exposed_comm_ms=_mean_ms(b.exposed_comm, n),
+        memcpy_ms=_mean_ms(b.memcpy, n),
+        idle_ms=None if host_only else _mean_ms(b.idle, n),
+        kernels=int(rt.kernels.sum()),
+        collectives=len(c),
+        top_kernels=tuple(
+            TopKernel(name=name, category=cat, calls=int(v[0]), total_ms=round(v[1] * 1e3, 3))
             for (name, cat), v in kernels
-        ],
-        "topCollectives": [
-            {"op": op, "calls": int(v[0]), "totalMs": round(v[1] * 1e3, 3)} for op, v in colls
-        ],
-    }
+        ),
+        top_collectives=tuple(
+            TopCollective(op=op, calls=int(v[0]), total_ms=round(v[1] * 1e3, 3)) for op, v in colls
+        ),
+    )
 
 
 def capture_batch(rt: RankTrace, run_id: str, job_id: str, capture_id: int) -> bytes:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ..errors import TraceFormatError
@@ -39,6 +40,7 @@ __all__ = [
     "TOP_KERNELS",
     "RankTrace",
     "TopKernel",
+    "TraceSummary",
     "analyze",
     "batches",
     "find_trace_files",
@@ -65,6 +67,30 @@ class TopKernel:
     total: float  # seconds
 
 
+class TraceSummary(msgspec.Struct, frozen=True, rename="camel"):
+    """A rank's trace as ``fleetlens traces import`` prints it (camelCase keys with ``--json``):
+    its steps, the mean step in milliseconds and the shares (percent) of the steps' time in
+    compute, communication (overlapped with compute, exposed), memory copies and idle; None
+    without steps."""
+
+    rank: int
+    file: str
+    clock: str
+    steps: int
+    from_step: int | None
+    to_step: int | None
+    mean_step_ms: float | None
+    compute_pct: float | None
+    comm_pct: float | None
+    overlap_pct: float | None
+    exposed_comm_pct: float | None
+    memcpy_pct: float | None
+    idle_pct: float | None
+    kernels: int
+    collectives: int
+    unattributed_collectives: int
+
+
 @dataclass
 class RankTrace:
     """One rank's trace, analysed: per-step lines (seconds), collectives, HTA's totals."""
@@ -83,31 +109,33 @@ class RankTrace:
     world_size: int | None = None  # distributedInfo.world_size
     groups: tuple[tuple[str, tuple[int, ...]], ...] = ()  # its process groups (description, ranks)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> TraceSummary:
+        """Where the rank's step time went, in shares of it (``traces import`` prints it)."""
         b = self.breakdown
         total = float(b.duration.sum())
 
         def pct(x: np.ndarray) -> float | None:
             return round(100.0 * float(x.sum()) / total, 2) if total > 0 else None
 
-        return {
-            "rank": self.rank,
-            "file": Path(self.path).name,
-            "clock": self.clock,
-            "steps": len(self.steps),
-            "fromStep": int(self.steps.min()) if len(self.steps) else None,
-            "toStep": int(self.steps.max()) if len(self.steps) else None,
-            "meanStepMs": round(1000.0 * total / len(self.steps), 3) if len(self.steps) else None,
-            "computePct": pct(b.compute),
-            "commPct": pct(b.comm),
-            "overlapPct": pct(b.overlap),
-            "exposedCommPct": pct(b.exposed_comm),
-            "memcpyPct": pct(b.memcpy),
-            "idlePct": pct(b.idle),
-            "kernels": int(self.kernels.sum()),
-            "collectives": len(self.collectives),
-            "unattributedCollectives": self.collectives.unattributed,
-        }
+        n = len(self.steps)
+        return TraceSummary(
+            rank=self.rank,
+            file=Path(self.path).name,
+            clock=self.clock,
+            steps=n,
+            from_step=int(self.steps.min()) if n else None,
+            to_step=int(self.steps.max()) if n else None,
+            mean_step_ms=round(1000.0 * total / n, 3) if n else None,
+            compute_pct=pct(b.compute),
+            comm_pct=pct(b.comm),
+            overlap_pct=pct(b.overlap),
+            exposed_comm_pct=pct(b.exposed_comm),
+            memcpy_pct=pct(b.memcpy),
+            idle_pct=pct(b.idle),
+            kernels=int(self.kernels.sum()),
+            collectives=len(self.collectives),
+            unattributed_collectives=self.collectives.unattributed,
+        )
 
 
 def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:

@@ -37,8 +37,8 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 
 from ..api.auth import require_any
+from ..api.names_models import CodeNamesOut
 from ..errors import NotFound
-from ..names import DIAGNOSES, XID_ACTIONS
 from ..store.scope import Scope
 from .templates import (
     CAPACITY,
@@ -57,7 +57,7 @@ from .templates import (
 
 # The codes' plain names (fleetlens/names.py), in every page for app.js's labels: a code keeps
 # its name in a tooltip. "</" cannot end the script element early.
-NAMES_JSON = json.dumps({"diagnoses": DIAGNOSES, "xidActions": XID_ACTIONS}).replace("</", "<\\/")
+NAMES_JSON = json.dumps(CodeNamesOut.all().model_dump(by_alias=True)).replace("</", "<\\/")
 
 __all__ = ["Reader", "page", "router"]
 
