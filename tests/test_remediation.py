@@ -80,20 +80,19 @@ def test_straggler_is_removed_only_when_it_costs_more_than_a_restart() -> None:
     # 10,000 steps left (config total_steps): 50 ms/step is 500 s > 300 s.
     d = decide(p, _straggler(0.05), CTX)
     assert d is not None
-    assert d.cost["remainingSteps"] == 10_000 and d.cost["expectedLossS"] == pytest.approx(500.0)
-    assert d.cost["restartCostBasis"] == "default"
+    assert d.cost.remaining_steps == 10_000 and d.cost.expected_loss_s == pytest.approx(500.0)
+    assert d.cost.restart_cost_basis == "default"
     # 20 ms/step is 200 s < 300 s: a restart would cost more than it saves.
     assert decide(p, _straggler(0.02), CTX) is None
     # This run's own recoveries, once measured, replace the default (median of 100, 120, 150).
     measured = RunContext(8, 999, 1.0, {"total_steps": 11_000}, [150.0, 100.0, 120.0], NOW)
     d = decide(p, _straggler(0.02), measured)
-    assert d is not None and d.cost["restartCostS"] == 120.0
+    assert d is not None and d.cost.restart_cost_s == 120.0
     # Without a step budget in the config, the horizon at the current step time.
     open_ended = RunContext(8, 999, 2.0, {}, [], NOW)
     d = decide(RemediationPolicy(horizon_s=3600.0), _straggler(0.2), open_ended)
-    assert (
-        d is not None and d.cost["remainingSteps"] == 1800 and "horizon" in d.cost["remainingBasis"]
-    )
+    assert d is not None and d.cost.remaining_steps == 1800
+    assert "horizon" in (d.cost.remaining_basis or "")
     # Not yet shown to persist, or moving (data skew): no action.
     assert decide(p, _straggler(0.05, first_seen=NOW - 10), CTX) is None
     moving = replace(_straggler(0.05), diagnosis="straggler.moving")

@@ -50,7 +50,7 @@ import msgspec
 
 from ..errors import TransportError
 from ..sdk.spool import Spool, SpoolEntry
-from ..sdk.transport import HttpTransport, backoff_s
+from ..sdk.transport import HttpTransport, IngestAck, backoff_s, read_ack
 from ..wire import BATCHES_CONTENT_TYPE, BatchFrame, encode_frames
 from .relay_listen import tcp_server, unix_server
 
@@ -407,7 +407,7 @@ class Relay:
         except (ValueError, KeyError, TypeError):
             self._failed("server's answer is not a multi-batch answer", None)
             return False
-        self._recovered(doc.get("flushS"))
+        self._recovered(msgspec.convert(doc, IngestAck).flush_s)
         complete = True
         for (entry, _), result in zip(items, results, strict=False):
             code = result.get("status") if isinstance(result, dict) else None
@@ -442,8 +442,8 @@ class Relay:
             self._count("forwarded")
             self._count("forwarded_singly")
             self.spool.delete(entry)
-            with contextlib.suppress(ValueError, AttributeError):
-                self._recovered(json.loads(answer).get("flushS"))
+            with contextlib.suppress(ValueError):  # not a JSON object: the batch is stored
+                self._recovered(read_ack(answer).flush_s)
             return True
         if status in _LATER or status >= 500 or status in (404, 405):
             self._failed(f"server answered {status} {reason}", retry_after)

@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from . import metrics as m
 from .adapters import Generation
 from .cache import canonical_hash
-from .doc_types import BenchmarkTemplate
+from .doc_types import BenchmarkTemplate, ProgramLimits
 from .example_types import Example
 from .judge import JudgeConfig, judge
 from .lm_eval_tasks import MC_METRICS, choice_scores, load_task, task_examples
@@ -151,7 +151,7 @@ def score(spec: dict[str, Any], example: Example, gen: Generation) -> dict[str, 
     refs = [str(a) for a in example.get("answers") or [example.get("answer", "")]]
     for metric in spec.get("metrics") or ["exact_match"]:
         if metric == "pass@k":
-            limits = SandboxLimits(wall_s=float(spec.get("timeoutS", 10.0)))
+            limits = SandboxLimits(wall_s=ProgramLimits.of(spec))
             c = sum(run_program(_program(example, t), limits).passed for t in gen.texts)
             for k in spec.get("k") or [1]:
                 out[f"pass@{k}"] = m.pass_at_k(len(gen.texts), c, int(k))

@@ -28,6 +28,7 @@ __all__ = [
     "JudgeSpec",
     "PolicySpec",
     "Price",
+    "ProgramLimits",
     "PromptTemplate",
     "Provenance",
     "RegressionRecord",
@@ -142,6 +143,20 @@ class BenchmarkTemplate(Doc):
         except ValidationError as exc:
             raise invalid(f"benchmark {spec.get('name', '')!r}", exc) from exc
         return found or PromptTemplate()
+
+
+class ProgramLimits(Doc):
+    """How long a benchmark's generated program may run in the sandbox (``timeoutS``)."""
+
+    timeout_s: float = 10.0
+
+    @classmethod
+    def of(cls, spec: dict[str, Any]) -> float:
+        """The benchmark's wall-clock limit a program, in seconds."""
+        try:
+            return cls.model_validate(spec).timeout_s
+        except ValidationError as exc:
+            raise invalid(f"benchmark {spec.get('name', '')!r}", exc) from exc
 
 
 class SuiteSpec(Doc):

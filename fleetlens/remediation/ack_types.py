@@ -21,6 +21,8 @@ class AckKeys(msgspec.Struct, frozen=True, rename="camel"):
     """The job attempt that answered (as sent)."""
     loaded_at: Any = msgspec.UNSET
     """``resumed``: when the restarted attempt had loaded its checkpoint (as sent)."""
+    load_s: Any = msgspec.UNSET
+    """``resumed``: the seconds the checkpoint took to load (as sent)."""
 
     def job(self, absent: object = None) -> object:
         """The answering job, or ``absent`` when the answer names none."""
@@ -29,6 +31,10 @@ class AckKeys(msgspec.Struct, frozen=True, rename="camel"):
     def loaded(self, absent: float) -> float:
         """When the checkpoint was loaded, or ``absent`` when the answer does not say."""
         return absent if self.loaded_at is msgspec.UNSET else float(self.loaded_at)
+
+    def load_seconds(self) -> float:
+        """How long the checkpoint took to load (0 when the answer does not say)."""
+        return 0.0 if self.load_s is msgspec.UNSET else float(self.load_s)
 
 
 def ack_keys(doc: Mapping[str, Any]) -> AckKeys:

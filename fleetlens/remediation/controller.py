@@ -322,7 +322,7 @@ class Controller:
                     updated_at=now,
                     world_before=len(ranks) or run.world_size,
                     phases={"detection": (min(f.time or f.first_seen, now), now)},
-                    cost=d.cost,
+                    cost=d.cost.stored(),
                 )
             )
             log.warning("remediation %s: %s (%s)", a.id, d.summary, a.state.value)

@@ -435,7 +435,7 @@ def _finish(
     t_first = float(first["time"])
     keys = ack_keys(first)
     loaded = keys.loaded(t_first)
-    load_s = float(first.get("loadS", 0.0))
+    load_s = keys.load_seconds()
     # Contiguous and in order, whatever the clocks of the hosts say.
     t0 = a.phase_start("rendezvous")
     t1 = max(t0, loaded - load_s)

@@ -8,7 +8,7 @@
 * A persistent straggler (or a thermally throttled GPU): only when its expected cost over the
   rest of the run exceeds the cost of a restart -- the straggler-replacement trade of
   003_43c4c54df3bebfa6.txt (table 10: program goodput regained against runtime goodput spent on
-  draining, restarting and reloading). The straggler costs ``waitPerStepS`` of wall-clock per
+  draining, restarting and reloading). The straggler costs ``wait_per_step_s`` of wall-clock per
   step (every rank waits for it) over the steps left; a restart costs the measured recoveries of
   this run, or ``restart_cost_s`` before there is one. The remaining steps come from the run's
   config (``total_steps``, ``max_steps``, ``train_steps`` or ``steps``), else ``horizon_s`` of
@@ -25,10 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from ..errors import ConfigError
 from ..store.findings import FindingRow
 
-__all__ = ["MODES", "Decision", "RemediationPolicy", "RunContext", "choose", "decide"]
+__all__ = ["MODES", "Cost", "Decision", "RemediationPolicy", "RunContext", "choose", "decide"]
 
 MODES = ("off", "recommend", "approve", "automatic")
 _STEP_KEYS = ("total_steps", "max_steps", "train_steps", "steps")
@@ -70,20 +72,42 @@ class RunContext:
         return 0.0, "unknown"
 
 
+class Cost(msgspec.Struct, frozen=True, rename="camel", omit_defaults=True):
+    """Why a decision acts: its rule and, for a straggler, the trade it made (stored on the
+    remediation and answered as it is stored: ``waitPerStepS``, ``expectedLossS``, ...)."""
+
+    rule: str
+    wait_per_step_s: float | None = None
+    """Wall-clock seconds every rank waits for the straggler each step."""
+    remaining_steps: float | None = None
+    remaining_basis: str | None = None
+    """Where the remaining steps come from (the run's configured total, or the horizon)."""
+    expected_loss_s: float | None = None
+    """``wait_per_step_s`` x ``remaining_steps``: what leaving the straggler in costs."""
+    restart_cost_s: float | None = None
+    restart_cost_basis: str | None = None
+    margin: float | None = None
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON kept on the remediation (camelCase, the keys set)."""
+        doc: dict[str, Any] = msgspec.to_builtins(self)
+        return doc
+
+
 @dataclass(frozen=True)
 class Decision:
     node: str
     ranks: list[int]
     reason: str
     summary: str
-    cost: dict[str, Any]
+    cost: Cost
 
     @property
     def priority(self) -> tuple[int, float]:
         """Which of several to act on first: faults, then hangs, then the costliest straggler."""
-        rule = str(self.cost.get("rule", ""))
+        rule = self.cost.rule
         rank = 3 if rule == "fatal hardware fault" else 2 if rule == "hung node" else 1
-        return rank, float(self.cost.get("expectedLossS", 0.0))
+        return rank, self.cost.expected_loss_s or 0.0
 
 
 def decide(policy: RemediationPolicy, finding: FindingRow, run: RunContext) -> Decision | None:
@@ -99,7 +123,7 @@ def decide(policy: RemediationPolicy, finding: FindingRow, run: RunContext) -> D
             ranks,
             diag,
             f"fatal hardware fault on {node}: {finding.summary}",
-            {"rule": "fatal hardware fault"},
+            Cost("fatal hardware fault"),
         )
     if diag == "hang":
         return Decision(
@@ -107,7 +131,7 @@ def decide(policy: RemediationPolicy, finding: FindingRow, run: RunContext) -> D
             ranks,
             diag,
             f"rank(s) {ranks} on {node} hung: {finding.summary}",
-            {"rule": "hung node"},
+            Cost("hung node"),
         )
     if diag not in policy.stragglers:
         return None
@@ -121,16 +145,16 @@ def decide(policy: RemediationPolicy, finding: FindingRow, run: RunContext) -> D
     measured = sorted(run.measured_restart_s)
     restart = measured[len(measured) // 2] if measured else policy.restart_cost_s
     expected = wait * left
-    cost = {
-        "rule": "straggler cost over the remaining run vs restart cost",
-        "waitPerStepS": wait,
-        "remainingSteps": left,
-        "remainingBasis": basis,
-        "expectedLossS": expected,
-        "restartCostS": restart,
-        "restartCostBasis": "median of this run's recoveries" if measured else "default",
-        "margin": policy.margin,
-    }
+    cost = Cost(
+        "straggler cost over the remaining run vs restart cost",
+        wait_per_step_s=wait,
+        remaining_steps=left,
+        remaining_basis=basis,
+        expected_loss_s=expected,
+        restart_cost_s=restart,
+        restart_cost_basis="median of this run's recoveries" if measured else "default",
+        margin=policy.margin,
+    )
     if expected <= policy.margin * restart:
         return None
     return Decision(

@@ -72,6 +72,15 @@ class _Poll(msgspec.Struct, rename="camel", omit_defaults=True):
     acts: int = 1
 
 
+class _PollAnswer(msgspec.Struct, rename="camel"):
+    """A poll's answer, unchecked: an instruction for the job (``action``), a trace capture asked
+    of it, and the least seconds between polls the server wants (``min_interval_s``)."""
+
+    action: Any = None
+    capture: Any = None
+    min_interval_s: Any = None
+
+
 class _AckHead(msgspec.Struct, rename="camel"):
     """Who answers an instruction, and when; the answer's own fields follow."""
 
@@ -226,9 +235,10 @@ class ControlChannel:
             self.errors += 1
             return
         if isinstance(out, dict):
-            self.action = out.get("action")
-            self.capture = _capture_ask(out.get("capture"))
-            floor = out.get("minIntervalS")
+            got = msgspec.convert(out, _PollAnswer)
+            self.action = got.action
+            self.capture = _capture_ask(got.capture)
+            floor = got.min_interval_s
             if isinstance(floor, (int, float)) and 0 <= floor <= 60:
                 self.min_interval = float(floor)
         with self._polled:

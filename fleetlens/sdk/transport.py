@@ -23,7 +23,9 @@ import random
 import socket
 import urllib.parse
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+import msgspec
 
 from ..errors import ConfigError, TransportError
 
@@ -48,19 +50,31 @@ class Transport(Protocol):
         collector's acknowledgement said, if known."""
 
 
+class IngestAck(msgspec.Struct, rename="camel"):
+    """The server's answer to a batch as its senders read it, unchecked: the rows it refused by
+    field (``rejected``: {field: n}) and the flush interval it asks of them (``flush_s``); other
+    keys are ignored."""
+
+    rejected: Any = None
+    flush_s: Any = None
+
+
+def read_ack(answer: bytes) -> IngestAck:
+    """The answer's acknowledgement; ValueError when it is not a JSON object."""
+    return msgspec.convert(json.loads(answer), IngestAck)
+
+
 def _ack(answer: bytes) -> Ack:
     """Read an acknowledgement (``{"rejected": {field: n}, "flushS": s}``); never raises."""
     try:
-        doc = json.loads(answer)
-    except ValueError:
-        return Ack()
-    if not isinstance(doc, dict):
+        doc = read_ack(answer)
+    except ValueError:  # not JSON, or not an object (msgspec's ValidationError is one)
         return Ack()
     try:
-        refused = sum(int(n) for n in dict(doc.get("rejected") or {}).values())
+        refused = sum(int(n) for n in dict(doc.rejected or {}).values())
     except (ValueError, TypeError):
         refused = 0
-    flush = doc.get("flushS")
+    flush = doc.flush_s
     if isinstance(flush, bool) or not isinstance(flush, int | float):
         return Ack(refused)
     return Ack(refused, float(flush) if math.isfinite(flush) and flush > 0 else None)
