@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,17 @@ def _execute_child(self: subprocess.Popen[Any], args: Any, *rest: Any) -> Any:
 
 def pytest_configure(config: pytest.Config) -> None:
     subprocess.Popen._execute_child = _execute_child  # type: ignore[attr-defined]
+    if not hasattr(config, "workerinput"):
+        # The ranks the tests start spool under this session's own root (the workers inherit
+        # it): a rank killed in an earlier session leaves a spool its run and rank would replay,
+        # and the tests reuse run ids ("fin", "kill"): one session's batches must not reach the
+        # next session's server.
+        os.environ["FLEETLENS_SPOOL_ROOT"] = tempfile.mkdtemp(prefix="fleetlens-test-spool-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop("FLEETLENS_SPOOL_ROOT", ""), ignore_errors=True)
 
 
 # The files that take longest (seconds of one lane, a full run of scripts/check on a 2-core

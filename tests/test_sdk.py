@@ -227,6 +227,8 @@ def test_slurm_environment() -> None:
     }
     cfg = SDKConfig.resolve({}, env)
     assert (cfg.rank, cfg.local_rank, cfg.world_size, cfg.gpu) == (5, 1, 16, -1)
+    moved = SDKConfig.resolve({}, {**env, "FLEETLENS_SPOOL_ROOT": "/var/spool/fl"})
+    assert moved.spool_dir == os.path.join("/var/spool/fl", "998877-5")  # each rank its own
     assert (cfg.run_id, cfg.job_id, cfg.launcher) == ("998877", "998877-a1", "slurm")
     # One spool root per user: another user can neither read it nor plant batches in it.
     assert cfg.spool_dir.endswith(os.path.join(f"fleetlens-spool-{os.geteuid()}", "998877-5"))

@@ -249,7 +249,7 @@ class _Resolver:
             values["node_id"] = socket.gethostname()
         if "spool_dir" not in values:
             values["spool_dir"] = os.path.join(
-                default_spool_root(), f"{_safe(values['run_id'])}-{values['rank']}"
+                default_spool_root(self.env), f"{_safe(values['run_id'])}-{values['rank']}"
             )
         if "launcher_env" in self.explicit:
             raise ConfigError("launcher_env is read from the environment; it cannot be passed")

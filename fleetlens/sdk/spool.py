@@ -38,6 +38,7 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["Spool", "SpoolEntry", "default_spool_root", "private_dir"]
@@ -71,10 +72,15 @@ def private_dir(path: str) -> None:
         os.chmod(path, 0o700)
 
 
-def default_spool_root() -> str:
-    """Where spools go unless configured: one directory per user, so that no user shares (or can
-    pre-create) another's."""
-    return os.path.join(tempfile.gettempdir(), f"fleetlens-spool-{os.geteuid()}")
+def default_spool_root(environ: Mapping[str, str] | None = None) -> str:
+    """Where spools go unless a spool directory is given: ``FLEETLENS_SPOOL_ROOT`` (a disk that
+    outlives a reboot where the temporary directory does not, a node-local one), else one
+    directory per user under the temporary directory, so that no user shares (or can pre-create)
+    another's. Each rank of a run keeps its own directory below it (``<run>-<rank>``), and a
+    rank started again with the same run and rank replays what its predecessor left there."""
+    env = os.environ if environ is None else environ
+    root = env.get("FLEETLENS_SPOOL_ROOT", "")
+    return root or os.path.join(tempfile.gettempdir(), f"fleetlens-spool-{os.geteuid()}")
 
 
 def _fsync_dir(path: str) -> None:
