@@ -31,7 +31,7 @@ from .adapters import Generation
 from .cache import canonical_hash
 from .doc_types import BenchmarkTemplate, ProgramLimits
 from .example_types import Example
-from .judge import JudgeConfig, judge
+from .judge import judge, judge_config
 from .lm_eval_tasks import MC_METRICS, choice_scores, load_task, task_examples
 from .performance import USAGE
 from .sandbox import SandboxLimits, run_program
@@ -175,7 +175,7 @@ def score(spec: dict[str, Any], example: Example, gen: Generation) -> dict[str, 
                 out["tokens"] = float(len(gen.logprobs[0]))
         elif metric == "judge":
             value, why = judge(
-                JudgeConfig.from_spec(spec),
+                judge_config(spec),
                 str(example.get("id", "")),
                 str(example.get("prompt", "")),
                 text,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,68 +21,47 @@ from ..errors import ConfigError
 from .adapters import Adapter, Decoding, adapter_from_spec, validate_spec
 from .doc_types import AdapterSpec, JudgeProvenance, JudgeSpec, invalid
 
-__all__ = ["JudgeConfig", "judge"]
+__all__ = ["judge", "judge_config", "judge_provenance"]
 
 _SCORE = re.compile(r"SCORE:\s*(-?[0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
-class JudgeConfig:
-    adapter: dict[str, Any]
-    model: str
-    model_version: str
-    prompt: str  # with {prompt}, {response} and {reference}
-    prompt_version: str
-    rubric_version: str
-    temperature: float = 0.0
-    samples: int = 1
-    max_tokens: int = 256
-
-    @classmethod
-    def from_spec(cls, spec: dict[str, Any]) -> JudgeConfig:
-        j = spec.get("judge")
-        if not isinstance(j, dict):
-            raise ConfigError("metric 'judge' needs a 'judge' object in the benchmark spec")
-        missing = [
-            f.alias
-            for f in JudgeSpec.model_fields.values()
-            if f.is_required() and f.alias and not j.get(f.alias)
-        ]
-        if missing:
-            raise ConfigError(
-                f"judge configuration is missing {missing}; every field that can "
-                "change a verdict is versioned"
-            )
-        try:
-            js = JudgeSpec.model_validate(j)
-        except ValidationError as exc:
-            raise invalid("judge", exc) from exc
-        validate_spec(dict(js.adapter))
-        cfg = cls(
-            dict(js.adapter),
-            js.model,
-            js.model_version,
-            js.prompt,
-            js.prompt_version,
-            js.rubric_version,
-            js.temperature,
-            js.samples,
-            js.max_tokens,
+def judge_config(spec: dict[str, Any]) -> JudgeSpec:
+    """A benchmark's judge, checked: every field that can change a verdict given."""
+    j = spec.get("judge")
+    if not isinstance(j, dict):
+        raise ConfigError("metric 'judge' needs a 'judge' object in the benchmark spec")
+    missing = [
+        f.alias
+        for f in JudgeSpec.model_fields.values()
+        if f.is_required() and f.alias and not j.get(f.alias)
+    ]
+    if missing:
+        raise ConfigError(
+            f"judge configuration is missing {missing}; every field that can "
+            "change a verdict is versioned"
         )
-        if cfg.samples < 1 or cfg.temperature < 0:
-            raise ConfigError("judge samples must be >= 1 and temperature >= 0")
-        return cfg
+    try:
+        js = JudgeSpec.model_validate(j)
+    except ValidationError as exc:
+        raise invalid("judge", exc) from exc
+    validate_spec(dict(js.adapter))
+    if js.samples < 1 or js.temperature < 0:
+        raise ConfigError("judge samples must be >= 1 and temperature >= 0")
+    return js
 
-    def provenance(self) -> JudgeProvenance:
-        return JudgeProvenance(
-            model=self.model,
-            model_version=self.model_version,
-            prompt_version=self.prompt_version,
-            rubric_version=self.rubric_version,
-            temperature=self.temperature,
-            samples=self.samples,
-            adapter=AdapterSpec.of(self.adapter).provenance(),
-        )
+
+def judge_provenance(cfg: JudgeSpec) -> JudgeProvenance:
+    """What the judge's scores depend on (its adapter without its secret)."""
+    return JudgeProvenance(
+        model=cfg.model,
+        model_version=cfg.model_version,
+        prompt_version=cfg.prompt_version,
+        rubric_version=cfg.rubric_version,
+        temperature=cfg.temperature,
+        samples=cfg.samples,
+        adapter=AdapterSpec.of(cfg.adapter).provenance(),
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -92,7 +70,7 @@ def _adapter(spec_json: str) -> Adapter:
 
 
 def judge(
-    cfg: JudgeConfig, example_id: str, prompt: str, response: str, reference: str
+    cfg: JudgeSpec, example_id: str, prompt: str, response: str, reference: str
 ) -> tuple[float, str]:
     """The judge's score (mean over samples) and its first rationale."""
     ask = cfg.prompt.format(prompt=prompt, response=response, reference=reference)

@@ -19,7 +19,7 @@ from . import benchmarks as bm
 from .adapters import Decoding, validate_spec
 from .cache import EVALUATOR_VERSION, cache_key, canonical_hash
 from .doc_types import AdapterSpec, BenchmarkProvenance, BenchmarkTemplate, Provenance, SuiteSpec
-from .judge import JudgeConfig
+from .judge import judge_config, judge_provenance
 from .models import EvalShard, Evaluation
 from .requests import EvaluationRequest
 from .results import judge_regressions, stored_regressions
@@ -173,7 +173,7 @@ class Submissions:
             rows = self._examples.load(spec)
             sizes.append((spec["name"], len(rows)))
             judged = (
-                {"judge": JudgeConfig.from_spec(spec).provenance()}
+                {"judge": judge_provenance(judge_config(spec))}
                 if "judge" in (spec.get("metrics") or [])
                 else {}
             )

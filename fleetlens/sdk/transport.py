@@ -17,7 +17,6 @@ the batch is durable in its spool.
 from __future__ import annotations
 
 import http.client
-import json
 import math
 import random
 import socket
@@ -61,7 +60,7 @@ class IngestAck(msgspec.Struct, rename="camel"):
 
 def read_ack(answer: bytes) -> IngestAck:
     """The answer's acknowledgement; ValueError when it is not a JSON object."""
-    return msgspec.convert(json.loads(answer), IngestAck)
+    return msgspec.json.decode(answer, type=IngestAck)
 
 
 def _ack(answer: bytes) -> Ack:
