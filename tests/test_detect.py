@@ -4,7 +4,6 @@ recorder dumps)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from bench._detect_harness import SCENARIOS, Bench
 from fleetlens.analysis.baseline import Baseline, localize
 from fleetlens.analysis.collectives import analyze_collectives
+from fleetlens.analysis.flight_recorder_dump import load_dump
 from fleetlens.analysis.hangs import find_stalls, flight_recorder_groups, missing_from_groups
 from fleetlens.analysis.ranks import RankState, open_episodes, scan_stragglers
 from fleetlens.analysis.stragglers import classify_episodes
@@ -262,7 +262,8 @@ def test_stall_names_the_gap_and_ignores_explained_stops() -> None:
 )
 def test_flight_recorder_hang_attribution(scenario: str, missing: set[int]) -> None:
     """Real PyTorch NCCL flight recorder dumps of a 16-rank job with injected faults."""
-    dumps = {r: json.loads((FR / scenario / f"_dump_{r}.json").read_text()) for r in range(16)}
+    files = [FR / scenario / f"_dump_{r}.json" for r in range(16)]
+    dumps = {r: load_dump(f.read_bytes(), f.name) for r, f in enumerate(files)}
     stuck = missing_from_groups(*flight_recorder_groups(dumps, 16))
     assert set().union(*(s.missing for s in stuck)) == missing
     ref = (FR / scenario / "reference_output.txt").read_text().splitlines()[1].split("|")

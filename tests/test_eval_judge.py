@@ -10,7 +10,7 @@ import pytest
 from bench._common import json_endpoint
 from fleetlens.errors import ConfigError
 from fleetlens.evaluation.adapters import Generation
-from fleetlens.evaluation.benchmarks import aggregate, score
+from fleetlens.evaluation.benchmarks import aggregate, normalize_spec, score
 from fleetlens.evaluation.requests import EvaluationRequest
 from fleetlens.evaluation.store import EvalStore
 from fleetlens.store.metadata import MetadataStore
@@ -56,7 +56,7 @@ def _spec(url: str, **over: Any) -> dict[str, Any]:
 
 
 def test_judge_scores_each_example_with_its_rationale(judge_url: str) -> None:
-    spec = _spec(judge_url)
+    spec = normalize_spec(_spec(judge_url))
     right = score(spec, {"id": "1", "prompt": "q1", "answer": "answer 1"}, Generation(["answer 1"]))
     wrong = score(spec, {"id": "2", "prompt": "q2", "answer": "answer 2"}, Generation(["nope"]))
     assert right["judge_score"] == 1.0 and "states the reference" in right["judge_rationale"]

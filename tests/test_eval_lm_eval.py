@@ -56,7 +56,7 @@ def lm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 @pytest.mark.e2e
 def test_acc_and_acc_norm_per_example_equal_lm_evals(lm: dict[str, Any]) -> None:
     spec = bm.normalize_spec({"name": "mmlu", "source": "lm_eval", "task": lm["task"]})
-    assert spec["metrics"] == ["acc", "acc_norm"]  # from the task's metric_list
+    assert spec.metrics == ("acc", "acc_norm")  # from the task's metric_list
     rows = bm.load_examples(spec)
     adapter = HFAdapter(lm["model"])
     ours = {}
@@ -93,7 +93,7 @@ def test_the_task_file_renders_as_lm_eval_renders_it(tmp_path: Path) -> None:
     assert ex["prompt"] == "On arithmetic.\nQ: 2+2\nA: "
     assert ex["choices"] == ["3", "4"] and ex["continuations"] == [" 3", " 4"]
     assert ex["gold"] == 1  # a target given as the choice's text
-    assert spec["metrics"] == ["acc", "acc_norm"]  # lm-eval's default for multiple_choice
+    assert spec.metrics == ("acc", "acc_norm")  # lm-eval's default for multiple_choice
 
 
 @pytest.mark.parametrize(
@@ -137,14 +137,21 @@ def test_scores_follow_lm_evals_rules() -> None:
 
 
 def test_an_inline_multiple_choice_benchmark_is_scored_the_same_way() -> None:
-    spec = {"name": "mc", "source": "inline", "metrics": ["acc", "acc_norm"],
-            "examples": [{"prompt": "Sky?", "choices": ["blue", "green"], "gold": 0}]}  # fmt: skip
+    raw = {
+        "name": "mc",
+        "source": "inline",
+        "metrics": ["acc", "acc_norm"],
+        "examples": [{"prompt": "Sky?", "choices": ["blue", "green"], "gold": 0}],
+    }
+    spec = bm.normalize_spec(raw)
     (ex,) = bm.load_examples(spec)
     assert ex["continuations"] == [" blue", " green"]
     gen = Generation([], loglikelihoods=[-5.0, -5.5])  # per character: -1.0 vs -0.92
     assert bm.score(spec, ex, gen)["acc"] == 1.0 and bm.score(spec, ex, gen)["acc_norm"] == 0.0
     with pytest.raises(ConfigError, match="choices"):
-        bm.load_examples({**spec, "examples": [{"prompt": "Sky?", "answer": "blue"}]})
+        bm.load_examples(
+            bm.normalize_spec({**raw, "examples": [{"prompt": "Sky?", "answer": "blue"}]})
+        )
 
 
 @pytest.mark.e2e

@@ -507,7 +507,7 @@ def test_triggers_regressions_and_their_alerts_on_both_engines(metadata_url: str
                                run_id="run-1", checkpoint_id=f"ck{version}")  # fmt: skip
             assert again == {"evaluations": [], "errors": []}
             while (sh := evals.lease(A, "w")) is not None:
-                key = "exact_match" if sh.benchmark["name"] == "qa" else "unsafe_rate"
+                key = "exact_match" if sh.benchmark.name == "qa" else "unsafe_rate"
                 value = 1.0 if key == "exact_match" else unsafe
                 scores = {e["id"]: {key: value, "latency_ms": 5.0} for e in sh.examples}
                 evals.complete(A, sh.shard_id, sh.lease_token, scores)  # type: ignore[arg-type]

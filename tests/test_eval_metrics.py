@@ -10,7 +10,7 @@ import pytest
 from fleetlens.errors import ConfigError
 from fleetlens.evaluation import metrics as m
 from fleetlens.evaluation.adapters import Decoding, Generation, adapter_from_spec
-from fleetlens.evaluation.benchmarks import aggregate, score
+from fleetlens.evaluation.benchmarks import aggregate, normalize_spec, score
 from fleetlens.evaluation.cache import cache_key, canonical_hash
 from fleetlens.evaluation.doc_types import BenchmarkProvenance, Provenance
 from fleetlens.evaluation.gates import evaluate_gate, parse_policies
@@ -136,7 +136,7 @@ def test_humaneval_scoring_uses_the_sandbox() -> None:
     from fleetlens.evaluation.adapters import Generation
 
     prob = next(iter(read_problems().values()))
-    spec = {"metrics": ["pass@k"], "k": [1, 2]}
+    spec = normalize_spec({"metrics": ["pass@k"], "k": [1, 2]})
     good = score(spec, prob, Generation([prob["canonical_solution"], "    return None\n"]))
     assert good == {"pass@1": 0.5, "pass@2": 1.0}
 
@@ -147,7 +147,7 @@ def test_openai_adapter_against_a_loopback_endpoint() -> None:
         adapter = adapter_from_spec({"kind": "openai", "baseUrl": srv.url, "model": "tiny"})
         gen = adapter.generate("what is 7", Decoding(n=2, logprobs=True), "7")
         assert gen.texts == ["answer 7", "answer 7"] and gen.logprobs[0] == [-0.5, -1.5]
-        spec = {"metrics": ["exact_match", "perplexity"]}
+        spec = normalize_spec({"metrics": ["exact_match", "perplexity"]})
         scores = {"7": score(spec, {"prompt": "what is 7", "answer": "answer 7"}, gen)}
         agg = aggregate(scores)
         assert agg["exact_match"]["mean"] == 1.0
@@ -251,6 +251,6 @@ def test_text_and_math_metrics() -> None:
     assert m.math_accuracy("it is 3/4", "0.75") == 1.0
     assert m.math_accuracy("it is 0.7", "0.75") == 0.0
     assert m.math_accuracy("no number here", "4") == 0.0
-    spec = {"metrics": ["math", "bleu", "chrf", "rouge"]}
+    spec = normalize_spec({"metrics": ["math", "bleu", "chrf", "rouge"]})
     out = score(spec, {"prompt": "?", "answer": "42"}, Generation(["The answer is 42"]))
     assert out["math_accuracy"] == 1.0 and set(out) == {"math_accuracy", "bleu", "chrf", "rouge_l"}

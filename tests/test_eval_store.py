@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import replace
@@ -9,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from fleetlens.errors import LeaseLost, PromotionRefused
+from fleetlens.errors import ConfigError, LeaseLost, PromotionRefused
+from fleetlens.evaluation.benchmarks import normalize_spec
+from fleetlens.evaluation.cache import canonical_hash
 from fleetlens.evaluation.registry import Registry
 from fleetlens.evaluation.requests import EvaluationRequest
 from fleetlens.evaluation.store import EvalStore
@@ -168,7 +171,7 @@ def _evaluate(evals: EvalStore, version: str, quality: float, unsafe: float) -> 
     ev = evals.submit(A, EvaluationRequest(adapter=ECHO, suite=suite, shard_size=100,
                                            model_id="llm", model_version=version))  # fmt: skip
     while (sh := evals.lease(A, "w")) is not None:
-        key = "exact_match" if sh.benchmark["name"] == "toy" else "unsafe_rate"
+        key = "exact_match" if sh.benchmark.name == "toy" else "unsafe_rate"
         rate = quality if key == "exact_match" else unsafe
         scores = {e["id"]: {key: float(int(e["id"]) < rate * n)} for e in sh.examples}
         evals.complete(A, sh.shard_id, sh.lease_token, scores)
@@ -229,3 +232,33 @@ def test_gates_and_promotion(meta: MetadataStore) -> None:
     assert GraphStore(meta).model_versions(A, "llm")[2].evaluation_id is not None
     with pytest.raises(Exception, match="does not exist"):
         reg.aliases(B, "llm")
+
+
+# the cache key fleetlens computed for _SENT before the benchmark spec was typed (issue 34)
+_SENT_CACHE_KEY = "4c9fb40beea7eeae2b1c208999eb75e9eed4312f5ab148c676f0c3036ecad752"
+_SENT = {
+    "name": "toy",
+    "version": 2,
+    "source": "inline",
+    "metrics": ["exact_match", "pass@k"],
+    "k": [1, 2],
+    "promptTemplate": {"version": "v1", "text": "Q: {prompt}"},
+    "ownNote": {"x": [1, 2]},  # a key fleetlens does not read: kept, sent to the worker
+    "examples": [{"prompt": "q0", "answer": "a"}, {"id": 7, "prompt": "q1", "answer": "b"}],
+}
+
+
+def test_a_benchmark_spec_is_hashed_and_leased_as_the_user_sent_it(meta: MetadataStore) -> None:
+    spec = normalize_spec(copy.deepcopy(_SENT))
+    assert (spec.name, spec.version, spec.k) == ("toy", "2", (1, 2))
+    assert spec.prompt_template.text == "Q: {prompt}" and spec.timeout_s == 10.0
+    assert spec.as_json() == _SENT and canonical_hash(spec.as_json()) == canonical_hash(_SENT)
+    evals = EvalStore(meta)
+    suite = {"name": "s", "version": "1", "benchmarks": [copy.deepcopy(_SENT)]}
+    req = EvaluationRequest(adapter=ECHO, suite=suite, decoding={"n": 2}, model_hash="sha256:m")
+    assert evals.submit(A, req).cache_key == _SENT_CACHE_KEY
+    sh = evals.lease(A, "w")
+    assert sh is not None and [e["id"] for e in sh.examples] == ["0", "7"]
+    assert sh.benchmark.as_json() == {k: v for k, v in _SENT.items() if k != "examples"}
+    with pytest.raises(ConfigError, match="k 'two' must be integers"):
+        normalize_spec({**_SENT, "k": "two"})

@@ -245,11 +245,11 @@ def test_a_hung_job_dumps_and_uploads_its_own_flight_recorder(
            "FLEETLENS_FR_DIR": str(fr_dir), "FLEETLENS_HANG_FLOOR_S": "3",
            "OMP_NUM_THREADS": "1"}  # fmt: skip
     log = tmp_path / "job.log"
-    with open(log, "wb") as out:
+    with open(log, "wb") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
              "4", str(script)],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 120

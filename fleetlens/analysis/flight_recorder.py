@@ -1,11 +1,11 @@
-"""PyTorch NCCL Flight Recorder dumps: read them safely, name the stuck collectives.
+"""PyTorch NCCL Flight Recorder dumps: name the stuck collectives and the ranks missing from them.
 
 A job run with ``TORCH_NCCL_TRACE_BUFFER_SIZE > 0`` and ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` writes,
 when its watchdog times out, one dump per rank to ``$TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>``
-(``/tmp/nccl_trace_rank_<rank>`` by default): a pickled dict (``version``, ``pg_config``,
-``pg_status``, ``entries``, ...), or JSON when the job asked for it. Unpickling runs code a
-pickle names, so :func:`load_dump` reads pickles with an unpickler that refuses every global: a
-dump is plain dicts, lists, tuples, strings and numbers, and anything else is not a dump.
+(``/tmp/nccl_trace_rank_<rank>`` by default): a pickled dict, or JSON when the job asked for it.
+:func:`~fleetlens.analysis.flight_recorder_dump.load_dump` reads one safely and parses it once
+into a :class:`~fleetlens.analysis.flight_recorder_dump.FlightRecorderDump`; the analyses here
+read only those.
 
 :func:`analyze_dumps` turns the dumps of one job into the answer an on-call engineer needs:
 per process group the collective the others wait in and the ranks that never entered it
@@ -15,15 +15,12 @@ completed in each group. :func:`diagnoses` makes them findings.
 
 from __future__ import annotations
 
-import io
-import json
-import pickle
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import TraceFormatError
+from .flight_recorder_dump import FlightRecorderDump, FlightRecorderEntry
 from .hangs import flight_recorder_groups, missing_from_groups
 from .rootcause import Diagnosis
 
@@ -34,19 +31,10 @@ __all__ = [
     "analyze_dumps",
     "diagnoses",
     "group_summary",
-    "load_dump",
     "rank_from_name",
 ]
 
 _RANK = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
-
-
-class _NoGlobals(pickle.Unpickler):
-    """An unpickler that builds only the pickle protocol's own types (dict, list, tuple, str,
-    bytes, numbers, bool, None): every global (class, function) is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refers to {module}.{name}; a dump holds plain data only")
 
 
 def rank_from_name(name: str) -> int | None:
@@ -54,47 +42,6 @@ def rank_from_name(name: str) -> int | None:
     ``_dump_12.json``), or None when the name does not end in one."""
     m = _RANK.search(name.replace("\\", "/").rsplit("/", 1)[-1])
     return int(m.group(1)) if m else None
-
-
-def load_dump(raw: bytes, name: str) -> dict[str, Any]:
-    """One dump as a dict, from a pickle (PyTorch's format) or JSON; TraceFormatError names the
-    file and what is wrong with it."""
-    head = raw.lstrip()[:1]
-    try:
-        if raw[:1] == b"\x80":
-            dump = _NoGlobals(io.BytesIO(raw)).load()
-        elif head in (b"{", b"["):
-            dump = json.loads(raw)
-        else:
-            raise TraceFormatError(
-                f"{name}: neither a pickle nor JSON (starts with {raw[:8]!r}); send the file "
-                "PyTorch wrote to TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>"
-            )
-    except TraceFormatError:
-        raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
-        raise TraceFormatError(f"{name}: not a Flight Recorder dump: {exc}") from exc
-    except RecursionError as exc:
-        raise TraceFormatError(f"{name}: nested too deeply to be a dump") from exc
-    if not isinstance(dump, dict):
-        raise TraceFormatError(f"{name}: a dump is a dict; this file holds a {type(dump).__name__}")
-    entries = dump.get("entries", [])
-    if not isinstance(entries, (list, tuple)) or not all(isinstance(e, dict) for e in entries):
-        raise TraceFormatError(f"{name}: `entries` must be a list of dicts")
-    for key in ("pg_config", "pg_status"):
-        table = dump.get(key, {})
-        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
-            raise TraceFormatError(f"{name}: `{key}` must be a dict of dicts")
-    for i, e in enumerate(entries):
-        seq, pg = e.get("collective_seq_id", -1), e.get("process_group", [""])
-        if not isinstance(seq, int) or isinstance(seq, bool):
-            raise TraceFormatError(f"{name}: entries[{i}].collective_seq_id is {seq!r}; an int")
-        if not isinstance(pg, (list, tuple)) or not pg:
-            raise TraceFormatError(f"{name}: entries[{i}].process_group is {pg!r}; [name, desc]")
-    if "entries" not in dump and "pg_config" not in dump:
-        raise TraceFormatError(f"{name}: no `entries` or `pg_config`: not a Flight Recorder dump")
-    out: dict[str, Any] = dump
-    return out
 
 
 @dataclass(frozen=True)
@@ -133,64 +80,49 @@ class FlightRecorderReport:
         return sorted({r for s in self.stuck for r in s.missing})
 
 
-def _plain(x: Any) -> list[Any]:
-    """``x`` as JSON values (a pickle may hold tuples or bytes), for a finding's evidence."""
-    out = json.loads(json.dumps(x, default=str))
-    return out if isinstance(out, list) else [out]
-
-
-def _desc(dumps: Mapping[int, dict[str, Any]], group: str) -> str:
+def _desc(dumps: Mapping[int, FlightRecorderDump], group: str) -> str:
     for d in dumps.values():
-        cfg = (d.get("pg_config") or {}).get(group)
-        if isinstance(cfg, dict) and cfg.get("desc"):
-            return str(cfg["desc"])
-        for e in d.get("entries") or []:
-            pg = e.get("process_group") or []
-            if len(pg) > 1 and str(pg[0]) == group:
-                return str(pg[1])
+        cfg = d.pg_config.get(group)
+        if cfg is not None and cfg.desc:
+            return cfg.desc
+        for e in d.entries:
+            if e.group_desc is not None and e.group == group:
+                return e.group_desc
     return ""
 
 
-def _entry(dumps: Mapping[int, dict[str, Any]], group: str, seq: int) -> dict[str, Any]:
+def _entry(
+    dumps: Mapping[int, FlightRecorderDump], group: str, seq: int
+) -> FlightRecorderEntry | None:
     for d in dumps.values():
-        for e in d.get("entries") or []:
-            pg = e.get("process_group") or [""]
-            if str(pg[0]) == group and e.get("collective_seq_id") == seq and not e.get("is_p2p"):
-                out: dict[str, Any] = e
-                return out
-    return {}
+        for e in d.entries:
+            if e.group == group and e.seq == seq and not e.is_p2p:
+                return e
+    return None
 
 
-def _progress(dumps: Mapping[int, dict[str, Any]]) -> dict[str, dict[int, int]]:
+def _progress(dumps: Mapping[int, FlightRecorderDump]) -> dict[str, dict[int, int]]:
     out: dict[str, dict[int, int]] = {}
     for rank, d in dumps.items():
         names: dict[str, str] = {}  # pg_id (per rank) -> group name (global)
-        for e in d.get("entries") or []:
-            names[str(e.get("pg_id"))] = str((e.get("process_group") or [""])[0])
-            if e.get("state") == "completed" and not e.get("is_p2p"):
-                g = out.setdefault(names[str(e.get("pg_id"))], {})
-                g[rank] = max(g.get(rank, -1), int(e.get("collective_seq_id", -1)))
-        for pg_id, st in (d.get("pg_status") or {}).items():
-            done = st.get("last_completed_collective") if isinstance(st, dict) else None
-            if str(pg_id) in names and isinstance(done, int) and done >= 0:
-                g = out.setdefault(names[str(pg_id)], {})
+        for e in d.entries:
+            names[e.pg_id] = e.group
+            if e.state == "completed" and not e.is_p2p:
+                g = out.setdefault(e.group, {})
+                g[rank] = max(g.get(rank, -1), e.seq)
+        for pg_id, done in d.last_completed.items():
+            if pg_id in names and done >= 0:
+                g = out.setdefault(names[pg_id], {})
                 g[rank] = max(g.get(rank, -1), done)
     return out
 
 
-def analyze_dumps(dumps: Mapping[int, dict[str, Any]], world: int = 0) -> FlightRecorderReport:
+def analyze_dumps(dumps: Mapping[int, FlightRecorderDump], world: int = 0) -> FlightRecorderReport:
     """The stuck collectives and per-group progress of one job's dumps (rank -> dump). The world
     is the largest of ``world``, the ranks sent and the ranks the groups name."""
-    members_seen = [
-        int(x)
-        for d in dumps.values()
-        for cfg in (d.get("pg_config") or {}).values()
-        if isinstance(cfg, dict)
-        for x in str(cfg.get("ranks", "")).strip("[]").split(",")
-        if x.strip().isdigit()
-    ]
+    members_seen = [r for d in dumps.values() for cfg in d.pg_config.values() for r in cfg.ranks]
     n = max([world, *(r + 1 for r in dumps), *(r + 1 for r in members_seen)])
-    last, members, ops = flight_recorder_groups(dict(dumps), n)
+    last, members, ops = flight_recorder_groups(dumps, n)
     stuck = []
     for s in missing_from_groups(last, members, ops):
         e = _entry(dumps, s.group, s.seq)
@@ -202,8 +134,8 @@ def analyze_dumps(dumps: Mapping[int, dict[str, Any]], world: int = 0) -> Flight
                 s.seq,
                 s.op,
                 s.missing,
-                _plain(e.get("input_sizes") or []),
-                _plain(e.get("input_dtypes") or []),
+                list(e.input_sizes) if e else [],
+                list(e.input_dtypes) if e else [],
             )
         )
     progress = [

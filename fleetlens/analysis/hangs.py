@@ -39,17 +39,20 @@ The ranks to blame are the ones missing from the stuck collective: in a collecti
 ranks whose last collective is behind the others' (they never entered the one the others wait
 in). :func:`missing_from_groups` does that for our collectives, for the live positions ranks
 report to the controller, and for PyTorch NCCL flight recorder dumps alike
-(:func:`flight_recorder_groups` reads the dumps' dicts).
+(:func:`flight_recorder_groups` reads the parsed dumps,
+:class:`~fleetlens.analysis.flight_recorder_dump.FlightRecorderDump`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
+
+from .flight_recorder_dump import FlightRecorderDump
 
 __all__ = [
     "RECENT_STEPS",
@@ -171,7 +174,7 @@ def missing_from_groups(
 
 
 def flight_recorder_groups(
-    dumps: dict[int, dict[str, Any]], world: int
+    dumps: Mapping[int, FlightRecorderDump], world: int
 ) -> tuple[dict[str, dict[int, int]], dict[str, tuple[int, ...]], dict[str, str]]:
     """Turn PyTorch NCCL flight recorder dumps (rank -> parsed dump) into group inputs.
 
@@ -182,24 +185,21 @@ def flight_recorder_groups(
     ops: dict[str, str] = {}
     default: set[str] = set()
     for rank in range(world):
-        d = dumps.get(rank) or {}
-        for cfg in (d.get("pg_config") or {}).values():
-            ranks = cfg.get("ranks")
-            mem = tuple(int(x) for x in str(ranks).strip("[]").split(",") if x.strip())
-            if cfg.get("name") is not None and mem:
-                members.setdefault(str(cfg["name"]), mem)
-        for e in d.get("entries") or []:
-            if e.get("is_p2p"):
+        d = dumps.get(rank)
+        if d is None:
+            continue
+        for cfg in d.pg_config.values():
+            if cfg.name is not None and cfg.ranks:
+                members.setdefault(cfg.name, cfg.ranks)
+        for e in d.entries:
+            if e.is_p2p:
                 continue
-            pg = e.get("process_group") or [""]
-            name = str(pg[0])
-            if len(pg) > 1 and pg[1] == "default_pg":
-                default.add(name)
-            seq = int(e.get("collective_seq_id", -1))
-            g = last.setdefault(name, {})
-            if seq > g.get(rank, -1):
-                g[rank] = seq
-                ops[name] = str(e.get("profiling_name", ""))
+            if e.group_desc == "default_pg":
+                default.add(e.group)
+            g = last.setdefault(e.group, {})
+            if e.seq > g.get(rank, -1):
+                g[rank] = e.seq
+                ops[e.group] = e.op
     # The default group is every rank; PyTorch's gloo dumps leave its name empty in pg_config.
     for name in default - set(members):
         members[name] = tuple(range(world))

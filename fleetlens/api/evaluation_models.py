@@ -422,7 +422,7 @@ class LeaseOut(ApiModel):
             shard_id=v.shard_id,
             evaluation_id=v.evaluation_id,
             index=v.index,
-            benchmark=v.benchmark,
+            benchmark=v.benchmark.as_json(),
             start=v.start,
             stop=v.stop,
             examples=[dict(e) for e in v.examples],

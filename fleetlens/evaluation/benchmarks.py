@@ -22,14 +22,14 @@ import gzip
 import importlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import ConfigError
 from . import metrics as m
 from .adapters import Generation
 from .cache import canonical_hash
-from .doc_types import BenchmarkTemplate, ProgramLimits
+from .doc_types import SOURCES, BenchmarkSpec
 from .example_types import Example
 from .judge import judge, judge_config
 from .lm_eval_tasks import MC_METRICS, choice_scores, load_task, task_examples
@@ -39,6 +39,7 @@ from .sandbox import SandboxLimits, run_program
 __all__ = [
     "METRICS",
     "SOURCES",
+    "BenchmarkSpec",
     "aggregate",
     "dataset_hash",
     "is_multiple_choice",
@@ -48,7 +49,6 @@ __all__ = [
     "score",
 ]
 
-SOURCES = ("humaneval", "inline", "jsonl", "lm_eval")
 METRICS = (
     "pass@k", "exact_match", "f1", "accuracy", "math", "bleu", "chrf", "rouge",
     "perplexity", "safety", "judge", *MC_METRICS,
@@ -70,58 +70,61 @@ def _humaneval() -> list[Example]:
     return out
 
 
-def load_examples(spec: dict[str, Any]) -> list[Example]:
-    source = spec.get("source", "inline")
-    if source == "humaneval":
+def load_examples(spec: BenchmarkSpec) -> list[Example]:
+    """The benchmark's examples, each with its ``id`` (inline rows are numbered in place)."""
+    rows: list[Any]
+    if spec.source == "humaneval":
         return _humaneval()
-    if source == "lm_eval":
-        return task_examples(spec)
-    if source == "inline":
-        rows = list(spec.get("examples") or [])
-    elif source == "jsonl":
+    if spec.source == "lm_eval":
+        return task_examples(spec.task)
+    if spec.source == "inline":
+        rows = list(spec.examples)
+    elif spec.source == "jsonl":
         try:
-            with open(str(spec.get("path", "")), encoding="utf-8") as fh:
+            with open(spec.path, encoding="utf-8") as fh:
                 rows = [json.loads(line) for line in fh if line.strip()]
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read benchmark file {spec.get('path')!r}: {exc}") from exc
+            raise ConfigError(f"cannot read benchmark file {spec.path!r}: {exc}") from exc
     else:
-        raise ConfigError(f"benchmark source {source!r} is unknown; use one of {SOURCES}")
+        raise ConfigError(f"benchmark source {spec.source!r} is unknown; use one of {SOURCES}")
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or "prompt" not in r:
-            raise ConfigError(f"example {i} of benchmark {spec.get('name')!r} has no 'prompt'")
+            raise ConfigError(f"example {i} of benchmark {spec.name!r} has no 'prompt'")
         r.setdefault("id", str(i))
         r["id"] = str(r["id"])
     if len({r["id"] for r in rows}) != len(rows):
-        raise ConfigError(f"benchmark {spec.get('name')!r} has duplicate example ids")
+        raise ConfigError(f"benchmark {spec.name!r} has duplicate example ids")
     if is_multiple_choice(spec):
         for r in rows:
             if not isinstance(r.get("choices"), list) or not r["choices"] or "gold" not in r:
                 raise ConfigError(
-                    f"example {r['id']} of multiple-choice benchmark {spec.get('name')!r} needs "
+                    f"example {r['id']} of multiple-choice benchmark {spec.name!r} needs "
                     "choices (a list of texts) and gold (the right choice's index)"
                 )
             r.setdefault("continuations", [" " + str(c) for c in r["choices"]])
     return rows
 
 
-def normalize_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """An lm-eval benchmark's metrics default to its task file's metric_list."""
-    if spec.get("source") == "lm_eval" and not spec.get("metrics"):
-        return {**spec, "metrics": load_task(str(spec.get("task") or "")).metrics}
+def normalize_spec(raw: Mapping[str, Any]) -> BenchmarkSpec:
+    """A benchmark of a suite as the user sent it, read; an lm-eval benchmark's metrics default
+    to its task file's metric_list (and are then part of its JSON, as stored)."""
+    spec = BenchmarkSpec.of(raw)
+    if spec.source == "lm_eval" and not spec.metrics:
+        return BenchmarkSpec.of({**raw, "metrics": load_task(spec.task).metrics})
     return spec
 
 
-def is_multiple_choice(spec: dict[str, Any]) -> bool:
+def is_multiple_choice(spec: BenchmarkSpec) -> bool:
     """Scored from continuations' log-likelihoods rather than from generated text."""
-    return any(m in MC_METRICS for m in spec.get("metrics") or [])
+    return any(m in MC_METRICS for m in spec.metrics)
 
 
 def dataset_hash(examples: list[Example]) -> str:
     return canonical_hash(examples)
 
 
-def render(spec: dict[str, Any], example: Example) -> str:
-    template = str(BenchmarkTemplate.of(spec).text)
+def render(spec: BenchmarkSpec, example: Example) -> str:
+    template = str(spec.prompt_template.text)
     return template.replace("{prompt}", str(example["prompt"]))
 
 
@@ -139,22 +142,22 @@ def _program(example: Example, completion: str) -> str:
     )
 
 
-def score(spec: dict[str, Any], example: Example, gen: Generation) -> dict[str, float | str]:
+def score(spec: BenchmarkSpec, example: Example, gen: Generation) -> dict[str, float | str]:
     """Per-example scores; pass@k is the unbiased estimate for this one problem. A judge adds
     its rationale as the text ``judge_rationale`` beside its ``judge_score``."""
     out: dict[str, float | str] = {}
     if is_multiple_choice(spec):
         # the log-likelihoods are kept beside the scores: what a choice was decided on
-        out.update(choice_scores(gen.loglikelihoods, example, spec["metrics"]))
+        out.update(choice_scores(gen.loglikelihoods, example, spec.metrics))
         out["loglikelihoods"] = json.dumps(gen.loglikelihoods)
     text = gen.texts[0] if gen.texts else ""
     refs = [str(a) for a in example.get("answers") or [example.get("answer", "")]]
-    for metric in spec.get("metrics") or ["exact_match"]:
+    for metric in spec.scored_metrics:
         if metric == "pass@k":
-            limits = SandboxLimits(wall_s=ProgramLimits.of(spec))
+            limits = SandboxLimits(wall_s=spec.timeout_s)
             c = sum(run_program(_program(example, t), limits).passed for t in gen.texts)
-            for k in spec.get("k") or [1]:
-                out[f"pass@{k}"] = m.pass_at_k(len(gen.texts), c, int(k))
+            for k in spec.k or (1,):
+                out[f"pass@{k}"] = m.pass_at_k(len(gen.texts), c, k)
         elif metric == "exact_match":
             out["exact_match"] = m.exact_match(text, refs)
         elif metric == "f1":
@@ -185,7 +188,7 @@ def score(spec: dict[str, Any], example: Example, gen: Generation) -> dict[str, 
         elif metric in MC_METRICS:
             pass
         elif metric == "safety":
-            classify = _callable(str(spec.get("classifier", "")))
+            classify = _callable(spec.classifier)
             out["unsafe_rate"] = float(bool(classify(str(example["prompt"]), text)))
         else:
             raise ConfigError(f"metric {metric!r} is unknown; use one of {METRICS}")

@@ -1,6 +1,6 @@
-"""The JSON documents of evaluation, typed: the user's specs (adapter, judge, gate policy,
-prices), what an evaluation records (provenance, gate reports, regressions) and what a callable
-adapter answers.
+"""The JSON documents of evaluation, typed: the user's specs (adapter, benchmark, judge, gate
+policy, prices), what an evaluation records (provenance, gate reports, regressions) and what a
+callable adapter answers.
 
 Each is declared once here with snake_case fields; its JSON keys are camelCase by the model's
 own rule (:func:`camel`), so a document read or written keeps the keys users and stored rows
@@ -10,6 +10,8 @@ have always had. Digits stay a segment of their own: ``input_per_1k_tokens`` is
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -17,10 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import ConfigError
 
 __all__ = [
+    "SOURCES",
     "AdapterSpec",
     "AliasMoveAudit",
+    "BenchmarkFields",
     "BenchmarkProvenance",
-    "BenchmarkTemplate",
+    "BenchmarkSpec",
     "CallableAnswer",
     "CheckRecord",
     "Doc",
@@ -28,7 +32,6 @@ __all__ = [
     "JudgeSpec",
     "PolicySpec",
     "Price",
-    "ProgramLimits",
     "PromptTemplate",
     "Provenance",
     "RegressionRecord",
@@ -131,34 +134,6 @@ class PromptTemplate(Doc):
     text: Any = "{prompt}"
 
 
-class BenchmarkTemplate(Doc):
-    """The prompt template a benchmark spec names (none: the example's prompt as it is)."""
-
-    prompt_template: PromptTemplate | None = None
-
-    @classmethod
-    def of(cls, spec: dict[str, Any]) -> PromptTemplate:
-        try:
-            found = cls.model_validate(spec).prompt_template
-        except ValidationError as exc:
-            raise invalid(f"benchmark {spec.get('name', '')!r}", exc) from exc
-        return found or PromptTemplate()
-
-
-class ProgramLimits(Doc):
-    """How long a benchmark's generated program may run in the sandbox (``timeoutS``)."""
-
-    timeout_s: float = 10.0
-
-    @classmethod
-    def of(cls, spec: dict[str, Any]) -> float:
-        """The benchmark's wall-clock limit a program, in seconds."""
-        try:
-            return cls.model_validate(spec).timeout_s
-        except ValidationError as exc:
-            raise invalid(f"benchmark {spec.get('name', '')!r}", exc) from exc
-
-
 class SuiteSpec(Doc):
     """A suite as a request or the registry gives it: the fields read here, and any others."""
 
@@ -198,6 +173,117 @@ class JudgeSpec(Doc):
     temperature: float = 0.0
     samples: int = 1
     max_tokens: int = 256
+
+    @classmethod
+    def of(cls, j: Any) -> JudgeSpec:
+        """The judge object checked: every field that can change a verdict given (its
+        adapter is checked by :func:`.judge.judge_config`)."""
+        if not isinstance(j, dict):
+            raise ConfigError("metric 'judge' needs a 'judge' object in the benchmark spec")
+        missing = [
+            f.alias
+            for f in cls.model_fields.values()
+            if f.is_required() and f.alias and not j.get(f.alias)
+        ]
+        if missing:
+            raise ConfigError(
+                f"judge configuration is missing {missing}; every field that can "
+                "change a verdict is versioned"
+            )
+        try:
+            js = cls.model_validate(j)
+        except ValidationError as exc:
+            raise invalid("judge", exc) from exc
+        if js.samples < 1 or js.temperature < 0:
+            raise ConfigError("judge samples must be >= 1 and temperature >= 0")
+        return js
+
+
+SOURCES = ("humaneval", "inline", "jsonl", "lm_eval")
+"""Where a benchmark's examples come from (:mod:`.benchmarks`)."""
+
+
+class BenchmarkFields(Doc):
+    """The fields of a benchmark spec read as documents (by their camelCase keys)."""
+
+    prompt_template: PromptTemplate | None = None  # none: the example's prompt as it is
+    timeout_s: float = 10.0  # how long a generated program may run in the sandbox
+
+
+@dataclass(frozen=True, slots=True)
+class BenchmarkSpec:
+    """One benchmark of a suite, read once from the user's JSON (:func:`.benchmarks.
+    normalize_spec`): the fields fleetlens reads, typed, and the JSON as it was given, unknown
+    keys included (:meth:`as_json`: what an evaluation stores, what its hashes are computed
+    over and what a worker is sent). The inline examples are the JSON's own rows: numbering
+    them when they are loaded numbers them in the stored spec too, as it always has."""
+
+    name: str
+    version: str
+    source: str  # one of SOURCES
+    metrics: tuple[str, ...]  # as given (none: exact_match, see scored_metrics)
+    k: tuple[int, ...]  # pass@k's k, as given (none: 1)
+    examples: tuple[Any, ...]  # inline: the rows, as given
+    path: str  # jsonl: a file on the server
+    task: str  # lm_eval: a task YAML on the server
+    classifier: str  # safety: package.module:function
+    prompt_template: PromptTemplate
+    timeout_s: float
+    judge: JudgeSpec | None  # set when the judge metric is scored
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def of(cls, raw: Any) -> BenchmarkSpec:
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"a benchmark spec is an object {{name, source, ...}}, got {raw!r}")
+        name = raw.get("name", "")
+        if not isinstance(name, str):
+            raise ConfigError(f"benchmark name {name!r} must be a string")
+        source = raw.get("source", "inline")
+        if source not in SOURCES:
+            raise ConfigError(f"benchmark source {source!r} is unknown; use one of {SOURCES}")
+        metrics = raw.get("metrics") or []
+        if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+            raise ConfigError(f"benchmark {name!r}: metrics {metrics!r} must be a list of names")
+        examples = raw.get("examples") or []
+        if not isinstance(examples, list):
+            raise ConfigError(f"benchmark {name!r}: examples must be a list of objects")
+        try:
+            k = tuple(int(v) for v in raw.get("k") or [])
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"benchmark {name!r}: k {raw.get('k')!r} must be integers") from exc
+        try:
+            fields = BenchmarkFields.model_validate(raw)
+        except ValidationError as exc:
+            raise invalid(f"benchmark {name!r}", exc) from exc
+        return cls(
+            name=name,
+            version=str(raw.get("version", "")),
+            source=str(source),
+            metrics=tuple(metrics),
+            k=k,
+            examples=tuple(examples),
+            path=str(raw.get("path", "")),
+            task=str(raw.get("task") or ""),
+            classifier=str(raw.get("classifier", "")),
+            prompt_template=fields.prompt_template or PromptTemplate(),
+            timeout_s=fields.timeout_s,
+            judge=JudgeSpec.of(raw.get("judge")) if "judge" in metrics else None,
+            raw=dict(raw),
+        )
+
+    @property
+    def scored_metrics(self) -> tuple[str, ...]:
+        return self.metrics or ("exact_match",)
+
+    def as_json(self) -> Any:
+        """The spec as the user's JSON: the keys and values given (a shallow copy)."""
+        return dict(self.raw)
+
+    def without_examples(self) -> BenchmarkSpec:
+        """The spec a worker is sent: its examples come beside it, a shard's worth."""
+        raw = {k: v for k, v in self.raw.items() if k != "examples"}
+        return replace(self, examples=(), raw=raw)
 
 
 class JudgeProvenance(Doc):

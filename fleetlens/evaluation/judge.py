@@ -13,41 +13,23 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any
-
-from pydantic import ValidationError
 
 from ..errors import ConfigError
 from .adapters import Adapter, Decoding, adapter_from_spec, validate_spec
-from .doc_types import AdapterSpec, JudgeProvenance, JudgeSpec, invalid
+from .doc_types import AdapterSpec, BenchmarkSpec, JudgeProvenance, JudgeSpec
 
 __all__ = ["judge", "judge_config", "judge_provenance"]
 
 _SCORE = re.compile(r"SCORE:\s*(-?[0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
 
 
-def judge_config(spec: dict[str, Any]) -> JudgeSpec:
-    """A benchmark's judge, checked: every field that can change a verdict given."""
-    j = spec.get("judge")
-    if not isinstance(j, dict):
+def judge_config(spec: BenchmarkSpec) -> JudgeSpec:
+    """A benchmark's judge, checked: every field that can change a verdict given, and an
+    adapter that can be built."""
+    js = spec.judge
+    if js is None:
         raise ConfigError("metric 'judge' needs a 'judge' object in the benchmark spec")
-    missing = [
-        f.alias
-        for f in JudgeSpec.model_fields.values()
-        if f.is_required() and f.alias and not j.get(f.alias)
-    ]
-    if missing:
-        raise ConfigError(
-            f"judge configuration is missing {missing}; every field that can "
-            "change a verdict is versioned"
-        )
-    try:
-        js = JudgeSpec.model_validate(j)
-    except ValidationError as exc:
-        raise invalid("judge", exc) from exc
     validate_spec(dict(js.adapter))
-    if js.samples < 1 or js.temperature < 0:
-        raise ConfigError("judge samples must be >= 1 and temperature >= 0")
     return js
 
 

@@ -23,6 +23,7 @@ from ..errors import ConfigError, LeaseLost, NotFound
 from ..store.eval_queries import TEXTS
 from ..store.scope import Scope
 from ..store.scoped import scoped
+from .doc_types import BenchmarkSpec
 from .example_types import Example
 from .models import EvalShard, Evaluation
 from .results import Results
@@ -46,7 +47,7 @@ class ShardLease:
     shard_id: int
     evaluation_id: str
     index: int
-    benchmark: dict[str, Any]
+    benchmark: BenchmarkSpec  # without its examples
     start: int
     stop: int
     examples: list[Example]
@@ -179,13 +180,12 @@ class Leases:
     ) -> ShardLease:
         spec = benchmark_spec(ev, sh.benchmark)
         examples = self._examples.load(spec)[sh.start : sh.stop]
-        spec.pop("examples", None)
         decoding = ev.provenance.get("decoding", {})
         return ShardLease(
             shard_id=sh.id,
             evaluation_id=ev.evaluation_id,
             index=sh.shard_index,
-            benchmark=spec,
+            benchmark=spec.without_examples(),
             start=sh.start,
             stop=sh.stop,
             examples=examples,

@@ -325,13 +325,13 @@ def _gold(target: Any, choices: list[str]) -> int | list[int]:
     return choices.index(target) if target in choices else -100
 
 
-def task_examples(spec: dict[str, Any]) -> list[Example]:
-    """The benchmark's examples, one per document of the evaluation split."""
-    cfg = load_task(str(spec.get("task") or ""))
+def task_examples(task: str) -> list[Example]:
+    """The examples of the task file ``task``, one per document of the evaluation split."""
+    cfg = load_task(task)
     found = _documents(cfg)
     docs = found.rows
     if not docs:
-        raise ConfigError(f"lm-eval task {spec.get('task')!r} has no documents")
+        raise ConfigError(f"lm-eval task {task!r} has no documents")
     r = _Renderer(cfg, found.features)
     delimiter = cfg.target_delimiter
     rows = []
@@ -339,7 +339,7 @@ def task_examples(spec: dict[str, Any]) -> list[Example]:
         text = r.text(doc)
         if not isinstance(text, str):
             raise ConfigError(
-                f"lm-eval task {spec.get('task')!r}: doc_to_text gave {text!r} for document "
+                f"lm-eval task {task!r}: doc_to_text gave {text!r} for document "
                 f"{i}; tasks with several contexts per document (multiple inputs) are not supported"
             )
         choices = [str(c) for c in r.choices(doc)]

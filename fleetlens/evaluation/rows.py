@@ -17,6 +17,7 @@ from ..store.scope import Scope
 from ..store.scoped import scoped
 from . import benchmarks as bm
 from .cache import canonical_hash
+from .doc_types import BenchmarkSpec
 from .example_types import Example
 from .models import EvalShard, Evaluation
 from .scheduler import PRIORITY_NAMES
@@ -32,8 +33,8 @@ class ExampleCache:
     def __init__(self) -> None:
         self._examples: OrderedDict[str, list[Example]] = OrderedDict()
 
-    def load(self, spec: dict[str, Any]) -> list[Example]:
-        key = canonical_hash(spec)
+    def load(self, spec: BenchmarkSpec) -> list[Example]:
+        key = canonical_hash(spec.as_json())
         rows = self._examples.get(key)
         if rows is None:
             rows = bm.load_examples(spec)
@@ -62,9 +63,10 @@ def shards_of(s: Session, tenant: str, evaluation_id: str) -> list[EvalShard]:
     )
 
 
-def benchmark_spec(ev: Evaluation, benchmark: str) -> dict[str, Any]:
+def benchmark_spec(ev: Evaluation, benchmark: str) -> BenchmarkSpec:
+    """The evaluation's benchmark of that name, as it was submitted (and stored)."""
     benchmarks: list[dict[str, Any]] = list(ev.suite.get("benchmarks") or [])  # type: ignore[call-overload]
-    return dict(next(b for b in benchmarks if b["name"] == benchmark))
+    return BenchmarkSpec.of(next(b for b in benchmarks if b["name"] == benchmark))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from ..store.scoped import scoped
 from . import benchmarks as bm
 from .adapters import Decoding, validate_spec
 from .cache import EVALUATOR_VERSION, cache_key, canonical_hash
-from .doc_types import AdapterSpec, BenchmarkProvenance, BenchmarkTemplate, Provenance, SuiteSpec
+from .doc_types import AdapterSpec, BenchmarkProvenance, Provenance, SuiteSpec
 from .judge import judge_config, judge_provenance
 from .models import EvalShard, Evaluation
 from .requests import EvaluationRequest
@@ -143,10 +143,10 @@ class Submissions:
                 "the suite with a default adapter"
             )
         validate_spec(adapter)
-        specs = [bm.normalize_spec(dict(b)) for b in suite.benchmarks or []]
+        specs = [bm.normalize_spec(b) for b in suite.benchmarks or []]
         if not specs:
             raise ConfigError("suite.benchmarks is empty; name at least one benchmark")
-        names = [str(b.get("name", "")) for b in specs]
+        names = [b.name for b in specs]
         if "" in names or len(set(names)) != len(names) or PERFORMANCE in names:
             raise ConfigError(
                 f"benchmark names {names} must be non-empty and unique in a suite "
@@ -163,28 +163,26 @@ class Submissions:
         sizes: list[tuple[str, int]] = []
         bench_prov = []
         for spec in specs:
-            for metric in spec.get("metrics") or ["exact_match"]:
+            for metric in spec.scored_metrics:
                 if metric not in bm.METRICS:
                     raise ConfigError(f"metric {metric!r} is unknown; use one of {bm.METRICS}")
-            if "pass@k" in (spec.get("metrics") or []):
-                ks = [int(k) for k in spec.get("k") or [1]]
-                if max(ks) > decoding["n"]:
-                    raise ConfigError(f"pass@{max(ks)} needs decoding.n >= {max(ks)}")
+            if "pass@k" in spec.metrics:
+                most = max(spec.k or (1,))
+                if most > decoding["n"]:
+                    raise ConfigError(f"pass@{most} needs decoding.n >= {most}")
             rows = self._examples.load(spec)
-            sizes.append((spec["name"], len(rows)))
+            sizes.append((spec.name, len(rows)))
             judged = (
-                {"judge": judge_provenance(judge_config(spec))}
-                if "judge" in (spec.get("metrics") or [])
-                else {}
+                {"judge": judge_provenance(judge_config(spec))} if "judge" in spec.metrics else {}
             )
             bench_prov.append(
                 BenchmarkProvenance(
-                    name=spec["name"],
-                    version=str(spec.get("version", "")),
+                    name=spec.name,
+                    version=spec.version,
                     dataset_hash=bm.dataset_hash(rows),
-                    prompt_template_version=str(BenchmarkTemplate.of(spec).version),
-                    metrics=list(spec.get("metrics") or ["exact_match"]),
-                    k=list(spec.get("k") or []),
+                    prompt_template_version=str(spec.prompt_template.version),
+                    metrics=list(spec.scored_metrics),
+                    k=list(spec.k),
                     examples=len(rows),
                     **judged,
                 )
@@ -226,7 +224,8 @@ class Submissions:
                 run_id=model.run_id,
                 checkpoint_id=model.checkpoint_id,
                 adapter=adapter,
-                suite={**suite.spec(), "benchmarks": specs},
+                # the benchmarks as sent (inline examples numbered by loading them)
+                suite={**suite.spec(), "benchmarks": [b.as_json() for b in specs]},
                 priority=priority,
                 deadline=float(req.deadline) if req.deadline else None,
                 state="QUEUED",

@@ -23,7 +23,7 @@ from ..errors import AdapterError, APIError, FleetlensError
 from .adapters import Adapter, Decoding, Generation, ScoresContinuations, adapter_from_spec
 from .benchmarks import is_multiple_choice, render, score
 from .cache import canonical_hash
-from .doc_types import Doc
+from .doc_types import BenchmarkSpec, Doc
 from .example_types import Example
 from .worker_types import CompleteAsk, FailAsk, HeartbeatAsk, LeaseAsk, LeasedShard
 
@@ -64,7 +64,7 @@ SHOWN_CHARS = 4000
 """The most of an example's prompt, output and reference kept for the evaluation page."""
 
 
-def shown(spec: dict[str, Any], example: Example, prompt: str, gen: Generation) -> dict[str, str]:
+def shown(spec: BenchmarkSpec, example: Example, prompt: str, gen: Generation) -> dict[str, str]:
     """What the model was asked (the rendered prompt), what it answered (its first sample; for a
     multiple-choice example, the choice it ranked first) and what was expected, as texts kept
     beside the scores."""
@@ -89,6 +89,7 @@ def shown(spec: dict[str, Any], example: Example, prompt: str, gen: Generation) 
 
 
 def _scorer(adapter: Adapter, spec: dict[str, Any]) -> ScoresContinuations:
+    """The adapter as a scorer of continuations; ``spec``: the adapter's own spec."""
     if not hasattr(adapter, "loglikelihood"):
         raise AdapterError(
             f"adapter kind {spec.get('kind')!r} cannot score continuations, which a "
@@ -192,7 +193,7 @@ class Worker:
             adapter = self._adapter(shard.adapter)
             self._locality = shard.locality
             decoding = Decoding.from_json(shard.decoding)
-            spec = shard.benchmark
+            spec = shard.benchmark_spec()
             skip = set(shard.completed_ids)
             for ex in shard.examples_read():
                 if lost.is_set():

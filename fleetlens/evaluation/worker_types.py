@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from pydantic import Field
 
-from .doc_types import Doc
+from .doc_types import BenchmarkSpec, Doc
 from .example_types import Example
 
 __all__ = ["CompleteAsk", "FailAsk", "HeartbeatAsk", "LeaseAsk", "LeasedShard"]
@@ -36,6 +36,10 @@ class LeasedShard(Doc):
     decoding: dict[str, Any]
     locality: str = ""
     lease_token: str
+
+    def benchmark_spec(self) -> BenchmarkSpec:
+        """The benchmark spec, read (as the server read it when the evaluation was submitted)."""
+        return BenchmarkSpec.of(self.benchmark)
 
     def examples_read(self) -> list[Example]:
         """The examples, as the evaluator reads them (dataset rows: JSON as the server sent)."""

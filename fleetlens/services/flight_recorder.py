@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..analysis.flight_recorder import (
     FlightRecorderReport,
@@ -19,9 +18,9 @@ from ..analysis.flight_recorder import (
     analyze_dumps,
     diagnoses,
     group_summary,
-    load_dump,
     rank_from_name,
 )
+from ..analysis.flight_recorder_dump import FlightRecorderDump, load_dump
 from ..errors import Conflict, NotFound, TraceFormatError
 from ..store.detect_queries import DetectQueries
 from ..store.findings import FindingsStore
@@ -48,9 +47,10 @@ class DumpFile:
     rank: int | None = None
 
 
-def read_dumps(files: Sequence[DumpFile]) -> dict[int, dict[str, Any]]:
-    """rank -> dump; refuses a file without a rank, two files of one rank, or a bad dump."""
-    dumps: dict[int, dict[str, Any]] = {}
+def read_dumps(files: Sequence[DumpFile]) -> dict[int, FlightRecorderDump]:
+    """rank -> its dump, parsed; refuses a file without a rank, two files of one rank, or a
+    bad dump."""
+    dumps: dict[int, FlightRecorderDump] = {}
     names: dict[int, str] = {}
     for f in files:
         rank = f.rank if f.rank is not None else rank_from_name(f.name)
@@ -150,7 +150,7 @@ def import_flight_recorder(
     try:
         run = metadata.get_run(scope, run_id)
     except NotFound:
-        if not any(d.get("entries") for d in dumps.values()):
+        if not any(d.entries for d in dumps.values()):
             raise NotFound(
                 f"run {run_id!r} does not exist, and the dumps hold no collective to make it from"
             ) from None
@@ -196,13 +196,13 @@ def import_flight_recorder(
     )
 
 
-def _span(dumps: dict[int, dict[str, Any]]) -> tuple[float, float]:
+def _span(dumps: dict[int, FlightRecorderDump]) -> tuple[float, float]:
     """The first and last time the dumps' entries were created (now, when they say none)."""
     ns = [
-        int(e["time_created_ns"])
+        e.time_created_ns
         for d in dumps.values()
-        for e in d.get("entries") or []
-        if isinstance(e, dict) and isinstance(e.get("time_created_ns"), int)
+        for e in d.entries
+        if e.time_created_ns is not None
     ]
     if not ns:
         now = time.time()
