@@ -334,7 +334,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(FleetlensError)
-    async def fleetlens_error(_request: Request, exc: FleetlensError) -> JSONResponse:
+    async def fleetlens_error(_request: Request, exc: FleetlensError) -> Response:
         """Every error of the tree, answered with its status from ``errors.STATUS``."""
         status = http_status(exc)
         if status == 503:
@@ -373,7 +373,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     async def ingest(
         request: Request, scope: Annotated[Scope, Depends(require("ingest"))]
     ) -> Response:
-        return await ingest_batch(request, scope)  # served by IngestFastPath in front of this
+        return await ingest_batch(request, scope)  # served by IngestApp ahead of this
 
     @app.post(
         "/v1/ingest/batches",
@@ -413,7 +413,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
     async def ingest_many(
         request: Request, scope: Annotated[Scope, Depends(require("ingest"))]
     ) -> Response:
-        return await ingest_batches(request, scope)  # served by IngestFastPath in front of this
+        return await ingest_batches(request, scope)  # served by IngestApp ahead of this
 
     @app.get(
         "/healthz",

@@ -74,11 +74,24 @@ class BodyRefused(Exception):
     retry_after: int | None = None
 
 
+def _too_slow(size: int, took_s: float, grace_s: float, min_rate: float) -> BodyRefused:
+    return BodyRefused(
+        408,
+        f"the body did not arrive in time ({size} bytes in {took_s:.0f} s; "
+        f"allowed: {grace_s:.0f} s plus 1 s per {min_rate / (1 << 20):.0f} MiB); retry later",
+        "too_slow",
+        retry_after=1,
+    )
+
+
 async def timed_chunks(
     request: Request, grace_s: float = BODY_GRACE_S, min_rate: float = BODY_MIN_BYTES_PER_S
 ) -> AsyncIterator[bytes]:
     """The body's chunks under the deadline: ``grace_s`` plus a second per ``min_rate`` bytes
-    received. Raises :class:`BodyRefused` (408, or 400 when the client went away)."""
+    received. Raises :class:`BodyRefused` (408, or 400 when the client went away).
+
+    For a consumer that awaits other things between chunks (a streamed upload): each chunk is
+    waited for under its own timeout, so the deadline never fires inside the consumer."""
     start = time.monotonic()
     size = 0
     stream = request.stream().__aiter__()
@@ -89,14 +102,7 @@ async def timed_chunks(
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise BodyRefused(
-                408,
-                f"the body did not arrive in time ({size} bytes in "
-                f"{time.monotonic() - start:.0f} s; allowed: {grace_s:.0f} s plus 1 s per "
-                f"{min_rate / (1 << 20):.0f} MiB); retry later",
-                "too_slow",
-                retry_after=1,
-            ) from None
+            raise _too_slow(size, time.monotonic() - start, grace_s, min_rate) from None
         except ClientDisconnect:
             raise BodyRefused(400, "the client went away mid-body", "rejected") from None
         if chunk:
@@ -111,21 +117,42 @@ async def read_body(
     grace_s: float = BODY_GRACE_S,
     min_rate: float = BODY_MIN_BYTES_PER_S,
 ) -> bytes:
-    """The whole body (:func:`timed_chunks`), charged to ``budget`` as it arrives; the caller
-    gives back ``len(body)`` when done with it. Raises :class:`BodyRefused` (having given its
-    bytes back)."""
+    """The whole body, under the deadline of :func:`timed_chunks` and charged to ``budget`` as
+    it arrives; the caller gives back ``len(body)`` when done with it. Raises
+    :class:`BodyRefused` (having given its bytes back).
+
+    One deadline for the whole body, moved on as bytes arrive (nothing else is awaited while
+    reading): a timeout per chunk cost an ingest request a task of its own (8% of the server's
+    Python time at 1,024 ranks)."""
     chunks: list[bytes] = []
     size = 0
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    moved = 0.0  # seconds the deadline was moved on for the bytes received
     try:
-        async for chunk in timed_chunks(request, grace_s, min_rate):
-            if size + len(chunk) > limit:
-                raise BodyRefused(413, f"body is over the limit of {limit} bytes", "too_large")
-            if not budget.take(len(chunk), size):
-                raise BodyRefused(
-                    429, "ingest queue is full; retry later", "throttled", retry_after=1
-                )
-            size += len(chunk)
-            chunks.append(chunk)
+        async with asyncio.timeout_at(start + grace_s) as deadline:
+            try:
+                async for chunk in request.stream():
+                    if not chunk:
+                        continue
+                    if size + len(chunk) > limit:
+                        raise BodyRefused(
+                            413, f"body is over the limit of {limit} bytes", "too_large"
+                        )
+                    if not budget.take(len(chunk), size):
+                        raise BodyRefused(
+                            429, "ingest queue is full; retry later", "throttled", retry_after=1
+                        )
+                    size += len(chunk)
+                    chunks.append(chunk)
+                    if size / min_rate - moved >= 1.0:  # (a timer is not moved for a ms)
+                        moved = size / min_rate
+                        deadline.reschedule(start + grace_s + moved)
+            except ClientDisconnect:
+                raise BodyRefused(400, "the client went away mid-body", "rejected") from None
+    except TimeoutError:
+        budget.give(size)
+        raise _too_slow(size, loop.time() - start, grace_s, min_rate) from None
     except BaseException:
         budget.give(size)
         raise

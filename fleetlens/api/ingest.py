@@ -2,7 +2,7 @@
 route of the server.
 
 Every rank of every job calls it once per flush, so it is served by a pure ASGI path
-(:class:`IngestFastPath`, in front of the framework's routing and dependency solving, which cost
+(:class:`IngestApp`, ahead of the framework's entry, routing and dependency solving, which cost
 more than the rest of the request together); the FastAPI route of the same path stays for the
 OpenAPI document and calls the same :func:`ingest_batch`. The order is the guarantee: limits and
 quotas before the body is read, the body bounded while it arrives, the batch validated alone
@@ -19,17 +19,19 @@ import functools
 import logging
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
+import msgspec
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Receive, Send
+from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from ..collector.decode import decode_frames
-from ..collector.ingest import Prepared
+from ..collector.ingest import Ingestor, IngestResult, Prepared
 from ..errors import BatchTooLarge, FleetlensError, WireError, http_status
 from ..store.scope import Scope
 from ..wire import BatchFrame
@@ -38,7 +40,7 @@ from .bodies import BodyBudget, BodyRefused, drain, read_body
 
 __all__ = [
     "IngestApp",
-    "IngestFastPath",
+    "JsonAnswer",
     "error_response",
     "float_header",
     "ingest_batch",
@@ -48,20 +50,41 @@ __all__ = [
 log = logging.getLogger("fleetlens.ingest")
 
 
+class JsonAnswer(Response):
+    """A JSON answer of the ingest routes and of the app's errors, encoded once (msgspec) with
+    its headers written out: Starlette's JSONResponse built them through a mutable mapping, on
+    every one of a thousand requests a second."""
+
+    media_type = "application/json"
+
+    def __init__(
+        self, content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.status_code = status_code
+        self.background = None
+        self.body = msgspec.json.encode(content)
+        self.raw_headers = [
+            (b"content-length", str(len(self.body)).encode("latin-1")),
+            (b"content-type", b"application/json"),
+        ]
+        for name, value in (headers or {}).items():
+            self.raw_headers.append((name.lower().encode("latin-1"), value.encode("latin-1")))
+
+
 def error_response(
     status: int,
     message: str,
     field: str | None = None,
     retry_after: int | None = None,
     headers: dict[str, str] | None = None,
-) -> JSONResponse:
+) -> JsonAnswer:
     """An error answer. ``detail`` is FastAPI's key (its own 4xx use it), ``error`` the key the
     collector has always answered with; both carry the message, ``field`` the bad field."""
     hdrs = dict(headers or {})
     if retry_after is not None:
         hdrs["Retry-After"] = str(retry_after)
     body = {"detail": message, "error": message, "field": field}
-    return JSONResponse(body, status_code=status, headers=hdrs or None)
+    return JsonAnswer(body, status, hdrs)
 
 
 def float_header(value: str | None) -> float | None:
@@ -172,34 +195,31 @@ async def ingest_batch(request: Request, scope: Scope) -> Response:
     body = await _receive(request, scope)
     if isinstance(body, Response):
         return body
-    loop = asyncio.get_running_loop()
     try:
         try:
-            prepared = await loop.run_in_executor(
-                svc.ingestor.pool,
-                functools.partial(
-                    svc.ingestor.prepare,
-                    body,
-                    request.headers.get("content-type", "application/msgpack"),
-                    request.headers.get("content-encoding", ""),
-                    scope.tenant,
-                    scope.project or None,
-                    received_at=received_at,
-                    transmitted_at=float_header(request.headers.get("x-fleetlens-sent-at")),
-                ),
+            # Decoded and validated on the ingest pool, then durable once the group insert
+            # holding it returned (fleetlens/collector/commit.py), then registered.
+            ingestor: Ingestor = svc.ingestor
+            prepare = functools.partial(
+                ingestor.prepare,
+                body,
+                request.headers.get("content-type", "application/msgpack"),
+                request.headers.get("content-encoding", ""),
+                scope.tenant,
+                scope.project or None,
+                received_at=received_at,
+                transmitted_at=float_header(request.headers.get("x-fleetlens-sent-at")),
             )
+            (result,) = await asyncio.wrap_future(ingestor.accept(lambda: [prepare()]))
         except WireError as exc:
             too_large = isinstance(exc, BatchTooLarge)
             svc.batches.labels("too_large" if too_large else "rejected").inc()
             return error_response(http_status(exc), str(exc), exc.field)
-        # Durable once the group insert holding it returned (fleetlens/collector/commit.py).
-        await asyncio.wrap_future(svc.ingestor.store(prepared))
     finally:
         await _release(request, len(body))
-    result = await loop.run_in_executor(svc.ingestor.pool, svc.ingestor.finish, prepared)
     answer = _stored(svc, scope.tenant, len(body), result)
     answer["flushS"] = _paced(request)
-    return JSONResponse(answer)
+    return JsonAnswer(answer)
 
 
 async def ingest_batches(request: Request, scope: Scope) -> Response:
@@ -220,34 +240,32 @@ async def ingest_batches(request: Request, scope: Scope) -> Response:
     body = await _receive(request, scope)
     if isinstance(body, Response):
         return body
-    loop = asyncio.get_running_loop()
-    ingestor = svc.ingestor
+    ingestor: Ingestor = svc.ingestor
+    frames: list[BatchFrame] = []
+
+    def prepare() -> list[Prepared | WireError | None]:
+        # (the envelope is copied out frame by frame on the ingest pool, off the event loop)
+        frames.extend(decode_frames(body, request.headers.get("content-encoding", "")))
+        return ingestor.prepare_frames(
+            frames,
+            scope.tenant,
+            scope.project or None,
+            received_at=received_at,
+            transmitted_at=float_header(request.headers.get("x-fleetlens-sent-at")),
+        )
+
     try:
         try:
-            frames, prepared = await loop.run_in_executor(
-                ingestor.pool,
-                functools.partial(
-                    _prepare_frames,
-                    ingestor,
-                    body,
-                    request.headers.get("content-encoding", ""),
-                    scope,
-                    received_at,
-                    float_header(request.headers.get("x-fleetlens-sent-at")),
-                ),
-            )
+            done = await asyncio.wrap_future(ingestor.accept(prepare))
         except WireError as exc:
             svc.batches.labels("rejected").inc()
             return error_response(400, str(exc), exc.field)
-        good = [p for p in prepared if isinstance(p, Prepared)]
-        await asyncio.wrap_future(ingestor.store_many(good))
     finally:
         await _release(request, len(body))
-    finished = iter(await loop.run_in_executor(ingestor.pool, _finish_all, ingestor, good))
     results: list[dict[str, Any]] = []
-    for frame, p in zip(frames, prepared, strict=True):
-        if isinstance(p, Prepared):
-            stored = _stored(svc, scope.tenant, len(frame.body), next(finished))
+    for frame, p in zip(frames, done, strict=True):
+        if isinstance(p, IngestResult):
+            stored = _stored(svc, scope.tenant, len(frame.body), p)
             results.append({**stored, "status": 200})
         elif p is None:
             svc.batches.labels("throttled").inc()
@@ -260,78 +278,54 @@ async def ingest_batches(request: Request, scope: Scope) -> Response:
         else:
             svc.batches.labels("too_large" if isinstance(p, BatchTooLarge) else "rejected").inc()
             results.append({"status": http_status(p), "error": str(p), "field": p.field})
-    return JSONResponse({"results": results, "flushS": _paced(request)})
-
-
-def _prepare_frames(
-    ingestor: Any,
-    body: bytes,
-    encoding: str,
-    scope: Scope,
-    received_at: float,
-    transmitted_at: float | None,
-) -> tuple[list[BatchFrame], list[Any]]:
-    """The envelope's frames and each one prepared (off the event loop: the envelope is copied
-    out frame by frame)."""
-    frames = decode_frames(body, encoding)
-    prepared = ingestor.prepare_frames(
-        frames,
-        scope.tenant,
-        scope.project or None,
-        received_at=received_at,
-        transmitted_at=transmitted_at,
-    )
-    return frames, prepared
-
-
-def _finish_all(ingestor: Any, prepared: list[Prepared]) -> list[Any]:
-    return [ingestor.finish(p) for p in prepared]
+    return JsonAnswer({"results": results, "flushS": _paced(request)})
 
 
 _FAST_PATHS = {"/v1/ingest": ingest_batch, "/v1/ingest/batches": ingest_batches}
 
 
-class IngestFastPath:
-    """``POST /v1/ingest`` straight to :func:`ingest_batch` (``/v1/ingest/batches`` to
-    :func:`ingest_batches`); every other request to the app.
-
-    It is in front of the app's whole middleware stack (:class:`IngestApp`), which cost an
-    ingest request 9% of the server's Python time at 1,024 ranks and does nothing for it: the
-    routes read their own bodies, answer JSON (``nosniff``, as every answer) and turn an
-    unexpected error into a logged 500 here. Authentication and its 401/403 answers are the
-    same as the route's dependency."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        handler = _FAST_PATHS.get(scope["path"]) if scope["type"] == "http" else None
-        if handler is None or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive)
-        try:
-            who = await caller(request)
-            if not who.can("ingest"):
-                raise HTTPException(403, f"role {who.role!r} may not ingest")
-            response = await handler(request, who)
-        except HTTPException as exc:
-            response = JSONResponse(
-                {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
-            )
-        except FleetlensError as exc:  # the store's refusal (a full disk: 503, Retry-After)
-            status = http_status(exc)
-            retry = int(getattr(exc, "retry_after", 1)) if status == 503 else None
-            response = error_response(status, str(exc), getattr(exc, "field", None), retry)
-        except Exception:
-            log.exception("ingest request failed")
-            response = error_response(500, "internal error; the batch was not stored")
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        await response(scope, receive, send)
+async def _serve(
+    handler: Any, app: FastAPI, scope: AsgiScope, receive: Receive, send: Send
+) -> None:
+    """Answer an ingest request with ``handler``: authentication and its 401/403 as the route's
+    dependency, the store's refusals, and an unexpected error as a logged JSON 500."""
+    scope["app"] = app  # what Starlette sets for Request.app
+    request = Request(scope, receive)
+    response: Response
+    try:
+        who = await caller(request)
+        if not who.can("ingest"):
+            raise HTTPException(403, f"role {who.role!r} may not ingest")
+        response = await handler(request, who)
+    except HTTPException as exc:
+        response = JsonAnswer({"detail": exc.detail}, exc.status_code, exc.headers)
+    except FleetlensError as exc:  # the store's refusal (a full disk: 503, Retry-After)
+        status = http_status(exc)
+        retry = int(getattr(exc, "retry_after", 1)) if status == 503 else None
+        response = error_response(status, str(exc), getattr(exc, "field", None), retry)
+    except Exception:
+        log.exception("ingest request failed")
+        response = error_response(500, "internal error; the batch was not stored")
+    # (every answer of the server says it; the app's middleware, which says it for the rest,
+    # is not on this path)
+    response.raw_headers.append((b"x-content-type-options", b"nosniff"))
+    await response(scope, receive, send)
 
 
 class IngestApp(FastAPI):
-    """FastAPI with :class:`IngestFastPath` in front of its middleware stack."""
+    """FastAPI with the ingest routes answered ahead of it.
 
-    def build_middleware_stack(self) -> ASGIApp:
-        return IngestFastPath(super().build_middleware_stack())
+    ``POST /v1/ingest`` goes straight to :func:`ingest_batch` (``/v1/ingest/batches`` to
+    :func:`ingest_batches`), every other request to the app. Every rank of every job calls it
+    once per flush; the framework's entry, middleware stack, routing and dependency solving do
+    nothing for it (the routes read their own bodies and answer JSON with ``nosniff``) and cost
+    more than the rest of the request together. The FastAPI routes of the same paths stay, for
+    the OpenAPI document."""
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = _FAST_PATHS.get(scope["path"])
+            if handler is not None:
+                await _serve(handler, self, scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)

@@ -3,7 +3,7 @@ run's scalar series, the Flight Recorder import and the profiler-trace breakdown
 :mod:`fleetlens.api.models`, whose conventions these follow: camelCase on the wire, unknown
 keys refused).
 
-The ingest routes are answered by :class:`fleetlens.api.ingest.IngestFastPath`, in front of
+The ingest routes are answered by :class:`fleetlens.api.ingest.IngestApp`, ahead of
 FastAPI: their models document the answer (tests/test_server.py and tests/test_routes.py
 validate real ones against them). Their error bodies (``detail``, ``error``, ``field``) are
 the app's error answers, not these.

@@ -291,19 +291,21 @@ def _validate(
 
 
 def _digest(cols: dict[str, Col]) -> str:
-    """A hash of a table's content as sent: same rows, same hash; any change, another one."""
-    h = hashlib.sha256()
+    """A hash of a table's content as sent: same rows, same hash; any change, another one.
+    (The bytes are hashed in one call: the same hash as one update a part, at a third of the
+    cost on an SDK's batch of one step.)"""
+    parts: list[bytes] = []
     for name in sorted(cols):
         value = cols[name]
-        h.update(name.encode() + b"\x00")
+        parts.append(name.encode() + b"\x00")
         if isinstance(value, StringColumn):
             for s in value.dictionary:
                 b = s.encode("utf-8", "surrogatepass")
-                h.update(len(b).to_bytes(8, "little") + b)
-            h.update(np.ascontiguousarray(value.codes).data)
+                parts.append(len(b).to_bytes(8, "little") + b)
+            parts.append(value.codes.tobytes())  # C order, as ascontiguousarray's bytes
         else:
-            h.update(np.ascontiguousarray(value).data)
-    return h.hexdigest()[:32]
+            parts.append(value.tobytes())
+    return hashlib.sha256(b"".join(parts)).hexdigest()[:32]
 
 
 def _shift_times(kind: RecordKind, cols: dict[str, Col], shift: float) -> dict[str, Col]:
@@ -321,9 +323,15 @@ def _take(value: Col, keep: np.ndarray[Any, Any]) -> Col:
     return np.ascontiguousarray(value[keep])
 
 
+_NP_DTYPES = {name: np.dtype(np_name) for name, (_, np_name, _) in DTYPES.items() if np_name}
+
+
 def _column(kind: RecordKind, name: str, value: object, n: int) -> Col:
-    where = f"tables.{kind.name}.cols.{name}"
     col = kind.by_name.get(name)
+    np_dtype = _NP_DTYPES.get(col.dtype) if col is not None else None
+    if np_dtype is not None and isinstance(value, bytes) and len(value) == n * np_dtype.itemsize:
+        return np.frombuffer(value, dtype=np_dtype)  # packed, as the SDK sends: the common case
+    where = f"tables.{kind.name}.cols.{name}"
     if col is None:
         raise WireError(
             f"record kind {kind.name!r} has no column {name!r}; columns: {list(kind.column_names)}",
@@ -348,7 +356,7 @@ def _column(kind: RecordKind, name: str, value: object, n: int) -> Col:
                 codes_l.append(index.setdefault(v, len(index)))
             return StringColumn(list(index), np.asarray(codes_l, dtype=np.int32))
         raise WireError(f"{where} must be a list of strings or a dictionary column", where)
-    np_dtype = np.dtype(DTYPES[col.dtype][1])
+    np_dtype = _NP_DTYPES[col.dtype]
     if isinstance(value, bytes | memoryview):
         size = value.nbytes if isinstance(value, memoryview) else len(value)
         if size != n * np_dtype.itemsize:

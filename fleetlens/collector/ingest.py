@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
@@ -234,6 +235,49 @@ class Ingestor:
         if project is not None:
             ctx["project"] = project
         return Prepared(batch, ctx, t0)
+
+    def accept(
+        self, make: Callable[[], Sequence[Prepared | WireError | None]]
+    ) -> Future[list[IngestResult | WireError | None]]:
+        """``make`` (a :meth:`prepare`, or :meth:`prepare_frames`) and :meth:`store_many` of
+        what it prepared on the ingest pool, then :meth:`finish` of each there once durable:
+        the answer's future, one item per item of ``make`` (a refused frame stays its
+        :class:`~fleetlens.errors.WireError` or None), failed with what ``make`` or the store
+        raised. For the event loop, one hand-off there and one back, where the three calls
+        cost three of each."""
+        out: Future[list[IngestResult | WireError | None]] = Future()
+
+        def fail(exc: BaseException) -> None:
+            if not out.done():
+                out.set_exception(exc)
+
+        def finish(durable: Future[None], made: Sequence[Prepared | WireError | None]) -> None:
+            try:
+                durable.result()
+                out.set_result([self.finish(p) if isinstance(p, Prepared) else p for p in made])
+            except BaseException as exc:  # handed to the waiting request
+                fail(exc)
+
+        def then(made: Sequence[Prepared | WireError | None]) -> Callable[[Future[None]], None]:
+            def submit(durable: Future[None]) -> None:
+                try:
+                    self.pool.submit(finish, durable, made)
+                except RuntimeError as exc:  # the pool was shut down: the server is stopping
+                    fail(exc)
+
+            return submit
+
+        def first() -> None:
+            try:
+                made = make()
+                durable = self.store_many([p for p in made if isinstance(p, Prepared)])
+            except BaseException as exc:  # handed to the waiting request
+                fail(exc)
+                return
+            durable.add_done_callback(then(made))
+
+        self.pool.submit(first)
+        return out
 
     def prepare_frames(
         self,

@@ -22,6 +22,7 @@ NAME_RULE = "1-256 printable characters (no tabs, newlines or other control char
 """Scalar names: ``train/loss``, ``eval/acc@1`` are fine."""
 _NAME_MAX = 256
 _STRING_MAX = 65536
+PHASE_COLUMNS = ("data_wait", "forward", "backward", "optimizer", "comm")
 TIME_COLUMNS = ("time", "submit", "enter", "exit", "start", "gang_complete", "end", "since")
 _INT64_MAX = (1 << 63) - 1
 
@@ -102,6 +103,18 @@ def _attrs_problem(kind: str, a: dict[str, Any], max_step: int) -> str | None:
     return next((c for c in checks if c), None)
 
 
+def _outside(
+    cols: list[tuple[str, np.ndarray[Any, Any]]], lo: float, hi: float, *, nan_ok: bool
+) -> bool:
+    """Whether any value of the columns is outside ``lo..hi`` (infinities are; NaN is when not
+    ``nan_ok``): one test over them all, so that a batch every value of which passes, the
+    common case, costs a few array operations, not a few per column and rule."""
+    values = cols[0][1] if len(cols) == 1 else np.concatenate([v for _, v in cols])
+    if nan_ok:
+        return bool(((values < lo) | (values > hi)).any())
+    return not bool(((values >= lo) & (values <= hi)).all())
+
+
 class Rules:
     """Row rules a user relies on; collects what each refused row broke."""
 
@@ -146,22 +159,22 @@ class Rules:
             self._rule(
                 "step", (step < lo) | (step > lim.max_step), f"steps are {lo}..{lim.max_step}"
             )
-        for name in TIME_COLUMNS:
-            if (t := self._num(name)) is None:
-                continue
-            may_be_nan = not kind.by_name[name].required and name not in ("time", "submit")
-            # (comparisons with NaN are False and warn of nothing: no np.errstate, whose entry
-            # cost more than the checks on an SDK's batch of one step)
-            broken = ~np.isfinite(t) | (t < 0)
-            if may_be_nan:
-                broken &= ~np.isnan(t)
-            self._rule(name, broken, "times are finite UNIX seconds")
-            self._rule(
-                name,
-                t > self.latest,
-                f"it is more than {lim.max_future_s:g}s ahead of the server's clock "
-                "(collector.max_future_s)",
-            )
+        times = [(name, t) for name in TIME_COLUMNS if (t := self._num(name)) is not None]
+        if times and _outside(times, 0.0, self.latest, nan_ok=False):
+            for name, t in times:  # which column broke which rule, row by row
+                may_be_nan = not kind.by_name[name].required and name not in ("time", "submit")
+                # (comparisons with NaN are False and warn of nothing: no np.errstate, whose
+                # entry cost more than the checks on an SDK's batch of one step)
+                broken = ~np.isfinite(t) | (t < 0)
+                if may_be_nan:
+                    broken &= ~np.isnan(t)
+                self._rule(name, broken, "times are finite UNIX seconds")
+                self._rule(
+                    name,
+                    t > self.latest,
+                    f"it is more than {lim.max_future_s:g}s ahead of the server's clock "
+                    "(collector.max_future_s)",
+                )
         longest = f"{lim.max_duration_s:g} s"
         if (d := self._num("duration")) is not None:
             self._rule(
@@ -169,8 +182,9 @@ class Rules:
                 ~np.isfinite(d) | (d < 0) | (d > lim.max_duration_s),
                 f"durations are finite, 0..{longest}",
             )
-        for name in ("data_wait", "forward", "backward", "optimizer", "comm"):
-            if (p := self._num(name)) is not None:
+        phases = [(name, p) for name in PHASE_COLUMNS if (p := self._num(name)) is not None]
+        if phases and _outside(phases, 0.0, lim.max_duration_s, nan_ok=True):
+            for name, p in phases:
                 bad = (p < 0) | np.isinf(p) | (p > lim.max_duration_s)
                 self._rule(name, bad, f"phase times are 0..{longest} (or NaN if unknown)")
         if (g := self._num("gpus")) is not None:
