@@ -338,3 +338,17 @@ def test_infinite_and_absurd_step_and_phase_times_are_refused_by_name() -> None:
         "tables.step.cols.backward": 1,
     }, batch.rejected
     assert any("durations are finite, 0..2.592e+06 s" in e for e in batch.errors), batch.errors
+
+
+def test_an_infinite_time_is_refused_even_with_no_bound_on_the_future() -> None:
+    # collector.max_future_s may be inf (no bound on how far ahead a sender's clock is); a
+    # time of +inf is still not a time.
+    tb = TableBuilder("step")
+    tb.add("step", [0, 1, 2]).add("rank", [0, 0, 0])
+    tb.add("time", [1.7e9, float("inf"), 1.7e9 + 1]).add("duration", [0.5, 0.5, 0.5])
+    _, body = encode_batch({"step": tb.build()}, CTX)
+    for limits in (DecodeLimits(max_future_s=float("inf")), DecodeLimits()):
+        batch = decode_batch(body, limits=limits, now=1.7e9)
+        n, cols = batch.tables["step"]
+        assert n == 2 and cols["step"].tolist() == [0, 2], (limits, batch.errors)  # type: ignore[union-attr]
+        assert batch.rejected == {"tables.step.cols.time": 1}, batch.rejected

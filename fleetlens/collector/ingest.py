@@ -24,8 +24,9 @@ import logging
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -252,18 +253,22 @@ class Ingestor:
                 out.set_exception(exc)
 
         def finish(durable: Future[None], made: Sequence[Prepared | WireError | None]) -> None:
+            # the committer's error, one for its whole group: handed on as it is
+            refused = durable.exception() if not durable.cancelled() else CancelledError()
+            if refused is not None:
+                fail(refused)
+                return
             try:
-                durable.result()
                 out.set_result([self.finish(p) if isinstance(p, Prepared) else p for p in made])
             except BaseException as exc:  # handed to the waiting request
-                fail(exc)
+                fail(_frameless(exc))
 
         def then(made: Sequence[Prepared | WireError | None]) -> Callable[[Future[None]], None]:
             def submit(durable: Future[None]) -> None:
                 try:
                     self.pool.submit(finish, durable, made)
                 except RuntimeError as exc:  # the pool was shut down: the server is stopping
-                    fail(exc)
+                    fail(_frameless(exc))
 
             return submit
 
@@ -272,7 +277,7 @@ class Ingestor:
                 made = make()
                 durable = self.store_many([p for p in made if isinstance(p, Prepared)])
             except BaseException as exc:  # handed to the waiting request
-                fail(exc)
+                fail(_frameless(exc))
                 return
             durable.add_done_callback(then(made))
 
@@ -397,6 +402,21 @@ class Ingestor:
             self.committer.ledger.close()
         self.pool.shutdown(wait=True)
         self.registry.flush()
+
+
+def _frameless(exc: BaseException) -> BaseException:
+    """An error raised on the ingest pool, for the request waiting on :meth:`Ingestor.accept`,
+    without its frames: they hold the request's future, which would hold them back (a cycle
+    only the garbage collector frees, with the body and its decoded batches in it). A refusal
+    keeps its message and field (:func:`_bare`); any other error keeps where it was raised, as
+    a note its log shows."""
+    if isinstance(exc, WireError):
+        return _bare(exc)
+    if exc.__traceback__ is not None:
+        where = "".join(traceback.format_tb(exc.__traceback__)).rstrip()
+        exc.add_note(f"raised on the ingest pool:\n{where}")
+        exc.__traceback__ = None
+    return exc
 
 
 def _bare(exc: WireError) -> WireError:

@@ -22,6 +22,7 @@ NAME_RULE = "1-256 printable characters (no tabs, newlines or other control char
 """Scalar names: ``train/loss``, ``eval/acc@1`` are fine."""
 _NAME_MAX = 256
 _STRING_MAX = 65536
+_FLOAT_MAX = float(np.finfo(np.float64).max)
 PHASE_COLUMNS = ("data_wait", "forward", "backward", "optimizer", "comm")
 TIME_COLUMNS = ("time", "submit", "enter", "exit", "start", "gang_complete", "end", "since")
 _INT64_MAX = (1 << 63) - 1
@@ -110,6 +111,7 @@ def _outside(
     ``nan_ok``): one test over them all, so that a batch every value of which passes, the
     common case, costs a few array operations, not a few per column and rule."""
     values = cols[0][1] if len(cols) == 1 else np.concatenate([v for _, v in cols])
+    hi = min(hi, _FLOAT_MAX)  # an infinite bound (max_future_s = inf) still refuses infinity
     if nan_ok:
         return bool(((values < lo) | (values > hi)).any())
     return not bool(((values >= lo) & (values <= hi)).all())
