@@ -20,6 +20,7 @@ After a batch is durable, the run registry (:mod:`.registry`) records what it sa
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -252,9 +253,9 @@ class Ingestor:
             if not out.done():
                 out.set_exception(exc)
 
-        def finish(durable: Future[None], made: Sequence[Prepared | WireError | None]) -> None:
+        def finish(made: Sequence[Prepared | WireError | None], stored: Future[None]) -> None:
             # the committer's error, one for its whole group: handed on as it is
-            refused = durable.exception() if not durable.cancelled() else CancelledError()
+            refused = stored.exception() if not stored.cancelled() else CancelledError()
             if refused is not None:
                 fail(refused)
                 return
@@ -263,23 +264,20 @@ class Ingestor:
             except BaseException as exc:  # handed to the waiting request
                 fail(_frameless(exc))
 
-        def then(made: Sequence[Prepared | WireError | None]) -> Callable[[Future[None]], None]:
-            def submit(durable: Future[None]) -> None:
-                try:
-                    self.pool.submit(finish, durable, made)
-                except RuntimeError as exc:  # the pool was shut down: the server is stopping
-                    fail(_frameless(exc))
-
-            return submit
+        def on_stored(made: Sequence[Prepared | WireError | None], stored: Future[None]) -> None:
+            try:
+                self.pool.submit(finish, made, stored)
+            except RuntimeError as exc:  # the pool was shut down: the server is stopping
+                fail(_frameless(exc))
 
         def first() -> None:
             try:
                 made = make()
-                durable = self.store_many([p for p in made if isinstance(p, Prepared)])
+                stored = self.store_many([p for p in made if isinstance(p, Prepared)])
             except BaseException as exc:  # handed to the waiting request
                 fail(_frameless(exc))
                 return
-            durable.add_done_callback(then(made))
+            stored.add_done_callback(functools.partial(on_stored, made))
 
         self.pool.submit(first)
         return out
