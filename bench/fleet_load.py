@@ -291,7 +291,7 @@ def play(ranks: int, seconds: int, workdir: str, relay: bool = False) -> dict[st
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="64 ranks, 20 s, direct and relayed (CI)")
+    ap.add_argument("--quick", action="store_true", help="64 ranks, 10 s, direct and relayed (CI)")
     ap.add_argument("--ranks", default="", help="levels to try, e.g. 64,256,1024")
     ap.add_argument("--relay-ranks", default="", help="levels through relays, e.g. 512,2048")
     ap.add_argument("--seconds", type=int, default=0, help="stepping time per level")
@@ -303,7 +303,7 @@ def main() -> None:
     relay_levels = [int(x) for x in args.relay_ranks.split(",") if x] or (
         [64] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     )
-    seconds = args.seconds or (20 if args.quick else 300)
+    seconds = args.seconds or (10 if args.quick else 300)
     workdir = tempfile.mkdtemp(prefix="fl-fleet-load-")
 
     def climb(ns: list[int], relay: bool) -> list[dict[str, Any]]:

@@ -276,7 +276,7 @@ def level(kind: str, ranks: int, seconds: int, relay: bool, workdir: str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="64 direct, 256 relayed, 8 s (CI)")
+    ap.add_argument("--quick", action="store_true", help="64 direct, 256 relayed, 5 s (CI)")
     ap.add_argument("--ranks", default="", help="direct levels, e.g. 256,1024,4096")
     ap.add_argument("--relay-ranks", default="", help="relayed levels, e.g. 1024,4096,16384")
     ap.add_argument("--seconds", type=int, default=0, help="seconds per level (30)")
@@ -288,7 +288,7 @@ def main() -> None:
     relayed = [int(x) for x in args.relay_ranks.split(",") if x] or (
         [256] if args.quick else [1024, 4096, 16384]
     )
-    seconds = args.seconds or (8 if args.quick else 30)
+    seconds = args.seconds or (5 if args.quick else 30)
     workdir = tempfile.mkdtemp(prefix="fl-ingest-cost-")
     captured = capture()
     result: dict[str, Any] = {"bench": "ingest_cost", "quick": args.quick, "seconds": seconds,

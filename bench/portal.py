@@ -342,7 +342,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     quick = (
         "10,000 steps of 1,024 ranks and 1,000 of 16,384 instead of 100,000 of each, "
-        "each page loaded twice warm instead of 5 times"
+        "each page loaded once warm instead of 5 times"
     )
     ap.add_argument("--quick", action="store_true", help=quick)
     ap.add_argument("--repeat", type=int, default=0, help="warm loads of each page (5)")
@@ -350,7 +350,7 @@ def main() -> None:
                     "folder sends only what it lacks (a stopped fill resumes)")  # fmt: skip
     ap.add_argument("--steps", type=int, help="steps of each big run (default 100,000)")
     args = ap.parse_args()
-    args.repeat = args.repeat or (2 if args.quick else 5)
+    args.repeat = args.repeat or (1 if args.quick else 5)
     n = args.steps or 100_000
     steps = {"1k": 10_000, "16k": 1_000} if args.quick else {"1k": n, "16k": n}
     runs = {"small": ("bench-small", 8, 100), "1k": ("bench-1k", 1024, steps["1k"]),
