@@ -13,12 +13,16 @@ The ranks then agree through what the job already shares, first that answers:
 2. the launching process: ranks forked by one launcher on one node share its pid and start
    time (``/proc``), which name the launch uniquely on that host.
 
+The job id of an attempt (``RUN-aN``) is agreed the same way, N the attempt's number
+(:func:`agree_attempt`): torchrun's restart count is each agent's own.
+
 Bounded (a few seconds at most, at ``init``), silent on failure: the caller then keeps the id
 it made up. Needs torch only for the store, imported only when the launcher says it is there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -26,10 +30,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["KEY", "agree_run_id"]
+__all__ = ["KEY", "agree_attempt", "agree_run_id"]
 
 KEY = "fleetlens/run_id"
 _TIMEOUT_S = 5.0
+_OPEN = "fleetlens/attempt/open"  # the newest attempt: base:world:ranks in:last arrival
+_LAST = "fleetlens/attempt/last"  # the number the newest attempt agreed on
 # The parents that launch one job's ranks: launcher commands, and Python launcher modules or
 # scripts (``python -m deepspeed.launcher.launch``, ``python launch.py``).
 _LAUNCHERS = {"torchrun", "deepspeed", "accelerate", "mpirun", "mpiexec", "prterun", "orterun"}
@@ -51,6 +57,68 @@ def agree_run_id(candidate: str, environ: Mapping[str, str]) -> tuple[str, str]:
     except Exception:
         pass
     return candidate, ""
+
+
+def agree_attempt(restarts: int, world: int, environ: Mapping[str, str]) -> int:
+    """The job attempt's number, the same on all its ranks (``restarts`` where no store
+    answers): the highest launcher restart count among them, and past the number of the
+    attempt before it in the same store.
+
+    torchrun's ``TORCHELASTIC_RESTART_COUNT`` is each agent's own: an agent whose workers
+    failed counts a restart, one that restarts its workers for a membership change (a node
+    left or joined) does not, so one attempt's ranks can read 1 and 0 and, left alone, report
+    as two attempts (one of them the attempt before); and the next attempt's can read 1 and 1,
+    the number the one before took. Each rank raises the attempt's maximum (``compare_set``)
+    and counts itself in; the last one in opens the gate for all. The keys are the attempt's:
+    an agent's store outlives attempts, so the n-th rank to arrive at a world size already
+    full starts the next attempt's keys. Bounded: a rank that never comes (a job that
+    instruments rank 0 alone) costs the others ``_TIMEOUT_S`` at a restart, then each keeps the
+    highest it saw; the first attempt in a store, its agents fresh and all at 0, waits for none.
+    """
+    try:
+        store = _store(environ)
+        if store is None or world < 2:
+            return restarts
+        n = int(store.add("fleetlens/attempt/arrived", 1))  # this store's arrivals, all attempts
+        base = _attempt_base(store, n, world)
+        prefix = f"fleetlens/attempt/{base}"
+        high = restarts
+        after = store.check([_LAST])  # an attempt came before in this store
+        if base == n and after:  # the attempt's first rank: past the number before it
+            high = max(high, int(store.get(_LAST).decode()) + 1)
+        while True:
+            cur = store.compare_set(f"{prefix}/max", "", str(high)).decode()
+            if int(cur) >= high:
+                break
+            if store.compare_set(f"{prefix}/max", cur, str(high)).decode() == str(high):
+                break
+        if int(store.add(f"{prefix}/in", 1)) >= world:
+            store.set(f"{prefix}/open", "1")
+        if after or restarts:  # a first launch (fresh agents, all at 0) waits for no one
+            with contextlib.suppress(Exception):
+                store.wait([f"{prefix}/open"], datetime.timedelta(seconds=_TIMEOUT_S))
+        attempt = max(restarts, int(store.get(f"{prefix}/max").decode()))
+        store.set(_LAST, str(attempt))
+        return attempt
+    except Exception:
+        return restarts
+
+
+def _attempt_base(store: Any, n: int, world: int) -> int:
+    """The arrival number that opened this rank's attempt. Attempts follow each other in a
+    store (the next starts once the last one's workers have stopped), so an arrival joins the
+    newest attempt unless that one is full or of another size. The record names its last
+    arrival, so no two ranks can write the same one and both take it for theirs."""
+    mine = f"{n}:{world}:1:{n}"
+    cur = store.compare_set(_OPEN, "", mine).decode()
+    while cur != mine:
+        base, size, count, _ = (int(x) for x in cur.split(":"))
+        new = f"{base}:{size}:{count + 1}:{n}" if size == world and count < world else mine
+        got = store.compare_set(_OPEN, cur, new).decode()
+        if got == new:
+            return int(new.split(":")[0])
+        cur = got
+    return n
 
 
 def _store(environ: Mapping[str, str]) -> Any:
