@@ -52,6 +52,20 @@ def test_ranks_of_one_attempt_agree_on_the_highest_restart_count_attempt_after_a
         del store
 
 
+def test_in_a_store_of_its_own_the_rank_that_read_0_first_waits_for_its_peer() -> None:
+    """torchrun may give an attempt a new store (the drill's resumed attempt had none of the
+    keys of the one before): node-a's worker, restarted for the change, read 0 and asked
+    first; it waits for node-b's, which failed and read 1."""
+    port = free_port()
+    store = torch_dist.TCPStore(
+        "127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=10)
+    )
+    try:
+        assert _attempt(port, [0, 1]) == [1, 1]
+    finally:
+        del store
+
+
 def test_without_a_store_a_rank_keeps_its_own_count() -> None:
     assert agree_attempt(3, 2, {}) == 3
     assert agree_attempt(1, 1, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}) == 1

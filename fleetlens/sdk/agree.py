@@ -71,9 +71,10 @@ def agree_attempt(restarts: int, world: int, environ: Mapping[str, str]) -> int:
     the number the one before took. Each rank raises the attempt's maximum (``compare_set``)
     and counts itself in; the last one in opens the gate for all. The keys are the attempt's:
     an agent's store outlives attempts, so the n-th rank to arrive at a world size already
-    full starts the next attempt's keys. Bounded: a rank that never comes (a job that
-    instruments rank 0 alone) costs the others ``_TIMEOUT_S`` at a restart, then each keeps the
-    highest it saw; the first attempt in a store, its agents fresh and all at 0, waits for none.
+    full starts the next attempt's keys (where the store is the same: a rank cannot tell a
+    first launch from a restart its agent did not count, so every rank waits for the others).
+    Bounded: a rank that never comes (a job that instruments rank 0 alone) costs the others
+    ``_TIMEOUT_S`` at ``init``, then each keeps the highest it saw.
     """
     try:
         store = _store(environ)
@@ -83,8 +84,7 @@ def agree_attempt(restarts: int, world: int, environ: Mapping[str, str]) -> int:
         base = _attempt_base(store, n, world)
         prefix = f"fleetlens/attempt/{base}"
         high = restarts
-        after = store.check([_LAST])  # an attempt came before in this store
-        if base == n and after:  # the attempt's first rank: past the number before it
+        if base == n and store.check([_LAST]):  # the attempt's first: past the one before
             high = max(high, int(store.get(_LAST).decode()) + 1)
         while True:
             cur = store.compare_set(f"{prefix}/max", "", str(high)).decode()
@@ -94,9 +94,8 @@ def agree_attempt(restarts: int, world: int, environ: Mapping[str, str]) -> int:
                 break
         if int(store.add(f"{prefix}/in", 1)) >= world:
             store.set(f"{prefix}/open", "1")
-        if after or restarts:  # a first launch (fresh agents, all at 0) waits for no one
-            with contextlib.suppress(Exception):
-                store.wait([f"{prefix}/open"], datetime.timedelta(seconds=_TIMEOUT_S))
+        with contextlib.suppress(Exception):
+            store.wait([f"{prefix}/open"], datetime.timedelta(seconds=_TIMEOUT_S))
         attempt = max(restarts, int(store.get(f"{prefix}/max").decode()))
         store.set(_LAST, str(attempt))
         return attempt
