@@ -27,6 +27,8 @@ __all__ = ["SDKConfig"]
 _MiB = 1024 * 1024
 Agree = Callable[[str, Mapping[str, str]], tuple[str, str]]
 """Settles a run id among the job's ranks: (made-up id, environment) -> (id, how agreed)."""
+AgreeAttempt = Callable[[int, int, Mapping[str, str]], int]
+"""Settles an attempt's number among its ranks: (own restart count, world, environment) -> N."""
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -102,11 +104,13 @@ class SDKConfig:
         explicit: Mapping[str, Any],
         environ: Mapping[str, str],
         agree: Agree | None = None,
+        agree_attempt: AgreeAttempt | None = None,
     ) -> SDKConfig:
         """Merge explicit arguments (None = not given), ``environ`` and defaults. ``agree``
         (:func:`fleetlens.sdk.agree.agree_run_id`) settles a run id the launcher did not name
-        among the job's ranks."""
-        return _Resolver(explicit, environ, agree).resolve()
+        among the job's ranks, ``agree_attempt`` (:func:`~fleetlens.sdk.agree.agree_attempt`)
+        the number of a torchrun attempt whose job id is not given."""
+        return _Resolver(explicit, environ, agree, agree_attempt).resolve()
 
 
 _FIELDS = {f.name for f in dataclasses.fields(SDKConfig)}
@@ -155,8 +159,9 @@ class _Resolver:
         explicit: Mapping[str, Any],
         environ: Mapping[str, str],
         agree: Agree | None = None,
+        agree_attempt: AgreeAttempt | None = None,
     ) -> None:
-        self.agree = agree
+        self.agree, self.agree_attempt = agree, agree_attempt
         unknown = sorted(k for k, v in explicit.items() if v is not None and k not in _FIELDS)
         if unknown:
             raise ConfigError(
@@ -319,11 +324,12 @@ class _Resolver:
                 run_id = elastic
         if not run_id:
             run_id = env.get("SLURM_JOB_ID") or env.get("PMIX_NAMESPACE")
+        world = self.explicit.get("world_size", values.get("world_size", 1))
+        on = self.explicit.get("enabled", values.get("enabled", True))
+        shared = bool(on) and isinstance(world, int) and world > 1  # ranks to agree with
         if not run_id:
             run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
-            world = self.explicit.get("world_size", values.get("world_size", 1))
-            on = self.explicit.get("enabled", values.get("enabled", True))
-            if self.agree is not None and on and isinstance(world, int) and world > 1:
+            if self.agree is not None and shared:
                 run_id, _ = self.agree(run_id, env)
         restarts = None
         for var in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
@@ -332,8 +338,13 @@ class _Resolver:
                 if restarts < 0:
                     raise ConfigError(f"{var}={restarts} is negative; restart counts are >= 0")
                 break
+        job_id = env.get("FLEETLENS_JOB_ID") or self.explicit.get("job_id")
+        torchrun = var == "TORCHELASTIC_RESTART_COUNT" and restarts is not None
+        if self.agree_attempt is not None and torchrun and shared and not job_id:
+            # each torchrun agent counts its own restarts: the attempt's ranks agree on one
+            restarts = self.agree_attempt(restarts or 0, world, env)
         restarts = restarts or 0
-        job_id = env.get("FLEETLENS_JOB_ID") or f"{run_id}-a{restarts}"
+        job_id = job_id or f"{run_id}-a{restarts}"
         return {"run_id": str(run_id), "job_id": job_id, "restart_count": restarts}
 
 

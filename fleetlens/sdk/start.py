@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
 from typing import Any
 
 from .agree import agree_attempt, agree_run_id
@@ -54,18 +53,9 @@ def init(
         "spool_dir": spool_dir,
         **more_cfg,
     }
-    cfg = SDKConfig.resolve(explicit, os.environ, agree_run_id)
+    cfg = SDKConfig.resolve(explicit, os.environ, agree_run_id, agree_attempt)
     if not cfg.enabled:
         return NullRun(cfg)
-    if (
-        job_id is None
-        and "TORCHELASTIC_RESTART_COUNT" in os.environ
-        and not os.environ.get("FLEETLENS_JOB_ID")
-    ):
-        # Each torchrun agent counts its own restarts: one attempt's ranks agree on its number.
-        attempt = agree_attempt(cfg.restart_count, cfg.world_size, os.environ)
-        if attempt != cfg.restart_count:
-            cfg = replace(cfg, job_id=f"{cfg.run_id}-a{attempt}", restart_count=attempt)
     lineage: dict[str, Any] = {}
     if dataset is not None:
         lineage["dataset"] = dataset
