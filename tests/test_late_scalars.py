@@ -27,7 +27,7 @@ def _unstable(srv: InProcessServer) -> list[dict[str, Any]]:
 def test_a_nan_loss_sent_after_its_attempts_last_step_was_analysed_is_found(
     tmp_path: Path, passes: int
 ) -> None:
-    env = {"FLEETLENS_ANALYSIS_INTERVAL_S": "0.3"}
+    env = {"FLEETLENS_ANALYSIS_INTERVAL_S": "0.1"}
     with InProcessServer(str(tmp_path / "data"), env=env) as srv:
         t0 = time.time() - 3600
         ctx = {"run_id": "late", "job_id": "late-a0", "project": "llm"}

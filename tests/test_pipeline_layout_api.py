@@ -6,6 +6,7 @@ tested in test_pipeline_stages.py."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from bench._delivery import from_matrix
 from fleetlens.analysis.layout import layout_of
 from fleetlens.sim.emit import encode
-from fleetlens.testing import InProcessServer, wait_passes
+from fleetlens.testing import InProcessServer, wait_passes, wait_until
 
 from .test_pipeline_stages import STEPS, _job
 
@@ -31,13 +32,19 @@ def test_the_layout_and_the_imbalance_reach_the_api_and_the_run_page_document(
     assert lay is not None
     x = _job(8, lay.stages(8), [1.0, 1.0, 1.0, 1.6], {}, seed=4)
     rec = from_matrix("pp4-api", np.arange(STEPS), x, 1.7e9, config)
-    fast = {"FLEETLENS_ANALYSIS_INTERVAL_S": "0.5"}  # passes every half second
+    fast = {"FLEETLENS_ANALYSIS_INTERVAL_S": "0.2"}  # passes five times a second
     with InProcessServer(str(tmp_path / "data"), env=fast) as srv:
         for ctx, tables in [*rec.first, *rec.other]:
             assert srv.post(encode(ctx, tables))[0] == 200
         for ctx, cols in rec.steps:
             assert srv.post(encode(ctx, {"step": (len(cols["step"]), cols)}))[0] == 200
-        wait_passes(srv, 3)
+
+        def imbalance() -> list[dict[str, Any]]:
+            found = srv.get("/v1/runs/pp4-api/diagnosis")["findings"]
+            return [f for f in found if f["diagnosis"] == "stage_imbalance"]
+
+        wait_until(imbalance, timeout=60)  # the steps reach the loop with the registry's flush
+        wait_passes(srv, 3)  # and later passes change nothing below
         run = srv.get("/v1/runs/pp4-api")
         assert run["layout"] == {"tp": 1, "pp": 4, "dp": 2, "cp": 1, "ep": 1, "vpp": 1,
                                  "world": 8, "order": ["pp", "dp", "cp", "tp"],

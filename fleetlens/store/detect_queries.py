@@ -16,6 +16,7 @@ import numpy as np
 
 from .ddl import COMPUTE_SQL
 from .device_queries import DeviceQueries
+from .telemetry import TelemetryStore
 
 __all__ = [
     "DetectQueries",
@@ -109,7 +110,23 @@ class Placement:
 
 class DetectQueries(DeviceQueries):
     """The windows the analysis loop reads for one tenant: attempts, step matrices, placement,
-    heartbeats, events, scalars, collectives, and (:class:`DeviceQueries`) the devices'."""
+    heartbeats, events, scalars, collectives, and (:class:`DeviceQueries`) the devices'.
+
+    An instance is one read (the loop makes one a run and pass): a step window or a placement
+    asked again of it is the one it loaded (read-only), so the stages of a pass judge the same
+    rows, and the window is read once, not once a stage."""
+
+    _MEMO = 8  # windows kept: the stages of one pass ask for two or three
+
+    def __init__(self, telemetry: TelemetryStore, tenant: str) -> None:
+        super().__init__(telemetry, tenant)
+        self._memo: dict[tuple[Any, ...], Any] = {}
+
+    def _remember(self, key: tuple[Any, ...], value: Any) -> Any:
+        if len(self._memo) >= self._MEMO:
+            del self._memo[next(iter(self._memo))]
+        self._memo[key] = value
+        return value
 
     def jobs(self, run_id: str) -> list[JobSpan]:
         rows = self.r.table(
@@ -130,6 +147,15 @@ class DetectQueries(DeviceQueries):
 
     def step_matrix(self, run_id: str, job_id: str, lo: int, hi: int, world: int) -> StepMatrix:
         """Per-rank compute, comm and data wait of steps ``lo..hi`` of one attempt."""
+        key = ("steps", run_id, job_id, lo, hi, world)
+        if key in self._memo:
+            return self._memo[key]  # type: ignore[no-any-return]
+        m = self._step_matrix(run_id, job_id, lo, hi, world)
+        for a in (m.steps, m.compute, m.comm, m.data_wait, m.start, m.end):
+            a.setflags(write=False)
+        return self._remember(key, m)  # type: ignore[no-any-return]
+
+    def _step_matrix(self, run_id: str, job_id: str, lo: int, hi: int, world: int) -> StepMatrix:
         tab = self.r.table(
             f"SELECT step, rank, {COMPUTE_SQL} AS m_compute, comm, data_wait, backward, time, "
             "duration "
@@ -171,7 +197,7 @@ class DetectQueries(DeviceQueries):
             step, rank, t, e = step[keep], rank[keep], t[keep], e[keep]
             cols = {c: v[keep] for c, v in cols.items()}
             if not len(step):
-                return self.step_matrix(run_id, job_id, 1, 0, world)
+                return self._step_matrix(run_id, job_id, 1, 0, world)
         steps = np.unique(step)
         w = max(world, int(rank.max()) + 1 if len(rank) else 0)
         si = np.searchsorted(steps, step)
@@ -203,6 +229,14 @@ class DetectQueries(DeviceQueries):
         return int(rows[0]["n_step"]) if rows and rows[0]["n_rows"] else None
 
     def placement(self, run_id: str, job_id: str, world: int) -> Placement:
+        key = ("placement", run_id, job_id, world)
+        if key not in self._memo:
+            p = self._placement(run_id, job_id, world)
+            p.gpu.setflags(write=False)
+            self._remember(key, p)
+        return self._memo[key]  # type: ignore[no-any-return]
+
+    def _placement(self, run_id: str, job_id: str, world: int) -> Placement:
         rows = self.r.table(
             "SELECT rank AS p_rank, argMax(node_id, time) AS p_node, argMax(gpu, time) AS p_gpu,"
             " argMax(rack, time) AS p_rack, argMax(switch, time) AS p_switch,"
