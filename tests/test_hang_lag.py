@@ -61,3 +61,13 @@ def test_the_ranks_named_are_the_ones_the_others_wait_for() -> None:
     # A checkpoint after step 11 is behind the ranks already inside step 12.
     ckpt = (100.0, 11, "checkpoint", 29.0)
     assert behind_ranks({0: ckpt, 1: inside}, 100.0, 60.0) == [0]
+    # Stopped (SIGSTOP) a moment after entering step 12, ahead of the others still in step 11's
+    # optimizer: its position says the others are behind. Silent for 45 s while the others beat
+    # every 10 s, it missed four beats: frozen, whatever the hang threshold (60 s here).
+    frozen, waiting = (55.0, 12, "forward", 54.0), (100.0, 11, "optimizer", 55.0)
+    beats = {0: waiting, 1: waiting, 2: frozen, 3: waiting}
+    assert behind_ranks(beats, 100.0, 60.0, interval_s=10.0) == [2]
+    assert behind_ranks(beats, 100.0, 60.0) == [0, 1, 3]  # how often they beat unknown
+    # Two beats late is a sender's lag, not a frozen rank: the position decides.
+    late = (80.0, 12, "forward", 54.0)
+    assert behind_ranks({**beats, 2: late}, 100.0, 60.0, interval_s=10.0) == [0, 1, 3]

@@ -32,8 +32,8 @@ no step ends), not the server's clock. A sender that lags behind its own timesta
 imported log, has a clock that stops where its data stops: no gap, no hang. A hang is ranks
 that are alive and not moving: the clock runs on (heartbeats) while progress stays put.
 :func:`behind_ranks` names, from the heartbeats, the ranks the others wait for: the ones at
-the earliest position (step, and between steps before inside one), or silent for longer than
-the threshold while the others beat.
+the earliest position (step, and between steps before inside one), or silent while the others
+beat (for several of their heartbeats, at most the hang threshold).
 
 The ranks to blame are the ones missing from the stuck collective: in a collective group, the
 ranks whose last collective is behind the others' (they never entered the one the others wait
@@ -55,6 +55,7 @@ from numpy.typing import ArrayLike
 from .flight_recorder_dump import FlightRecorderDump
 
 __all__ = [
+    "MISSED_BEATS",
     "RECENT_STEPS",
     "HangRule",
     "Stall",
@@ -211,15 +212,26 @@ def _position(step: int, phase: str) -> int:
     return 2 * step + (1 if phase in ("idle", "checkpoint") else 0)
 
 
+MISSED_BEATS = 4
+"""A rank that missed this many heartbeats while the others beat is frozen (stopped, swapped
+out): SIGSTOP lands anywhere in a step, so its last position says nothing of who waits."""
+
+
 def behind_ranks(
-    beats: dict[int, tuple[float, int, str, float]], clock: float, threshold_s: float
+    beats: dict[int, tuple[float, int, str, float]],
+    clock: float,
+    threshold_s: float,
+    interval_s: float | None = None,
 ) -> list[int]:
     """From each rank's newest heartbeat ``(time, step, phase, since)``: the ranks the others
-    wait for. Ranks silent for more than ``threshold_s`` before ``clock`` while others beat
-    (a frozen process); else the ranks at the earliest position when not all are at one."""
+    wait for. Ranks silent before ``clock`` while others beat (a frozen process): for longer
+    than :data:`MISSED_BEATS` heartbeats (``interval_s``, how often the ranks beat) or than
+    ``threshold_s``, whichever is shorter; else the ranks at the earliest position when not all
+    are at one."""
     if not beats:
         return []
-    silent = sorted(r for r, b in beats.items() if clock - b[0] > threshold_s)
+    quiet = threshold_s if not interval_s else min(threshold_s, MISSED_BEATS * interval_s)
+    silent = sorted(r for r, b in beats.items() if clock - b[0] > quiet)
     if silent and len(silent) < len(beats):
         return silent
     pos = {r: _position(b[1], b[2]) for r, b in beats.items()}

@@ -63,8 +63,10 @@ def find_hangs(
         entered = set(col["rank"].tolist())
         missing = sorted(set(range(m.world)) - entered) if entered else []
         why = "never entered the collective"
-        behind = behind_ranks(beats, end, thr) if st.until >= end else []
-        if behind:  # hung now: the heartbeats say whom the others wait for
+        behind = []
+        if st.until >= end and beats:  # hung now: the heartbeats say whom the others wait for
+            behind = behind_ranks(beats, end, thr, q.beat_interval(run.run_id, job.job_id))
+        if behind:
             missing, why = behind, "stopped behind the others (heartbeats)"
         heard: list[Evidence] = []
         if behind:

@@ -279,6 +279,19 @@ class DetectQueries(DeviceQueries):
             for r in rows
         }
 
+    def beat_interval(self, run_id: str, job_id: str) -> float | None:
+        """How often the attempt's ranks beat: the median over ranks of each one's mean gap
+        between heartbeats (None while no rank has beaten three times)."""
+        rows = self.r.table(
+            "SELECT (max(time) - min(time)) / (count() - 1) AS b_gap FROM {db}.heartbeats"
+            " WHERE run_id = {run:String} AND job_id = {job:String}"
+            " GROUP BY rank HAVING count() >= 3",
+            run=run_id,
+            job=job_id,
+        ).column("b_gap")
+        gaps = [float(g) for g in rows.to_pylist() if g is not None and g > 0]
+        return float(np.median(gaps)) if gaps else None
+
     def events(self, run_id: str, limit: int = 20_000) -> list[dict[str, Any]]:
         rows = self.r.table(
             "SELECT time, job_id, kind, step, rank, node_id, gpu, message, attrs FROM {db}.events"
