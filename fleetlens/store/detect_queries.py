@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 Arr = np.ndarray[Any, Any]
+T = TypeVar("T")
 log = logging.getLogger("fleetlens.analyzer")
 
 
@@ -122,11 +124,15 @@ class DetectQueries(DeviceQueries):
         super().__init__(telemetry, tenant)
         self._memo: dict[tuple[Any, ...], Any] = {}
 
-    def _remember(self, key: tuple[Any, ...], value: Any) -> Any:
-        if len(self._memo) >= self._MEMO:
-            del self._memo[next(iter(self._memo))]
-        self._memo[key] = value
-        return value
+    def _once(self, key: tuple[Any, ...], load: Callable[[], T]) -> T:
+        """What ``load`` read for ``key``, read the first time this reader is asked."""
+        if key not in self._memo:
+            if len(self._memo) >= self._MEMO:
+                del self._memo[next(iter(self._memo))]
+            self._memo[key] = value = load()
+            return value
+        kept: T = self._memo[key]
+        return kept
 
     def jobs(self, run_id: str) -> list[JobSpan]:
         rows = self.r.table(
@@ -147,13 +153,14 @@ class DetectQueries(DeviceQueries):
 
     def step_matrix(self, run_id: str, job_id: str, lo: int, hi: int, world: int) -> StepMatrix:
         """Per-rank compute, comm and data wait of steps ``lo..hi`` of one attempt."""
-        key = ("steps", run_id, job_id, lo, hi, world)
-        if key in self._memo:
-            return self._memo[key]  # type: ignore[no-any-return]
-        m = self._step_matrix(run_id, job_id, lo, hi, world)
-        for a in (m.steps, m.compute, m.comm, m.data_wait, m.start, m.end):
-            a.setflags(write=False)
-        return self._remember(key, m)  # type: ignore[no-any-return]
+
+        def load() -> StepMatrix:
+            m = self._step_matrix(run_id, job_id, lo, hi, world)
+            for a in (m.steps, m.compute, m.comm, m.data_wait, m.start, m.end):
+                a.setflags(write=False)
+            return m
+
+        return self._once(("steps", run_id, job_id, lo, hi, world), load)
 
     def _step_matrix(self, run_id: str, job_id: str, lo: int, hi: int, world: int) -> StepMatrix:
         tab = self.r.table(
@@ -229,12 +236,13 @@ class DetectQueries(DeviceQueries):
         return int(rows[0]["n_step"]) if rows and rows[0]["n_rows"] else None
 
     def placement(self, run_id: str, job_id: str, world: int) -> Placement:
-        key = ("placement", run_id, job_id, world)
-        if key not in self._memo:
+
+        def load() -> Placement:
             p = self._placement(run_id, job_id, world)
             p.gpu.setflags(write=False)
-            self._remember(key, p)
-        return self._memo[key]  # type: ignore[no-any-return]
+            return p
+
+        return self._once(("placement", run_id, job_id, world), load)
 
     def _placement(self, run_id: str, job_id: str, world: int) -> Placement:
         rows = self.r.table(
