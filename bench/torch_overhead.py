@@ -6,8 +6,9 @@ same machine state. The job's step time is the slowest rank's; the key ``overhea
 median, over adjacent (plain, instrumented) block pairs, of instrumented over plain. (The DDP
 comm hook that records collectives stays registered in both halves; ``separate_runs_ratio``
 compares a fully instrumented run with one that has fleetlens disabled, hook included, in
-back-to-back runs, and is at the mercy of the machine's drift.) ``instrumentation_us_per_step``
-is the deterministic part: the CPU time of the per-step calls themselves, measured in process.
+back-to-back runs, and is at the mercy of the machine's drift; ``--quick`` runs neither, and
+says null.) ``instrumentation_us_per_step`` is the deterministic part: the CPU time of the
+per-step calls themselves, measured in process.
 Goal: overhead_ratio under 1.01.
 
 Triggered trace capture (``FLEETLENS_TRACE_CAPTURE=1``): a fourth run, its ranks on one core
@@ -254,12 +255,11 @@ def main() -> None:
         try:
             os.makedirs(f"{tmp}/alt")
             alt = job_steps(run_job(url, f"{tmp}/alt", "bench-alt", steps, "alternate", args.block))
-            os.makedirs(f"{tmp}/on")
-            os.makedirs(f"{tmp}/off")
-            full_on = job_steps(run_job(url, f"{tmp}/on", "bench-on", steps // 2, "on", args.block))
-            full_off = job_steps(
-                run_job(url, f"{tmp}/off", "bench-off", steps // 2, "off", args.block)
-            )
+            full: dict[str, dict[int, tuple[bool, float]]] = {}
+            for mode in () if args.quick else ("on", "off"):  # quick: the alternate run's alone
+                os.makedirs(f"{tmp}/{mode}")
+                job = run_job(url, f"{tmp}/{mode}", f"bench-{mode}", steps // 2, mode, args.block)
+                full[mode] = job_steps(job)
         finally:
             stop_server(proc)
         os.makedirs(f"{tmp}/capture")
@@ -278,8 +278,11 @@ def main() -> None:
         if a and b:
             pairs.append(statistics.median(b) / statistics.median(a))
     ratio = statistics.median(pairs)
-    sep = statistics.median(t for s, (_, t) in full_on.items() if s >= warm) / statistics.median(
-        t for s, (_, t) in full_off.items() if s >= warm
+    sep = (
+        statistics.median(t for s, (_, t) in full["on"].items() if s >= warm)
+        / statistics.median(t for s, (_, t) in full["off"].items() if s >= warm)
+        if full
+        else None
     )
     captured = capture_figures(cap_steps, capture, capture_s, warm)
     print(
@@ -295,7 +298,7 @@ def main() -> None:
             "median_step_ms_instrumented": round(statistics.median(on) * 1000, 3),
             "median_step_ms_plain": round(statistics.median(off) * 1000, 3),
             "steps_compared": [len(on), len(off)],
-            "separate_runs_ratio": round(sep, 4),
+            "separate_runs_ratio": None if sep is None else round(sep, 4),
             "instrumentation_us_per_step": round(
                 per_step_cost_us(2000 if args.quick else 20000), 2
             ),

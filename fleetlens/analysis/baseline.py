@@ -100,17 +100,33 @@ def steady_prefix(values: Arr, min_shift: float, edge: int = 10) -> int:
     of the values before it, the bar a whole window is judged by."""
     v = np.asarray(values, dtype=np.float64)
     n = len(v)
-    best, cut = 1.0, n
-    with np.errstate(all="ignore"):
-        for k in range(edge, n - edge + 1):
-            before, after = nanmedian(v[:k]), nanmedian(v[k:])
-            if before > 0 and after / before > best:
-                best, cut = float(after / before), k
-    if cut == n:
+    ks = np.arange(edge, n - edge + 1)
+    if not len(ks):
         return n
+    before, after = _split_medians(v, ks)
+    with np.errstate(all="ignore"):
+        ratio = np.where(before > 0, after / before, np.nan)
+    ratio[np.isnan(ratio)] = -np.inf
+    j = int(np.argmax(ratio))  # the first of the highest
+    if not ratio[j] > 1.0:
+        return n
+    best, cut = float(ratio[j]), int(ks[j])
     head = Baseline()
     head.add(v[:cut])
     return cut if len(head.values) >= edge and best - 1.0 >= shift_threshold(head, min_shift) else n
+
+
+def _split_medians(v: Arr, ks: Arr) -> tuple[Arr, Arr]:
+    """The NaN-skipping medians of ``v[:k]`` and of ``v[k:]`` for each ``k`` of ``ks``, a
+    block of splits at a time (a block's rows times ``len(v)`` at most ~1M values)."""
+    before, after = np.empty(len(ks)), np.empty(len(ks))
+    j = np.arange(len(v))
+    rows = max(1, (1 << 20) // max(len(v), 1))
+    for lo in range(0, len(ks), rows):
+        k = ks[lo : lo + rows, None]
+        before[lo : lo + rows] = nanmedian(np.where(j < k, v, np.nan), axis=1)
+        after[lo : lo + rows] = nanmedian(np.where(j >= k, v, np.nan), axis=1)
+    return before, after
 
 
 @dataclass(frozen=True)

@@ -278,12 +278,42 @@ def robust_sigma(x: Arr, floor: float) -> float:
     return max(s, floor)
 
 
-def _step_noise(d: Arr) -> float:
-    """Robust spread across ranks of one step's change of ``x`` (NaN if under 2 ranks)."""
-    d = d[np.isfinite(d)]
-    if len(d) < 2:
-        return float("nan")
-    return 1.4826 * float(np.median(np.abs(d - np.median(d)))) / 1.4142135623730951
+def _step_noises(x: Arr, prev: Arr) -> Arr:
+    """Robust spread across ranks of each step's change of ``x`` (a row a step), each rank's
+    change from its last value before that step (``prev`` before the first row): NaN for a step
+    with under 2 ranks measured on both."""
+    n, w = x.shape
+    seen = np.where(np.isfinite(x), np.arange(1, n + 1)[:, None], 0)
+    np.maximum.accumulate(seen, axis=0, out=seen)  # the row of each rank's last value, 0: prev
+    rows = np.vstack([np.zeros((1, w), np.int64), seen[:-1]])  # each step's, before it
+    last = np.vstack([prev[None, :], x])[rows, np.arange(w)]
+    with np.errstate(invalid="ignore"):
+        d = x - last
+    d[~np.isfinite(d)] = np.nan
+    out = np.full(n, np.nan)
+    two = np.isfinite(d).sum(axis=1) >= 2
+    if two.any():
+        d = d[two]
+        dev = np.abs(d - nanmedian(d, axis=1)[:, None])
+        out[two] = 1.4826 * nanmedian(dev, axis=1) / 1.4142135623730951
+    return out
+
+
+def _noise_medians(noise: list[float], spreads: Arr, span: int) -> tuple[Arr, list[float]]:
+    """The median of the last ``span`` of ``noise`` then ``spreads`` (the finite ones, in
+    order) at each row, NaN while there is none; and the list's last ``span`` after them all."""
+    fin = np.isfinite(spreads)
+    seq = np.concatenate([np.asarray(noise, np.float64), spreads[fin]])
+    ends = len(noise) + np.cumsum(fin)  # the sequence's length after each row
+    meds = np.full(len(seq) + 1, np.nan)  # meds[e]: the median of the span before e
+    full = span if len(seq) >= span else len(seq) + 1
+    for e in range(max(int(ends.min(initial=len(seq) + 1)), 1), full):
+        meds[e] = np.median(seq[:e])
+    if len(seq) >= span:
+        first = max(span, int(ends.min(initial=span)))
+        win = np.lib.stride_tricks.sliding_window_view(seq, span)[first - span :]
+        meds[first:] = np.median(win, axis=1)
+    return meds[ends], seq[-span:].tolist()
 
 
 def scan_stragglers(
@@ -314,17 +344,15 @@ def scan_stragglers(
     gx, gn, before = state.gap_excess, state.gap_count, state.before
     c2, since2, opened = state.c_slow, state.since_slow, state.opened
     excess2, count2 = state.excess_slow, state.count_slow
+    # each step's noise is the median of the spreads of the last sigma_steps changes measured
+    sigmas, state.noise[:] = _noise_medians(noise, _step_noises(x, prev), p.sigma_steps)
     for i, s in enumerate(steps.tolist()):
         xi = x[i]
         ok = np.isfinite(xi)
         if not ok.any():
             continue  # a step no rank measured carries no evidence
-        spread = _step_noise(xi - prev)
-        if np.isfinite(spread):
-            noise.append(spread)
-            del noise[: -p.sigma_steps]
-        if noise:
-            sigma = max(float(np.median(noise)), p.sigma_floor)
+        if np.isfinite(sigmas[i]):
+            sigma = max(float(sigmas[i]), p.sigma_floor)
         else:  # the first step: no change to measure yet, its spread across ranks stands in
             sigma = robust_sigma(xi[None, :], p.sigma_floor)
         prev[ok] = xi[ok]

@@ -364,6 +364,34 @@ def shared_device(d: Diagnosis, others: list[str]) -> Diagnosis:
     return d
 
 
+def _first_spike(
+    gn: Any, ok: Any, factor: float, history: int, min_history: int, block: int = 4096
+) -> list[tuple[int, float]]:
+    """The first judged grad norm over ``factor`` x the median of the (up to) ``history``
+    judged ones before it, at least ``min_history`` of them: ``[(index, that median)]``, or
+    none. The medians of the full windows ``block`` rows at a time, each one vectorized median
+    (a spike early in a long run reads no more than its block)."""
+    idx = np.flatnonzero(ok)
+    g = gn[idx]
+    if min_history > history:
+        return []  # never that many in a window
+    for j in range(max(min_history, 1), min(history, len(g))):  # the windows still filling
+        ref = float(np.median(g[:j]))
+        if ref > 0 and g[j] > factor * ref:
+            return [(int(idx[j]), ref)]
+    if len(g) <= history:
+        return []
+    windows = np.lib.stride_tricks.sliding_window_view(g, history)  # windows[k] is before k+h
+    for lo in range(0, len(g) - history, block):
+        hi = min(lo + block, len(g) - history)
+        refs = np.median(windows[lo:hi], axis=1)
+        (hit,) = np.nonzero((refs > 0) & (g[lo + history : hi + history] > factor * refs))
+        if len(hit):
+            k = int(hit[0])
+            return [(int(idx[lo + k + history]), float(refs[k]))]
+    return []
+
+
 def diagnose_instability(
     steps: Any,
     loss: Any,
@@ -393,14 +421,7 @@ def diagnose_instability(
     skip = np.zeros(len(s)) if skipped is None else np.nan_to_num(np.asarray(skipped, float))
     bad = np.flatnonzero(logged & ~np.isfinite(loss_a))
     ok = np.isfinite(gn) & (skip <= 0)
-    spikes = []
-    for i in np.flatnonzero(ok).tolist():
-        before = gn[:i][ok[:i]][-history:]
-        if len(before) >= min_history:
-            ref = float(np.median(before))
-            if ref > 0 and gn[i] > spike_factor * ref:
-                spikes.append((i, ref))
-                break
+    spikes = _first_spike(gn, ok, spike_factor, history, min_history)
     if not len(bad) and not spikes:
         return None
     # (step, metric, value, baseline) of each link of the chain, in the order of its steps
