@@ -188,6 +188,7 @@ def analyze_run(
         lo = js.done + 1
         per = min(cfg.max_steps, max(1, cfg.max_rank_steps // max(job.world, 1)))
         hi = min(job.last_step, lo + per - 1)
+        _read_windows(q, run.run_id, job, js, lo, hi, per, max(job.world, run.world))
         m = q.step_matrix(run.run_id, job.job_id, lo, hi, max(job.world, run.world))
         if not len(m.steps) and hi < job.last_step:
             # A gap of steps (a stray step number far ahead): jump to the next step stored
@@ -266,6 +267,26 @@ def analyze_run(
         if b.ready:
             store.save_baseline(run.tenant, ctx.signature, metric, b.to_json())
     return ctx.found, stragglers, pending or watch
+
+
+def _read_windows(
+    q: DetectQueries,
+    run_id: str,
+    job: JobSpan,
+    js: AttemptState,
+    lo: int,
+    hi: int,
+    per: int,
+    world: int,
+) -> None:
+    """One read for the attempt's windows of this pass (the new steps ``lo..hi``, the straggler
+    scan's from ``sealed``, the blocks' from ``blocked``), when they are near each other: each
+    is then cut from it (:meth:`DetectQueries.step_matrix`)."""
+    sealed = job.first_step - 1 if js.sealed is None else js.sealed
+    first = min(lo, sealed + 1, js.blocked + 1)
+    top = max(hi, min(job.last_step, sealed + per))
+    if top - first < 2 * per:
+        q.step_matrix(run_id, job.job_id, first, top, world)
 
 
 def _advance_stragglers(

@@ -95,6 +95,20 @@ class StepMatrix:
     start: Arr  # (S,) first start of the step
     end: Arr  # (S,) last end of the step
 
+    def rows(self, lo: int, hi: int) -> StepMatrix:
+        """Its steps ``lo..hi`` (views, as read-only as the arrays they are cut from)."""
+        a, b = (int(i) for i in np.searchsorted(self.steps, [lo, hi + 1]))
+        cut = slice(a, b)
+        return StepMatrix(
+            self.steps[cut],
+            self.world,
+            self.compute[cut],
+            self.comm[cut],
+            self.data_wait[cut],
+            self.start[cut],
+            self.end[cut],
+        )
+
 
 @dataclass
 class Placement:
@@ -152,15 +166,30 @@ class DetectQueries(DeviceQueries):
         ]
 
     def step_matrix(self, run_id: str, job_id: str, lo: int, hi: int, world: int) -> StepMatrix:
-        """Per-rank compute, comm and data wait of steps ``lo..hi`` of one attempt."""
+        """Per-rank compute, comm and data wait of steps ``lo..hi`` of one attempt: the rows of
+        a wider window of this pass that holds them (one read for the pass's windows, the
+        analyzer's :func:`fleetlens.services.analyzer.analyze_run`), or read."""
 
         def load() -> StepMatrix:
+            wide = self._holding(run_id, job_id, lo, hi, world)
+            if wide is not None:
+                return wide.rows(lo, hi)
             m = self._step_matrix(run_id, job_id, lo, hi, world)
             for a in (m.steps, m.compute, m.comm, m.data_wait, m.start, m.end):
                 a.setflags(write=False)
             return m
 
         return self._once(("steps", run_id, job_id, lo, hi, world), load)
+
+    def _holding(self, run_id: str, job_id: str, lo: int, hi: int, world: int) -> StepMatrix | None:
+        """A window read of the attempt covering ``lo..hi`` and exactly ``world`` wide: its rows
+        are what a read of ``lo..hi`` gives (a wider one had ranks past the world in some of
+        its steps, which a narrower read might not have)."""
+        for key, m in self._memo.items():
+            held = key[:3] == ("steps", run_id, job_id) and key[3] <= lo and hi <= key[4]
+            if held and isinstance(m, StepMatrix) and key[5] == world == m.world:
+                return m
+        return None
 
     def _step_matrix(self, run_id: str, job_id: str, lo: int, hi: int, world: int) -> StepMatrix:
         tab = self.r.table(
