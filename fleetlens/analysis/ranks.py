@@ -278,11 +278,32 @@ def robust_sigma(x: Arr, floor: float) -> float:
     return max(s, floor)
 
 
+def _step_noise(d: Arr) -> float:
+    """Robust spread across ranks of one step's change of ``x`` (NaN if under 2 ranks)."""
+    d = d[np.isfinite(d)]
+    if len(d) < 2:
+        return float("nan")
+    return 1.4826 * float(np.median(np.abs(d - np.median(d)))) / 1.4142135623730951
+
+
+# A window of fewer steps than this (a live pass) goes step by step, as does one of _WIDE ranks
+# or more (where numpy's nanmedian goes row by row anyway): whole-window arrays would cost more
+# than they save (the 16k-rank step 1.5 ms either way).
+_BY_ROW = 8
+_WIDE = 600
+
+
 def _step_noises(x: Arr, prev: Arr) -> Arr:
-    """Robust spread across ranks of each step's change of ``x`` (a row a step), each rank's
-    change from its last value before that step (``prev`` before the first row): NaN for a step
-    with under 2 ranks measured on both."""
+    """:func:`_step_noise` of each row of ``x`` (a step), each rank's change from its last
+    value before that step (``prev`` before the first row), the same whichever way it goes."""
     n, w = x.shape
+    if n < _BY_ROW or w >= _WIDE:
+        out, last = np.empty(n), prev.copy()
+        for i in range(n):
+            out[i] = _step_noise(x[i] - last)
+            ok = np.isfinite(x[i])
+            last[ok] = x[i][ok]
+        return out
     seen = np.where(np.isfinite(x), np.arange(1, n + 1)[:, None], 0)
     np.maximum.accumulate(seen, axis=0, out=seen)  # the row of each rank's last value, 0: prev
     rows = np.vstack([np.zeros((1, w), np.int64), seen[:-1]])  # each step's, before it
@@ -302,6 +323,15 @@ def _step_noises(x: Arr, prev: Arr) -> Arr:
 def _noise_medians(noise: list[float], spreads: Arr, span: int) -> tuple[Arr, list[float]]:
     """The median of the last ``span`` of ``noise`` then ``spreads`` (the finite ones, in
     order) at each row, NaN while there is none; and the list's last ``span`` after them all."""
+    if len(spreads) < _BY_ROW:
+        kept, meds = list(noise), np.full(len(spreads), np.nan)
+        for i, v in enumerate(spreads.tolist()):
+            if np.isfinite(v):
+                kept.append(v)
+                del kept[:-span]
+            if kept:
+                meds[i] = np.median(kept)
+        return meds, kept
     fin = np.isfinite(spreads)
     seq = np.concatenate([np.asarray(noise, np.float64), spreads[fin]])
     ends = len(noise) + np.cumsum(fin)  # the sequence's length after each row
