@@ -21,13 +21,16 @@ pytestmark = pytest.mark.e2e
 
 _WORKER = textwrap.dedent(
     """
+    import os
     import fleetlens
     run = fleetlens.init(project="one-run")
     for i in range(5):
         with run.step(i, tokens=8):
             pass
     run.finish()
-    print(run.config.run_id, flush=True)
+    # One write of the whole line: the ranks share the pipe, and print() unbuffered
+    # (PYTHONUNBUFFERED) writes the id and its newline apart, letting another rank's in between.
+    os.write(1, (run.config.run_id + "\\n").encode())
     """
 )
 

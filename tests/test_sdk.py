@@ -27,6 +27,7 @@ from fleetlens.errors import ConfigError
 from fleetlens.schema import DTYPES, KINDS
 from fleetlens.sdk import NullRun, SDKConfig
 from fleetlens.sdk.spool import Spool
+from fleetlens.sdk.transport import Cadence
 from fleetlens.wire import Batch, DictColumn, TableBuilder, encode_batch
 
 pytestmark = pytest.mark.unit
@@ -42,6 +43,7 @@ class Collector:
         self.answers: list[tuple[int, dict[str, str]]] = []  # consumed first, then `default`
         self.default: tuple[int, dict[str, str]] = (200, {})
         self.poisoned: set[str] = set()  # batch ids answered 500, every time
+        self.delay = 0.0  # seconds each answer takes: a slow server
         self.lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None
         self.port = port
@@ -72,6 +74,7 @@ class Collector:
                             "status": status,
                         }
                     )
+                time.sleep(collector.delay)
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -597,6 +600,34 @@ def test_retry_after_is_honoured(tmp_path: Path, collector: Collector) -> None:
     assert second["t"] - first["t"] >= 0.95
     assert second["body"] == first["body"]  # the spooled bytes, same batch id
     assert run.stats()["send_failures"] == 1
+
+
+def test_a_sender_states_how_often_it_really_sends() -> None:
+    cadence = Cadence()
+    assert cadence.stated(0.2, now=10.0) == "0.200"  # the first request: its interval
+    cadence.worked(0.5)  # a slow answer: waiting 0.2 s, it sends every 0.7 s
+    assert cadence.stated(0.2, now=10.7) == "0.700"
+    assert cadence.stated(0.2, now=10.75) == "0.050"  # a second request in the same cycle
+    cadence.worked(0.1)
+    assert cadence.stated(0.2, now=100.0) == "0.300"  # nothing to send for a while: not slower
+
+
+def test_against_a_slow_server_the_stated_interval_counts_the_wait_for_its_answers(
+    tmp_path: Path, collector: Collector
+) -> None:
+    # The server counts its senders from what they state; a sender waiting 0.1 s and then 0.3 s
+    # for each answer sends every 0.4 s and must say so, or it is counted as a quarter sender.
+    collector.delay = 0.3
+    run = make_run(tmp_path, collector.url, flush_interval=0.1)
+    for step in range(1000):
+        run.log(step, loss=1.0)
+        if len(collector.requests) >= 5:
+            break
+        time.sleep(0.01)
+    run.finish()
+    stated = [float(r["headers"]["X-Fleetlens-Flush-S"]) for r in collector.requests]
+    assert len(stated) >= 5 and stated[0] == pytest.approx(0.1)
+    assert min(stated[1:4]) >= 0.4, stated
 
 
 def test_bad_request_is_dropped_counted_and_not_retried(

@@ -24,7 +24,7 @@ ranks, on loopback (``127.0.0.1:7787`` by default) and/or a unix socket:
    multi-batch requests answers that route 404: the relay then forwards each batch alone to
    ``POST /v1/ingest``, as its rank would have, and tries the multi-batch route again every
    :data:`_SINGLE_RETRY_S` (the server may have been upgraded).
-3. **Pacing**: the relay states its interval to the server (``X-Fleetlens-Flush-S``), follows
+3. **Pacing**: the relay states how often it sends to the server (``X-Fleetlens-Flush-S``), follows
    the ``flushS`` it is answered (never below its own floor), and answers the ranks that same
    interval: a rank need not flush more often than its batches leave the node.
 
@@ -50,7 +50,7 @@ import msgspec
 
 from ..errors import TransportError
 from ..sdk.spool import Spool, SpoolEntry
-from ..sdk.transport import HttpTransport, IngestAck, backoff_s, read_ack
+from ..sdk.transport import Cadence, HttpTransport, IngestAck, backoff_s, read_ack
 from ..wire import BATCHES_CONTENT_TYPE, BatchFrame, encode_frames
 from .relay_listen import tcp_server, unix_server
 
@@ -182,6 +182,7 @@ class Relay:
         self.single = HttpTransport(cfg.server, None, cfg.timeout)  # servers without batches
         self._single_until = 0.0  # batch by batch until then (the server answered 404)
         self.interval = cfg.interval
+        self._cadence = Cadence()
         self.counts: dict[str, int] = dict.fromkeys(
             (
                 "received",  # batches from ranks, acknowledged once spooled
@@ -320,11 +321,13 @@ class Relay:
         while not self._stop.is_set():
             self._wake.wait(self.interval)
             self._wake.clear()
+            began = time.monotonic()
             try:
                 self.forward()
             except Exception:  # one bad round must not end the relay
                 log.exception("relay: forwarding round failed")
                 self._back_off(None)
+            self._cadence.worked(time.monotonic() - began)
         with contextlib.suppress(Exception):  # stopping: one last round, bounded by stop()
             self.forward()
 
@@ -373,7 +376,7 @@ class Relay:
         headers = {
             "Content-Type": BATCHES_CONTENT_TYPE,
             "X-Fleetlens-Sent-At": f"{time.time():.3f}",  # the ranks' clock: the same node's
-            "X-Fleetlens-Flush-S": f"{self.interval:.3f}",
+            "X-Fleetlens-Flush-S": self._cadence.stated(self.interval),
         }
         if auth:
             headers["Authorization"] = auth
@@ -426,7 +429,7 @@ class Relay:
         headers = {
             "Content-Type": frame.type,
             "X-Fleetlens-Sent-At": f"{time.time():.3f}",
-            "X-Fleetlens-Flush-S": f"{self.interval:.3f}",
+            "X-Fleetlens-Flush-S": self._cadence.stated(self.interval),
         }
         if frame.encoding:
             headers["Content-Encoding"] = frame.encoding

@@ -1,14 +1,16 @@
 """Server-directed pacing: each acknowledgement tells its sender how often to flush.
 
 A job's size is not the server's to choose, but its request rate is: every SDK sends one request
-per flush, so the flush interval sets it. Each sender says the interval it uses now
-(``X-Fleetlens-Flush-S``). A sender flushing every ``i`` seconds sends ``W / i`` requests in a
-window of ``W`` seconds, so the sum of the stated intervals of the window's requests, over ``W``,
-counts the senders whatever their intervals. The answer (``flushS``) is the interval that spreads
-those senders to the rate the server holds (``[collector] max_request_rate``): the same for every
-sender, so a thousand of them converge in one window instead of each reacting to the others'
-reactions. The SDK keeps its configured interval as the floor and 60 s as the ceiling. A backlog
-of waiting requests stretches it further: the store is already taking less than arrives.
+per flush, so the flush interval sets it. Each sender says how often it really sends
+(``X-Fleetlens-Flush-S``: the seconds since its previous request, its wait plus its work against
+a slow server; :class:`fleetlens.sdk.transport.Cadence`). A sender sending every ``i`` seconds
+sends ``W / i`` requests in a window of ``W`` seconds, so the sum of the stated seconds of the
+window's requests, over ``W``, counts the senders whatever their intervals. The answer
+(``flushS``) is the interval that spreads those senders to the rate the server holds
+(``[collector] max_request_rate``): the same for every sender, so a thousand of them converge
+in one window instead of each reacting to the others' reactions. The SDK keeps its configured
+interval as the floor and 60 s as the ceiling. A backlog of waiting requests stretches it
+further: the store is already taking less than arrives.
 """
 
 from __future__ import annotations

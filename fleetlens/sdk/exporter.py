@@ -46,7 +46,7 @@ from .config import SDKConfig
 from .memory import MemorySampler
 from .spool import Spool
 from .tables import Identity, build_tables
-from .transport import Ack, Transport, backoff_s
+from .transport import Ack, Cadence, Transport, backoff_s
 
 __all__ = ["Exporter"]
 
@@ -116,6 +116,7 @@ class Exporter:
         self._reported = [0, 0, 0, 0]
         self._encode_lock = threading.Lock()
         self.interval = cfg.flush_interval  # what the collector last asked for, within bounds
+        self._cadence = Cadence()
         self._thread = threading.Thread(target=self._loop, name="fleetlens-exporter", daemon=True)
 
     # -- control, from any thread -------------------------------------------------------------
@@ -202,10 +203,12 @@ class Exporter:
             except queue.Empty:
                 pass
             ok = False
+            began = time.monotonic()
             try:
                 ok = self._cycle()
             except Exception:
                 self.counts["internal_errors"] += 1
+            self._cadence.worked(time.monotonic() - began)
             for w in waiters:
                 w.ok = ok
                 w.done.set()
@@ -316,7 +319,7 @@ class Exporter:
             "Content-Type": "application/msgpack",
             "X-Fleetlens-Batch-Id": bid,
             "X-Fleetlens-Sent-At": f"{time.time():.3f}",
-            "X-Fleetlens-Flush-S": f"{self.interval:.3f}",
+            "X-Fleetlens-Flush-S": self._cadence.stated(self.interval),
             "X-Fleetlens-Priority": str(prio),  # a relay spools and evicts by it
         }
         if body[:2] == _GZIP_MAGIC:

@@ -20,6 +20,7 @@ import http.client
 import math
 import random
 import socket
+import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -28,7 +29,7 @@ import msgspec
 
 from ..errors import ConfigError, TransportError
 
-__all__ = ["Ack", "HttpTransport", "Transport", "UnixHTTPConnection", "backoff_s"]
+__all__ = ["Ack", "Cadence", "HttpTransport", "Transport", "UnixHTTPConnection", "backoff_s"]
 
 _ACK = frozenset({200, 201, 202})
 _LATER = frozenset({408, 429, 503})
@@ -77,6 +78,35 @@ def _ack(answer: bytes) -> Ack:
     if isinstance(flush, bool) or not isinstance(flush, int | float):
         return Ack(refused)
     return Ack(refused, float(flush) if math.isfinite(flush) and flush > 0 else None)
+
+
+class Cadence:
+    """How often a sender really sends: the value of its ``X-Fleetlens-Flush-S``.
+
+    The collector counts its senders as the sum of their stated seconds over its window
+    (:mod:`fleetlens.collector.pacing`), true only if a sender sends once per stated second. A
+    sender waits its interval, then works (encodes, sends, waits for the answer): against a slow
+    server its period is the interval plus that work, and stating the interval alone would count
+    it as a fraction of a sender, so the server would ask for less pacing exactly when it is slow.
+    A sender states the seconds since its previous request instead (its requests' stated
+    seconds add up to the time it has been sending), at most its interval plus its last cycle's
+    work: a sender that had nothing to send for a while is not a slower one.
+    """
+
+    def __init__(self) -> None:
+        self._last: float | None = None  # monotonic time of the previous request
+        self._work = 0.0  # seconds the last cycle worked after its wait
+
+    def worked(self, seconds: float) -> None:
+        """The sender's last cycle (after its wait) took ``seconds``."""
+        self._work = max(0.0, seconds)
+
+    def stated(self, interval: float, now: float | None = None) -> str:
+        """The header value for a request leaving now, the sender waiting ``interval``."""
+        now = time.monotonic() if now is None else now
+        last, self._last = self._last, now
+        period = interval if last is None else min(now - last, interval + self._work)
+        return f"{max(period, 0.001):.3f}"
 
 
 def backoff_s(failures: int, base: float, cap: float, retry_after: float | None = None) -> float:
