@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._common import start_server, stop_server
-from fleetlens.testing import free_port
+from fleetlens.testing import free_port, wait_passes
 
 REALCODE = Path(__file__).resolve().parent.parent / "tests" / "realcode"
 CODES = ("nanogpt", "hf", "lightning")
@@ -303,6 +303,16 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=30) as r:
             return json.load(r)
 
+    def request(self, method: str, path: str, token: str | None = None) -> tuple[int, str]:
+        """Status and text, as :class:`fleetlens.testing.Server` answers (``wait_passes``)."""
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        req = urllib.request.Request(self.url + path, method=method, headers=auth)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
     def log(self) -> str:
         return _tail(self.log_path, 8_000) if self.log_path else ""
 
@@ -394,10 +404,11 @@ def _tail(path: str, limit: int = 64_000) -> str:
     return ""
 
 
-def settle(server: Server, run_id: str, timeout: float, quiet_s: float) -> dict[str, Any]:
+def settle(server: Server, run_id: str, timeout: float, passes: int) -> dict[str, Any]:
     """The run once the server has judged the job's end: its status is terminal (or
-    ``timeout`` passed without that), then ``quiet_s`` more for the monitor's passes over the
-    last data. Returns the run's last ``GET /v1/runs/{run}``."""
+    ``timeout`` passed without that), then ``passes`` more monitoring passes over the last data
+    (waited on, not slept: a loaded machine's passes come late). Returns the run's last
+    ``GET /v1/runs/{run}``."""
     deadline = time.monotonic() + timeout
     run: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -405,7 +416,7 @@ def settle(server: Server, run_id: str, timeout: float, quiet_s: float) -> dict[
         if run.get("status") in TERMINAL:
             break
         time.sleep(0.5)
-    time.sleep(quiet_s)
+    wait_passes(server, passes, timeout=max(120.0, 30.0 * passes))
     return _get(server, f"/v1/runs/{urllib.parse.quote(run_id)}") or run
 
 
@@ -421,7 +432,7 @@ def run_job(
     env: dict[str, str] | None = None,
     timeout: float = 600.0,
     settle_s: float = 60.0,
-    quiet_s: float = 12.0,
+    passes: int = 3,
     rdzv_id: str | None = None,
     judge: bool = True,
 ) -> JobResult:
@@ -441,7 +452,7 @@ def run_job(
     try:
         return _run_job(
             server, code, steps, fault, launch, nproc, workdir, env, timeout, settle_s,
-            quiet_s, rdzv_id, judge,
+            passes, rdzv_id, judge,
         )  # fmt: skip
     finally:
         if own_tmp is not None:
@@ -459,7 +470,7 @@ def _run_job(
     env: dict[str, str] | None,
     timeout: float,
     settle_s: float,
-    quiet_s: float,
+    passes: int,
     rdzv_id: str,
     judge: bool,
 ) -> JobResult:
@@ -526,7 +537,7 @@ def _run_job(
     if run_id is None or not judge:
         return result
     t1 = time.monotonic()
-    result.run = settle(server, run_id, settle_s, quiet_s)
+    result.run = settle(server, run_id, settle_s, passes)
     timings["settle_s"] = time.monotonic() - t1
     if not result.run:  # the server answered nothing: what it was doing
         result.output += f"\n[harness] the server did not answer; its log:\n{server.log()}"

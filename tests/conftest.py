@@ -150,9 +150,13 @@ def metadata_url(request, tmp_path) -> str:  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """Debian's Chromium, headless, driven by Playwright (the portal's tests)."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     from .test_portal import ARGS, CHROMIUM
+
+    # An assertion on the page waits as long as a locator's action does (30 s), not 5 s: the
+    # answer it waits for comes from a server sharing two cores with two other test files.
+    expect.set_options(timeout=30_000)
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)

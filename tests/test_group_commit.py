@@ -27,7 +27,7 @@ from fleetlens.collector.pacing import Pacer
 from fleetlens.store.batch import StringColumn
 from fleetlens.store.chdb_store import ChdbStore
 from fleetlens.store.telemetry import Part, merged_table, slice_columns
-from fleetlens.testing import Server, step_batch
+from fleetlens.testing import Server, step_batch, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -182,13 +182,14 @@ def test_requests_that_keep_coming_linger_into_one_insert_and_a_lone_one_waits_o
     ``gap_s`` passed, long before the linger."""
     store = ChdbStore(str(tmp_path / "t"))
     committer = GroupCommitter(
-        store, Ledger(str(tmp_path / "t" / "ingest.ledger"), store.settle), linger_s=30, gap_s=1
+        store, Ledger(str(tmp_path / "t" / "ingest.ledger"), store.settle), linger_s=30, gap_s=3
     )
     try:
         t0 = time.monotonic()
         committer.submit([_piece("lone", "a", 10)]).result(20)
         assert time.monotonic() - t0 < 20 and committer.stats.inserts == 1
-        futures = [committer.submit([_piece("many", f"b{i}", 10)]) for i in range(40)]
+        pieces = [[_piece("many", f"b{i}", 10)] for i in range(40)]  # built first: back to back
+        futures = [committer.submit(p) for p in pieces]
         for f in futures:
             f.result(60)
         assert committer.stats.inserts == 2 and committer.stats.largest_group == 40
@@ -286,6 +287,7 @@ def test_the_server_paces_real_sdk_runs(tmp_path: Path) -> None:
                 rank=r,
                 world_size=8,
                 flush_interval=0.2,
+                exit_flush_timeout=60.0,  # finish() sends everything, however slow the server
                 spool_dir=str(tmp_path / f"s{r}"),
             )
             for r in range(8)
@@ -310,7 +312,7 @@ def test_the_server_paces_real_sdk_runs(tmp_path: Path) -> None:
         # The ranks' batches share inserts, their names in one dictionary: none was refused.
         assert [run.stats()["send_failures"] for run in runs] == [0] * 8
         assert min(intervals) > 0.8, intervals
-        assert server.get("/v1/runs/paced-0")["steps"] == step
+        wait_until(lambda: server.get("/v1/runs/paced-0")["steps"] == step, 60, 0.2, "all steps")
         assert server.get("/v1/runs/paced-7")["metrics"]["m7"] == 2.0
     finally:
         server.stop()

@@ -134,7 +134,7 @@ def events(batches: list[Batch], kind: str | None = None) -> list[dict[str, Any]
     return [e for e in evs if kind is None or e["kind"] == kind]
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 5.0) -> Any:
+def wait_for(pred: Callable[[], Any], timeout: float = 30.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = pred()
@@ -892,6 +892,7 @@ def test_heartbeats_say_where_a_rank_is_while_no_step_ends(
     def beats() -> list[dict[str, Any]]:
         return rows(collector.acked(), "heartbeat")
 
+    before = time.time()
     with run.step(7), run.phase("backward"):
         entered = time.time()
         # No step ends while we wait: the heartbeats come anyway.
@@ -903,7 +904,8 @@ def test_heartbeats_say_where_a_rank_is_while_no_step_ends(
     assert {b["step"] for b in beats() if b["phase"] == "checkpoint"} == {7}
     inside = [b for b in beats() if b["phase"] == "backward"]
     assert {(b["rank"], b["step"]) for b in inside} == {(0, 7)}
-    assert all(abs(b["since"] - entered) < 0.05 and b["time"] >= b["since"] for b in inside)
+    # Since the phase was entered (between the two clock reads, whatever a busy machine took).
+    assert all(before - 0.01 <= b["since"] <= entered + 0.01 <= b["time"] + 0.01 for b in inside)
     # Not the user's records: none counted, none dropped, none left unsent.
     s = run.stats()
     assert s["records"] == s["records_sent"] and s["dropped"] == 0

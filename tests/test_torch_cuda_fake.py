@@ -198,8 +198,10 @@ def test_a_data_stall_is_time_outside_the_device_phases(monkeypatch: pytest.Monk
     # The block as the host timed it (a busy machine oversleeps): the data phase holds it and
     # little else.
     slept = job.slept[(0, 2)]
-    assert stall <= slept <= s0[2]["phases"]["data"] < slept + 0.05
-    assert all(s["phases"].get("data", 0) < 1e-3 for n, s in s0.items() if n != 2)
+    # (The bounds leave room for a preemption of a busy machine: an idle loader's next() is
+    # microseconds, the stall 30 ms.)
+    assert stall <= slept <= s0[2]["phases"]["data"] < slept + 0.2
+    assert all(s["phases"].get("data", 0) < 0.01 for n, s in s0.items() if n != 2)
     # Its device sat idle before the step: the step starts late and its phases are unchanged.
     gap = s0[2]["time"] - (s0[1]["time"] + s0[1]["duration"])
     assert gap == pytest.approx(stall, abs=1e-6)
@@ -207,7 +209,7 @@ def test_a_data_stall_is_time_outside_the_device_phases(monkeypatch: pytest.Monk
     for r in (1, 2):  # the others started on time and waited for it at the all-reduce
         assert job.compute(r, 2) == _ms(FWD + BWD + OPT)
         assert job.comm(r, 2) == _ms(COPY + TRANSFER + stall)
-        assert job.steps(r)[2]["phases"].get("data", 0) < 1e-3
+        assert job.steps(r)[2]["phases"].get("data", 0) < 0.01
 
 
 def test_nothing_is_read_before_the_device_has_passed_it_and_nothing_synchronizes(
