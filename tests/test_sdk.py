@@ -237,6 +237,17 @@ def test_slurm_environment() -> None:
     assert cfg.spool_dir.endswith(os.path.join(f"fleetlens-spool-{os.geteuid()}", "998877-5"))
 
 
+def test_seconds_settings_from_the_environment_and_a_clear_error_for_a_bad_one() -> None:
+    env = {"FLEETLENS_RUN_ID": "r", "FLEETLENS_EXIT_FLUSH_S": "60", "FLEETLENS_HEARTBEAT_S": "0"}
+    cfg = SDKConfig.resolve({}, env)
+    assert (cfg.exit_flush_timeout, cfg.heartbeat_s, cfg.memory_s) == (60.0, 0.0, 5.0)
+    assert SDKConfig.resolve({"exit_flush_timeout": 2.0}, env).exit_flush_timeout == 2.0
+    with pytest.raises(ConfigError, match="FLEETLENS_EXIT_FLUSH_S='soon' is not a number"):
+        SDKConfig.resolve({}, {**env, "FLEETLENS_EXIT_FLUSH_S": "soon"})
+    with pytest.raises(ConfigError, match=r"exit_flush_timeout=-1\.0 must be >= 0"):
+        SDKConfig.resolve({}, {**env, "FLEETLENS_EXIT_FLUSH_S": "-1"})
+
+
 def test_precedence_explicit_then_fleetlens_env_then_launcher_then_default() -> None:
     env = {
         "FLEETLENS_RUN_ID": "from-env",

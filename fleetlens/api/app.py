@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import anyio
-import httpx
 import msgspec
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -63,7 +62,7 @@ from .goodput import router as goodput_router
 from .graph import router as graph_router
 from .incidents import router as incidents_router
 from .ingest import IngestApp, error_response, ingest_batch, ingest_batches
-from .leader import LeaderGauge, keep_electing, leader_of
+from .leader import LeaderClient, LeaderGauge, keep_electing, leader_of
 from .logs import router as logs_router
 from .memory import router as memory_router
 from .ops_models import BATCHES_STORED, INGEST_STORED, HealthOut
@@ -275,7 +274,7 @@ def create_api(config: ServerConfig, services: Services | None = None) -> FastAP
         # alerts and remediates (fleetlens/store/leader.py, fleetlens/api/leader.py).
         election = open_election(svc.metadata.engine, svc.config.advertised_url)
         app.state.leader = election
-        app.state.leader_client = httpx.AsyncClient(timeout=10.0)
+        app.state.leader_client = LeaderClient()
         leader_gauge = LeaderGauge(election)
         svc.registry.register(leader_gauge)
         await anyio.to_thread.run_sync(election.check)

@@ -115,6 +115,13 @@ class SDKConfig:
 
 _FIELDS = {f.name for f in dataclasses.fields(SDKConfig)}
 
+# FLEETLENS_* variable -> field, for the settings in seconds, with what the seconds are.
+_ENV_SECONDS = (
+    ("FLEETLENS_HEARTBEAT_S", "heartbeat_s", "between heartbeats, e.g. 10, or 0 to send none"),
+    ("FLEETLENS_MEMORY_S", "memory_s", "between memory samples, e.g. 5, or 0 to sample none"),
+    ("FLEETLENS_EXIT_FLUSH_S", "exit_flush_timeout", "finish() may wait to send, e.g. 5"),
+)
+
 # FLEETLENS_* variable -> field, for the plain string settings.
 _ENV_STR = {
     "FLEETLENS_SERVER": "server",
@@ -229,24 +236,15 @@ class _Resolver:
         )
         if spool_max is not None:
             values["spool_max_bytes"] = spool_max
-        beat = self.env.get("FLEETLENS_HEARTBEAT_S", "").strip()
-        if beat:
-            try:
-                values["heartbeat_s"] = float(beat)
-            except ValueError:
-                raise ConfigError(
-                    f"FLEETLENS_HEARTBEAT_S={beat!r} is not a number; set it to the seconds "
-                    "between heartbeats, e.g. 10, or 0 to send none"
-                ) from None
-        mem = self.env.get("FLEETLENS_MEMORY_S", "").strip()
-        if mem:
-            try:
-                values["memory_s"] = float(mem)
-            except ValueError:
-                raise ConfigError(
-                    f"FLEETLENS_MEMORY_S={mem!r} is not a number; set it to the seconds between "
-                    "memory samples, e.g. 5, or 0 to sample none"
-                ) from None
+        for var, name, hint in _ENV_SECONDS:
+            got = self.env.get(var, "").strip()
+            if got:
+                try:
+                    values[name] = float(got)
+                except ValueError:
+                    raise ConfigError(
+                        f"{var}={got!r} is not a number; set it to the seconds {hint}"
+                    ) from None
         values.update(self._placement())
         values.update(self._identity(values))
         values.update(self.explicit)
