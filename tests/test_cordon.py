@@ -31,15 +31,18 @@ from .test_cli import fleetlens_cmd
 pytestmark = pytest.mark.e2e
 
 
-def _server(tmp_path: Path, mode: str, straggler_persist_s: float = 3600.0) -> Server:
-    """Stragglers are acted on only in the test about them: on two shared cores a rank that gets
-    less CPU for a while is a real straggler, and would be removed first."""
+def _server(
+    tmp_path: Path, mode: str, straggler_persist_s: float = 3600.0, hang_s: float = 30.0
+) -> Server:
+    """Stragglers are acted on only in the test about them, and hangs judged in 5 s only in the
+    hung rank's: on two shared cores a rank that gets less CPU for a while is a real straggler,
+    and one starved for 5 s looks hung (a gate saw the Xid drill's action proposed for a hang)."""
     return Server(
         str(tmp_path / "server"),
         env={
             "FLEETLENS_REMEDIATION": mode,
             "FLEETLENS_ANALYSIS_INTERVAL_S": "1",
-            "FLEETLENS_HANG_S": "5",
+            "FLEETLENS_HANG_S": str(hang_s),
             "FLEETLENS_STRAGGLER_PERSIST_S": str(straggler_persist_s),
             # The drills' checkpoints are on a file system the server shares.
             "FLEETLENS_READABLE_PATHS": str(tmp_path),
@@ -206,7 +209,7 @@ def _automatic(
 ) -> tuple[Server, Drill, dict[str, Any]]:
     """A drill with a fault from the start, the server in automatic mode: the finished action."""
     persist = 3.0 if "--slow-node" in example_args else 3600.0
-    srv = _server(tmp_path, "automatic", persist)
+    srv = _server(tmp_path, "automatic", persist, 5.0 if "--hang-node" in example_args else 30.0)
     started.append(srv)
     drill = Drill(srv.url, tmp_path / "job", run, example_args=example_args)
     started.append(drill.start())

@@ -62,6 +62,7 @@ from .captures import Captures
 from .goodput import goodput_window, summary_mfu
 from .monitor_metrics import MonitorMetrics
 from .portal import PortalQueries
+from .portal_types import RecentSpread
 from .regressions import Regressions
 from .run_signals import metric_samples
 from .runs import RunQueries
@@ -85,6 +86,18 @@ _STOP_KINDS = (
 _REGRESSION_RETRY_S = 5.0
 
 
+@dataclass(frozen=True)
+class _RunReads:
+    """A run's steps and scalars as its signals read them, as of its ``arrivals`` (bumped once
+    data it sent is stored, whatever its times): a quiet run costs a pass few queries. Events (a
+    drain the server writes is one), status and goodput are read or judged every pass."""
+
+    arrivals: int
+    summary: RunSummary
+    last_end: float | None
+    spread: RecentSpread | None
+
+
 @dataclass
 class Monitor:
     telemetry: TelemetryStore
@@ -106,6 +119,7 @@ class Monitor:
     _series: dict[tuple[str, str], dict[str, deque[tuple[float, float]]]] = field(
         default_factory=dict
     )
+    _reads: dict[tuple[str, str], _RunReads] = field(default_factory=dict)
     passes: int = 0
     errors: int = 0
     loop: LoopCounts = field(default_factory=LoopCounts)
@@ -177,6 +191,7 @@ class Monitor:
         """This server now leads: the goodput windows it kept when it led before are stale."""
         self._goodput.clear()
         self._series.clear()
+        self._reads.clear()
         if self.remediation is not None:
             self.remediation.take_over()
 
@@ -202,7 +217,7 @@ class Monitor:
             log.exception("analysis pass failed")
         runs = self._active_runs(now)
         active = {(r.tenant, r.run_id) for r in runs}
-        for kept in (self._goodput, self._series, self._judged):  # quiet runs leave theirs
+        for kept in (self._goodput, self._series, self._judged, self._reads):  # quiet runs
             for key in [k for k in kept if k not in active]:
                 del kept[key]
         snapshot: list[RunMetrics] = []
@@ -317,16 +332,30 @@ class Monitor:
     def _active_runs(self, now: float) -> list[Run]:
         return self.metadata.active_runs(now - self.config.active_s, self.config.max_runs)
 
+    def _read(self, run: Run, scope: Scope, reader: TenantReader) -> _RunReads:
+        """The run's telemetry reads, again only when data of it arrived since the last."""
+        key = (run.tenant, run.run_id)
+        kept = self._reads.get(key)
+        if kept is not None and kept.arrivals == run.arrivals:
+            return kept
+        # ``run`` was loaded before these reads: data arriving meanwhile is read next pass.
+        kept = _RunReads(
+            arrivals=run.arrivals,
+            summary=RunQueries(self.telemetry, scope).summary(run.run_id, window=50),
+            last_end=RunTelemetryQueries(reader).last_step_end(run.run_id) or None,
+            spread=PortalQueries(self.telemetry, scope).recent_spread(run.run_id, window=50),
+        )
+        self._reads[key] = kept
+        return kept
+
     def _signals(self, run: Run, now: float) -> tuple[RunSignals, RunMetrics]:
         scope = Scope(tenant=run.tenant, role="viewer", actor="monitor")
-        q = RunQueries(self.telemetry, scope)
-        summary = q.summary(run.run_id, window=50)
         reader = TenantReader(self.telemetry, scope)
-        reads = RunTelemetryQueries(reader)
-        last_end = reads.last_step_end(run.run_id) or None
+        read = self._read(run, scope, reader)
+        summary, last_end = read.summary, read.last_end
         step_ms = summary.step_time_ms
         findings = self.findings.rows(scope, run.run_id)
-        stops = reads.events_of_kinds(run.run_id, _STOP_KINDS).to_pylist()
+        stops = RunTelemetryQueries(reader).events_of_kinds(run.run_id, _STOP_KINDS).to_pylist()
         drains = [
             (float(r["time"]), str(r["node_id"]))
             for r in stops
@@ -365,7 +394,7 @@ class Monitor:
             clock=run.last_seen,  # the newest time the run's own records carry
         )
         logged_mfu = summary.scalars.get("mfu")
-        spread = PortalQueries(self.telemetry, scope).recent_spread(run.run_id, window=50)
+        spread = read.spread
         metrics = RunMetrics(
             tenant=run.tenant,
             project=run.project,
