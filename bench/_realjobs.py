@@ -22,7 +22,6 @@ with the fault's onset and the job's timings, for ``tests/test_real_jobs.py`` an
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -38,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._common import start_server, stop_server
-from fleetlens.testing import free_port, wait_passes
+from bench._common import stop_server
+from fleetlens.testing import Server, free_port, wait_passes
 
 REALCODE = Path(__file__).resolve().parent.parent / "tests" / "realcode"
 CODES = ("nanogpt", "hf", "lightning")
@@ -292,31 +291,6 @@ def _read(path: Path) -> str:
 
 
 # ---- the server ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Server:
-    """A running ``fleetlens serve``: where it listens, its JSON answers and its log."""
-
-    url: str
-    log_path: str = ""
-
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=30) as r:
-            return json.load(r)
-
-    def request(self, method: str, path: str, token: str | None = None) -> tuple[int, str]:
-        """Status and text, as :class:`fleetlens.testing.Server` answers (``wait_passes``)."""
-        auth = {"Authorization": f"Bearer {token}"} if token else {}
-        req = urllib.request.Request(self.url + path, method=method, headers=auth)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-    def log(self) -> str:
-        return _tail(self.log_path, 8_000) if self.log_path else ""
-
-
 def _get(server: Server, path: str) -> Any:
     try:
         return server.get(path)
@@ -540,7 +514,8 @@ def _run_job(
     result.run = settle(server, run_id, settle_s, passes)
     timings["settle_s"] = time.monotonic() - t1
     if not result.run:  # the server answered nothing: what it was doing
-        result.output += f"\n[harness] the server did not answer; its log:\n{server.log()}"
+        tail = _tail(server.log_path, 8_000)
+        result.output += f"\n[harness] the server did not answer; its log:\n{tail}"
     q = urllib.parse.quote(run_id)
     result.runs = (_get(server, "/v1/runs") or {}).get("runs", result.runs)
     result.run_ids = [r["runId"] for r in result.runs]
@@ -563,8 +538,9 @@ def fresh_server(env: dict[str, str] | None = None) -> Iterator[Server]:
     """A ``fleetlens serve`` of its own (data directory, port) for one job."""
     with tempfile.TemporaryDirectory(prefix="realjob-server-") as tmp:
         log = os.path.join(tmp, "server.log")
-        proc, url = start_server(os.path.join(tmp, "data"), env=env, log=log)
+        server = Server(os.path.join(tmp, "data"), env=dict(env or {}), log_path=log).start()
+        assert server.proc is not None
         try:
-            yield Server(url, log)
+            yield server
         finally:
-            stop_server(proc)
+            stop_server(server.proc)
