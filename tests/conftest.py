@@ -109,6 +109,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         json.dump(idle, fh, indent=1)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _module_spool_root() -> Iterator[None]:
+    """Each test file's ranks spool under a root of its own, below the session's. A rank's SDK
+    adopts the spools that gone processes left beside its own for the same collector and token
+    (fleetlens.sdk.orphans), and a server's loopback port may be reused by another file's: one
+    file's killed ranks must not send their batches to the next file's server."""
+    root = tempfile.mkdtemp(prefix="module-", dir=os.environ.get("FLEETLENS_SPOOL_ROOT"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLEETLENS_SPOOL_ROOT", root)
+        yield
+
+
 @pytest.fixture
 def server(tmp_path) -> Iterator[Server]:  # type: ignore[no-untyped-def]
     srv = Server(str(tmp_path / "data")).start()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,11 +44,11 @@ def _train(run: fleetlens.Run, steps: range, ranks_tokens: int = 512) -> list[fl
 
 
 def _init(url: str, run_id: str, tmp_path, **kw) -> fleetlens.Run:  # type: ignore[no-untyped-def]
+    kw.setdefault("spool_dir", str(tmp_path / f"spool-{run_id}"))
     return fleetlens.init(
         project="p",
         run_id=run_id,
         server=url,
-        spool_dir=str(tmp_path / f"spool-{run_id}"),
         install_signal_handler=False,
         backoff_max=1.0,
         flush_interval=0.05,
@@ -120,4 +125,86 @@ def test_collector_killed_mid_run_nothing_lost_nothing_twice(tmp_path) -> None: 
         summary = server.get("/v1/runs/kill-run")
         assert summary["tokensProcessed"] == steps * 100  # each step stored exactly once
     finally:
+        server.stop()
+
+
+_RANK = """
+import sys, time, fleetlens
+url, run_id, spool, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+run = fleetlens.init(project="p", run_id=run_id, server=url, spool_dir=spool,
+                     install_signal_handler=False, backoff_max=1.0, flush_interval=0.05,
+                     exit_flush_timeout=0.5)
+i = 0
+while steps < 0 or i < steps:
+    with run.step(i, tokens=100):
+        time.sleep(0.01)  # the step's compute
+    run.log(i, loss=1.0 / (1 + i))
+    i += 1
+run.finish()
+"""
+
+
+def _batches(spool: Path) -> int:
+    return len(list(spool.glob("*.batch")))
+
+
+def _spooled(spool: Path, at_least: int) -> bool:
+    return _batches(spool) >= at_least
+
+
+def test_spools_left_by_a_killed_rank_and_a_finished_one_are_sent_by_the_next_run(
+    tmp_path: Path,
+) -> None:
+    """While the collector is down, one rank is killed with kill -9 and another finishes with
+    its batches still spooled (its exit flush found nobody); a third is frozen with SIGSTOP.
+    Nobody will run those two ranks again. The next run on the node, once the collector is back,
+    sends what they left (each batch once) and leaves the frozen rank's spool alone."""
+    port = free_port()
+    url, root = f"http://127.0.0.1:{port}", tmp_path / "spool-root"
+
+    def rank(run_id: str, steps: int) -> subprocess.Popen[bytes]:
+        args = [url, run_id, str(root / f"{run_id}-0"), str(steps)]
+        return subprocess.Popen([sys.executable, "-c", _RANK, *args])
+
+    killed, frozen = rank("killed", -1), rank("frozen", -1)
+    finished = rank("finished", 120)
+    alive = [killed, frozen]
+    server = Server(str(tmp_path / "data"), port=port)
+    try:
+        assert finished.wait(120) == 0
+        for spool in (root / "killed-0", root / "frozen-0"):
+            wait_until(functools.partial(_spooled, spool, 3), 60, what=f"{spool.name} spooled")
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+        frozen.send_signal(signal.SIGSTOP)
+        left = {r: _batches(root / f"{r}-0") for r in ("killed", "finished", "frozen")}
+        assert all(left.values()), left
+
+        server.start()
+        run = _init(url, "next", tmp_path, spool_dir=str(root / "next-0"))
+        _train(run, range(20))
+        adopted = wait_until(
+            lambda: run.stats()["adopted_batches"], 60, what="the orphaned spools adopted"
+        )
+        assert adopted == left["killed"] + left["finished"]
+        assert run.flush(timeout=60)
+        run.finish()
+        assert run.stats()["dropped"] == 0
+
+        # The finished rank's run: every step, once, and its end.
+        done = wait_until(
+            lambda: (r := server.get("/v1/runs/finished"))["status"] == "FINISHED" and r, 60
+        )
+        assert done["steps"] == 120 and done["tokensProcessed"] == 120 * 100
+        # The killed rank's: the steps it spooled, from the first, none twice.
+        dead = wait_until(lambda: (r := server.get("/v1/runs/killed"))["steps"] and r, 60)
+        assert dead["steps"] == dead["step"] + 1 and dead["tokensProcessed"] == dead["steps"] * 100
+        # The orphans' directories are gone; the frozen rank's spool is still its own.
+        assert not (root / "killed-0").exists() and not (root / "finished-0").exists()
+        assert _batches(root / "frozen-0") == left["frozen"]
+    finally:
+        for proc in alive:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
         server.stop()

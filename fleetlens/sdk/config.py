@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from .orphans import owner_digest
 from .spool import default_spool_root
 
 __all__ = ["SDKConfig"]
@@ -85,6 +86,12 @@ class SDKConfig:
     config: dict[str, Any] = field(default_factory=dict, compare=False)
     # Launcher variables worth keeping with the job_start event (torchrun/Slurm ids, master).
     launcher_env: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def spool_owner(self) -> str:
+        """Whose batches this run's spool holds, for a later process that adopts them once
+        this one is gone (:mod:`fleetlens.sdk.orphans`)."""
+        return owner_digest(self.server, self.token)
 
     @property
     def ctx(self) -> dict[str, str]:

@@ -44,6 +44,7 @@ from ..wire import encode_batch
 from .buffer import SAMPLE, SCALARS, Entry, RecordBuffer
 from .config import SDKConfig
 from .memory import MemorySampler
+from .orphans import SWEEP_EVERY_S, sweep
 from .spool import Spool
 from .tables import Identity, build_tables
 from .transport import Ack, Cadence, Transport, backoff_s
@@ -102,6 +103,7 @@ class Exporter:
                 "spooled_batches",
                 "replayed_batches",
                 "quarantined_batches",
+                "adopted_batches",
                 "encode_errors",
                 "internal_errors",
             ),
@@ -117,6 +119,7 @@ class Exporter:
         self._encode_lock = threading.Lock()
         self.interval = cfg.flush_interval  # what the collector last asked for, within bounds
         self._cadence = Cadence()
+        self._sweep_at = 0.0  # when to look for spools whose process is gone (orphans.py)
         self._thread = threading.Thread(target=self._loop, name="fleetlens-exporter", daemon=True)
 
     # -- control, from any thread -------------------------------------------------------------
@@ -271,6 +274,12 @@ class Exporter:
             except Exception:
                 self.counts["internal_errors"] += 1
                 clean = False
+        if time.monotonic() >= max(self._sweep_at, self._retry_at):
+            self._sweep_at = time.monotonic() + SWEEP_EVERY_S
+            try:
+                self.counts["adopted_batches"] += sweep(self.spool, self.spool.owner)[1]
+            except Exception:
+                self.counts["internal_errors"] += 1
         if len(self.spool):
             try:
                 self._replay()

@@ -76,7 +76,7 @@ class Run:
         self._shard: tuple[str | None, str | None] = (None, None)  # what data() last announced
         self._finished = False
         self._errors = 0
-        self._spool = Spool(cfg.spool_dir, cfg.spool_max_bytes)
+        self._spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, owner=cfg.spool_owner)
         self.relay: str | None = None  # the node relay batches go through, if any
         if transport is None:
             transport, self.relay = open_transport(cfg)

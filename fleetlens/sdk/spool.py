@@ -41,6 +41,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .orphans import claim
+
 __all__ = ["Spool", "SpoolEntry", "default_spool_root", "private_dir"]
 
 _SUFFIX = ".batch"
@@ -77,7 +79,8 @@ def default_spool_root(environ: Mapping[str, str] | None = None) -> str:
     outlives a reboot where the temporary directory does not, a node-local one), else one
     directory per user under the temporary directory, so that no user shares (or can pre-create)
     another's. Each rank of a run keeps its own directory below it (``<run>-<rank>``), and a
-    rank started again with the same run and rank replays what its predecessor left there."""
+    rank started again with the same run and rank replays what its predecessor left there; what a
+    rank that will not come back left is adopted by a later one (:mod:`fleetlens.sdk.orphans`)."""
     env = os.environ if environ is None else environ
     root = env.get("FLEETLENS_SPOOL_ROOT", "")
     return root or os.path.join(tempfile.gettempdir(), f"fleetlens-spool-{os.geteuid()}")
@@ -138,8 +141,13 @@ class Spool:
         *,
         fsync: bool = False,
         memory_max_bytes: int = _MEMORY_MAX,
+        owner: str = "",
     ) -> None:
         self.dir = directory
+        # Whose batches these are (fleetlens.sdk.orphans): with it, the directory is claimed
+        # when it is made or found, so that a later process may adopt it once this one is gone.
+        self.owner = owner
+        self._claim_fd: int | None = None
         self.max_bytes = max_bytes
         self.fsync = fsync
         self.memory_max_bytes = 0 if fsync else min(memory_max_bytes, max_bytes)
@@ -171,6 +179,7 @@ class Spool:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             self.foreign_files += 1
             return
+        self._claim()
         try:
             names = os.listdir(self.dir)
         except OSError:
@@ -202,6 +211,12 @@ class Spool:
     def _ensure(self) -> None:
         if not self._scanned:
             self._scan()
+
+    def _claim(self) -> None:
+        """Hold the directory (once made) for the rest of this process: see ``owner``."""
+        if self.owner and self._claim_fd is None:
+            fd = claim(self.dir, self.owner)
+            self._claim_fd = -1 if fd is None else fd
 
     def __len__(self) -> int:
         with self._lock:
@@ -245,6 +260,7 @@ class Spool:
             if not self.fsync:
                 try:
                     private_dir(self.dir)
+                    self._claim()
                     self._write(entry, body)
                 except OSError as exc:
                     if not self.memory_max_bytes:
@@ -395,6 +411,39 @@ class Spool:
                 )
                 for name in kept[: max(0, len(kept) - _QUARANTINE_KEEP)]:
                     os.unlink(os.path.join(qdir, name))
+
+    def adopt(self, source: str) -> int:
+        """Move the batches of another spool directory, whose process is gone, into this one,
+        oldest first while they fit (fleetlens.sdk.orphans); the number moved."""
+        found: list[SpoolEntry] = []
+        with contextlib.suppress(OSError), os.scandir(source) as it:
+            for item in it:
+                with contextlib.suppress(OSError):
+                    st = item.stat(follow_symlinks=False)
+                    entry = _parse(item.name, st.st_size) if _own_file(st) else None
+                    if entry is not None:
+                        found.append(entry)
+        if not found:
+            return 0
+        moved = 0
+        with self._lock:
+            self._ensure()
+            try:
+                private_dir(self.dir)
+            except OSError:
+                return 0
+            self._claim()
+            for entry in sorted(found):
+                if self._bytes + entry.size > self.max_bytes:
+                    break
+                try:
+                    os.rename(os.path.join(source, entry.name), os.path.join(self.dir, entry.name))
+                except OSError:
+                    continue
+                bisect.insort(self._entries, entry)
+                self._bytes += entry.size
+                moved += 1
+        return moved
 
     def delete(self, entry: SpoolEntry) -> None:
         """Forget a batch once the collector has acknowledged (or permanently refused) it."""

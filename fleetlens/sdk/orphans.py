@@ -1,0 +1,173 @@
+"""Spools whose process will not come back, found and sent by the next process of the same user.
+
+A rank that spooled batches and then ended without sending them (killed with ``kill -9`` while
+the collector was away, or a last batch that missed ``finish()``'s exit flush) leaves them in its
+directory under the spool root (``<run>-<rank>``). A rank started again with the same run and
+rank replays them; a finished job's ranks never are. So every SDK process sweeps the directory
+its own spool lives in (at its first cycle, then every ``SWEEP_EVERY_S``): a sibling whose
+process is gone and whose batches were bound for the same collector with the same token is
+adopted. Its batches are moved into this process's spool (a rename, on the same file system)
+and replayed with this process's own; then the directory is removed. A batch carries its own
+run and batch id, so it is stored in its run, once (the collector keeps a replayed batch id
+once).
+
+A spool directory says who may adopt it with two files, made with the directory:
+
+- ``.lock``, held with ``flock`` by its process for as long as it lives; the kernel lets go of
+  it when the process dies, ``kill -9`` included;
+- ``.owner``, a digest of the collector's address and the token (never the token itself),
+  written once the lock is held.
+
+A directory is adopted only when it is this user's, its ``.owner`` matches this process's and its
+lock can be taken. One without ``.owner`` (an older SDK's, the node relay's, one being made) is
+left alone. A sweep looks at no more than ``_MAX_NAMES`` names and adopts at most ``_MAX_DIRS``
+directories, and stops adopting batches when this spool is full: what is left waits for the
+next sweep, of this process or another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+import time
+from typing import TYPE_CHECKING
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks, so no directory is ever taken for an orphan
+    fcntl = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from .spool import Spool
+
+__all__ = ["LOCK", "OWNER", "SWEEP_EVERY_S", "claim", "owner_digest", "sweep"]
+
+LOCK = ".lock"
+OWNER = ".owner"
+SWEEP_EVERY_S = 600.0
+_MAX_NAMES = 4096
+_MAX_DIRS = 64
+# How long a new spool waits for its directory's lock, held by a sweep moving batches out of it
+# (a restarted rank's directory, found orphaned a moment before the rank came back).
+_CLAIM_WAIT_S = 0.5
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def owner_digest(server: str, token: str | None) -> str:
+    """Whose batches a spool holds: the collector they go to and the token they go with."""
+    return hashlib.sha256(f"{server}\n{token or ''}".encode()).hexdigest()[:32]
+
+
+def _lock(directory: str, wait_s: float = 0.0) -> int | None:
+    """The descriptor holding ``directory``'s lock, or None while another process holds it (or
+    it cannot be taken). The file locked must still be the one at its path: a sweep that
+    adopted the directory removes it, and a lock on a removed file guards nothing."""
+    if fcntl is None:
+        return None
+    path = os.path.join(directory, LOCK)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held, there = os.fstat(fd), os.lstat(path)
+            if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+                return fd
+        except OSError:
+            pass
+        os.close(fd)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def claim(directory: str, owner: str) -> int | None:
+    """Hold a spool directory's lock for the rest of this process and say whose batches it
+    holds; the descriptor (kept open: closing it lets go), or None where it could not be
+    taken, the directory then being left as an older SDK's would be."""
+    fd = _lock(directory, _CLAIM_WAIT_S)
+    if fd is None:
+        return None
+    path = os.path.join(directory, OWNER)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o600), "w") as f:
+            f.write(owner)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return fd
+
+
+def _owner_of(directory: str) -> str:
+    """The ``.owner`` of a directory of this user's, or "" (not a directory of ours, none)."""
+    try:
+        st = os.lstat(directory)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return ""
+        fd = os.open(os.path.join(directory, OWNER), os.O_RDONLY | _NOFOLLOW)
+    except OSError:
+        return ""
+    with open(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return ""
+        return f.read(128).decode(errors="replace").strip()
+
+
+def _remove_if_empty(directory: str) -> None:
+    """Remove an adopted directory once no batch is left in it (a half-written one, which its
+    process died writing, counts for none); its quarantine, if any, stays for a person."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    if any(n.endswith(".batch") for n in names):
+        return
+    for name in names:
+        if name.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+    # .owner first: from then on no sweep takes it for anyone's.
+    for name in (OWNER, LOCK):
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
+
+
+def sweep(spool: Spool, owner: str) -> tuple[int, int]:
+    """Adopt the orphaned spools beside ``spool``'s directory bound where its own batches go:
+    (directories adopted, batches moved into ``spool``)."""
+    if not owner:
+        return 0, 0
+    own = os.path.abspath(spool.dir)
+    root = os.path.dirname(own)
+    dirs = batches = 0
+    try:
+        with os.scandir(root) as it:
+            names = [e.name for _, e in zip(range(_MAX_NAMES), it, strict=False)]
+    except OSError:
+        return 0, 0
+    for name in names:
+        if dirs >= _MAX_DIRS:
+            break
+        path = os.path.join(root, name)
+        if path == own or _owner_of(path) != owner:
+            continue
+        fd = _lock(path)
+        if fd is None:
+            continue  # its process is alive (or the lock cannot be had): not an orphan
+        try:
+            batches += spool.adopt(path)
+            _remove_if_empty(path)
+        finally:
+            os.close(fd)
+        dirs += 1
+    return dirs, batches

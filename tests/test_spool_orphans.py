@@ -1,0 +1,109 @@
+"""Spools whose process is gone are adopted by the next process bound for the same collector.
+
+The e2e side (a rank killed with kill -9 and a rank whose exit flush missed, both while the
+collector was down, sent by a later run) is in test_sdk_server.py; here the rules, on real
+directories and real ``flock`` locks (a lock held through another open file is one held by
+another process, as far as ``flock`` is concerned).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetlens.sdk.orphans import LOCK, OWNER, owner_digest, sweep
+from fleetlens.sdk.spool import Spool
+
+pytestmark = pytest.mark.unit
+
+OWNER_A = owner_digest("http://collector:8480", "tok")
+
+
+def _orphan(root: Path, name: str, batches: int, owner: str = OWNER_A) -> list[str]:
+    """A spool left by a process that is gone: its batch ids, oldest first. The process's end
+    is what the kernel does at it, kill -9 included: its lock's descriptor closed."""
+    spool = Spool(str(root / name), 1 << 20, owner=owner)
+    for i in range(batches):
+        assert spool.put(i % 4, f"{name}-{i}", bytes(100 + i), 1)
+    assert spool._claim_fd is not None and spool._claim_fd >= 0
+    os.close(spool._claim_fd)
+    return [f"{name}-{i}" for i in range(batches)]
+
+
+def _replayed(spool: Spool) -> list[str]:
+    ids = []
+    while (got := spool.oldest()) is not None:
+        ids.append(got[0].batch_id)
+        spool.delete(got[0])
+    return ids
+
+
+def test_a_gone_process_spool_is_moved_in_oldest_first_and_its_directory_removed(
+    tmp_path: Path,
+) -> None:
+    ids = _orphan(tmp_path, "run-a-0", 5)
+    live = Spool(str(tmp_path / "run-b-0"), 1 << 20, owner=OWNER_A)
+    assert live.put(0, "mine", b"x" * 10, 1)
+
+    assert sweep(live, OWNER_A) == (1, 5)
+    assert not (tmp_path / "run-a-0").exists()
+    # The adopted batches are older than this process's own: they go first, bytes intact.
+    first = live.oldest()
+    assert first is not None and first[0].batch_id == ids[0] and first[1] == bytes(100)
+    assert _replayed(live) == [*ids, "mine"]
+    # Nothing left to adopt, and this process's own directory is never taken for an orphan.
+    assert sweep(live, OWNER_A) == (0, 0)
+    assert (tmp_path / "run-b-0" / OWNER).read_text() == OWNER_A
+
+
+def test_a_live_process_spool_is_left_alone(tmp_path: Path) -> None:
+    other = Spool(str(tmp_path / "run-a-0"), 1 << 20, owner=OWNER_A)
+    assert other.put(1, "theirs", b"y" * 10, 1)  # made and claimed: its lock is held
+    live = Spool(str(tmp_path / "run-b-0"), 1 << 20, owner=OWNER_A)
+    assert sweep(live, OWNER_A) == (0, 0)
+    assert len(other) == 1 and len(live) == 0
+    assert _replayed(other) == ["theirs"]
+
+
+def test_only_batches_bound_for_the_same_collector_and_token_are_adopted(tmp_path: Path) -> None:
+    _orphan(tmp_path, "other-token-0", 2, owner_digest("http://collector:8480", "tok2"))
+    _orphan(tmp_path, "other-server-0", 2, owner_digest("http://elsewhere:8480", "tok"))
+    _orphan(tmp_path, "older-sdk-0", 2)
+    os.unlink(tmp_path / "older-sdk-0" / OWNER)  # no owner said: an older SDK's, or the relay's
+    ids = _orphan(tmp_path / "elsewhere", "run-a-0", 2)
+    os.symlink(tmp_path / "elsewhere" / "run-a-0", tmp_path / "planted")
+    live = Spool(str(tmp_path / "run-b-0"), 1 << 20, owner=OWNER_A)
+
+    assert sweep(live, OWNER_A) == (0, 0)
+    for name in ("other-token-0", "other-server-0", "older-sdk-0", "elsewhere/run-a-0"):
+        assert len(list((tmp_path / name).glob("*.batch"))) == 2, name
+    assert len(ids) == 2
+    # A spool without an owner adopts nothing and is never adopted.
+    assert sweep(Spool(str(tmp_path / "x"), 1 << 20), "") == (0, 0)
+
+
+def test_adoption_stops_where_the_spool_is_full_and_the_rest_waits(tmp_path: Path) -> None:
+    ids = _orphan(tmp_path, "run-a-0", 6)  # 100..105 bytes each
+    live = Spool(str(tmp_path / "run-b-0"), 310, owner=OWNER_A)
+    assert sweep(live, OWNER_A) == (1, 3)
+    left = sorted(p.name for p in (tmp_path / "run-a-0").glob("*.batch"))
+    assert len(left) == 3 and (tmp_path / "run-a-0" / OWNER).exists()
+    assert _replayed(live) == ids[:3]
+    assert sweep(live, OWNER_A) == (1, 2)  # oldest first: 103 and 104 bytes fit, 105 waits
+    assert _replayed(live) == ids[3:5]
+    assert sweep(live, OWNER_A) == (1, 1)
+    assert not (tmp_path / "run-a-0").exists()
+    assert _replayed(live) == ids[5:]
+
+
+def test_a_rank_restarted_into_its_directory_keeps_it(tmp_path: Path) -> None:
+    ids = _orphan(tmp_path, "run-a-0", 3)
+    # The same run and rank started again: it claims the directory it replays from.
+    again = Spool(str(tmp_path / "run-a-0"), 1 << 20, owner=OWNER_A)
+    assert len(again) == 3
+    live = Spool(str(tmp_path / "run-b-0"), 1 << 20, owner=OWNER_A)
+    assert sweep(live, OWNER_A) == (0, 0)
+    assert _replayed(again) == ids
+    assert (tmp_path / "run-a-0" / LOCK).exists()
