@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -20,9 +21,12 @@ from pathlib import Path
 import pytest
 
 from fleetlens import cli
+from fleetlens.sdk.orphans import owner_digest
+from fleetlens.sdk.spool import Spool
 from fleetlens.store.access import AccessStore
 from fleetlens.store.metadata import MetadataStore
-from fleetlens.testing import Server
+from fleetlens.testing import Server, wait_until
+from fleetlens.testing.batches import step_batch
 
 from .test_scheduler_import import SACCT, SINFO
 
@@ -36,7 +40,10 @@ LOG = REAL / "training_logs" / "bigscience_megatron_deepspeed" / "meg_ds_3d_gpt2
 FR = REAL / "nccl_flight_recorder" / "nvidia_resiliency_ext_16rank" / "gpu_error_1st"
 
 # Group commands that only print a usage error without a subcommand (they contact nothing).
-NO_CONTACT = {"eval", "eval suites", "eval triggers"}
+# Commands that take --server but do not contact it here: the groups, and `spool`, which reads
+# this node's spools and sends only the batches bound for that server and token (none here; the
+# token's part is test_spool_send_takes_the_tokens_batches_and_sends_them_with_it below).
+NO_CONTACT = {"eval", "eval suites", "eval triggers", "spool"}
 
 
 def _imports(tmp: Path) -> dict[str, list[str]]:
@@ -218,3 +225,25 @@ def test_every_server_command_uses_the_token(
     assert _node_rows(srv, oncall) == before + 1
     monkeypatch.setenv("FLEETLENS_TOKEN", token)
     assert run(agent)[0] == 0 and _node_rows(srv, oncall) == before + 2
+
+
+@pytest.mark.e2e
+def test_spool_send_takes_the_tokens_batches_and_sends_them_with_it(
+    secured: tuple[Server, str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    srv, token, _ = secured
+    monkeypatch.delenv("FLEETLENS_TOKEN", raising=False)
+    root = tmp_path / "spools"
+    gone = Spool(str(root / "tok-gone-0"), 1 << 20, owner=owner_digest(srv.url, token))
+    bid, body = step_batch("tok-spooled", range(3), 2, ctx={"tenant": "acme"})
+    assert gone.put(1, bid, body, records=6)
+    assert gone._claim_fd is not None and gone._claim_fd >= 0
+    os.close(gone._claim_fd)  # its process is gone: the kernel lets go of its lock
+    send = ["spool", "--send", "--root", str(root), "--server", srv.url]
+    # Without the token, or with another, these batches are not the caller's to send.
+    assert cli.main(send) == 0 and cli.main([*send, "--token", "not-it"]) == 0
+    assert len(list((root / "tok-gone-0").glob("*.batch"))) == 1
+    assert cli.main([*send, "--token", token]) == 0
+    assert not (root / "tok-gone-0").exists()
+    stored = wait_until(lambda: srv.get("/v1/runs/tok-spooled", token), 30)
+    assert stored["steps"] == 3

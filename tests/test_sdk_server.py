@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -152,26 +155,19 @@ def _spooled(spool: Path, at_least: int) -> bool:
     return _batches(spool) >= at_least
 
 
-def test_spools_left_by_a_killed_rank_and_a_finished_one_are_sent_by_the_next_run(
-    tmp_path: Path,
-) -> None:
-    """While the collector is down, one rank is killed with kill -9 and another finishes with
-    its batches still spooled (its exit flush found nobody); a third is frozen with SIGSTOP.
-    Nobody will run those two ranks again. The next run on the node, once the collector is back,
-    sends what they left (each batch once) and leaves the frozen rank's spool alone."""
-    port = free_port()
-    url, root = f"http://127.0.0.1:{port}", tmp_path / "spool-root"
+@contextlib.contextmanager
+def _left_behind(root: Path, url: str) -> Iterator[dict[str, int]]:
+    """Three ranks spooling while the collector at ``url`` is down: one killed with kill -9,
+    one finished with its batches still spooled (its exit flush found nobody), one frozen with
+    SIGSTOP (alive: its spool is its own). Yields the batches each left, by run id."""
 
     def rank(run_id: str, steps: int) -> subprocess.Popen[bytes]:
         args = [url, run_id, str(root / f"{run_id}-0"), str(steps)]
         return subprocess.Popen([sys.executable, "-c", _RANK, *args])
 
     killed, frozen = rank("killed", -1), rank("frozen", -1)
-    finished = rank("finished", 120)
-    alive = [killed, frozen]
-    server = Server(str(tmp_path / "data"), port=port)
     try:
-        assert finished.wait(120) == 0
+        assert rank("finished", 120).wait(120) == 0
         for spool in (root / "killed-0", root / "frozen-0"):
             wait_until(functools.partial(_spooled, spool, 3), 60, what=f"{spool.name} spooled")
         killed.send_signal(signal.SIGKILL)
@@ -179,32 +175,100 @@ def test_spools_left_by_a_killed_rank_and_a_finished_one_are_sent_by_the_next_ru
         frozen.send_signal(signal.SIGSTOP)
         left = {r: _batches(root / f"{r}-0") for r in ("killed", "finished", "frozen")}
         assert all(left.values()), left
-
-        server.start()
-        run = _init(url, "next", tmp_path, spool_dir=str(root / "next-0"))
-        _train(run, range(20))
-        adopted = wait_until(
-            lambda: run.stats()["adopted_batches"], 60, what="the orphaned spools adopted"
-        )
-        assert adopted == left["killed"] + left["finished"]
-        assert run.flush(timeout=60)
-        run.finish()
-        assert run.stats()["dropped"] == 0
-
-        # The finished rank's run: every step, once, and its end.
-        done = wait_until(
-            lambda: (r := server.get("/v1/runs/finished"))["status"] == "FINISHED" and r, 60
-        )
-        assert done["steps"] == 120 and done["tokensProcessed"] == 120 * 100
-        # The killed rank's: the steps it spooled, from the first, none twice.
-        dead = wait_until(lambda: (r := server.get("/v1/runs/killed"))["steps"] and r, 60)
-        assert dead["steps"] == dead["step"] + 1 and dead["tokensProcessed"] == dead["steps"] * 100
-        # The orphans' directories are gone; the frozen rank's spool is still its own.
-        assert not (root / "killed-0").exists() and not (root / "finished-0").exists()
-        assert _batches(root / "frozen-0") == left["frozen"]
+        yield left
     finally:
-        for proc in alive:
+        for proc in (killed, frozen):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(10)
+
+
+def _stored_once(server: Server) -> None:
+    """The finished rank's run has every step, once, and its end; the killed rank's the steps
+    it spooled, from the first, none twice."""
+    done = wait_until(
+        lambda: (r := server.get("/v1/runs/finished"))["status"] == "FINISHED" and r, 60
+    )
+    assert done["steps"] == 120 and done["tokensProcessed"] == 120 * 100
+    dead = wait_until(lambda: (r := server.get("/v1/runs/killed"))["steps"] and r, 60)
+    assert dead["steps"] == dead["step"] + 1 and dead["tokensProcessed"] == dead["steps"] * 100
+
+
+def test_spools_left_by_a_killed_rank_and_a_finished_one_are_sent_by_the_next_run(
+    tmp_path: Path,
+) -> None:
+    """Nobody will run the killed and the finished ranks again: the next run on the node, once
+    the collector is back, sends what they left (each batch once) and leaves the frozen rank's
+    spool alone."""
+    port = free_port()
+    url, root = f"http://127.0.0.1:{port}", tmp_path / "spool-root"
+    server = Server(str(tmp_path / "data"), port=port)
+    try:
+        with _left_behind(root, url) as left:
+            server.start()
+            run = _init(url, "next", tmp_path, spool_dir=str(root / "next-0"))
+            _train(run, range(20))
+            adopted = wait_until(
+                lambda: run.stats()["adopted_batches"], 60, what="the orphaned spools adopted"
+            )
+            assert adopted == left["killed"] + left["finished"]
+            assert run.flush(timeout=60)
+            run.finish()
+            assert run.stats()["dropped"] == 0
+            _stored_once(server)
+            # The orphans' directories are gone; the frozen rank's spool is still its own.
+            assert not (root / "killed-0").exists() and not (root / "finished-0").exists()
+            assert _batches(root / "frozen-0") == left["frozen"]
+    finally:
+        server.stop()
+
+
+def _spool_cli(root: Path, url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fleetlens", "spool", "--root", str(root), "--server", url, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_fleetlens_spool_shows_what_gone_ranks_left_and_sends_it(tmp_path: Path) -> None:
+    """The epilogue's way (no next run on the node): ``fleetlens spool`` says which spools are
+    gone and what waits in them; ``--send`` against a collector still down keeps every batch
+    and says so; once it is back, it sends them, each once, and leaves the frozen rank's."""
+    port = free_port()
+    url, root = f"http://127.0.0.1:{port}", tmp_path / "spool-root"
+    server = Server(str(tmp_path / "data"), port=port)
+    try:
+        with _left_behind(root, url) as left:
+            shown = _spool_cli(root, url, "--json")
+            assert shown.returncode == 0, shown.stderr
+            dirs = {d["name"]: d for d in json.loads(shown.stdout)}
+            assert {n: (d["state"], d["yours"], d["batches"]) for n, d in dirs.items()} == {
+                f"{r}-0": ("live" if r == "frozen" else "gone", True, n) for r, n in left.items()
+            }
+            elsewhere = _spool_cli(root, "http://127.0.0.1:1", "--json")
+            assert not any(d["yours"] for d in json.loads(elsewhere.stdout))
+
+            down = _spool_cli(root, url, "--send")
+            assert down.returncode == 1 and "batches wait in" in down.stderr, down.stderr
+            (held,) = root.glob("send-*")  # what it adopted waits in its own spool, gone now
+            waiting = _batches(held)
+            assert waiting == left["killed"] + left["finished"]
+            # A batch the server will refuse as bad: dropped and counted, not blocking the rest.
+            (held / "p3-00000000000000000001-000000-1-junk.batch").write_bytes(b"\xc1junk")
+
+            server.start()
+            sent = _spool_cli(root, url, "--send", "--json")
+            assert sent.returncode == 0, sent.stderr
+            got = json.loads(sent.stdout)
+            assert got == {"server": url, "spools": 1, "batches": waiting} | {
+                "refused": 1,
+                "left": 0,
+                "error": "",
+            }
+            _stored_once(server)
+            assert sorted(p.name for p in root.iterdir()) == ["frozen-0"]
+            assert _batches(root / "frozen-0") == left["frozen"]
+    finally:
         server.stop()

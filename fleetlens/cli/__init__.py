@@ -46,6 +46,7 @@ COMMANDS = (
     "eval",
     "tokens",
     "tenants",
+    "spool",
 )
 
 
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         runs,
         serve,
         sim,
+        spool,
         traces,
     )
 
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_parsers(sub)
     evaluation.add_parser(sub)
     admin.add_parsers(sub)
+    spool.add_parser(sub)
     return p
 
 

@@ -47,14 +47,13 @@ from .memory import MemorySampler
 from .orphans import SWEEP_EVERY_S, sweep
 from .spool import Spool
 from .tables import Identity, build_tables
-from .transport import Ack, Cadence, Transport, backoff_s
+from .transport import Ack, Cadence, Transport, backoff_s, batch_headers
 
 __all__ = ["Exporter"]
 
 _STOP = object()
 _WAKE = object()
 _MAX_FLUSH_S = 60.0
-_GZIP_MAGIC = b"\x1f\x8b"
 _SOURCE = "sdk/0.1.0"
 # Replaying a large spool must not starve the buffer, whose caps would then drop new records.
 _REPLAY_BUDGET_S = 2.0
@@ -322,17 +321,7 @@ class Exporter:
 
     def _send(self, prio: int, bid: str, body: bytes, records: int, spooled: Any) -> bool:
         """Send one batch; on a retryable failure spool it (unless it already is) and back off."""
-        # Sent-At is stamped on every attempt: with the body's sent_at (stamped when the batch
-        # was encoded) the collector measures this host's clock skew in both directions.
-        headers = {
-            "Content-Type": "application/msgpack",
-            "X-Fleetlens-Batch-Id": bid,
-            "X-Fleetlens-Sent-At": f"{time.time():.3f}",
-            "X-Fleetlens-Flush-S": self._cadence.stated(self.interval),
-            "X-Fleetlens-Priority": str(prio),  # a relay spools and evicts by it
-        }
-        if body[:2] == _GZIP_MAGIC:
-            headers["Content-Encoding"] = "gzip"
+        headers = batch_headers(bid, body, prio, self._cadence.stated(self.interval))
         try:
             ack = self.transport.send(body, headers)
         except TransportError as exc:

@@ -8,8 +8,11 @@ its own spool lives in (at its first cycle, then every ``SWEEP_EVERY_S``): a sib
 process is gone and whose batches were bound for the same collector with the same token is
 adopted. Its batches are moved into this process's spool (a rename, on the same file system)
 and replayed with this process's own; then the directory is removed. A batch carries its own
-run and batch id, so it is stored in its run, once (the collector keeps a replayed batch id
-once).
+run and batch id, so it is stored in its run, once: the collector keeps a batch id for 10
+minutes (its ingest ledger's window), so the one case stored twice is a batch the collector
+stored but whose answer never came back (a send timed out), whose process then died before
+replaying it, adopted more than 10 minutes later. ``fleetlens spool`` shows the spools of a
+node and ``--send`` sends the gone ones' now (a job's epilogue: :mod:`fleetlens.cli.spool`).
 
 A spool directory says who may adopt it with two files, made with the directory:
 
@@ -32,7 +35,11 @@ import hashlib
 import os
 import stat
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ..errors import TransportError
+from .transport import batch_headers
 
 try:
     import fcntl
@@ -41,8 +48,21 @@ except ImportError:  # not POSIX: no locks, so no directory is ever taken for an
 
 if TYPE_CHECKING:
     from .spool import Spool
+    from .transport import Transport
 
-__all__ = ["LOCK", "OWNER", "SWEEP_EVERY_S", "claim", "owner_digest", "sweep"]
+__all__ = [
+    "LOCK",
+    "OWNER",
+    "SWEEP_EVERY_S",
+    "Sent",
+    "SpoolDir",
+    "claim",
+    "owner_digest",
+    "remove_if_empty",
+    "send_gone",
+    "survey",
+    "sweep",
+]
 
 LOCK = ".lock"
 OWNER = ".owner"
@@ -121,7 +141,7 @@ def _owner_of(directory: str) -> str:
         return f.read(128).decode(errors="replace").strip()
 
 
-def _remove_if_empty(directory: str) -> None:
+def remove_if_empty(directory: str) -> None:
     """Remove an adopted directory once no batch is left in it (a half-written one, which its
     process died writing, counts for none); its quarantine, if any, stays for a person."""
     try:
@@ -166,8 +186,96 @@ def sweep(spool: Spool, owner: str) -> tuple[int, int]:
             continue  # its process is alive (or the lock cannot be had): not an orphan
         try:
             batches += spool.adopt(path)
-            _remove_if_empty(path)
+            remove_if_empty(path)
         finally:
             os.close(fd)
         dirs += 1
     return dirs, batches
+
+
+@dataclass(frozen=True)
+class SpoolDir:
+    """One directory under a spool root, as ``fleetlens spool`` shows it."""
+
+    name: str
+    # "live": its process holds it; "gone": nobody does, its batches wait for a sweep;
+    # "unclaimed": it says no owner (an older SDK's, the node relay's or agent's).
+    state: str
+    yours: bool  # bound for the server and token this process would send to
+    batches: int
+    bytes: int
+
+
+def _batches_in(directory: str) -> tuple[int, int]:
+    count = size = 0
+    with contextlib.suppress(OSError), os.scandir(directory) as it:
+        for item in it:
+            if item.name.endswith(".batch"):
+                with contextlib.suppress(OSError):
+                    size += item.stat(follow_symlinks=False).st_size
+                    count += 1
+    return count, size
+
+
+def survey(root: str, owner: str) -> list[SpoolDir]:
+    """This user's spool directories under ``root``, by name: whose process holds each, and
+    what waits in it. A gone one's lock is taken and let go at once."""
+    try:
+        with os.scandir(root) as it:
+            names = sorted(e.name for _, e in zip(range(_MAX_NAMES), it, strict=False))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            continue
+        said, state = _owner_of(path), "unclaimed"
+        if said:
+            fd = _lock(path)
+            state = "live" if fd is None else "gone"
+            if fd is not None:
+                os.close(fd)
+        out.append(SpoolDir(name, state, bool(said) and said == owner, *_batches_in(path)))
+    return out
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What :func:`send_gone` did: spools of gone processes adopted, their batches acknowledged,
+    refused as bad (dropped, as the exporter drops them), left in ``spool`` and why it stopped
+    early ("" when everything went)."""
+
+    spools: int
+    batches: int
+    refused: int
+    left: int
+    error: str
+
+
+def send_gone(spool: Spool, transport: Transport) -> Sent:
+    """Adopt the gone spools beside ``spool`` (as a sweep does) and send their batches now,
+    oldest first, once each, deleting each one acknowledged; stop at the first the collector
+    cannot take now (unreachable, busy, failing), leaving it and the rest in ``spool``, which
+    a later sweep adopts once this process is gone."""
+    spools = sent = refused = 0
+    while True:
+        adopted, moved = sweep(spool, spool.owner)
+        spools += adopted
+        while (got := spool.oldest()) is not None:
+            entry, body = got
+            try:
+                transport.send(body, batch_headers(entry.batch_id, body, entry.priority))
+            except TransportError as exc:
+                if not exc.permanent:
+                    return Sent(spools, sent, refused, len(spool), str(exc))
+                refused += 1
+            else:
+                sent += 1
+            spool.delete(entry)
+        if not moved:
+            return Sent(spools, sent, refused, 0, "")

@@ -29,7 +29,17 @@ import msgspec
 
 from ..errors import ConfigError, TransportError
 
-__all__ = ["Ack", "Cadence", "HttpTransport", "Transport", "UnixHTTPConnection", "backoff_s"]
+__all__ = [
+    "Ack",
+    "Cadence",
+    "HttpTransport",
+    "Transport",
+    "UnixHTTPConnection",
+    "backoff_s",
+    "batch_headers",
+]
+
+_GZIP_MAGIC = b"\x1f\x8b"
 
 _ACK = frozenset({200, 201, 202})
 _LATER = frozenset({408, 429, 503})
@@ -107,6 +117,25 @@ class Cadence:
         last, self._last = self._last, now
         period = interval if last is None else min(now - last, interval + self._work)
         return f"{max(period, 0.001):.3f}"
+
+
+def batch_headers(batch_id: str, body: bytes, priority: int, flush_s: str = "") -> dict[str, str]:
+    """The headers a batch goes with, from whoever sends it (the exporter, ``fleetlens spool
+    --send``): its id (a replay is stored once), when it is sent (with the body's ``sent_at``
+    the collector measures the host's clock skew; stamped on every attempt), its class (a relay
+    spools and evicts by it), its encoding and, from a sender that keeps sending, how often it
+    does (:class:`Cadence`)."""
+    headers = {
+        "Content-Type": "application/msgpack",
+        "X-Fleetlens-Batch-Id": batch_id,
+        "X-Fleetlens-Sent-At": f"{time.time():.3f}",
+        "X-Fleetlens-Priority": str(priority),
+    }
+    if flush_s:
+        headers["X-Fleetlens-Flush-S"] = flush_s
+    if body[:2] == _GZIP_MAGIC:
+        headers["Content-Encoding"] = "gzip"
+    return headers
 
 
 def backoff_s(failures: int, base: float, cap: float, retry_after: float | None = None) -> float:
