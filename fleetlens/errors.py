@@ -118,12 +118,20 @@ class NotFound(StoreError):
 
 class TransportError(FleetlensError):
     """A batch or a request could not be handed to the server (connection, timeout);
-    ``retry_after`` is the server's hint in seconds, ``permanent`` that a retry cannot help."""
+    ``retry_after`` is the server's hint in seconds, ``permanent`` that a retry cannot help,
+    ``status`` the server's answer when there was one."""
 
-    def __init__(self, message: str, retry_after: float | None = None, permanent: bool = False):
+    def __init__(
+        self,
+        message: str,
+        retry_after: float | None = None,
+        permanent: bool = False,
+        status: int | None = None,
+    ):
         super().__init__(message)
         self.retry_after = retry_after
         self.permanent = permanent
+        self.status = status
 
 
 class APIError(FleetlensError):

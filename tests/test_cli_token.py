@@ -243,6 +243,13 @@ def test_spool_send_takes_the_tokens_batches_and_sends_them_with_it(
     # Without the token, or with another, these batches are not the caller's to send.
     assert cli.main(send) == 0 and cli.main([*send, "--token", "not-it"]) == 0
     assert len(list((root / "tok-gone-0").glob("*.batch"))) == 1
+    # Bound for a token the server does not know: refused for the caller, not for the batch,
+    # so it is kept (exit 1), not dropped as a bad one would be.
+    other = Spool(str(root / "tok-other-0"), 1 << 20, owner=owner_digest(srv.url, "not-it"))
+    assert other.put(1, *step_batch("tok-other", range(1), 1), records=1)
+    other.release()
+    assert cli.main([*send, "--token", "not-it"]) == 1
+    assert sum(len(list(p.glob("*.batch"))) for p in root.glob("send-*")) == 1
     assert cli.main([*send, "--token", token]) == 0
     assert not (root / "tok-gone-0").exists()
     stored = wait_until(lambda: srv.get("/v1/runs/tok-spooled", token), 30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import fleetlens
+from fleetlens.sdk.orphans import claim, owner_digest
 from fleetlens.testing import Server, free_port, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -258,11 +260,19 @@ def test_fleetlens_spool_shows_what_gone_ranks_left_and_sends_it(tmp_path: Path)
             # A batch the server will refuse as bad: dropped and counted, not blocking the rest.
             (held / "p3-00000000000000000001-000000-1-junk.batch").write_bytes(b"\xc1junk")
 
+            # Ranks that sent all they spooled, then were killed, leave empty claimed spools:
+            # more than one sweep looks at, ahead of the batches in the name order.
+            for i in range(70):
+                (root / f"a-empty-{i:02d}-0").mkdir()
+                fd = claim(str(root / f"a-empty-{i:02d}-0"), owner_digest(url, None))
+                assert fd is not None
+                os.close(fd)
+
             server.start()
             sent = _spool_cli(root, url, "--send", "--json")
             assert sent.returncode == 0, sent.stderr
             got = json.loads(sent.stdout)
-            assert got == {"server": url, "spools": 1, "batches": waiting} | {
+            assert got == {"server": url, "spools": 71, "batches": waiting} | {
                 "refused": 1,
                 "left": 0,
                 "error": "",

@@ -8,12 +8,14 @@ another process, as far as ``flock`` is concerned).
 
 from __future__ import annotations
 
+import fcntl
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from fleetlens.sdk.orphans import LOCK, OWNER, owner_digest, sweep
+from fleetlens.sdk.orphans import LOCK, OWNER, claim, owner_digest, remove_if_empty, sweep
 from fleetlens.sdk.spool import Spool
 
 pytestmark = pytest.mark.unit
@@ -80,13 +82,12 @@ def test_only_batches_bound_for_the_same_collector_and_token_are_adopted(tmp_pat
     for name in ("other-token-0", "other-server-0", "older-sdk-0", "elsewhere/run-a-0"):
         assert len(list((tmp_path / name).glob("*.batch"))) == 2, name
     assert len(ids) == 2
-    # A spool without an owner adopts nothing and is never adopted.
-    assert sweep(Spool(str(tmp_path / "x"), 1 << 20), "") == (0, 0)
 
 
 def test_adoption_stops_where_the_spool_is_full_and_the_rest_waits(tmp_path: Path) -> None:
     ids = _orphan(tmp_path, "run-a-0", 6)  # 100..105 bytes each
-    live = Spool(str(tmp_path / "run-b-0"), 310, owner=OWNER_A)
+    # At most half the spool is given to what others left: the other half is this run's own.
+    live = Spool(str(tmp_path / "run-b-0"), 620, owner=OWNER_A)
     assert sweep(live, OWNER_A) == (1, 3)
     left = sorted(p.name for p in (tmp_path / "run-a-0").glob("*.batch"))
     assert len(left) == 3 and (tmp_path / "run-a-0" / OWNER).exists()
@@ -107,3 +108,81 @@ def test_a_rank_restarted_into_its_directory_keeps_it(tmp_path: Path) -> None:
     assert sweep(live, OWNER_A) == (0, 0)
     assert _replayed(again) == ids
     assert (tmp_path / "run-a-0" / LOCK).exists()
+
+
+def test_a_rank_restarted_while_a_sweep_empties_its_directory_claims_it_at_its_next_write(
+    tmp_path: Path,
+) -> None:
+    _orphan(tmp_path, "run-a-0", 2)
+    # A sweep of another process has taken the gone rank's lock and is moving its batches out
+    # when the same run and rank starts again: the new process does not wait for it.
+    sweeper = Spool(str(tmp_path / "run-b-0"), 1 << 20, owner=OWNER_A)
+    held = os.open(tmp_path / "run-a-0" / LOCK, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    again = Spool(str(tmp_path / "run-a-0"), 1 << 20, owner=OWNER_A)
+    assert len(again) == 2  # it indexes what is there, without the lock, and goes on
+    assert sweeper.adopt(str(tmp_path / "run-a-0")) == 2 and remove_if_empty(
+        str(tmp_path / "run-a-0")
+    )
+    os.close(held)
+    # Its next write makes the directory again and claims it: a sweep leaves it alone.
+    assert again.oldest() is None  # the moved batches are forgotten, the sweeper sends them
+    assert again.put(1, "after", b"z" * 10, 1)
+    assert (tmp_path / "run-a-0" / OWNER).read_text() == OWNER_A
+    other = Spool(str(tmp_path / "run-c-0"), 1 << 20, owner=OWNER_A)
+    assert sweep(other, OWNER_A) == (0, 0)
+    assert _replayed(again) == ["after"]
+
+
+def test_a_finished_run_lets_go_of_its_spool_removing_it_when_empty(tmp_path: Path) -> None:
+    empty = Spool(str(tmp_path / "run-a-0"), 1 << 20, owner=OWNER_A)
+    assert empty.put(1, "sent", b"x", 1)
+    _replayed(empty)
+    empty.release()
+    assert not (tmp_path / "run-a-0").exists()
+    # What is left is another run's to send, in this process too.
+    left = Spool(str(tmp_path / "run-b-0"), 1 << 20, owner=OWNER_A)
+    assert left.put(1, "unsent", b"y", 1)
+    left.release()
+    later = Spool(str(tmp_path / "run-c-0"), 1 << 20, owner=OWNER_A)
+    assert sweep(later, OWNER_A) == (1, 1)
+    assert _replayed(later) == ["unsent"] and not (tmp_path / "run-b-0").exists()
+
+
+def test_many_empty_gone_spools_are_cleared_over_sweeps(tmp_path: Path) -> None:
+    """Every rank that spooled and then sent it all leaves an empty claimed directory when it
+    is killed: more than a sweep looks at (64) are cleared by the sweeps after it, and the
+    batches behind them reached."""
+    for i in range(70):
+        directory = tmp_path / f"empty-{i:02d}-0"
+        directory.mkdir()
+        fd = claim(str(directory), OWNER_A)
+        assert fd is not None
+        os.close(fd)
+    ids = _orphan(tmp_path, "zz-run-0", 1)
+    live = Spool(str(tmp_path / "live-0"), 1 << 20, owner=OWNER_A)
+    swept = []
+    while (got := sweep(live, OWNER_A)) != (0, 0):
+        swept.append(got)
+    assert sum(d for d, _ in swept) == 71 and sum(b for _, b in swept) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["live-0"]
+    assert _replayed(live) == ids
+
+
+def test_a_planted_fifo_or_symlink_never_blocks_nor_misleads_a_sweep(tmp_path: Path) -> None:
+    ids = _orphan(tmp_path, "run-a-0", 1)
+    fifo_dir = tmp_path / "run-f-0"
+    fifo_dir.mkdir()
+    os.mkfifo(fifo_dir / OWNER)  # a read would wait for a writer that never comes
+    lock_dir = tmp_path / "run-l-0"
+    lock_dir.mkdir()
+    (lock_dir / OWNER).write_text(OWNER_A)
+    os.mkfifo(lock_dir / LOCK)
+    live = Spool(str(tmp_path / "run-b-0"), 1 << 20, owner=OWNER_A)
+    got: list[tuple[int, int]] = []
+    worker = threading.Thread(target=lambda: got.append(sweep(live, OWNER_A)), daemon=True)
+    worker.start()
+    worker.join(60)  # a sweep blocked on a FIFO would never end
+    assert got == [(1, 1)]
+    assert _replayed(live) == ids
+    assert fifo_dir.exists() and lock_dir.exists()

@@ -25,17 +25,14 @@ __all__ = ["add_parser", "cmd_spool"]
 
 def cmd_spool(args: argparse.Namespace) -> int:
     from ..sdk.config import SDKConfig
-    from ..sdk.orphans import remove_if_empty, send_gone, survey
-    from ..sdk.spool import Spool, default_spool_root
-    from ..sdk.transport import HttpTransport
+    from ..sdk.orphans import send_gone, survey
+    from ..sdk.route import open_transport
+    from ..sdk.spool import Spool
 
-    env = dict(os.environ)
-    if args.root:
-        env["FLEETLENS_SPOOL_ROOT"] = args.root
-    # The SDK's own resolution, so that "bound for this server and token" means what a rank
-    # started here would have used.
-    cfg = SDKConfig.resolve({"server": args.server, "token": args.token}, env)
-    root = default_spool_root(env)
+    # The SDK's own resolution, so that "bound for this server and token" and "beside the
+    # job's spools" mean what they meant for a rank started with this environment.
+    cfg = SDKConfig.resolve({"server": args.server, "token": args.token}, os.environ)
+    root = args.root or os.path.dirname(cfg.spool_dir)
     if not args.send:
         dirs = survey(root, cfg.spool_owner)
         if args.json:
@@ -54,17 +51,16 @@ def cmd_spool(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 0
-    # This command's own spool, beside the others: what it adopts and cannot send waits there
-    # and is adopted again once this process has exited.
+    # This command's own spool, beside the others: what it adopts and cannot send waits there,
+    # let go of when it is done, for the next run or `--send` to adopt again.
     name = f"send-{socket.gethostname()}-{os.getpid()}"
     spool = Spool(os.path.join(root, name), cfg.spool_max_bytes, owner=cfg.spool_owner)
-    transport = HttpTransport(cfg.server, cfg.token, cfg.send_timeout)
+    transport, _ = open_transport(cfg)  # through the node's relay, as the ranks send
     try:
-        done = send_gone(spool, transport)
+        done = send_gone(spool, transport, cfg.flush_interval)
     finally:
         transport.close()
-    if not done.left:
-        remove_if_empty(spool.dir)
+        spool.release()
     if args.json:
         print_json({"server": cfg.server, **dataclasses.asdict(done)})
     else:
@@ -87,7 +83,11 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "spool", help="what waits in this node's spools; --send sends what gone ranks left"
     )
-    p.add_argument("--root", help="the spool root (default $FLEETLENS_SPOOL_ROOT or the SDK's)")
+    p.add_argument(
+        "--root",
+        help="the spool root (default: where the SDK spools, the parent of $FLEETLENS_SPOOL_DIR "
+        "or $FLEETLENS_SPOOL_ROOT)",
+    )
     p.add_argument("--server", help="server URL, as the job's (default $FLEETLENS_SERVER)")
     p.add_argument("--token", help="the job's token (default $FLEETLENS_TOKEN)")
     p.add_argument("--send", action="store_true", help="send the gone spools bound there now")

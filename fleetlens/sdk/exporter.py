@@ -160,14 +160,20 @@ class Exporter:
             self._thread.join(max(0.0, timeout))
 
     def spill(self) -> None:
-        """Encode whatever is still buffered straight to the spool (exit paths, any thread)."""
+        """Encode whatever is still buffered straight to the spool (exit paths, any thread),
+        then let go of the spool's directory: the run is over, what is left in it is a later
+        process's to send (fleetlens.sdk.orphans)."""
         while True:
             prio, entries, records = self._drain_all()
             if not entries:
-                return
+                break
             encoded = self._encode(entries, records)
             if encoded is not None:
                 self._to_spool(prio, *encoded)
+        try:
+            self.spool.release()
+        except OSError:
+            self.counts["internal_errors"] += 1
 
     def _drain_all(self) -> tuple[int, list[Entry], int]:
         """Up to ``max_batch_rows`` records from every class, P0 first: the batch's class (its
@@ -273,7 +279,13 @@ class Exporter:
             except Exception:
                 self.counts["internal_errors"] += 1
                 clean = False
-        if time.monotonic() >= max(self._sweep_at, self._retry_at):
+        # Spools gone processes left, once the collector takes batches (never while it does
+        # not: they would only move from one spool to another).
+        if (
+            not self._failures
+            and self.counts["batches_sent"]
+            and time.monotonic() >= self._sweep_at
+        ):
             self._sweep_at = time.monotonic() + SWEEP_EVERY_S
             try:
                 self.counts["adopted_batches"] += sweep(self.spool, self.spool.owner)[1]

@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .orphans import claim
+from .orphans import claim, remove_if_empty
 
 __all__ = ["Spool", "SpoolEntry", "default_spool_root", "private_dir"]
 
@@ -213,10 +213,24 @@ class Spool:
             self._scan()
 
     def _claim(self) -> None:
-        """Hold the directory (once made) for the rest of this process: see ``owner``."""
+        """Hold the directory (once made) while this process may still write it: see ``owner``.
+        Never waits: a lock another process holds (a sweep moving batches out of a restarted
+        rank's directory, a second process given the same run and rank) is tried again at the
+        next write."""
         if self.owner and self._claim_fd is None:
-            fd = claim(self.dir, self.owner)
-            self._claim_fd = -1 if fd is None else fd
+            self._claim_fd = claim(self.dir, self.owner)
+
+    def release(self) -> None:
+        """Let go of the directory once the run is over (its exit paths, after the last spill):
+        what is left in it is a later process's, or a later run's of this one, to adopt; an
+        empty one is removed. A write after it claims the directory again."""
+        with self._lock:
+            fd, self._claim_fd = self._claim_fd, None
+            if fd is None:
+                return
+            if not self._entries:
+                remove_if_empty(self.dir)
+            os.close(fd)
 
     def __len__(self) -> int:
         with self._lock:
@@ -414,7 +428,8 @@ class Spool:
 
     def adopt(self, source: str) -> int:
         """Move the batches of another spool directory, whose process is gone, into this one,
-        oldest first while they fit (fleetlens.sdk.orphans); the number moved."""
+        oldest first while this spool stays at most half full, the other half kept for this
+        process's own (fleetlens.sdk.orphans); the number moved."""
         found: list[SpoolEntry] = []
         with contextlib.suppress(OSError), os.scandir(source) as it:
             for item in it:
@@ -423,19 +438,24 @@ class Spool:
                     entry = _parse(item.name, st.st_size) if _own_file(st) else None
                     if entry is not None:
                         found.append(entry)
-        if not found:
-            return 0
         moved = 0
         with self._lock:
             self._ensure()
+            room = self.max_bytes // 2 - self._bytes
+            fits = []
+            for entry in sorted(found):
+                if entry.size > room:
+                    break
+                fits.append(entry)
+                room -= entry.size
+            if not fits:
+                return 0
             try:
                 private_dir(self.dir)
             except OSError:
                 return 0
             self._claim()
-            for entry in sorted(found):
-                if self._bytes + entry.size > self.max_bytes:
-                    break
+            for entry in fits:
                 try:
                     os.rename(os.path.join(source, entry.name), os.path.join(self.dir, entry.name))
                 except OSError:

@@ -218,7 +218,9 @@ class HttpTransport:
         if status in _LATER:
             raise TransportError(f"collector busy: {status} {reason}", retry_after=retry_after)
         if 400 <= status < 500:
-            raise TransportError(f"collector refused the batch: {status} {reason}", permanent=True)
+            raise TransportError(
+                f"collector refused the batch: {status} {reason}", permanent=True, status=status
+            )
         raise TransportError(f"collector error: {status} {reason}")
 
     def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, str, float | None, bytes]:
