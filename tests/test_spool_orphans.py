@@ -186,3 +186,29 @@ def test_a_planted_fifo_or_symlink_never_blocks_nor_misleads_a_sweep(tmp_path: P
     assert got == [(1, 1)]
     assert _replayed(live) == ids
     assert fifo_dir.exists() and lock_dir.exists()
+
+
+def test_a_rank_found_held_claims_its_directory_at_its_next_replay(tmp_path: Path) -> None:
+    ids = _orphan(tmp_path, "run-a-0", 2)
+    held = os.open(tmp_path / "run-a-0" / LOCK, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a listing's or a sweep's moment
+    again = Spool(str(tmp_path / "run-a-0"), 1 << 20, owner=OWNER_A)
+    assert len(again) == 2
+    os.close(held)
+    first = again.oldest()  # replaying, it claims the directory: no sweep takes it from now on
+    assert first is not None and first[0].batch_id == ids[0]
+    other = Spool(str(tmp_path / "run-b-0"), 1 << 20, owner=OWNER_A)
+    assert sweep(other, OWNER_A) == (0, 0)
+    assert _replayed(again) == ids
+
+
+def test_a_batch_larger_than_half_the_spool_goes_alone_into_an_empty_one(tmp_path: Path) -> None:
+    gone = Spool(str(tmp_path / "run-a-0"), 1 << 20, owner=OWNER_A)
+    assert gone.put(1, "big", bytes(200), 1) and gone.put(1, "small", bytes(10), 1)
+    assert gone._claim_fd is not None
+    os.close(gone._claim_fd)
+    live = Spool(str(tmp_path / "run-b-0"), 300, owner=OWNER_A)
+    assert sweep(live, OWNER_A) == (1, 1)  # alone: the small one waits for room
+    assert _replayed(live) == ["big"]
+    assert sweep(live, OWNER_A) == (1, 1)
+    assert _replayed(live) == ["small"] and not (tmp_path / "run-a-0").exists()

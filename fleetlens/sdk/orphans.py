@@ -27,11 +27,12 @@ A spool directory says who may adopt it with two files, made with the directory:
 
 Taking the lock never waits: a rank restarted into its directory while a sweep of another
 process holds it (moving its predecessor's batches out) goes on and claims the directory at its
-next write. A directory is adopted only when it is this user's, its ``.owner`` (a regular file)
-matches this process's and its lock can be taken. One without ``.owner`` (an older SDK's, the
-node relay's, one being made) is left alone; a planted symlink is not followed, nor a FIFO
-waited on. A sweep looks at no more than ``_MAX_NAMES`` names and ``_MAX_DIRS`` unlocked
-directories: what is left waits for the next sweep, of this process or another.
+next write or replay. A directory is adopted only when it is this user's, its ``.owner`` (a
+regular file) matches this process's and its lock can be taken. One without ``.owner`` (an
+older SDK's, the node relay's, one being made) is left alone; a planted symlink is not
+followed, nor a FIFO waited on. A sweep looks at no more than ``_MAX_NAMES`` names and
+``_MAX_DIRS`` unlocked directories: what is left waits for the next sweep, of this process or
+another.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def _owner_of(directory: str) -> str:
 def remove_if_empty(directory: str) -> bool:
     """Remove an adopted (or released) directory once no batch is left in it (a half-written
     one, which its process died writing, counts for none); its quarantine, if any, stays for a
-    person. True when no batch is left."""
+    person. True when it is done with: no batch and no ``.owner`` left."""
     try:
         names = os.listdir(directory)
     except OSError:
@@ -162,7 +163,8 @@ def remove_if_empty(directory: str) -> bool:
             os.unlink(os.path.join(directory, name))
     with contextlib.suppress(OSError):
         os.rmdir(directory)
-    return True
+    # Done only when no sweep will take it again (a read-only directory keeps its .owner).
+    return not os.path.lexists(os.path.join(directory, OWNER))
 
 
 def sweep(spool: Spool, owner: str) -> tuple[int, int]:

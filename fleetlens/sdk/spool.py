@@ -376,6 +376,8 @@ class Spool:
         vanished, cannot be read or are no longer a regular file of ours."""
         with self._lock:
             self._ensure()
+            if self._entries:
+                self._claim()  # a directory found held by another (a sweep's moment): again
             i = 0
             while i < len(self._entries):
                 entry = self._entries[i]
@@ -429,7 +431,8 @@ class Spool:
     def adopt(self, source: str) -> int:
         """Move the batches of another spool directory, whose process is gone, into this one,
         oldest first while this spool stays at most half full, the other half kept for this
-        process's own (fleetlens.sdk.orphans); the number moved."""
+        process's own (one larger batch alone into an empty spool; fleetlens.sdk.orphans); the
+        number moved."""
         found: list[SpoolEntry] = []
         with contextlib.suppress(OSError), os.scandir(source) as it:
             for item in it:
@@ -442,9 +445,11 @@ class Spool:
         with self._lock:
             self._ensure()
             room = self.max_bytes // 2 - self._bytes
-            fits = []
+            fits: list[SpoolEntry] = []
             for entry in sorted(found):
-                if entry.size > room:
+                # One batch larger than half goes alone into an empty spool, or never would.
+                alone = not fits and not self._bytes and entry.size <= self.max_bytes
+                if entry.size > room and not alone:
                     break
                 fits.append(entry)
                 room -= entry.size
