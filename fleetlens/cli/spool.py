@@ -18,6 +18,7 @@ import socket
 import sys
 from typing import Any
 
+from ._common import client_opts
 from ._output import Table, print_json
 
 __all__ = ["add_parser", "cmd_spool"]
@@ -88,8 +89,6 @@ def add_parser(sub: Any) -> None:
         help="the spool root (default: where the SDK spools, the parent of $FLEETLENS_SPOOL_DIR "
         "or $FLEETLENS_SPOOL_ROOT)",
     )
-    p.add_argument("--server", help="server URL, as the job's (default $FLEETLENS_SERVER)")
-    p.add_argument("--token", help="the job's token (default $FLEETLENS_TOKEN)")
+    client_opts(p)  # the job's server and token: which spools are this caller's to send
     p.add_argument("--send", action="store_true", help="send the gone spools bound there now")
-    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_spool)

@@ -167,6 +167,16 @@ def remove_if_empty(directory: str) -> bool:
     return not os.path.lexists(os.path.join(directory, OWNER))
 
 
+def _names(root: str) -> list[str]:
+    """The first ``_MAX_NAMES`` names in ``root``, in the directory's order; none when it cannot
+    be read."""
+    try:
+        with os.scandir(root) as it:
+            return [e.name for _, e in zip(range(_MAX_NAMES), it, strict=False)]
+    except OSError:
+        return []
+
+
 def sweep(spool: Spool, owner: str) -> tuple[int, int]:
     """Adopt the orphaned spools beside ``spool``'s directory bound where its own batches go:
     (directories it moved batches from or emptied and removed, batches moved into ``spool``)."""
@@ -175,12 +185,7 @@ def sweep(spool: Spool, owner: str) -> tuple[int, int]:
     own = os.path.abspath(spool.dir)
     root = os.path.dirname(own)
     dirs = batches = looked = 0
-    try:
-        with os.scandir(root) as it:
-            names = [e.name for _, e in zip(range(_MAX_NAMES), it, strict=False)]
-    except OSError:
-        return 0, 0
-    for name in names:
+    for name in _names(root):
         if looked >= _MAX_DIRS:
             break
         path = os.path.join(root, name)
@@ -213,27 +218,13 @@ class SpoolDir:
     bytes: int
 
 
-def _batches_in(directory: str) -> tuple[int, int]:
-    count = size = 0
-    with contextlib.suppress(OSError), os.scandir(directory) as it:
-        for item in it:
-            if item.name.endswith(".batch"):
-                with contextlib.suppress(OSError):
-                    size += item.stat(follow_symlinks=False).st_size
-                    count += 1
-    return count, size
-
-
 def survey(root: str, owner: str) -> list[SpoolDir]:
     """This user's spool directories under ``root``, by name: whose process holds each, and
     what waits in it. A gone one's lock is taken and let go at once."""
-    try:
-        with os.scandir(root) as it:
-            names = sorted(e.name for _, e in zip(range(_MAX_NAMES), it, strict=False))
-    except OSError:
-        return []
+    from .spool import batch_entries  # spool.py imports this module
+
     out = []
-    for name in names:
+    for name in sorted(_names(root)):
         path = os.path.join(root, name)
         try:
             st = os.lstat(path)
@@ -247,7 +238,9 @@ def survey(root: str, owner: str) -> list[SpoolDir]:
             state = "live" if fd is None else "gone"
             if fd is not None:
                 os.close(fd)
-        out.append(SpoolDir(name, state, bool(said) and said == owner, *_batches_in(path)))
+        entries = batch_entries(path)
+        size = sum(e.size for e in entries)
+        out.append(SpoolDir(name, state, bool(said) and said == owner, len(entries), size))
     return out
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from .orphans import claim, remove_if_empty
 
-__all__ = ["Spool", "SpoolEntry", "default_spool_root", "private_dir"]
+__all__ = ["Spool", "SpoolEntry", "batch_entries", "default_spool_root", "private_dir"]
 
 _SUFFIX = ".batch"
 _TMP = ".tmp"
@@ -125,6 +125,20 @@ def _parse(name: str, size: int) -> SpoolEntry | None:
     if not 0 <= prio <= 3 or not parts[4]:
         return None
     return SpoolEntry(ns, counter, prio, records, parts[4], size, name)
+
+
+def batch_entries(directory: str) -> list[SpoolEntry]:
+    """The batches in a spool directory that are regular files of this user, oldest first;
+    none when it cannot be read."""
+    found: list[SpoolEntry] = []
+    with contextlib.suppress(OSError), os.scandir(directory) as it:
+        for item in it:
+            with contextlib.suppress(OSError):
+                st = item.stat(follow_symlinks=False)
+                entry = _parse(item.name, st.st_size) if _own_file(st) else None
+                if entry is not None:
+                    found.append(entry)
+    return sorted(found)
 
 
 class Spool:
@@ -433,20 +447,13 @@ class Spool:
         oldest first while this spool stays at most half full, the other half kept for this
         process's own (one larger batch alone into an empty spool; fleetlens.sdk.orphans); the
         number moved."""
-        found: list[SpoolEntry] = []
-        with contextlib.suppress(OSError), os.scandir(source) as it:
-            for item in it:
-                with contextlib.suppress(OSError):
-                    st = item.stat(follow_symlinks=False)
-                    entry = _parse(item.name, st.st_size) if _own_file(st) else None
-                    if entry is not None:
-                        found.append(entry)
+        found = batch_entries(source)
         moved = 0
         with self._lock:
             self._ensure()
             room = self.max_bytes // 2 - self._bytes
             fits: list[SpoolEntry] = []
-            for entry in sorted(found):
+            for entry in found:
                 # One batch larger than half goes alone into an empty spool, or never would.
                 alone = not fits and not self._bytes and entry.size <= self.max_bytes
                 if entry.size > room and not alone:
