@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._common import stop_server
 from fleetlens.testing import Server, free_port, wait_passes
 
 REALCODE = Path(__file__).resolve().parent.parent / "tests" / "realcode"
@@ -539,8 +538,7 @@ def fresh_server(env: dict[str, str] | None = None) -> Iterator[Server]:
     with tempfile.TemporaryDirectory(prefix="realjob-server-") as tmp:
         log = os.path.join(tmp, "server.log")
         server = Server(os.path.join(tmp, "data"), env=dict(env or {}), log_path=log).start()
-        assert server.proc is not None
         try:
             yield server
         finally:
-            stop_server(server.proc)
+            server.stop()
